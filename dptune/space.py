@@ -1,0 +1,330 @@
+"""Hyperparameter search spaces: distributions declared in config files and a random sampler.
+
+A :class:`Space` maps each hyperparameter name to either a constant or a distribution
+(:class:`Choice`, :class:`Uniform`, :class:`LogUniform`, :class:`Integer`). Random search draws
+every candidate's hyperparameters independently from it, which is the hypothesis of the random-
+stopping theorems (Papernot & Steinke 2022, §3.3: each run draws its hyperparameters independently,
+with one uniform privacy bound over all of them).
+
+Privacy-relevant fields (noise multiplier, batch size / sampling rate, epochs / steps, and any field
+a config marks with ``privacy=True``) change each candidate's privacy loss. The accountant must take
+the worst case over everything the sampler can draw, so such fields may only be constants,
+:class:`Choice` or :class:`Integer` (finite supports that :meth:`Space.privacy_grid` enumerates
+exactly); a continuous distribution over a privacy field is refused rather than approximated.
+
+In a config file (ml_collections)::
+
+    from dptune import space
+    config.space = dict(
+        learning_rate=space.log_uniform(0.05, 5.0),
+        clip_norm=space.log_uniform(0.1, 10.0),
+        batch_size=256,                       # constant
+    )
+
+and on the command line ``--config.space.learning_rate.high=2.0``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+#: Field names that always count as privacy-relevant (they enter DP-SGD's DpEvent).
+PRIVACY_FIELDS: frozenset[str] = frozenset(
+    {"noise_multiplier", "batch_size", "sampling_rate", "epochs", "steps", "score_noise_std"}
+)
+
+#: Largest number of privacy-relevant combinations the accountant will enumerate.
+MAX_PRIVACY_GRID = 4096
+
+
+class SpaceError(ValueError):
+    """A search space or one of its distributions is malformed."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Uniform choice among a finite, non-empty tuple of values."""
+
+    values: tuple
+    privacy: bool = False
+
+    def __post_init__(self) -> None:
+        if len(self.values) == 0:
+            raise SpaceError("choice() needs at least one value")
+
+    def sample(self, rng: np.random.Generator) -> Any:
+        return _plain(self.values[int(rng.integers(len(self.values)))])
+
+    def support(self) -> tuple:
+        return tuple(_plain(v) for v in self.values)
+
+    def to_dict(self) -> dict:
+        return {"distribution": "choice", "values": [_plain(v) for v in self.values]}
+
+
+@dataclass(frozen=True)
+class Uniform:
+    """Uniform on the real interval [low, high]."""
+
+    low: float
+    high: float
+    privacy: bool = False
+
+    def __post_init__(self) -> None:
+        _check_interval("uniform", self.low, self.high)
+
+    def sample(self, rng: np.random.Generator) -> float:
+        return float(rng.uniform(self.low, self.high))
+
+    def support(self) -> tuple:
+        raise SpaceError("a continuous uniform distribution has no finite support")
+
+    def to_dict(self) -> dict:
+        return {"distribution": "uniform", "low": self.low, "high": self.high}
+
+
+@dataclass(frozen=True)
+class LogUniform:
+    """Log-uniform on [low, high], 0 < low <= high: log(x) is uniform on [log low, log high]."""
+
+    low: float
+    high: float
+    privacy: bool = False
+
+    def __post_init__(self) -> None:
+        _check_interval("log_uniform", self.low, self.high)
+        if self.low <= 0:
+            raise SpaceError(f"log_uniform needs low > 0, got low={self.low}")
+
+    def sample(self, rng: np.random.Generator) -> float:
+        return float(math.exp(rng.uniform(math.log(self.low), math.log(self.high))))
+
+    def support(self) -> tuple:
+        raise SpaceError("a continuous log-uniform distribution has no finite support")
+
+    def to_dict(self) -> dict:
+        return {"distribution": "log_uniform", "low": self.low, "high": self.high}
+
+
+@dataclass(frozen=True)
+class Integer:
+    """Uniform on the integers low, low+1, ..., high (both ends included)."""
+
+    low: int
+    high: int
+    privacy: bool = False
+
+    def __post_init__(self) -> None:
+        if int(self.low) != self.low or int(self.high) != self.high:
+            raise SpaceError(
+                f"integer() needs integer bounds, got low={self.low}, high={self.high}"
+            )
+        _check_interval("integer", self.low, self.high)
+
+    def sample(self, rng: np.random.Generator) -> int:
+        return int(rng.integers(int(self.low), int(self.high) + 1))
+
+    def support(self) -> tuple:
+        return tuple(range(int(self.low), int(self.high) + 1))
+
+    def to_dict(self) -> dict:
+        return {"distribution": "integer", "low": int(self.low), "high": int(self.high)}
+
+
+Distribution = Choice | Uniform | LogUniform | Integer
+_DISTRIBUTIONS = (Choice, Uniform, LogUniform, Integer)
+
+
+# --- helpers for config files: they return plain dicts so ml_collections can override their fields
+# -------------
+
+
+def choice(*values: Any, privacy: bool = False) -> dict:
+    """Config entry for a uniform choice among ``values``."""
+    return {"distribution": "choice", "values": tuple(values), "privacy": privacy}
+
+
+def uniform(low: float, high: float, privacy: bool = False) -> dict:
+    """Config entry for Uniform[low, high]."""
+    return {"distribution": "uniform", "low": low, "high": high, "privacy": privacy}
+
+
+def log_uniform(low: float, high: float, privacy: bool = False) -> dict:
+    """Config entry for a log-uniform distribution on [low, high], low > 0."""
+    return {"distribution": "log_uniform", "low": low, "high": high, "privacy": privacy}
+
+
+def integer(low: int, high: int, privacy: bool = False) -> dict:
+    """Config entry for a uniform integer in {low, ..., high}."""
+    return {"distribution": "integer", "low": low, "high": high, "privacy": privacy}
+
+
+def distribution_from_dict(name: str, spec: Mapping[str, Any]) -> Distribution:
+    """Builds a distribution from a config entry made by :func:`choice`, :func:`uniform`, ... ."""
+    spec = dict(spec)
+    kind = spec.pop("distribution", None)
+    privacy = bool(spec.pop("privacy", False))
+    try:
+        if kind == "choice":
+            values = spec.pop("values", None)
+            if values is None or isinstance(values, (str, bytes)):
+                raise SpaceError(
+                    f"space field {name!r}: choice needs a list of values, got {values!r}"
+                )
+            dist: Distribution = Choice(tuple(values), privacy)
+        elif kind in ("uniform", "log_uniform", "integer"):
+            cls = {"uniform": Uniform, "log_uniform": LogUniform, "integer": Integer}[kind]
+            if "low" not in spec or "high" not in spec:
+                raise SpaceError(f"space field {name!r}: {kind} needs 'low' and 'high'")
+            dist = cls(spec.pop("low"), spec.pop("high"), privacy)
+        else:
+            raise SpaceError(
+                f"space field {name!r}: unknown distribution {kind!r} "
+                "(expected 'choice', 'uniform', 'log_uniform' or 'integer')"
+            )
+    except SpaceError as e:
+        if str(e).startswith("space field"):
+            raise
+        raise SpaceError(f"space field {name!r}: {e}") from None
+    if spec:
+        raise SpaceError(f"space field {name!r}: unknown keys {sorted(spec)} for {kind}")
+    return dist
+
+
+class Space:
+    """A random-search space: hyperparameter name -> constant or distribution.
+
+    Args:
+      fields: name -> constant (int, float, str, bool) or a distribution (or its config dict).
+      privacy_fields: names that are privacy-relevant besides those marked ``privacy=True``.
+    """
+
+    def __init__(
+        self,
+        fields: Mapping[str, Any],
+        privacy_fields: frozenset[str] | set[str] = PRIVACY_FIELDS,
+    ) -> None:
+        if not isinstance(fields, Mapping):
+            raise SpaceError(
+                f"a search space must be a mapping name -> distribution, got {type(fields)}"
+            )
+        parsed: dict[str, Any] = {}
+        for name in sorted(fields):
+            value = fields[name]
+            if not isinstance(name, str) or not name.isidentifier():
+                raise SpaceError(f"space field name {name!r} is not a valid identifier")
+            if hasattr(value, "to_dict") and not isinstance(value, _DISTRIBUTIONS):
+                value = value.to_dict()  # ml_collections.ConfigDict
+            if isinstance(value, Mapping):
+                value = distribution_from_dict(name, value)
+            elif isinstance(value, (list, tuple)):
+                raise SpaceError(
+                    f"space field {name!r}: a bare list {value!r} is ambiguous; "
+                    "use space.choice(...) for a choice or a scalar for a constant"
+                )
+            elif (
+                not isinstance(value, (*_DISTRIBUTIONS, int, float, str, bool))
+                and value is not None
+            ):
+                raise SpaceError(f"space field {name!r}: unsupported value {value!r}")
+            parsed[name] = value
+        self.fields: dict[str, Any] = parsed
+        self._privacy_fields = frozenset(privacy_fields)
+        for name in self.privacy_relevant:
+            value = parsed[name]
+            if isinstance(value, (Uniform, LogUniform)):
+                raise SpaceError(
+                    f"space field {name!r} changes each candidate's privacy loss, so the "
+                    "accountant needs its "
+                    "worst case exactly: use a constant, space.choice(...) or "
+                    "space.integer(...), not "
+                    f"{type(value).__name__}"
+                )
+
+    @classmethod
+    def from_config(cls, config: Any) -> Space:
+        """Builds a space from a config's ``space`` entry (a ConfigDict or a mapping)."""
+        if hasattr(config, "to_dict"):
+            config = config.to_dict()
+        return cls(config)
+
+    @property
+    def searched(self) -> tuple[str, ...]:
+        """Names of the fields that are drawn at random (not constants)."""
+        return tuple(n for n, v in self.fields.items() if isinstance(v, _DISTRIBUTIONS))
+
+    @property
+    def privacy_relevant(self) -> tuple[str, ...]:
+        """Names of the fields that change a candidate's privacy loss."""
+        return tuple(
+            n
+            for n, v in self.fields.items()
+            if n in self._privacy_fields or (isinstance(v, _DISTRIBUTIONS) and v.privacy)
+        )
+
+    def sample(self, rng: np.random.Generator) -> dict[str, Any]:
+        """Draws one candidate's hyperparameters (fields in sorted name order, so draws are
+        reproducible)."""
+        return {
+            n: (v.sample(rng) if isinstance(v, _DISTRIBUTIONS) else v)
+            for n, v in self.fields.items()
+        }
+
+    def privacy_grid(self) -> list[dict[str, Any]]:
+        """Every combination of values the privacy-relevant fields can take (for the worst case).
+
+        Returns a list of dicts over :attr:`privacy_relevant` (one empty dict if there are none).
+        """
+        names = self.privacy_relevant
+        supports = []
+        for n in names:
+            v = self.fields[n]
+            supports.append(v.support() if isinstance(v, _DISTRIBUTIONS) else (v,))
+        size = math.prod(len(s) for s in supports)
+        if size > MAX_PRIVACY_GRID:
+            raise SpaceError(
+                f"the privacy-relevant fields {list(names)} take {size} combinations; at most "
+                f"{MAX_PRIVACY_GRID} are enumerated for the worst case. Narrow their ranges."
+            )
+        return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*supports)]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe description (for the journal and the release's hyperparameter file)."""
+        out: dict[str, Any] = {}
+        for n, v in self.fields.items():
+            if isinstance(v, _DISTRIBUTIONS):
+                d = v.to_dict()
+                if v.privacy:
+                    d["privacy"] = True
+                out[n] = d
+            else:
+                out[n] = v
+        return out
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.fields)
+
+    def __len__(self) -> int:
+        return len(self.fields)
+
+    def __repr__(self) -> str:
+        return f"Space({self.to_dict()!r})"
+
+
+def _check_interval(kind: str, low: Any, high: Any) -> None:
+    for label, x in (("low", low), ("high", high)):
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+            raise SpaceError(f"{kind} needs finite numeric bounds, got {label}={x!r}")
+    if low > high:
+        raise SpaceError(f"{kind} needs low <= high, got low={low}, high={high}")
+
+
+def _plain(v: Any) -> Any:
+    """numpy scalars -> Python scalars (JSON-safe)."""
+    return v.item() if isinstance(v, np.generic) else v
