@@ -1,0 +1,643 @@
+"""Every selection theorem, once: how selecting among private candidates transforms their privacy.
+
+Each class is a frozen dataclass describing one theorem as data (see ``docs/architecture.md``).
+Given the guarantee of ONE candidate (every candidate must satisfy it; take the worst case over the
+search space), it returns the guarantee of the whole selection procedure, which releases only the
+selected candidate (or nothing):
+
+* ``pure_dp(epsilon)``: eps-DP candidates -> total eps (pure DP).
+* ``rdp(orders, rdp, *, delta_for_epsilon=None)``: the candidate's RDP curve ``rdp[i]`` at Rényi
+  order ``orders[i]`` -> the selection's RDP curve at the same orders (``inf`` where no bound
+  applies).
+* ``approx_dp(epsilon, delta)``: (eps, delta)-DP candidates -> (eps, delta) total.
+
+A method that a theorem does not provide raises ``NotImplementedError`` saying which theorem is
+missing; invalid inputs raise ``ValueError`` naming the value. ``NotPrivate`` (the leaky "train all,
+release the best" practice) returns ``inf`` everywhere so that it can never yield a finite privacy
+number.
+
+References (theorem numbers as in these versions):
+
+* [LT] Liu & Talwar, "Private Selection from Private Candidates", STOC 2019, arXiv:1811.07971.
+* [PS] Papernot & Steinke, "Hyperparameter Tuning with Renyi Differential Privacy", ICLR 2022,
+  arXiv:2110.03620v2.
+* [DR] Dwork & Roth, "The Algorithmic Foundations of Differential Privacy", 2014.
+* [M17] Mironov, "Rényi Differential Privacy", CSF 2017.
+* [vEH14] van Erven & Harremoës, "Rényi Divergence and Kullback-Leibler Divergence", IEEE T-IT 2014.
+
+What was checked, and how (see also ``docs/selection.md``):
+
+* PS Thm 2 / Thm 6 (RDP of random stopping): implemented the way dp_accounting 0.6.0
+  ``rdp_privacy_accountant._compute_rdp_repeat_and_select`` does, and tested to agree with it to
+  ~1e-12.
+* PS Cor. 3 ((2 + eta) eps pure DP): the lambda, lambda_hat -> inf limit of Thm 2, checked
+  numerically against our own ``rdp`` at large orders and against dp_accounting (3.0 eps for eta =
+  1, 2.0 eps for eta = 0).
+* LT Thm 3.1(b) (thresholding, 2 eps + eps0): the statement is quoted from the project's notes
+  (which cite OpenDP's documentation and proof); the local text extraction of LT lost the formulas
+  but confirms the structure: "Let T be any integer such that [cap condition]", part (b) "If Q is
+  [eps1]-DP, then the output is [.]-DP", the proof's AM-GM step "recall that T is an integer, and [T
+  >= 1 + 1/(e gamma)]", and that T = inf with eps0 = 0 is allowed. The inversion eps0 = 2 exp(-gamma
+  T) of T >= ln(2/eps0)/gamma is ours (exact algebra).
+* PS App. C, Cor. 16 (thresholding RDP): quoted from the project's notes (OpenDP's transcription);
+  UNVERIFIED against the PS paper itself, which is not in the project's paper folder. Applying it
+  with Q(S) >= gamma, and the use of RDP monotonicity in the order [vEH14, Thm 3] to bound
+  D_{alpha-1} by the next grid order, are ours.
+* LT Thm 3.4 (hard-capped random stopping, approx DP): UNVERIFIED constants. The extraction shows
+  the statement's shape (T fixed from gamma and delta2; candidates (eps1, delta1)-DP; output
+  (.,.)-DP) and the proof idea (an event of probability >= 1 - f(delta1) per call under which the
+  candidate is pure DP, union over the T calls, and P[reaching T] <= delta2), which agrees with the
+  recalled form (3 eps1 + 3 sqrt(2 delta1), sqrt(2 delta1) T + delta2) with T = ln(1/delta2)/gamma;
+  the numbers themselves are not legible in the extraction.
+* LT Thm 3.5 (hard-capped random stopping with eps-DP candidates): its constants are not legible in
+  the extraction; NOT implemented (``pure_dp`` raises).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from selection.counts import TruncatedNegativeBinomial
+
+__all__ = [
+    "PrivacyTransform",
+    "RandomStoppingPrivacy",
+    "PoissonStoppingPrivacy",
+    "ThresholdingPrivacy",
+    "HardCappedRandomStoppingPrivacy",
+    "BestOfKPrivacy",
+    "SingleRunPrivacy",
+    "NotPrivate",
+]
+
+
+# --------------------------------------------------------------------------------------------------
+# input checks shared by all transforms
+
+
+def _check_epsilon(epsilon: float, name: str = "epsilon") -> float:
+    epsilon = float(epsilon)
+    if not (epsilon >= 0.0) or math.isnan(epsilon):
+        raise ValueError(f"{name} must be >= 0 (a candidate's DP epsilon), got {epsilon}")
+    return epsilon
+
+
+def _check_delta(delta: float, name: str = "delta") -> float:
+    delta = float(delta)
+    if not (0.0 <= delta <= 1.0):
+        raise ValueError(f"{name} must be in [0, 1], got {delta}")
+    return delta
+
+
+def _check_curve(orders: Sequence[float], rdp: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """Validate an RDP curve: orders >= 1 (1 = KL), rdp >= 0 (inf allowed), same length, 1-D."""
+    o = np.asarray(orders, dtype=np.float64)
+    r = np.asarray(rdp, dtype=np.float64)
+    if o.ndim != 1 or r.ndim != 1:
+        raise ValueError(f"orders and rdp must be 1-D, got shapes {o.shape} and {r.shape}")
+    if o.shape != r.shape:
+        raise ValueError(f"orders and rdp must have the same length, got {o.size} and {r.size}")
+    if o.size == 0:
+        raise ValueError("orders must not be empty")
+    if np.any(np.isnan(o)) or np.any(o < 1.0):
+        raise ValueError(
+            f"every Renyi order must be >= 1, got min {np.nanmin(o) if o.size else None}"
+        )
+    if np.any(np.isnan(r)) or np.any(r < 0.0):
+        raise ValueError("every RDP value must be >= 0 (inf allowed), got a negative or NaN value")
+    return o, r
+
+
+def _monotone_envelope(orders: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """out[i] = min over orders[j] >= orders[i] of values[j].
+
+    Valid because the Rényi divergence is non-decreasing in the order [vEH14, Thm 3], so a bound at
+    a higher order bounds every lower order. Same loop as dp_accounting 0.6.0 so that results agree
+    bit for bit.
+    """
+    return np.array(
+        [
+            min(values[j] for j in range(len(orders)) if orders[i] <= orders[j])
+            for i in range(len(orders))
+        ]
+    )
+
+
+class PrivacyTransform:
+    """Interface of a selection theorem (all subclasses are frozen dataclasses).
+
+    Attributes (properties): ``name`` (e.g. ``"random_stopping/logarithmic"``), ``theorem`` (paper +
+    theorem number), ``is_private`` (False only for `NotPrivate`).
+    """
+
+    name: str
+    theorem: str
+    is_private: bool = True
+
+    def params(self) -> dict:
+        """Every input of the theorem, JSON-safe (floats, ints, strings; ``"inf"`` for infinity)."""
+        raise NotImplementedError
+
+    def pure_dp(self, epsilon: float) -> float:
+        """Total epsilon of the selection when every candidate is ``epsilon``-DP."""
+        raise NotImplementedError(f"{self.name}: {self.theorem} gives no pure-DP statement")
+
+    def rdp(
+        self,
+        orders: Sequence[float],
+        rdp: Sequence[float],
+        *,
+        delta_for_epsilon: Callable[[float], float] | None = None,
+    ) -> np.ndarray:
+        """Total RDP epsilons at ``orders`` given one candidate's RDP epsilons ``rdp`` there."""
+        raise NotImplementedError(f"{self.name}: {self.theorem} gives no RDP statement")
+
+    def approx_dp(self, epsilon: float, delta: float) -> tuple[float, float]:
+        """Total (epsilon, delta) when every candidate is (``epsilon``, ``delta``)-DP."""
+        raise NotImplementedError(
+            f"{self.name}: {self.theorem} gives no (epsilon, delta) statement"
+        )
+
+    def describe(self) -> dict:
+        """``name``, ``theorem``, ``is_private`` and ``params()`` in one JSON-safe dict."""
+        return {
+            "name": self.name,
+            "theorem": self.theorem,
+            "is_private": self.is_private,
+            "params": self.params(),
+        }
+
+
+# --------------------------------------------------------------------------------------------------
+# random stopping
+
+
+@dataclass(frozen=True)
+class RandomStoppingPrivacy(PrivacyTransform):
+    """Best of K ~ D_{eta,gamma} candidates (PS Def. 1); only the best is released.
+
+    * RDP: PS Thm 2. If each candidate is (lambda, eps)- and (lambda_hat, eps_hat)-RDP, the
+      selection is (lambda, eps')-RDP with ``eps' = eps + (1 + eta)(1 - 1/lambda_hat) eps_hat + (1 +
+      eta) log(1/gamma)/lambda_hat + log(E[K])/(lambda - 1)``. lambda_hat is minimised over the
+      given order grid, then the monotone envelope in the order is taken, exactly as dp_accounting
+      0.6.0 ``_compute_rdp_repeat_and_select`` does (which accepts eta >= 0 only; here eta in (-1,
+      0) is accepted too, as PS Def. 1 and Thm 2 allow).
+    * Pure DP: PS Cor. 3, ``(2 + eta) eps``. eta = 1 (geometric) is LT Thm 3.2 (3 eps), eta = 0
+      gives 2 eps.
+
+    Args:
+      shape: eta in (-1, inf).
+      gamma: in (0, 1]. Build from a target mean with `from_mean` or `from_count`.
+    """
+
+    shape: float
+    gamma: float
+
+    def __post_init__(self) -> None:
+        count = TruncatedNegativeBinomial(self.shape, self.gamma)  # validates
+        object.__setattr__(self, "shape", count.shape)
+        object.__setattr__(self, "gamma", count.gamma)
+
+    @classmethod
+    def from_mean(cls, mean: float, shape: float) -> RandomStoppingPrivacy:
+        """From E[K] = ``mean`` (>= 1); gamma solved to ~1e-13 relative (`selection.counts`)."""
+        count = TruncatedNegativeBinomial.from_mean(mean, shape)
+        return cls(count.shape, count.gamma)
+
+    @classmethod
+    def from_count(cls, count: TruncatedNegativeBinomial) -> RandomStoppingPrivacy:
+        return cls(count.shape, count.gamma)
+
+    @property
+    def count(self) -> TruncatedNegativeBinomial:
+        return TruncatedNegativeBinomial(self.shape, self.gamma)
+
+    @property
+    def mean(self) -> float:
+        """E[K], the expected number of candidates trained."""
+        return self.count.mean
+
+    @property
+    def name(self) -> str:
+        return f"random_stopping/{self.count.name}"
+
+    @property
+    def theorem(self) -> str:
+        extra = "; eta=1 is Liu & Talwar 2019, Thm 3.2" if self.shape == 1.0 else ""
+        return (
+            f"Papernot & Steinke 2022, Thm 2 (RDP) and Cor. 3 (pure DP), "
+            f"truncated negative binomial "
+            f"eta={self.shape:g}{extra}"
+        )
+
+    def params(self) -> dict:
+        return {"shape": self.shape, "gamma": self.gamma, "mean": self.mean}
+
+    def pure_dp(self, epsilon: float) -> float:
+        # PS Cor. 3: eps-DP candidates => ((2 + eta) eps)-DP selection (lambda, lambda_hat -> inf in
+        # Thm 2).
+        return (2.0 + self.shape) * _check_epsilon(epsilon)
+
+    def rdp(
+        self,
+        orders: Sequence[float],
+        rdp: Sequence[float],
+        *,
+        delta_for_epsilon: Callable[[float], float] | None = None,
+    ) -> np.ndarray:
+        del delta_for_epsilon  # Thm 2 needs only the RDP curve
+        o, r = _check_curve(orders, rdp)
+        eta, log_mean = self.shape, math.log(self.mean)
+        # PS Thm 2, the lambda_hat terms: (1 - 1/lambda_hat) eps_hat + log(1/gamma)/lambda_hat,
+        # minimised over the grid. At lambda_hat = 1 the first term is 0 * eps_hat; an infinite
+        # eps_hat there means no bound (inf).
+        with np.errstate(invalid="ignore"):
+            terms = (1.0 - 1.0 / o) * r - math.log(self.gamma) / o
+        terms = np.where(np.isinf(r), np.inf, terms)
+        c = (1.0 + eta) * np.min(terms)
+        out = np.full(o.shape, np.inf)
+        above_one = o > 1.0  # Thm 2 needs lambda > 1
+        out[above_one] = r[above_one] + log_mean / (o[above_one] - 1.0) + c
+        return _monotone_envelope(o, out)
+
+
+@dataclass(frozen=True)
+class PoissonStoppingPrivacy(PrivacyTransform):
+    """Best of K ~ Poisson(mean) candidates, nothing released when K = 0 (PS Thm 6).
+
+    If each candidate is (lambda, eps)-RDP and (eps_hat, delta_hat)-DP with e^eps_hat <= 1 +
+    1/(lambda - 1), the selection is (lambda, eps + mean * delta_hat + log(mean)/(lambda - 1))-RDP.
+    As in dp_accounting 0.6.0, eps_hat = log1p(1/(lambda - 1)) (the largest allowed) and delta_hat =
+    ``delta_for_epsilon(eps_hat)``, which the caller supplies from the candidate's RDP curve or,
+    tighter, from its PLD. No pure-DP statement exists.
+
+    Args:
+      mean: E[K] >= 1 (dp_accounting's domain; the log(mean) term is what PS Thm 6 states).
+    """
+
+    mean: float
+
+    def __post_init__(self) -> None:
+        mean = float(self.mean)
+        if not (math.isfinite(mean) and mean >= 1.0):
+            raise ValueError(f"Poisson mean must be a finite number >= 1, got {self.mean}")
+        object.__setattr__(self, "mean", mean)
+
+    @property
+    def shape(self) -> float:
+        return math.inf
+
+    @property
+    def name(self) -> str:
+        return "random_stopping/poisson"
+
+    @property
+    def theorem(self) -> str:
+        return "Papernot & Steinke 2022, Thm 6 (Poisson number of candidates)"
+
+    def params(self) -> dict:
+        return {"mean": self.mean, "shape": "inf"}
+
+    def pure_dp(self, epsilon: float) -> float:
+        raise NotImplementedError(
+            "random_stopping/poisson has no pure-DP statement "
+            "(Papernot & Steinke 2022, Thm 6 is RDP only); "
+            "use rdp() with the candidate's RDP curve and delta_for_epsilon"
+        )
+
+    def rdp(
+        self,
+        orders: Sequence[float],
+        rdp: Sequence[float],
+        *,
+        delta_for_epsilon: Callable[[float], float] | None = None,
+    ) -> np.ndarray:
+        if delta_for_epsilon is None:
+            raise ValueError(
+                "random_stopping/poisson (Papernot & Steinke 2022, Thm 6) needs delta_for_epsilon: "
+                "the single candidate's delta as a function of epsilon "
+                "(e.g. dp_accounting.rdp.compute_delta or a PLD)"
+            )
+        o, r = _check_curve(orders, rdp)
+        out = np.full(o.shape, np.inf)
+        for i, order in enumerate(o):
+            if order <= 1.0:
+                continue  # Thm 6 needs lambda > 1
+            eps_hat = math.log1p(1.0 / (order - 1.0))
+            delta_hat = float(delta_for_epsilon(eps_hat))
+            if not (0.0 <= delta_hat <= 1.0):
+                raise ValueError(
+                    f"delta_for_epsilon({eps_hat}) returned {delta_hat}, not a delta in [0, 1]"
+                )
+            # PS Thm 6. No monotone envelope: dp_accounting applies none, and we reproduce it
+            # exactly.
+            out[i] = r[i] + self.mean * delta_hat + math.log(self.mean) / (order - 1.0)
+        return out
+
+
+@dataclass(frozen=True)
+class HardCappedRandomStoppingPrivacy(PrivacyTransform):
+    """LT Alg. 2 (geometric random stopping, stop probability gamma) with a hard cap of T.
+
+    When T candidates have been tried, the best of them is released (LT Thm 3.4).
+
+    Approx DP, LT Thm 3.4 (constants UNVERIFIED, see module docstring): with T = ln(1/delta2)/gamma
+    and (eps1, delta1)-DP candidates, the output is (3 eps1 + 3 sqrt(2 delta1), sqrt(2 delta1) T +
+    delta2)-DP. Given the cap T we use delta2 = exp(-gamma T), the exact inversion of T =
+    ln(1/delta2)/gamma.
+
+    The pure-DP variant (LT Thm 3.5) is not implemented: its constants are not legible in the paper
+    text we have.
+
+    Args:
+      gamma: stop probability after each candidate, in (0, 1]; E[K] <= 1/gamma.
+      max_trials: the cap T >= 1.
+    """
+
+    gamma: float
+    max_trials: int
+
+    def __post_init__(self) -> None:
+        gamma = float(self.gamma)
+        if not (0.0 < gamma <= 1.0):
+            raise ValueError(f"gamma (stop probability) must be in (0, 1], got {self.gamma}")
+        if int(self.max_trials) != self.max_trials or self.max_trials < 1:
+            raise ValueError(f"max_trials must be an integer >= 1, got {self.max_trials}")
+        object.__setattr__(self, "gamma", gamma)
+        object.__setattr__(self, "max_trials", int(self.max_trials))
+
+    @property
+    def delta2(self) -> float:
+        """delta2 = exp(-gamma T), the solution of T = ln(1/delta2)/gamma (LT Thm 3.4)."""
+        return math.exp(-self.gamma * self.max_trials)
+
+    @property
+    def name(self) -> str:
+        return "random_stopping/geometric_capped"
+
+    @property
+    def theorem(self) -> str:
+        return "Liu & Talwar 2019, Thm 3.4 (hard-capped random stopping; constants UNVERIFIED)"
+
+    def params(self) -> dict:
+        return {"gamma": self.gamma, "max_trials": self.max_trials, "delta2": self.delta2}
+
+    def pure_dp(self, epsilon: float) -> float:
+        raise NotImplementedError(
+            "random_stopping/geometric_capped: the pure-DP statement (Liu & Talwar 2019, "
+            "Thm 3.5) is not implemented because its constants could not be verified; "
+            "use approx_dp (Thm 3.4) or no cap"
+        )
+
+    def approx_dp(self, epsilon: float, delta: float) -> tuple[float, float]:
+        eps1, delta1 = _check_epsilon(epsilon), _check_delta(delta)
+        root = math.sqrt(2.0 * delta1)
+        # LT Thm 3.4: (3 eps1 + 3 sqrt(2 delta1), sqrt(2 delta1) T + delta2).
+        return 3.0 * eps1 + 3.0 * root, min(1.0, root * self.max_trials + self.delta2)
+
+
+# --------------------------------------------------------------------------------------------------
+# thresholding
+
+
+@dataclass(frozen=True)
+class ThresholdingPrivacy(PrivacyTransform):
+    """LT Alg. 1 (thresholding): release the first candidate with score >= threshold.
+
+    Candidates run in order; after each miss, stop (release nothing) with probability gamma;
+    optionally release nothing after T candidates.
+
+    * Pure DP: LT Thm 3.1(b): eps1-DP candidates => (2 eps1 + eps0)-DP, for any integer cap T >=
+      max(ln(2/eps0)/gamma, 1 + 1/(e gamma)); with no cap, eps0 = 0. Given T we take the smallest
+      eps0 the condition allows, eps0 = 2 exp(-gamma T), and reject caps T < 1 + 1/(e gamma)
+      (theorem does not apply).
+    * RDP (no cap only): PS App. C, Cor. 16 (conditioning a mechanism on an event S),
+      ``D_a(Q_S||Q'_S) <= D_a(Q||Q') + ((a - 2)/(a - 1)) D_{a-1}(Q'||Q) + (2/(a - 1)) log(1/Q(S))``.
+      Derived application (as in OpenDP): one round maps the candidate's output and an independent
+      gamma-coin to "release (x, q)" if q >= threshold, "stop" on a miss with probability gamma,
+      "continue" otherwise; this is post-processing of the candidate, so it inherits its RDP curve,
+      and Alg. 1 outputs that round conditioned on S = {not continue}, with Q(S) >= gamma on every
+      dataset. D_{a-1} is bounded by the candidate's RDP at the smallest grid order >= a - 1
+      (monotonicity in the order, [vEH14, Thm 3]; the order a itself always qualifies), and the
+      reverse direction D(Q'||Q) by the same curve, since an RDP guarantee holds for every ordered
+      pair of neighbours. Orders a < 2 (a - 1 < 1) get no direct bound: they inherit the value of
+      the next higher order through the monotone envelope, or inf when the grid has no order >= 2.
+
+    Args:
+      gamma: stop probability after each miss, in (0, 1].
+      max_trials: optional cap T (integer >= 1 + 1/(e gamma)); None = no cap.
+    """
+
+    gamma: float
+    max_trials: int | None = None
+
+    def __post_init__(self) -> None:
+        gamma = float(self.gamma)
+        if not (0.0 < gamma <= 1.0):
+            raise ValueError(f"gamma (stop probability) must be in (0, 1], got {self.gamma}")
+        object.__setattr__(self, "gamma", gamma)
+        if self.max_trials is not None:
+            if int(self.max_trials) != self.max_trials or self.max_trials < 1:
+                raise ValueError(
+                    f"max_trials must be None or an integer >= 1, got {self.max_trials}"
+                )
+            t = int(self.max_trials)
+            minimum = 1.0 + 1.0 / (math.e * gamma)
+            if t < minimum:
+                raise ValueError(
+                    f"max_trials={t} is below 1 + 1/(e*gamma) = {minimum:.4g}: Liu & Talwar 2019, "
+                    f"Thm 3.1 needs T >= max(ln(2/eps0)/gamma, 1 + 1/(e*gamma)); "
+                    f"use max_trials >= {math.ceil(minimum)} or None"
+                )
+            object.__setattr__(self, "max_trials", t)
+
+    @property
+    def eps0(self) -> float:
+        """Price of the cap: eps0 = 2 exp(-gamma T), from T >= ln(2/eps0)/gamma (LT Thm 3.1)."""
+        if self.max_trials is None:
+            return 0.0
+        return 2.0 * math.exp(-self.gamma * self.max_trials)
+
+    @property
+    def name(self) -> str:
+        return "thresholding" if self.max_trials is None else "thresholding/capped"
+
+    @property
+    def theorem(self) -> str:
+        return (
+            "Liu & Talwar 2019, Thm 3.1(b) (pure DP); "
+            "Papernot & Steinke 2022, App. C, Cor. 16 with Q(S) >= gamma (RDP, uncapped only)"
+        )
+
+    def params(self) -> dict:
+        t = self.max_trials
+        return {"gamma": self.gamma, "max_trials": t if t is not None else "inf", "eps0": self.eps0}
+
+    def pure_dp(self, epsilon: float) -> float:
+        # LT Thm 3.1(b): 2 eps1 + eps0.
+        return 2.0 * _check_epsilon(epsilon) + self.eps0
+
+    def rdp(
+        self,
+        orders: Sequence[float],
+        rdp: Sequence[float],
+        *,
+        delta_for_epsilon: Callable[[float], float] | None = None,
+    ) -> np.ndarray:
+        del delta_for_epsilon
+        if self.max_trials is not None:
+            raise NotImplementedError(
+                "thresholding/capped: no RDP statement for the hard cap "
+                "(PS App. C, Cor. 16 covers the uncapped "
+                "Alg. 1); use max_trials=None or pure_dp"
+            )
+        o, r = _check_curve(orders, rdp)
+        log_inv_q = -math.log(self.gamma)
+        out = np.full(o.shape, np.inf)
+        for i, a in enumerate(o):
+            if a < 2.0:
+                continue  # a - 1 < 1: no RDP order to bound D_{a-1}; filled by the envelope below
+            # Smallest grid order >= a - 1; never empty, since a itself qualifies.
+            higher = np.nonzero(o >= a - 1.0)[0]
+            j = higher[np.argmin(o[higher])]
+            coef = (a - 2.0) / (a - 1.0)
+            reverse = 0.0 if coef == 0.0 else coef * r[j]  # avoid 0 * inf at a = 2
+            out[i] = r[i] + reverse + 2.0 * log_inv_q / (a - 1.0)
+        return _monotone_envelope(o, out)
+
+
+# --------------------------------------------------------------------------------------------------
+# baselines
+
+
+@dataclass(frozen=True)
+class BestOfKPrivacy(PrivacyTransform):
+    """Release the best of a fixed number k of candidates, priced by composition over all k.
+
+    Pure and approx DP: basic composition [DR, Thm 3.16]: (k eps, k delta). RDP: composition [M17,
+    Prop. 1]: k * rdp. Releasing only the best does not help in the worst case: LT App. B.1 shows
+    the k eps bound is tight.
+    """
+
+    k: int
+
+    def __post_init__(self) -> None:
+        if int(self.k) != self.k or self.k < 1:
+            raise ValueError(f"k must be an integer >= 1, got {self.k}")
+        object.__setattr__(self, "k", int(self.k))
+
+    @property
+    def name(self) -> str:
+        return "best_of_k"
+
+    @property
+    def theorem(self) -> str:
+        return (
+            "basic composition (Dwork & Roth 2014, Thm 3.16); "
+            "RDP composition (Mironov 2017, Prop. 1); "
+            "tight for best-of-k by Liu & Talwar 2019, App. B.1"
+        )
+
+    def params(self) -> dict:
+        return {"k": self.k}
+
+    def pure_dp(self, epsilon: float) -> float:
+        return self.k * _check_epsilon(epsilon)
+
+    def rdp(
+        self,
+        orders: Sequence[float],
+        rdp: Sequence[float],
+        *,
+        delta_for_epsilon: Callable[[float], float] | None = None,
+    ) -> np.ndarray:
+        del delta_for_epsilon
+        _, r = _check_curve(orders, rdp)
+        return self.k * r
+
+    def approx_dp(self, epsilon: float, delta: float) -> tuple[float, float]:
+        return self.k * _check_epsilon(epsilon), min(1.0, self.k * _check_delta(delta))
+
+
+@dataclass(frozen=True)
+class SingleRunPrivacy(PrivacyTransform):
+    """One candidate, released as is: the identity transform (no selection)."""
+
+    @property
+    def name(self) -> str:
+        return "single_run"
+
+    @property
+    def theorem(self) -> str:
+        return "identity (a single candidate; no selection)"
+
+    def params(self) -> dict:
+        return {}
+
+    def pure_dp(self, epsilon: float) -> float:
+        return _check_epsilon(epsilon)
+
+    def rdp(
+        self,
+        orders: Sequence[float],
+        rdp: Sequence[float],
+        *,
+        delta_for_epsilon: Callable[[float], float] | None = None,
+    ) -> np.ndarray:
+        del delta_for_epsilon
+        _, r = _check_curve(orders, rdp)
+        return r.copy()
+
+    def approx_dp(self, epsilon: float, delta: float) -> tuple[float, float]:
+        return _check_epsilon(epsilon), _check_delta(delta)
+
+
+@dataclass(frozen=True)
+class NotPrivate(PrivacyTransform):
+    """Train several candidates and release the best, with their number or scores visible.
+
+    NOT differentially private as a procedure (LT App. B.1: even best-of-k is not better than k eps,
+    and revealing the scores or k leaks more). Every method returns infinity, so no finite privacy
+    number can come from it.
+    """
+
+    is_private: bool = False
+
+    def __post_init__(self) -> None:
+        if self.is_private:
+            raise ValueError("NotPrivate cannot be constructed with is_private=True")
+
+    @property
+    def name(self) -> str:
+        return "not_private"
+
+    @property
+    def theorem(self) -> str:
+        return "none: not differentially private (Liu & Talwar 2019, App. B.1)"
+
+    def params(self) -> dict:
+        return {}
+
+    def pure_dp(self, epsilon: float) -> float:
+        _check_epsilon(epsilon)
+        return math.inf
+
+    def rdp(
+        self,
+        orders: Sequence[float],
+        rdp: Sequence[float],
+        *,
+        delta_for_epsilon: Callable[[float], float] | None = None,
+    ) -> np.ndarray:
+        del delta_for_epsilon
+        o, _ = _check_curve(orders, rdp)
+        return np.full(o.shape, np.inf)
+
+    def approx_dp(self, epsilon: float, delta: float) -> tuple[float, float]:
+        _check_epsilon(epsilon)
+        _check_delta(delta)
+        return math.inf, 1.0
