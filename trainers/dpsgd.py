@@ -1,0 +1,220 @@
+"""DP-SGD gradient: per-example gradients, L2 clipping, sum, Gaussian noise (Abadi et al. 2016,
+Algorithm 1).
+
+Two implementations of the clipped sum ``sum_i mask_i * g_i * min(1, C / ||g_i||)`` over a batch:
+
+* :func:`clipped_sum_naive`: per-example gradients from ``vmap(grad)``; works for every model and is
+the reference
+  the fast path is tested against.
+* :func:`clipped_sum_bookkeeping`: for the :class:`trainers.models.MnistCNN` family only. One
+forward pass and one
+  backward pass to each layer's pre-activations; per-example weight gradients as batched einsums of
+  im2col patches
+  (space-to-depth + contiguous slices) with the pre-activation gradients for the convolutions, and
+  the rank-1
+  identity ||a g^T||^2 = ||a||^2 ||g||^2 for the dense layers ("book-keeping" clipping, Bu et al.
+  2022, "Scalable and
+  efficient training of large convolutional neural networks with differential privacy"). Why this
+  shape, and what
+  was measured on XLA CPU: ``../shared/notes/cpu-dpsgd-performance.md``.
+
+Shapes: images x (b, h, w, c) float32, labels y (b,) int32, mask (b,) float32 in {0, 1}; the clipped
+sum has the
+parameters' pytree structure. Masked examples (padding of a Poisson batch) contribute exactly zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from trainers.models import max_pool_2x2_stride1 as _pool
+
+Params = dict
+
+
+def per_example_loss(logits: jax.Array, y: jax.Array) -> jax.Array:
+    """Softmax cross-entropy per example, (b, classes), (b,) -> (b,) in nats."""
+    return optax.softmax_cross_entropy_with_integer_labels(logits, y)
+
+
+def clip_factors(sq_norms: jax.Array, mask: jax.Array, clip_norm: jax.Array) -> jax.Array:
+    """mask_i * min(1, C / ||g_i||), written as C / max(||g_i||, C) so that a zero gradient gives 1,
+    not NaN."""
+    norms = jnp.sqrt(sq_norms)
+    return mask * (clip_norm / jnp.maximum(norms, clip_norm))
+
+
+def per_example_grads_naive(
+    apply_fn: Callable, params: Params, x: jax.Array, y: jax.Array
+) -> Params:
+    """Per-example gradients of the cross-entropy, each leaf with a leading batch axis, via
+    ``vmap(grad)``."""
+
+    def single(p, xi, yi):
+        return per_example_loss(apply_fn({"params": p}, xi[None]), yi[None])[0]
+
+    return jax.vmap(jax.grad(single), in_axes=(None, 0, 0))(params, x, y)
+
+
+def clipped_sum_naive(
+    apply_fn: Callable, params: Params, x: jax.Array, y: jax.Array, mask: jax.Array, clip_norm
+) -> tuple[Params, jax.Array, jax.Array]:
+    """Clipped gradient sum from ``vmap(grad)`` per-example gradients.
+
+    Returns (clipped sum pytree, sum of masked per-example losses, per-example gradient norms (b,)).
+    """
+    grads = per_example_grads_naive(apply_fn, params, x, y)
+    sq = sum(
+        jnp.sum(g.reshape(g.shape[0], -1) ** 2, axis=1) for g in jax.tree_util.tree_leaves(grads)
+    )
+    c = clip_factors(sq, mask, clip_norm)
+    summed = jax.tree_util.tree_map(lambda g: jnp.tensordot(c, g, axes=1), grads)
+    loss = jnp.sum(mask * per_example_loss(apply_fn({"params": params}, x), y))
+    return summed, loss, jnp.sqrt(sq)
+
+
+# --- book-keeping clipping for MnistCNN -----------------------------------------------------------
+
+
+def _conv(x, kernel, stride, padding):
+    # Same call as flax.linen.Conv (NHWC input, HWIO kernel).
+    return jax.lax.conv_general_dilated(
+        x, kernel, (stride, stride), padding, dimension_numbers=("NHWC", "HWIO", "NHWC")
+    )
+
+
+def im2col_s2d(x: jax.Array, k: int, s: int, pad_lo: int, out_hw: int) -> jax.Array:
+    """im2col patches of a k x k, stride-s convolution, built from space-to-depth plus (k/s)^2
+    contiguous slices.
+
+    Args:
+      x: (b, h, w, c) input; the convolution reads rows/cols [-pad_lo, -pad_lo + (out_hw-1)*s + k)
+        of it.
+      k, s: kernel size and stride, with k % s == 0.
+      pad_lo: zero padding before row/col 0 (SAME padding; 0 for VALID).
+      out_hw: output height = width.
+
+    Returns:
+      (b, out_hw**2, k*k*c) patches whose last axis is ordered (a, b', r, c', channel) with kernel
+      row 2a... i.e.
+      kernel row = s*a + r and kernel col = s*b' + c'; :func:`kernel_to_s2d` puts a kernel in the
+      same order.
+    """
+    b, h, w, c = x.shape
+    extent = (out_hw - 1) * s + k
+    pad_hi = extent - pad_lo - h
+    if pad_lo or pad_hi > 0:
+        x = jnp.pad(x, ((0, 0), (pad_lo, max(pad_hi, 0)), (pad_lo, max(pad_hi, 0)), (0, 0)))
+    x = x[:, :extent, :extent, :]
+    e = extent // s
+    xs = x.reshape(b, e, s, e, s, c).transpose(0, 1, 3, 2, 4, 5).reshape(b, e, e, s * s * c)
+    m = k // s
+    slices = [xs[:, a : a + out_hw, bb : bb + out_hw, :] for a in range(m) for bb in range(m)]
+    return jnp.stack(slices, axis=3).reshape(b, out_hw * out_hw, k * k * c)
+
+
+def kernel_to_s2d(kernel: jax.Array, s: int) -> jax.Array:
+    """(k, k, c, o) HWIO kernel -> (k*k*c, o) in the patch order of :func:`im2col_s2d`."""
+    k, _, c, o = kernel.shape
+    m = k // s
+    return kernel.reshape(m, s, m, s, c, o).transpose(0, 2, 1, 3, 4, 5).reshape(k * k * c, o)
+
+
+def kernel_from_s2d(flat: jax.Array, k: int, s: int, c: int) -> jax.Array:
+    """Inverse of :func:`kernel_to_s2d`: (k*k*c, o) -> (k, k, c, o)."""
+    o = flat.shape[-1]
+    m = k // s
+    return flat.reshape(m, m, s, s, c, o).transpose(0, 2, 1, 3, 4, 5).reshape(k, k, c, o)
+
+
+def clipped_sum_bookkeeping(
+    params: Params, x: jax.Array, y: jax.Array, mask: jax.Array, clip_norm
+) -> tuple[Params, jax.Array, jax.Array]:
+    """Clipped gradient sum for :class:`trainers.models.MnistCNN` (28x28x1 input), book-keeping
+    style.
+
+    Same contract and return value as :func:`clipped_sum_naive`.
+    """
+    p = params
+    b = x.shape[0]
+    k1 = p["conv1"]["kernel"]  # (8, 8, 1, c1)
+    k2 = p["conv2"]["kernel"]  # (4, 4, c1, c2)
+    c1, c2 = k1.shape[-1], k2.shape[-1]
+
+    def forward(zs):
+        # zs: zero "taps" added to each pre-activation; the gradient w.r.t. them is dLoss/dz per
+        # example.
+        z1 = _conv(x, k1, 2, "SAME") + p["conv1"]["bias"] + zs[0]  # (b, 14, 14, c1)
+        h1 = _pool(jnp.tanh(z1))  # (b, 13, 13, c1)
+        z2 = _conv(h1, k2, 2, "VALID") + p["conv2"]["bias"] + zs[1]  # (b, 5, 5, c2)
+        h2 = _pool(jnp.tanh(z2)).reshape(b, -1)  # (b, 16*c2)
+        z3 = h2 @ p["dense1"]["kernel"] + p["dense1"]["bias"] + zs[2]
+        h3 = jnp.tanh(z3)
+        z4 = h3 @ p["dense2"]["kernel"] + p["dense2"]["bias"] + zs[3]
+        losses = per_example_loss(z4, y)
+        return jnp.sum(losses), (losses, h1, h2, h3)
+
+    d = p["dense1"]["kernel"].shape[1]
+    nc = p["dense2"]["kernel"].shape[1]
+    zeros = (
+        jnp.zeros((b, 14, 14, c1), x.dtype),
+        jnp.zeros((b, 5, 5, c2), x.dtype),
+        jnp.zeros((b, d), x.dtype),
+        jnp.zeros((b, nc), x.dtype),
+    )
+    gz, (losses, h1, h2, h3) = jax.grad(forward, has_aux=True)(zeros)
+    g1 = gz[0].reshape(b, 196, c1)
+    g2 = gz[1].reshape(b, 25, c2)
+    g3, g4 = gz[2], gz[3]
+
+    # Per-example conv weight gradients (b, out, k): gradient as the first einsum operand was ~2x
+    # faster on XLA CPU.
+    patches1 = im2col_s2d(x, 8, 2, 3, 14)  # (b, 196, 64)
+    patches2 = im2col_s2d(h1, 4, 2, 0, 5)  # (b, 25, 16*c1)
+    w1 = jnp.einsum("bpo,bpk->bok", g1, patches1)
+    w2 = jnp.einsum("bpo,bpk->bok", g2, patches2)
+    bias1 = jnp.sum(g1, axis=1)
+    bias2 = jnp.sum(g2, axis=1)
+
+    def sq(a):
+        return jnp.sum(a.reshape(b, -1) ** 2, axis=1)
+
+    g3sq, g4sq = sq(g3), sq(g4)
+    sq_norms = (
+        sq(w1) + sq(bias1) + sq(w2) + sq(bias2) + g3sq * (sq(h2) + 1.0) + g4sq * (sq(h3) + 1.0)
+    )
+    c = clip_factors(sq_norms, mask, clip_norm)
+    summed = {
+        "conv1": {
+            "kernel": kernel_from_s2d(jnp.einsum("b,bok->ko", c, w1), 8, 2, 1),
+            "bias": c @ bias1,
+        },
+        "conv2": {
+            "kernel": kernel_from_s2d(jnp.einsum("b,bok->ko", c, w2), 4, 2, c1),
+            "bias": c @ bias2,
+        },
+        "dense1": {"kernel": jnp.einsum("bi,bo->io", h2 * c[:, None], g3), "bias": c @ g3},
+        "dense2": {"kernel": jnp.einsum("bi,bo->io", h3 * c[:, None], g4), "bias": c @ g4},
+    }
+    return summed, jnp.sum(mask * losses), jnp.sqrt(sq_norms)
+
+
+def add_noise(grad_sum: Params, key: jax.Array, noise_multiplier, clip_norm) -> Params:
+    """grad_sum + N(0, (noise_multiplier * clip_norm)^2 I), independently per coordinate (Abadi et
+    al. 2016, Alg. 1).
+
+    The sensitivity of the clipped sum to adding or removing one example is clip_norm, so this is
+    the Gaussian
+    mechanism with noise multiplier ``noise_multiplier`` that the accountant assumes.
+    """
+    leaves, treedef = jax.tree_util.tree_flatten(grad_sum)
+    keys = jax.random.split(key, len(leaves))
+    std = noise_multiplier * clip_norm
+    noisy = [
+        g + std * jax.random.normal(k, g.shape, g.dtype) for g, k in zip(leaves, keys, strict=True)
+    ]
+    return jax.tree_util.tree_unflatten(treedef, noisy)
