@@ -1,1 +1,43 @@
-"""selection package."""
+"""Private selection among private candidates (no JAX, no dptune): counts of trials, random
+stopping, thresholding, baselines, and their privacy theorems (`selection.privacy`).
+
+A candidate is any callable ``candidate(index, rng) -> (score, payload)`` that is differentially
+private; a method draws its random plan first, evaluates candidates and releases at most one.
+See ``docs/selection.md``.
+"""
+
+from selection.baselines import BestOfK, NonPrivateBest
+from selection.counts import (
+    CountDistribution,
+    Poisson,
+    TruncatedNegativeBinomial,
+    geometric,
+    logarithmic,
+    poisson,
+    truncated_negative_binomial,
+)
+from selection.method import SelectionMethod
+from selection.plan import Plan, Selection, SelectionPrivate, best_index
+from selection.privacy import PrivacyTransform
+from selection.random_stopping import RandomStopping
+from selection.thresholding import Thresholding
+
+__all__ = [
+    "BestOfK",
+    "CountDistribution",
+    "NonPrivateBest",
+    "Plan",
+    "Poisson",
+    "PrivacyTransform",
+    "RandomStopping",
+    "Selection",
+    "SelectionMethod",
+    "SelectionPrivate",
+    "Thresholding",
+    "TruncatedNegativeBinomial",
+    "best_index",
+    "geometric",
+    "logarithmic",
+    "poisson",
+    "truncated_negative_binomial",
+]

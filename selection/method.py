@@ -1,0 +1,122 @@
+"""The loop shared by every selection method: plan first, evaluate candidates, release one.
+
+A candidate is any callable ``candidate(index, rng) -> (score, payload)`` (see
+``docs/architecture.md``); it must be differentially private with respect to the data, and it
+should turn its own failures into a NaN score rather than raise (whether a run fails can depend on
+the data, so failures must not abort the selection).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from selection.plan import Plan, Selection, SelectionPrivate
+from selection.privacy import PrivacyTransform
+
+__all__ = ["Candidate", "SelectionMethod", "make_rng"]
+
+Candidate = Callable[[int, np.random.Generator], tuple[float, Any]]
+
+
+def make_rng(rng: np.random.Generator | int | np.random.SeedSequence | None) -> np.random.Generator:
+    """A Generator from ``rng``: OS entropy when None (the private default), else the given seed.
+
+    A fixed seed is for tests and debugging only: the privacy guarantee then holds only while the
+    seed stays secret.
+    """
+    if rng is None:
+        return np.random.default_rng()  # fresh OS entropy
+    if isinstance(rng, np.random.Generator):
+        return rng
+    if isinstance(rng, (int, np.integer, np.random.SeedSequence)) and not isinstance(rng, bool):
+        return np.random.default_rng(rng)
+    raise TypeError(f"rng must be None, an int seed, a SeedSequence or a Generator, got {rng!r}")
+
+
+class _CallCandidate:
+    """Picklable adapter so that ``map_fn`` can be a process pool's ``map`` (one iterable)."""
+
+    def __init__(self, candidate: Candidate) -> None:
+        self.candidate = candidate
+
+    def __call__(self, args: tuple[int, np.random.Generator]) -> tuple[float, Any]:
+        index, rng = args
+        result = self.candidate(index, rng)
+        try:
+            score, payload = result
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"candidate({index}, rng) must return (score, payload), got {type(result).__name__}"
+            ) from None
+        return float(score), payload
+
+
+class SelectionMethod:
+    """Base class: subclasses implement `plan`, `select`, `done`, `privacy` and `_batch_limit`."""
+
+    #: Method name stored in plans and checked by select/done.
+    method_name: str = ""
+    plan_class = Plan
+
+    def plan(self, rng: np.random.Generator | int | None = None) -> Plan:
+        raise NotImplementedError
+
+    def select(self, plan: Plan, scores: Sequence[float]) -> int | None:
+        raise NotImplementedError
+
+    def done(self, plan: Plan, scores: Sequence[float]) -> bool:
+        raise NotImplementedError
+
+    @property
+    def privacy(self) -> PrivacyTransform:
+        raise NotImplementedError
+
+    def _check_plan(self, plan: Plan) -> None:
+        if not isinstance(plan, Plan):
+            raise TypeError(f"plan must be a selection.Plan, got {type(plan).__name__}")
+        if plan.method and plan.method != self.method_name:
+            raise ValueError(
+                f"this plan was drawn by {plan.method!r}, not by {self.method_name!r}; "
+                "a plan must be used with the method that drew it"
+            )
+
+    def run(
+        self,
+        candidate: Candidate,
+        rng: np.random.Generator | int | None = None,
+        *,
+        batch_size: int = 1,
+        map_fn: Callable[[Callable[[Any], Any], Iterable[Any]], Iterable[Any]] = map,
+    ) -> Selection:
+        """Draw the plan, evaluate candidates in index order (``batch_size`` at a time through
+        ``map_fn``, e.g. ``ThreadPoolExecutor(n).map``), and release the selected one.
+
+        Candidate ``i`` gets its own Generator, spawned from ``rng`` in index order, so the result
+        does not depend on ``batch_size`` or ``map_fn``. Scores of candidates evaluated
+        speculatively beyond the stopping point (thresholding) are never used.
+        """
+        if isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        gen = make_rng(rng)
+        plan = self.plan(gen)  # before any private computation
+        call = _CallCandidate(candidate)
+        scores: list[float] = []
+        payloads: list[Any] = []
+        while not self.done(plan, scores):
+            n = min(int(batch_size), plan.num_trials - len(scores))
+            start = len(scores)
+            args = list(zip(range(start, start + n), gen.spawn(n), strict=True))
+            results = list(map_fn(call, args))
+            if len(results) != n:
+                raise RuntimeError(f"map_fn returned {len(results)} results for {n} candidates")
+            for score, payload in results:
+                scores.append(score)
+                payloads.append(payload)
+        index = self.select(plan, scores)
+        private = SelectionPrivate(plan.num_trials, len(scores), list(scores), index)
+        if index is None:
+            return Selection(False, None, None, None, private)
+        return Selection(True, scores[index], payloads[index], index, private)
