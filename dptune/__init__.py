@@ -1,1 +1,43 @@
-"""dptune package."""
+"""dptune: private hyperparameter tuning for differentially private deep learning.
+
+``dptune.tune(trainer, space, selection, budget)`` trains a random number of private candidates,
+releases the best one and states one (epsilon, delta) for everything released. Imports are lazy so
+that ``import dptune`` stays light (no JAX until a trainer needs it).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "tune": "dptune.tuner",
+    "plan_privacy": "dptune.tuner",
+    "Budget": "dptune.tuner",
+    "Trainer": "dptune.tuner",
+    "FunctionTrainer": "dptune.tuner",
+    "DpSgdTrainer": "dptune.tuner",
+    "trainer": "dptune.tuner",
+    "TuningConfigError": "dptune.tuner",
+    "ImpossibleBudgetError": "dptune.tuner",
+    "Space": "dptune.space",
+    "Release": "dptune.release",
+    "read_release": "dptune.release",
+    "load_params": "dptune.release",
+    "Ledger": "dptune.ledger",
+    "BudgetExceededError": "dptune.ledger",
+    "Journal": "dptune.journal",
+    "ConfigChangedError": "dptune.journal",
+}
+
+__all__ = sorted(_EXPORTS) + ["space"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    if name == "space":
+        return importlib.import_module("dptune.space")
+    raise AttributeError(f"module 'dptune' has no attribute {name!r}")

@@ -199,6 +199,13 @@ class Journal:
         os.replace(tmp, path)
         return path
 
+    def read_payload(self, index: int) -> Any:
+        """Reads back a payload written by the tuner (a pickle this run wrote itself)."""
+        import pickle
+
+        with open(self.payload_path(index), "rb") as f:
+            return pickle.load(f)
+
 
 class _Tx:
     """``with``-block running BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error)."""

@@ -276,6 +276,21 @@ class Space:
             for n, v in self.fields.items()
         }
 
+    def example(self) -> dict[str, Any]:
+        """One fixed point of the space (constants, first choice, lower bounds), no randomness.
+
+        For questions whose answer must not depend on non-privacy fields (the accountant's).
+        """
+        out: dict[str, Any] = {}
+        for n, v in self.fields.items():
+            if isinstance(v, Choice):
+                out[n] = _plain(v.values[0])
+            elif isinstance(v, _DISTRIBUTIONS):
+                out[n] = v.low
+            else:
+                out[n] = v
+        return out
+
     def privacy_grid(self) -> list[dict[str, Any]]:
         """Every combination of values the privacy-relevant fields can take (for the worst case).
 

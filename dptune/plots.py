@@ -1,0 +1,79 @@
+"""Plots for the release folder: the released candidate's training curve and the epsilon breakdown.
+
+Both show only what is released: the selected candidate's own history and the privacy statement's
+numbers. matplotlib runs with the non-interactive Agg backend, so plotting needs no display.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def training_curve(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path | None:
+    """Plots every numeric per-epoch metric of the released candidate (one panel per metric).
+
+    Args:
+      history: per-epoch dicts, e.g. ``{"epoch": 1, "train_loss": 0.4, "val_accuracy": 0.9}``.
+      path: output file (``.png``).
+    Returns the path, or None when the history has no numeric metric.
+    """
+    rows = [dict(h) for h in history if isinstance(h, Mapping)]
+    keys = sorted(
+        {k for h in rows for k, v in h.items() if k != "epoch" and isinstance(v, (int, float))}
+    )
+    if not rows or not keys:
+        return None
+    plt = _pyplot()
+    xs = [h.get("epoch", i + 1) for i, h in enumerate(rows)]
+    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3), squeeze=False)
+    for ax, key in zip(axes[0], keys, strict=True):
+        ax.plot(xs, [h.get(key, float("nan")) for h in rows], marker="o")
+        ax.set_xlabel("epoch")
+        ax.set_title(key)
+        ax.grid(alpha=0.3)
+    fig.suptitle("released candidate")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)
+
+
+def epsilon_breakdown(privacy: Mapping[str, Any], path: str | Path) -> Path:
+    """Bar chart: one candidate's epsilon, the selection's overhead, the total, and the budget.
+
+    Args:
+      privacy: the statement's JSON (``total_epsilon``, ``single_run_epsilon``, optional
+        ``budget_epsilon``).
+      path: output file (``.png``).
+    """
+    plt = _pyplot()
+    single = float(privacy.get("single_run_epsilon") or 0.0)
+    total = float(privacy["total_epsilon"])
+    labels = ["one candidate", "selection overhead", "total (released)"]
+    values = [single, max(total - single, 0.0), total]
+    colors = ["tab:blue", "tab:orange", "tab:green"]
+    if privacy.get("budget_epsilon") is not None:
+        labels.append("budget")
+        values.append(float(privacy["budget_epsilon"]))
+        colors.append("tab:gray")
+    fig, ax = plt.subplots(figsize=(6, 3))
+    bars = ax.barh(labels, values, color=colors)
+    ax.bar_label(bars, fmt="%.3g")
+    ax.invert_yaxis()
+    ax.set_xlabel(f"epsilon (delta = {privacy.get('delta')})")
+    ax.set_title(str(privacy.get("selection", "")))
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)

@@ -1,0 +1,187 @@
+"""What a tuning run releases, and the ``DIR/release/`` folder that holds it.
+
+The release is the selected candidate only: its hyperparameters, its model, its (noisy) validation
+score, its test accuracy and the privacy statement. Nothing about the other candidates is released,
+not even how many there were: the selection theorems (Liu & Talwar 2019; Papernot & Steinke 2022)
+cover the selected output alone, and revealing K would turn random stopping back into best-of-K.
+
+Files (``DIR/release/``):
+
+* ``result.json``: ``released``, ``hparams``, ``validation_score``, ``test_accuracy``
+  (or ``released: false``).
+* ``privacy.json`` / ``privacy.txt``: the privacy statement (machine- and human-readable).
+* ``checkpoint/``: the released model's parameters (orbax), or ``payload.pkl`` for payloads that
+  are not array pytrees (user trainers).
+* ``training_curve.png``, ``epsilon.png``: plots.
+
+The folder is written to ``release.tmp/`` and renamed into place: it is complete or absent.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pickle
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+RESULT_FILE = "result.json"
+PRIVACY_JSON = "privacy.json"
+PRIVACY_TXT = "privacy.txt"
+
+
+@dataclass
+class Release:
+    """The outcome of a tuning run: the selected candidate, or nothing (a legitimate answer).
+
+    Attributes:
+      released: whether a candidate was selected.
+      hparams: the selected candidate's hyperparameters (None when nothing is released).
+      validation_score: its score as the selection saw it (noisy if the validation split is
+        private).
+      test_accuracy: accuracy on the test split (reported, not used for selection), if the trainer
+        has one.
+      privacy: the privacy statement as JSON (``total_epsilon``, ``delta``, ``single_run_epsilon``,
+        ``selection``, ...).
+      privacy_text: the statement in words.
+      payload: the selected candidate's payload (for DP-SGD: ``{"params": ..., "history": ...}``).
+      path: the release folder, if one was written.
+    """
+
+    released: bool
+    hparams: dict[str, Any] | None
+    validation_score: float | None
+    test_accuracy: float | None
+    privacy: dict[str, Any]
+    privacy_text: str
+    payload: Any = field(default=None, repr=False)
+    path: Path | None = None
+    # The curator's view (number of candidates, all scores): never printed, never in release/.
+    private: Any = field(default=None, repr=False, compare=False)
+
+    def result_json(self) -> dict[str, Any]:
+        if not self.released:
+            return {"released": False}
+        return {
+            "released": True,
+            "hparams": self.hparams,
+            "validation_score": _finite_or_none(self.validation_score),
+            "test_accuracy": _finite_or_none(self.test_accuracy),
+        }
+
+    def __repr__(self) -> str:
+        eps = self.privacy.get("total_epsilon")
+        return (
+            f"Release(released={self.released}, hparams={self.hparams}, "
+            f"validation_score={self.validation_score}, test_accuracy={self.test_accuracy}, "
+            f"total_epsilon={eps}, delta={self.privacy.get('delta')}, path={self.path})"
+        )
+
+    def __str__(self) -> str:
+        if not self.released:
+            head = "Nothing released (no candidate selected: a legitimate private outcome)."
+        else:
+            hp = ", ".join(f"{k}={_fmt(v)}" for k, v in (self.hparams or {}).items())
+            head = f"Released: {hp}\n  validation score {_fmt(self.validation_score)}"
+            if self.test_accuracy is not None:
+                head += f", test accuracy {_fmt(self.test_accuracy)}"
+        return f"{head}\n{self.privacy_text}"
+
+
+def write_release(release: Release, folder: str | os.PathLike) -> Path:
+    """Writes ``release`` to ``folder`` atomically (temp folder, then rename); returns it."""
+    from dptune import plots
+
+    folder = Path(folder).absolute()
+    tmp = folder.with_name(folder.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    _write_json(tmp / RESULT_FILE, release.result_json())
+    _write_json(tmp / PRIVACY_JSON, release.privacy)
+    (tmp / PRIVACY_TXT).write_text(release.privacy_text.rstrip() + "\n")
+    plots.epsilon_breakdown(release.privacy, tmp / "epsilon.png")
+    if release.released:
+        payload = release.payload
+        params = payload.get("params") if isinstance(payload, dict) else None
+        history = payload.get("history") if isinstance(payload, dict) else None
+        if params is not None and _is_array_tree(params):
+            _save_orbax(params, tmp / "checkpoint")
+        elif payload is not None:
+            with open(tmp / "payload.pkl", "wb") as f:
+                pickle.dump(payload, f)
+        if history:
+            plots.training_curve(history, tmp / "training_curve.png")
+    if folder.exists():
+        shutil.rmtree(folder)
+    os.replace(tmp, folder)
+    release.path = folder
+    return folder
+
+
+def read_release(folder: str | os.PathLike) -> Release:
+    """Reads a release folder written by :func:`write_release` (the model stays on disk)."""
+    folder = Path(folder)
+    result = json.loads((folder / RESULT_FILE).read_text())
+    return Release(
+        released=bool(result.get("released")),
+        hparams=result.get("hparams"),
+        validation_score=result.get("validation_score"),
+        test_accuracy=result.get("test_accuracy"),
+        privacy=json.loads((folder / PRIVACY_JSON).read_text()),
+        privacy_text=(folder / PRIVACY_TXT).read_text(),
+        path=folder,
+    )
+
+
+def load_params(folder: str | os.PathLike) -> Any:
+    """Restores the released model's parameters from ``folder/checkpoint`` (orbax)."""
+    import orbax.checkpoint as ocp
+
+    with ocp.StandardCheckpointer() as ckpt:
+        return ckpt.restore(Path(folder).absolute() / "checkpoint")
+
+
+def _save_orbax(params: Any, path: Path) -> None:
+    import jax
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    params = jax.tree_util.tree_map(np.asarray, params)
+    with ocp.StandardCheckpointer() as ckpt:
+        ckpt.save(path.absolute(), params)
+        ckpt.wait_until_finished()
+
+
+def _is_array_tree(tree: Any) -> bool:
+    try:
+        import jax
+    except ImportError:  # pragma: no cover - jax is a dependency
+        return False
+    leaves = jax.tree_util.tree_leaves(tree)
+    return bool(leaves) and all(hasattr(x, "shape") and hasattr(x, "dtype") for x in leaves)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
+
+
+def _json_default(x: Any) -> Any:
+    if hasattr(x, "item"):
+        return x.item()
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    if isinstance(x, Path):
+        return str(x)
+    raise TypeError(f"not JSON-serialisable: {type(x).__name__}")
+
+
+def _finite_or_none(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(float(x)) else float(x)
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
