@@ -1,0 +1,251 @@
+r"""Privacy of a DP-SGD tuning run: one (epsilon, delta) for everything released.
+
+Examples:
+
+  # One DP-SGD run (MNIST-like: 60000 examples, batch 256, 30 epochs = 7032 steps):
+  python -m dptune.account --sampling_rate=0.0042667 --noise_multiplier=1.1 --steps=7032
+
+  # Random stopping with Poisson(10) candidates, tightest route (PLD delta-hat):
+  python -m dptune.account --sampling_rate=0.0042667 --noise_multiplier=1.1 --steps=7032 \
+      --selection=poisson --mean_trials=10
+
+  # The noise multiplier for a total budget epsilon=3 with logarithmic random stopping:
+  python -m dptune.account --sampling_rate=0.0042667 --steps=7032 --selection=logarithmic \
+      --mean_trials=10 --target_epsilon=3 --json
+
+--selection: none (one run), geometric / logarithmic / tnb (--eta) / poisson random stopping
+(Papernot & Steinke 2022, Thm 2 and 6; geometric = Liu & Talwar 2019, Thm 3.2; geometric with
+--max_trials = Liu & Talwar Thm 3.4), threshold (Liu & Talwar Alg. 1, Thm 3.1; stop probability
+--threshold_stop_probability, default 1/--mean_trials), naive (best of --mean_trials runs, priced
+by composition).  --accountant=rdp reproduces dp_accounting's RDP route exactly; the default
+'auto' takes the tightest valid route.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+from absl import app, flags
+
+from dptune import accounting
+from selection import privacy as sp
+
+SELECTIONS = ("none", "geometric", "logarithmic", "tnb", "poisson", "threshold", "naive")
+
+_SAMPLING_RATE = flags.DEFINE_float(
+    "sampling_rate", None, "Poisson sampling rate q in (0, 1] (expected batch size / examples)."
+)
+_NOISE = flags.DEFINE_float(
+    "noise_multiplier", None, "DP-SGD noise multiplier sigma > 0 (omit with --target_epsilon)."
+)
+_STEPS = flags.DEFINE_integer("steps", None, "Number of DP-SGD steps per candidate (>= 1).")
+_DELTA = flags.DEFINE_float("delta", 1e-5, "Total delta in (0, 1).")
+_SELECTION = flags.DEFINE_enum("selection", "none", SELECTIONS, "Selection method.")
+_MEAN = flags.DEFINE_float(
+    "mean_trials",
+    10.0,
+    "Expected number of candidates E[K] >= 1 (random stopping); k for --selection=naive.",
+)
+_ETA = flags.DEFINE_float(
+    "eta", None, "Shape eta > -1 of the truncated negative binomial (--selection=tnb)."
+)
+_MAX_TRIALS = flags.DEFINE_integer(
+    "max_trials", None, "Hard cap T on the number of candidates (geometric or threshold)."
+)
+_STOP = flags.DEFINE_float(
+    "threshold_stop_probability",
+    None,
+    "Thresholding: probability gamma in (0, 1] of stopping after each miss "
+    "(default 1/--mean_trials).",
+)
+_SCORE = flags.DEFINE_float(
+    "score_noise_std",
+    None,
+    "Std (in counts) of the Gaussian noise on each candidate's validation count; omit when the "
+    "validation split is public.",
+)
+_ACCOUNTANT = flags.DEFINE_enum(
+    "accountant", "auto", accounting.ACCOUNTANTS, "auto (tightest valid route), pld or rdp."
+)
+_TARGET = flags.DEFINE_float(
+    "target_epsilon", None, "Total epsilon budget: calibrate --noise_multiplier to meet it."
+)
+_JSON = flags.DEFINE_bool("json", False, "Print one JSON object instead of text.")
+
+
+class InputError(ValueError):
+    """Invalid command-line input (the message names the flag and why)."""
+
+
+def make_transform(
+    selection: str,
+    mean_trials: float = 10.0,
+    eta: float | None = None,
+    max_trials: int | None = None,
+    stop_probability: float | None = None,
+):
+    """The ``selection.privacy`` transform that a ``--selection`` value and its options name."""
+    if selection not in SELECTIONS:
+        raise InputError(f"--selection={selection} must be one of {', '.join(SELECTIONS)}.")
+    if eta is not None and selection != "tnb":
+        raise InputError(f"--eta={eta:g} applies only to --selection=tnb, not {selection}.")
+    if max_trials is not None and selection not in ("geometric", "threshold"):
+        raise InputError(
+            f"--max_trials={max_trials} applies only to --selection=geometric (Liu & Talwar 2019, "
+            f"Thm 3.4) or threshold (Thm 3.1); {selection} has no capped theorem."
+        )
+    if max_trials is not None and max_trials < 1:
+        raise InputError(f"--max_trials={max_trials} must be an integer >= 1.")
+    if stop_probability is not None and selection != "threshold":
+        raise InputError(
+            f"--threshold_stop_probability={stop_probability:g} applies only to "
+            "--selection=threshold."
+        )
+    if selection == "none":
+        return sp.SingleRunPrivacy()
+    if not (math.isfinite(mean_trials) and mean_trials >= 1):
+        raise InputError(
+            f"--mean_trials={mean_trials:g} must be a finite number >= 1: it is the expected "
+            "number of candidates trained (the theorems need E[K] >= 1)."
+        )
+    if selection == "naive":
+        if mean_trials != int(mean_trials):
+            raise InputError(
+                f"--mean_trials={mean_trials:g} must be an integer for --selection=naive "
+                "(best of k runs)."
+            )
+        return sp.BestOfKPrivacy(int(mean_trials))
+    if selection == "poisson":
+        return sp.PoissonStoppingPrivacy(mean_trials)
+    if selection == "threshold":
+        gamma = 1.0 / mean_trials if stop_probability is None else stop_probability
+        if not (0 < gamma <= 1):
+            raise InputError(
+                f"--threshold_stop_probability={gamma:g} must be in (0, 1]: the probability of "
+                "stopping after each candidate below the threshold."
+            )
+        return sp.ThresholdingPrivacy(gamma, max_trials)
+    if selection == "geometric":
+        if max_trials is not None:
+            return sp.HardCappedRandomStoppingPrivacy(1.0 / mean_trials, max_trials)
+        return sp.RandomStoppingPrivacy.from_mean(mean_trials, 1.0)
+    if selection == "logarithmic":
+        return sp.RandomStoppingPrivacy.from_mean(mean_trials, 0.0)
+    # tnb
+    if eta is None:
+        raise InputError("--selection=tnb needs --eta (the shape, > -1; 0.5 is a common choice).")
+    if not (math.isfinite(eta) and eta > -1):
+        raise InputError(
+            f"--eta={eta:g} must be a finite number > -1: the truncated negative binomial "
+            "(Papernot & Steinke 2022, Def. 1) is defined for eta in (-1, inf)."
+        )
+    return sp.RandomStoppingPrivacy.from_mean(mean_trials, eta)
+
+
+def _check_inputs() -> None:
+    q = _SAMPLING_RATE.value
+    if q is None:
+        raise InputError("--sampling_rate is required (expected batch size / training examples).")
+    if not (0 < q <= 1):
+        raise InputError(
+            f"--sampling_rate={q:g} must be in (0, 1]: it is the probability that an example is "
+            "in a step's Poisson-sampled batch."
+        )
+    if _STEPS.value is None:
+        raise InputError("--steps is required (DP-SGD steps per candidate).")
+    if _STEPS.value < 1:
+        raise InputError(f"--steps={_STEPS.value} must be an integer >= 1.")
+    if not (0 < _DELTA.value < 1):
+        raise InputError(
+            f"--delta={_DELTA.value:g} must be in (0, 1) (typically below 1/training examples)."
+        )
+    sigma, target = _NOISE.value, _TARGET.value
+    if sigma is None and target is None:
+        raise InputError("give --noise_multiplier, or --target_epsilon to calibrate it.")
+    if sigma is not None and target is not None:
+        raise InputError(
+            f"give either --noise_multiplier={sigma:g} or --target_epsilon={target:g}, not both: "
+            "--target_epsilon computes the noise multiplier."
+        )
+    if sigma is not None and not (math.isfinite(sigma) and sigma > 0):
+        raise InputError(
+            f"--noise_multiplier={sigma:g} must be a finite number > 0: with no noise DP-SGD is "
+            "not private."
+        )
+    if target is not None and not (math.isfinite(target) and target > 0):
+        raise InputError(f"--target_epsilon={target:g} must be a finite number > 0.")
+    score = _SCORE.value
+    if score is not None and not (math.isfinite(score) and score > 0):
+        raise InputError(f"--score_noise_std={score:g} must be a finite number > 0 (counts).")
+
+
+def _result() -> tuple[dict, str]:
+    _check_inputs()
+    transform = make_transform(
+        _SELECTION.value, _MEAN.value, _ETA.value, _MAX_TRIALS.value, _STOP.value
+    )
+    q, steps, delta = _SAMPLING_RATE.value, _STEPS.value, _DELTA.value
+    out: dict = {"selection": _SELECTION.value}
+    text_extra = ""
+    if _TARGET.value is not None:
+        cal = accounting.calibrate_noise(
+            q, steps, transform, _TARGET.value, delta, _ACCOUNTANT.value, _SCORE.value
+        )
+        statement = cal.statement
+        out.update(
+            noise_multiplier=cal.noise_multiplier,
+            target_epsilon=cal.target_epsilon,
+            untuned_noise_multiplier=cal.untuned_noise_multiplier,
+            naive_noise_multiplier=cal.naive_noise_multiplier,
+            naive_trials=cal.naive_trials,
+        )
+        text_extra = (
+            f"Noise multiplier for a total ({cal.target_epsilon:g}, {delta:g}) budget: "
+            f"{cal.noise_multiplier:.4f}\n"
+            f"  one untuned run would need {cal.untuned_noise_multiplier:.4f}"
+        )
+        if cal.naive_noise_multiplier is not None:
+            text_extra += (
+                f"; naive best-of-{cal.naive_trials} (composition) would need "
+                f"{cal.naive_noise_multiplier:.4f}"
+            )
+        text_extra += ".\n\n"
+    else:
+        candidate = accounting.DpSgdCandidate(q, steps, _NOISE.value, _SCORE.value)
+        statement = accounting.total_privacy(candidate, transform, delta, _ACCOUNTANT.value)
+        out["noise_multiplier"] = _NOISE.value
+    d = statement.to_dict()
+    out.update(
+        single_run_epsilon=d["single_run_epsilon"],
+        total_epsilon=d["total_epsilon"],
+        delta=d["delta"],
+        overhead=d["overhead"],
+        accountant=d["accountant"],
+        accountant_requested=_ACCOUNTANT.value,
+        method=d["method"],
+        theorem=d["theorem"],
+        sampling_rate=q,
+        steps=steps,
+        statement=d,
+    )
+    return out, text_extra + statement.to_text()
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        sys.exit(f"dptune.account: error: unexpected arguments {argv[1:]} (flags only).")
+    try:
+        out, text = _result()
+    except ValueError as e:  # InputError and the library's own input checks
+        sys.exit(f"dptune.account: error: {e}")
+    print(json.dumps(out) if _JSON.value else text)
+
+
+def run() -> None:
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,226 @@
+"""Calibration: the DP-SGD noise multiplier that makes the *whole* tuning run meet a total budget.
+
+Total epsilon falls as the noise multiplier sigma grows (every route is monotone in sigma: more
+noise is post-processing), so the smallest sufficient sigma is a root of
+``total_epsilon(sigma) - target``, found with scipy's Brent method on log(sigma) and then rounded
+up until the statement meets the target.  The PLD routes are slow (about 0.3 s per evaluation at
+7000 steps), so the root is first bracketed with the fast RDP route: an RDP bound is never the
+only valid one under ``accountant="auto"``, and PLD needs less noise than RDP in practice, so the
+search starts from the RDP answer and walks down.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from scipy import optimize
+
+from dptune.accounting import totals
+from dptune.accounting.epsilon import check_delta
+from dptune.accounting.events import DpSgdCandidate
+from dptune.accounting.statement import PrivacyStatement
+from selection.privacy import BestOfKPrivacy, SingleRunPrivacy
+
+__all__ = ["Calibration", "calibrate_noise", "naive_trials"]
+
+#: sigma is searched in [SIGMA_MIN, SIGMA_MAX]; beyond, the target is called unreachable.
+SIGMA_MIN, SIGMA_MAX = 0.05, 1e4
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The calibrated noise multiplier, its statement, and what simpler procedures would need.
+
+    Attributes:
+      noise_multiplier: the smallest sigma found (within ``rtol``, rounded up) for which the whole
+        tuning run is (target_epsilon, delta)-DP.
+      statement: the ``PrivacyStatement`` at that sigma (its total_epsilon <= target_epsilon).
+      target_epsilon, delta: the budget.
+      untuned_noise_multiplier: sigma for ONE run (no tuning) to meet the same budget.
+      naive_noise_multiplier: sigma for naive best-of-``naive_trials`` (composition) to meet it;
+        None when the selection is a single run.
+      naive_trials: k used for the naive comparison (the selection's expected number of trials,
+        rounded up), or None.
+    """
+
+    noise_multiplier: float
+    statement: PrivacyStatement
+    target_epsilon: float
+    delta: float
+    untuned_noise_multiplier: float | None = None
+    naive_noise_multiplier: float | None = None
+    naive_trials: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "noise_multiplier": self.noise_multiplier,
+            "target_epsilon": self.target_epsilon,
+            "delta": self.delta,
+            "untuned_noise_multiplier": self.untuned_noise_multiplier,
+            "naive_noise_multiplier": self.naive_noise_multiplier,
+            "naive_trials": self.naive_trials,
+            "statement": self.statement.to_dict(),
+        }
+
+
+def naive_trials(transform) -> int | None:
+    """k for the naive baseline: the transform's expected number of candidates, rounded up.
+
+    Random stopping: E[K] (``mean``); thresholding and capped random stopping: 1/gamma, the
+    expected number of trials when no candidate passes (LT Alg. 1/2); best-of-k: k; one run: None.
+    """
+    if transform is None or isinstance(transform, SingleRunPrivacy):
+        return None
+    if isinstance(transform, BestOfKPrivacy):
+        return transform.k
+    mean = getattr(transform, "mean", None)
+    if mean is None and getattr(transform, "gamma", None):
+        mean = 1.0 / transform.gamma
+    return None if mean is None else max(1, math.ceil(mean - 1e-9))
+
+
+def _epsilon_fn(
+    sampling_rate: float,
+    steps: int,
+    transform,
+    delta: float,
+    accountant: str,
+    score_noise_std: float | None,
+) -> Callable[[float], float]:
+    def eps(sigma: float) -> float:
+        cand = DpSgdCandidate(sampling_rate, steps, sigma, score_noise_std)
+        found = totals.routes(cand, transform, delta, accountant)
+        if not found:
+            raise ValueError(
+                f"accountant={accountant!r} has no route for selection "
+                f"{getattr(transform, 'name', transform)!r}; try accountant='auto'."
+            )
+        return min(r.epsilon for r in found)
+
+    return eps
+
+
+def _solve(eps: Callable[[float], float], target: float, start: float, rtol: float) -> float:
+    """Smallest sigma (within rtol, rounded up) with eps(sigma) <= target; eps decreasing."""
+    cache: dict[float, float] = {}
+
+    def gap(log_sigma: float) -> float:
+        if log_sigma not in cache:
+            cache[log_sigma] = eps(math.exp(log_sigma)) - target
+        return cache[log_sigma]
+
+    step = math.log(1.25)
+    hi = math.log(min(max(start, SIGMA_MIN), SIGMA_MAX))
+    while gap(hi) > 0:  # walk up until feasible
+        if hi >= math.log(SIGMA_MAX):
+            raise ValueError(
+                f"target_epsilon={target:g} is unreachable: even noise_multiplier={SIGMA_MAX:g} "
+                f"gives epsilon={gap(hi) + target:.4g} (a fixed score noise may already cost "
+                "more than the target)."
+            )
+        hi = min(hi + step, math.log(SIGMA_MAX))
+        step *= 2
+    lo = hi
+    step = math.log(1.25)
+    while True:  # walk down until infeasible
+        lo = lo - step
+        if lo <= math.log(SIGMA_MIN):
+            lo = math.log(SIGMA_MIN)
+            if gap(lo) <= 0:
+                return SIGMA_MIN
+            break
+        if gap(lo) > 0:
+            break
+        hi = lo
+        step *= 2
+    root = optimize.brentq(gap, lo, hi, xtol=rtol / 2, rtol=rtol / 4)
+    sigma = root + rtol / 2
+    while gap(sigma) > 0:  # Brent's root is within xtol: round up until the target holds
+        sigma += rtol / 2
+    return math.exp(sigma)
+
+
+def calibrate_noise(
+    sampling_rate: float,
+    steps: int,
+    transform=None,
+    target_epsilon: float = 1.0,
+    delta: float = 1e-5,
+    accountant: str = "auto",
+    score_noise_std: float | None = None,
+    *,
+    seeded: bool = False,
+    compare: bool = True,
+    rtol: float = 1e-3,
+) -> Calibration:
+    """The noise multiplier for which the whole tuning run is (target_epsilon, delta)-DP.
+
+    Args:
+      sampling_rate: Poisson sampling rate q of every candidate, in (0, 1].
+      steps: DP-SGD steps of every candidate (>= 1).
+      transform: the selection theorem (``selection.privacy``); None for one run.
+      target_epsilon: the total budget's epsilon (> 0), for everything released.
+      delta: the total budget's delta, in (0, 1).
+      accountant: "auto" (tightest valid route), "pld" or "rdp".
+      score_noise_std: fixed std (counts) of the private validation score, or None (public).
+      seeded: passed to the statement (fixed-seed runs say the guarantee needs the seed secret).
+      compare: also calibrate one untuned run and naive composition (about 2x the time).
+      rtol: relative tolerance on sigma (the answer is rounded up, so always within budget).
+
+    Raises:
+      ValueError: invalid inputs, or a target no sigma in [0.05, 1e4] reaches.
+    """
+    if isinstance(target_epsilon, bool) or not isinstance(target_epsilon, (int, float)):
+        raise ValueError(f"target_epsilon={target_epsilon!r} must be a number > 0.")
+    if not (math.isfinite(target_epsilon) and target_epsilon > 0):
+        raise ValueError(f"target_epsilon={target_epsilon!r} must be a finite number > 0.")
+    delta = check_delta(delta)
+    totals.check_accountant(accountant)
+    transform = totals.check_transform(transform)
+    # Validates q, steps and the score noise before any search.
+    DpSgdCandidate(sampling_rate, steps, 1.0, score_noise_std)
+    if not transform.is_private:
+        raise ValueError(
+            f"selection {transform.name!r} is not private: no noise multiplier meets a budget."
+        )
+
+    def solve(tr, acc: str, start: float) -> float:
+        fn = _epsilon_fn(sampling_rate, steps, tr, delta, acc, score_noise_std)
+        return _solve(fn, float(target_epsilon), start, rtol)
+
+    def calibrated(tr) -> float:
+        # Bracket with the fast RDP route first (see module docstring).
+        start = 1.0
+        if accountant != "rdp":
+            try:
+                start = solve(tr, "rdp", 1.0)
+            except ValueError:
+                start = 1.0
+        return solve(tr, accountant, start)
+
+    sigma = calibrated(transform)
+    statement = totals.total_privacy(
+        DpSgdCandidate(sampling_rate, steps, sigma, score_noise_std),
+        transform,
+        delta,
+        accountant,
+        seeded=seeded,
+    )
+    untuned = naive = None
+    k = naive_trials(transform)
+    if compare:
+        untuned = calibrated(SingleRunPrivacy())
+        if k is not None:
+            naive = calibrated(BestOfKPrivacy(k))
+    return Calibration(
+        noise_multiplier=sigma,
+        statement=statement,
+        target_epsilon=float(target_epsilon),
+        delta=delta,
+        untuned_noise_multiplier=untuned,
+        naive_noise_multiplier=naive,
+        naive_trials=k,
+    )

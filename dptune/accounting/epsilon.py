@@ -1,0 +1,181 @@
+"""Privacy of one run (one candidate, or the worst case over a set of candidates) by RDP and by PLD.
+
+Everything here is computed by dp_accounting 0.6.0:
+
+* RDP: ``RdpAccountant`` (Mironov 2017, "Renyi Differential Privacy", Prop. 3 composition; Mironov,
+  Talwar & Zhang 2019, "Renyi Differential Privacy of the Sampled Gaussian Mechanism", Sec. 3.3 for
+  the Poisson-subsampled Gaussian), converted to (epsilon, delta) by ``compute_epsilon`` /
+  ``compute_delta`` (Canonne, Kamath & Steinke 2020, arXiv:2004.00010, Prop. 12).
+* PLD: ``PLDAccountant`` (Meiser & Mohammadi 2018; Koskela, Jalko & Honkela 2020; Doroshenko et al.
+  2022, "Connect the dots"), pessimistic discretisation, the maximum over the add and the remove
+  direction.
+
+A set of candidates is accounted by its worst case: the pointwise maximum of the RDP curves, and the
+maximum of the ``delta(epsilon)`` curves (so the maximum of ``epsilon(delta)``) for PLD.  This bound
+holds uniformly for every candidate in the set, which is what the selection theorems and parallel
+composition (see ``events``) need.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import numpy as np
+from dp_accounting import dp_event
+from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.rdp import rdp_privacy_accountant
+
+from dptune.accounting.events import (
+    Candidate,
+    as_candidates,
+    dominating_dpsgd_candidate,
+    pareto_candidates,
+)
+
+__all__ = [
+    "DEFAULT_ORDERS",
+    "PLD_DISCRETIZATION",
+    "check_delta",
+    "composed_pld_epsilon",
+    "pld_delta",
+    "pld_epsilon",
+    "rdp_curve",
+    "rdp_delta",
+    "rdp_epsilon",
+]
+
+#: dp_accounting's default RDP orders: 1.1 ... 10.9 by 0.1, 11 ... 63, 128, 256, 512, 1024 (156).
+DEFAULT_ORDERS: np.ndarray = np.asarray(rdp_privacy_accountant.DEFAULT_RDP_ORDERS, dtype=np.float64)
+
+#: dp_accounting's default PLD discretisation of the privacy loss (nats).
+PLD_DISCRETIZATION: float = 1e-4
+
+
+def check_delta(delta: float) -> float:
+    """Returns ``delta`` as a float, or raises ValueError saying why it is not a valid target
+    delta."""
+    if isinstance(delta, bool) or not isinstance(delta, (int, float, np.floating)):
+        raise ValueError(f"delta={delta!r} must be a number in (0, 1).")
+    if not (0 < delta < 1):
+        raise ValueError(
+            f"delta={delta!r} must be in (0, 1): it is the probability the epsilon guarantee "
+            "may fail (typically below 1/number of training examples)."
+        )
+    return float(delta)
+
+
+@functools.lru_cache(maxsize=1024)
+def _event_rdp(event: dp_event.DpEvent, orders: tuple[float, ...]) -> np.ndarray:
+    accountant = rdp_privacy_accountant.RdpAccountant(list(orders))
+    accountant.compose(event)
+    rdp = np.array(accountant.rdp, dtype=np.float64)
+    rdp.setflags(write=False)  # cached: callers must not mutate it
+    return rdp
+
+
+def _branches(candidates: Sequence[Candidate]) -> list[dp_event.DpEvent]:
+    out: list[dp_event.DpEvent] = []
+    for c in pareto_candidates(as_candidates(candidates)):
+        for b in c.branches():
+            if b not in out:
+                out.append(b)
+    return out
+
+
+def rdp_curve(candidates, orders: Sequence[float] = DEFAULT_ORDERS) -> np.ndarray:
+    """The worst-case RDP curve (nats) of one run at ``orders``: pointwise max over candidates and
+    branches.
+
+    Returns a new float64 array of shape ``(len(orders),)``.  Raises ``UnsupportedEventError`` when
+    an event has no RDP accounting in dp_accounting.
+    """
+    key = tuple(float(a) for a in np.asarray(orders, dtype=np.float64))
+    curves = [_event_rdp(b, key) for b in _branches(candidates)]
+    return np.max(np.stack(curves), axis=0)
+
+
+def rdp_epsilon(
+    candidates, delta: float, orders: Sequence[float] = DEFAULT_ORDERS
+) -> tuple[float, float]:
+    """(epsilon, optimal order) of one run at ``delta`` from its RDP curve (arXiv:2004.00010 Prop.
+    12)."""
+    delta = check_delta(delta)
+    eps, order = rdp_privacy_accountant.compute_epsilon(
+        orders, rdp_curve(candidates, orders), delta
+    )
+    return float(eps), float(order)
+
+
+def rdp_delta(candidates, epsilon: float, orders: Sequence[float] = DEFAULT_ORDERS) -> float:
+    """delta of one run at ``epsilon`` from its RDP curve (arXiv:2004.00010 Prop. 12)."""
+    return float(
+        rdp_privacy_accountant.compute_delta(orders, rdp_curve(candidates, orders), epsilon)[0]
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _event_pld(
+    event: dp_event.DpEvent, discretization: float
+) -> pld_privacy_accountant.PLDAccountant:
+    accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=discretization)
+    accountant.compose(event)
+    return accountant
+
+
+def pld_epsilon(candidates, delta: float, *, discretization: float = PLD_DISCRETIZATION) -> float:
+    """epsilon of one run at ``delta`` by PLD: the max over candidates and parallel branches."""
+    delta = check_delta(delta)
+    return max(
+        float(_event_pld(b, discretization).get_epsilon(delta)) for b in _branches(candidates)
+    )
+
+
+def pld_delta(
+    candidates, epsilon: float | Sequence[float], *, discretization: float = PLD_DISCRETIZATION
+) -> float | np.ndarray:
+    """delta (hockey-stick divergence) of one run at ``epsilon`` (scalar or 1-d array) by PLD, max
+    over branches.
+
+    A scalar loop: dp_accounting's vectorised ``get_delta_for_epsilon`` is slower than 156 scalar
+    calls here.
+    """
+    eps = np.atleast_1d(np.asarray(epsilon, dtype=np.float64))
+    out = np.zeros_like(eps)
+    for b in _branches(candidates):
+        acc = _event_pld(b, discretization)
+        out = np.maximum(out, [acc.get_delta(float(e)) for e in eps])
+    out = np.minimum(out, 1.0)
+    return float(out[0]) if np.ndim(epsilon) == 0 else out
+
+
+def composed_pld_epsilon(
+    candidates, count: int, delta: float, *, discretization: float = PLD_DISCRETIZATION
+) -> float:
+    """epsilon at ``delta`` of ``count`` runs composed (naive best-of-k), by PLD.
+
+    Needs one run that dominates every candidate (``dominating_dpsgd_candidate``) or a single
+    candidate; raises ValueError otherwise (composing different PLDs has no simple worst case).
+    Each run's branches act on disjoint splits that stay fixed across runs, so the k-fold
+    composition is the max over branches of each branch composed k times (basic composition per
+    split, parallel composition across splits).
+    """
+    delta = check_delta(delta)
+    cands = pareto_candidates(as_candidates(candidates))
+    if len(cands) > 1:
+        dom = dominating_dpsgd_candidate(cands)
+        if dom is None:
+            raise ValueError(
+                "composition by PLD needs one candidate that dominates all others; these "
+                "candidates are heterogeneous user DpEvents: use accountant='rdp' (pointwise "
+                "max of RDP curves)."
+            )
+        cands = (dom,)
+    return max(
+        float(
+            _event_pld(dp_event.SelfComposedDpEvent(b, int(count)), discretization).get_epsilon(
+                delta
+            )
+        )
+        for b in cands[0].branches()
+    )

@@ -1,0 +1,313 @@
+"""Candidates as dp_accounting ``DpEvent``s: what one training run (plus its private score) costs.
+
+A *candidate* is one run that the selection layer may release: a DP-SGD training run and, when the
+validation split is private, a noisy validation score.  Its privacy is described by one or more
+*branches*, each a ``dp_accounting.DpEvent``, that act on **disjoint** parts of the data (the
+training split and the validation split). A neighbouring dataset differs in one example, which lies
+in exactly one part, so the candidate's privacy loss is that of one branch, never of their sum:
+parallel composition (McSherry 2009, "Privacy Integrated Queries", Thm 4). Hence the candidate's
+guarantee is the worse of its branches: the pointwise maximum of their RDP curves, and the maximum
+of their ``delta(epsilon)`` curves (hockey-stick divergences) for PLD.
+
+The adjacency is add/remove-one example (dp_accounting's ``ADD_OR_REMOVE_ONE``), the one under which
+the Poisson-subsampled Gaussian accounting of DP-SGD holds.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from dp_accounting import dp_event
+
+__all__ = [
+    "Candidate",
+    "CandidateLike",
+    "DpSgdCandidate",
+    "EventCandidate",
+    "as_candidates",
+    "dominating_dpsgd_candidate",
+    "pareto_candidates",
+    "pure_epsilon",
+]
+
+
+@runtime_checkable
+class Candidate(Protocol):
+    """What the accountant needs of a candidate: its parallel branches and its inputs
+    (JSON-safe)."""
+
+    def branches(self) -> tuple[dp_event.DpEvent, ...]: ...
+
+    def params(self) -> dict[str, Any]: ...
+
+
+def _check_positive_finite(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name}={value!r} must be a real number.")
+    value = float(value)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name}={value!r} must be a finite number > 0.")
+    return value
+
+
+@dataclass(frozen=True)
+class DpSgdCandidate:
+    """One DP-SGD training run, optionally with a privately scored validation split.
+
+    Attributes:
+      sampling_rate: Poisson sampling probability q of each training example per step, in (0, 1]
+        (expected batch size / number of training examples).
+      steps: number of noisy gradient steps (>= 1).
+      noise_multiplier: sigma, the Gaussian noise std divided by the clipping norm (> 0).
+      score_noise_std: std, in counts, of the Gaussian noise added to the number of correct
+        predictions on the validation split (whose sensitivity is 1 example); ``None`` when the
+        validation split is public and the score costs nothing.
+    """
+
+    sampling_rate: float
+    steps: int
+    noise_multiplier: float
+    score_noise_std: float | None = None
+
+    def __post_init__(self) -> None:
+        q = self.sampling_rate
+        if isinstance(q, bool) or not isinstance(q, numbers.Real) or not (0 < q <= 1):
+            raise ValueError(
+                f"sampling_rate={q!r} must be in (0, 1]: it is the probability that a training "
+                "example is in a step's Poisson-sampled batch (expected batch size / training "
+                "set size)."
+            )
+        s = self.steps
+        if isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 1:
+            raise ValueError(
+                f"steps={s!r} must be an integer >= 1 (the number of noisy gradient steps)."
+            )
+        sigma = self.noise_multiplier
+        if isinstance(sigma, bool) or not isinstance(sigma, numbers.Real) or not (sigma > 0):
+            raise ValueError(
+                f"noise_multiplier={sigma!r} must be > 0: with no noise DP-SGD is not private."
+            )
+        if not math.isfinite(sigma):
+            raise ValueError(f"noise_multiplier={sigma!r} must be finite.")
+        if self.score_noise_std is not None:
+            _check_positive_finite("score_noise_std", self.score_noise_std)
+        object.__setattr__(self, "sampling_rate", float(q))
+        object.__setattr__(self, "steps", int(s))
+        object.__setattr__(self, "noise_multiplier", float(sigma))
+        if self.score_noise_std is not None:
+            object.__setattr__(self, "score_noise_std", float(self.score_noise_std))
+
+    @classmethod
+    def from_dpsgd_privacy(
+        cls, privacy: Any, score_noise_std: float | None = None
+    ) -> DpSgdCandidate:
+        """From anything with ``sampling_rate``, ``steps``, ``noise_multiplier``
+        (``trainers.train.dpsgd_privacy``)."""
+        return cls(
+            sampling_rate=privacy.sampling_rate,
+            steps=privacy.steps,
+            noise_multiplier=privacy.noise_multiplier,
+            score_noise_std=score_noise_std,
+        )
+
+    def training_event(self) -> dp_event.DpEvent:
+        """``steps`` compositions of the Poisson-subsampled Gaussian (Abadi et al. 2016, Alg. 1)."""
+        return dp_event.SelfComposedDpEvent(
+            dp_event.PoissonSampledDpEvent(
+                self.sampling_rate, dp_event.GaussianDpEvent(self.noise_multiplier)
+            ),
+            self.steps,
+        )
+
+    def score_event(self) -> dp_event.DpEvent | None:
+        """The noisy validation count: a Gaussian mechanism on a sensitivity-1 count, noise
+        multiplier = std."""
+        if self.score_noise_std is None:
+            return None
+        return dp_event.GaussianDpEvent(self.score_noise_std)
+
+    def branches(self) -> tuple[dp_event.DpEvent, ...]:
+        score = self.score_event()
+        return (self.training_event(),) if score is None else (self.training_event(), score)
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "kind": "dpsgd",
+            "sampling_rate": self.sampling_rate,
+            "steps": self.steps,
+            "noise_multiplier": self.noise_multiplier,
+            "score_noise_std": self.score_noise_std,
+        }
+
+
+@dataclass(frozen=True)
+class EventCandidate:
+    """A candidate described by an arbitrary user ``DpEvent`` (e.g. a Laplace mechanism, a DP
+    k-means run).
+
+    ``parallel`` lists further events on disjoint data (e.g. a private score on a separate split).
+    """
+
+    event: dp_event.DpEvent
+    parallel: tuple[dp_event.DpEvent, ...] = ()
+    label: str = "user DpEvent"
+
+    def __post_init__(self) -> None:
+        for e in (self.event, *self.parallel):
+            if not isinstance(e, dp_event.DpEvent):
+                raise ValueError(f"event={e!r} must be a dp_accounting DpEvent.")
+        object.__setattr__(self, "parallel", tuple(self.parallel))
+
+    def branches(self) -> tuple[dp_event.DpEvent, ...]:
+        return (self.event, *self.parallel)
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "kind": "event",
+            "label": self.label,
+            "event": _event_to_json(self.event),
+            "parallel": [_event_to_json(e) for e in self.parallel],
+        }
+
+
+def _event_to_json(event: dp_event.DpEvent) -> Any:
+    """A JSON-safe nested description of a DpEvent (dp_accounting's named-tuple form)."""
+
+    def convert(x: Any) -> Any:
+        if hasattr(x, "_asdict"):
+            return {"type": type(x).__name__, **{k: convert(v) for k, v in x._asdict().items()}}
+        if isinstance(x, (list, tuple)):
+            return [convert(v) for v in x]
+        if isinstance(x, float) and not math.isfinite(x):
+            return str(x)
+        return x
+
+    return convert(event.to_named_tuple())
+
+
+CandidateLike = Any  # Candidate | DpEvent | object with sampling_rate, steps, noise_multiplier
+
+
+def _as_candidate(x: Any) -> Candidate:
+    if isinstance(x, (DpSgdCandidate, EventCandidate)):
+        return x
+    if isinstance(x, dp_event.DpEvent):
+        return EventCandidate(x)
+    if all(hasattr(x, a) for a in ("sampling_rate", "steps", "noise_multiplier")):
+        return DpSgdCandidate(
+            sampling_rate=x.sampling_rate,
+            steps=x.steps,
+            noise_multiplier=x.noise_multiplier,
+            score_noise_std=getattr(x, "score_noise_std", None),
+        )
+    if isinstance(x, Candidate):
+        return x
+    raise ValueError(
+        f"candidate={x!r} is not a DpSgdCandidate, EventCandidate, DpEvent, or an object with "
+        "sampling_rate, steps and noise_multiplier."
+    )
+
+
+def as_candidates(candidates: CandidateLike | Iterable[CandidateLike]) -> tuple[Candidate, ...]:
+    """Normalises one candidate or a collection of them into a non-empty, de-duplicated tuple.
+
+    A collection means *every candidate the sampler can draw*: the accountant holds uniformly over
+    all of them.
+    """
+    if isinstance(candidates, (str, bytes)):
+        raise ValueError(f"candidates={candidates!r} is not a candidate description.")
+    items: Sequence[Any]
+    if isinstance(candidates, Iterable) and not isinstance(candidates, dp_event.DpEvent):
+        items = list(candidates)
+    else:
+        items = [candidates]
+    if not items:
+        raise ValueError("candidates=[] is empty: give at least one candidate.")
+    out: list[Candidate] = []
+    for x in items:
+        c = _as_candidate(x)
+        if c not in out:
+            out.append(c)
+    return tuple(out)
+
+
+def _dominates(a: DpSgdCandidate, b: DpSgdCandidate) -> bool:
+    """Whether run ``a`` is at least as privacy-lossy as ``b`` in every branch.
+
+    The Poisson-subsampled Gaussian's hockey-stick divergences grow with q (its dominating pair
+    (N(0,s^2), (1-q)N(0,s^2) + qN(1,s^2)) is a mixture whose divergence is convex in q and 0 at q =
+    0), with the number of steps (composition), and as sigma falls (adding noise is
+    post-processing).  The same holds for RDP.
+    """
+    if a.sampling_rate < b.sampling_rate or a.steps < b.steps:
+        return False
+    if a.noise_multiplier > b.noise_multiplier:
+        return False
+    if b.score_noise_std is None:
+        return True
+    return a.score_noise_std is not None and a.score_noise_std <= b.score_noise_std
+
+
+def pareto_candidates(candidates: Sequence[Candidate]) -> tuple[Candidate, ...]:
+    """Drops DP-SGD candidates that another DP-SGD candidate dominates (their curves lie below it).
+
+    The worst case over a search space is then taken over few candidates instead of the whole
+    privacy grid.
+    """
+
+    def lossiness(c: DpSgdCandidate) -> tuple[float, float, float, float]:
+        std = math.inf if c.score_noise_std is None else c.score_noise_std
+        return (-c.sampling_rate, -c.steps, c.noise_multiplier, std)
+
+    # A dominating run sorts before the runs it dominates, and dominance is transitive, so comparing
+    # each run with the runs kept so far suffices (O(n * front) instead of O(n^2) over a privacy
+    # grid of thousands).
+    dpsgd = sorted((c for c in candidates if isinstance(c, DpSgdCandidate)), key=lossiness)
+    front: list[DpSgdCandidate] = []
+    for c in dpsgd:
+        if not any(_dominates(k, c) for k in front):
+            front.append(c)
+    return tuple(front) + tuple(c for c in candidates if not isinstance(c, DpSgdCandidate))
+
+
+def dominating_dpsgd_candidate(candidates: Sequence[Candidate]) -> DpSgdCandidate | None:
+    """One DP-SGD run that dominates every candidate (max q, max steps, min sigma, min score std),
+    or None.
+
+    Any sequence of runs drawn from ``candidates`` is then dominated by the same number of copies of
+    it, which is what composition (naive best-of-k) by PLD needs.  None when a candidate is not a
+    ``DpSgdCandidate``.
+    """
+    if not all(isinstance(c, DpSgdCandidate) for c in candidates):
+        return None
+    stds = [c.score_noise_std for c in candidates if c.score_noise_std is not None]
+    return DpSgdCandidate(
+        sampling_rate=max(c.sampling_rate for c in candidates),
+        steps=max(c.steps for c in candidates),
+        noise_multiplier=min(c.noise_multiplier for c in candidates),
+        score_noise_std=min(stds) if stds else None,
+    )
+
+
+def pure_epsilon(event: dp_event.DpEvent) -> float | None:
+    """The pure epsilon-DP of ``event`` if it is built from Laplace mechanisms only, else None.
+
+    Laplace mechanism with scale b on a sensitivity-1 query is (1/b)-DP (Dwork, McSherry, Nissim &
+    Smith 2006, Prop. 1; dp_accounting's ``LaplaceDpEvent.noise_multiplier`` is b); pure-DP epsilons
+    add up under composition (Dwork & Roth 2014, Thm 3.14).
+    """
+    if isinstance(event, dp_event.NoOpDpEvent):
+        return 0.0
+    if isinstance(event, dp_event.LaplaceDpEvent):
+        return math.inf if event.noise_multiplier == 0 else 1.0 / event.noise_multiplier
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        inner = pure_epsilon(event.event)
+        return None if inner is None else event.count * inner
+    if isinstance(event, dp_event.ComposedDpEvent):
+        parts = [pure_epsilon(e) for e in event.events]
+        return None if any(p is None for p in parts) else math.fsum(parts)
+    return None

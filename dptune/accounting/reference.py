@@ -1,0 +1,46 @@
+"""dp_accounting's own repeat-and-select route, kept as the reference that ``accountant="rdp"``
+must reproduce (and that tests and benchmarks compare against).
+
+dp_accounting 0.6.0 implements Papernot & Steinke 2022 (Thm 2 for truncated negative binomial
+counts with shape eta >= 0, Thm 6 for Poisson) as ``dp_event.RepeatAndSelectDpEvent`` in its RDP
+accountant only; it does not re-export the class at the package top level.
+"""
+
+from __future__ import annotations
+
+import math
+
+from dp_accounting import dp_event
+from dp_accounting.rdp import rdp_privacy_accountant
+
+from dptune.accounting.epsilon import DEFAULT_ORDERS, check_delta
+from dptune.accounting.events import as_candidates
+
+__all__ = ["repeat_and_select_event", "repeat_and_select_epsilon"]
+
+
+def repeat_and_select_event(candidate, mean: float, shape: float) -> dp_event.DpEvent:
+    """``RepeatAndSelectDpEvent`` over one single-branch candidate.
+
+    Args:
+      candidate: one candidate (no private score: dp_accounting has no parallel composition).
+      mean: E[K] >= 1.
+      shape: 0 logarithmic, 1 geometric, (0, inf) truncated negative binomial, ``math.inf``
+        Poisson (dp_accounting rejects shape < 0).
+    """
+    cands = as_candidates(candidate)
+    if len(cands) != 1 or len(cands[0].branches()) != 1:
+        raise ValueError(
+            "dp_accounting's RepeatAndSelectDpEvent takes one event: give one candidate without a "
+            "private score."
+        )
+    return dp_event.RepeatAndSelectDpEvent(cands[0].branches()[0], float(mean), float(shape))
+
+
+def repeat_and_select_epsilon(candidate, mean: float, shape: float, delta: float) -> float:
+    """epsilon at ``delta`` of dp_accounting's RDP repeat-and-select route (default orders)."""
+    delta = check_delta(delta)
+    accountant = rdp_privacy_accountant.RdpAccountant(list(DEFAULT_ORDERS))
+    accountant.compose(repeat_and_select_event(candidate, mean, shape))
+    eps = accountant.get_epsilon(delta)
+    return math.inf if eps is None else float(eps)

@@ -1,0 +1,162 @@
+"""The privacy statement released with a tuned model: one (epsilon, delta) for the whole tuning
+run."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["PrivacyStatement", "SEEDED_NOTE", "NOT_PRIVATE_NOTE"]
+
+SEEDED_NOTE = (
+    "This run used a fixed seed instead of the operating system's entropy: the guarantee holds "
+    "only while the seed stays secret."
+)
+NOT_PRIVATE_NOTE = (
+    "NOT PRIVATE: this is a debug run whose selection reveals more than the selected candidate "
+    "(e.g. every score or the number of trials); no differential privacy guarantee holds."
+)
+
+
+def _json_safe(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return "inf" if x > 0 else ("-inf" if x < 0 else "nan")
+    if isinstance(x, dict):
+        return {str(k): _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    if hasattr(x, "item") and callable(x.item):  # numpy scalars
+        return _json_safe(x.item())
+    return x
+
+
+def _fmt(x: float) -> str:
+    return "infinite" if not math.isfinite(x) else f"{x:.4g}"
+
+
+@dataclass(frozen=True)
+class PrivacyStatement:
+    """What a tuning run guarantees for everything it releases (only the selected candidate).
+
+    Attributes:
+      total_epsilon: epsilon of the whole procedure (all candidates trained, the selection, the
+        release), at ``delta``; ``inf`` for a non-private run.
+      delta: the total delta (0 for a pure-DP statement).
+      single_run_epsilon: epsilon of one untuned run at ``single_run_delta`` (by the tightest route
+        of the requested accountant), for comparison.
+      single_run_delta: the delta at which ``single_run_epsilon`` is stated (the requested delta).
+      method: the selection method's name (``selection.privacy`` transform ``name``), or
+        ``"single_run"``.
+      theorem: paper and theorem behind ``total_epsilon``.
+      accountant: the route that gave ``total_epsilon``: ``"pld"``, ``"rdp"`` or ``"pure"``.
+      route: one line saying how the number was computed.
+      candidates: every candidate's inputs (what the sampler can draw: the bound is uniform over
+      it).
+      selection: the selection transform's inputs (``params()``).
+      rdp_order: the optimal Renyi order where the route went through RDP, else None.
+      seeded: True when noise/selection randomness came from a fixed seed (see ``SEEDED_NOTE``).
+      private: False for a non-private debug selection (see ``NOT_PRIVATE_NOTE``).
+      notes: further caveats, one sentence each.
+    """
+
+    total_epsilon: float
+    delta: float
+    single_run_epsilon: float
+    single_run_delta: float
+    method: str
+    theorem: str
+    accountant: str
+    route: str
+    candidates: tuple[dict[str, Any], ...] = ()
+    selection: dict[str, Any] = field(default_factory=dict)
+    rdp_order: float | None = None
+    seeded: bool = False
+    private: bool = True
+    notes: tuple[str, ...] = ()
+
+    @property
+    def overhead(self) -> float:
+        """total_epsilon / single_run_epsilon: the price of tuning, as a multiple of one run."""
+        if self.single_run_epsilon <= 0:
+            return math.inf
+        return self.total_epsilon / self.single_run_epsilon
+
+    def all_notes(self) -> tuple[str, ...]:
+        extra = ()
+        if not self.private:
+            extra += (NOT_PRIVATE_NOTE,)
+        if self.seeded:
+            extra += (SEEDED_NOTE,)
+        return extra + tuple(self.notes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field plus ``overhead`` and the rendered notes; JSON-safe (inf becomes "inf")."""
+        d = {
+            "total_epsilon": self.total_epsilon,
+            "delta": self.delta,
+            "single_run_epsilon": self.single_run_epsilon,
+            "single_run_delta": self.single_run_delta,
+            "overhead": self.overhead,
+            "method": self.method,
+            "theorem": self.theorem,
+            "accountant": self.accountant,
+            "route": self.route,
+            "rdp_order": self.rdp_order,
+            "seeded": self.seeded,
+            "private": self.private,
+            "notes": list(self.all_notes()),
+            "selection": dict(self.selection),
+            "candidates": [dict(c) for c in self.candidates],
+        }
+        return _json_safe(d)
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    def to_text(self) -> str:
+        """A human-readable statement (in the spirit of TF Privacy's
+        ``compute_dp_sgd_privacy_statement``)."""
+        lines: list[str] = []
+        if not self.private:
+            lines += [NOT_PRIVATE_NOTE, ""]
+        lines.append("Candidates (the guarantee holds for every one the search can draw):")
+        for c in self.candidates:
+            if c.get("kind") == "dpsgd":
+                score = (
+                    "exact score (public validation split)"
+                    if c.get("score_noise_std") is None
+                    else f"validation count + Gaussian noise of std {c['score_noise_std']:g}"
+                    " (disjoint split: parallel composition)"
+                )
+                lines.append(
+                    f"  DP-SGD: {c['steps']} steps, "
+                    f"Poisson sampling rate {c['sampling_rate']:.6g}, "
+                    f"noise multiplier {c['noise_multiplier']:.6g}; {score}."
+                )
+            else:
+                lines.append(f"  {c.get('label', 'event')}: {json.dumps(_json_safe(c['event']))}")
+        sel = ", ".join(f"{k}={v}" for k, v in self.selection.items())
+        lines += [
+            "",
+            f"Selection: {self.method}" + (f" ({sel})" if sel else "") + ".",
+            "Only the selected candidate (or 'none') is released: not the other candidates, "
+            "their scores, nor the number of candidates trained.",
+            "",
+            f"One untuned run satisfies ({_fmt(self.single_run_epsilon)}, "
+            f"{self.single_run_delta:g})-DP.",
+            f"The whole tuning run satisfies ({_fmt(self.total_epsilon)}, {self.delta:g})-DP "
+            f"(overhead x{_fmt(self.overhead)}).",
+            f"  Theorem: {self.theorem}.",
+            f"  Accountant: {self.accountant}; {self.route}"
+            + (f" (optimal Renyi order {self.rdp_order:g})" if self.rdp_order else "")
+            + ".",
+            "  Neighbouring datasets differ by adding or removing one example.",
+        ]
+        notes = self.all_notes()
+        notes = tuple(n for n in notes if n != NOT_PRIVATE_NOTE)
+        if notes:
+            lines.append("")
+            lines += [f"Note: {n}" for n in notes]
+        return "\n".join(lines)
