@@ -1,10 +1,8 @@
-"""dptune.tune with a user trainer (no JAX): budget first, journal/resume, ledger, release folder."""
+"""dptune.tune with a user trainer (no JAX): budget first, journal, resume, ledger, release."""
 
 import json
 import math
-from dataclasses import dataclass
 
-import numpy as np
 import pytest
 
 import dptune
@@ -13,40 +11,9 @@ from dptune.accounting.events import DpSgdCandidate
 from dptune.journal import ConfigChangedError
 from dptune.ledger import BudgetExceededError, Ledger
 from dptune.tuner import FunctionTrainer, ImpossibleBudgetError, TuningConfigError
-from selection.privacy import RandomStoppingPrivacy
+from selection import RandomStopping, Thresholding
 
 N = 10_000  # the toy's "dataset size": delta must be < 1/N
-
-
-@dataclass(frozen=True)
-class _Plan:
-    num_trials: int
-
-    def to_dict(self):
-        return {"num_trials": self.num_trials}
-
-    @classmethod
-    def from_dict(cls, d):
-        return cls(d["num_trials"])
-
-
-class FakeRandomStopping:
-    """Random stopping with a logarithmic K, per the selection contract (until selection lands)."""
-
-    plan_class = _Plan
-
-    def __init__(self, mean):
-        self.privacy = RandomStoppingPrivacy.from_mean(mean, 0.0)
-
-    def plan(self, rng):
-        return _Plan(int(self.privacy.count.sample(rng)))
-
-    def done(self, plan, scores):
-        return len(scores) >= plan.num_trials
-
-    def select(self, plan, scores):
-        s = [(-math.inf if math.isnan(x) else x) for x in scores[: plan.num_trials]]
-        return int(np.argmax(s)) if s else None
 
 
 class Toy:
@@ -78,7 +45,7 @@ SPACE = dict(learning_rate=space.log_uniform(0.01, 10.0), noise_multiplier="auto
 
 def test_tune_in_memory_calibrates_and_releases_best():
     toy = Toy()
-    rel = dptune.tune(make_trainer(toy), SPACE, FakeRandomStopping(6), (2.0, 1e-5), seed=3)
+    rel = dptune.tune(make_trainer(toy), SPACE, RandomStopping.logarithmic(6), (2.0, 1e-5), seed=3)
     assert rel.released
     assert rel.privacy["total_epsilon"] <= 2.0
     assert rel.privacy["total_epsilon"] > 1.9  # calibration uses the budget, not far below it
@@ -95,7 +62,9 @@ def test_tune_in_memory_calibrates_and_releases_best():
 
 
 def test_release_folder_and_resume_after_crash(tmp_path):
-    ref = dptune.tune(make_trainer(Toy()), SPACE, FakeRandomStopping(6), (2.0, 1e-5), seed=9)
+    ref = dptune.tune(
+        make_trainer(Toy()), SPACE, RandomStopping.logarithmic(6), (2.0, 1e-5), seed=9
+    )
     k = ref.private.num_trials
     assert k >= 3, "pick a seed with a few trials"
 
@@ -103,13 +72,13 @@ def test_release_folder_and_resume_after_crash(tmp_path):
     crashing = Toy(crash_at=2)
     with pytest.raises(KeyboardInterrupt):
         dptune.tune(
-            make_trainer(crashing), SPACE, FakeRandomStopping(6), (2.0, 1e-5), seed=9,
+            make_trainer(crashing), SPACE, RandomStopping.logarithmic(6), (2.0, 1e-5), seed=9,
             workdir=work, ledger=tmp_path / "ledger.sqlite",
         )  # fmt: skip
     assert not (work / "release").exists()
     resumed = Toy()
     rel = dptune.tune(
-        make_trainer(resumed), SPACE, FakeRandomStopping(6), (2.0, 1e-5), seed=9,
+        make_trainer(resumed), SPACE, RandomStopping.logarithmic(6), (2.0, 1e-5), seed=9,
         workdir=work, ledger=tmp_path / "ledger.sqlite",
     )  # fmt: skip
     assert len(resumed.calls) == k - 2  # the two finished candidates were not retrained
@@ -132,16 +101,18 @@ def test_release_folder_and_resume_after_crash(tmp_path):
     # a finished run called again returns its release without training
     again = Toy()
     rel2 = dptune.tune(
-        make_trainer(again), SPACE, FakeRandomStopping(6), (2.0, 1e-5), seed=9, workdir=work
+        make_trainer(again), SPACE, RandomStopping.logarithmic(6), (2.0, 1e-5), seed=9, workdir=work
     )
     assert again.calls == [] and rel2.hparams == rel.hparams
     with pytest.raises(ConfigChangedError, match="budget"):
-        dptune.tune(make_trainer(Toy()), SPACE, FakeRandomStopping(6), (2.5, 1e-5), workdir=work)
+        dptune.tune(
+            make_trainer(Toy()), SPACE, RandomStopping.logarithmic(6), (2.5, 1e-5), workdir=work
+        )
 
 
 def test_ledger_refuses_overspend_before_training(tmp_path):
     led = tmp_path / "ledger.sqlite"
-    args = (SPACE, FakeRandomStopping(4), (2.0, 1e-5))
+    args = (SPACE, RandomStopping.logarithmic(4), (2.0, 1e-5))
     dptune.tune(make_trainer(Toy()), *args, ledger=led, dataset_budget=(3.0, 1e-4))
     toy = Toy()
     with pytest.raises(BudgetExceededError, match="refused before any private computation"):
@@ -174,7 +145,7 @@ def test_ledger_refuses_overspend_before_training(tmp_path):
 )
 def test_malformed_inputs_refused_before_training(change, message):
     toy = Toy()
-    kwargs = dict(space=SPACE, selection=FakeRandomStopping(4), budget=(2.0, 1e-5))
+    kwargs = dict(space=SPACE, selection=RandomStopping.logarithmic(4), budget=(2.0, 1e-5))
     kwargs.update(change)
     with pytest.raises((TuningConfigError, ValueError), match=message):
         dptune.tune(make_trainer(toy), **kwargs)
@@ -190,6 +161,19 @@ def test_user_event_mismatch_is_caught():
         return 0.5, None, DpSgdCandidate(0.5, 1, 0.5)  # not what was declared
 
     tr = FunctionTrainer(fn, lambda hp: DpSgdCandidate(0.01, 500, hp["noise_multiplier"]), N)
-    rel = dptune.tune(tr, SPACE, FakeRandomStopping(2), (2.0, 1e-5), seed=1)
+    rel = dptune.tune(tr, SPACE, RandomStopping.logarithmic(2), (2.0, 1e-5), seed=1)
     # the mismatch raises inside the candidate, which counts as a failure (never aborts)
     assert all(math.isnan(s) for s in rel.private.scores)
+
+
+def test_thresholding_speculative_groups_release_first_hit():
+    """Thresholding evaluated in groups of 4 releases the first candidate over the threshold."""
+    toy = Toy()
+    sel = Thresholding(threshold=-0.5, stop_probability=0.05)
+    rel = dptune.tune(make_trainer(toy), SPACE, sel, (3.0, 1e-5), seed=5, group_size=4)
+    scores = rel.private.scores
+    hits = [i for i, s in enumerate(scores) if s >= -0.5]
+    assert rel.released and hits
+    assert rel.hparams == toy.calls[hits[0]]
+    assert len(toy.calls) % 4 == 0 or len(toy.calls) == rel.private.num_trials
+    assert "Liu & Talwar" in rel.privacy["theorem"] and rel.privacy["total_epsilon"] <= 3.0
