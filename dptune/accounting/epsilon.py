@@ -131,20 +131,24 @@ def pld_epsilon(candidates, delta: float, *, discretization: float = PLD_DISCRET
     )
 
 
+@functools.lru_cache(maxsize=65536)
+def _event_pld_delta(event: dp_event.DpEvent, discretization: float, epsilon: float) -> float:
+    return float(_event_pld(event, discretization).get_delta(epsilon))
+
+
 def pld_delta(
     candidates, epsilon: float | Sequence[float], *, discretization: float = PLD_DISCRETIZATION
 ) -> float | np.ndarray:
     """delta (hockey-stick divergence) of one run at ``epsilon`` (scalar or 1-d array) by PLD, max
-    over branches.
+    over candidates and branches, capped at 1.
 
-    A scalar loop: dp_accounting's vectorised ``get_delta_for_epsilon`` is slower than 156 scalar
-    calls here.
+    Scalar calls, cached: dp_accounting's vectorised ``get_delta_for_epsilon`` loops in Python over
+    the PMF and is slower than a few hundred scalar calls.
     """
     eps = np.atleast_1d(np.asarray(epsilon, dtype=np.float64))
     out = np.zeros_like(eps)
     for b in _branches(candidates):
-        acc = _event_pld(b, discretization)
-        out = np.maximum(out, [acc.get_delta(float(e)) for e in eps])
+        out = np.maximum(out, [_event_pld_delta(b, discretization, float(e)) for e in eps])
     out = np.minimum(out, 1.0)
     return float(out[0]) if np.ndim(epsilon) == 0 else out
 
