@@ -188,12 +188,24 @@ class DpSgdTrainer:
             dpsgd_privacy(hp, self.num_examples), getattr(hp, "score_noise_std", None)
         )
 
-    def _progress(self, desc: str) -> Any:
+    @contextlib.contextmanager
+    def _progress(self, total_epochs: int) -> Iterator[Callable[[dict], None] | None]:
+        """A per-epoch tqdm bar fed by the trainer's progress dicts (public counts only)."""
         if not self.epoch_progress:
-            return None
+            yield None
+            return
         from tqdm.auto import tqdm
 
-        return tqdm(desc=desc, unit="epoch", leave=False, file=sys.stderr)
+        bar = tqdm(total=total_epochs, desc="epochs", unit="epoch", leave=False, file=sys.stderr)
+
+        def update(event: dict) -> None:
+            if event.get("event") == "epoch":
+                bar.update(1)
+
+        try:
+            yield update
+        finally:
+            bar.close()
 
     def __call__(self, hparams: Mapping[str, Any], rng: np.random.Generator) -> tuple[float, Any]:
         return self.train_many([hparams], [rng])[0]
@@ -208,17 +220,16 @@ class DpSgdTrainer:
 
         hps = [self.hyperparams(h) for h in hparams]
         keys = [jax.random.key(int(r.integers(0, 2**31 - 1))) for r in rngs]
-        bar = self._progress("epochs")
-        try:
+        with self._progress(sum(hp.epochs for hp in hps)) as progress:
             if len(hps) == 1:
-                results = [train_candidate(hps[0], self.data, keys[0], progress=bar)]
+                results = [train_candidate(hps[0], self.data, keys[0], progress=progress)]
             else:
-                results = train_candidates(hps, self.data, keys, progress=bar)
-        finally:
-            if bar is not None:
-                bar.close()
+                results = train_candidates(hps, self.data, keys, progress=progress)
         out = []
         for r in results:
+            if r.failed:
+                # The curator's console: which error, not which score (a failure is data-dependent).
+                log.warning("a candidate failed: %s", (r.error or "non-finite parameters")[:200])
             payload = {
                 "params": jax.tree_util.tree_map(np.asarray, r.params),
                 "history": list(r.history),
@@ -231,6 +242,8 @@ class DpSgdTrainer:
     def test_accuracy(self, hparams: Mapping[str, Any], payload: Any) -> float | None:
         from trainers.train import evaluate
 
+        if not isinstance(payload, Mapping) or payload.get("params") is None:
+            return None
         hp = self.hyperparams(hparams)
         return float(evaluate(payload["params"], hp.model, self.data.test_x, self.data.test_y))
 
@@ -320,35 +333,18 @@ def _statement(
 def _calibrate(
     candidates: Callable[[float], list[Any]], transform: Any, budget: Budget, accountant: str
 ) -> float | None:
-    """The smallest noise multiplier (to 0.1%) whose total epsilon meets the budget, or None.
+    """The smallest noise multiplier (rounded up, within 0.1%) whose total epsilon meets the
+    budget (``dptune.accounting.calibrate``), or None when no sigma in its range does."""
+    from dptune.accounting import calibrate
 
-    The total epsilon falls as sigma grows (more noise is post-processing of less noise), so a
-    bisection on log(sigma) finds the boundary; the returned sigma is on the feasible side.
-    """
-
-    def total(sigma: float) -> float:
-        return float(
-            _statement(
-                candidates(sigma), transform, budget.delta, accountant, False, False
-            ).total_epsilon
+    try:
+        cal = calibrate(
+            candidates, transform, budget.epsilon, budget.delta, accountant, compare=False
         )
-
-    lo, hi = 0.3, 2.0
-    while total(hi) > budget.epsilon:
-        lo, hi = hi, hi * 2
-        if hi > 1000:
-            return None
-    while total(lo) <= budget.epsilon and lo > 0.05:
-        hi, lo = lo, lo / 2
-    if total(hi) > budget.epsilon:
+    except ValueError as e:
+        log.info("calibration failed: %s", e)
         return None
-    while hi / lo > 1.001:
-        mid = math.sqrt(lo * hi)
-        if total(mid) <= budget.epsilon:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    return float(cal.noise_multiplier)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -491,6 +487,7 @@ def tune(
         raise TuningConfigError(f"accountant={accountant!r} must be 'auto', 'rdp' or 'pld'")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise TuningConfigError(f"seed={seed!r} must be a non-negative integer or None")
+    log.info("accounting: calibrating / checking the total budget before anything private runs")
     space, statement = plan_privacy(
         trainer,
         space,
@@ -535,7 +532,7 @@ def tune(
                     "with a .fingerprint"
                 )
             dsb = as_budget(dataset_budget) if dataset_budget is not None else budget
-            led.charge(
+            spend = led.charge(
                 fp,
                 run_id,
                 float(statement.total_epsilon),
@@ -544,6 +541,14 @@ def tune(
                 budget_delta=dsb.delta,
                 name=str(getattr(getattr(trainer, "data", None), "name", "")),
                 workdir=str(workdir or ""),
+            )
+            log.info(
+                "ledger %s: this run costs epsilon=%.4g; dataset %s has spent %.4g of %.4g",
+                led.path,
+                statement.total_epsilon,
+                fp[:12],
+                spend.spent_epsilon,
+                spend.budget_epsilon,
             )
 
         entropy = journal.set_once(

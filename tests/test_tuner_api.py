@@ -134,7 +134,10 @@ def test_ledger_refuses_overspend_before_training(tmp_path):
         (dict(budget=(1e-4, 1e-5)), "no noise multiplier"),
         (dict(space=dict(learning_rate=0.1, noise_multiplier="auto")), "empty"),
         (dict(space={}), "empty"),
-        (dict(space=dict(learning_rate=space.log_uniform(0.1, 1), noise_multiplier=0.3)), "budget"),
+        (
+            dict(space=dict(learning_rate=space.log_uniform(0.1, 1), noise_multiplier=0.3)),
+            "budget",
+        ),
         (dict(space=dict(learning_rate=space.log_uniform(0.1, 1), noise_multiplier=0.0)), "noise"),
         (dict(space=dict(lr=space.uniform(0, 1), noise_multiplier=space.uniform(1, 2))), "worst"),
         (dict(selection=None), "selection"),

@@ -1,0 +1,44 @@
+"""MNIST (60k/10k via tensorflow-datasets): DP-SGD 26k-parameter CNN, random stopping over learning
+rate and clipping norm, total (epsilon, delta) = (3, 1e-5) tuning included.
+
+    dptune --config=configs/mnist.py --workdir=runs/mnist
+    dptune --config=configs/mnist.py --workdir=runs/mnist --config.data.dir=/data/mnist  # IDX files
+"""
+
+from ml_collections import config_dict
+
+from dptune import space
+
+
+def get_config() -> config_dict.ConfigDict:
+    c = config_dict.ConfigDict()
+    # data: tensorflow-datasets by default; a local IDX folder with --config.data.dir=...
+    c.data = dict(name="mnist", source="auto", validation_size=5000)
+    c.data.dir = config_dict.placeholder(str)
+    # fixed DP-SGD settings (trainers.train.Hyperparams fields)
+    c.train = dict(
+        model="cnn26k", batch_size=256, epochs=15, optimizer="sgd", momentum=0.9,
+        score_noise_std=10.0,  # Gaussian noise (in counts) on the number of correct val predictions
+    )  # fmt: skip
+    # the search; noise_multiplier="auto" calibrates sigma so the TOTAL meets the budget
+    c.space = dict(
+        learning_rate=space.log_uniform(0.5, 8.0),
+        clip_norm=space.log_uniform(0.1, 3.0),
+        noise_multiplier="auto",
+    )
+    c.selection = dict(method="random_stopping", distribution="poisson", mean_trials=8.0)
+    c.selection.shape = config_dict.placeholder(float)  # truncated_negative_binomial's eta
+    c.selection.threshold = config_dict.placeholder(float)  # thresholding
+    c.selection.stop_probability = config_dict.placeholder(float)  # thresholding
+    c.selection.max_trials = config_dict.placeholder(int)
+    c.selection.k = config_dict.placeholder(int)  # best_of_k / non_private_best
+    c.privacy = dict(epsilon=3.0, delta=1e-5, accountant="auto")
+    # the dataset's budget over all runs in the ledger (default: this run's budget)
+    c.ledger = dict(enabled=True)
+    c.ledger.path = config_dict.placeholder(
+        str
+    )  # default $DPTUNE_LEDGER or ~/.dptune/ledger.sqlite
+    c.ledger.budget_epsilon = config_dict.placeholder(float)
+    c.ledger.budget_delta = config_dict.placeholder(float)
+    c.executor = dict(group_size=1)  # >1: candidates trained together (vectorised where it pays)
+    return c

@@ -1,0 +1,308 @@
+"""The ``dptune`` command: one private tuning run from a config file.
+
+    dptune --config=configs/smoke.py --workdir=/tmp/dptune-smoke
+    python -m dptune.main --config=configs/fashion_mnist.py --workdir=runs/fmnist \\
+        --config.data.dir=/data/fashion-mnist --config.selection.mean_trials=8
+
+Everything is checked before anything private runs: the config, the data, the budget (the noise
+multiplier is calibrated so the *total* epsilon, tuning included, meets it) and the dataset's
+ledger. Rerunning the same command with the same ``--workdir`` resumes a killed run (same plan,
+same seeds, finished candidates kept); a different config with that workdir is refused.
+
+What the console shows: a progress display with elapsed time and epochs of the candidate being
+trained, never the number of candidates or any score (the console may be the curator's, but logs
+get shared). ``DIR/release/`` is what may be published; ``DIR/private/`` is the curator's.
+``--debug_nonprivate`` prints every score and K and marks the statement NOT private.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/<name>.py).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run folder: private/ (journal) and release/.")
+_SEED = flags.DEFINE_integer(
+    "seed", None, "Fixed seed (debugging); default OS entropy. The guarantee then needs it secret."
+)
+_DEBUG = flags.DEFINE_bool(
+    "debug_nonprivate", False, "Print every candidate's score and K; the run is then NOT private."
+)
+_PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress display on stderr.")
+
+log = logging.getLogger("dptune")
+
+DATASETS = ("mnist", "fashion_mnist", "cifar10", "synthetic")
+METHODS = ("random_stopping", "thresholding", "best_of_k", "non_private_best")
+DISTRIBUTIONS = ("logarithmic", "geometric", "poisson", "truncated_negative_binomial")
+
+
+class ConfigError(ValueError):
+    """The config is malformed; nothing was loaded or trained."""
+
+
+def _get(cfg: Mapping[str, Any], path: str, default: Any = None) -> Any:
+    cur: Any = cfg
+    for part in path.split("."):
+        if not isinstance(cur, Mapping) or part not in cur:
+            return default
+        cur = cur[part]
+    return cur
+
+
+def _number(cfg: Mapping[str, Any], path: str, *, positive: bool = True) -> float:
+    x = _get(cfg, path)
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+        raise ConfigError(f"config.{path}={x!r} must be a finite number")
+    if positive and x <= 0:
+        raise ConfigError(f"config.{path}={x!r} must be > 0")
+    return float(x)
+
+
+def build_selection(cfg: Mapping[str, Any]) -> Any:
+    """The selection method named by ``config.selection`` (validated)."""
+    import selection as sel
+
+    s = _get(cfg, "selection")
+    if not isinstance(s, Mapping):
+        raise ConfigError("config.selection is missing (method, mean_trials, ...)")
+    method = s.get("method")
+    if method not in METHODS:
+        raise ConfigError(f"config.selection.method={method!r} must be one of {METHODS}")
+    try:
+        if method == "random_stopping":
+            mean = _number(cfg, "selection.mean_trials")
+            if mean < 1:
+                raise ConfigError(
+                    f"config.selection.mean_trials={mean:g} must be >= 1 (the expected number "
+                    "of candidates trained)"
+                )
+            dist = s.get("distribution", "logarithmic")
+            if dist not in DISTRIBUTIONS:
+                raise ConfigError(
+                    f"config.selection.distribution={dist!r} must be one of {DISTRIBUTIONS}"
+                )
+            if dist == "poisson":
+                return sel.RandomStopping.poisson(mean)
+            if dist == "truncated_negative_binomial":
+                shape = _number(cfg, "selection.shape", positive=False)
+                return sel.RandomStopping.truncated_negative_binomial(mean, shape)
+            if dist == "geometric":
+                return sel.RandomStopping.geometric(mean, s.get("max_trials"))
+            return sel.RandomStopping.logarithmic(mean)
+        if method == "thresholding":
+            threshold = _number(cfg, "selection.threshold", positive=False)
+            gamma = _number(cfg, "selection.stop_probability")
+            return sel.Thresholding(threshold, gamma, s.get("max_trials"))
+        k = s.get("k")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ConfigError(f"config.selection.k={k!r} must be an integer >= 1")
+        return sel.BestOfK(k) if method == "best_of_k" else sel.NonPrivateBest(k)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"config.selection: {e}") from None
+
+
+def check_config(cfg: Mapping[str, Any]) -> None:
+    """Cheap checks of everything that needs no data (raises ConfigError naming the value)."""
+    name = _get(cfg, "data.name")
+    if name not in DATASETS:
+        raise ConfigError(
+            f"config.data.name={name!r} is not a known dataset; use one of {DATASETS}"
+        )
+    eps = _number(cfg, "privacy.epsilon")
+    delta = _number(cfg, "privacy.delta")
+    if not delta < 1:
+        raise ConfigError(f"config.privacy.delta={delta:g} must be < 1 (and below 1/n)")
+    budget_eps = _get(cfg, "ledger.budget_epsilon")
+    if budget_eps is not None and _number(cfg, "ledger.budget_epsilon") < eps:
+        raise ConfigError(
+            f"config.ledger.budget_epsilon={budget_eps:g} is below this run's epsilon={eps:g}: "
+            "the run could never fit the dataset's budget"
+        )
+    budget_delta = _get(cfg, "ledger.budget_delta")
+    if budget_delta is not None and _number(cfg, "ledger.budget_delta") < delta:
+        raise ConfigError(
+            f"config.ledger.budget_delta={budget_delta:g} is below this run's delta={delta:g}"
+        )
+    acc = _get(cfg, "privacy.accountant", "auto")
+    if acc not in ("auto", "rdp", "pld"):
+        raise ConfigError(f"config.privacy.accountant={acc!r} must be 'auto', 'rdp' or 'pld'")
+    group = _get(cfg, "executor.group_size", 1)
+    if isinstance(group, bool) or not isinstance(group, int) or group < 1:
+        raise ConfigError(f"config.executor.group_size={group!r} must be an integer >= 1")
+    vsize = _get(cfg, "data.validation_size", 5000)
+    if isinstance(vsize, bool) or not isinstance(vsize, int) or vsize < 1:
+        raise ConfigError(f"config.data.validation_size={vsize!r} must be an integer >= 1")
+    space = _get(cfg, "space")
+    if not isinstance(space, Mapping) or not space:
+        raise ConfigError("config.space is empty: declare the hyperparameters to search")
+    train = _get(cfg, "train", {})
+    overlap = set(train) & set(space)
+    if overlap:
+        raise ConfigError(
+            f"{sorted(overlap)} appear in both config.train and config.space; keep one"
+        )
+    from trainers.train import Hyperparams
+
+    known = {f for f in Hyperparams.__dataclass_fields__}
+    unknown = (set(train) | set(space)) - known
+    if unknown:
+        raise ConfigError(
+            f"unknown hyperparameters {sorted(unknown)}; DP-SGD knows {sorted(known)}"
+        )
+
+
+def run_config(
+    cfg: Mapping[str, Any],
+    workdir: str | Path,
+    *,
+    seed: int | None = None,
+    debug_nonprivate: bool = False,
+    progress: bool = True,
+) -> Any:
+    """Runs one tuning job from a config dict (what the command does after parsing flags)."""
+    from dptune import space as space_mod
+    from dptune.tuner import Budget, DpSgdTrainer, TuningConfigError, tune
+
+    cfg = _plain(cfg)
+    check_config(cfg)
+    method = build_selection(cfg)
+    try:
+        space = space_mod.Space.from_config(cfg["space"])
+        budget = Budget(_number(cfg, "privacy.epsilon"), _number(cfg, "privacy.delta"))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    data = load_data(cfg)
+    trainer = DpSgdTrainer(data, cfg.get("train", {}), epoch_progress=progress)
+    ledger_cfg = cfg.get("ledger", {}) or {}
+    ledger_path = ledger_cfg.get("path") or None
+    if ledger_path is None and ledger_cfg.get("enabled", True):
+        from dptune.ledger import default_ledger_path
+
+        ledger_path = default_ledger_path()
+    dataset_budget = None
+    if ledger_cfg.get("budget_epsilon") is not None:
+        dataset_budget = Budget(
+            float(ledger_cfg["budget_epsilon"]),
+            float(ledger_cfg.get("budget_delta") or budget.delta),
+        )
+    bound = dict(cfg)
+    bound["_flags"] = {"seed": seed, "debug_nonprivate": debug_nonprivate}
+    try:
+        return tune(
+            trainer,
+            space,
+            method,
+            budget,
+            workdir=workdir,
+            seed=seed,
+            group_size=int(_get(cfg, "executor.group_size", 1)),
+            accountant=str(_get(cfg, "privacy.accountant", "auto")),
+            ledger=ledger_path if ledger_cfg.get("enabled", True) else None,
+            dataset_budget=dataset_budget,
+            config=bound,
+            progress=progress,
+            debug_nonprivate=debug_nonprivate,
+        )
+    except TuningConfigError:
+        raise
+
+
+def load_data(cfg: Mapping[str, Any]) -> Any:
+    """Loads ``config.data`` (public work: reading files is not a private computation)."""
+    from trainers.data import DatasetNotFoundError, load_dataset
+
+    d = cfg["data"]
+    data_dir = d.get("dir") or None
+    if data_dir == "<shipped:mnist-10k>":
+        from dptune.data import MNIST_10K_DIR
+
+        data_dir = str(MNIST_10K_DIR)
+    try:
+        return load_dataset(
+            d["name"],
+            data_dir=data_dir,
+            validation_size=int(d.get("validation_size", 5000)),
+            source=d.get("source", "auto"),
+        )
+    except DatasetNotFoundError as e:
+        raise ConfigError(f"config.data: {e}") from None
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"config.data ({d['name']!r} from {data_dir!r}): {e}") from None
+
+
+def _plain(cfg: Any) -> Any:
+    if hasattr(cfg, "to_dict"):
+        cfg = cfg.to_dict()
+    if isinstance(cfg, Mapping):
+        return {k: _plain(v) for k, v in cfg.items()}
+    if isinstance(cfg, list):
+        return [_plain(v) for v in cfg]
+    return cfg
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if _CONFIG.value is None:
+        raise app.UsageError("--config=configs/<name>.py is required")
+    if not _WORKDIR.value:
+        raise app.UsageError("--workdir=DIR is required (private/ and release/ go there)")
+    from dptune.journal import ConfigChangedError
+    from dptune.ledger import BudgetExceededError, LedgerBudgetMismatchError
+    from dptune.space import SpaceError
+    from dptune.tuner import TuningConfigError
+
+    _setup_logging()
+    try:
+        release = run_config(
+            _CONFIG.value,
+            _WORKDIR.value,
+            seed=_SEED.value,
+            debug_nonprivate=_DEBUG.value,
+            progress=_PROGRESS.value,
+        )
+    except (
+        ConfigError,
+        SpaceError,
+        TuningConfigError,
+        BudgetExceededError,
+        LedgerBudgetMismatchError,
+        ConfigChangedError,
+    ) as e:
+        print(f"dptune: refused: {e}", file=sys.stderr)
+        return 2
+    print(str(release))
+    print(f"\nRelease folder: {Path(_WORKDIR.value) / 'release'}")
+    return 0
+
+
+def _setup_logging() -> None:
+    """dptune's own messages at INFO on stderr; library chatter (orbax, dp_accounting's
+    convergence warnings during calibration) only at ERROR."""
+    from absl import logging as absl_logging
+
+    absl_logging.set_verbosity(absl_logging.ERROR)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("dptune: %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+def run() -> None:
+    """Console-script entry point (``dptune``)."""
+    app.run(lambda argv: sys.exit(main(argv)))
+
+
+if __name__ == "__main__":
+    run()
