@@ -12,7 +12,7 @@ this package combines them along every valid route and states the result::
     print(st.to_text())   # total epsilon 3.25 (PS Thm 6, delta-hat from PLD); one run 1.64
 """
 
-from dptune.accounting.calibration import Calibration, calibrate_noise, naive_trials
+from dptune.accounting.calibration import Calibration, calibrate, calibrate_noise, naive_trials
 from dptune.accounting.epsilon import (
     DEFAULT_ORDERS,
     composed_pld_epsilon,
@@ -39,6 +39,7 @@ __all__ = [
     "ACCOUNTANTS",
     "Calibration",
     "Candidate",
+    "calibrate",
     "DEFAULT_ORDERS",
     "DpSgdCandidate",
     "EventCandidate",

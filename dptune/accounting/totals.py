@@ -126,7 +126,9 @@ class _Recorder:
         return self.fn(eps)
 
 
-def _rdp_route(cands, transform, delta: float, orders: np.ndarray, delta_source: str) -> Route:
+def _rdp_route(
+    cands, transform, delta: float, orders: np.ndarray, delta_source: str, disc: float
+) -> Route:
     curve = single.rdp_curve(cands, orders)
     if transform is None:
         eps, order = rdp_privacy_accountant.compute_epsilon(orders, curve, delta)
@@ -142,7 +144,7 @@ def _rdp_route(cands, transform, delta: float, orders: np.ndarray, delta_source:
 
         dfe = _Recorder(from_rdp)
     else:
-        dfe = _Recorder(lambda e: single.pld_delta(cands, e))
+        dfe = _Recorder(lambda e: single.pld_delta(cands, e, discretization=disc))
     try:
         total_rdp = np.asarray(
             transform.rdp(orders, curve, delta_for_epsilon=dfe), dtype=np.float64
@@ -158,22 +160,24 @@ def _rdp_route(cands, transform, delta: float, orders: np.ndarray, delta_source:
     return Route(delta_source, float(eps), delta, desc, float(order))
 
 
-def _pld_composition_route(cands, transform, delta: float) -> Route:
+def _pld_composition_route(cands, transform, delta: float, disc: float) -> Route:
     k = composition_count(transform)
     if k is None:
         raise _NoRoute("PLD composition applies only to one run or best-of-k")
     try:
         if k == 1:
-            eps = single.pld_epsilon(cands, delta)
+            eps = single.pld_epsilon(cands, delta, discretization=disc)
         else:
-            eps = single.composed_pld_epsilon(cands, k, delta)
+            eps = single.composed_pld_epsilon(cands, k, delta, discretization=disc)
     except (ValueError, privacy_accountant.UnsupportedEventError) as e:
         raise _NoRoute(str(e)) from e
     what = "one run" if k == 1 else f"{k} runs composed"
     return Route("pld", float(eps), delta, f"PLD of {what}")
 
 
-def _approx_route(cands, transform, delta: float, source: str, orders: np.ndarray) -> Route:
+def _approx_route(
+    cands, transform, delta: float, source: str, orders: np.ndarray, disc: float
+) -> Route:
     """Theorems for (eps_1, delta_1)-DP candidates: minimise the total eps over delta_1.
 
     ``transform.approx_dp(eps_1, delta_1) -> (eps, delta_total)``; delta_total grows with delta_1
@@ -185,7 +189,7 @@ def _approx_route(cands, transform, delta: float, source: str, orders: np.ndarra
     if source == "pld":
 
         def eps_of(d1: float) -> float:
-            return single.pld_epsilon(cands, d1)
+            return single.pld_epsilon(cands, d1, discretization=disc)
 
     else:
 
@@ -230,9 +234,11 @@ def _routes_and_reasons(
     accountant: str = "auto",
     *,
     orders: Sequence[float] = single.DEFAULT_ORDERS,
+    discretization: float = single.PLD_DISCRETIZATION,
 ) -> tuple[list[Route], list[str]]:
     cands = as_candidates(candidates)
     orders = np.asarray(orders, dtype=np.float64)
+    disc = float(discretization)
     # For plain composition (one run, best-of-k) PLD composition is exact up to discretisation, so
     # the (eps_1, delta_1) and delta-hat routes cannot beat it and are skipped.
     is_composition = composition_count(transform) is not None
@@ -240,14 +246,14 @@ def _routes_and_reasons(
     if accountant == "auto":
         attempts.append(lambda: _pure_route(cands, transform))
     if accountant in ("auto", "rdp"):
-        attempts.append(lambda: _rdp_route(cands, transform, delta, orders, "rdp"))
+        attempts.append(lambda: _rdp_route(cands, transform, delta, orders, "rdp", disc))
         if not is_composition:
-            attempts.append(lambda: _approx_route(cands, transform, delta, "rdp", orders))
+            attempts.append(lambda: _approx_route(cands, transform, delta, "rdp", orders, disc))
     if accountant in ("auto", "pld"):
-        attempts.append(lambda: _pld_composition_route(cands, transform, delta))
+        attempts.append(lambda: _pld_composition_route(cands, transform, delta, disc))
         if not is_composition:
-            attempts.append(lambda: _rdp_route(cands, transform, delta, orders, "pld"))
-            attempts.append(lambda: _approx_route(cands, transform, delta, "pld", orders))
+            attempts.append(lambda: _rdp_route(cands, transform, delta, orders, "pld", disc))
+            attempts.append(lambda: _approx_route(cands, transform, delta, "pld", orders, disc))
     found: list[Route] = []
     reasons: list[str] = []
     for attempt in attempts:
@@ -265,9 +271,15 @@ def routes(
     accountant: str = "auto",
     *,
     orders: Sequence[float] = single.DEFAULT_ORDERS,
+    discretization: float = single.PLD_DISCRETIZATION,
 ) -> list[Route]:
-    """Every route valid for ``accountant`` with the epsilon it gives (see module docstring)."""
-    return _routes_and_reasons(candidates, transform, delta, accountant, orders=orders)[0]
+    """Every route valid for ``accountant`` with the epsilon it gives (see module docstring).
+
+    ``discretization`` is the PLD's loss discretisation (nats); coarser is faster and looser.
+    """
+    return _routes_and_reasons(
+        candidates, transform, delta, accountant, orders=orders, discretization=discretization
+    )[0]
 
 
 def check_accountant(accountant: str) -> str:
