@@ -1,0 +1,75 @@
+"""PrivacyStatement: every input, notes for seeded and non-private runs, text and JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+from dptune import accounting
+from dptune.accounting.statement import NOT_PRIVATE_NOTE, SEEDED_NOTE
+from selection import privacy as sp
+
+CAND = accounting.DpSgdCandidate(0.01, 300, 1.2, score_noise_std=30.0)
+TR = sp.RandomStoppingPrivacy.from_mean(10.0, 0.5)
+
+
+@pytest.fixture(scope="module")
+def statement():
+    return accounting.total_privacy(CAND, TR, 1e-5, "rdp")
+
+
+def test_statement_holds_every_input(statement):
+    d = statement.to_dict()
+    for key in (
+        "total_epsilon",
+        "delta",
+        "single_run_epsilon",
+        "overhead",
+        "method",
+        "theorem",
+        "accountant",
+        "route",
+        "selection",
+        "candidates",
+        "seeded",
+        "private",
+    ):
+        assert key in d
+    assert d["candidates"] == [CAND.params()]
+    assert d["selection"] == TR.params()
+    assert d["method"] == "random_stopping/truncated_negative_binomial"
+    assert "Papernot & Steinke 2022, Thm 2" in d["theorem"]
+    assert d["overhead"] == pytest.approx(d["total_epsilon"] / d["single_run_epsilon"])
+    assert json.loads(statement.to_json()) == d
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        statement.total_epsilon = 0.0
+
+
+def test_text_states_the_numbers_and_the_release_rule(statement):
+    text = statement.to_text()
+    assert f"{statement.total_epsilon:.4g}" in text
+    assert f"{statement.single_run_epsilon:.4g}" in text
+    assert "Only the selected candidate" in text
+    assert "std 30" in text and "parallel composition" in text
+    assert SEEDED_NOTE not in text and NOT_PRIVATE_NOTE not in text
+
+
+def test_seeded_runs_say_the_seed_must_stay_secret():
+    st = accounting.total_privacy(CAND, TR, 1e-5, "rdp", seeded=True)
+    assert st.seeded
+    assert "seed stays secret" in st.to_text()
+    assert SEEDED_NOTE in st.to_dict()["notes"]
+
+
+def test_debug_runs_are_flagged_not_private():
+    st = accounting.total_privacy(CAND, sp.NotPrivate(), 1e-5)
+    assert not st.private and math.isinf(st.total_epsilon)
+    assert st.to_text().startswith(NOT_PRIVATE_NOTE)
+    d = json.loads(st.to_json())
+    assert d["total_epsilon"] == "inf" and d["private"] is False
+    # a private statement turned into a debug view (dataclasses.replace) is flagged too
+    flagged = dataclasses.replace(accounting.total_privacy(CAND, TR, 1e-5, "rdp"), private=False)
+    assert NOT_PRIVATE_NOTE in flagged.to_dict()["notes"]
