@@ -420,3 +420,15 @@ def test_invalid_inputs_say_what_is_wrong():
         sp.ThresholdingPrivacy(0.0)
     with pytest.raises(ValueError, match="delta"):
         sp.BestOfKPrivacy(2).approx_dp(0.1, 1.5)
+
+
+def test_monotone_envelope_handles_unsorted_orders_and_ties():
+    """The vectorised envelope equals the definition min{v_j : order_j >= order_i}."""
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        n = int(rng.integers(1, 12))
+        orders = rng.choice([1.0, 1.5, 2.0, 3.0, 5.0, 7.0], n)
+        values = rng.random(n)
+        values[rng.random(n) < 0.2] = np.inf
+        expected = [min(values[j] for j in range(n) if orders[i] <= orders[j]) for i in range(n)]
+        np.testing.assert_array_equal(sp._monotone_envelope(orders, values), expected)
