@@ -40,7 +40,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from dptune.journal import Journal
+from dptune.journal import JOURNAL_FILE, Journal
 from dptune.ledger import Ledger
 from dptune.release import Release, read_release, write_release
 from dptune.space import Space
@@ -177,16 +177,18 @@ class DpSgdTrainer:
         merged = {**self.base, **dict(hparams)}
         try:
             return Hyperparams(**merged)
-        except TypeError as e:
+        except (TypeError, ValueError) as e:
             raise TuningConfigError(f"invalid DP-SGD hyperparameters {merged}: {e}") from None
 
     def privacy(self, hparams: Mapping[str, Any]) -> Any:
         from trainers.train import dpsgd_privacy
 
         hp = self.hyperparams(hparams)
-        return _dpsgd_candidate(
-            dpsgd_privacy(hp, self.num_examples), getattr(hp, "score_noise_std", None)
-        )
+        try:
+            privacy = dpsgd_privacy(hp, self.num_examples)
+        except ValueError as e:
+            raise TuningConfigError(f"invalid DP-SGD setting: {e}") from None
+        return _dpsgd_candidate(privacy, getattr(hp, "score_noise_std", None))
 
     @contextlib.contextmanager
     def _progress(self, total_epochs: int) -> Iterator[Callable[[dict], None] | None]:
@@ -415,6 +417,7 @@ def plan_privacy(
         return out
 
     if auto:
+        candidates(1.0)  # invalid settings raise their own message here, not "no sigma found"
         sigma = _calibrate(candidates, transform, budget, accountant)
         if sigma is None:
             raise ImpossibleBudgetError(
@@ -487,32 +490,52 @@ def tune(
         raise TuningConfigError(f"accountant={accountant!r} must be 'auto', 'rdp' or 'pld'")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise TuningConfigError(f"seed={seed!r} must be a non-negative integer or None")
-    log.info("accounting: calibrating / checking the total budget before anything private runs")
-    space, statement = plan_privacy(
-        trainer,
-        space,
-        selection,
-        budget,
-        accountant=accountant,
-        seeded=seed is not None,
-        debug_nonprivate=debug_nonprivate,
-    )
-    privacy = statement.to_dict()
-    privacy["budget_epsilon"] = budget.epsilon
-    privacy["budget_delta"] = budget.delta
-    privacy_text = statement.to_text()
-
+    if not isinstance(space, Space):
+        try:
+            space = Space.from_config(space)
+        except ValueError as e:
+            raise TuningConfigError(str(e)) from None
     if config is None:
         config = {
             "space": space.to_dict(),
-            "selection": selection.privacy.describe(),
+            "selection": selection.privacy.describe() if hasattr(selection, "privacy") else None,
             "budget": [budget.epsilon, budget.delta],
             "trainer": getattr(trainer, "describe", lambda: {"kind": type(trainer).__name__})(),
             "seed": seed,
             "accountant": accountant,
             "debug_nonprivate": debug_nonprivate,
         }
-    journal = _MemoryJournal() if workdir is None else Journal(Path(workdir) / "private")
+    journal: Any = None
+    if workdir is not None and (Path(workdir) / "private" / JOURNAL_FILE).exists():
+        # An existing run: a changed config is refused before any (slow) accounting.
+        journal = Journal(Path(workdir) / "private")
+        try:
+            journal.bind_config(dict(config))
+        except BaseException:
+            journal.close()
+            raise
+    try:
+        log.info("accounting: checking the total budget (calibrating the noise if 'auto')")
+        space, statement = plan_privacy(
+            trainer,
+            space,
+            selection,
+            budget,
+            accountant=accountant,
+            seeded=seed is not None,
+            debug_nonprivate=debug_nonprivate,
+        )
+    except BaseException:
+        if journal is not None:
+            journal.close()
+        raise
+    privacy = statement.to_dict()
+    privacy["budget_epsilon"] = budget.epsilon
+    privacy["budget_delta"] = budget.delta
+    privacy_text = statement.to_text()
+
+    if journal is None:
+        journal = _MemoryJournal() if workdir is None else Journal(Path(workdir) / "private")
     try:
         journal.bind_config(dict(config))
         release_dir = None if workdir is None else Path(workdir) / "release"
