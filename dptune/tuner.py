@@ -198,7 +198,16 @@ class DpSgdTrainer:
             return
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=total_epochs, desc="epochs", unit="epoch", leave=False, file=sys.stderr)
+        # disable=None: only on an interactive terminal, never into a redirected log; leave=False:
+        # erased when the candidate ends, so the screen does not accumulate one bar per candidate.
+        bar = tqdm(
+            total=total_epochs,
+            desc="training",
+            unit="epoch",
+            leave=False,
+            file=sys.stderr,
+            disable=None,
+        )
 
         def update(event: dict) -> None:
             if event.get("event") == "epoch":
@@ -713,13 +722,16 @@ def _plan_from_dict(selection: Any, d: Mapping[str, Any]) -> Any:
 
 @contextlib.contextmanager
 def _progress_bar(enabled: bool) -> Iterator[Any]:
-    """A display that shows elapsed time only: a count of candidates would reveal K on screen."""
+    """Elapsed time only (a count of candidates would put K on screen), on an interactive
+    terminal only (never into a redirected log), erased at the end (see docs/tuning.md)."""
     if not enabled:
         yield _NullBar()
         return
     from tqdm.auto import tqdm
 
-    bar = tqdm(desc="tuning", bar_format="{desc}: {elapsed}", file=sys.stderr)
+    bar = tqdm(
+        desc="tuning", bar_format="{desc}: {elapsed}", file=sys.stderr, leave=False, disable=None
+    )
     try:
         yield bar
     finally:

@@ -1,0 +1,96 @@
+"""Private tuning of YOUR OWN JAX training function with dptune (no dptune config, no trainers).
+
+The function below trains a DP-SGD softmax regression on the 10,000 MNIST digits shipped with
+dptune. dptune needs two things from it:
+
+1. ``privacy(hparams)``: what one run costs, declared *before* it runs, as a dp_accounting DpEvent
+   (here: ``steps`` compositions of the Poisson-subsampled Gaussian mechanism). Because the noise
+   multiplier is ``"auto"`` in the space, dptune calls it with candidate noise multipliers and
+   calibrates sigma so that the TOTAL epsilon (tuning included) meets the budget.
+2. ``train(hparams, rng) -> (score, payload)``: one private run with the randomness of ``rng``,
+   returning a score (higher is better; here accuracy on a validation split that we treat as
+   public) and a payload (the parameters).
+
+    python examples/tune_custom_jax.py
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from dp_accounting import dp_event
+
+import dptune
+from dptune import space
+from dptune.data import MNIST_10K_DIR
+from selection import RandomStopping
+from trainers.data import load_dataset
+
+data = load_dataset("mnist", str(MNIST_10K_DIR), validation_size=1000, source="idx")
+X = data.train_x.reshape(len(data.train_x), -1)  # (7000, 784) float32 in [0, 1]
+Y = data.train_y
+N = len(X)
+BATCH, EPOCHS = 500, 5
+Q = BATCH / N  # Poisson sampling rate
+STEPS = EPOCHS * int(np.ceil(N / BATCH))
+
+
+def privacy(hp: dict) -> dp_event.DpEvent:
+    """One run = STEPS Poisson-subsampled Gaussian mechanisms (Abadi et al. 2016)."""
+    return dp_event.SelfComposedDpEvent(
+        dp_event.PoissonSampledDpEvent(Q, dp_event.GaussianDpEvent(hp["noise_multiplier"])), STEPS
+    )
+
+
+def loss(w, x, y):
+    logits = x @ w["W"] + w["b"]
+    return -jax.nn.log_softmax(logits)[y]
+
+
+@jax.jit
+def noisy_step(w, x, y, mask, key, lr, clip, sigma):
+    """Per-example gradients, clipped to L2 norm `clip`, summed, plus N(0, (sigma clip)^2)."""
+    g = jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))(w, x, y)
+    norms = jnp.sqrt(sum(jnp.sum(v.reshape(len(x), -1) ** 2, axis=1) for v in g.values()))
+    factor = mask * jnp.minimum(1.0, clip / jnp.maximum(norms, 1e-12))
+    keys = jax.random.split(key, len(g))
+    out = {}
+    for k_, (name, v) in zip(keys, sorted(g.items()), strict=True):
+        total = jnp.tensordot(factor, v, axes=1)
+        out[name] = (
+            w[name] - lr * (total + sigma * clip * jax.random.normal(k_, total.shape)) / BATCH
+        )
+    return out
+
+
+@dptune.trainer(privacy=privacy, num_examples=N)
+def train(hp: dict, rng: np.random.Generator):
+    w = {"W": jnp.zeros((784, 10)), "b": jnp.zeros(10)}
+    key = jax.random.key(int(rng.integers(2**31)))
+    cap = int(BATCH + 5 * np.sqrt(BATCH))  # fixed shape: pad the Poisson batch to a capacity
+    for _ in range(STEPS):
+        idx = np.flatnonzero(rng.random(N) < Q)[:cap]  # Poisson sampling (truncation ~never)
+        pad = np.zeros(cap, dtype=np.int64)
+        pad[: len(idx)] = idx
+        mask = (np.arange(cap) < len(idx)).astype(np.float32)
+        key, sub = jax.random.split(key)
+        w = noisy_step(w, X[pad], Y[pad], mask, sub, hp["learning_rate"], hp["clip_norm"],
+                       hp["noise_multiplier"])  # fmt: skip
+    val_x = data.val_x.reshape(len(data.val_x), -1)
+    accuracy = float(jnp.mean(jnp.argmax(val_x @ w["W"] + w["b"], axis=1) == data.val_y))
+    return accuracy, {"params": w}
+
+
+if __name__ == "__main__":
+    release = dptune.tune(
+        train,
+        space={
+            "learning_rate": space.log_uniform(0.1, 10.0),
+            "clip_norm": space.log_uniform(0.1, 10.0),
+            "noise_multiplier": "auto",  # calibrated to the total budget
+        },
+        selection=RandomStopping.logarithmic(mean=4),
+        budget=(2.0, 1e-5),  # total (epsilon, delta), tuning included
+    )
+    print(release)
