@@ -180,3 +180,16 @@ def test_thresholding_speculative_groups_release_first_hit():
     assert rel.hparams == toy.calls[hits[0]]
     assert len(toy.calls) % 4 == 0 or len(toy.calls) == rel.private.num_trials
     assert "Liu & Talwar" in rel.privacy["theorem"] and rel.privacy["total_epsilon"] <= 3.0
+
+
+def test_debug_nonprivate_prints_scores_and_voids_the_statement(capsys):
+    rel = dptune.tune(
+        make_trainer(Toy()), SPACE, RandomStopping.logarithmic(4), (2.0, 1e-5), seed=5,
+        debug_nonprivate=True,
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert f"K={rel.private.num_trials}" in out
+    assert rel.privacy["private"] is False and "NOT PRIVATE" in rel.privacy_text
+    quiet = dptune.tune(make_trainer(Toy()), SPACE, RandomStopping.logarithmic(4), (2.0, 1e-5))
+    assert "K=" not in capsys.readouterr().out and quiet.privacy["private"] is True
+    assert quiet.privacy["seeded"] is False  # OS entropy by default

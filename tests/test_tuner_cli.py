@@ -21,7 +21,14 @@ ROOT = Path(__file__).resolve().parents[1]
 SMOKE = str(ROOT / "configs" / "smoke.py")
 # A tiny version of the smoke run: 1 epoch per candidate, logarithmic K with mean 3; seed 9 draws
 # K = 3 (checked in test_resume), so a kill can land after the first candidate.
-TINY = ["--config.train.epochs=1", "--config.selection.mean_trials=3", "--seed=9", "--noprogress"]
+# Groups of 2 exercise the executor's train_many path (trainers.train.train_candidates).
+TINY = [
+    "--config.train.epochs=1",
+    "--config.selection.mean_trials=3",
+    "--config.executor.group_size=2",
+    "--seed=9",
+    "--noprogress",
+]
 
 
 def _run(workdir, ledger, *extra, wait=True):
