@@ -212,23 +212,27 @@ def calibrate(
             return start
         return solve(tr, accountant, start, COARSE_DISCRETIZATION, 1.05)
 
-    sigma = calibrated(transform)
-    statement = totals.total_privacy(
-        make_candidates(sigma), transform, delta, accountant, seeded=seeded
-    )
-    if not (target_epsilon * (1 - 5 * rtol) <= statement.total_epsilon <= target_epsilon):
-        # The coarse PLD was too loose (long compositions), or -- never seen -- looser than the
-        # default one: search again at the default discretisation, near the coarse answer.
-        sigma = solve(transform, accountant, sigma, PLD_DISCRETIZATION, 1.005)
+    def final(tr) -> tuple[float, PrivacyStatement]:
+        sigma = calibrated(tr)
         statement = totals.total_privacy(
-            make_candidates(sigma), transform, delta, accountant, seeded=seeded
+            make_candidates(sigma), tr, delta, accountant, seeded=seeded
         )
+        if not (target_epsilon * (1 - 5 * rtol) <= statement.total_epsilon <= target_epsilon):
+            # The coarse PLD was too loose (long compositions), or -- never seen -- looser than
+            # the default one: search again at the default discretisation, near the coarse answer.
+            sigma = solve(tr, accountant, sigma, PLD_DISCRETIZATION, 1.005)
+            statement = totals.total_privacy(
+                make_candidates(sigma), tr, delta, accountant, seeded=seeded
+            )
+        return sigma, statement
+
+    sigma, statement = final(transform)
     untuned = naive = None
     k = naive_trials(transform)
     if compare:
-        untuned = calibrated(SingleRunPrivacy())
+        untuned = final(SingleRunPrivacy())[0]
         if k is not None:
-            naive = calibrated(BestOfKPrivacy(k))
+            naive = final(BestOfKPrivacy(k))[0]
     return Calibration(
         noise_multiplier=sigma,
         statement=statement,

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 from dp_accounting import dp_event
-from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.pld import pld_privacy_accountant, privacy_loss_distribution
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from dptune.accounting.events import (
@@ -115,10 +115,44 @@ def rdp_delta(candidates, epsilon: float, orders: Sequence[float] = DEFAULT_ORDE
     )
 
 
+class _Pld:
+    """A ``PrivacyLossDistribution`` with the accountant's ``get_epsilon``/``get_delta`` names."""
+
+    def __init__(self, pld: privacy_loss_distribution.PrivacyLossDistribution):
+        self.pld = pld
+
+    def get_epsilon(self, delta: float) -> float:
+        return self.pld.get_epsilon_for_delta(delta)
+
+    def get_delta(self, epsilon: float) -> float:
+        return self.pld.get_delta_for_epsilon(epsilon)
+
+
+def _is_dpsgd_step(event: dp_event.DpEvent) -> bool:
+    return isinstance(event, dp_event.PoissonSampledDpEvent) and isinstance(
+        event.event, dp_event.GaussianDpEvent
+    )
+
+
 @functools.lru_cache(maxsize=256)
-def _event_pld(
-    event: dp_event.DpEvent, discretization: float
-) -> pld_privacy_accountant.PLDAccountant:
+def _event_pld(event: dp_event.DpEvent, discretization: float):
+    """A PLD of ``event`` (pessimistic, add and remove directions), as dp_accounting builds it.
+
+    DP-SGD runs are built exactly as ``PLDAccountant`` does (``from_gaussian_mechanism(sigma,
+    sampling_prob=q).self_compose(steps)``), but k runs are the cached one-run PLD composed k times,
+    so best-of-k does not rebuild the 0.3 s PLD of one run.
+    """
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        inner = event.event
+        if isinstance(inner, dp_event.SelfComposedDpEvent) and _is_dpsgd_step(inner.event):
+            return _Pld(_event_pld(inner, discretization).pld.self_compose(event.count))
+        if _is_dpsgd_step(inner) and inner.sampling_probability > 0:
+            base = privacy_loss_distribution.from_gaussian_mechanism(
+                inner.event.noise_multiplier,
+                sampling_prob=inner.sampling_probability,
+                value_discretization_interval=discretization,
+            )
+            return _Pld(base.self_compose(event.count))
     accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=discretization)
     accountant.compose(event)
     return accountant
