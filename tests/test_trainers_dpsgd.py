@@ -109,9 +109,10 @@ def test_compiled_fused_step_applies_the_clipped_sum():
     x, y = _batch(6)
     idx = np.arange(B, dtype=np.int32)
     mask = np.ones(B, np.float32)
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
     new, _, _ = fns.step(
-        params, opt_state, x, y, idx, mask, jax.random.PRNGKey(0), jnp.int32(0),
-        jnp.float32(1.0), jnp.float32(0.0), jnp.float32(1.0),
+        params, opt_state, zeros, jnp.float32(0), x, y, idx, mask, jax.random.PRNGKey(0),
+        jnp.int32(0), jnp.float32(1.0), jnp.float32(0.0), jnp.float32(1.0),
     )  # fmt: skip
     moved = jax.tree_util.tree_map(lambda a, b: a - b, params, new)
     ref, _, _ = _naive("cnn26k")(params, x, y, mask, jnp.float32(1.0))
@@ -150,8 +151,10 @@ def test_noise_std_is_sigma_times_c_in_compiled_step():
     opt_state = make_optimizer(Hyperparams(learning_rate=1.0)).init(params)
     x, y = _batch(11)
     sigma, clip = 1.3, 2.0
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
     new, _, _ = fns.step(
-        params, opt_state, x, y, np.arange(B, dtype=np.int32), np.zeros(B, np.float32),
+        params, opt_state, zeros, jnp.float32(0), x, y, np.arange(B, dtype=np.int32),
+        np.zeros(B, np.float32),
         jax.random.PRNGKey(12), jnp.int32(3), jnp.float32(clip), jnp.float32(sigma),
         jnp.float32(1.0),
     )  # fmt: skip

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from trainers.models import conv_stride2_s2d
 from trainers.models import max_pool_2x2_stride1 as _pool
 
 Params = dict
@@ -117,6 +118,23 @@ def im2col_s2d(x: jax.Array, k: int, s: int, pad_lo: int, out_hw: int) -> jax.Ar
     return jnp.stack(slices, axis=3).reshape(b, out_hw * out_hw, k * k * c)
 
 
+def im2col_kmajor_28x28x1(x: jax.Array) -> jax.Array:
+    """Patches of the 8x8, stride-2, SAME convolution on (b, 28, 28, 1) images,
+    kernel-position-major:
+    (b, 64, 196), axis 1 ordered (a, b', r, c') like :func:`im2col_s2d` (kernel row 2a + r, col 2b'
+    + c').
+
+    Built from 4 space-to-depth planes and 16 contiguous (14 x 14) windows; this layout measured ~2x
+    faster on
+    XLA CPU than the position-major one.
+    """
+    b = x.shape[0]
+    xp = jnp.pad(x[..., 0], ((0, 0), (3, 3), (3, 3)))  # (b, 34, 34)
+    planes = xp.reshape(b, 17, 2, 17, 2).transpose(0, 2, 4, 1, 3).reshape(b, 4, 17, 17)
+    windows = [planes[:, :, a : a + 14, c : c + 14] for a in range(4) for c in range(4)]
+    return jnp.stack(windows, axis=1).reshape(b, 64, 196)
+
+
 def kernel_to_s2d(kernel: jax.Array, s: int) -> jax.Array:
     """(k, k, c, o) HWIO kernel -> (k*k*c, o) in the patch order of :func:`im2col_s2d`."""
     k, _, c, o = kernel.shape
@@ -148,7 +166,7 @@ def clipped_sum_bookkeeping(
     def forward(zs):
         # zs: zero "taps" added to each pre-activation; the gradient w.r.t. them is dLoss/dz per
         # example.
-        z1 = _conv(x, k1, 2, "SAME") + p["conv1"]["bias"] + zs[0]  # (b, 14, 14, c1)
+        z1 = conv_stride2_s2d(x, k1, 3, 14) + p["conv1"]["bias"] + zs[0]  # (b, 14, 14, c1)
         h1 = _pool(jnp.tanh(z1))  # (b, 13, 13, c1)
         z2 = _conv(h1, k2, 2, "VALID") + p["conv2"]["bias"] + zs[1]  # (b, 5, 5, c2)
         h2 = _pool(jnp.tanh(z2)).reshape(b, -1)  # (b, 16*c2)
@@ -173,9 +191,9 @@ def clipped_sum_bookkeeping(
 
     # Per-example conv weight gradients (b, out, k): gradient as the first einsum operand was ~2x
     # faster on XLA CPU.
-    patches1 = im2col_s2d(x, 8, 2, 3, 14)  # (b, 196, 64)
+    patches1 = im2col_kmajor_28x28x1(x)  # (b, 64, 196)
     patches2 = im2col_s2d(h1, 4, 2, 0, 5)  # (b, 25, 16*c1)
-    w1 = jnp.einsum("bpo,bpk->bok", g1, patches1)
+    w1 = jnp.einsum("bkp,bpo->bko", patches1, g1)
     w2 = jnp.einsum("bpo,bpk->bok", g2, patches2)
     bias1 = jnp.sum(g1, axis=1)
     bias2 = jnp.sum(g2, axis=1)
@@ -190,7 +208,7 @@ def clipped_sum_bookkeeping(
     c = clip_factors(sq_norms, mask, clip_norm)
     summed = {
         "conv1": {
-            "kernel": kernel_from_s2d(jnp.einsum("b,bok->ko", c, w1), 8, 2, 1),
+            "kernel": kernel_from_s2d(jnp.einsum("b,bko->ko", c, w1), 8, 2, 1),
             "bias": c @ bias1,
         },
         "conv2": {

@@ -36,6 +36,62 @@ def max_pool_2x2_stride2(x: jax.Array) -> jax.Array:
     )
 
 
+def space_to_depth_input(x: jax.Array, s: int, pad_lo: int, extent: int) -> jax.Array:
+    """Zero-pads (b, h, w, c) to rows/cols [-pad_lo, extent - pad_lo) and folds s x s blocks into
+    channels:
+    (b, extent/s, extent/s, s*s*c), channel order (row in block, col in block, c)."""
+    b, h, w, c = x.shape
+    hi = extent - pad_lo - h
+    x = jnp.pad(x, ((0, 0), (pad_lo, max(hi, 0)), (pad_lo, max(hi, 0)), (0, 0)))[
+        :, :extent, :extent
+    ]
+    e = extent // s
+    return x.reshape(b, e, s, e, s, c).transpose(0, 1, 3, 2, 4, 5).reshape(b, e, e, s * s * c)
+
+
+def kernel_space_to_depth(kernel: jax.Array, s: int) -> jax.Array:
+    """(k, k, c, o) kernel of a stride-s convolution -> (k/s, k/s, s*s*c, o) kernel of the
+    equivalent stride-1
+    convolution on :func:`space_to_depth_input`."""
+    k, _, c, o = kernel.shape
+    m = k // s
+    return kernel.reshape(m, s, m, s, c, o).transpose(0, 2, 1, 3, 4, 5).reshape(m, m, s * s * c, o)
+
+
+def conv_stride2_s2d(x: jax.Array, kernel: jax.Array, pad_lo: int, out_hw: int) -> jax.Array:
+    """A k x k, stride-2 convolution (k even) as a stride-1 (k/2 x k/2) convolution after
+    space-to-depth.
+
+    Same values as ``lax.conv_general_dilated`` (NHWC/HWIO); on XLA CPU a 1-channel 8x8/2
+    convolution was ~4x
+    slower than this form (4 input channels, stride 1).
+    """
+    k = kernel.shape[0]
+    xs = space_to_depth_input(x, 2, pad_lo, (out_hw - 1) * 2 + k)
+    return jax.lax.conv_general_dilated(
+        xs, kernel_space_to_depth(kernel, 2), (1, 1), "VALID",
+        dimension_numbers=("NHWC", "HWIO", "NHWC"),
+    )  # fmt: skip
+
+
+class Conv8x8Stride2(nn.Module):
+    """nn.Conv(features, (8, 8), strides=2, padding="SAME") on 28x28 inputs (same parameters, same
+    initialisers,
+    same values), computed by :func:`conv_stride2_s2d`."""
+
+    features: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        if x.shape[1:3] != (28, 28):
+            raise ValueError(f"Conv8x8Stride2 expects 28x28 inputs, got {x.shape}")
+        kernel = self.param(
+            "kernel", nn.initializers.lecun_normal(), (8, 8, x.shape[-1], self.features)
+        )
+        bias = self.param("bias", nn.initializers.zeros_init(), (self.features,))
+        return conv_stride2_s2d(x, kernel, 3, 14) + bias
+
+
 class MnistCNN(nn.Module):
     """tanh CNN for 28x28x1 images: conv c1@8x8/2 SAME, pool 2x2/1, conv c2@4x4/2 VALID, pool 2x2/1,
     dense d, dense 10.
@@ -54,7 +110,7 @@ class MnistCNN(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = nn.Conv(self.conv1_features, (8, 8), strides=(2, 2), padding="SAME", name="conv1")(x)
+        x = Conv8x8Stride2(self.conv1_features, name="conv1")(x)
         x = max_pool_2x2_stride1(jnp.tanh(x))
         x = nn.Conv(self.conv2_features, (4, 4), strides=(2, 2), padding="VALID", name="conv2")(x)
         x = max_pool_2x2_stride1(jnp.tanh(x))

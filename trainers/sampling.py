@@ -1,21 +1,22 @@
-"""Poisson sampling of DP-SGD batches into fixed-capacity index buffers with a mask.
+"""Poisson sampling of DP-SGD batches into a fixed-capacity index buffer with a mask, split into
+chunks.
 
 Poisson sampling (each training example joins a batch independently with probability q) is what the
-accountant's
-subsampled-Gaussian analysis assumes (Abadi et al. 2016; Mironov, Talwar & Zhang 2019; the PLD
-accountant of
-dp_accounting). It is drawn here as n ~ Binomial(N, q) followed by a uniformly random subset of size
-n, which has
-exactly the same distribution.
+accountant's subsampled-Gaussian analysis assumes (Abadi et al. 2016; Mironov, Talwar & Zhang 2019;
+dp_accounting's PLD accountant). It is drawn as n ~ Binomial(N, q) followed by a uniformly random
+subset of size n, which has exactly the same distribution.
 
-Batches go to the compiled step as an index buffer of a fixed capacity plus a {0, 1} mask, so the
-step never
-recompiles. The capacity is the smallest size whose overflow probability P[Binomial(N, q) >
-capacity] is below
-``overflow_prob`` (1e-9 by default, from the exact binomial tail). An overflowing batch is not
-truncated: it is
-split into several capacity-sized chunks whose clipped sums are added before the noise (see
-``trainers.train``).
+The buffer: a batch goes to the compiled step as index/mask arrays of fixed shapes, so nothing
+recompiles. Its capacity is ``main + m * tail`` slots, the smallest such size whose overflow
+probability P[Binomial(N, q) > capacity] is below ``overflow_prob`` (1e-9 by default, exact binomial
+tail). The buffer is laid out as one "main" chunk of about the expected batch size B followed by
+``m`` small "tail" chunks; the step computes only the chunks that hold at least one example (padding
+contributes exactly zero, so skipping an all-padding chunk changes nothing). A batch larger than the
+capacity (probability < 1e-9) simply gets more tail chunks: it is never truncated.
+
+Why chunks: a buffer padded to the 1e-9 quantile (B + ~6 sqrt(B)) costs ~1.4x the work of a fixed
+batch at B = 256; with a main chunk of B and tails of ~2 sqrt(B) the expected padding is a few
+percent (``docs/performance.md``).
 """
 
 from __future__ import annotations
@@ -26,11 +27,15 @@ import numpy as np
 from scipy import stats
 
 
+def _round_up(x: float, multiple: int) -> int:
+    return int(math.ceil(x / multiple) * multiple)
+
+
 def poisson_capacity(
     num_examples: int, expected_batch_size: float, overflow_prob: float = 1e-9, multiple: int = 8
 ) -> int:
-    """Smallest multiple of ``multiple`` c with P[Binomial(num_examples, q) > c] < overflow_prob, q
-    = B / N."""
+    """Smallest multiple of ``multiple`` c with P[Binomial(num_examples, q) > c] < overflow_prob,
+    q = expected_batch_size / num_examples (exact binomial tail from scipy)."""
     if num_examples <= 0:
         raise ValueError(f"num_examples={num_examples} must be positive")
     if not 0 < expected_batch_size <= num_examples:
@@ -40,22 +45,25 @@ def poisson_capacity(
     if not 0 < overflow_prob < 1:
         raise ValueError(f"overflow_prob={overflow_prob} must be in (0, 1)")
     q = expected_batch_size / num_examples
-    # isf gives the smallest c with sf(c) <= p; step up while the tail is still >= p (discreteness).
     c = int(stats.binom.isf(overflow_prob, num_examples, q))
+    # isf is approximate on a discrete distribution: step until the exact tail is below the target.
     while c < num_examples and stats.binom.sf(c, num_examples, q) >= overflow_prob:
         c += 1
-    c = min(max(c, 1), num_examples)
-    return min(int(math.ceil(c / multiple) * multiple), max(num_examples, multiple))
+    while c > 0 and stats.binom.sf(c - 1, num_examples, q) < overflow_prob:
+        c -= 1
+    return _round_up(max(c, 1), multiple)
 
 
 class PoissonSampler:
-    """Draws Poisson-sampled batches of indices into [0, num_examples).
+    """Draws Poisson-sampled batches of indices into [0, num_examples) and lays them out in chunks.
 
     Args:
       num_examples: N, the size of the private training set.
       expected_batch_size: B; each example is included with probability q = B / N.
       rng: numpy Generator; its seed must come from the candidate's secret key (or OS entropy).
-      capacity: buffer size; defaults to :func:`poisson_capacity`.
+      main_size: slots of the first chunk; default B rounded up to a multiple of 8.
+      tail_size: slots of each further chunk; default ~2 std of the batch size, a multiple of 8.
+      overflow_prob: the buffer's capacity is main + m * tail with P[n > capacity] < overflow_prob.
     """
 
     def __init__(
@@ -63,38 +71,49 @@ class PoissonSampler:
         num_examples: int,
         expected_batch_size: float,
         rng: np.random.Generator,
-        capacity: int | None = None,
+        main_size: int | None = None,
+        tail_size: int | None = None,
+        overflow_prob: float = 1e-9,
     ):
         self.num_examples = int(num_examples)
-        self.sampling_rate = float(expected_batch_size) / self.num_examples
-        if capacity is None:
-            capacity = poisson_capacity(self.num_examples, expected_batch_size)
-        if capacity <= 0:
-            raise ValueError(f"capacity={capacity} must be positive")
-        self.capacity = int(capacity)
+        self.expected_batch_size = float(expected_batch_size)
+        self.sampling_rate = self.expected_batch_size / self.num_examples
+        q = self.sampling_rate
+        std = math.sqrt(self.num_examples * q * (1 - q))
+        self.main_size = int(main_size) if main_size else _round_up(self.expected_batch_size, 8)
+        self.tail_size = int(tail_size) if tail_size else max(8, _round_up(2 * std, 8))
+        if self.main_size <= 0 or self.tail_size <= 0:
+            raise ValueError(f"main_size={main_size} and tail_size={tail_size} must be positive")
+        quantile = poisson_capacity(self.num_examples, self.expected_batch_size, overflow_prob, 1)
+        self.num_tail_chunks = max(0, math.ceil((quantile - self.main_size) / self.tail_size))
+        self.capacity = self.main_size + self.num_tail_chunks * self.tail_size
         self._rng = rng
 
     def sample(self) -> np.ndarray:
-        """One batch: int32 indices, sorted, distinct; its size is Binomial(N, q)."""
+        """One batch: sorted, distinct int32 indices; its size is Binomial(N, q)."""
         n = self._rng.binomial(self.num_examples, self.sampling_rate)
         idx = self._rng.choice(self.num_examples, size=n, replace=False)
-        idx.sort()  # sorted gathers are friendlier to the cache; the order does not matter to a sum
+        idx.sort()  # sorted gathers are kinder to the cache; the order does not matter to a sum
         return idx.astype(np.int32)
 
     def chunks(self, indices: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Splits a batch into capacity-sized (indices, mask) buffers; >1 chunk only on overflow
-        (never truncates).
+        """The non-empty chunks of the buffer holding ``indices``: [(idx, mask)] with one main chunk
+        (always present, possibly all padding) and as many tail chunks as needed; every index
+        appears
+        exactly once, whatever the batch size (beyond the capacity, tail chunks continue).
 
-        Padding slots point at example 0 and have mask 0, so they contribute nothing to the clipped
-        sum.
+        Padding slots point at example 0 and have mask 0, so they contribute nothing to the sum.
         """
-        n = len(indices)
         out = []
-        for start in range(0, max(n, 1), self.capacity):
-            part = indices[start : start + self.capacity]
-            idx = np.zeros(self.capacity, np.int32)
-            mask = np.zeros(self.capacity, np.float32)
+        start, size = 0, self.main_size
+        while True:
+            part = indices[start : start + size]
+            idx = np.zeros(size, np.int32)
+            mask = np.zeros(size, np.float32)
             idx[: len(part)] = part
             mask[: len(part)] = 1.0
             out.append((idx, mask))
-        return out
+            start += size
+            size = self.tail_size
+            if start >= len(indices):
+                return out

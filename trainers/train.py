@@ -191,10 +191,13 @@ def default_grad_impl(model: str, image_shape: tuple[int, ...]) -> str:
 
 
 class StepFunctions:
-    """Jitted DP-SGD functions for one (model, optimiser kind, gradient implementation); shapes are
-    traced per
-    capacity. ``trace_count`` counts Python traces (a test checks that training does not
-    retrace)."""
+    """Jitted DP-SGD functions for one (model, optimiser kind, gradient implementation).
+
+    A step compiles once per chunk shape: ``accumulate`` for the tail chunks (if any) and the fused
+    ``step`` for the main chunk, which adds the running sums, the noise and the optimiser update.
+    The ``v*`` variants are the same functions vmapped over K candidates. ``trace_count`` counts
+    Python traces (a test checks that training does not retrace).
+    """
 
     def __init__(self, model: str, num_classes: int, optimizer: str, grad_impl: str):
         self.spec = models.get_model(model, num_classes)
@@ -210,41 +213,39 @@ class StepFunctions:
         else:
             raise ValueError(f"grad_impl={grad_impl!r}: expected 'bookkeeping' or 'naive'")
 
-        self.step = jax.jit(self._step)
         self.chunk_sum = jax.jit(self._chunk_sum)
-        self.apply_noisy = jax.jit(self._apply_noisy)
-        in_axes_step = (0, 0, None, None, 0, 0, 0, None, 0, 0, None)
-        self.vstep = jax.jit(jax.vmap(self._step, in_axes=in_axes_step))
-        self.vchunk_sum = jax.jit(jax.vmap(self._chunk_sum, in_axes=(0, None, None, 0, 0, 0)))
-        self.vapply_noisy = jax.jit(
-            jax.vmap(self._apply_noisy, in_axes=(0, 0, 0, 0, None, 0, 0, None))
+        self.accumulate = jax.jit(self._accumulate)
+        self.step = jax.jit(self._step)
+        self.vaccumulate = jax.jit(
+            jax.vmap(self._accumulate, in_axes=(0, 0, 0, None, None, 0, 0, 0))
+        )
+        self.vstep = jax.jit(
+            jax.vmap(self._step, in_axes=(0, 0, 0, 0, None, None, 0, 0, 0, None, 0, 0, None))
         )
 
     def _chunk_sum(self, params, data_x, data_y, idx, mask, clip_norm):
-        """Clipped gradient sum and loss sum over one capacity-sized chunk of a batch."""
+        """Clipped gradient sum and loss sum over one chunk (idx, mask) of a batch."""
         self.trace_count += 1
         gsum, loss, _ = self._clipped_sum(params, data_x[idx], data_y[idx], mask, clip_norm)
         return gsum, loss
 
-    def _apply_noisy(self, params, opt_state, gsum, key, step, clip_norm, sigma, expected_batch):
-        """Noise (keyed by the candidate key and the step number), divide by B, optimiser update."""
-        self.trace_count += 1
+    def _accumulate(self, params, gsum, loss, data_x, data_y, idx, mask, clip_norm):
+        """Running totals plus one more chunk's clipped gradient sum and loss sum."""
+        g, lo = self._chunk_sum(params, data_x, data_y, idx, mask, clip_norm)
+        return jax.tree_util.tree_map(jnp.add, gsum, g), loss + lo
+
+    def _step(
+        self, params, opt_state, gsum, loss, data_x, data_y, idx, mask, key, step, clip_norm,
+        sigma, expected_batch,
+    ):  # fmt: skip
+        """One DP-SGD step: clipped sum of the main chunk plus the running totals of the tail chunks
+        (zeros if none), Gaussian noise keyed by (candidate key, step), division by the expected
+        batch size, optimiser update. Returns (params, opt_state, loss sum of the batch)."""
+        gsum, loss = self._accumulate(params, gsum, loss, data_x, data_y, idx, mask, clip_norm)
         noisy = dpsgd.add_noise(gsum, jax.random.fold_in(key, step), sigma, clip_norm)
         grads = jax.tree_util.tree_map(lambda g: g / expected_batch, noisy)
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state
-
-    def _step(
-        self, params, opt_state, data_x, data_y, idx, mask, key, step, clip_norm, sigma,
-        expected_batch,
-    ):  # fmt: skip
-        """One fused DP-SGD step for a batch that fits in one chunk. Returns (params, opt_state,
-        loss sum)."""
-        gsum, loss = self._chunk_sum(params, data_x, data_y, idx, mask, clip_norm)
-        params, opt_state = self._apply_noisy(
-            params, opt_state, gsum, key, step, clip_norm, sigma, expected_batch
-        )
-        return params, opt_state, loss
+        return optax.apply_updates(params, updates), opt_state, loss
 
 
 @functools.lru_cache(maxsize=32)
@@ -488,6 +489,8 @@ def _train_group_unsafe(hps, data, keys, indices, progress, progress_every, impl
         params, opt_states = params[0], opt_states[0]
         noise_keys, clip, sigma = noise_keys[0], clip[0], sigma[0]
 
+    zero_sum = jax.tree_util.tree_map(jnp.zeros_like, params)
+    zero_loss = jnp.zeros((k,) if vectorized else (), jnp.float32)
     histories: list[list[dict]] = [[] for _ in hps]
     failed = [False] * k
     last_good = params
@@ -502,25 +505,19 @@ def _train_group_unsafe(hps, data, keys, indices, progress, progress_every, impl
             n_seen += [len(b) for b in batches]
             n_chunks = max(len(c) for c in chunked)
             step_arr = jnp.int32(step)
-            if n_chunks == 1:
-                idx, mask = _stack_chunk(chunked, 0, vectorized)
-                step_fn = fns.vstep if vectorized else fns.step
-                params, opt_states, loss = step_fn(
-                    params, opt_states, data_x, data_y, idx, mask, noise_keys, step_arr, clip,
-                    sigma, expected_b,
-                )  # fmt: skip
-            else:  # overflow (probability < 1e-9 per step): several chunks, one noisy update
-                sum_fn = fns.vchunk_sum if vectorized else fns.chunk_sum
-                gsum, loss = None, 0.0
-                for j in range(n_chunks):
-                    idx, mask = _stack_chunk(chunked, j, vectorized)
-                    g, lo = sum_fn(params, data_x, data_y, idx, mask, clip)
-                    gsum = g if gsum is None else jax.tree_util.tree_map(jnp.add, gsum, g)
-                    loss = loss + lo
-                apply_fn = fns.vapply_noisy if vectorized else fns.apply_noisy
-                params, opt_states = apply_fn(
-                    params, opt_states, gsum, noise_keys, step_arr, clip, sigma, expected_b
-                )
+            # Tail chunks first (rare: only when the batch outgrows the main chunk), then the fused
+            # step on the main chunk adds them, the noise and the update.
+            gsum, loss = zero_sum, zero_loss
+            acc_fn = fns.vaccumulate if vectorized else fns.accumulate
+            for j in range(1, n_chunks):
+                idx, mask = _stack_chunk(chunked, j, vectorized)
+                gsum, loss = acc_fn(params, gsum, loss, data_x, data_y, idx, mask, clip)
+            idx, mask = _stack_chunk(chunked, 0, vectorized)
+            step_fn = fns.vstep if vectorized else fns.step
+            params, opt_states, loss = step_fn(
+                params, opt_states, gsum, loss, data_x, data_y, idx, mask, noise_keys, step_arr,
+                clip, sigma, expected_b,
+            )  # fmt: skip
             loss_sum = loss_sum + loss
             step += 1
             if progress is not None and progress_every > 0 and step % progress_every == 0:
@@ -579,13 +576,13 @@ def _progress_dict(event, candidate, epoch, epochs, step, total_steps) -> dict:
 def _stack_chunk(chunked, j, vectorized):
     """The j-th (idx, mask) chunk of every candidate; an all-masked chunk for candidates with fewer
     chunks."""
+    size = next(len(c[j][0]) for c in chunked if j < len(c))
     parts = []
     for chunks in chunked:
         if j < len(chunks):
             parts.append(chunks[j])
         else:
-            idx, _ = chunks[0]
-            parts.append((np.zeros_like(idx), np.zeros(len(idx), np.float32)))
+            parts.append((np.zeros(size, np.int32), np.zeros(size, np.float32)))
     if not vectorized:
         return parts[0]
     return np.stack([p[0] for p in parts]), np.stack([p[1] for p in parts])
