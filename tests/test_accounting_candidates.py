@@ -116,9 +116,11 @@ def test_naive_composition_of_heterogeneous_runs_uses_a_dominating_run():
 
 def test_user_dp_event_candidate():
     event = dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(5.0), 4)
-    st = accounting.total_privacy(event, sp.RandomStoppingPrivacy.from_mean(5.0, 1.0), DELTA)
+    geometric = sp.RandomStoppingPrivacy.from_mean(5.0, 1.0)
+    st = accounting.total_privacy(event, geometric, DELTA, "rdp")
     assert st.candidates[0]["kind"] == "event"
-    assert st.total_epsilon > rdp_eps(event) * 0.5
+    ref = accounting.repeat_and_select_epsilon(event, 5.0, 1.0, DELTA)  # dp_accounting's route
+    assert st.total_epsilon == pytest.approx(ref, rel=1e-9)
     assert accounting.as_candidates(event) == (accounting.EventCandidate(event),)
     # heterogeneous user events: PLD composition has no worst case, RDP still applies
     other = dp_event.LaplaceDpEvent(3.0)

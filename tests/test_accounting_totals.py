@@ -178,7 +178,7 @@ def test_thresholding_rdp_route_for_dpsgd():
     st = accounting.total_privacy(CAND, sp.ThresholdingPrivacy(0.1), DELTA)
     assert st.accountant == "rdp"
     assert "Cor. 16" in st.theorem
-    assert CAND and st.single_run_epsilon < st.total_epsilon < 6.381
+    assert st.single_run_epsilon < st.total_epsilon < 6.381  # cheaper than naive best-of-10
 
 
 def test_capped_thresholding_has_no_route_for_dpsgd_and_says_why():
