@@ -241,6 +241,7 @@ def _approx_route(
     except NotImplementedError as e:
         raise _NoRoute(str(e)) from e
     best: tuple[float, float, float] | None = None  # (total eps, delta total, delta_1)
+    smallest_delta = math.inf
     for d1 in delta * np.logspace(-14, 0, 29):
         if d1 >= 1:
             continue
@@ -249,12 +250,16 @@ def _approx_route(
             eps_t, delta_t = transform.approx_dp(eps1, float(d1))
         except ValueError:
             continue
+        smallest_delta = min(smallest_delta, delta_t)
         if not math.isfinite(eps_t):
             continue  # e.g. a PLD's truncated tail mass exceeds delta_1
         if delta_t <= delta and (best is None or eps_t < best[0]):
             best = (float(eps_t), float(delta_t), float(d1))
     if best is None:
-        raise _NoRoute(f"no per-run delta_1 keeps the total delta within {delta:g}")
+        raise _NoRoute(
+            f"no per-run delta_1 keeps the total delta within {delta:g} (the smallest total delta "
+            f"of {transform.name} with these candidates is {smallest_delta:.3g})"
+        )
     return Route(
         source,
         best[0],
