@@ -1,6 +1,7 @@
 """Smoke run: a REAL, small private tuning job on the 10,000 MNIST digits shipped with dptune
 (offline; about a minute on 2 CPU cores). Random stopping with a logarithmic number of candidates
-(mean 2.5) over learning rate and clipping norm; total (epsilon, delta) = (4, 1e-5), tuning included.
+(mean 2.5) over learning rate and clipping norm; total (epsilon, delta) = (4, 1e-5), tuning
+included.
 
     dptune --config=configs/smoke.py --workdir=/tmp/dptune-smoke
 """

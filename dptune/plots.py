@@ -21,10 +21,11 @@ def _pyplot():
 
 
 def training_curve(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path | None:
-    """Plots every numeric per-epoch metric of the released candidate (one panel per metric).
+    """Plots every numeric per-epoch quantity of the released candidate (one panel each).
 
     Args:
-      history: per-epoch dicts, e.g. ``{"epoch": 1, "train_loss": 0.4, "val_accuracy": 0.9}``.
+      history: per-epoch dicts of releasable quantities, e.g. ``{"epoch": 1,
+        "epsilon_one_run": 0.8}`` (the caller filters out non-private ones such as exact losses).
       path: output file (``.png``).
     Returns the path, or None when the history has no numeric metric.
     """
@@ -42,7 +43,7 @@ def training_curve(history: Sequence[Mapping[str, Any]], path: str | Path) -> Pa
         ax.set_xlabel("epoch")
         ax.set_title(key)
         ax.grid(alpha=0.3)
-    fig.suptitle("released candidate")
+    fig.suptitle("released candidate (public quantities)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -72,7 +73,7 @@ def epsilon_breakdown(privacy: Mapping[str, Any], path: str | Path) -> Path:
     ax.bar_label(bars, fmt="%.3g")
     ax.invert_yaxis()
     ax.set_xlabel(f"epsilon (delta = {privacy.get('delta')})")
-    ax.set_title(str(privacy.get("selection", "")))
+    ax.set_title(str(privacy.get("method", "")))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

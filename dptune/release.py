@@ -12,7 +12,8 @@ Files (``DIR/release/``):
 * ``privacy.json`` / ``privacy.txt``: the privacy statement (machine- and human-readable).
 * ``checkpoint/``: the released model's parameters (orbax), or ``payload.pkl`` for payloads that
   are not array pytrees (user trainers).
-* ``training_curve.png``, ``epsilon.png``: plots.
+* ``training_curve.png`` (the selected candidate's public per-epoch quantities: its epsilon so
+  far, metrics on public or privatised data; never the exact training loss), ``epsilon.png``.
 
 The folder is written to ``release.tmp/`` and renamed into place: it is complete or absent.
 """
@@ -47,7 +48,9 @@ class Release:
       privacy: the privacy statement as JSON (``total_epsilon``, ``delta``, ``single_run_epsilon``,
         ``selection``, ...).
       privacy_text: the statement in words.
-      payload: the selected candidate's payload (for DP-SGD: ``{"params": ..., "history": ...}``).
+      payload: the selected candidate's payload (for DP-SGD: ``{"params": ...}``).
+      curve: per-epoch public quantities of the selected candidate (epsilon so far, metrics on
+        public or privatised data), for the training-curve plot; None if the trainer has none.
       path: the release folder, if one was written.
     """
 
@@ -58,6 +61,7 @@ class Release:
     privacy: dict[str, Any]
     privacy_text: str
     payload: Any = field(default=None, repr=False)
+    curve: list[dict[str, Any]] | None = field(default=None, repr=False)
     path: Path | None = None
     # The curator's view (number of candidates, all scores): never printed, never in release/.
     private: Any = field(default=None, repr=False, compare=False)
@@ -107,14 +111,13 @@ def write_release(release: Release, folder: str | os.PathLike) -> Path:
     if release.released:
         payload = release.payload
         params = payload.get("params") if isinstance(payload, dict) else None
-        history = payload.get("history") if isinstance(payload, dict) else None
         if params is not None and _is_array_tree(params):
             _save_orbax(params, tmp / "checkpoint")
         elif payload is not None:
             with open(tmp / "payload.pkl", "wb") as f:
                 pickle.dump(payload, f)
-        if history:
-            plots.training_curve(history, tmp / "training_curve.png")
+        if release.curve:
+            plots.training_curve(release.curve, tmp / "training_curve.png")
     if folder.exists():
         shutil.rmtree(folder)
     os.replace(tmp, folder)

@@ -250,6 +250,38 @@ class DpSgdTrainer:
             out.append((score, payload))
         return out
 
+    def public_curve(
+        self, hparams: Mapping[str, Any], payload: Any, delta: float
+    ) -> list[dict[str, Any]]:
+        """Per-epoch rows that may be released with the selected candidate.
+
+        ``epsilon_one_run``: the epsilon (at ``delta``, tightest route of ``dptune.accounting``) of
+        this candidate's training up to that epoch, without tuning (public: a function of its
+        hyperparameters; the last epoch matches the statement's ``single_run_epsilon``). History
+        entries whose name starts with ``test_`` or ``noisy_`` (public split or privatised) are
+        copied too. The exact training loss is NOT: it is a non-private function of the data.
+        """
+        from dptune.accounting import total_privacy
+        from trainers.train import dpsgd_privacy, steps_per_epoch
+
+        hp = self.hyperparams(hparams)
+        full = dpsgd_privacy(hp, self.num_examples)
+        per_epoch = steps_per_epoch(hp.batch_size, self.num_examples)
+        history = payload.get("history", []) if isinstance(payload, Mapping) else []
+        rows = []
+        for e in range(1, hp.epochs + 1):
+            cand = _dpsgd_candidate(
+                type(full)(full.sampling_rate, e * per_epoch, full.noise_multiplier),
+                hp.score_noise_std,
+            )
+            eps = total_privacy(cand, None, delta, "auto").total_epsilon
+            row: dict[str, Any] = {"epoch": e, "epsilon_one_run": float(eps)}
+            for h in history:
+                if h.get("epoch") == e:
+                    row.update({k: v for k, v in h.items() if k.startswith(("test_", "noisy_"))})
+            rows.append(row)
+        return rows
+
     def test_accuracy(self, hparams: Mapping[str, Any], payload: Any) -> float | None:
         from trainers.train import evaluate
 
@@ -622,6 +654,13 @@ def tune(
             test_acc = None
             if hasattr(trainer, "test_accuracy"):
                 test_acc = trainer.test_accuracy(rec.hparams, payload)
+            curve = None
+            if hasattr(trainer, "public_curve"):
+                curve = trainer.public_curve(rec.hparams, payload, budget.delta)
+            if isinstance(trainer, DpSgdTrainer) and isinstance(payload, dict):
+                # The exact per-epoch history (training loss) is not private: it stays in
+                # DIR/private/ with the candidate; the release gets the model only.
+                payload = {k: v for k, v in payload.items() if k not in ("history", "failed")}
             release = Release(
                 True,
                 rec.hparams,
@@ -630,6 +669,7 @@ def tune(
                 privacy,
                 privacy_text,
                 payload=payload,
+                curve=curve,
                 private=private,
             )
         if debug_nonprivate:

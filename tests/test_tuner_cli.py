@@ -99,11 +99,10 @@ def test_end_to_end_release_folder(reference):
     rows = _rows(run)
     assert len(rows) == 3 and all(r[1] == "done" and r[2] == 1 for r in rows)
     # the released checkpoint restores and reproduces the released test accuracy
-    from trainers.data import load_dataset
-    from trainers.train import evaluate
-
     from dptune.data import MNIST_10K_DIR
     from dptune.release import load_params
+    from trainers.data import load_dataset
+    from trainers.train import evaluate
 
     data = load_dataset("mnist", str(MNIST_10K_DIR), validation_size=1000, source="idx")
     acc = evaluate(load_params(rel), "cnn26k", data.test_x, data.test_y)
@@ -148,9 +147,8 @@ def test_resume_after_sigkill_gives_same_release(reference, tmp_path):
 
 @pytest.fixture(scope="module")
 def smoke_data():
-    from trainers.data import load_dataset
-
     from dptune.data import MNIST_10K_DIR
+    from trainers.data import load_dataset
 
     return load_dataset("mnist", str(MNIST_10K_DIR), validation_size=1000, source="idx")
 
