@@ -54,8 +54,7 @@ PLD_DISCRETIZATION: float = 1e-4
 
 
 def check_delta(delta: float) -> float:
-    """Returns ``delta`` as a float, or raises ValueError saying why it is not a valid target
-    delta."""
+    """``delta`` as a float; ValueError saying why when it is not a valid target delta."""
     if isinstance(delta, bool) or not isinstance(delta, (int, float, np.floating)):
         raise ValueError(f"delta={delta!r} must be a number in (0, 1).")
     if not (0 < delta < 1):
@@ -85,8 +84,7 @@ def _branches(candidates: Sequence[Candidate]) -> list[dp_event.DpEvent]:
 
 
 def rdp_curve(candidates, orders: Sequence[float] = DEFAULT_ORDERS) -> np.ndarray:
-    """The worst-case RDP curve (nats) of one run at ``orders``: pointwise max over candidates and
-    branches.
+    """Worst-case RDP curve (nats) of one run at ``orders``: max over candidates and branches.
 
     Returns a new float64 array of shape ``(len(orders),)``.  Raises ``UnsupportedEventError`` when
     an event has no RDP accounting in dp_accounting.
@@ -99,8 +97,10 @@ def rdp_curve(candidates, orders: Sequence[float] = DEFAULT_ORDERS) -> np.ndarra
 def rdp_epsilon(
     candidates, delta: float, orders: Sequence[float] = DEFAULT_ORDERS
 ) -> tuple[float, float]:
-    """(epsilon, optimal order) of one run at ``delta`` from its RDP curve (arXiv:2004.00010 Prop.
-    12)."""
+    """(epsilon, optimal order) of one run at ``delta`` from its RDP curve.
+
+    Conversion: arXiv:2004.00010 Prop. 12 (dp_accounting's ``compute_epsilon``).
+    """
     delta = check_delta(delta)
     eps, order = rdp_privacy_accountant.compute_epsilon(
         orders, rdp_curve(candidates, orders), delta
@@ -210,14 +210,8 @@ def composed_pld_epsilon(
                 "max of RDP curves)."
             )
         cands = (dom,)
-    return max(
-        float(
-            _event_pld(dp_event.SelfComposedDpEvent(b, int(count)), discretization).get_epsilon(
-                delta
-            )
-        )
-        for b in cands[0].branches()
-    )
+    composed = [dp_event.SelfComposedDpEvent(b, int(count)) for b in cands[0].branches()]
+    return max(float(_event_pld(e, discretization).get_epsilon(delta)) for e in composed)
 
 
 def clear_caches() -> None:

@@ -124,8 +124,7 @@ class DpSgdCandidate:
         )
 
     def score_event(self) -> dp_event.DpEvent | None:
-        """The noisy validation count: a Gaussian mechanism on a sensitivity-1 count, noise
-        multiplier = std."""
+        """The noisy validation count: Gaussian mechanism, sensitivity 1, noise multiplier = std."""
         if self.score_noise_std is None:
             return None
         return dp_event.GaussianDpEvent(self.score_noise_std)
@@ -146,8 +145,7 @@ class DpSgdCandidate:
 
 @dataclass(frozen=True)
 class EventCandidate:
-    """A candidate described by an arbitrary user ``DpEvent`` (e.g. a Laplace mechanism, a DP
-    k-means run).
+    """A candidate described by any user ``DpEvent`` (a Laplace mechanism, a DP k-means run).
 
     ``parallel`` lists further events on disjoint data (e.g. a private score on a separate split).
     """
@@ -275,8 +273,7 @@ def pareto_candidates(candidates: Sequence[Candidate]) -> tuple[Candidate, ...]:
 
 
 def dominating_dpsgd_candidate(candidates: Sequence[Candidate]) -> DpSgdCandidate | None:
-    """One DP-SGD run that dominates every candidate (max q, max steps, min sigma, min score std),
-    or None.
+    """A DP-SGD run dominating every candidate (max q, steps; min sigma, score std), or None.
 
     Any sequence of runs drawn from ``candidates`` is then dominated by the same number of copies of
     it, which is what composition (naive best-of-k) by PLD needs.  None when a candidate is not a

@@ -1,5 +1,4 @@
-"""The privacy statement released with a tuned model: one (epsilon, delta) for the whole tuning
-run."""
+"""The privacy statement released with a tuned model: one (epsilon, delta) for the whole run."""
 
 from __future__ import annotations
 
@@ -52,8 +51,7 @@ class PrivacyStatement:
       theorem: paper and theorem behind ``total_epsilon``.
       accountant: the route that gave ``total_epsilon``: ``"pld"``, ``"rdp"`` or ``"pure"``.
       route: one line saying how the number was computed.
-      candidates: every candidate's inputs (what the sampler can draw: the bound is uniform over
-      it).
+      candidates: every candidate's inputs (all the sampler can draw; the bound is uniform).
       selection: the selection transform's inputs (``params()``).
       rdp_order: the optimal Renyi order where the route went through RDP, else None.
       seeded: True when noise/selection randomness came from a fixed seed (see ``SEEDED_NOTE``).

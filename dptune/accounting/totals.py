@@ -4,21 +4,19 @@ The selection theorems live once, in ``selection.privacy`` (one ``PrivacyTransfo
 this module only feeds them the candidates' privacy, computed by dp_accounting, along every route
 the theorem admits, and keeps the tightest:
 
-``pure``  candidates that are pure epsilon-DP (Laplace) -> ``transform.pure_dp(eps)``; delta = 0.
-``rdp``   the candidates' worst-case RDP curve -> ``transform.rdp(orders, curve, ...)`` -> epsilon
-at
-          delta (arXiv:2004.00010 Prop. 12).  Theorems that need an (eps-hat, delta-hat) statement
-          of
-          one run (Papernot & Steinke 2022, Thm 6, Poisson) get delta-hat from the same RDP curve:
-          this reproduces dp_accounting's ``RepeatAndSelectDpEvent`` exactly.
-``pld``   the same, but delta-hat comes from the run's PLD (tighter).  Thm 6 assumes the base
-          algorithm is (eps-hat, delta-hat)-DP and nothing about where that statement came from, so
-          any valid statement may be used -- a PLD's pessimistic delta(eps) is one.  (Our
-          derivation: the theorem as stated, with a tighter input; about 4.00 -> 3.25 at sigma=1.1,
-          q=256/60000, 7032 steps, mean 10.)  Composition (naive best-of-k, the single run) is done
-          by PLD directly. Theorems stated for (eps, delta)-DP candidates (``transform.approx_dp``,
-          Liu & Talwar 2019, Thm 3.4/3.5) get eps(delta_1) from the PLD, with delta_1 chosen to
-          minimise the total.
+* ``pure``: candidates that are pure epsilon-DP (Laplace) -> ``transform.pure_dp(eps)``;
+  delta = 0.
+* ``rdp``: the candidates' worst-case RDP curve -> ``transform.rdp(orders, curve, ...)`` ->
+  epsilon at delta (arXiv:2004.00010 Prop. 12).  Theorems that need an (eps-hat, delta-hat)
+  statement of one run (Papernot & Steinke 2022, Thm 6, Poisson) get delta-hat from the same RDP
+  curve: this reproduces dp_accounting's ``RepeatAndSelectDpEvent`` exactly.
+* ``pld``: the same, but delta-hat comes from the run's PLD (tighter).  Thm 6 assumes the base
+  algorithm is (eps-hat, delta-hat)-DP and nothing about where that statement came from, so any
+  valid statement may be used -- a pessimistic PLD's delta(eps) is one.  (Our derivation: the
+  theorem as stated, with a tighter input; about 4.00 -> 3.25 at sigma=1.1, q=256/60000, 7032
+  steps, mean 10.)  Composition (naive best-of-k, the single run) is done by PLD directly.
+  Theorems stated for (eps, delta)-DP candidates (``transform.approx_dp``, Liu & Talwar 2019,
+  Thm 3.4) get eps(delta_1) from the PLD (or RDP), with delta_1 chosen to minimise the total.
 
 ``accountant="auto"`` tries every route and returns the smallest epsilon; each route is a valid
 upper bound, so their minimum is too.
@@ -228,13 +226,10 @@ def _approx_route(
             return single.pld_epsilon(cands, d1, discretization=disc)
 
     else:
+        curve = single.rdp_curve(cands, orders)
 
         def eps_of(d1: float) -> float:
-            return float(
-                rdp_privacy_accountant.compute_epsilon(orders, single.rdp_curve(cands, orders), d1)[
-                    0
-                ]
-            )
+            return float(rdp_privacy_accountant.compute_epsilon(orders, curve, d1)[0])
 
     try:
         transform.approx_dp(1.0, delta * 1e-6)
