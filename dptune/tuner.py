@@ -531,6 +531,12 @@ def tune(
         raise TuningConfigError(f"accountant={accountant!r} must be 'auto', 'rdp' or 'pld'")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise TuningConfigError(f"seed={seed!r} must be a non-negative integer or None")
+    if debug_nonprivate and ledger is not None:
+        raise TuningConfigError(
+            "debug_nonprivate prints every score and K, which voids the guarantee: no finite spend "
+            "can be charged to the dataset's ledger. Disable the ledger "
+            "(config.ledger.enabled=False) for debug runs on data that has no budget to protect"
+        )
     if not isinstance(space, Space):
         try:
             space = Space.from_config(space)

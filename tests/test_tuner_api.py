@@ -144,6 +144,7 @@ def test_ledger_refuses_overspend_before_training(tmp_path):
         (dict(group_size=0), "group_size"),
         (dict(accountant="magic"), "accountant"),
         (dict(seed=-1), "seed"),
+        (dict(debug_nonprivate=True, ledger="unused.sqlite"), "ledger"),
     ],
 )
 def test_malformed_inputs_refused_before_training(change, message):
