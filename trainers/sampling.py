@@ -7,15 +7,16 @@ dp_accounting's PLD accountant). It is drawn as n ~ Binomial(N, q) followed by a
 subset of size n, which has exactly the same distribution.
 
 The buffer: a batch goes to the compiled step as index/mask arrays of fixed shapes, so nothing
-recompiles. Its capacity is ``main + m * tail`` slots, the smallest such size whose overflow
+recompiles. Its capacity is ``body + m * tail`` slots, the smallest such size whose overflow
 probability P[Binomial(N, q) > capacity] is below ``overflow_prob`` (1e-9 by default, exact binomial
-tail). The buffer is laid out as one "main" chunk of about the expected batch size B followed by
-``m`` small "tail" chunks; the step computes only the chunks that hold at least one example (padding
-contributes exactly zero, so skipping an all-padding chunk changes nothing). A batch larger than the
-capacity (probability < 1e-9) simply gets more tail chunks: it is never truncated.
+tail). The buffer is laid out as "body" chunks adding up to about the expected batch size B,
+followed by ``m`` small "tail" chunks; the step computes only the chunks that hold at least one
+example (padding contributes exactly zero, so skipping an all-padding chunk changes nothing). A
+batch larger than the capacity (probability < 1e-9) simply gets more tail chunks: it is never
+truncated.
 
 Why chunks: a buffer padded to the 1e-9 quantile (B + ~6 sqrt(B)) costs ~1.4x the work of a fixed
-batch at B = 256; with a main chunk of B and tails of ~2 sqrt(B) the expected padding is a few
+batch at B = 256; with body chunks of B and tails of ~2 sqrt(B) the expected padding is a few
 percent (``docs/performance.md``).
 """
 
@@ -57,13 +58,18 @@ def poisson_capacity(
 class PoissonSampler:
     """Draws Poisson-sampled batches of indices into [0, num_examples) and lays them out in chunks.
 
+    Layout of the buffer: ``num_body_chunks`` chunks of ``chunk_size`` slots (together about the
+    expected batch size B; chunks of at most ``max_chunk`` slots because larger ones ran slower per
+    example on XLA CPU), then ``num_tail_chunks`` chunks of ``tail_size`` (~2 std of the batch size)
+    slots, so that the capacity's overflow probability is below ``overflow_prob``.
+
     Args:
       num_examples: N, the size of the private training set.
       expected_batch_size: B; each example is included with probability q = B / N.
       rng: numpy Generator; its seed must come from the candidate's secret key (or OS entropy).
-      main_size: slots of the first chunk; default B rounded up to a multiple of 8.
-      tail_size: slots of each further chunk; default ~2 std of the batch size, a multiple of 8.
-      overflow_prob: the buffer's capacity is main + m * tail with P[n > capacity] < overflow_prob.
+      max_chunk: largest body chunk.
+      tail_size: slots of each tail chunk; default ~2 std of the batch size, a multiple of 8.
+      overflow_prob: the capacity C satisfies P[Binomial(N, q) > C] < overflow_prob.
     """
 
     def __init__(
@@ -71,22 +77,26 @@ class PoissonSampler:
         num_examples: int,
         expected_batch_size: float,
         rng: np.random.Generator,
-        main_size: int | None = None,
+        max_chunk: int = 256,
         tail_size: int | None = None,
         overflow_prob: float = 1e-9,
     ):
         self.num_examples = int(num_examples)
         self.expected_batch_size = float(expected_batch_size)
         self.sampling_rate = self.expected_batch_size / self.num_examples
+        if max_chunk < 8:
+            raise ValueError(f"max_chunk={max_chunk} must be >= 8")
         q = self.sampling_rate
         std = math.sqrt(self.num_examples * q * (1 - q))
-        self.main_size = int(main_size) if main_size else _round_up(self.expected_batch_size, 8)
+        self.num_body_chunks = max(1, math.ceil(self.expected_batch_size / max_chunk))
+        self.chunk_size = _round_up(self.expected_batch_size / self.num_body_chunks, 8)
         self.tail_size = int(tail_size) if tail_size else max(8, _round_up(2 * std, 8))
-        if self.main_size <= 0 or self.tail_size <= 0:
-            raise ValueError(f"main_size={main_size} and tail_size={tail_size} must be positive")
+        if self.tail_size <= 0:
+            raise ValueError(f"tail_size={tail_size} must be positive")
+        body = self.num_body_chunks * self.chunk_size
         quantile = poisson_capacity(self.num_examples, self.expected_batch_size, overflow_prob, 1)
-        self.num_tail_chunks = max(0, math.ceil((quantile - self.main_size) / self.tail_size))
-        self.capacity = self.main_size + self.num_tail_chunks * self.tail_size
+        self.num_tail_chunks = max(0, math.ceil((quantile - body) / self.tail_size))
+        self.capacity = body + self.num_tail_chunks * self.tail_size
         self._rng = rng
 
     def sample(self) -> np.ndarray:
@@ -96,17 +106,23 @@ class PoissonSampler:
         idx.sort()  # sorted gathers are kinder to the cache; the order does not matter to a sum
         return idx.astype(np.int32)
 
-    def chunks(self, indices: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-        """The non-empty chunks of the buffer holding ``indices``: [(idx, mask)] with one main chunk
-        (always present, possibly all padding) and as many tail chunks as needed; every index
-        appears
-        exactly once, whatever the batch size (beyond the capacity, tail chunks continue).
+    def chunk_sizes(self, n: int) -> list[int]:
+        """Sizes of the non-empty chunks for a batch of n examples (the first chunk always)."""
+        sizes, filled = [], 0
+        while not sizes or filled < n:
+            size = self.chunk_size if len(sizes) < self.num_body_chunks else self.tail_size
+            sizes.append(size)
+            filled += size
+        return sizes
 
-        Padding slots point at example 0 and have mask 0, so they contribute nothing to the sum.
+    def chunks(self, indices: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The non-empty chunks of the buffer holding ``indices`` as [(idx, mask)]: every index
+        appears exactly once, whatever the batch size (beyond the capacity, tail chunks continue:
+        nothing is ever truncated). Padding slots point at example 0 with mask 0, so they contribute
+        nothing to the clipped sum.
         """
-        out = []
-        start, size = 0, self.main_size
-        while True:
+        out, start = [], 0
+        for size in self.chunk_sizes(len(indices)):
             part = indices[start : start + size]
             idx = np.zeros(size, np.int32)
             mask = np.zeros(size, np.float32)
@@ -114,6 +130,4 @@ class PoissonSampler:
             mask[: len(part)] = 1.0
             out.append((idx, mask))
             start += size
-            size = self.tail_size
-            if start >= len(indices):
-                return out
+        return out

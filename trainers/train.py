@@ -380,6 +380,7 @@ def train_candidate(
     progress: Progress | None = None,
     progress_every: int = 0,
     grad_impl: str | None = None,
+    on_epoch: Callable[[int, int, Any], None] | None = None,
 ) -> CandidateResult:
     """Trains one DP-SGD candidate and scores it on the validation split. Never raises once inputs
     are valid.
@@ -396,13 +397,15 @@ def train_candidate(
         "step". The dicts
         hold no data-dependent values, so a progress bar can show them.
       grad_impl: "bookkeeping" or "naive"; default :func:`default_grad_impl`.
+      on_epoch: called as on_epoch(candidate, epoch, params) after every epoch. The parameters are
+        private (curator-only); meant for research scripts that plot test-accuracy curves.
 
     Raises:
       ValueError: inconsistent inputs (model vs image shape, N < B, no validation data, bad key).
     """
     return train_candidates(
         [hp], data, [key], progress=progress, progress_every=progress_every, grad_impl=grad_impl,
-        vectorize=False,
+        vectorize=False, on_epoch=on_epoch,
     )[0]  # fmt: skip
 
 
@@ -415,6 +418,7 @@ def train_candidates(
     progress_every: int = 0,
     vectorize: bool | None = None,
     grad_impl: str | None = None,
+    on_epoch: Callable[[int, int, Any], None] | None = None,
 ) -> list[CandidateResult]:
     """Trains K candidates; results in the order of ``hps``.
 
@@ -443,27 +447,31 @@ def train_candidates(
         impl = grad_impl or default_grad_impl(hps[members[0]].model, data.train_x.shape[1:])
         group = _train_group(
             [hps[i] for i in members], data, [keys[i] for i in members], members, progress,
-            progress_every, impl,
+            progress_every, impl, on_epoch,
         )  # fmt: skip
         for i, r in zip(members, group, strict=True):
             results[i] = r
     return results  # type: ignore[return-value]
 
 
-def _train_group(hps, data, keys, indices, progress, progress_every, impl) -> list[CandidateResult]:
+def _train_group(
+    hps, data, keys, indices, progress, progress_every, impl, on_epoch
+) -> list[CandidateResult]:
     try:
-        return _train_group_unsafe(hps, data, keys, indices, progress, progress_every, impl)
+        return _train_group_unsafe(
+            hps, data, keys, indices, progress, progress_every, impl, on_epoch
+        )
     except Exception as e:  # a candidate must never abort the search (OOM, XLA errors, ...)
         if len(hps) > 1:  # retry one by one so that one bad candidate does not fail its group
             return [
-                _train_group([hp], data, [k], [i], progress, progress_every, impl)[0]
+                _train_group([hp], data, [k], [i], progress, progress_every, impl, on_epoch)[0]
                 for hp, k, i in zip(hps, keys, indices, strict=True)
             ]
         log.warning("candidate %d failed with %s", indices[0], type(e).__name__)
         return [CandidateResult(None, FAILURE_SCORE, [], True, f"{type(e).__name__}: {e}")]
 
 
-def _train_group_unsafe(hps, data, keys, indices, progress, progress_every, impl):
+def _train_group_unsafe(hps, data, keys, indices, progress, progress_every, impl, on_epoch):
     hp0 = hps[0]
     k = len(hps)
     vectorized = k > 1
@@ -545,6 +553,15 @@ def _train_group_unsafe(hps, data, keys, indices, progress, progress_every, impl
         if all(failed):
             break
         last_good = _keep_finite(last_good, params, finite, vectorized)
+        if on_epoch is not None:
+            for c, i in enumerate(indices):
+                if not failed[c]:
+                    p = (
+                        jax.tree_util.tree_map(lambda a, c=c: a[c], params)
+                        if vectorized
+                        else params
+                    )
+                    on_epoch(i, epoch + 1, p)
         if progress is not None:
             for i in indices:
                 progress(_progress_dict("epoch", i, epoch, hp0.epochs, step, total_steps))
