@@ -225,12 +225,16 @@ def as_candidates(candidates: CandidateLike | Iterable[CandidateLike]) -> tuple[
         items = [candidates]
     if not items:
         raise ValueError("candidates=[] is empty: give at least one candidate.")
-    out: list[Candidate] = []
+    out: dict[Any, None] = {}
+    unhashable: list[Candidate] = []
     for x in items:
         c = _as_candidate(x)
-        if c not in out:
-            out.append(c)
-    return tuple(out)
+        try:
+            out.setdefault(c, None)  # de-duplicates a privacy grid of thousands in O(n)
+        except TypeError:  # a user Candidate that cannot be hashed
+            if c not in unhashable:
+                unhashable.append(c)
+    return tuple(out) + tuple(unhashable)
 
 
 def _dominates(a: DpSgdCandidate, b: DpSgdCandidate) -> bool:
