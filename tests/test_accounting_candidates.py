@@ -71,6 +71,7 @@ def test_private_score_enters_the_selection_total():
 def test_heterogeneous_candidates_take_the_pointwise_max():
     a = accounting.DpSgdCandidate(0.02, 200, 1.0)  # few steps, large batches
     b = accounting.DpSgdCandidate(0.005, 2000, 1.0)  # many steps, small batches
+    assert accounting.as_candidates([a, b, a, b]) == (a, b)  # a grid repeats settings
     curve = accounting.rdp_curve([a, b])
     np.testing.assert_array_equal(
         curve, np.maximum(accounting.rdp_curve(a), accounting.rdp_curve(b))
