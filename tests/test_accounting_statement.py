@@ -73,3 +73,11 @@ def test_debug_runs_are_flagged_not_private():
     # a private statement turned into a debug view (dataclasses.replace) is flagged too
     flagged = dataclasses.replace(accounting.total_privacy(CAND, TR, 1e-5, "rdp"), private=False)
     assert NOT_PRIVATE_NOTE in flagged.to_dict()["notes"]
+
+
+def test_text_lists_a_few_settings_of_a_large_grid():
+    grid = [accounting.DpSgdCandidate(0.01, 100 + i, 2.0) for i in range(20)]
+    st = accounting.total_privacy(grid, TR, 1e-5, "rdp")
+    text = st.to_text()
+    assert text.count("DP-SGD:") == 8 and "12 more settings" in text
+    assert len(st.to_dict()["candidates"]) == 20

@@ -19,6 +19,10 @@ NOT_PRIVATE_NOTE = (
 )
 
 
+#: Candidates listed by ``to_text()``; a search space's whole privacy grid is in ``to_dict()``.
+_MAX_LISTED = 8
+
+
 def _json_safe(x: Any) -> Any:
     if isinstance(x, float) and not math.isfinite(x):
         return "inf" if x > 0 else ("-inf" if x < 0 else "nan")
@@ -120,7 +124,8 @@ class PrivacyStatement:
         if not self.private:
             lines += [NOT_PRIVATE_NOTE, ""]
         lines.append("Candidates (the guarantee holds for every one the search can draw):")
-        for c in self.candidates:
+        shown = self.candidates[:_MAX_LISTED]
+        for c in shown:
             if c.get("kind") == "dpsgd":
                 score = (
                     "exact score (public validation split)"
@@ -135,6 +140,10 @@ class PrivacyStatement:
                 )
             else:
                 lines.append(f"  {c.get('label', 'event')}: {json.dumps(_json_safe(c['event']))}")
+        if len(self.candidates) > len(shown):
+            lines.append(
+                f"  ... and {len(self.candidates) - len(shown)} more settings (all in to_dict())."
+            )
         sel = ", ".join(f"{k}={v}" for k, v in self.selection.items())
         lines += [
             "",
