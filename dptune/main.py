@@ -36,6 +36,9 @@ _DEBUG = flags.DEFINE_bool(
     "debug_nonprivate", False, "Print every candidate's score and K; the run is then NOT private."
 )
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress display on stderr.")
+_DRY_RUN = flags.DEFINE_bool(
+    "dry_run", False, "Only check the config and data and print the privacy plan; train nothing."
+)
 
 log = logging.getLogger("dptune")
 
@@ -168,10 +171,15 @@ def run_config(
     seed: int | None = None,
     debug_nonprivate: bool = False,
     progress: bool = True,
+    dry_run: bool = False,
 ) -> Any:
-    """Runs one tuning job from a config dict (what the command does after parsing flags)."""
+    """Runs one tuning job from a config dict (what the command does after parsing flags).
+
+    With ``dry_run`` it returns ``(space, statement)`` from ``dptune.plan_privacy`` instead:
+    checks and accounting only (public computations), no journal, no ledger, no training.
+    """
     from dptune import space as space_mod
-    from dptune.tuner import Budget, DpSgdTrainer, TuningConfigError, tune
+    from dptune.tuner import Budget, DpSgdTrainer, TuningConfigError, plan_privacy, tune
 
     cfg = _plain(cfg)
     check_config(cfg)
@@ -183,6 +191,16 @@ def run_config(
         raise ConfigError(str(e)) from None
     data = load_data(cfg)
     trainer = DpSgdTrainer(data, cfg.get("train", {}), epoch_progress=progress)
+    if dry_run:
+        return plan_privacy(
+            trainer,
+            space,
+            method,
+            budget,
+            accountant=str(_get(cfg, "privacy.accountant", "auto")),
+            seeded=seed is not None,
+            debug_nonprivate=debug_nonprivate,
+        )
     ledger_cfg = cfg.get("ledger", {}) or {}
     ledger_path = ledger_cfg.get("path") or None
     if ledger_path is None and ledger_cfg.get("enabled", True):
@@ -270,6 +288,7 @@ def main(argv: list[str]) -> int:
             seed=_SEED.value,
             debug_nonprivate=_DEBUG.value,
             progress=_PROGRESS.value,
+            dry_run=_DRY_RUN.value,
         )
     except (
         ConfigError,
@@ -281,6 +300,11 @@ def main(argv: list[str]) -> int:
     ) as e:
         print(f"dptune: refused: {e}", file=sys.stderr)
         return 2
+    if _DRY_RUN.value:
+        space, statement = release
+        print(f"Dry run (nothing trained). Search space: {space.to_dict()}\n")
+        print(statement.to_text())
+        return 0
     print(str(release))
     print(f"\nRelease folder: {Path(_WORKDIR.value) / 'release'}")
     return 0

@@ -227,3 +227,14 @@ def test_malformed_config_refused_before_private_computation(
         cli.run_config(cfg, tmp_path / "run", progress=False)
     assert message in str(err.value)
     assert not (tmp_path / "run" / "private").exists()
+
+
+def test_dry_run_plans_without_private_computation(smoke_data, monkeypatch, tmp_path):
+    import trainers.train
+
+    monkeypatch.setattr(trainers.train, "train_candidates", None)  # any call would fail
+    monkeypatch.setattr(cli, "load_data", lambda cfg: smoke_data)
+    space, statement = cli.run_config(_smoke(), tmp_path / "run", dry_run=True, progress=False)
+    assert 3.9 < statement.total_epsilon <= 4.0
+    assert space.fields["noise_multiplier"] > 0.5  # calibrated, not "auto"
+    assert not (tmp_path / "run").exists()
