@@ -194,3 +194,19 @@ def test_debug_nonprivate_prints_scores_and_voids_the_statement(capsys):
     quiet = dptune.tune(make_trainer(Toy()), SPACE, RandomStopping.logarithmic(4), (2.0, 1e-5))
     assert "K=" not in capsys.readouterr().out and quiet.privacy["private"] is True
     assert quiet.privacy["seeded"] is False  # OS entropy by default
+
+
+def test_privacy_relevant_choice_is_accounted_at_its_worst_case():
+    """A space drawing steps from {200, 500} is charged as the 500-step run (uniform bound)."""
+    tr = FunctionTrainer(
+        Toy(), lambda hp: DpSgdCandidate(0.01, hp["steps"], hp["noise_multiplier"]), N
+    )
+    sel = RandomStopping.logarithmic(4)
+
+    def total(steps):
+        sp = dict(learning_rate=space.log_uniform(0.1, 1.0), noise_multiplier=1.0, steps=steps)
+        return dptune.plan_privacy(tr, sp, sel, dptune.Budget(50.0, 1e-5))[1].total_epsilon
+
+    both = total(space.choice(200, 500))
+    assert both == pytest.approx(total(500), rel=1e-9)
+    assert total(200) < both
