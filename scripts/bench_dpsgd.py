@@ -1,0 +1,429 @@
+r"""DP-SGD step speed on this machine: dptune (JAX) vs its own non-private step, torch.func and
+Opacus.
+
+All rows train the 26,010-parameter tanh CNN (conv 16@8x8/2 SAME, maxpool 2x2/1, conv 32@4x4/2
+VALID,
+maxpool 2x2/1, dense 32, dense 10) on 28x28x1 inputs at batch 256 (C = 1, sigma = 1.1). Rows are
+timed interleaved, round after round, in one process, and every ratio is the ratio of per-row
+medians over the same rounds, so background load affects numerator and denominator alike.
+
+Rows:
+  jax_nonprivate       flax model, value_and_grad of the mean loss, optax SGD, fixed batch
+  dptune_dp_fixed      dptune's compiled DP-SGD step, fixed batch of 256 (no padding)
+  dptune_dp_poisson    dptune's DP-SGD step as trained: Poisson batch (expected 256) sampled on
+                       the host, body chunk + tail chunks, noise, update; counted at 256 per step
+  jax_dp_naive         vmap(grad) per-example gradients (the reference formulation), fixed batch
+  dptune_kK_vmap       K candidates in one vmapped step (K x 256 examples per step)
+  dptune_kK_seq        the same K candidates one after another
+  torch_nonprivate     PyTorch, same model, SGD                      (needs the `bench` extra)
+  torch_func_dp        PyTorch torch.func vmap(grad) DP-SGD          (needs the `bench` extra)
+  opacus_dp            Opacus DP-SGD (GradSampleModule hooks)        (needs the `bench` extra)
+
+    python scripts/bench_dpsgd.py            # full table (a few minutes)
+    python scripts/bench_dpsgd.py --quick    # < 1 minute, fewer rows and rounds
+    python scripts/bench_dpsgd.py --json     # ... and one JSON object as the last line
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+# JAX is imported lazily: the PyTorch rows run in worker processes of their own (one per torch
+# thread count), so that neither library's thread pools share a process with the other's.
+
+BATCH = 256
+N_TRAIN = 60000
+CLIP, SIGMA, LR = 1.0, 1.1, 0.1
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def jax_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
+    """name -> (run one step and return something to block on, examples per step)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from trainers import dpsgd, models
+    from trainers.sampling import PoissonSampler
+    from trainers.train import Hyperparams, get_step_functions, make_optimizer
+
+    rng = np.random.default_rng(0)
+    data_x = jax.device_put(rng.uniform(0, 1, (N_TRAIN, 28, 28, 1)).astype(np.float32))
+    data_y = jax.device_put(rng.integers(0, 10, N_TRAIN).astype(np.int32))
+    spec = models.get_model("cnn26k")
+    params0 = models.init_params(spec, jax.random.PRNGKey(0))
+    rows: dict[str, tuple[Callable[[], object], int]] = {}
+    fixed_idx = np.sort(rng.choice(N_TRAIN, BATCH, replace=False)).astype(np.int32)
+    ones = np.ones(BATCH, np.float32)
+    key = jax.random.PRNGKey(1)
+    b = jnp.float32(BATCH)
+    clip, sigma = jnp.float32(CLIP), jnp.float32(SIGMA)
+
+    # Non-private step: same model, same gather from device-resident data, same optimiser.
+    opt = optax.sgd(LR)
+
+    @jax.jit
+    def nonprivate(params, opt_state, idx):
+        x, y = data_x[idx], data_y[idx]
+
+        def loss(p):
+            return dpsgd.per_example_loss(spec.module.apply({"params": p}, x), y).mean()
+
+        value, grads = jax.value_and_grad(loss)(params)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    state = {"np": (params0, opt.init(params0))}
+
+    def run_nonprivate():
+        p, o, v = nonprivate(*state["np"], fixed_idx)
+        state["np"] = (p, o)
+        return v
+
+    rows["jax_nonprivate"] = (run_nonprivate, BATCH)
+
+    def dp_row(impl: str, name: str):
+        fns = get_step_functions("cnn26k", 10, "sgd", impl)
+        hp = Hyperparams(learning_rate=LR, clip_norm=CLIP, noise_multiplier=SIGMA)
+        zeros = jax.tree_util.tree_map(jnp.zeros_like, params0)
+        state[name] = (params0, make_optimizer(hp).init(params0), 0)
+
+        def run():
+            p, o, i = state[name]
+            p, o, loss = fns.step(
+                p, o, zeros, jnp.float32(0), data_x, data_y, fixed_idx, ones, key, jnp.int32(i),
+                clip, sigma, b,
+            )  # fmt: skip
+            state[name] = (p, o, i + 1)
+            return loss
+
+        rows[name] = (run, BATCH)
+        return fns, hp, zeros
+
+    fns, hp, zeros = dp_row("bookkeeping", "dptune_dp_fixed")
+
+    # Poisson: exactly the loop of trainers.train (host sampling, chunks, accumulate, fused step).
+    sampler = PoissonSampler(N_TRAIN, BATCH, np.random.default_rng(2))
+    state["poisson"] = (params0, make_optimizer(hp).init(params0), 0)
+
+    def run_poisson():
+        p, o, i = state["poisson"]
+        chunks = sampler.chunks(sampler.sample())
+        g, lo = zeros, jnp.float32(0)
+        for idx, mask in chunks[1:]:
+            g, lo = fns.accumulate(p, g, lo, data_x, data_y, idx, mask, clip)
+        p, o, lo = fns.step(
+            p, o, g, lo, data_x, data_y, *chunks[0], key, jnp.int32(i), clip, sigma, b
+        )
+        state["poisson"] = (p, o, i + 1)
+        return lo
+
+    rows["dptune_dp_poisson"] = (run_poisson, BATCH)
+    if not quick:
+        dp_row("naive", "jax_dp_naive")
+
+    for k in (4,) if quick else (4, 8):
+        keys = jnp.stack([jax.random.PRNGKey(10 + i) for i in range(k)])
+        kparams = [models.init_params(spec, jax.random.PRNGKey(20 + i)) for i in range(k)]
+        kopts = [make_optimizer(hp).init(p) for p in kparams]
+
+        def stack(xs):
+            return jax.tree_util.tree_map(lambda *a: jnp.stack(a), *xs)
+
+        vname, sname = f"dptune_k{k}_vmap", f"dptune_k{k}_seq"
+        state[vname] = (stack(kparams), stack(kopts), 0)
+        kidx = np.stack([fixed_idx] * k)
+        kones = np.ones((k, BATCH), np.float32)
+        kzeros = stack([zeros] * k)
+        kclip, ksigma = jnp.full((k,), CLIP), jnp.full((k,), SIGMA)
+
+        def run_vmap(vname=vname, kidx=kidx, kones=kones, kzeros=kzeros, keys=keys,
+                     kclip=kclip, ksigma=ksigma, k=k):  # fmt: skip
+            p, o, i = state[vname]
+            p, o, lo = fns.vstep(
+                p, o, kzeros, jnp.zeros(k), data_x, data_y, kidx, kones, keys, jnp.int32(i),
+                kclip, ksigma, b,
+            )  # fmt: skip
+            state[vname] = (p, o, i + 1)
+            return lo
+
+        state[sname] = (list(kparams), list(kopts), 0)
+
+        def run_seq(sname=sname, keys=keys, k=k):
+            ps, os_, i = state[sname]
+            out = None
+            for c in range(k):
+                ps[c], os_[c], out = fns.step(
+                    ps[c], os_[c], zeros, jnp.float32(0), data_x, data_y, fixed_idx, ones,
+                    keys[c], jnp.int32(i), clip, sigma, b,
+                )  # fmt: skip
+            state[sname] = (ps, os_, i + 1)
+            return out
+
+        rows[vname] = (run_vmap, k * BATCH)
+        rows[sname] = (run_seq, k * BATCH)
+    return rows
+
+
+def torch_rows() -> dict[str, tuple[Callable[[], object], int]]:
+    """The same model and steps in PyTorch (torch.func and Opacus); {} if torch/opacus are
+    absent."""
+    try:
+        import torch
+        from torch import nn
+    except ImportError:
+        return {}
+
+    torch.manual_seed(0)
+
+    def make_net():
+        return nn.Sequential(
+            nn.Conv2d(
+                1, 16, 8, stride=2, padding=3
+            ),  # = SAME for 28x28 input, 8x8 kernel, stride 2
+            nn.Tanh(),
+            nn.MaxPool2d(2, 1),
+            nn.Conv2d(16, 32, 4, stride=2),
+            nn.Tanh(),
+            nn.MaxPool2d(2, 1),
+            nn.Flatten(),
+            nn.Linear(32 * 4 * 4, 32),
+            nn.Tanh(),
+            nn.Linear(32, 10),
+        )
+
+    x = torch.rand(BATCH, 1, 28, 28)
+    y = torch.randint(0, 10, (BATCH,))
+    loss_fn = nn.CrossEntropyLoss()
+    rows: dict[str, tuple[Callable[[], object], int]] = {}
+
+    net = make_net()
+    assert sum(p.numel() for p in net.parameters()) == 26010
+    sgd = torch.optim.SGD(net.parameters(), lr=LR)
+
+    def run_torch():
+        sgd.zero_grad(set_to_none=True)
+        loss = loss_fn(net(x), y)
+        loss.backward()
+        sgd.step()
+        return loss
+
+    rows["torch_nonprivate"] = (run_torch, BATCH)
+
+    from torch.func import functional_call, grad, vmap
+
+    fnet = make_net()
+    fparams = {k: v.detach() for k, v in fnet.named_parameters()}
+
+    def single_loss(p, xi, yi):
+        out = functional_call(fnet, p, (xi.unsqueeze(0),))
+        return nn.functional.cross_entropy(out, yi.unsqueeze(0))
+
+    per_example = vmap(grad(single_loss), in_dims=(None, 0, 0))
+
+    def run_func():
+        g = per_example(fparams, x, y)
+        norms = torch.sqrt(sum(v.reshape(BATCH, -1).pow(2).sum(1) for v in g.values()))
+        factor = (CLIP / torch.clamp(norms, min=CLIP)).detach()
+        for k, v in g.items():
+            summed = torch.einsum("b,b...->...", factor, v)
+            noisy = summed + SIGMA * CLIP * torch.randn_like(summed)
+            fparams[k] = fparams[k] - LR * noisy / BATCH
+        return norms
+
+    rows["torch_func_dp"] = (run_func, BATCH)
+
+    try:
+        from opacus import GradSampleModule
+        from opacus.optimizers import DPOptimizer
+    except ImportError:
+        return rows
+    onet = GradSampleModule(make_net())
+    oopt = DPOptimizer(
+        torch.optim.SGD(onet.parameters(), lr=LR),
+        noise_multiplier=SIGMA,
+        max_grad_norm=CLIP,
+        expected_batch_size=BATCH,
+    )
+
+    def run_opacus():
+        oopt.zero_grad(set_to_none=True)
+        loss = loss_fn(onet(x), y)
+        loss.backward()
+        oopt.step()
+        return loss
+
+    rows["opacus_dp"] = (run_opacus, BATCH)
+    return rows
+
+
+def _block(out):
+    if "jax" in sys.modules:
+        import jax
+
+        if isinstance(out, (jax.Array, list, tuple, dict)):
+            jax.block_until_ready(out)
+
+
+def torch_worker(threads: int) -> None:
+    """Serves the PyTorch rows over stdin/stdout: 'names' -> JSON {name: examples per step};
+    '<name> <steps>' -> seconds per step (after two untimed warm-up calls at start)."""
+    import torch
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+    rows = torch_rows()
+    for fn, _ in rows.values():
+        fn()
+        fn()
+    for line in sys.stdin:
+        cmd = line.split()
+        if cmd[0] == "names":
+            print(json.dumps({k: v[1] for k, v in rows.items()}), flush=True)
+        else:
+            fn = rows[cmd[0]][0]
+            start = time.perf_counter()
+            for _ in range(int(cmd[1])):
+                fn()
+            print((time.perf_counter() - start) / int(cmd[1]), flush=True)
+
+
+class TorchRows:
+    """The PyTorch rows, run in a worker process (no JAX there), timed on request."""
+
+    def __init__(self, threads: int):
+        self.suffix = f"_t{threads}"
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, f"--torch-worker={threads}"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        self.proc.stdin.write("names\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        self.names = {k + self.suffix: v for k, v in (json.loads(line) if line else {}).items()}
+
+    def time(self, name: str, steps: int) -> float:
+        self.proc.stdin.write(f"{name.removesuffix(self.suffix)} {steps}\n")
+        self.proc.stdin.flush()
+        return float(self.proc.stdout.readline())
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rows and rounds (< 1 min)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object last")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps per row per round")
+    parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch rows")
+    parser.add_argument(
+        "--torch-threads", default="1,2",
+        help="comma-separated torch.set_num_threads values, one worker each (0: torch default)",
+    )  # fmt: skip
+    parser.add_argument("--torch-worker", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.quick and args.torch_threads == "1,2":
+        args.torch_threads = "0"  # torch's default thread count only
+    if args.torch_worker is not None:
+        return torch_worker(args.torch_worker)
+    rounds = args.rounds or (3 if args.quick else 7)
+    steps = args.steps or (4 if args.quick else 10)
+
+    t0 = time.perf_counter()
+    workers = [] if args.no_torch else [TorchRows(int(t)) for t in args.torch_threads.split(",")]
+    rows = jax_rows(args.quick)
+    for fn, _ in rows.values():  # compile and warm up
+        for _ in range(2):
+            _block(fn())
+    owner = {}
+    for w in workers:
+        rows.update({name: (None, batch) for name, batch in w.names.items()})
+        owner.update({name: w for name in w.names})
+    setup_s = time.perf_counter() - t0
+    import jax
+
+    times: dict[str, list[float]] = {name: [] for name in rows}
+    load_before = os.getloadavg()
+    for _ in range(rounds):
+        for name, (fn, _) in rows.items():
+            if fn is None:  # a PyTorch row, timed in its worker while this process waits
+                times[name].append(owner[name].time(name, steps))
+                continue
+            start = time.perf_counter()
+            for _ in range(steps):
+                out = fn()
+            _block(out)
+            times[name].append((time.perf_counter() - start) / steps)
+    load_after = os.getloadavg()
+    for w in workers:
+        w.close()
+
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    eps = {name: rows[name][1] / med[name] for name in rows}
+    ratio_defs = {
+        "dp_fixed / jax_nonprivate": ("dptune_dp_fixed", "jax_nonprivate", 0.8),
+        "dp_poisson / dp_fixed": ("dptune_dp_poisson", "dptune_dp_fixed", 0.9),
+        "dp_fixed / jax_dp_naive": ("dptune_dp_fixed", "jax_dp_naive", None),
+        "k4 vmap / seq": ("dptune_k4_vmap", "dptune_k4_seq", None),
+        "k8 vmap / seq": ("dptune_k8_vmap", "dptune_k8_seq", None),
+    }
+    for w in workers:  # one set of PyTorch ratios per thread count
+        t = w.suffix
+        ratio_defs[f"dp_fixed / torch_func_dp{t}"] = ("dptune_dp_fixed", f"torch_func_dp{t}", 1.0)
+        ratio_defs[f"dp_fixed / opacus_dp{t}"] = ("dptune_dp_fixed", f"opacus_dp{t}", 1.2)
+        ratio_defs[f"jax_nonprivate / torch_nonprivate{t}"] = (
+            "jax_nonprivate", f"torch_nonprivate{t}", None,
+        )  # fmt: skip
+    ratios = {}
+    for label, (a, b, target) in ratio_defs.items():
+        if a in eps and b in eps:
+            ratios[label] = {"ratio": eps[a] / eps[b], "target": target}
+
+    print(f"machine: {_cpu_name()}, {os.cpu_count()} cores; jax {jax.__version__}")
+    print(f"load average before/after: {load_before[0]:.2f} / {load_after[0]:.2f}; "
+          f"{rounds} rounds x {steps} steps; setup+compile {setup_s:.0f} s")  # fmt: skip
+    print(f"{'row':22s} {'ms/step':>9s} {'examples/s':>11s}   spread (min-max ms)")
+    for name in rows:
+        ts = times[name]
+        print(f"{name:22s} {1e3 * med[name]:9.1f} {eps[name]:11.0f}   "
+              f"{1e3 * min(ts):.1f}-{1e3 * max(ts):.1f}")  # fmt: skip
+    print(f"{'ratio (examples/s)':40s} {'value':>6s}  target")
+    for label, r in ratios.items():
+        tgt = "" if r["target"] is None else f">= {r['target']:.1f}"
+        flag = "" if r["target"] is None else ("  ok" if r["ratio"] >= r["target"] else "  MISSED")
+        print(f"{label:40s} {r['ratio']:6.2f}  {tgt}{flag}")
+    if args.json:
+        print(json.dumps({
+            "machine": _cpu_name(), "cores": os.cpu_count(), "jax": jax.__version__,
+            "load_average": [load_before[0], load_after[0]], "rounds": rounds, "steps": steps,
+            "rows": [{"name": n, "examples_per_s": eps[n], "ms_per_step": 1e3 * med[n]}
+                     for n in rows],
+            "ratios": {k: v["ratio"] for k, v in ratios.items()},
+        }))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
