@@ -36,6 +36,15 @@ __all__ = [
 # Largest number of candidates drawn per vectorised rejection round; bounds memory, not correctness.
 _MAX_BATCH = 1 << 22
 
+# Below this gamma, numpy's ``logseries(1 - gamma)`` is not used: it recomputes log(gamma) as
+# log1p(-(1 - gamma)) from the rounded 1 - gamma (relative error ~1e-16/gamma in the gamma it
+# samples with), and raises once 1 - gamma rounds to 1 (gamma < ~1.1e-16, e.g. eta = -0.9 with
+# E[K] = 100). Above it numpy's sampler is kept (same draws for a given seed).
+_SMALL_GAMMA = 1e-8
+
+# Largest K the exact logarithmic sampler returns as an int64; larger draws raise (never trainable).
+_MAX_COUNT = float(1 << 62)
+
 
 class CountDistribution:
     """Interface shared by the distributions of K (all subclasses are frozen dataclasses)."""
@@ -76,6 +85,57 @@ class CountDistribution:
 def _check_rng(rng: np.random.Generator) -> None:
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+
+
+def _logarithmic_exact(rng: np.random.Generator, log_gamma: float, n: int) -> np.ndarray:
+    """n draws of the logarithmic distribution P[K = k] = (1 - gamma)^k / (k log(1/gamma)).
+
+    Exact for every gamma in (0, 1) because only log(gamma) enters: K is geometric on {1, 2, ...}
+    with P[K > k | Q] = Q^k given Q = 1 - gamma^U, U ~ U(0, 1) (Kemp 1981, "Efficient generation
+    of logarithmically distributed pseudo-random variables", algorithm LS; integrating over U gives
+    the pmf above). Returns float64 integers (possibly beyond int64; see `_to_counts`).
+    """
+    u = rng.random(n)
+    v = 1.0 - rng.random(n)  # in (0, 1]
+    log_q = np.log1p(-np.exp(log_gamma * u))  # log(1 - gamma^U) < 0, accurate for tiny gamma
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return 1.0 + np.floor(np.log(v) / log_q)
+
+
+def _log_gamma_ratio(k: np.ndarray, eta: float) -> np.ndarray:
+    """log(Gamma(k + eta) / Gamma(k)) for k >= 1, accurate to ~1e-14 for every k (float64 array).
+
+    ``gammaln(k + eta) - gammaln(k)`` cancels catastrophically for large k (wrong by 1e-7 at k =
+    1e8 and 0 instead of eta log k from k ~ 1e16), so from k = 100 on the difference of Stirling
+    series (log Gamma(z) = (z - 1/2) log z - z + log(2 pi)/2 + 1/(12 z) - 1/(360 z^3) + O(z^-5))
+    is taken, with the large terms cancelled analytically via log1p(eta / k).
+    """
+    k = np.asarray(k, dtype=np.float64)
+    small = k < 100.0
+    out = np.empty_like(k)
+    ks = k[small]
+    out[small] = special.gammaln(ks + eta) - special.gammaln(ks)
+    kl = k[~small]
+    with np.errstate(over="ignore"):
+        out[~small] = (
+            eta * np.log(kl)
+            + (kl + eta - 0.5) * np.log1p(eta / kl)
+            - eta
+            + 1.0 / (12.0 * (kl + eta))
+            - 1.0 / (12.0 * kl)
+            - 1.0 / (360.0 * (kl + eta) ** 3)
+            + 1.0 / (360.0 * kl**3)
+        )
+    return out
+
+
+def _to_counts(k: np.ndarray) -> np.ndarray:
+    """float64 counts -> int64; ValueError for a draw of 2^62 or more (never trainable)."""
+    if np.any(~(k < _MAX_COUNT)):
+        raise ValueError(
+            "a draw of K exceeded 2^62 candidates: choose a smaller mean or a larger shape"
+        )
+    return k.astype(np.int64)
 
 
 def _tnb_mean_from_log_gamma(log_gamma: float, shape: float) -> float:
@@ -211,6 +271,8 @@ class TruncatedNegativeBinomial(CountDistribution):
         if eta == 1.0:
             return rng.geometric(gamma, size=n).astype(np.int64)
         if eta == 0.0:
+            if gamma < _SMALL_GAMMA:
+                return _to_counts(_logarithmic_exact(rng, math.log(gamma), n))
             return rng.logseries(1.0 - gamma, size=n).astype(np.int64)
         out = np.empty(n, dtype=np.int64)
         filled = 0
@@ -233,9 +295,13 @@ class TruncatedNegativeBinomial(CountDistribution):
         log_bound = special.gammaln(1.0 + eta)
         while filled < n:
             m = min(_MAX_BATCH, 2 * (n - filled) + 16)
-            k = rng.logseries(1.0 - gamma, size=m)
-            log_ratio = special.gammaln(k + eta) - special.gammaln(k) - log_bound
-            keep = k[np.log(rng.random(m)) < log_ratio][: n - filled]
+            if gamma < _SMALL_GAMMA:
+                k = _logarithmic_exact(rng, math.log(gamma), m)
+            else:
+                k = rng.logseries(1.0 - gamma, size=m).astype(np.float64)
+            with np.errstate(invalid="ignore"):  # k = inf (gamma ~ 1e-320): nan, rejected
+                log_ratio = _log_gamma_ratio(k, eta) - log_bound
+            keep = _to_counts(k[np.log(rng.random(m)) < log_ratio][: n - filled])
             out[filled : filled + keep.size] = keep
             filled += keep.size
         return out

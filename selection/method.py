@@ -48,8 +48,9 @@ class _CallCandidate:
         try:
             score, payload = result
         except (TypeError, ValueError):
+            # No index in the message: index i reveals that K >= i + 1 candidates ran.
             raise TypeError(
-                f"candidate({index}, rng) must return (score, payload), got {type(result).__name__}"
+                f"candidate(index, rng) must return (score, payload), got {type(result).__name__}"
             ) from None
         return float(score), payload
 
@@ -111,7 +112,10 @@ class SelectionMethod:
             args = list(zip(range(start, start + n), gen.spawn(n), strict=True))
             results = list(map_fn(call, args))
             if len(results) != n:
-                raise RuntimeError(f"map_fn returned {len(results)} results for {n} candidates")
+                # No counts in the message: n = min(batch_size, K - evaluated) reveals K.
+                raise RuntimeError(
+                    "map_fn returned a different number of results than candidates it was given"
+                )
             for score, payload in results:
                 scores.append(score)
                 payloads.append(payload)
