@@ -107,10 +107,11 @@ def _check_curve(orders: Sequence[float], rdp: Sequence[float]) -> tuple[np.ndar
         raise ValueError(f"orders and rdp must have the same length, got {o.size} and {r.size}")
     if o.size == 0:
         raise ValueError("orders must not be empty")
-    if np.any(np.isnan(o)) or np.any(o < 1.0):
-        raise ValueError(
-            f"every Renyi order must be >= 1, got min {np.nanmin(o) if o.size else None}"
-        )
+    if not np.all(np.isfinite(o) & (o >= 1.0)):
+        # The theorems hold for finite orders; an infinite one also makes Cor. 16's (a-2)/(a-1)
+        # NaN, which dp_accounting's compute_epsilon would report as epsilon 0.
+        bad = o[~(np.isfinite(o) & (o >= 1.0))][0]
+        raise ValueError(f"every Renyi order must be a finite number >= 1, got {bad!r}")
     if np.any(np.isnan(r)) or np.any(r < 0.0):
         raise ValueError("every RDP value must be >= 0 (inf allowed), got a negative or NaN value")
     return o, r

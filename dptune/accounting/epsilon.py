@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_ORDERS",
     "PLD_DISCRETIZATION",
     "check_delta",
+    "check_orders",
     "clear_caches",
     "composed_pld_epsilon",
     "pld_delta",
@@ -65,6 +66,25 @@ def check_delta(delta: float) -> float:
     return float(delta)
 
 
+def check_orders(orders: Sequence[float]) -> np.ndarray:
+    """``orders`` as a 1-d float64 array; ValueError saying why when they are not Renyi orders.
+
+    Every order must be finite and > 1: dp_accounting's ``compute_epsilon`` turns an infinite
+    order into a NaN epsilon, which its ``argmin`` then picks and ``max(0, nan)`` reports as
+    epsilon 0; at order 1 the subsampled Gaussian's RDP is NaN.
+    """
+    o = np.asarray(orders, dtype=np.float64)
+    if o.ndim != 1 or o.size == 0:
+        raise ValueError(f"orders must be a non-empty 1-d sequence of Renyi orders, got {orders!r}")
+    bad = o[~(np.isfinite(o) & (o > 1.0))]
+    if bad.size:
+        raise ValueError(
+            f"every Renyi order must be a finite number > 1, got {bad[0]!r} "
+            "(dp_accounting's default orders are accounting.DEFAULT_ORDERS)"
+        )
+    return o
+
+
 @functools.lru_cache(maxsize=1024)
 def _event_rdp(event: dp_event.DpEvent, orders: tuple[float, ...]) -> np.ndarray:
     accountant = rdp_privacy_accountant.RdpAccountant(list(orders))
@@ -89,7 +109,7 @@ def rdp_curve(candidates, orders: Sequence[float] = DEFAULT_ORDERS) -> np.ndarra
     Returns a new float64 array of shape ``(len(orders),)``.  Raises ``UnsupportedEventError`` when
     an event has no RDP accounting in dp_accounting.
     """
-    key = tuple(float(a) for a in np.asarray(orders, dtype=np.float64))
+    key = tuple(float(a) for a in check_orders(orders))
     curves = [_event_rdp(b, key) for b in _branches(candidates)]
     return np.max(np.stack(curves), axis=0)
 

@@ -137,6 +137,16 @@ def _delta_from_rdp(orders: np.ndarray, curve: np.ndarray) -> Callable[[Any], An
     return fn
 
 
+def _check_no_nan(transform, total_rdp: np.ndarray) -> None:
+    """dp_accounting's ``compute_epsilon`` picks a NaN entry as the optimum and reports epsilon 0
+    (``max(0, nan)``), so a NaN in a transform's RDP curve must stop the computation."""
+    if np.any(np.isnan(total_rdp)):
+        raise ValueError(
+            f"selection {getattr(transform, 'name', transform)!r} returned a NaN RDP value; "
+            "refusing to convert it (dp_accounting would report epsilon 0)"
+        )
+
+
 #: Half-width (in grid orders) of the window of orders on which a PLD delta-hat is evaluated.
 _PLD_WINDOW = 6
 
@@ -155,6 +165,7 @@ def _rdp_route(
         )
     except NotImplementedError as e:
         raise _NoRoute(str(e)) from e
+    _check_no_nan(transform, total_rdp)
     eps, order = rdp_privacy_accountant.compute_epsilon(orders, total_rdp, delta)
     desc = "candidate RDP curve through the theorem's RDP form"
     if delta_source == "rdp":
@@ -177,6 +188,7 @@ def _rdp_route(
             transform.rdp(orders[lo:hi], curve[lo:hi], delta_for_epsilon=pld_dfe),
             dtype=np.float64,
         )
+        _check_no_nan(transform, sub)
         eps, order = rdp_privacy_accountant.compute_epsilon(orders[lo:hi], sub, delta)
         j = lo + int(np.flatnonzero(orders[lo:hi] == order)[0])
         grow_lo = j - lo < 2 and lo > 0
@@ -273,7 +285,7 @@ def _routes_and_reasons(
     discretization: float = single.PLD_DISCRETIZATION,
 ) -> tuple[list[Route], list[str]]:
     cands = as_candidates(candidates)
-    orders = np.asarray(orders, dtype=np.float64)
+    orders = single.check_orders(orders)
     disc = float(discretization)
     # For plain composition (one run, best-of-k) PLD composition is exact up to discretisation, so
     # the (eps_1, delta_1) and delta-hat routes cannot beat it and are skipped.
@@ -380,6 +392,7 @@ def total_privacy(
     delta = single.check_delta(delta)
     accountant = check_accountant(accountant)
     transform = check_transform(transform)
+    orders = single.check_orders(orders)
     cands = as_candidates(candidates)
     method = transform.name
     theorem = transform.theorem
