@@ -64,9 +64,11 @@ def jax_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
     import optax
 
     from trainers import dpsgd, models
+    from trainers.runtime import tune_malloc
     from trainers.sampling import PoissonSampler
     from trainers.train import Hyperparams, get_step_functions, make_optimizer
 
+    tune_malloc()  # applies to every JAX row alike (dptune's trainer does this on first use)
     rng = np.random.default_rng(0)
     data_x = jax.device_put(rng.uniform(0, 1, (N_TRAIN, 28, 28, 1)).astype(np.float32))
     data_y = jax.device_put(rng.integers(0, 10, N_TRAIN).astype(np.int32))

@@ -39,6 +39,7 @@ import optax
 
 from trainers import dpsgd, models
 from trainers.data import Dataset
+from trainers.runtime import tune_malloc
 from trainers.sampling import PoissonSampler
 
 log = logging.getLogger(__name__)
@@ -200,6 +201,7 @@ class StepFunctions:
     """
 
     def __init__(self, model: str, num_classes: int, optimizer: str, grad_impl: str):
+        tune_malloc()  # keeps the step's large temporaries mapped between steps (see runtime.py)
         self.spec = models.get_model(model, num_classes)
         self.grad_impl = grad_impl
         # Only the update rule matters here; numeric hyperparameters live in the optimiser state.
