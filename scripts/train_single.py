@@ -1,7 +1,7 @@
 r"""One DP-SGD training run at a target (epsilon, delta), with a per-epoch test-accuracy curve.
 
-The noise multiplier is the smallest sigma whose PLD epsilon (dp_accounting's PLD accountant on
-the Poisson-subsampled Gaussian, self-composed over the run's steps; privacy loss distributions of
+The noise multiplier is the smallest sigma whose PLD epsilon (dp_accounting's PLD accountant on the
+Poisson-subsampled Gaussian, self-composed over the run's steps; privacy loss distributions of
 Koskela et al. 2020 and Doroshenko et al. 2022 as implemented in dp_accounting) is at most the
 target, for the sampling rate and step count that ``trainers.train.dpsgd_privacy`` reports.
 

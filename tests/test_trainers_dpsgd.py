@@ -22,8 +22,7 @@ def _batch(seed, b=B, shape=(28, 28, 1)):
 
 
 def _rel_err(a, b):
-    """Largest absolute difference relative to the largest magnitude, per leaf; the max over
-    leaves."""
+    """Largest absolute difference relative to the largest magnitude per leaf; max over leaves."""
     errs = jax.tree_util.tree_map(
         lambda u, v: float(jnp.max(jnp.abs(u - v)) / jnp.maximum(jnp.max(jnp.abs(u)), 1e-30)), a, b
     )

@@ -1,5 +1,4 @@
-"""Candidates: privacy parameters, training that learns, no recompilation, failures, noisy
-scores."""
+"""Candidates: privacy parameters, learning, no recompilation, failures, noisy scores."""
 
 import dataclasses
 from pathlib import Path

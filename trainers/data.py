@@ -2,10 +2,9 @@
 synthetic.
 
 Every loader returns a :class:`Dataset` with images as float32 NHWC in [0, 1] and labels as int32.
-The validation
-split is carved from the training set with a fixed, public size and a fixed, public permutation
-(``seed_split``), so
-the split itself reveals nothing about the data; the test split is only for reporting.
+The validation split is carved from the training set with a fixed, public size and a fixed, public
+permutation (``seed_split``), so the split itself reveals nothing about the data; the test split is
+only for reporting.
 """
 
 from __future__ import annotations
@@ -105,8 +104,7 @@ def load_dataset(
       data_dir: a local folder (IDX layout, CIFAR-10 pickle layout) or a TFDS data_dir.
       validation_size: number of training examples moved to the validation split (public, fixed).
       source: "auto" (a local folder if ``data_dir`` holds one, else TFDS), "tfds", "idx",
-        "cifar_pickle",
-        "synthetic".
+        "cifar_pickle", "synthetic".
       seed_split: seed of the public permutation that picks the validation examples.
 
     Raises:

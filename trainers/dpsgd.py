@@ -4,23 +4,18 @@ Algorithm 1).
 Two implementations of the clipped sum ``sum_i mask_i * g_i * min(1, C / ||g_i||)`` over a batch:
 
 * :func:`clipped_sum_naive`: per-example gradients from ``vmap(grad)``; works for every model and is
-the reference
-  the fast path is tested against.
+  the reference the fast path is tested against.
 * :func:`clipped_sum_bookkeeping`: for the :class:`trainers.models.MnistCNN` family only. One
-forward pass and one
-  backward pass to each layer's pre-activations; per-example weight gradients as batched einsums of
-  im2col patches
-  (space-to-depth + contiguous slices) with the pre-activation gradients for the convolutions, and
-  the rank-1
-  identity ||a g^T||^2 = ||a||^2 ||g||^2 for the dense layers ("book-keeping" clipping, Bu et al.
-  2022, "Scalable and
-  efficient training of large convolutional neural networks with differential privacy"). Why this
-  shape, and what
-  was measured on XLA CPU: ``../shared/notes/cpu-dpsgd-performance.md``.
+  forward pass and one backward pass to each layer's pre-activations; per-example weight gradients
+  as batched einsums of im2col patches (space-to-depth + contiguous slices) with the pre-activation
+  gradients for the convolutions, and the rank-1 identity ||a g^T||^2 = ||a||^2 ||g||^2 for the
+  dense layers ("book-keeping" clipping, Bu et al. 2022, "Scalable and efficient training of large
+  convolutional neural networks with differential privacy"). Why this shape, and what was measured
+  on XLA CPU: ``../shared/notes/cpu-dpsgd-performance.md``.
 
 Shapes: images x (b, h, w, c) float32, labels y (b,) int32, mask (b,) float32 in {0, 1}; the clipped
-sum has the
-parameters' pytree structure. Masked examples (padding of a Poisson batch) contribute exactly zero.
+sum has the parameters' pytree structure. Masked examples (padding of a Poisson batch) contribute
+exactly zero.
 """
 
 from __future__ import annotations
@@ -101,9 +96,8 @@ def im2col_s2d(x: jax.Array, k: int, s: int, pad_lo: int, out_hw: int) -> jax.Ar
 
     Returns:
       (b, out_hw**2, k*k*c) patches whose last axis is ordered (a, b', r, c', channel) with kernel
-      row 2a... i.e.
-      kernel row = s*a + r and kernel col = s*b' + c'; :func:`kernel_to_s2d` puts a kernel in the
-      same order.
+      row 2a... i.e. kernel row = s*a + r and kernel col = s*b' + c'; :func:`kernel_to_s2d` puts a
+      kernel in the same order.
     """
     b, h, w, c = x.shape
     extent = (out_hw - 1) * s + k
@@ -125,8 +119,7 @@ def im2col_kmajor_28x28x1(x: jax.Array) -> jax.Array:
     + c').
 
     Built from 4 space-to-depth planes and 16 contiguous (14 x 14) windows; this layout measured ~2x
-    faster on
-    XLA CPU than the position-major one.
+    faster on XLA CPU than the position-major one.
     """
     b = x.shape[0]
     xp = jnp.pad(x[..., 0], ((0, 0), (3, 3), (3, 3)))  # (b, 34, 34)
@@ -226,8 +219,7 @@ def add_noise(grad_sum: Params, key: jax.Array, noise_multiplier, clip_norm) -> 
     al. 2016, Alg. 1).
 
     The sensitivity of the clipped sum to adding or removing one example is clip_norm, so this is
-    the Gaussian
-    mechanism with noise multiplier ``noise_multiplier`` that the accountant assumes.
+    the Gaussian mechanism with noise multiplier ``noise_multiplier`` that the accountant assumes.
     """
     leaves, treedef = jax.tree_util.tree_flatten(grad_sum)
     keys = jax.random.split(key, len(leaves))

@@ -1,13 +1,10 @@
 """Flax (linen) models: the tanh CNNs of Papernot et al. 2021 / Tramer & Boneh 2021.
 
 Max-pools are written as the maximum of shifted slices rather than ``nn.max_pool``: on XLA CPU the
-gradient of a
-``reduce_window`` max lowers to select-and-scatter, which dominated the step time
+gradient of a ``reduce_window`` max lowers to select-and-scatter, which dominated the step time
 (``../shared/notes/cpu-dpsgd-performance.md``); the slice form has an elementwise gradient. The
-forward values are
-identical; on exact ties the gradient is split instead of going to the first maximum (ties have
-measure zero after
-tanh).
+forward values are identical; on exact ties the gradient is split instead of going to the first
+maximum (ties have measure zero after tanh).
 """
 
 from __future__ import annotations
@@ -51,8 +48,7 @@ def space_to_depth_input(x: jax.Array, s: int, pad_lo: int, extent: int) -> jax.
 
 def kernel_space_to_depth(kernel: jax.Array, s: int) -> jax.Array:
     """(k, k, c, o) kernel of a stride-s convolution -> (k/s, k/s, s*s*c, o) kernel of the
-    equivalent stride-1
-    convolution on :func:`space_to_depth_input`."""
+    equivalent stride-1 convolution on :func:`space_to_depth_input`."""
     k, _, c, o = kernel.shape
     m = k // s
     return kernel.reshape(m, s, m, s, c, o).transpose(0, 2, 1, 3, 4, 5).reshape(m, m, s * s * c, o)
@@ -63,8 +59,7 @@ def conv_stride2_s2d(x: jax.Array, kernel: jax.Array, pad_lo: int, out_hw: int) 
     space-to-depth.
 
     Same values as ``lax.conv_general_dilated`` (NHWC/HWIO); on XLA CPU a 1-channel 8x8/2
-    convolution was ~4x
-    slower than this form (4 input channels, stride 1).
+    convolution was ~4x slower than this form (4 input channels, stride 1).
     """
     k = kernel.shape[0]
     xs = space_to_depth_input(x, 2, pad_lo, (out_hw - 1) * 2 + k)
@@ -76,8 +71,7 @@ def conv_stride2_s2d(x: jax.Array, kernel: jax.Array, pad_lo: int, out_hw: int) 
 
 class Conv8x8Stride2(nn.Module):
     """nn.Conv(features, (8, 8), strides=2, padding="SAME") on 28x28 inputs (same parameters, same
-    initialisers,
-    same values), computed by :func:`conv_stride2_s2d`."""
+    initialisers, same values), computed by :func:`conv_stride2_s2d`."""
 
     features: int
 
@@ -97,10 +91,8 @@ class MnistCNN(nn.Module):
     dense d, dense 10.
 
     With (c1, c2, d) = (16, 32, 32) this is the 26,010-parameter network of Papernot et al. 2021
-    ("Tempered
-    sigmoid activations for deep learning with differential privacy", Table 2) and Tramer & Boneh
-    2021.
-    Input: float32 (b, 28, 28, 1); output: logits (b, num_classes).
+    ("Tempered sigmoid activations for deep learning with differential privacy", Table 2) and Tramer
+    & Boneh 2021. Input: float32 (b, 28, 28, 1); output: logits (b, num_classes).
     """
 
     conv1_features: int = 16
@@ -123,8 +115,7 @@ class CifarCNN(nn.Module):
     """End-to-end tanh CNN for CIFAR-10 of Papernot et al. 2021 (Table 3), 550,570 parameters.
 
     conv 32,32 / pool / conv 64,64 / pool / conv 128,128 / pool (all 3x3 SAME, pools 2x2/2), dense
-    128, dense 10.
-    Input: float32 (b, 32, 32, 3); output: logits (b, num_classes).
+    128, dense 10. Input: float32 (b, 32, 32, 3); output: logits (b, num_classes).
     """
 
     num_classes: int = 10
@@ -153,8 +144,8 @@ def get_model(name: str, num_classes: int = 10) -> ModelSpec:
     """Returns the model called ``name`` ("cnn26k", "cnn52k" or "cifar_cnn").
 
     "cnn52k" widens the 26k CNN to conv 32 / conv 48 / dense 32 (51,642 parameters): the
-    ~52k-parameter comparison of
-    the DP feature-selection paper's appendix A.1, whose exact widths are not published.
+    ~52k-parameter comparison of the DP feature-selection paper's appendix A.1, whose exact widths
+    are not published.
     """
     if name == "cnn26k":
         return ModelSpec(name, MnistCNN(16, 32, 32, num_classes), (28, 28, 1))

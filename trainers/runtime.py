@@ -1,11 +1,13 @@
 """Process-level runtime settings that the compiled DP-SGD step measurably depends on.
 
-glibc serves allocations above a *dynamic* mmap threshold (128 KiB at start) with fresh mmap'd
-pages and returns them to the OS on free, so every step page-faults its large temporaries (im2col
-patches, per-example gradients: ~30 MB per step at batch 256) again. On this project's CPU machines
-that made the book-keeping DP-SGD step 1.5-1.7x slower (33-45 ms instead of 20-26 ms per step at
-batch 256), depending on which allocations happened earlier in the process. Pinning the threshold
-at its maximum (32 MiB on 64-bit) and not trimming the heap keeps the pages mapped between steps.
+glibc serves allocations above a *dynamic* mmap threshold (128 KiB at start, at most 32 MiB) with
+fresh mmap'd pages and returns them to the OS on free. XLA:CPU allocates one temporary buffer per
+execution for all of a step's intermediates (im2col patches, per-example gradients: tens of MB at
+batch 256), so each step page-faulted that buffer in again. On this project's CPU machines that made
+the book-keeping DP-SGD step 1.5-1.7x slower (33-45 ms instead of 24-29 ms per step at batch 256),
+depending on which allocations happened earlier in the process. Disabling mmap for malloc
+(M_MMAP_MAX = 0: large blocks come from the heap) and not trimming the heap keeps the pages mapped
+between steps; memory use is unchanged in steady state (the same blocks are reused).
 
 Opt out with the environment variable ``DPTUNE_NO_MALLOC_TUNING=1``.
 """

@@ -35,8 +35,8 @@ def _round_up(x: float, multiple: int) -> int:
 def poisson_capacity(
     num_examples: int, expected_batch_size: float, overflow_prob: float = 1e-9, multiple: int = 8
 ) -> int:
-    """Smallest multiple of ``multiple`` c with P[Binomial(num_examples, q) > c] < overflow_prob,
-    q = expected_batch_size / num_examples (exact binomial tail from scipy)."""
+    """Smallest multiple of ``multiple`` c with P[Binomial(num_examples, q) > c] < overflow_prob, q
+    = expected_batch_size / num_examples (exact binomial tail from scipy)."""
     if num_examples <= 0:
         raise ValueError(f"num_examples={num_examples} must be positive")
     if not 0 < expected_batch_size <= num_examples:

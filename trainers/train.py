@@ -2,22 +2,20 @@
 candidates.
 
 One DP-SGD step (Abadi et al. 2016, Algorithm 1, with Poisson sampling as the accountant assumes):
-  1. draw a Poisson batch (each of the N training examples independently with probability q = B /
-  N);
+  1. draw a Poisson batch (each of the N training examples independently with probability
+     q = B / N);
   2. clip every per-example gradient to L2 norm C and sum;
   3. add Gaussian noise N(0, (sigma C)^2 I);
   4. divide by the *expected* batch size B (not the realised one, which would leak the batch size)
-  and hand the
-     result to an optax optimiser.
+     and hand the result to an optax optimiser.
+
 The privacy of a whole run is that of ``steps`` compositions of the Poisson-subsampled Gaussian
-mechanism with rate
-q and noise multiplier sigma: :func:`dpsgd_privacy` returns exactly those numbers, and the trainer
-uses the same
-function to decide its step count, so the accountant and the trainer cannot disagree.
+mechanism with rate q and noise multiplier sigma: :func:`dpsgd_privacy` returns exactly those
+numbers, and the trainer uses the same function to decide its step count, so the accountant and the
+trainer cannot disagree.
 
 Everything a :class:`CandidateResult` holds (parameters, exact losses, history) is private to the
-curator; only the
-tuner decides what to release.
+curator; only the tuner decides what to release.
 """
 
 from __future__ import annotations
@@ -45,10 +43,8 @@ from trainers.sampling import PoissonSampler
 log = logging.getLogger(__name__)
 
 # Score of a failed candidate (NaN/inf parameters, or an error during training). Below every
-# accuracy in [0, 1];
-# a noisy score can dip below 0 only through its own noise. Fixed and data-independent, as the
-# selection theorems
-# require of a candidate's output.
+# accuracy in [0, 1]; a noisy score can dip below 0 only through its own noise. Fixed and
+# data-independent, as the selection theorems require of a candidate's output.
 FAILURE_SCORE = -1.0
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
@@ -69,8 +65,7 @@ class Hyperparams:
       momentum: momentum coefficient for "momentum" (in [0, 1)).
       model: "cnn26k", "cnn52k" or "cifar_cnn".
       score_noise_std: std, in counts, of the Gaussian noise added to the number of correct
-        validation
-        predictions; None = exact score (the validation split is treated as public).
+        validation predictions; None = exact score (the validation split is treated as public).
     """
 
     learning_rate: float = 2.0
@@ -151,8 +146,7 @@ class CandidateResult:
       validation_score: validation accuracy in [0, 1], with Gaussian noise on the correct count when
         ``hp.score_noise_std`` is set; ``FAILURE_SCORE`` if failed.
       history: one dict per completed epoch: epoch, steps, train_loss (mean over the epoch's sampled
-        examples),
-        seconds.
+        examples), seconds.
       failed: True if the parameters became NaN/inf or training raised.
       error: the exception text if training raised, else None.
     """
@@ -169,8 +163,8 @@ class CandidateResult:
 
 def make_optimizer(hp: Hyperparams) -> optax.GradientTransformation:
     """optax optimiser with its numeric hyperparameters in the state (inject_hyperparams), so that
-    candidates with
-    different learning rates / momenta share one compiled step and can be vectorised."""
+    candidates with different learning rates / momenta share one compiled step and can be
+    vectorised."""
     if hp.optimizer == "sgd":
         return optax.inject_hyperparams(optax.sgd)(learning_rate=hp.learning_rate)
     if hp.optimizer == "momentum":
@@ -366,8 +360,7 @@ def _check(hp: Hyperparams, data: Dataset) -> None:
 
 def _score(hp: Hyperparams, params, data: Dataset, key: jax.Array) -> float:
     """Validation accuracy; with score_noise_std, (correct + N(0, std^2)) / n_val: the Gaussian
-    mechanism on a
-    count of sensitivity 1."""
+    mechanism on a count of sensitivity 1."""
     correct = count_correct(params, hp.model, data.val_x, data.val_y)
     if hp.score_noise_std is not None:
         correct = correct + hp.score_noise_std * float(jax.random.normal(key, (), jnp.float32))
@@ -394,10 +387,8 @@ def train_candidate(
       key: the candidate's secret PRNG key (initialisation, Poisson sampling, gradient noise, score
         noise).
       progress: called after every epoch with {"event": "epoch", "candidate": 0, "epoch", "epochs",
-        "step",
-        "total_steps"} and, if ``progress_every`` > 0, every ``progress_every`` steps with event
-        "step". The dicts
-        hold no data-dependent values, so a progress bar can show them.
+        "step", "total_steps"} and, if ``progress_every`` > 0, every ``progress_every`` steps with
+        event "step". The dicts hold no data-dependent values, so a progress bar can show them.
       grad_impl: "bookkeeping" or "naive"; default :func:`default_grad_impl`.
       on_epoch: called as on_epoch(candidate, epoch, params) after every epoch. The parameters are
         private (curator-only); meant for research scripts that plot test-accuracy curves.
@@ -425,12 +416,10 @@ def train_candidates(
     """Trains K candidates; results in the order of ``hps``.
 
     ``vectorize=None`` (auto) trains structurally identical candidates (same model, optimiser, batch
-    size,
-    epochs) together with ``vmap`` on accelerators and one after another on CPU, where vmap was
-    measured slower
-    (``docs/performance.md``). Each candidate keeps its own key, so results do not depend on the
-    grouping (up to
-    float rounding). Progress dicts carry the candidate's index in "candidate".
+    size, epochs) together with ``vmap`` on accelerators and one after another on CPU, where vmap
+    was measured slower (``docs/performance.md``). Each candidate keeps its own key, so results do
+    not depend on the grouping (up to float rounding). Progress dicts carry the candidate's index in
+    "candidate".
     """
     hps = list(hps)
     keys = [_as_key(k) for k in keys]
