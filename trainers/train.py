@@ -504,8 +504,9 @@ def _train_group_unsafe(hps, data, keys, indices, progress, progress_every, impl
             n_seen += [len(b) for b in batches]
             n_chunks = max(len(c) for c in chunked)
             step_arr = jnp.int32(step)
-            # Tail chunks first (rare: only when the batch outgrows the main chunk), then the fused
-            # step on the main chunk adds them, the noise and the update.
+            # Chunks after the first go through `accumulate` (further body chunks when B > 256; a
+            # tail chunk in ~half the steps, when the Poisson batch outgrows the body), then the
+            # fused step on the first chunk adds their sums, the noise and the optimiser update.
             gsum, loss = zero_sum, zero_loss
             acc_fn = fns.vaccumulate if vectorized else fns.accumulate
             for j in range(1, n_chunks):
