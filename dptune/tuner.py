@@ -230,7 +230,9 @@ class DpSgdTrainer:
         from trainers.train import train_candidate, train_candidates
 
         hps = [self.hyperparams(h) for h in hparams]
-        keys = [jax.random.key(int(r.integers(0, 2**31 - 1))) for r in rngs]
+        # The full 64 bits of a threefry key, drawn from the candidate's (OS-entropy) generator:
+        # the DP noise must not be guessable from a small seed space.
+        keys = [r.integers(0, 2**32, size=2, dtype=np.uint32) for r in rngs]
         with self._progress(sum(hp.epochs for hp in hps)) as progress:
             if len(hps) == 1:
                 results = [train_candidate(hps[0], self.data, keys[0], progress=progress)]
