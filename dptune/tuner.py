@@ -639,7 +639,10 @@ def tune(
             rows = []
             for i in range(plan.num_trials):
                 ss = np.random.SeedSequence(entropy, spawn_key=(1, i))
-                hp_rng, seed_i = np.random.default_rng(ss.spawn(1)[0]), int(ss.generate_state(1)[0])
+                hp_rng = np.random.default_rng(ss.spawn(1)[0])
+                # 128 bits: the candidate's noise must not be guessable from a small seed space.
+                words = ss.generate_state(4, dtype=np.uint32)
+                seed_i = sum(int(w) << (32 * j) for j, w in enumerate(words))
                 rows.append((i, seed_i, space.sample(hp_rng)))
             journal.add_candidates(rows)
             plan_dict = journal.set_once("plan", plan.to_dict())
