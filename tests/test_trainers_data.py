@@ -7,12 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _paths import mnist_10k
 
 from trainers.data import DatasetNotFoundError, load_dataset, make_synthetic
 
-MNIST10K = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist-10k"
-if not MNIST10K.is_dir():  # the checkout may sit elsewhere; the shared data lives here
-    MNIST10K = Path("/work/shared/data/mnist-10k")
+MNIST10K = mnist_10k()  # ../shared/data/mnist-10k, else the copy shipped in dptune/data
 
 
 def _write_idx(path: Path, arr: np.ndarray, gz: bool):

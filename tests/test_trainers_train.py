@@ -1,12 +1,12 @@
 """Candidates: privacy parameters, learning, no recompilation, failures, noisy scores."""
 
 import dataclasses
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _paths import mnist_10k
 
 from trainers import models
 from trainers.data import load_dataset, make_synthetic, split_validation
@@ -22,9 +22,7 @@ from trainers.train import (
     train_candidates,
 )
 
-MNIST10K = Path("/work/shared/data/mnist-10k")
-if not MNIST10K.is_dir():
-    MNIST10K = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist-10k"
+MNIST10K = mnist_10k()  # ../shared/data/mnist-10k, else the copy shipped in dptune/data
 
 # Every dataset here has N = 2000 training examples and every run B = 64, so all tests share the
 # same compiled shapes (the step is compiled once per chunk shape and training-set shape).
