@@ -49,34 +49,47 @@ def loss(w, x, y):
 
 
 @jax.jit
-def noisy_step(w, x, y, mask, key, lr, clip, sigma):
-    """Per-example gradients, clipped to L2 norm `clip`, summed, plus N(0, (sigma clip)^2)."""
+def clipped_sum(w, x, y, mask, clip):
+    """Sum over the batch of per-example gradients clipped to L2 norm `clip` (masked rows: 0)."""
     g = jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))(w, x, y)
     norms = jnp.sqrt(sum(jnp.sum(v.reshape(len(x), -1) ** 2, axis=1) for v in g.values()))
     factor = mask * jnp.minimum(1.0, clip / jnp.maximum(norms, 1e-12))
-    keys = jax.random.split(key, len(g))
-    out = {}
-    for k_, (name, v) in zip(keys, sorted(g.items()), strict=True):
-        total = jnp.tensordot(factor, v, axes=1)
-        out[name] = (
-            w[name] - lr * (total + sigma * clip * jax.random.normal(k_, total.shape)) / BATCH
-        )
-    return out
+    return {name: jnp.tensordot(factor, v, axes=1) for name, v in g.items()}
+
+
+@jax.jit
+def noisy_update(w, grads, key, lr, clip, sigma):
+    """SGD step on (clipped sum + N(0, (sigma clip)^2)) / expected batch size."""
+    keys = jax.random.split(key, len(grads))
+    return {
+        name: w[name]
+        - lr * (grads[name] + sigma * clip * jax.random.normal(k_, grads[name].shape)) / BATCH
+        for k_, name in zip(keys, sorted(grads), strict=True)
+    }
 
 
 @dptune.trainer(privacy=privacy, num_examples=N)
 def train(hp: dict, rng: np.random.Generator):
     w = {"W": jnp.zeros((784, 10)), "b": jnp.zeros(10)}
-    key = jax.random.key(int(rng.integers(2**31)))
+    # All 64 bits of a threefry key from the candidate's generator: the noise must not be guessable.
+    key = jnp.asarray(rng.integers(0, 2**32, size=2, dtype=np.uint32))
     cap = int(BATCH + 5 * np.sqrt(BATCH))  # fixed shape: pad the Poisson batch to a capacity
     for _ in range(STEPS):
-        idx = np.flatnonzero(rng.random(N) < Q)[:cap]  # Poisson sampling (truncation ~never)
-        pad = np.zeros(cap, dtype=np.int64)
-        pad[: len(idx)] = idx
-        mask = (np.arange(cap) < len(idx)).astype(np.float32)
+        idx = np.flatnonzero(rng.random(N) < Q)  # Poisson sampling: each example w.p. Q
+        # Never truncate a batch (that would change the mechanism): the rare batch above the
+        # capacity is processed in several capacity-sized chunks whose clipped sums add up.
+        chunks = [idx[i : i + cap] for i in range(0, max(len(idx), 1), cap)]
         key, sub = jax.random.split(key)
-        w = noisy_step(w, X[pad], Y[pad], mask, sub, hp["learning_rate"], hp["clip_norm"],
-                       hp["noise_multiplier"])  # fmt: skip
+        grads = None
+        for chunk in chunks:
+            pad = np.zeros(cap, dtype=np.int64)
+            pad[: len(chunk)] = chunk
+            mask = (np.arange(cap) < len(chunk)).astype(np.float32)
+            # noise once per step (in the first chunk), clipped sums from every chunk
+            g = clipped_sum(w, X[pad], Y[pad], mask, hp["clip_norm"])
+            grads = g if grads is None else jax.tree_util.tree_map(jnp.add, grads, g)
+        w = noisy_update(w, grads, sub, hp["learning_rate"], hp["clip_norm"],
+                         hp["noise_multiplier"])  # fmt: skip
     val_x = data.val_x.reshape(len(data.val_x), -1)
     accuracy = float(jnp.mean(jnp.argmax(val_x @ w["W"] + w["b"], axis=1) == data.val_y))
     return accuracy, {"params": w}
