@@ -12,7 +12,8 @@ Files (``DIR/release/``):
 * ``privacy.json`` / ``privacy.txt``: the privacy statement (machine- and human-readable).
 * ``checkpoint/``: the released model's parameters (orbax), or ``payload.pkl`` for payloads that
   are not array pytrees (user trainers).
-* ``training_curve.png`` (the selected candidate's public per-epoch quantities: its epsilon so
+* ``training_curve.json`` / ``training_curve.png`` (the selected candidate's public per-epoch
+  quantities: its test accuracy on the public test split, its epsilon so
   far, metrics on public or privatised data; never the exact training loss), ``epsilon.png``.
 
 The folder is written to ``release.tmp/`` and renamed into place: it is complete or absent.
@@ -117,6 +118,7 @@ def write_release(release: Release, folder: str | os.PathLike) -> Path:
             with open(tmp / "payload.pkl", "wb") as f:
                 pickle.dump(payload, f)
         if release.curve:
+            _write_json(tmp / "training_curve.json", release.curve)
             plots.training_curve(release.curve, tmp / "training_curve.png")
     if folder.exists():
         shutil.rmtree(folder)

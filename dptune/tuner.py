@@ -146,6 +146,11 @@ def trainer(
     return wrap
 
 
+def _test_row(curve: Mapping[int, float], epoch: Any) -> dict[str, float]:
+    """``{"test_accuracy": ...}`` for ``epoch`` if it was evaluated (public test split)."""
+    return {"test_accuracy": curve[epoch]} if epoch in curve else {}
+
+
 class DpSgdTrainer:
     """This project's DP-SGD trainer (``trainers.train``) on an in-memory dataset.
 
@@ -154,12 +159,20 @@ class DpSgdTrainer:
       base: default hyperparameters (``trainers.train.Hyperparams`` fields) that the space's values
         override.
       epoch_progress: whether to show a per-epoch tqdm bar (the curator's console only).
+      test_curve: evaluate every candidate on the public test split after each epoch, so that the
+        released candidate's training curve shows its test accuracy (costs one test-set pass per
+        epoch).
     """
 
     def __init__(
-        self, data: Any, base: Mapping[str, Any] | None = None, epoch_progress: bool = True
+        self,
+        data: Any,
+        base: Mapping[str, Any] | None = None,
+        epoch_progress: bool = True,
+        test_curve: bool = True,
     ) -> None:
         self.data = data
+        self.test_curve = test_curve
         self.base = dict(base or {})
         self.num_examples = int(len(data.train_y))
         self.epoch_progress = epoch_progress
@@ -227,25 +240,43 @@ class DpSgdTrainer:
         """Trains len(hparams) candidates at once (``trainers.train.train_candidates``)."""
         import jax
 
-        from trainers.train import train_candidate, train_candidates
+        from trainers.train import evaluate, train_candidate, train_candidates
 
         hps = [self.hyperparams(h) for h in hparams]
         # The full 64 bits of a threefry key, drawn from the candidate's (OS-entropy) generator:
         # the DP noise must not be guessable from a small seed space.
         keys = [r.integers(0, 2**32, size=2, dtype=np.uint32) for r in rngs]
+        # Per-epoch accuracy on the public test split: part of the released candidate's training
+        # curve (``public_curve``); the other candidates' curves stay in private/ like the rest.
+        test_curve: dict[int, dict[int, float]] = {}
+
+        def on_epoch(i: int, epoch: int, params: Any) -> None:
+            if self.test_curve and len(self.data.test_y):
+                test_curve.setdefault(i, {})[epoch] = float(
+                    evaluate(params, hps[i].model, self.data.test_x, self.data.test_y)
+                )
+
         with self._progress(sum(hp.epochs for hp in hps)) as progress:
             if len(hps) == 1:
-                results = [train_candidate(hps[0], self.data, keys[0], progress=progress)]
+                results = [
+                    train_candidate(
+                        hps[0], self.data, keys[0], progress=progress, on_epoch=on_epoch
+                    )
+                ]
             else:
-                results = train_candidates(hps, self.data, keys, progress=progress)
+                results = train_candidates(
+                    hps, self.data, keys, progress=progress, on_epoch=on_epoch
+                )
         out = []
-        for r in results:
+        for i, r in enumerate(results):
             if r.failed:
                 # The curator's console: which error, not which score (a failure is data-dependent).
                 log.warning("a candidate failed: %s", (r.error or "non-finite parameters")[:200])
             payload = {
                 "params": jax.tree_util.tree_map(np.asarray, r.params),
-                "history": list(r.history),
+                "history": [
+                    {**h, **_test_row(test_curve.get(i, {}), h.get("epoch"))} for h in r.history
+                ],
                 "failed": bool(r.failed),
             }
             score = float("nan") if r.failed else float(r.validation_score)
