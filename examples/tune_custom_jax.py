@@ -27,7 +27,9 @@ from dptune.data import MNIST_10K_DIR
 from selection import RandomStopping
 from trainers.data import load_dataset
 
-data = load_dataset("mnist", str(MNIST_10K_DIR), validation_size=1000, source="idx")
+data = load_dataset(
+    "mnist", str(MNIST_10K_DIR), validation_size=1000, source="idx", num_examples=8000
+)
 X = data.train_x.reshape(len(data.train_x), -1)  # (7000, 784) float32 in [0, 1]
 Y = data.train_y
 N = len(X)
