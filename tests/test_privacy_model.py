@@ -293,3 +293,21 @@ def test_replace_one_through_the_tuner_requires_the_exact_declared_size():
             RandomStopping.logarithmic(mean=2), dptune.Budget(50.0, 1e-5),
             adjacency="replace_one",
         )  # fmt: skip
+
+
+def test_cli_config_defaults_are_private_and_name_the_adjacency(tmp_path):
+    """Through the config path users take: an exact score on the private split is refused before
+    any private computation; replace-one is named in the statement."""
+    from configs import smoke  # noqa: I001 - the shipped smoke config
+
+    from dptune.main import ConfigError, run_config
+
+    cfg = smoke.get_config().to_dict()
+    cfg["train"]["score_noise_std"] = None
+    with pytest.raises((TuningConfigError, ConfigError), match="validation split is private"):
+        run_config(cfg, tmp_path / "a", dry_run=True)
+    cfg = smoke.get_config().to_dict()
+    cfg["privacy"]["adjacency"] = "replace_one"
+    _, st = run_config(cfg, tmp_path / "b", dry_run=True)
+    assert st.adjacency == "replace_one" and st.total_epsilon <= 4.0 + 1e-9
+    assert "replacing one example" in st.to_text()
