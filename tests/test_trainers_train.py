@@ -67,7 +67,8 @@ def test_tiny_synthetic_training_learns(synthetic_result, synthetic):
     assert not res.failed and res.error is None
     assert res.validation_score > 0.6  # 10 classes: chance is 0.1
     # private by default: (correct + N(0, 10^2)) / public expected validation size (500)
-    correct = evaluate(res.params, "cnn26k", synthetic.val_x, synthetic.val_y) * len(synthetic.val_y)
+    acc = evaluate(res.params, "cnn26k", synthetic.val_x, synthetic.val_y)
+    correct = acc * len(synthetic.val_y)
     assert abs(res.validation_score * synthetic.public_num_val - correct) < 5 * 10.0
     assert [h["epoch"] for h in res.history] == [1, 2, 3]
     assert res.history[-1]["train_loss"] < res.history[0]["train_loss"]
