@@ -155,7 +155,7 @@ def check_config(cfg: Mapping[str, Any]) -> None:
         raise ConfigError(
             f"{sorted(overlap)} appear in both config.train and config.space; keep one"
         )
-    from trainers.train import Hyperparams
+    from dptune.dpsgd import Hyperparams
 
     known = {f for f in Hyperparams.__dataclass_fields__}
     unknown = (set(train) | set(space)) - known
@@ -180,7 +180,9 @@ def run_config(
     checks and accounting only (public computations), no journal, no ledger, no training.
     """
     from dptune import space as space_mod
-    from dptune.tuner import Budget, DpSgdTrainer, TuningConfigError, plan_privacy, tune
+    from dptune.dpsgd import DpSgdTrainer
+    from dptune.plan import Budget, plan_privacy
+    from dptune.tuner import TuningConfigError, tune
 
     cfg = _plain(cfg)
     check_config(cfg)
@@ -240,7 +242,7 @@ def run_config(
 
 def load_data(cfg: Mapping[str, Any]) -> Any:
     """Loads ``config.data`` (public work: reading files is not a private computation)."""
-    from trainers.data import DatasetNotFoundError, load_dataset
+    from dptune.dpsgd import DatasetNotFoundError, load_dataset
 
     d = cfg["data"]
     data_dir = d.get("dir") or None

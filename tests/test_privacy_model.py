@@ -19,8 +19,9 @@ from dp_accounting.rdp import rdp_privacy_accountant
 import dptune
 from dptune import accounting, space
 from dptune.accounting.events import DpSgdCandidate, EventCandidate
+from dptune.dpsgd import DpSgdTrainer
+from dptune.errors import TuningConfigError
 from dptune.ledger import BudgetExceededError, Ledger
-from dptune.tuner import DpSgdTrainer, TuningConfigError
 from selection import RandomStopping
 from selection.privacy import RandomStoppingPrivacy
 from trainers.data import (
