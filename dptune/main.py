@@ -98,6 +98,21 @@ def build_selection(cfg: Mapping[str, Any]) -> Any:
         raise ConfigError(f"config.selection: {e}") from None
 
 
+def build_executor(cfg: Mapping[str, Any]) -> Any:
+    """The executor named by ``config.executor`` (``dptune.executors``)."""
+    from dptune.executors import make_executor
+
+    ex = dict(_get(cfg, "executor", {}) or {})
+    kind = ex.pop("kind", "sequential")
+    group = ex.pop("group_size", 1)
+    try:
+        return make_executor(
+            kind, group_size=group, **{k: v for k, v in ex.items() if v is not None}
+        )
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"config.executor: {e}") from None
+
+
 def check_config(cfg: Mapping[str, Any]) -> None:
     """Cheap checks of everything that needs no data (raises ConfigError naming the value)."""
     name = _get(cfg, "data.name")
@@ -143,6 +158,7 @@ def check_config(cfg: Mapping[str, Any]) -> None:
     group = _get(cfg, "executor.group_size", 1)
     if isinstance(group, bool) or not isinstance(group, int) or group < 1:
         raise ConfigError(f"config.executor.group_size={group!r} must be an integer >= 1")
+    build_executor(cfg)
     vsize = _get(cfg, "data.validation_size", 5000)
     if isinstance(vsize, bool) or not isinstance(vsize, int) or vsize < 1:
         raise ConfigError(f"config.data.validation_size={vsize!r} must be an integer >= 1")
@@ -227,7 +243,7 @@ def run_config(
             budget,
             workdir=workdir,
             seed=seed,
-            group_size=int(_get(cfg, "executor.group_size", 1)),
+            executor=build_executor(cfg),
             accountant=str(_get(cfg, "privacy.accountant", "auto")),
             ledger=ledger_path if ledger_cfg.get("enabled", True) else None,
             dataset_budget=dataset_budget,

@@ -31,7 +31,7 @@ import os
 import pickle
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from dptune.errors import ImpossibleBudgetError, TuningConfigError
+from dptune.executors import Job, make_executor
 from dptune.journal import JOURNAL_FILE, Journal, MemoryJournal
 from dptune.ledger import Ledger
 from dptune.plan import (
@@ -104,6 +105,7 @@ def tune(
     progress: bool = True,
     debug_nonprivate: bool = False,
     adjacency: str = "add_remove",
+    executor: Any = None,
 ) -> Release:
     """Tunes privately and releases the selected candidate (or nothing).
 
@@ -117,9 +119,8 @@ def tune(
         resumes when called again with the same arguments. None: everything stays in memory.
       seed: a fixed seed for every random choice (debugging, tests); default: OS entropy. The
         statement then says it holds only while the seed is secret.
-      group_size: candidates trained at once through ``trainer.train_many`` (vectorised). Random
-        stopping trains its K candidates in such groups; thresholding evaluates groups
-        speculatively and consumes the scores in order.
+      group_size: candidates trained at once through ``trainer.train_many`` (vectorised); a
+        shortcut for ``executor=dptune.executors.VectorizedExecutor(group_size)``.
       accountant: "auto" (the tightest valid route), "rdp" or "pld" (``dptune.accounting``).
       ledger: a :class:`~dptune.ledger.Ledger` or its path: charge the run to the dataset's budget.
       dataset_budget: the dataset's total budget in the ledger (default: ``budget``).
@@ -129,11 +130,16 @@ def tune(
       debug_nonprivate: print every candidate's score at the end; marks the statement NOT private.
       adjacency: "add_remove" (default: neighbours differ by one added or removed example) or
         "replace_one" (one example replaced; for datasets of fixed, public size).
+      executor: how candidates are trained (``dptune.executors``; default sequential). Random
+        stopping hands it all K candidates as it can take them; thresholding evaluates extra
+        candidates speculatively and consumes their scores in order.
     Returns:
       The :class:`~dptune.release.Release` (also written to ``workdir/release/`` if given).
     """
     budget = as_budget(budget)
     _check_arguments(group_size, accountant, seed, debug_nonprivate, ledger)
+    if executor is None:
+        executor = make_executor("sequential", group_size=group_size)
     if not isinstance(space, Space):
         try:
             space = Space.from_config(space)
@@ -174,7 +180,7 @@ def tune(
         records = {r.index: r for r in journal.candidates()}
         payloads: dict[int, Any] = {}
         scores = _run_candidates(
-            trainer, selection, sel_plan, plan, records, journal, payloads, group_size, progress
+            trainer, selection, sel_plan, plan, records, journal, payloads, executor, progress
         )
         private = _Private(num_trials=sel_plan.num_trials, scores=list(scores), run_id=run_id)
         release = _release(trainer, selection, sel_plan, plan, budget, records, payloads, journal)
@@ -307,12 +313,14 @@ def _run_candidates(
     records: dict[int, Any],
     journal: Any,
     payloads: dict[int, Any],
-    group_size: int,
+    executor: Any,
     progress: bool,
 ) -> list[float]:
-    """Trains candidates in index order until the selection is done; returns the scores prefix.
+    """Trains candidates until the selection is done; returns the scores prefix (index order).
 
-    Each candidate is journaled as soon as its group finishes (score NaN = failure)."""
+    The executor gets the next ``executor.parallelism`` unfinished candidates; each result is
+    journaled as it comes back (score NaN = failure), so a kill loses at most the candidates in
+    flight, which a rerun trains again with the same seeds."""
 
     def prefix() -> list[float]:
         out = []
@@ -326,21 +334,17 @@ def _run_candidates(
     scores = prefix()
     with tuning_bar(progress) as bar:
         while len(scores) < sel_plan.num_trials and not selection.done(sel_plan, scores):
-            start = len(scores)
-            group = [
-                i
-                for i in range(start, min(start + group_size, sel_plan.num_trials))
-                if records[i].status != "done"
-            ]
-            for i in group:
+            todo = [
+                i for i in range(len(scores), sel_plan.num_trials) if records[i].status != "done"
+            ][: max(1, int(executor.parallelism))]
+            for i in todo:
                 journal.mark_running(i)
+            jobs = [Job(i, records[i].seed, plan.hparams(records[i].hparams)) for i in todo]
             t0 = time.time()
-            results = _train(trainer, plan, [records[i] for i in group])
-            seconds = (time.time() - t0) / max(len(group), 1)
-            for i, (score, payload) in zip(group, results, strict=True):
+            for i, score, payload in executor.run(trainer, jobs):
                 failed = not math.isfinite(score)
                 journal.write_payload(i, pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
-                journal.mark_done(i, score if not failed else float("nan"), failed, seconds)
+                journal.mark_done(i, float("nan") if failed else score, failed, time.time() - t0)
                 payloads[i] = payload
                 records[i] = replace(
                     records[i], status="done", score=None if failed else float(score), failed=failed
@@ -348,29 +352,6 @@ def _run_candidates(
                 bar.update()
             scores = prefix()
     return scores
-
-
-def _train(trainer: Any, plan: PrivacyPlan, recs: Sequence[Any]) -> list[tuple[float, Any]]:
-    """Trains ``recs`` (with the plan's calibrated values) behind one failure guard: an exception
-    gives the failure score (NaN), for a group or one candidate, never an abort -- whether a run
-    fails can depend on the private data (DESIGN.md)."""
-    rngs = [np.random.default_rng(r.seed) for r in recs]
-    hps = [plan.hparams(r.hparams) for r in recs]
-    if len(recs) > 1 and hasattr(trainer, "train_many"):
-        try:
-            return [(float(s), p) for s, p in trainer.train_many(hps, rngs)]
-        except Exception as e:  # noqa: BLE001 - retried one by one below
-            log.warning("a group of candidates failed (%s); training them one by one", type(e))
-            rngs = [np.random.default_rng(r.seed) for r in recs]
-    out = []
-    for hp, rng in zip(hps, rngs, strict=True):
-        try:
-            score, payload = trainer(hp, rng)
-        except Exception as e:  # noqa: BLE001 - failure depends on the data; it must not abort
-            log.warning("a candidate failed (%s); it counts as a failure", type(e).__name__)
-            score, payload = float("nan"), None
-        out.append((float(score), payload))
-    return out
 
 
 def _release(trainer, selection, sel_plan, plan, budget, records, payloads, journal) -> Release:

@@ -47,5 +47,7 @@ def get_config() -> config_dict.ConfigDict:
     )  # default $DPTUNE_LEDGER or ~/.dptune/ledger.sqlite
     c.ledger.budget_epsilon = config_dict.placeholder(float)  # default: this run's budget
     c.ledger.budget_delta = config_dict.placeholder(float)
-    c.executor = dict(group_size=1)  # >1: candidates trained together (vectorised where it pays)
+    # how candidates are trained (dptune.executors): "sequential" (default on CPU) or "vectorized"
+    # (group_size candidates at once with jax.vmap, where it pays: accelerators)
+    c.executor = dict(kind="sequential", group_size=1)
     return c
