@@ -27,7 +27,7 @@ import math
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -63,9 +63,23 @@ class Hyperparams:
       epochs: passes over the training set; the run has epochs * ceil(N / B) steps.
       optimizer: "sgd", "momentum" (heavy ball, optax.sgd with momentum) or "adam".
       momentum: momentum coefficient for "momentum" (in [0, 1)).
-      model: "cnn26k", "cnn52k" or "cifar_cnn".
+      model: "cnn26k", "cnn52k", "cifar_cnn" or "wrn16_4".
       score_noise_std: std, in counts, of the Gaussian noise added to the number of correct
         validation predictions; None = exact score (the validation split is treated as public).
+      augmult: augmentation multiplicity K (De et al. 2022, §3.1). 0: no augmentation (each
+        example as it is). K >= 1: every sampled example is replaced by K random copies (crop of the
+        4-pixel reflect-padded image, left-right flip with probability 1/2), and the example's
+        gradient is the mean of its K copies' gradients, clipped once. Privacy is unchanged by K:
+        each example still contributes exactly one gradient of norm <= C to the sum, so the
+        sensitivity and the accountant's (q, steps, sigma) are the same for every K. Costs ~K
+        times the compute per step.
+      ema_decay: None, or the decay d in [0, 1) of an exponential moving average of the parameters
+        (De et al. 2022, §3.1), warmed up as min(d, (1 + t) / (10 + t)) at step t. The average
+        (not the last iterate) is then scored and returned. Post-processing: no privacy cost.
+      microbatch_size: most examples per compiled chunk of a step (the per-example work of a batch
+        is done chunk by chunk and summed, so memory is bounded by one chunk whatever B is); None:
+        :func:`default_microbatch_size`. Changes speed and memory, never the result (up to float
+        rounding).
     """
 
     learning_rate: float = 2.0
@@ -77,6 +91,9 @@ class Hyperparams:
     momentum: float = 0.9
     model: str = "cnn26k"
     score_noise_std: float | None = None
+    augmult: int = 0
+    ema_decay: float | None = None
+    microbatch_size: int | None = None
 
     def __post_init__(self):
         def bad(field, why):
@@ -102,6 +119,14 @@ class Hyperparams:
             self.score_noise_std > 0 and math.isfinite(self.score_noise_std)
         ):
             bad("score_noise_std", "must be None (exact score) or a finite number > 0")
+        if int(self.augmult) != self.augmult or self.augmult < 0:
+            bad("augmult", "must be an integer >= 0 (0: no augmentation)")
+        if self.ema_decay is not None and not 0 <= self.ema_decay < 1:
+            bad("ema_decay", "must be None (no averaging) or in [0, 1)")
+        if self.microbatch_size is not None and (
+            int(self.microbatch_size) != self.microbatch_size or self.microbatch_size < 8
+        ):
+            bad("microbatch_size", "must be None (automatic) or an integer >= 8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,25 +189,83 @@ class CandidateResult:
 def make_optimizer(hp: Hyperparams) -> optax.GradientTransformation:
     """optax optimiser with its numeric hyperparameters in the state (inject_hyperparams), so that
     candidates with different learning rates / momenta share one compiled step and can be
-    vectorised."""
+    vectorised. With ``hp.ema_decay`` the state also carries the parameter average
+    (:func:`with_param_ema`)."""
     if hp.optimizer == "sgd":
-        return optax.inject_hyperparams(optax.sgd)(learning_rate=hp.learning_rate)
-    if hp.optimizer == "momentum":
-        return optax.inject_hyperparams(optax.sgd)(
+        opt = optax.inject_hyperparams(optax.sgd)(learning_rate=hp.learning_rate)
+    elif hp.optimizer == "momentum":
+        opt = optax.inject_hyperparams(optax.sgd)(
             learning_rate=hp.learning_rate, momentum=hp.momentum
         )
-    return optax.inject_hyperparams(optax.adam)(learning_rate=hp.learning_rate)
+    else:
+        opt = optax.inject_hyperparams(optax.adam)(learning_rate=hp.learning_rate)
+    if hp.ema_decay is not None:
+        opt = with_param_ema(opt, hp.ema_decay)
+    return opt
+
+
+class ParamEmaState(NamedTuple):
+    """State of :func:`with_param_ema`: the wrapped optimiser's state, the parameter average, the
+    step count and the decay (in the state, so candidates with different decays share a step)."""
+
+    inner: Any
+    ema: Any
+    count: jax.Array
+    decay: jax.Array
+
+
+def with_param_ema(inner: optax.GradientTransformation, decay: float):
+    """Wraps an optimiser so that its state tracks an exponential moving average of the parameters
+    after each update: ema_t = d_t ema_{t-1} + (1 - d_t) params_t, d_t = min(decay, (1+t)/(10+t))
+    (the warm-up of tf.train.ExponentialMovingAverage with num_updates; De et al. 2022 average the
+    parameters in the same way). optax's own ``ema`` averages updates, not parameters."""
+
+    def init(params):
+        return ParamEmaState(
+            inner.init(params),
+            jax.tree_util.tree_map(jnp.asarray, params),
+            jnp.zeros([], jnp.int32),
+            jnp.float32(decay),
+        )
+
+    def update(updates, state, params):
+        updates, inner_state = inner.update(updates, state.inner, params)
+        new_params = optax.apply_updates(params, updates)
+        t = state.count + 1
+        tf = t.astype(jnp.float32)
+        d = jnp.minimum(state.decay, (1.0 + tf) / (10.0 + tf))
+        ema = jax.tree_util.tree_map(lambda e, p: d * e + (1.0 - d) * p, state.ema, new_params)
+        return updates, ParamEmaState(inner_state, ema, t, state.decay)
+
+    return optax.GradientTransformation(init, update)
 
 
 # --- compiled steps -------------------------------------------------------------------------------
 
 
-def default_grad_impl(model: str, image_shape: tuple[int, ...]) -> str:
-    """ "bookkeeping" for the 28x28x1 MnistCNN family (the fast path), "naive" (vmap(grad))
-    otherwise."""
-    if model in ("cnn26k", "cnn52k") and tuple(image_shape) == (28, 28, 1):
+def default_grad_impl(model: str, image_shape: tuple[int, ...], augmult: int = 0) -> str:
+    """ "bookkeeping" (the fast path) for the 28x28x1 MnistCNN family without augmentation and for
+    the CIFAR CNN (with or without augmentation multiplicity); "naive" (vmap(grad)) otherwise, e.g.
+    for WRN-16-4, whose group norm and weight standardisation have no book-keeping path here."""
+    shape = tuple(image_shape)
+    if model in ("cnn26k", "cnn52k") and shape == (28, 28, 1) and augmult == 0:
+        return "bookkeeping"
+    if model == "cifar_cnn" and shape == (32, 32, 3):
         return "bookkeeping"
     return "naive"
+
+
+# Images (examples x augmented copies) per compiled chunk, by model. cnn26k: 256 was the fastest
+# chunk on XLA CPU (docs/performance.md). CIFAR models: bounded so that one chunk of the step fits
+# in well under 16 GB (peak memory measured by scripts/memory_dpsgd.py, docs/performance.md).
+_CHUNK_IMAGES = {"cnn26k": 256, "cnn52k": 256, "cifar_cnn": 256, "wrn16_4": 256}
+
+
+def default_microbatch_size(model: str, augmult: int = 0) -> int:
+    """Examples per compiled chunk when ``Hyperparams.microbatch_size`` is None: the model's image
+    budget divided by the augmentation multiplicity, rounded down to a multiple of 8, at least 8."""
+    per_chunk = _CHUNK_IMAGES.get(model, 256) // max(1, augmult)
+    return max(8, per_chunk // 8 * 8)
 
 
 class StepFunctions:
@@ -194,16 +277,30 @@ class StepFunctions:
     Python traces (a test checks that training does not retrace).
     """
 
-    def __init__(self, model: str, num_classes: int, optimizer: str, grad_impl: str):
+    def __init__(
+        self, model: str, num_classes: int, optimizer: str, grad_impl: str, augmult: int = 0,
+        ema: bool = False,
+    ):  # fmt: skip
         tune_malloc()  # keeps the step's large temporaries mapped between steps (see runtime.py)
         self.spec = models.get_model(model, num_classes)
         self.grad_impl = grad_impl
+        self.augmult = int(augmult)
         # Only the update rule matters here; numeric hyperparameters live in the optimiser state.
-        self.optimizer = make_optimizer(Hyperparams(optimizer=optimizer, model=model))
+        self.optimizer = make_optimizer(
+            Hyperparams(optimizer=optimizer, model=model, ema_decay=0.5 if ema else None)
+        )
         self.trace_count = 0
         apply_fn = self.spec.module.apply
         if grad_impl == "bookkeeping":
-            self._clipped_sum = dpsgd.clipped_sum_bookkeeping
+            if model in ("cnn26k", "cnn52k") and self.augmult == 0:
+                self._clipped_sum = dpsgd.clipped_sum_bookkeeping
+            elif model == "cifar_cnn":
+                self._clipped_sum = dpsgd.clipped_sum_bookkeeping_cifar
+            else:
+                raise ValueError(
+                    f"grad_impl='bookkeeping' is not implemented for model={model!r} with "
+                    f"augmult={augmult}; use 'naive'"
+                )
         elif grad_impl == "naive":
             self._clipped_sum = functools.partial(dpsgd.clipped_sum_naive, apply_fn)
         else:
@@ -213,21 +310,32 @@ class StepFunctions:
         self.accumulate = jax.jit(self._accumulate)
         self.step = jax.jit(self._step)
         self.vaccumulate = jax.jit(
-            jax.vmap(self._accumulate, in_axes=(0, 0, 0, None, None, 0, 0, 0))
+            jax.vmap(self._accumulate, in_axes=(0, 0, 0, None, None, 0, 0, 0, 0, None, None))
         )
         self.vstep = jax.jit(
             jax.vmap(self._step, in_axes=(0, 0, 0, 0, None, None, 0, 0, 0, None, 0, 0, None))
         )
 
-    def _chunk_sum(self, params, data_x, data_y, idx, mask, clip_norm):
-        """Clipped gradient sum and loss sum over one chunk (idx, mask) of a batch."""
+    def _chunk_sum(self, params, data_x, data_y, idx, mask, clip_norm, key=None, step=0, chunk=0):
+        """Clipped gradient sum and loss sum over one chunk (idx, mask) of a batch. With
+        augmentation multiplicity K, the chunk's images are replaced by K augmented copies each,
+        drawn from (key, step, chunk) on a stream separate from the noise's."""
         self.trace_count += 1
-        gsum, loss, _ = self._clipped_sum(params, data_x[idx], data_y[idx], mask, clip_norm)
+        x = data_x[idx]
+        if self.augmult > 0:
+            # fold_in(key, step) keys the noise; a distinct constant first keeps the augmentation
+            # stream apart from it (the two could only meet at step 0x41554755, ~1.1e9 steps).
+            aug = jax.random.fold_in(jax.random.fold_in(key, 0x41554755), step)
+            x = dpsgd.augment_copies(jax.random.fold_in(aug, chunk), x, self.augmult)
+        gsum, loss, _ = self._clipped_sum(params, x, data_y[idx], mask, clip_norm)
         return gsum, loss
 
-    def _accumulate(self, params, gsum, loss, data_x, data_y, idx, mask, clip_norm):
-        """Running totals plus one more chunk's clipped gradient sum and loss sum."""
-        g, lo = self._chunk_sum(params, data_x, data_y, idx, mask, clip_norm)
+    def _accumulate(
+        self, params, gsum, loss, data_x, data_y, idx, mask, clip_norm, key=None, step=0, chunk=0
+    ):
+        """Running totals plus one more chunk's clipped gradient sum and loss sum. ``key``, ``step``
+        and ``chunk`` (the candidate key, step and chunk index) only seed the augmentation."""
+        g, lo = self._chunk_sum(params, data_x, data_y, idx, mask, clip_norm, key, step, chunk)
         return jax.tree_util.tree_map(jnp.add, gsum, g), loss + lo
 
     def _step(
@@ -237,7 +345,9 @@ class StepFunctions:
         """One DP-SGD step: clipped sum of the main chunk plus the running totals of the tail chunks
         (zeros if none), Gaussian noise keyed by (candidate key, step), division by the expected
         batch size, optimiser update. Returns (params, opt_state, loss sum of the batch)."""
-        gsum, loss = self._accumulate(params, gsum, loss, data_x, data_y, idx, mask, clip_norm)
+        gsum, loss = self._accumulate(
+            params, gsum, loss, data_x, data_y, idx, mask, clip_norm, key, step, 0
+        )
         noisy = dpsgd.add_noise(gsum, jax.random.fold_in(key, step), sigma, clip_norm)
         grads = jax.tree_util.tree_map(lambda g: g / expected_batch, noisy)
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
@@ -246,11 +356,17 @@ class StepFunctions:
 
 @functools.lru_cache(maxsize=32)
 def get_step_functions(
-    model: str, num_classes: int, optimizer: str, grad_impl: str
-) -> StepFunctions:
+    model: str, num_classes: int, optimizer: str, grad_impl: str, augmult: int = 0,
+    ema: bool = False,
+) -> StepFunctions:  # fmt: skip
     """Cached :class:`StepFunctions`, so that every candidate with the same structure reuses the
     compiled step."""
-    return StepFunctions(model, num_classes, optimizer, grad_impl)
+    return StepFunctions(model, num_classes, optimizer, grad_impl, augmult, ema)
+
+
+def _eval_params(params, opt_state, ema: bool):
+    """What a candidate outputs: the parameter average with EMA, else the last iterate."""
+    return opt_state.ema if ema else params
 
 
 # --- data on device, evaluation -------------------------------------------------------------------
@@ -432,10 +548,14 @@ def train_candidates(
     results: list[CandidateResult | None] = [None] * len(hps)
     groups: dict[tuple, list[int]] = {}
     for i, hp in enumerate(hps):
-        sig = (hp.model, hp.optimizer, hp.batch_size, hp.epochs)
+        sig = (
+            hp.model, hp.optimizer, hp.batch_size, hp.epochs, hp.augmult,
+            hp.ema_decay is None, hp.microbatch_size,
+        )  # fmt: skip
         groups.setdefault(sig if vectorize else (i,), []).append(i)
     for members in groups.values():
-        impl = grad_impl or default_grad_impl(hps[members[0]].model, data.train_x.shape[1:])
+        hp_m = hps[members[0]]
+        impl = grad_impl or default_grad_impl(hp_m.model, data.train_x.shape[1:], hp_m.augmult)
         group = _train_group(
             [hps[i] for i in members], data, [keys[i] for i in members], members, progress,
             progress_every, impl, on_epoch,
@@ -466,7 +586,9 @@ def _train_group_unsafe(hps, data, keys, indices, progress, progress_every, impl
     hp0 = hps[0]
     k = len(hps)
     vectorized = k > 1
-    fns = get_step_functions(hp0.model, data.num_classes, hp0.optimizer, impl)
+    ema = hp0.ema_decay is not None
+    fns = get_step_functions(hp0.model, data.num_classes, hp0.optimizer, impl, hp0.augmult, ema)
+    chunk = hp0.microbatch_size or default_microbatch_size(hp0.model, hp0.augmult)
     data_x, data_y = device_arrays(data)
     n_train = len(data.train_x)
     spe = steps_per_epoch(hp0.batch_size, n_train)
@@ -475,7 +597,10 @@ def _train_group_unsafe(hps, data, keys, indices, progress, progress_every, impl
     subkeys = [jax.random.split(key, 4) for key in keys]  # init, sampling, noise, score
     params = [models.init_params(fns.spec, sk[0]) for sk in subkeys]
     opt_states = [make_optimizer(hp).init(p) for hp, p in zip(hps, params, strict=True)]
-    samplers = [PoissonSampler(n_train, hp0.batch_size, _numpy_rng(sk[1])) for sk in subkeys]
+    samplers = [
+        PoissonSampler(n_train, hp0.batch_size, _numpy_rng(sk[1]), max_chunk=chunk)
+        for sk in subkeys
+    ]
     noise_keys = [sk[2] for sk in subkeys]
     clip = [jnp.float32(hp.clip_norm) for hp in hps]
     sigma = [jnp.float32(hp.noise_multiplier) for hp in hps]
@@ -511,7 +636,10 @@ def _train_group_unsafe(hps, data, keys, indices, progress, progress_every, impl
             acc_fn = fns.vaccumulate if vectorized else fns.accumulate
             for j in range(1, n_chunks):
                 idx, mask = _stack_chunk(chunked, j, vectorized)
-                gsum, loss = acc_fn(params, gsum, loss, data_x, data_y, idx, mask, clip)
+                gsum, loss = acc_fn(
+                    params, gsum, loss, data_x, data_y, idx, mask, clip, noise_keys, step_arr,
+                    jnp.int32(j),
+                )  # fmt: skip
             idx, mask = _stack_chunk(chunked, 0, vectorized)
             step_fn = fns.vstep if vectorized else fns.step
             params, opt_states, loss = step_fn(
@@ -525,7 +653,9 @@ def _train_group_unsafe(hps, data, keys, indices, progress, progress_every, impl
                     progress(_progress_dict("step", i, epoch, hp0.epochs, step, total_steps))
         # Failure is decided from the parameters alone (post-processing of the DP output), never
         # from the loss.
-        finite = _finite_per_candidate(params, vectorized, k)
+        finite = _finite_per_candidate(
+            (params, _eval_params(params, opt_states, ema)), vectorized, k
+        )
         losses = np.atleast_1d(np.asarray(loss_sum, dtype=np.float64)) / np.maximum(n_seen, 1)
         seconds = time.perf_counter() - t0
         for c in range(k):
@@ -544,15 +674,14 @@ def _train_group_unsafe(hps, data, keys, indices, progress, progress_every, impl
             )
         if all(failed):
             break
-        last_good = _keep_finite(last_good, params, finite, vectorized)
+        last_good = _keep_finite(
+            last_good, _eval_params(params, opt_states, ema), finite, vectorized
+        )
         if on_epoch is not None:
             for c, i in enumerate(indices):
                 if not failed[c]:
-                    p = (
-                        jax.tree_util.tree_map(lambda a, c=c: a[c], params)
-                        if vectorized
-                        else params
-                    )
+                    out = _eval_params(params, opt_states, ema)
+                    p = jax.tree_util.tree_map(lambda a, c=c: a[c], out) if vectorized else out
                     on_epoch(i, epoch + 1, p)
         if progress is not None:
             for i in indices:
