@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+from _paths import mnist_10k
 from scipy import optimize, stats
 
 import dptune
@@ -16,7 +17,6 @@ from dptune.data import MNIST_10K_NUM_TRAIN
 from dptune.errors import TuningConfigError
 from learners import fisher
 from selection import RandomStopping
-from tests._paths import mnist_10k
 from trainers.data import load_dataset
 
 
