@@ -1,7 +1,7 @@
 """Oracle-efficient private learning with public unlabelled data, as a dptune trainer.
 
 Block, Bun, Desai, Shetty & Wu, "Oracle-Efficient Differentially Private Learning with Public
-Data", NeurIPS 2024, arXiv:2402.09483
+Data", NeurIPS 2024
 (text: ``shared/papers/oracle-efficient-private-learning-with-public-data.txt``).
 We implement its Algorithm 3 (regularised ERM, then Algorithm 1 "Perturb") for the convex class
 
