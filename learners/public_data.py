@@ -124,21 +124,25 @@ class PublicPool:
     source: str
 
 
-def public_pool(data: Any, num_public: int) -> PublicPool:
+def public_pool(data: Any, num_public: int, test_from: int | None = None) -> PublicPool:
     """The first ``num_public`` records of the dataset's TEST file (a published file, not part of
     the private training file), labels dropped, minus every image that also occurs among the
-    private records (training and validation split), declared public; the rest of the test file
-    stays for evaluation."""
+    private records (training and validation split), declared public; the test records from
+    ``test_from`` (default ``num_public``; a fixed value keeps one test set across pool sizes)
+    stay for evaluation."""
     n_test = len(data.test_x)
-    if not 0 < num_public < n_test:
-        raise ValueError(f"num_public={num_public!r} must be in (0, {n_test})")
+    test_from = num_public if test_from is None else int(test_from)
+    if not 0 < num_public <= test_from < n_test:
+        raise ValueError(
+            f"need 0 < num_public={num_public!r} <= test_from={test_from!r} < {n_test} test records"
+        )
     cand = data.test_x[:num_public].reshape(num_public, -1)
     private = set(image_digests(data.train_x)) | set(image_digests(data.val_x))
     keep = np.array([d not in private for d in image_digests(cand)], dtype=bool)
     return PublicPool(
         x=np.ascontiguousarray(cand[keep], dtype=np.float32),
-        test_x=data.test_x[num_public:],
-        test_y=data.test_y[num_public:],
+        test_x=data.test_x[test_from:],
+        test_y=data.test_y[test_from:],
         removed=int((~keep).sum()),
         source=f"{data.name} test file, records [0, {num_public})",
     )
@@ -291,9 +295,15 @@ class PublicDataTrainer:
     privacy_fields = PUBLIC_DATA_PRIVACY_FIELDS
     calibrated_field = "noise_multiplier"
 
-    def __init__(self, data: Any, num_public: int, base: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        data: Any,
+        num_public: int,
+        base: Mapping[str, Any] | None = None,
+        test_from: int | None = None,
+    ) -> None:
         self.data = data
-        self.pool = public_pool(data, num_public)
+        self.pool = public_pool(data, num_public, test_from)
         self.base = dict(base or {})
         self.num_examples = int(data.public_num_train)
         self._fingerprint: str | None = None
