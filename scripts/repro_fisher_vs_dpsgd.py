@@ -7,8 +7,8 @@ dptune (docs/reproductions/fisher-vs-dpsgd.md declares the settings; run once).
 For each total epsilon: (1) DP-Fisher through ``dptune.tune`` (learners.fisher.FisherTrainer);
 (2) the DP-SGD CNN through the ``dptune`` command with the shipped ``smoke`` config, its epochs
 raised to 4, its score noise std set to 10 and its epsilon overridden. Same data split, same
-selection (random stopping, logarithmic, mean 2.5 candidates), delta = 1e-5, OS entropy. Writes ``results.json`` and
-``fisher_vs_dpsgd.png`` to --out.
+selection (random stopping, logarithmic, mean 2.5 candidates), delta = 1e-5, OS entropy.
+Writes ``results.json`` and ``fisher_vs_dpsgd.png`` to --out.
 """
 
 from __future__ import annotations
