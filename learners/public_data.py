@@ -11,7 +11,7 @@ one-vs-rest for K classes, with the loss ``l(p, y) = (p - y)^2 / 4`` for y in {-
 1-Lipschitz in p on [-1, 1] and valued in [0, 1], as the paper's Theorem 3 requires.
 
 * Public data: m unlabelled records Z_1..Z_m, declared public (the first part of the dataset's test
-  file, minus any image that also occurs in the private training file: :func:`public_pool`).
+  file, :func:`public_pool`; audited disjoint from the private records by :func:`shared_images`).
   The feature map phi (PCA on the public records, scaled by a public constant and clipped to norm
   1 per record) depends on public data only.
 * ERM oracle: :func:`ball_least_squares`, the exact minimiser of a quadratic over the ball
@@ -68,6 +68,7 @@ __all__ = [
     "perturb_noise_std",
     "public_data_event",
     "public_pool",
+    "shared_images",
     "stability_radius",
 ]
 
@@ -112,40 +113,47 @@ class PublicPool:
 
     Attributes:
       x: (m, p) public images (flattened, float32); never labelled.
-      test_x, test_y: the rest of the test file (disjoint from ``x``), for the released accuracy.
-      removed: how many candidate public records were dropped because the same image occurs in
-        the private training file.
+      test_x, test_y: the test file's records from ``test_from`` on (disjoint from ``x``), for the
+        released accuracy.
+      source: where the public records come from (for the statement).
     """
 
     x: np.ndarray
     test_x: np.ndarray
     test_y: np.ndarray
-    removed: int
     source: str
 
 
 def public_pool(data: Any, num_public: int, test_from: int | None = None) -> PublicPool:
     """The first ``num_public`` records of the dataset's TEST file (a published file, not part of
-    the private training file), labels dropped, minus every image that also occurs among the
-    private records (training and validation split), declared public; the test records from
+    the private training file), labels dropped, declared public; the test records from
     ``test_from`` (default ``num_public``; a fixed value keeps one test set across pool sizes)
-    stay for evaluation."""
+    stay for evaluation.
+
+    The pool never depends on the private data (the paper's public samples are independent of
+    D): it is not filtered against the private records, because a filter would make the public set,
+    and so the mechanism, a function of D. That no public image is also a private record is an
+    audit of the shipped files (:func:`shared_images`, ``tests/test_learners_public_data.py``).
+    """
     n_test = len(data.test_x)
     test_from = num_public if test_from is None else int(test_from)
     if not 0 < num_public <= test_from < n_test:
         raise ValueError(
             f"need 0 < num_public={num_public!r} <= test_from={test_from!r} < {n_test} test records"
         )
-    cand = data.test_x[:num_public].reshape(num_public, -1)
-    private = set(image_digests(data.train_x)) | set(image_digests(data.val_x))
-    keep = np.array([d not in private for d in image_digests(cand)], dtype=bool)
     return PublicPool(
-        x=np.ascontiguousarray(cand[keep], dtype=np.float32),
+        x=np.ascontiguousarray(data.test_x[:num_public].reshape(num_public, -1), dtype=np.float32),
         test_x=data.test_x[test_from:],
         test_y=data.test_y[test_from:],
-        removed=int((~keep).sum()),
         source=f"{data.name} test file, records [0, {num_public})",
     )
+
+
+def shared_images(public_x: np.ndarray, data: Any) -> int:
+    """How many public images also occur among the private records (training and validation
+    splits): the disjointness audit (0 for the shipped MNIST-10k and Fashion-MNIST pools)."""
+    private = set(image_digests(data.train_x)) | set(image_digests(data.val_x))
+    return int(sum(d in private for d in image_digests(public_x)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -355,9 +363,9 @@ class PublicDataTrainer:
     def privacy_notes(self) -> list[str]:
         return [
             self.data.describe_split() + ".",
-            f"Public unlabelled data: {len(self.pool.x)} records of the {self.pool.source} "
-            f"({self.pool.removed} dropped because the same image is in the private data); "
-            "test accuracy is measured on the rest of the test file.",
+            f"Public unlabelled data: the {len(self.pool.x)} records of the {self.pool.source}, "
+            "declared public and independent of the private data; test accuracy is measured on "
+            "other records of the test file.",
         ]
 
     def check_adjacency(self, adjacency: str) -> None:

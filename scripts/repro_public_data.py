@@ -74,7 +74,6 @@ def main() -> None:
                 {
                     "dataset": name,
                     "num_public": len(trainer.pool.x),
-                    "dropped_duplicates": trainer.pool.removed,
                     "num_test": len(trainer.pool.test_y),
                     "released": rel.released,
                     "test_accuracy": rel.test_accuracy,

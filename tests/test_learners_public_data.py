@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 import pytest
-from _paths import mnist_10k
+from _paths import mnist_10k, shared_data
 from scipy import optimize
 from test_learners_fisher import analytic_gaussian_epsilon
 
@@ -32,24 +32,38 @@ def mnist():
 
 def test_public_pool_is_disjoint_from_the_private_split(mnist):
     """The private records are exactly those the per-record hash split of trainers/data.py put in
-    training or validation; no public image is among them, and the public pool and the remaining
-    test records are disjoint parts of the test file."""
-    pool = pdl.public_pool(mnist, 1000)
-    # Recompute the private split independently from the raw training file.
+    training or validation (recomputed here from the raw file); no public image is among them, the
+    pool is the first test records whatever the private data, and it is disjoint from the
+    evaluation records."""
     from trainers.data import _load_idx
 
+    pool = pdl.public_pool(mnist, 1000)
     raw_x, raw_y, test_x, _ = _load_idx(mnist_10k())
     u = record_split_uniforms(record_digests(raw_x, raw_y), 0)
     in_val = u < mnist.split["fraction"]
     assert in_val.sum() == len(mnist.val_y) and (~in_val).sum() == len(mnist.train_y)
     private_images = set(pdl.image_digests(raw_x))  # every private record, either split
-    public_images = pdl.image_digests(pool.x)
-    assert not private_images & set(public_images)
-    assert len(pool.x) + pool.removed == 1000
+    assert not private_images & set(pdl.image_digests(pool.x))
+    assert pdl.shared_images(pool.x, mnist) == 0
+    assert np.array_equal(pool.x, test_x[:1000].reshape(1000, -1))
     assert np.array_equal(pool.test_x, test_x[1000:])  # evaluation records are not in the pool
-    # A duplicate of a private image offered as public is dropped (the check is not vacuous).
+    assert not set(pdl.image_digests(pool.x)) & set(pdl.image_digests(pool.test_x))
+    # the audit is not vacuous: private images offered as public are counted
     leaky = dataclasses.replace(mnist, test_x=np.concatenate([mnist.train_x[:3], mnist.test_x]))
-    assert pdl.public_pool(leaky, 1000).removed >= 3
+    assert pdl.shared_images(pdl.public_pool(leaky, 1000).x, mnist) == 3
+
+
+def test_fashion_mnist_public_pool_is_disjoint_from_its_private_records():
+    """The Fashion-MNIST pool of docs/reproductions/public-data-amount.md (test records [0, 5000))
+    shares no image with the 60,000-record private training file."""
+    folder = shared_data("fashion-mnist")
+    if folder is None:
+        pytest.skip("Fashion-MNIST is not beside the checkout (../shared/data/fashion-mnist)")
+    from trainers.data import _load_idx
+
+    train_x, _, test_x, _ = _load_idx(folder)
+    private = set(pdl.image_digests(train_x))
+    assert not private & set(pdl.image_digests(test_x[:5000]))
 
 
 @pytest.mark.parametrize("z,k", [(2.0, 10), (5.0, 10), (1.0, 2)])
