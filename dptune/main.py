@@ -279,6 +279,7 @@ def main(argv: list[str]) -> int:
     from dptune.ledger import BudgetExceededError, LedgerBudgetMismatchError
     from dptune.space import SpaceError
     from dptune.tuner import TuningConfigError
+    from dptune.workdir_lock import WorkdirLockedError
 
     _setup_logging()
     try:
@@ -297,6 +298,7 @@ def main(argv: list[str]) -> int:
         BudgetExceededError,
         LedgerBudgetMismatchError,
         ConfigChangedError,
+        WorkdirLockedError,
     ) as e:
         print(f"dptune: refused: {e}", file=sys.stderr)
         return 2

@@ -44,6 +44,7 @@ from dptune.journal import JOURNAL_FILE, Journal
 from dptune.ledger import Ledger
 from dptune.release import Release, read_release, write_release
 from dptune.space import Space
+from dptune.workdir_lock import holds_workdir_lock
 
 log = logging.getLogger("dptune")
 
@@ -516,6 +517,7 @@ def plan_privacy(
     return space, statement
 
 
+@holds_workdir_lock  # one run per workdir, for the whole run (dptune/workdir_lock.py)
 def tune(
     trainer: Any,
     space: Space | Mapping[str, Any],
