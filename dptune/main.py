@@ -208,6 +208,13 @@ def run_config(
         budget = Budget(_number(cfg, "privacy.epsilon"), _number(cfg, "privacy.delta"))
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if not dry_run:
+        # A workdir in use is refused before the (slow) data loading, not a minute later;
+        # tune() then holds the lock for the whole run (dptune/workdir_lock.py).
+        from dptune.workdir_lock import workdir_lock
+
+        with workdir_lock(workdir):
+            pass
     data = load_data(cfg)
     trainer = DpSgdTrainer(data, cfg.get("train", {}), epoch_progress=progress)
     if dry_run:
