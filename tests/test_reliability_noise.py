@@ -16,7 +16,9 @@ import pytest
 
 from trainers import models
 from trainers.data import make_synthetic
-from trainers.train import Hyperparams, get_step_functions, make_optimizer, train_candidate
+from trainers.loop import train_candidate
+from trainers.spec import Hyperparams
+from trainers.step import get_step_functions, make_optimizer
 
 B = 64  # chunk size of the masked batch (its content is irrelevant: every example is masked)
 SIGMA, CLIP = 1.3, 0.7  # noise std per coordinate = SIGMA * CLIP (expected batch 1)
@@ -110,13 +112,18 @@ def test_the_training_loop_passes_every_step_index_once(monkeypatch):
     hp = Hyperparams(batch_size=64, epochs=2, noise_multiplier=1.0)
     fns = get_step_functions(hp.model, data.num_classes, hp.optimizer, "bookkeeping")
     seen: list[tuple[int, bytes]] = []
-    real = fns.step
+    real_group = fns.group
 
-    def spy(*args):
-        seen.append((int(args[9]), np.asarray(args[8]).tobytes()))  # (step, noise key)
-        return real(*args)
+    def group(k):
+        accumulate, step = real_group(k)
 
-    monkeypatch.setattr(fns, "step", spy)
+        def spy(*args):
+            seen.append((int(args[9]), np.asarray(args[8]).tobytes()))  # (step, noise key)
+            return step(*args)
+
+        return accumulate, spy
+
+    monkeypatch.setattr(fns, "group", group)
     res = train_candidate(hp, data, jax.random.PRNGKey(3), grad_impl="bookkeeping")
     assert not res.failed
     total = 2 * -(-len(data.train_x) // 64)  # epochs * ceil(N / B)

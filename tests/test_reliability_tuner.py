@@ -136,17 +136,18 @@ def test_candidate_seeds_are_128_bit_and_reach_the_trainer_whole(tmp_path):
 
 def test_dpsgd_noise_keys_are_64_bit_functions_of_the_whole_seed(monkeypatch):
     """DpSgdTrainer turns the candidate's 128-bit seed into a 64-bit threefry key (both words
-    random) for trainers.train; seeds differing only in their top bits give different keys."""
-    import trainers.train
+    random) for trainers.loop; seeds differing only in their top bits give different keys."""
+    import trainers.loop
+    from trainers.spec import CandidateResult
     from trainers.data import make_synthetic
 
     keys = []
 
-    def capture(hp, data, key, **kw):
-        keys.append(np.asarray(key))
-        return trainers.train.CandidateResult({}, 0.5, [], False)
+    def capture(hps, data, ks, **kw):
+        keys.extend(np.asarray(k) for k in ks)
+        return [CandidateResult({}, 0.5, [], False) for _ in hps]
 
-    monkeypatch.setattr(trainers.train, "train_candidate", capture)
+    monkeypatch.setattr(trainers.loop, "train_candidates", capture)
     tr = dptune.DpSgdTrainer(make_synthetic(600, 10, 100), epoch_progress=False, test_curve=False)
     tr.test_curve = False
     base = 0x1234_5678_9ABC_DEF0_0FED_CBA9_8765_4321

@@ -109,18 +109,17 @@ def test_dpsgd_vmapped_group_with_an_overflowing_member(tmp_path, monkeypatch):
     would train a group's members one after another): a member whose noise overflows float32
     (clip_norm 1e30 with learning rate 1e30: update ~ 1e60 -> inf -> NaN) scores NaN, the run
     goes on, and a healthy member's score equals its one-at-a-time training with the same seed."""
-    import dptune.dpsgd
-    import trainers.train
+    import trainers.loop
     from trainers.data import make_synthetic
 
-    real = trainers.train.train_candidates
+    real = trainers.loop.train_candidates
     vmapped: list[int] = []
 
     def forced(hps, data, keys, **kw):
         vmapped.append(len(hps))
         return real(hps, data, keys, **{**kw, "vectorize": True})
 
-    monkeypatch.setattr(dptune.dpsgd, "train_candidates", forced)
+    monkeypatch.setattr(trainers.loop, "train_candidates", forced)
     data = make_synthetic(num_train=400, num_test=50, validation_size=100, seed=0)
     sp = dict(
         learning_rate=space.choice(0.5, 1e30), clip_norm=space.choice(1.0, 1e30),
