@@ -235,5 +235,6 @@ def test_invalid_inputs_are_refused_with_the_value():
         accounting.total_privacy(CAND, None, DELTA, "moments")
     with pytest.raises(ValueError, match="not a selection.privacy transform"):
         accounting.total_privacy(CAND, object(), DELTA)
+    # Thresholding has no PLD route (random stopping has one since the privacy-profile bound).
     with pytest.raises(ValueError, match="accountant='pld' has no route"):
-        accounting.total_privacy(CAND, sp.RandomStoppingPrivacy.from_mean(10.0, 1.0), DELTA, "pld")
+        accounting.total_privacy(CAND, sp.ThresholdingPrivacy(0.1), DELTA, "pld")
