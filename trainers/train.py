@@ -63,7 +63,9 @@ class Hyperparams:
       epochs: passes over the training set; the run has epochs * ceil(N / B) steps.
       optimizer: "sgd", "momentum" (heavy ball, optax.sgd with momentum) or "adam".
       momentum: momentum coefficient for "momentum" (in [0, 1)).
-      model: "cnn26k", "cnn52k" or "cifar_cnn".
+      model: one of ``trainers.models.MODEL_NAMES``: "cnn26k", "cnn52k", "cifar_cnn", or
+        "scatter_linear" / "scatter_cnn" (trained on the images' scattering features; privacy is
+        the same function of (B, epochs, sigma) whichever model is chosen).
       score_noise_std: std, in counts, of the Gaussian noise added to the number of correct
         validation predictions; None = exact score (the validation split is treated as public).
     """
@@ -178,9 +180,11 @@ def make_optimizer(hp: Hyperparams) -> optax.GradientTransformation:
 
 
 def default_grad_impl(model: str, image_shape: tuple[int, ...]) -> str:
-    """ "bookkeeping" for the 28x28x1 MnistCNN family (the fast path), "naive" (vmap(grad))
-    otherwise."""
+    """ "bookkeeping" for the 28x28x1 MnistCNN family and for scatter_linear (the fast paths),
+    "naive" (vmap(grad)) otherwise."""
     if model in ("cnn26k", "cnn52k") and tuple(image_shape) == (28, 28, 1):
+        return "bookkeeping"
+    if model == "scatter_linear":  # closed-form norms (dpsgd.clipped_sum_scatter_linear)
         return "bookkeeping"
     return "naive"
 
@@ -202,7 +206,9 @@ class StepFunctions:
         self.optimizer = make_optimizer(Hyperparams(optimizer=optimizer, model=model))
         self.trace_count = 0
         apply_fn = self.spec.module.apply
-        if grad_impl == "bookkeeping":
+        if grad_impl == "bookkeeping" and model == "scatter_linear":
+            self._clipped_sum = dpsgd.clipped_sum_scatter_linear
+        elif grad_impl == "bookkeeping":
             self._clipped_sum = dpsgd.clipped_sum_bookkeeping
         elif grad_impl == "naive":
             self._clipped_sum = functools.partial(dpsgd.clipped_sum_naive, apply_fn)
@@ -256,6 +262,56 @@ def get_step_functions(
 # --- data on device, evaluation -------------------------------------------------------------------
 
 _DEVICE_DATA: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_FEATURE_DATA: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def model_data(data: Dataset, model: str) -> Dataset:
+    """The dataset as ``model`` reads it: ``data`` itself, or for the scatter models a Dataset
+    whose three splits hold the images' scattering features (n, 7, 7, 81) (``trainers.scatter``,
+    cached on disk per record; computed once per Dataset object in this process). The records,
+    labels and every other field stay the same, so sampling rates and privacy are unchanged."""
+    spec = models.get_model(model, data.num_classes)
+    if spec.features is None:
+        return data
+    cached = _FEATURE_DATA.get(data)
+    if cached is None:
+        from trainers import scatter
+
+        n_tr, n_va = len(data.train_x), len(data.val_x)
+        feats = scatter.features(np.concatenate([data.train_x, data.val_x, data.test_x]))
+        cached = dataclasses.replace(
+            data,
+            train_x=feats[:n_tr],
+            val_x=feats[n_tr : n_tr + n_va],
+            test_x=feats[n_tr + n_va :],
+        )
+        _FEATURE_DATA[data] = cached
+    return cached
+
+
+_INPUTS: dict[int, tuple[weakref.ref, np.ndarray]] = {}
+
+
+def _inputs_for(model, x: np.ndarray) -> np.ndarray:
+    """``x`` as ``model`` reads it: images become scattering features for the scatter models
+    (memoised per array object, so per-epoch test evaluations do not rehash the test set)."""
+    module = _module_of(model)
+    if not isinstance(module, (models.ScatterLinear, models.ScatterCNN)):
+        return x
+    if tuple(x.shape[1:]) == models.SCATTER_SHAPE:
+        return x
+    hit = _INPUTS.get(id(x))
+    if hit is not None and hit[0]() is x:
+        return hit[1]
+    from trainers import scatter
+
+    feats = scatter.features(x)
+    try:
+        _INPUTS[id(x)] = (weakref.ref(x), feats)
+        weakref.finalize(x, _INPUTS.pop, id(x), None)
+    except TypeError:  # an array view that cannot be weakly referenced: just not memoised
+        pass
+    return feats
 
 
 def device_arrays(data: Dataset) -> tuple[jax.Array, jax.Array]:
@@ -285,6 +341,7 @@ def count_correct(params, model, x: np.ndarray, y: np.ndarray) -> int:
     recompiles."""
     module = _module_of(model)
     fn = _count_correct_fn(module)
+    x = _inputs_for(module, x)
     total = 0
     for start in range(0, len(x), _EVAL_BATCH):
         xb, yb = x[start : start + _EVAL_BATCH], y[start : start + _EVAL_BATCH]
@@ -345,7 +402,16 @@ def _all_finite(tree) -> bool:
 
 def _check(hp: Hyperparams, data: Dataset) -> None:
     spec = models.get_model(hp.model, data.num_classes)
-    if tuple(data.train_x.shape[1:]) != spec.input_shape:
+    if spec.features == "scatter":
+        from trainers import scatter
+
+        scatter.kymatio_version()  # raises KymatioMissingError with how to install it
+        if tuple(data.train_x.shape[1:]) != (*scatter.IMAGE_HW, 1):
+            raise ValueError(
+                f"model {hp.model!r} computes scattering features of 28x28x1 images, but dataset "
+                f"{data.name!r} has {tuple(data.train_x.shape[1:])}"
+            )
+    elif tuple(data.train_x.shape[1:]) != spec.input_shape:
         raise ValueError(
             f"model {hp.model!r} expects images of shape {spec.input_shape}, but dataset "
             f"{data.name!r} has "
@@ -436,8 +502,9 @@ def train_candidates(
         groups.setdefault(sig if vectorize else (i,), []).append(i)
     for members in groups.values():
         impl = grad_impl or default_grad_impl(hps[members[0]].model, data.train_x.shape[1:])
+        gdata = model_data(data, hps[members[0]].model)  # scattering features for scatter models
         group = _train_group(
-            [hps[i] for i in members], data, [keys[i] for i in members], members, progress,
+            [hps[i] for i in members], gdata, [keys[i] for i in members], members, progress,
             progress_every, impl, on_epoch,
         )  # fmt: skip
         for i, r in zip(members, group, strict=True):
