@@ -15,6 +15,7 @@ Files (``DIR/release/``):
 * ``training_curve.json`` / ``training_curve.png`` (the selected candidate's public per-epoch
   quantities: its test accuracy on the public test split, its epsilon so
   far, metrics on public or privatised data; never the exact training loss), ``epsilon.png``.
+* ``report.md``: a one-page summary for a newcomer, linking the plots (``dptune.report``).
 
 The folder is written to ``release.tmp/`` and renamed into place: it is complete or absent.
 """
@@ -120,6 +121,9 @@ def write_release(release: Release, folder: str | os.PathLike) -> Path:
         if release.curve:
             _write_json(tmp / "training_curve.json", release.curve)
             plots.training_curve(release.curve, tmp / "training_curve.png")
+    from dptune.report import write_report
+
+    write_report(release, tmp)  # report.md: a one-page summary linking the plots above
     if folder.exists():
         shutil.rmtree(folder)
     os.replace(tmp, folder)
