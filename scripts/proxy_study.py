@@ -1,7 +1,7 @@
 """Which DP-SGD hyperparameters matter, measured on PUBLIC proxy data (the 10,000 MNIST digits
 shipped with dptune), never on the data a release is reported for.
 
-Every run is a real DP-SGD run whose noise multiplier is calibrated exactly as a tuned run's would be:
+Every run is a real DP-SGD run whose noise multiplier is calibrated as a tuned run's would be:
 total (3, 1e-5) with random stopping (Poisson, mean 8) and a private validation score (noise 10
 counts) -- so the proxy sees the per-candidate noise level a tuned run sees. The sampling rate
 q = B / N is kept at the Fashion-MNIST configs' q = 2048 / 55000 (B = 256 of the proxy's 7,000
