@@ -41,6 +41,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="docs/proxy_study.json")
     ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--phase", type=int, default=1)
     args = ap.parse_args()
     data = load_dataset("mnist", MNIST_10K_DIR, validation_size=1000, source="idx")
     n = len(data.train_x)
@@ -63,6 +64,21 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)
 
+    if args.phase == 2:
+        # Phase 1 showed the lr x C product matters and smaller was better down to 0.025:
+        # extend below it, and repeat the other factors around the better centre.
+        for lr, c in ((0.25, 0.025), (0.5, 0.025), (1.0, 0.0125), (0.5, 0.05)):
+            run("lr_x_clip", model="scatter_linear", learning_rate=lr, clip_norm=c)
+        for lr in (0.25, 1.0):
+            run("scatter_cnn_lr", model="scatter_cnn", learning_rate=lr, clip_norm=0.1)
+        for b in (64, 1024):
+            run("batch_size", model="scatter_linear", learning_rate=1.0, clip_norm=0.025,
+                batch_size=b)  # fmt: skip
+        for e in (5, 40):
+            run("epochs", model="scatter_linear", learning_rate=1.0, clip_norm=0.025, epochs=e)
+        run("optimizer", model="scatter_linear", learning_rate=10.0, clip_norm=0.025,
+            optimizer="sgd")  # fmt: skip
+        return
     # 1. model family at each family's published centre (lr 4, C 0.1; Tramer & Boneh 2021)
     for model in ("scatter_linear", "scatter_cnn", "cnn26k"):
         run("model", model=model, learning_rate=4.0, clip_norm=0.1)

@@ -126,3 +126,38 @@ def test_scatter_model_learns_under_dpsgd_on_real_digits(mnist, model, tmp_path,
     assert r.validation_score > 0.80  # chance is 0.10
     # evaluate() takes raw images and computes (cached) features for the scatter models.
     assert train.evaluate(r.params, model, data.test_x, data.test_y) > 0.80
+
+
+def test_model_family_is_a_privacy_irrelevant_hyperparameter(mnist, tmp_path, monkeypatch):
+    """The tuner's DP-SGD trainer declares the same privacy for every model, and trains a mix of
+    families drawn from one space (features for the scatter models, images for the CNN)."""
+    import numpy as np_
+
+    from dptune.tuner import DpSgdTrainer
+
+    monkeypatch.setenv("DPTUNE_CACHE", str(tmp_path))
+    data = split_validation(
+        mnist.train_x[:1200], mnist.train_y[:1200], mnist.test_x[:200], mnist.test_y[:200],
+        10, "mnist", 200,
+    )  # fmt: skip
+    base = dict(batch_size=200, epochs=1, noise_multiplier=1.0, learning_rate=1.0, clip_norm=0.1)
+    tr = DpSgdTrainer(data, base, epoch_progress=False)
+    models_ = ("cnn26k", "scatter_linear", "scatter_cnn")
+    assert len({repr(tr.privacy({"model": m})) for m in models_}) == 1
+    out = tr.train_many(
+        [{"model": m} for m in models_], [np_.random.default_rng(i) for i in range(3)]
+    )
+    assert [set(p["params"]) for _, p in out] == [
+        {"conv1", "conv2", "dense1", "dense2"},
+        {"dense"},
+        {"conv1", "conv2", "dense1", "dense2"},
+    ]
+    assert all(0.0 <= s <= 1.0 for s, _ in out)
+    # The released model's test accuracy is computed from the images (features made on the fly)
+    # and equals its accuracy on precomputed features and its training curve's last point.
+    params = out[1][1]["params"]
+    acc = tr.test_accuracy({"model": "scatter_linear"}, out[1][1])
+    feats = scatter.FeatureCache(tmp_path).features(data.test_x)
+    assert acc == train.evaluate(params, "scatter_linear", feats, data.test_y)
+    assert acc == out[1][1]["history"][-1]["test_accuracy"]
+    assert acc > 0.15  # one epoch of 5 noisy steps; chance is 0.10
