@@ -16,6 +16,13 @@ def get_config() -> config_dict.ConfigDict:
     # data: tensorflow-datasets by default; a local IDX folder with --config.data.dir=...
     c.data = dict(name="cifar10", source="auto", validation_size=5000)
     c.data.dir = config_dict.placeholder(str)
+    # privacy model of the data (docs/privacy-model.md): each record's split is a keyed hash of
+    # that record; sampling rates come from the PUBLIC size of the training file (default: the
+    # published size of data.name), never from len() of the loaded arrays
+    c.data.num_examples = config_dict.placeholder(int)
+    c.data.split_seed = 0
+    c.data.validation_dir = config_dict.placeholder(str)  # a separate validation set (IDX train-*)
+    c.data.validation_public = False  # True only for a separate, public validation set
     # fixed DP-SGD settings (trainers.train.Hyperparams fields)
     c.train = dict(
         model="cifar_cnn", batch_size=512, epochs=30, optimizer="momentum", momentum=0.9,
@@ -34,6 +41,7 @@ def get_config() -> config_dict.ConfigDict:
     c.selection.max_trials = config_dict.placeholder(int)
     c.selection.k = config_dict.placeholder(int)  # best_of_k / non_private_best
     c.privacy = dict(epsilon=8.0, delta=1e-5, accountant="auto")
+    c.privacy.adjacency = "add_remove"  # or "replace_one" (fixed, public dataset size)
     # the dataset's budget over all runs in the ledger (default: this run's budget)
     c.ledger = dict(enabled=True)
     c.ledger.path = config_dict.placeholder(

@@ -15,6 +15,13 @@ def get_config() -> config_dict.ConfigDict:
     c = config_dict.ConfigDict()
     # "<shipped:mnist-10k>" is dptune/data/mnist-10k (8,000 train / 2,000 test, IDX gz)
     c.data = dict(name="mnist", source="idx", dir="<shipped:mnist-10k>", validation_size=1000)
+    # privacy model of the data (docs/privacy-model.md): each record's split is a keyed hash of
+    # that record; sampling rates come from the PUBLIC size of the training file (default: the
+    # published size of data.name), never from len() of the loaded arrays
+    c.data.num_examples = 8000  # the shipped subset's training file
+    c.data.split_seed = 0
+    c.data.validation_dir = config_dict.placeholder(str)  # a separate validation set (IDX train-*)
+    c.data.validation_public = False  # True only for a separate, public validation set
     c.train = dict(
         model="cnn26k", batch_size=256, epochs=2, optimizer="sgd", momentum=0.9,
         score_noise_std=5.0,  # Gaussian noise (in counts) on the number of correct val predictions
@@ -31,6 +38,7 @@ def get_config() -> config_dict.ConfigDict:
     c.selection.max_trials = config_dict.placeholder(int)
     c.selection.k = config_dict.placeholder(int)
     c.privacy = dict(epsilon=4.0, delta=1e-5, accountant="auto")
+    c.privacy.adjacency = "add_remove"  # or "replace_one" (fixed, public dataset size)
     # A demo dataset: its ledger budget allows many smoke runs (a real dataset's would not).
     c.ledger = dict(enabled=True, budget_epsilon=1000.0, budget_delta=1e-3)
     c.ledger.path = config_dict.placeholder(str)

@@ -139,6 +139,23 @@ def check_config(cfg: Mapping[str, Any]) -> None:
     acc = _get(cfg, "privacy.accountant", "auto")
     if acc not in ("auto", "rdp", "pld"):
         raise ConfigError(f"config.privacy.accountant={acc!r} must be 'auto', 'rdp' or 'pld'")
+    adj = _get(cfg, "privacy.adjacency", "add_remove")
+    if adj not in ("add_remove", "replace_one"):
+        raise ConfigError(f"config.privacy.adjacency={adj!r} must be 'add_remove' or 'replace_one'")
+    nex = _get(cfg, "data.num_examples")
+    if nex is not None and (isinstance(nex, bool) or not isinstance(nex, int) or nex < 1):
+        raise ConfigError(
+            f"config.data.num_examples={nex!r} must be a positive integer (the public number of "
+            "records in the training file)"
+        )
+    vpub = _get(cfg, "data.validation_public", False)
+    if not isinstance(vpub, bool):
+        raise ConfigError(f"config.data.validation_public={vpub!r} must be True or False")
+    if vpub and not _get(cfg, "data.validation_dir"):
+        raise ConfigError(
+            "config.data.validation_public=True needs a separate validation set "
+            "(config.data.validation_dir): a split of the private training file is private"
+        )
     group = _get(cfg, "executor.group_size", 1)
     if isinstance(group, bool) or not isinstance(group, int) or group < 1:
         raise ConfigError(f"config.executor.group_size={group!r} must be an integer >= 1")
@@ -200,6 +217,7 @@ def run_config(
             accountant=str(_get(cfg, "privacy.accountant", "auto")),
             seeded=seed is not None,
             debug_nonprivate=debug_nonprivate,
+            adjacency=str(_get(cfg, "privacy.adjacency", "add_remove")),
         )
     ledger_cfg = cfg.get("ledger", {}) or {}
     ledger_path = ledger_cfg.get("path") or None
@@ -230,6 +248,7 @@ def run_config(
             config=bound,
             progress=progress,
             debug_nonprivate=debug_nonprivate,
+            adjacency=str(_get(cfg, "privacy.adjacency", "add_remove")),
         )
     except TuningConfigError:
         raise
@@ -241,16 +260,22 @@ def load_data(cfg: Mapping[str, Any]) -> Any:
 
     d = cfg["data"]
     data_dir = d.get("dir") or None
+    num_examples = d.get("num_examples")
     if data_dir == "<shipped:mnist-10k>":
-        from dptune.data import MNIST_10K_DIR
+        from dptune.data import MNIST_10K_DIR, MNIST_10K_NUM_TRAIN
 
         data_dir = str(MNIST_10K_DIR)
+        num_examples = num_examples or MNIST_10K_NUM_TRAIN
     try:
         return load_dataset(
             d["name"],
             data_dir=data_dir,
             validation_size=int(d.get("validation_size", 5000)),
             source=d.get("source", "auto"),
+            seed_split=int(d.get("split_seed") or 0),
+            num_examples=num_examples,
+            validation_dir=d.get("validation_dir") or None,
+            validation_public=bool(d.get("validation_public", False)),
         )
     except DatasetNotFoundError as e:
         raise ConfigError(f"config.data: {e}") from None

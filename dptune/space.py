@@ -255,6 +255,11 @@ class Space:
         return cls(config)
 
     @property
+    def privacy_fields(self) -> frozenset[str]:
+        """Names declared privacy-relevant by name (besides fields marked ``privacy=True``)."""
+        return self._privacy_fields
+
+    @property
     def searched(self) -> tuple[str, ...]:
         """Names of the fields that are drawn at random (not constants)."""
         return tuple(n for n, v in self.fields.items() if isinstance(v, _DISTRIBUTIONS))

@@ -174,7 +174,8 @@ class DpSgdTrainer:
         self.data = data
         self.test_curve = test_curve
         self.base = dict(base or {})
-        self.num_examples = int(len(data.train_y))
+        # The PUBLIC nominal training size (declared or published), never len() of private arrays.
+        self.num_examples = int(data.public_num_train)
         self.epoch_progress = epoch_progress
         self._fingerprint: str | None = None
 
@@ -197,6 +198,14 @@ class DpSgdTrainer:
         from trainers.train import dpsgd_privacy
 
         hp = self.hyperparams(hparams)
+        if hp.score_noise_std is None and not getattr(self.data, "validation_public", False):
+            raise TuningConfigError(
+                "score_noise_std=None (an exact validation score) needs a validation set declared "
+                "public and separate from the private data, but this dataset's validation split "
+                "is private: set score_noise_std > 0 (config.train.score_noise_std), or load a "
+                "separate public validation set (config.data.validation_dir with "
+                "config.data.validation_public=True)"
+            )
         try:
             privacy = dpsgd_privacy(hp, self.num_examples)
         except ValueError as e:
@@ -306,6 +315,7 @@ class DpSgdTrainer:
             cand = _dpsgd_candidate(
                 type(full)(full.sampling_rate, e * per_epoch, full.noise_multiplier),
                 hp.score_noise_std,
+                getattr(self, "_adjacency", "add_remove"),
             )
             eps = total_privacy(cand, None, delta, "auto").total_epsilon
             row: dict[str, Any] = {"epoch": e, "epsilon_one_run": float(eps)}
@@ -322,6 +332,33 @@ class DpSgdTrainer:
             return None
         hp = self.hyperparams(hparams)
         return float(evaluate(payload["params"], hp.model, self.data.test_x, self.data.test_y))
+
+    def privacy_notes(self) -> list[str]:
+        """Sentences for the privacy statement: how the validation split was formed, and which
+        public size the sampling rate comes from."""
+        notes = []
+        if hasattr(self.data, "describe_split"):
+            notes.append(self.data.describe_split() + ".")
+        notes.append(
+            f"Sampling rates and step counts use the public nominal training size "
+            f"{self.num_examples}, not the private data's length."
+        )
+        return notes
+
+    def check_adjacency(self, adjacency: str) -> None:
+        """Replace-one needs a fixed, public dataset size: the loaded file must hold exactly the
+        declared number of records."""
+        self._adjacency = adjacency
+        if adjacency != "replace_one":
+            return
+        declared = getattr(self.data, "split", {}).get("num_examples")
+        actual = len(self.data.train_y) + len(self.data.val_y)
+        if declared is None or declared != actual:
+            raise TuningConfigError(
+                "adjacency='replace_one' assumes a dataset of fixed, public size, but the loaded "
+                f"training file holds {actual} records and {declared} were declared "
+                "(config.data.num_examples); declare the exact size or use 'add_remove'"
+            )
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -380,11 +417,15 @@ def _as_candidate(x: Any) -> Any:
     return cands[0]
 
 
-def _dpsgd_candidate(privacy: Any, score_noise_std: float | None) -> Any:
+def _dpsgd_candidate(
+    privacy: Any, score_noise_std: float | None, adjacency: str = "add_remove"
+) -> Any:
     from dptune.accounting.events import DpSgdCandidate
 
     try:
-        return DpSgdCandidate.from_dpsgd_privacy(privacy, score_noise_std=score_noise_std)
+        return DpSgdCandidate.from_dpsgd_privacy(
+            privacy, score_noise_std=score_noise_std, adjacency=adjacency
+        )
     except ValueError as e:
         raise TuningConfigError(str(e)) from None
 
@@ -439,6 +480,30 @@ class _Private:
         return "<private: see DIR/private/>"
 
 
+@dataclass(frozen=True)
+class PrivacyPlan:
+    """What the accountant promised, computed once before anything private runs.
+
+    Attributes:
+      space: the search space, ``noise_multiplier`` filled in when it was "auto".
+      statement: the total privacy statement of the run.
+      candidates: every candidate privacy the statement holds for (the worst case was taken over
+        them); a drawn candidate must be one of them or dominated by them (``check_candidate``).
+      privacy_fields: the space's fields the accounting enumerated (declared privacy fields plus
+        those the trainer's declared privacy was found to depend on).
+      adjacency: "add_remove" or "replace_one".
+    """
+
+    space: Space
+    statement: Any
+    candidates: tuple
+    privacy_fields: tuple[str, ...]
+    adjacency: str
+    transform: Any
+    delta: float
+    accountant: str
+
+
 def plan_privacy(
     trainer: Any,
     space: Space,
@@ -448,14 +513,96 @@ def plan_privacy(
     accountant: str = "auto",
     seeded: bool = False,
     debug_nonprivate: bool = False,
+    adjacency: str = "add_remove",
 ) -> tuple[Space, Any]:
     """Steps 1-2: validates, calibrates the noise if asked, and returns (space, statement).
 
     The returned space has ``noise_multiplier`` fixed to the calibrated value when it was "auto".
     Raises TuningConfigError / ImpossibleBudgetError before anything private runs.
     """
+    plan = make_privacy_plan(
+        trainer,
+        space,
+        selection,
+        budget,
+        accountant=accountant,
+        seeded=seeded,
+        debug_nonprivate=debug_nonprivate,
+        adjacency=adjacency,
+    )
+    return plan.space, plan.statement
+
+
+#: Points tried along a continuous field when probing whether a trainer's privacy depends on it.
+_PROBES = 7
+
+
+def _probe_values(dist: Any) -> list[Any]:
+    """Values of a searched field at which the trainer's declared privacy is probed: the whole
+    support of a finite distribution (up to 64 values), else both ends and interior points."""
+    from dptune import space as space_mod
+
+    if isinstance(dist, (space_mod.Choice, space_mod.Integer)):
+        support = dist.support()
+        if len(support) <= 64:
+            return list(support)
+        idx = np.unique(np.linspace(0, len(support) - 1, 64).round().astype(int))
+        return [support[i] for i in idx]
+    lo, hi = float(dist.low), float(dist.high)
+    if isinstance(dist, space_mod.LogUniform):
+        return [float(v) for v in np.geomspace(lo, hi, _PROBES)]
+    return [float(v) for v in np.linspace(lo, hi, _PROBES)]
+
+
+def _privacy_dependent_fields(
+    trainer: Any, space: Space, candidate_of: Callable[[dict], Any]
+) -> list[str]:
+    """Searched fields (not already privacy-relevant) that change the trainer's declared privacy.
+
+    A trainer declares ``privacy(hparams)``; the accountant must take the worst case over every
+    field that declaration depends on, not only over the fields it was told about. Each searched
+    field is varied alone from ``space.example()``: a field that changes the declared candidate is
+    privacy-relevant. (Interactions that this one-at-a-time probe misses are still caught: every
+    drawn candidate is checked against the accounted set before it trains.)
+    """
+    base_hp = space.example()
+    base = candidate_of(base_hp)
+    found = []
+    relevant = set(space.privacy_relevant)
+    for name in space.searched:
+        if name in relevant:
+            continue
+        for v in _probe_values(space.fields[name]):
+            if candidate_of({**base_hp, name: v}) != base:
+                found.append(name)
+                break
+    return found
+
+
+def make_privacy_plan(
+    trainer: Any,
+    space: Space | Mapping[str, Any],
+    selection: Any,
+    budget: Budget,
+    *,
+    accountant: str = "auto",
+    seeded: bool = False,
+    debug_nonprivate: bool = False,
+    adjacency: str = "add_remove",
+) -> PrivacyPlan:
+    """Validates the inputs, calibrates the noise if asked, and accounts the whole run.
+
+    Nothing private runs here. Raises TuningConfigError / ImpossibleBudgetError.
+    """
+    from dptune.accounting.events import ADJACENCIES, with_adjacency
+
     if not isinstance(space, Space):
-        space = Space.from_config(space)
+        try:
+            space = Space.from_config(space)
+        except ValueError as e:
+            raise TuningConfigError(str(e)) from None
+    if adjacency not in ADJACENCIES:
+        raise TuningConfigError(f"adjacency={adjacency!r} must be one of {ADJACENCIES}")
     if len(space) == 0 or not space.searched:
         raise TuningConfigError(
             "the search space is empty (no field is drawn at random): there is nothing to tune; "
@@ -473,22 +620,43 @@ def plan_privacy(
             f"delta={budget.delta:g} must be below 1/n = {1.0 / n:.3g} for n={n} training examples "
             "(a larger delta allows releasing an example outright)"
         )
+    if hasattr(trainer, "check_adjacency"):
+        trainer.check_adjacency(adjacency)
     transform = selection.privacy
     if not transform.is_private and not debug_nonprivate:
         raise TuningConfigError(
             f"selection {transform.name} is not private; use it only with debug_nonprivate=True"
         )
-    grid = space.privacy_grid()
     auto = space.fields.get("noise_multiplier") == AUTO
 
+    def candidate_of(hp: Mapping[str, Any], sigma: float | None = None) -> Any:
+        hp = dict(hp)
+        if sigma is not None or auto:
+            hp["noise_multiplier"] = 1.0 if sigma is None else sigma
+        try:
+            return with_adjacency(_as_candidate(trainer.privacy(hp)), adjacency)
+        except ValueError as e:
+            if isinstance(e, TuningConfigError):
+                raise
+            raise TuningConfigError(f"cannot account this trainer: {e}") from None
+
+    dependent = _privacy_dependent_fields(trainer, space, candidate_of)
+    if dependent:
+        log.info(
+            "the trainer's declared privacy depends on %s: accounted over every value", dependent
+        )
+        try:
+            space = Space(
+                space.to_dict(), privacy_fields=set(space.privacy_fields) | set(dependent)
+            )
+        except ValueError as e:
+            raise TuningConfigError(
+                f"the trainer's declared privacy depends on {dependent}: {e}"
+            ) from None
+    grid = space.privacy_grid()
+
     def candidates(sigma: float | None) -> list[Any]:
-        out = []
-        for combo in grid:
-            hp = {**space.example(), **combo}
-            if sigma is not None:
-                hp["noise_multiplier"] = sigma
-            out.append(_as_candidate(trainer.privacy(hp)))
-        return out
+        return [candidate_of({**space.example(), **combo}, sigma) for combo in grid]
 
     if auto:
         candidates(1.0)  # invalid settings raise their own message here, not "no sigma found"
@@ -501,11 +669,17 @@ def plan_privacy(
             )
         fields = dict(space.to_dict())
         fields["noise_multiplier"] = float(sigma)
-        space = Space(fields)
+        space = Space(fields, privacy_fields=space.privacy_fields)
         cands = candidates(float(sigma))
     else:
         cands = candidates(None)
     statement = _statement(cands, transform, budget.delta, accountant, seeded, debug_nonprivate)
+    if hasattr(trainer, "privacy_notes"):
+        import dataclasses
+
+        statement = dataclasses.replace(
+            statement, notes=tuple(statement.notes) + tuple(trainer.privacy_notes())
+        )
     if not debug_nonprivate and statement.total_epsilon > budget.epsilon * (1 + 1e-9):
         raise ImpossibleBudgetError(
             f"the run would cost epsilon={statement.total_epsilon:.4g} > budget "
@@ -513,7 +687,61 @@ def plan_privacy(
             f"costs {statement.single_run_epsilon:.4g}). Use noise_multiplier='auto', more noise, "
             "fewer steps or fewer trials"
         )
-    return space, statement
+    return PrivacyPlan(
+        space=space,
+        statement=statement,
+        candidates=tuple(dict.fromkeys(cands)),
+        privacy_fields=tuple(space.privacy_relevant),
+        adjacency=adjacency,
+        transform=transform,
+        delta=budget.delta,
+        accountant=accountant,
+    )
+
+
+def check_candidates(trainer: Any, plan: PrivacyPlan, hparams_list: Sequence[Mapping]) -> None:
+    """Every drawn candidate's declared privacy must be covered by what the statement accounted.
+
+    Covered: equal to an accounted candidate, or adding it to the accounted set leaves the total
+    epsilon (same theorem, route and delta) no larger than stated -- then the theorem applied to
+    the enlarged worst case proves the stated bound for it too. Otherwise TuningConfigError, naming
+    the fields that make the difference, before any candidate touches data.
+    """
+    from dptune.accounting.events import with_adjacency
+
+    accounted = set(plan.candidates)
+    checked: dict[Any, bool] = {}
+    for hp in hparams_list:
+        cand = with_adjacency(_as_candidate(trainer.privacy(dict(hp))), plan.adjacency)
+        if cand in accounted:
+            continue
+        if cand not in checked:
+            st = _statement(
+                [*plan.candidates, cand],
+                plan.transform,
+                plan.delta,
+                plan.accountant,
+                plan.statement.seeded,
+                not plan.statement.private,
+            )
+            checked[cand] = st.total_epsilon <= plan.statement.total_epsilon * (1 + 1e-9)
+        if not checked[cand]:
+            example = plan.space.example()
+            culprits = [
+                name
+                for name in plan.space.searched
+                if name not in plan.privacy_fields
+                and with_adjacency(
+                    _as_candidate(trainer.privacy({**hp, name: example[name]})), plan.adjacency
+                )
+                != cand
+            ]
+            raise TuningConfigError(
+                "a drawn candidate's declared privacy is not covered by the accounted statement "
+                f"(fields {culprits or sorted(hp)} change it beyond what was accounted): declare "
+                "them privacy-relevant (space.choice(..., privacy=True)) so the accountant takes "
+                "their worst case. Nothing was trained"
+            )
 
 
 def tune(
@@ -532,6 +760,7 @@ def tune(
     config: Mapping[str, Any] | None = None,
     progress: bool = True,
     debug_nonprivate: bool = False,
+    adjacency: str = "add_remove",
 ) -> Release:
     """Tunes privately and releases the selected candidate (or nothing).
 
@@ -554,6 +783,8 @@ def tune(
       config: what the journal binds the workdir to (default: a description of the arguments).
       progress: show a tqdm display (curator's console; it shows neither K nor scores).
       debug_nonprivate: print every candidate's score at the end; marks the statement NOT private.
+      adjacency: "add_remove" (default: neighbours differ by one added or removed example) or
+        "replace_one" (one example replaced; for datasets of fixed, public size).
     Returns:
       The :class:`~dptune.release.Release` (also written to ``workdir/release/`` if given).
     """
@@ -584,6 +815,7 @@ def tune(
             "seed": seed,
             "accountant": accountant,
             "debug_nonprivate": debug_nonprivate,
+            "adjacency": adjacency,
         }
     journal: Any = None
     if workdir is not None and (Path(workdir) / "private" / JOURNAL_FILE).exists():
@@ -596,7 +828,7 @@ def tune(
             raise
     try:
         log.info("accounting: checking the total budget (calibrating the noise if 'auto')")
-        space, statement = plan_privacy(
+        pplan = make_privacy_plan(
             trainer,
             space,
             selection,
@@ -604,7 +836,9 @@ def tune(
             accountant=accountant,
             seeded=seed is not None,
             debug_nonprivate=debug_nonprivate,
+            adjacency=adjacency,
         )
+        space, statement = pplan.space, pplan.statement
     except BaseException:
         if journal is not None:
             journal.close()
@@ -625,7 +859,35 @@ def tune(
         run_id = journal.set_once("run_id", uuid.uuid4().hex)
         journal.set_once("privacy", privacy)
 
-        # Ledger before the plan is used: a refused run trains nothing.
+        entropy = journal.set_once(
+            "entropy", int(seed) if seed is not None else int(np.random.SeedSequence().entropy)
+        )
+        plan_dict = journal.get("plan")
+        if plan_dict is None:
+            plan = selection.plan(
+                np.random.default_rng(np.random.SeedSequence(entropy, spawn_key=(0,)))
+            )
+            if plan.num_trials > MAX_PLANNED_TRIALS:
+                raise TuningConfigError(
+                    f"the plan asks for up to {plan.num_trials} candidates (> "
+                    f"{MAX_PLANNED_TRIALS}); lower max_trials"
+                )
+            rows = []
+            for i in range(plan.num_trials):
+                ss = np.random.SeedSequence(entropy, spawn_key=(1, i))
+                hp_rng = np.random.default_rng(ss.spawn(1)[0])
+                # 128 bits: the candidate's noise must not be guessable from a small seed space.
+                words = ss.generate_state(4, dtype=np.uint32)
+                seed_i = sum(int(w) << (32 * j) for j, w in enumerate(words))
+                rows.append((i, seed_i, space.sample(hp_rng)))
+            journal.add_candidates(rows)
+            plan_dict = journal.set_once("plan", plan.to_dict())
+        plan = _plan_from_dict(selection, plan_dict)
+        # Every drawn candidate's declared privacy must be what the statement accounted, before
+        # the ledger is charged and before any candidate touches data.
+        check_candidates(trainer, pplan, [r.hparams for r in journal.candidates()])
+
+        # Ledger before anything private runs: a refused run trains nothing.
         if ledger is not None:
             led = ledger if isinstance(ledger, Ledger) else Ledger(ledger)
             fp = fingerprint or getattr(trainer, "fingerprint", None)
@@ -654,30 +916,6 @@ def tune(
                 spend.budget_epsilon,
             )
 
-        entropy = journal.set_once(
-            "entropy", int(seed) if seed is not None else int(np.random.SeedSequence().entropy)
-        )
-        plan_dict = journal.get("plan")
-        if plan_dict is None:
-            plan = selection.plan(
-                np.random.default_rng(np.random.SeedSequence(entropy, spawn_key=(0,)))
-            )
-            if plan.num_trials > MAX_PLANNED_TRIALS:
-                raise TuningConfigError(
-                    f"the plan asks for up to {plan.num_trials} candidates (> "
-                    f"{MAX_PLANNED_TRIALS}); lower max_trials"
-                )
-            rows = []
-            for i in range(plan.num_trials):
-                ss = np.random.SeedSequence(entropy, spawn_key=(1, i))
-                hp_rng = np.random.default_rng(ss.spawn(1)[0])
-                # 128 bits: the candidate's noise must not be guessable from a small seed space.
-                words = ss.generate_state(4, dtype=np.uint32)
-                seed_i = sum(int(w) << (32 * j) for j, w in enumerate(words))
-                rows.append((i, seed_i, space.sample(hp_rng)))
-            journal.add_candidates(rows)
-            plan_dict = journal.set_once("plan", plan.to_dict())
-        plan = _plan_from_dict(selection, plan_dict)
         journal.set_once("started_at", time.time())
         private = _Private(num_trials=plan.num_trials, run_id=run_id)
         records = {r.index: r for r in journal.candidates()}

@@ -22,25 +22,32 @@ import numpy as np
 from dp_accounting import dp_event
 
 import dptune
-from dptune import space
+from dptune import accounting, space
 from dptune.data import MNIST_10K_DIR
 from selection import RandomStopping
 from trainers.data import load_dataset
 
-data = load_dataset("mnist", str(MNIST_10K_DIR), validation_size=1000, source="idx")
-X = data.train_x.reshape(len(data.train_x), -1)  # (7000, 784) float32 in [0, 1]
+data = load_dataset(
+    "mnist", str(MNIST_10K_DIR), validation_size=1000, source="idx", num_examples=8000
+)
+X = data.train_x.reshape(len(data.train_x), -1)  # (~7000, 784) float32 in [0, 1]
 Y = data.train_y
-N = len(X)
+# Privacy uses PUBLIC sizes, never len() of the private arrays (which changes with one person):
+N_PUBLIC = data.public_num_train  # 7000 = the declared 8000 minus the expected 1000 validation
 BATCH, EPOCHS = 500, 5
-Q = BATCH / N  # Poisson sampling rate
-STEPS = EPOCHS * int(np.ceil(N / BATCH))
+Q = BATCH / N_PUBLIC  # Poisson sampling rate
+STEPS = EPOCHS * int(np.ceil(N_PUBLIC / BATCH))
+SCORE_STD = 10.0  # Gaussian noise (in counts) on the number of correct validation predictions
 
 
-def privacy(hp: dict) -> dp_event.DpEvent:
-    """One run = STEPS Poisson-subsampled Gaussian mechanisms (Abadi et al. 2016)."""
-    return dp_event.SelfComposedDpEvent(
+def privacy(hp: dict) -> accounting.EventCandidate:
+    """One run = STEPS Poisson-subsampled Gaussian mechanisms (Abadi et al. 2016) on the training
+    records, and in parallel (the per-record split puts each person in one part) the noisy
+    validation count, a Gaussian mechanism of sensitivity 1."""
+    train = dp_event.SelfComposedDpEvent(
         dp_event.PoissonSampledDpEvent(Q, dp_event.GaussianDpEvent(hp["noise_multiplier"])), STEPS
     )
+    return accounting.EventCandidate(train, parallel=(dp_event.GaussianDpEvent(SCORE_STD),))
 
 
 def loss(w, x, y):
@@ -68,14 +75,14 @@ def noisy_update(w, grads, key, lr, clip, sigma):
     }
 
 
-@dptune.trainer(privacy=privacy, num_examples=N)
+@dptune.trainer(privacy=privacy, num_examples=N_PUBLIC)
 def train(hp: dict, rng: np.random.Generator):
     w = {"W": jnp.zeros((784, 10)), "b": jnp.zeros(10)}
     # All 64 bits of a threefry key from the candidate's generator: the noise must not be guessable.
     key = jnp.asarray(rng.integers(0, 2**32, size=2, dtype=np.uint32))
     cap = int(BATCH + 5 * np.sqrt(BATCH))  # fixed shape: pad the Poisson batch to a capacity
     for _ in range(STEPS):
-        idx = np.flatnonzero(rng.random(N) < Q)  # Poisson sampling: each example w.p. Q
+        idx = np.flatnonzero(rng.random(len(X)) < Q)  # Poisson sampling: each record w.p. Q
         # Never truncate a batch (that would change the mechanism): the rare batch above the
         # capacity is processed in several capacity-sized chunks whose clipped sums add up.
         chunks = [idx[i : i + cap] for i in range(0, max(len(idx), 1), cap)]
@@ -91,8 +98,9 @@ def train(hp: dict, rng: np.random.Generator):
         w = noisy_update(w, grads, sub, hp["learning_rate"], hp["clip_norm"],
                          hp["noise_multiplier"])  # fmt: skip
     val_x = data.val_x.reshape(len(data.val_x), -1)
-    accuracy = float(jnp.mean(jnp.argmax(val_x @ w["W"] + w["b"], axis=1) == data.val_y))
-    return accuracy, {"params": w}
+    correct = float(jnp.sum(jnp.argmax(val_x @ w["W"] + w["b"], axis=1) == data.val_y))
+    # the validation split is private: a noisy count divided by the PUBLIC expected size
+    return (correct + SCORE_STD * rng.standard_normal()) / data.public_num_val, {"params": w}
 
 
 if __name__ == "__main__":

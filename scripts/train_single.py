@@ -72,7 +72,7 @@ def calibrate_sigma(sampling_rate: float, steps: int, epsilon: float, delta: flo
 def main(argv):
     del argv
     data = load_dataset(FLAGS.dataset, FLAGS.data_dir, validation_size=FLAGS.validation_size)
-    n_train = len(data.train_x)
+    n_train = data.public_num_train  # public nominal size, never len() of private arrays
     base = Hyperparams(
         learning_rate=FLAGS.learning_rate,
         clip_norm=FLAGS.clip_norm,

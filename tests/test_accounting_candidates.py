@@ -48,11 +48,14 @@ def test_private_score_composes_in_parallel(score_std, score_dominates):
     c = accounting.DpSgdCandidate(0.01, 500, 1.3, score_noise_std=score_std)
     train, score = c.training_event(), dp_event.GaussianDpEvent(score_std)
     assert c.branches() == (train, score)
-    for mine, ref in [
-        (accounting.rdp_epsilon(c, DELTA)[0], max(rdp_eps(train), rdp_eps(score))),
-        (accounting.pld_epsilon(c, DELTA), max(pld_eps(train), pld_eps(score))),
+    # RDP: the same dp_accounting arithmetic, so equal to rounding. PLD: ours builds one run's PLD
+    # by self-composition while PLDAccountant composes event by event; FFT convolutions in another
+    # order agree to ~1e-10, not to the last bit (5e-11 seen on a fresh venv).
+    for mine, ref, rel in [
+        (accounting.rdp_epsilon(c, DELTA)[0], max(rdp_eps(train), rdp_eps(score)), 1e-9),
+        (accounting.pld_epsilon(c, DELTA), max(pld_eps(train), pld_eps(score)), 1e-6),
     ]:
-        assert mine == pytest.approx(ref, rel=1e-12)
+        assert mine == pytest.approx(ref, rel=rel)
     sequential = rdp_eps(dp_event.ComposedDpEvent([train, score]))
     assert accounting.rdp_epsilon(c, DELTA)[0] < sequential
     assert (pld_eps(score) > pld_eps(train)) == score_dominates

@@ -46,8 +46,9 @@ def idx_folders(tmp_path_factory):
 @pytest.mark.parametrize("gz", [True, False])
 def test_idx_loader_gz_and_raw(idx_folders, gz):
     folders, arrays = idx_folders
-    d = load_dataset("mnist", folders[gz], validation_size=10)
-    assert d.train_x.shape == (40, 28, 28, 1) and d.val_x.shape == (10, 28, 28, 1)
+    d = load_dataset("mnist", folders[gz], validation_size=10, num_examples=50)
+    assert len(d.train_x) + len(d.val_x) == 50 and 0 < len(d.val_x) < 25  # ~10 expected
+    assert d.public_num_train == 40 and d.public_num_val == 10  # public: from the declared size
     assert d.test_x.shape == (20, 28, 28, 1)
     assert d.train_x.dtype == np.float32 and d.train_y.dtype == np.int32
     np.testing.assert_allclose(
@@ -60,8 +61,9 @@ def test_idx_loader_gz_and_raw(idx_folders, gz):
 
 
 def test_real_mnist_subset():
-    d = load_dataset("mnist", MNIST10K, validation_size=1000)
-    assert d.train_x.shape == (7000, 28, 28, 1) and d.test_x.shape == (2000, 28, 28, 1)
+    d = load_dataset("mnist", MNIST10K, validation_size=1000, num_examples=8000)
+    assert len(d.train_x) + len(d.val_x) == 8000 and d.test_x.shape == (2000, 28, 28, 1)
+    assert abs(len(d.val_x) - 1000) < 4 * (8000 * 0.125 * 0.875) ** 0.5  # binomial, 4 sd
     assert 0.0 <= d.train_x.min() and d.train_x.max() <= 1.0 and d.train_x.max() > 0.9
     assert set(np.unique(d.train_y)) == set(range(10))
     assert d.num_classes == 10 and d.name == "mnist"
@@ -69,25 +71,27 @@ def test_real_mnist_subset():
 
 def test_validation_split_is_fixed_public_and_disjoint(idx_folders):
     folders, _ = idx_folders
-    a = load_dataset("mnist", folders[True], validation_size=10, seed_split=0)
-    b = load_dataset("mnist", folders[True], validation_size=10, seed_split=0)
-    c = load_dataset("mnist", folders[True], validation_size=10, seed_split=1)
+    a = load_dataset("mnist", folders[True], validation_size=10, seed_split=0, num_examples=50)
+    b = load_dataset("mnist", folders[True], validation_size=10, seed_split=0, num_examples=50)
+    c = load_dataset("mnist", folders[True], validation_size=10, seed_split=1, num_examples=50)
     np.testing.assert_array_equal(a.val_x, b.val_x)
     assert not np.array_equal(a.val_x, c.val_x)
     rows = {r.tobytes() for r in a.train_x}
     assert not any(r.tobytes() in rows for r in a.val_x)
     with pytest.raises(ValueError, match="validation_size"):
-        load_dataset("mnist", folders[True], validation_size=50)
+        load_dataset("mnist", folders[True], validation_size=50, num_examples=50)
+    with pytest.raises(ValueError, match="declared public size 60000"):
+        load_dataset("mnist", folders[True], validation_size=10)  # 50 records are not MNIST
 
 
-def test_fingerprint_depends_on_private_splits_only(idx_folders):
+def test_fingerprint_is_of_the_records_not_the_split(idx_folders):
     folders, _ = idx_folders
-    a = load_dataset("mnist", folders[True], validation_size=10)
-    b = load_dataset("mnist", folders[False], validation_size=10)
+    a = load_dataset("mnist", folders[True], validation_size=10, num_examples=50)
+    b = load_dataset("mnist", folders[False], validation_size=10, num_examples=50)
     assert a.fingerprint() == b.fingerprint()  # same data, gz or raw
     assert len(a.fingerprint()) == 64
-    c = load_dataset("mnist", folders[True], validation_size=10, seed_split=1)
-    assert c.fingerprint() != a.fingerprint()  # a different split is different data per split
+    c = load_dataset("mnist", folders[True], validation_size=20, seed_split=1, num_examples=50)
+    assert c.fingerprint() == a.fingerprint()  # another split of the same people: same budget
     s1, s2 = (
         make_synthetic(num_train=200, validation_size=50),
         make_synthetic(num_train=200, validation_size=50, seed=1),
@@ -106,8 +110,8 @@ def test_cifar_pickle_folder(tmp_path):
         batches[name] = (data, labels)
         with open(root / name, "wb") as f:
             pickle.dump({b"data": data, b"labels": labels}, f)
-    d = load_dataset("cifar10", tmp_path, validation_size=5)
-    assert d.train_x.shape == (15, 32, 32, 3) and d.test_x.shape == (4, 32, 32, 3)
+    d = load_dataset("cifar10", tmp_path, validation_size=5, num_examples=20)
+    assert len(d.train_x) + len(d.val_x) == 20 and d.test_x.shape == (4, 32, 32, 3)
     # CHW rows -> HWC images
     img = batches["test_batch"][0][0].reshape(3, 32, 32).transpose(1, 2, 0) / 255.0
     np.testing.assert_allclose(d.test_x[0], img, rtol=1e-6)
@@ -135,5 +139,6 @@ def test_synthetic_is_deterministic_and_learnable_shape():
         make_synthetic(num_train=300, validation_size=100),
     )
     np.testing.assert_array_equal(a.train_x, b.train_x)
-    assert a.train_x.shape == (200, 28, 28, 1) and a.val_x.shape == (100, 28, 28, 1)
+    assert len(a.train_x) + len(a.val_x) == 300 and a.val_x.shape[1:] == (28, 28, 1)
+    assert a.public_num_train == 200 and a.public_num_val == 100
     assert load_dataset("synthetic", validation_size=100).name == "synthetic"

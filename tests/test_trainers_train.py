@@ -36,9 +36,11 @@ def synthetic():
 
 @pytest.fixture(scope="module")
 def mnist2k():
-    d = load_dataset("mnist", MNIST10K, validation_size=1000)
+    d = load_dataset("mnist", MNIST10K, validation_size=1000, num_examples=8000)
     # 2,000 real training examples, 1,000 validation, the 2,000 test digits
-    return dataclasses.replace(d, train_x=d.train_x[:2000], train_y=d.train_y[:2000])
+    return dataclasses.replace(
+        d, train_x=d.train_x[:2000], train_y=d.train_y[:2000], public_num_train=2000
+    )
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +66,10 @@ def test_tiny_synthetic_training_learns(synthetic_result, synthetic):
     res, events = synthetic_result
     assert not res.failed and res.error is None
     assert res.validation_score > 0.6  # 10 classes: chance is 0.1
-    assert evaluate(res.params, "cnn26k", synthetic.val_x, synthetic.val_y) == res.validation_score
+    # private by default: (correct + N(0, 10^2)) / public expected validation size (500)
+    acc = evaluate(res.params, "cnn26k", synthetic.val_x, synthetic.val_y)
+    correct = acc * len(synthetic.val_y)
+    assert abs(res.validation_score * synthetic.public_num_val - correct) < 5 * 10.0
     assert [h["epoch"] for h in res.history] == [1, 2, 3]
     assert res.history[-1]["train_loss"] < res.history[0]["train_loss"]
     assert [e["epoch"] for e in events if e["event"] == "epoch"] == [1, 2, 3]
@@ -111,9 +116,14 @@ def test_noisy_score_is_gaussian_on_the_count(synthetic_result, synthetic, monke
     import trainers.train as t
 
     res, _ = synthetic_result
-    exact = res.validation_score
-    n_val = len(synthetic.val_x)
-    assert _score(HP, res.params, synthetic, jax.random.PRNGKey(0)) == exact
+    n_val = synthetic.public_num_val  # the noisy count is divided by the PUBLIC expected size
+    assert n_val == 500 and len(synthetic.val_x) != 500  # the split's length is not used
+    exact_hp = dataclasses.replace(HP, score_noise_std=None)
+    with pytest.raises(ValueError, match="validation split is private"):
+        t._check(exact_hp, synthetic)  # an exact score needs a public validation set
+    public = dataclasses.replace(synthetic, validation_public=True)
+    exact = evaluate(res.params, "cnn26k", public.val_x, public.val_y)
+    assert _score(exact_hp, res.params, public, jax.random.PRNGKey(0)) == exact
     monkeypatch.setattr(t, "count_correct", lambda *a: 300)  # isolate the noise from the model
     noisy_hp = dataclasses.replace(HP, score_noise_std=5.0)
     keys = [jax.random.PRNGKey(i) for i in range(400)]

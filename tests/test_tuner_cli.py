@@ -110,7 +110,9 @@ def test_end_to_end_release_folder(reference):
     from trainers.data import load_dataset
     from trainers.train import evaluate
 
-    data = load_dataset("mnist", str(MNIST_10K_DIR), validation_size=1000, source="idx")
+    data = load_dataset(
+        "mnist", str(MNIST_10K_DIR), validation_size=1000, source="idx", num_examples=8000
+    )
     acc = evaluate(load_params(rel), "cnn26k", data.test_x, data.test_y)
     assert acc == pytest.approx(result["test_accuracy"], abs=1e-6)
 
@@ -156,7 +158,9 @@ def smoke_data():
     from dptune.data import MNIST_10K_DIR
     from trainers.data import load_dataset
 
-    return load_dataset("mnist", str(MNIST_10K_DIR), validation_size=1000, source="idx")
+    return load_dataset(
+        "mnist", str(MNIST_10K_DIR), validation_size=1000, source="idx", num_examples=8000
+    )
 
 
 def _smoke(**changes):

@@ -2,9 +2,11 @@
 synthetic.
 
 Every loader returns a :class:`Dataset` with images as float32 NHWC in [0, 1] and labels as int32.
-The validation split is carved from the training set with a fixed, public size and a fixed, public
-permutation (``seed_split``), so the split itself reveals nothing about the data; the test split is
-only for reporting.
+The validation split is carved from the training file record by record: each record's split is a
+keyed hash of that record alone (public key and seed), so adding or removing one person never moves
+another between training and validation. Sizes that privacy depends on are public (the published
+size of the file, or one the user declares), never ``len()`` of the private arrays. The test split
+is public and only for reporting (docs/privacy-model.md).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import gzip
 import hashlib
 import os
 import pickle
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +46,59 @@ class DatasetNotFoundError(FileNotFoundError):
     to fix it."""
 
 
+#: Published sizes of the training files (before any validation split): the public nominal sizes
+#: that sampling rates and step counts are computed from (never ``len()`` of private arrays).
+PUBLISHED_TRAIN_SIZES: dict[str, int] = {"mnist": 60000, "fashion_mnist": 60000, "cifar10": 50000}
+
+#: Largest relative difference between the loaded and the declared number of training records
+#: before loading is refused: a guard against declaring the wrong size (e.g. the 10k MNIST subset
+#: as "mnist"), not a privacy mechanism (the guarantee holds whatever the loaded size; see
+#: docs/privacy-model.md).
+SIZE_TOLERANCE = 0.01
+
+#: Public key of the per-record split hash (fixed; changing it is a new split of the same people).
+SPLIT_KEY = b"dptune/record-split/v1"
+
+
+def record_digests(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """sha256 of each record (its image bytes as float32 and its label as int32).
+
+    Returns an array of shape (n,) of 32-byte ``bytes`` objects (dtype object). A record's digest
+    depends on that record alone: it is what the split and the ledger fingerprint are built from.
+    """
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(len(x), -1)
+    y = np.ascontiguousarray(y, dtype=np.int32)
+    out = np.empty(len(x), dtype=object)
+    for i in range(len(x)):
+        h = hashlib.sha256(x[i].tobytes())
+        h.update(y[i].tobytes())
+        out[i] = h.digest()
+    return out
+
+
+def record_split_uniforms(digests: np.ndarray, seed_split: int = 0) -> np.ndarray:
+    """One number in [0, 1) per record: a keyed hash (BLAKE2b, public key ``SPLIT_KEY`` and
+    ``seed_split``) of the record's digest. A record goes to validation iff its number is below the
+    validation fraction, so its split depends on that record alone: adding or removing a record
+    never moves another (the premise of DP-SGD's add/remove guarantee and of the parallel
+    composition of training with the noisy validation count)."""
+    key = SPLIT_KEY + b"/" + str(int(seed_split)).encode()
+    u = np.empty(len(digests), dtype=np.float64)
+    for i, d in enumerate(digests):
+        word = int.from_bytes(hashlib.blake2b(d, key=key, digest_size=8).digest(), "big")
+        u[i] = word / 2.0**64
+    return u
+
+
+def multiset_fingerprint(digests: Sequence[bytes]) -> str:
+    """sha256 (hex) of the sorted record digests: the records as a multiset, independent of their
+    order and of any split (the ledger's dataset id)."""
+    h = hashlib.sha256(b"dptune/records/v1")
+    for d in sorted(digests):
+        h.update(d)
+    return h.hexdigest()
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Dataset:
     """In-memory dataset split into train / validation / test.
@@ -53,6 +109,16 @@ class Dataset:
       train_y, val_y, test_y: int32 arrays of shape (n,), values in [0, num_classes).
       num_classes: number of classes.
       name: dataset name (one of ``NAMES``).
+      public_num_train: the public nominal number of training examples: DP-SGD's sampling rate is
+        ``batch_size / public_num_train`` and its step count ``epochs * ceil(public_num_train /
+        batch_size)``, whatever the private arrays' length (which is never used for privacy).
+      public_num_val: the public expected validation size: the noisy validation score divides the
+        noisy correct count by it (a public constant, so the count's sensitivity stays 1).
+      validation_public: True only when the validation split was declared public and separate from
+        the private data; only then may a candidate be scored exactly.
+      split: how train/validation were formed (JSON-safe), for the privacy statement:
+        ``{"kind": "record_hash", ...}`` (each record's split is a keyed hash of that record) or
+        ``{"kind": "separate_files", ...}`` (validation supplied separately).
     """
 
     train_x: np.ndarray
@@ -63,24 +129,50 @@ class Dataset:
     test_y: np.ndarray
     num_classes: int
     name: str
+    public_num_train: int = 0
+    public_num_val: float = 0.0
+    validation_public: bool = False
+    split: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Datasets built by hand (tests, users) without public sizes get the arrays' sizes: the
+        # caller then declares them public by construction. The loaders always set them.
+        if not self.public_num_train:
+            object.__setattr__(self, "public_num_train", int(len(self.train_x)))
+        if not self.public_num_val:
+            object.__setattr__(self, "public_num_val", float(len(self.val_x)))
+        if not self.split:
+            object.__setattr__(self, "split", {"kind": "given"})
 
     def fingerprint(self) -> str:
-        """sha256 (hex) of the training and validation arrays (shapes, dtypes and bytes): the
-        private data.
-
-        Used by the budget ledger to charge every run on the same data to the same budget.
-        """
-        h = hashlib.sha256()
-        for arr in (self.train_x, self.train_y, self.val_x, self.val_y):
-            a = np.ascontiguousarray(arr)
-            h.update(f"{a.dtype.str}{a.shape}".encode())
-            h.update(a.tobytes())
-        return h.hexdigest()
+        """The private records as a multiset (sha256 of the sorted per-record digests): training
+        records, plus validation records unless the validation split is public. Independent of
+        the records' order, of the split, its seed and the validation size, so every run on the
+        same people is charged to the same ledger budget."""
+        parts = [record_digests(self.train_x, self.train_y)]
+        if not self.validation_public:
+            parts.append(record_digests(self.val_x, self.val_y))
+        return multiset_fingerprint(np.concatenate(parts))
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
         """(height, width, channels) of one image."""
         return tuple(self.train_x.shape[1:])  # type: ignore[return-value]
+
+    def describe_split(self) -> str:
+        """One sentence for the privacy statement: how the validation split was formed."""
+        s = self.split
+        if s.get("kind") == "record_hash":
+            return (
+                f"train/validation split per record (keyed hash of each record, public key "
+                f"{s['key']!r}, seed {s['seed']}; validation fraction {s['fraction']:.6g} of the "
+                f"declared {s['num_examples']} records): adding or removing a record moves no "
+                "other record"
+            )
+        if s.get("kind") == "separate_files":
+            public = "public" if self.validation_public else "private"
+            return f"validation split supplied separately ({public})"
+        return "train/validation split given by the caller"
 
     def __repr__(self) -> str:  # arrays are large: show shapes only
         return (
@@ -95,29 +187,52 @@ def load_dataset(
     validation_size: int = 5000,
     source: str = "auto",
     seed_split: int = 0,
+    *,
+    num_examples: int | None = None,
+    validation_dir: str | os.PathLike | None = None,
+    validation_public: bool = False,
 ) -> Dataset:
-    """Loads ``name`` and carves a validation split of ``validation_size`` examples from its
-    training set.
+    """Loads ``name`` and splits its training file into training and validation records.
+
+    Each record goes to validation by a keyed hash of the record itself (``record_split_uniforms``)
+    with probability ``validation_size / num_examples``, so the split of one record never depends
+    on the others. Sizes used for privacy are public: ``num_examples`` (default: the published
+    size of ``name``) and the *expected* ``validation_size``.
 
     Args:
       name: "mnist", "fashion_mnist", "cifar10" or "synthetic".
       data_dir: a local folder (IDX layout, CIFAR-10 pickle layout) or a TFDS data_dir.
-      validation_size: number of training examples moved to the validation split (public, fixed).
+      validation_size: expected number of training-file records in the validation split (public).
       source: "auto" (a local folder if ``data_dir`` holds one, else TFDS), "tfds", "idx",
         "cifar_pickle", "synthetic".
-      seed_split: seed of the public permutation that picks the validation examples.
+      seed_split: public seed of the split hash (a different seed is a different split of the same
+        people; the ledger charges both to one budget).
+      num_examples: the public number of records in the training file (default
+        ``PUBLISHED_TRAIN_SIZES[name]``); loading fails if the file holds more than
+        ``SIZE_TOLERANCE`` more or fewer.
+      validation_dir: an IDX folder whose ``train-*`` files hold a separately supplied validation
+        set; then the training file is not split and the statement says so.
+      validation_public: declare the separate validation set public (not private data): only then
+        may candidates be scored exactly (``score_noise_std=None``).
 
     Raises:
       DatasetNotFoundError: the data is not there; the message says how to point at local files.
-      ValueError: an unknown name/source or an impossible validation size.
+      ValueError: an unknown name/source, an impossible validation size, a size far from the
+        declared one, or ``validation_public`` without a separate validation set.
     """
     if name not in NAMES:
         raise ValueError(f"unknown dataset name {name!r}; expected one of {NAMES}")
     if source not in SOURCES:
         raise ValueError(f"unknown source {source!r}; expected one of {SOURCES}")
+    if validation_public and validation_dir is None:
+        raise ValueError(
+            "validation_public=True needs a separate validation set (validation_dir=...): a "
+            "validation split cut from the private training file is private"
+        )
     if name == "synthetic" or source == "synthetic":
         train_x, train_y, test_x, test_y, num_classes = _synthetic_arrays()
         name = "synthetic"
+        declared = len(train_x) if num_examples is None else num_examples
     else:
         if source == "auto":
             source = _detect_source(name, data_dir)
@@ -130,9 +245,41 @@ def load_dataset(
         else:
             train_x, train_y, test_x, test_y = _load_tfds(name, data_dir)
             num_classes = 10
+        declared = PUBLISHED_TRAIN_SIZES[name] if num_examples is None else num_examples
+    check_declared_size(len(train_x), declared, name)
+    if validation_dir is not None:
+        val_x, val_y, _, _ = _load_idx(_require_dir(name, validation_dir), test_files=False)
+        return Dataset(
+            train_x=train_x,
+            train_y=train_y,
+            val_x=val_x,
+            val_y=val_y,
+            test_x=test_x,
+            test_y=test_y,
+            num_classes=num_classes,
+            name=name,
+            public_num_train=int(declared),
+            public_num_val=float(len(val_x) if validation_public else validation_size),
+            validation_public=bool(validation_public),
+            split={"kind": "separate_files", "validation_public": bool(validation_public)},
+        )
     return split_validation(
-        train_x, train_y, test_x, test_y, num_classes, name, validation_size, seed_split
-    )
+        train_x, train_y, test_x, test_y, num_classes, name, validation_size, seed_split,
+        num_examples=declared,
+    )  # fmt: skip
+
+
+def check_declared_size(actual: int, declared: int, name: str) -> None:
+    """Refuses data whose record count is far from the declared public size (a mistake guard)."""
+    if isinstance(declared, bool) or not isinstance(declared, (int, np.integer)) or declared < 1:
+        raise ValueError(f"num_examples={declared!r} must be a positive integer")
+    if abs(actual - declared) > SIZE_TOLERANCE * declared:
+        raise ValueError(
+            f"the {name!r} training file holds {actual} records, far from the declared public "
+            f"size {declared} (more than {SIZE_TOLERANCE:.0%} off). Sampling rates and step counts "
+            "come from the declared size, so declare the right one (num_examples=..., config "
+            "data.num_examples) for this file"
+        )
 
 
 def split_validation(
@@ -144,26 +291,45 @@ def split_validation(
     name: str,
     validation_size: int,
     seed_split: int = 0,
+    *,
+    num_examples: int | None = None,
 ) -> Dataset:
-    """Moves ``validation_size`` training examples, chosen by a public permutation, to a validation
-    split."""
-    n = len(train_x)
-    if not 0 <= validation_size < n:
+    """Splits the training file by record: record i goes to validation iff its keyed hash is below
+    ``validation_size / num_examples`` (``num_examples``: the public size of the file; default its
+    length, for data the caller made). Public sizes: ``num_examples - validation_size`` training and
+    ``validation_size`` validation records expected."""
+    declared = int(len(train_x) if num_examples is None else num_examples)
+    if (
+        isinstance(validation_size, bool)
+        or not isinstance(validation_size, (int, np.integer))
+        or not 0 <= validation_size < declared
+    ):
         raise ValueError(
-            f"validation_size={validation_size} must be >= 0 and smaller than the {n} training "
-            "examples"
+            f"validation_size={validation_size!r} must be an integer >= 0 and smaller than the "
+            f"{declared} training examples"
         )
-    perm = np.random.default_rng(seed_split).permutation(n)
-    val_idx, tr_idx = np.sort(perm[:validation_size]), np.sort(perm[validation_size:])
+    fraction = validation_size / declared
+    u = record_split_uniforms(record_digests(train_x, train_y), seed_split)
+    in_val = u < fraction
     return Dataset(
-        train_x=np.ascontiguousarray(train_x[tr_idx]),
-        train_y=np.ascontiguousarray(train_y[tr_idx]),
-        val_x=np.ascontiguousarray(train_x[val_idx]),
-        val_y=np.ascontiguousarray(train_y[val_idx]),
+        train_x=np.ascontiguousarray(train_x[~in_val]),
+        train_y=np.ascontiguousarray(train_y[~in_val]),
+        val_x=np.ascontiguousarray(train_x[in_val]),
+        val_y=np.ascontiguousarray(train_y[in_val]),
         test_x=test_x,
         test_y=test_y,
         num_classes=num_classes,
         name=name,
+        public_num_train=declared - int(validation_size),
+        public_num_val=float(validation_size),
+        validation_public=False,
+        split={
+            "kind": "record_hash",
+            "key": SPLIT_KEY.decode(),
+            "seed": int(seed_split),
+            "fraction": fraction,
+            "num_examples": declared,
+        },
     )
 
 
@@ -179,7 +345,8 @@ def make_synthetic(
     """A learnable synthetic image dataset: a fixed random template per class plus Gaussian pixel
     noise.
 
-    ``num_train`` counts the training examples before the validation split is carved out.
+    ``num_train`` counts the training-file records before the per-record split (``validation_size``
+    of them expected in validation).
     """
     train_x, train_y, test_x, test_y, _ = _synthetic_arrays(
         num_train, num_test, image_shape, num_classes, noise, seed
@@ -267,8 +434,9 @@ def _read_idx(path: Path) -> np.ndarray:
     return data.reshape(tuple(dims))
 
 
-def _load_idx(folder: Path):
-    paths = {k: _find_idx(folder, k) for k in _IDX_FILES}
+def _load_idx(folder: Path, test_files: bool = True):
+    keys = [k for k in _IDX_FILES if test_files or k.startswith("train")]
+    paths = {k: _find_idx(folder, k) for k in keys}
     missing = [_IDX_FILES[k][0] for k, p in paths.items() if p is None]
     if missing:
         raise DatasetNotFoundError(f"{str(folder)!r} lacks IDX files {missing}. {_HOW_TO_POINT}")
@@ -277,6 +445,8 @@ def _load_idx(folder: Path):
     def images(a):
         return (a.astype(np.float32) / 255.0)[..., None]
 
+    if not test_files:
+        return images(arrays["train_x"]), arrays["train_y"].astype(np.int32), None, None
     return (
         images(arrays["train_x"]),
         arrays["train_y"].astype(np.int32),

@@ -70,6 +70,7 @@ class PoissonSampler:
       max_chunk: largest body chunk.
       tail_size: slots of each tail chunk; default ~2 std of the batch size, a multiple of 8.
       overflow_prob: the capacity C satisfies P[Binomial(N, q) > C] < overflow_prob.
+      sampling_rate: q; default B / N. DP-SGD passes B / N_public (the accountant's rate).
     """
 
     def __init__(
@@ -80,10 +81,19 @@ class PoissonSampler:
         max_chunk: int = 256,
         tail_size: int | None = None,
         overflow_prob: float = 1e-9,
+        sampling_rate: float | None = None,
     ):
         self.num_examples = int(num_examples)
         self.expected_batch_size = float(expected_batch_size)
-        self.sampling_rate = self.expected_batch_size / self.num_examples
+        # The accountant's q comes from the public nominal size (``sampling_rate``); B / N is the
+        # default for callers whose N is public.
+        self.sampling_rate = (
+            self.expected_batch_size / self.num_examples
+            if sampling_rate is None
+            else float(sampling_rate)
+        )
+        if not 0 < self.sampling_rate <= 1:
+            raise ValueError(f"sampling_rate={self.sampling_rate!r} must be in (0, 1]")
         if max_chunk < 8:
             raise ValueError(f"max_chunk={max_chunk} must be >= 8")
         q = self.sampling_rate
@@ -94,7 +104,7 @@ class PoissonSampler:
         if self.tail_size <= 0:
             raise ValueError(f"tail_size={tail_size} must be positive")
         body = self.num_body_chunks * self.chunk_size
-        quantile = poisson_capacity(self.num_examples, self.expected_batch_size, overflow_prob, 1)
+        quantile = poisson_capacity(self.num_examples, self.num_examples * q, overflow_prob, 1)
         self.num_tail_chunks = max(0, math.ceil((quantile - body) / self.tail_size))
         self.capacity = body + self.num_tail_chunks * self.tail_size
         self._rng = rng

@@ -67,7 +67,8 @@ class Hyperparams:
         "scatter_linear" / "scatter_cnn" (trained on the images' scattering features; privacy is
         the same function of (B, epochs, sigma) whichever model is chosen).
       score_noise_std: std, in counts, of the Gaussian noise added to the number of correct
-        validation predictions; None = exact score (the validation split is treated as public).
+        validation predictions (default 10: private by default). None = exact score, allowed only
+        on a validation set declared public and separate from the private data.
     """
 
     learning_rate: float = 2.0
@@ -78,7 +79,7 @@ class Hyperparams:
     optimizer: str = "sgd"
     momentum: float = 0.9
     model: str = "cnn26k"
-    score_noise_std: float | None = None
+    score_noise_std: float | None = 10.0
 
     def __post_init__(self):
         def bad(field, why):
@@ -123,9 +124,10 @@ def steps_per_epoch(batch_size: int, num_train: int) -> int:
 
 
 def dpsgd_privacy(hp: Hyperparams, num_train: int) -> DpSgdPrivacy:
-    """The DP-SGD parameters of a candidate trained on ``num_train`` examples: the single source of
-    truth.
+    """The DP-SGD parameters of a candidate: the single source of truth.
 
+    ``num_train`` must be PUBLIC: the dataset's nominal size (``Dataset.public_num_train``), never
+    ``len()`` of the private arrays, whose length changes when one person is added or removed.
     q = B / N (Poisson sampling rate), steps = epochs * ceil(N / B), sigma = noise_multiplier.
     """
     if num_train < hp.batch_size:
@@ -417,20 +419,30 @@ def _check(hp: Hyperparams, data: Dataset) -> None:
             f"{data.name!r} has "
             f"{tuple(data.train_x.shape[1:])}"
         )
-    dpsgd_privacy(hp, len(data.train_x))  # raises if N < B
-    if len(data.val_x) == 0:
+    dpsgd_privacy(hp, data.public_num_train)  # raises if N < B
+    if len(data.val_x) == 0 or data.public_num_val <= 0:
         raise ValueError(
             "the dataset has no validation examples (validation_size=0): nothing to score"
+        )
+    if hp.score_noise_std is None and not data.validation_public:
+        raise ValueError(
+            "score_noise_std=None scores candidates exactly, but this dataset's validation split "
+            "is private (cut from the private training file): set score_noise_std > 0, or supply "
+            "a separate validation set declared public (load_dataset(validation_dir=..., "
+            "validation_public=True))"
         )
 
 
 def _score(hp: Hyperparams, params, data: Dataset, key: jax.Array) -> float:
-    """Validation accuracy; with score_noise_std, (correct + N(0, std^2)) / n_val: the Gaussian
-    mechanism on a count of sensitivity 1."""
+    """Validation accuracy. With score_noise_std: (correct + N(0, std^2)) / public_num_val, the
+    Gaussian mechanism on a count of sensitivity 1, divided by a public constant (the expected
+    validation size), never by the private split's length. Exact (public validation set only):
+    correct / len(val)."""
     correct = count_correct(params, hp.model, data.val_x, data.val_y)
-    if hp.score_noise_std is not None:
-        correct = correct + hp.score_noise_std * float(jax.random.normal(key, (), jnp.float32))
-    return float(correct) / len(data.val_x)
+    if hp.score_noise_std is None:
+        return float(correct) / len(data.val_x)
+    correct = correct + hp.score_noise_std * float(jax.random.normal(key, (), jnp.float32))
+    return float(correct) / float(data.public_num_val)
 
 
 def train_candidate(
@@ -535,14 +547,21 @@ def _train_group_unsafe(hps, data, keys, indices, progress, progress_every, impl
     vectorized = k > 1
     fns = get_step_functions(hp0.model, data.num_classes, hp0.optimizer, impl)
     data_x, data_y = device_arrays(data)
+    # Privacy parameters from the PUBLIC nominal size: q = B / N_public and the step count; the
+    # sampler then includes each of the actual records with probability q (Poisson sampling does
+    # not need the actual size to be public, the accountant's q does).
+    plan = dpsgd_privacy(hp0, data.public_num_train)
     n_train = len(data.train_x)
-    spe = steps_per_epoch(hp0.batch_size, n_train)
-    total_steps = dpsgd_privacy(hp0, n_train).steps
+    spe = steps_per_epoch(hp0.batch_size, data.public_num_train)
+    total_steps = plan.steps
 
     subkeys = [jax.random.split(key, 4) for key in keys]  # init, sampling, noise, score
     params = [models.init_params(fns.spec, sk[0]) for sk in subkeys]
     opt_states = [make_optimizer(hp).init(p) for hp, p in zip(hps, params, strict=True)]
-    samplers = [PoissonSampler(n_train, hp0.batch_size, _numpy_rng(sk[1])) for sk in subkeys]
+    samplers = [
+        PoissonSampler(n_train, hp0.batch_size, _numpy_rng(sk[1]), sampling_rate=plan.sampling_rate)
+        for sk in subkeys
+    ]
     noise_keys = [sk[2] for sk in subkeys]
     clip = [jnp.float32(hp.clip_norm) for hp in hps]
     sigma = [jnp.float32(hp.noise_multiplier) for hp in hps]

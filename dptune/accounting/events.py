@@ -9,8 +9,13 @@ parallel composition (McSherry 2009, "Privacy Integrated Queries", Thm 4). Hence
 guarantee is the worse of its branches: the pointwise maximum of their RDP curves, and the maximum
 of their ``delta(epsilon)`` curves (hockey-stick divergences) for PLD.
 
-The adjacency is add/remove-one example (dp_accounting's ``ADD_OR_REMOVE_ONE``), the one under which
-the Poisson-subsampled Gaussian accounting of DP-SGD holds.
+Adjacency. By default add/remove one example (dp_accounting's ``ADD_OR_REMOVE_ONE``). With
+``adjacency="replace_one"`` (datasets of a fixed, public size) a neighbour replaces one example by
+another; the candidate's branches are then wrapped in :class:`ReplaceOneDpEvent`, which the
+accountant (``epsilon``) evaluates under dp_accounting's ``REPLACE_ONE`` relation. Under
+replace-one the two examples may fall in different splits (one leaves training, the other joins
+validation), so the training and the score branches then compose
+(see :meth:`DpSgdCandidate.branches`).
 """
 
 from __future__ import annotations
@@ -21,9 +26,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+import attr
 from dp_accounting import dp_event
 
 __all__ = [
+    "ADJACENCIES",
+    "ReplaceOneDpEvent",
     "Candidate",
     "CandidateLike",
     "DpSgdCandidate",
@@ -33,6 +41,27 @@ __all__ = [
     "pareto_candidates",
     "pure_epsilon",
 ]
+
+
+#: Neighbouring relations: add/remove one example (default) or replace one example.
+ADJACENCIES = ("add_remove", "replace_one")
+
+
+def check_adjacency(adjacency: str) -> str:
+    if adjacency not in ADJACENCIES:
+        raise ValueError(f"adjacency={adjacency!r} must be one of {ADJACENCIES}")
+    return adjacency
+
+
+@attr.s(frozen=True)
+class ReplaceOneDpEvent(dp_event.DpEvent):
+    """``event`` accounted under replace-one adjacency (dp_accounting's ``REPLACE_ONE``).
+
+    A marker for dptune's accountant: dp_accounting's accountants take the relation as a
+    constructor argument, not per event, and a worst case over candidates may mix events.
+    """
+
+    event = attr.ib()
 
 
 @runtime_checkable
@@ -66,12 +95,14 @@ class DpSgdCandidate:
       score_noise_std: std, in counts, of the Gaussian noise added to the number of correct
         predictions on the validation split (whose sensitivity is 1 example); ``None`` when the
         validation split is public and the score costs nothing.
+      adjacency: "add_remove" (default) or "replace_one".
     """
 
     sampling_rate: float
     steps: int
     noise_multiplier: float
     score_noise_std: float | None = None
+    adjacency: str = "add_remove"
 
     def __post_init__(self) -> None:
         q = self.sampling_rate
@@ -95,6 +126,7 @@ class DpSgdCandidate:
             raise ValueError(f"noise_multiplier={sigma!r} must be finite.")
         if self.score_noise_std is not None:
             _check_positive_finite("score_noise_std", self.score_noise_std)
+        check_adjacency(self.adjacency)
         object.__setattr__(self, "sampling_rate", float(q))
         object.__setattr__(self, "steps", int(s))
         object.__setattr__(self, "noise_multiplier", float(sigma))
@@ -103,7 +135,7 @@ class DpSgdCandidate:
 
     @classmethod
     def from_dpsgd_privacy(
-        cls, privacy: Any, score_noise_std: float | None = None
+        cls, privacy: Any, score_noise_std: float | None = None, adjacency: str = "add_remove"
     ) -> DpSgdCandidate:
         """From anything with ``sampling_rate``, ``steps``, ``noise_multiplier``
         (``trainers.train.dpsgd_privacy``)."""
@@ -112,6 +144,7 @@ class DpSgdCandidate:
             steps=privacy.steps,
             noise_multiplier=privacy.noise_multiplier,
             score_noise_std=score_noise_std,
+            adjacency=adjacency,
         )
 
     def training_event(self) -> dp_event.DpEvent:
@@ -130,17 +163,35 @@ class DpSgdCandidate:
         return dp_event.GaussianDpEvent(self.score_noise_std)
 
     def branches(self) -> tuple[dp_event.DpEvent, ...]:
-        score = self.score_event()
-        return (self.training_event(),) if score is None else (self.training_event(), score)
+        """Add/remove: training and score act on disjoint splits (parallel composition): the
+        worse of ``(training, score)``.
+
+        Replace-one: the replaced and the new example each lie in one split (a per-record split).
+        Both in training: training under replace-one; both in validation: the score's Gaussian
+        (sensitivity 1 under either relation); one in each: training loses (or gains) one example
+        and the score gains (or loses) one, i.e. training and score composed under add/remove (the
+        Gaussian's add and remove privacy losses are the same, so dp_accounting's same-direction
+        composition covers the mixed one). The score-only branch is dominated by the composed one.
+        """
+        train, score = self.training_event(), self.score_event()
+        if self.adjacency == "replace_one":
+            out: tuple[dp_event.DpEvent, ...] = (ReplaceOneDpEvent(train),)
+            if score is not None:
+                out += (dp_event.ComposedDpEvent((train, score)),)  # a tuple: hashable
+            return out
+        return (train,) if score is None else (train, score)
 
     def params(self) -> dict[str, Any]:
-        return {
+        out = {
             "kind": "dpsgd",
             "sampling_rate": self.sampling_rate,
             "steps": self.steps,
             "noise_multiplier": self.noise_multiplier,
             "score_noise_std": self.score_noise_std,
         }
+        if self.adjacency != "add_remove":
+            out["adjacency"] = self.adjacency
+        return out
 
 
 @dataclass(frozen=True)
@@ -153,23 +204,38 @@ class EventCandidate:
     event: dp_event.DpEvent
     parallel: tuple[dp_event.DpEvent, ...] = ()
     label: str = "user DpEvent"
+    adjacency: str = "add_remove"
 
     def __post_init__(self) -> None:
         for e in (self.event, *self.parallel):
             if not isinstance(e, dp_event.DpEvent):
                 raise ValueError(f"event={e!r} must be a dp_accounting DpEvent.")
         object.__setattr__(self, "parallel", tuple(self.parallel))
+        check_adjacency(self.adjacency)
+        if self.adjacency == "replace_one" and self.parallel:
+            # One replacement can touch two parts (one example leaves one, another joins the
+            # other), in opposite directions, which dp_accounting's compositions do not cover for
+            # a general DpEvent.
+            raise ValueError(
+                "replace-one adjacency with parallel branches is not supported for user "
+                "DpEvents: describe the candidate as one event"
+            )
 
     def branches(self) -> tuple[dp_event.DpEvent, ...]:
+        if self.adjacency == "replace_one":
+            return (ReplaceOneDpEvent(self.event),)
         return (self.event, *self.parallel)
 
     def params(self) -> dict[str, Any]:
-        return {
+        out = {
             "kind": "event",
             "label": self.label,
             "event": _event_to_json(self.event),
             "parallel": [_event_to_json(e) for e in self.parallel],
         }
+        if self.adjacency != "add_remove":
+            out["adjacency"] = self.adjacency
+        return out
 
 
 def _event_to_json(event: dp_event.DpEvent) -> Any:
@@ -188,6 +254,26 @@ def _event_to_json(event: dp_event.DpEvent) -> Any:
 
 
 CandidateLike = Any  # Candidate | DpEvent | object with sampling_rate, steps, noise_multiplier
+
+
+def with_adjacency(candidate: Candidate, adjacency: str) -> Candidate:
+    """``candidate`` accounted under ``adjacency`` (a copy; DP-SGD and event candidates)."""
+    import dataclasses
+
+    check_adjacency(adjacency)
+    if isinstance(candidate, (DpSgdCandidate, EventCandidate)):
+        return dataclasses.replace(candidate, adjacency=adjacency)
+    if adjacency != "add_remove":
+        raise ValueError(f"candidate {candidate!r} cannot be accounted under {adjacency!r}")
+    return candidate
+
+
+def adjacency_of(candidates: Sequence[Candidate]) -> str:
+    """The one adjacency of a set of candidates (ValueError when they mix relations)."""
+    found = {getattr(c, "adjacency", "add_remove") for c in candidates}
+    if len(found) > 1:
+        raise ValueError(f"candidates mix adjacencies {sorted(found)}: account them separately")
+    return found.pop() if found else "add_remove"
 
 
 def _as_candidate(x: Any) -> Candidate:
@@ -245,6 +331,8 @@ def _dominates(a: DpSgdCandidate, b: DpSgdCandidate) -> bool:
     0), with the number of steps (composition), and as sigma falls (adding noise is
     post-processing).  The same holds for RDP.
     """
+    if a.adjacency != "add_remove" or b.adjacency != "add_remove":
+        return a == b  # monotonicity in q is shown for add/remove only; keep every other run
     if a.sampling_rate < b.sampling_rate or a.steps < b.steps:
         return False
     if a.noise_multiplier > b.noise_multiplier:
@@ -284,6 +372,8 @@ def dominating_dpsgd_candidate(candidates: Sequence[Candidate]) -> DpSgdCandidat
     ``DpSgdCandidate``.
     """
     if not all(isinstance(c, DpSgdCandidate) for c in candidates):
+        return None
+    if len(candidates) > 1 and any(c.adjacency != "add_remove" for c in candidates):
         return None
     stds = [c.score_noise_std for c in candidates if c.score_noise_std is not None]
     return DpSgdCandidate(

@@ -61,6 +61,8 @@ class PrivacyStatement:
       seeded: True when noise/selection randomness came from a fixed seed (see ``SEEDED_NOTE``).
       private: False for a non-private debug selection (see ``NOT_PRIVATE_NOTE``).
       notes: further caveats, one sentence each.
+      adjacency: the neighbouring relation the guarantee is stated for: "add_remove" (one example
+        added or removed) or "replace_one" (one example replaced; the dataset size is public).
     """
 
     total_epsilon: float
@@ -77,6 +79,7 @@ class PrivacyStatement:
     seeded: bool = False
     private: bool = True
     notes: tuple[str, ...] = ()
+    adjacency: str = "add_remove"
 
     @property
     def overhead(self) -> float:
@@ -108,6 +111,7 @@ class PrivacyStatement:
             "rdp_order": self.rdp_order,
             "seeded": self.seeded,
             "private": self.private,
+            "adjacency": self.adjacency,
             "notes": list(self.all_notes()),
             "selection": dict(self.selection),
             "candidates": [dict(c) for c in self.candidates],
@@ -131,7 +135,11 @@ class PrivacyStatement:
                     "exact score (public validation split)"
                     if c.get("score_noise_std") is None
                     else f"validation count + Gaussian noise of std {c['score_noise_std']:g}"
-                    " (disjoint split: parallel composition)"
+                    + (
+                        " (composed with training: a replacement can touch both splits)"
+                        if c.get("adjacency") == "replace_one"
+                        else " (per-record split: parallel composition)"
+                    )
                 )
                 lines.append(
                     f"  DP-SGD: {c['steps']} steps, "
@@ -159,7 +167,11 @@ class PrivacyStatement:
             f"  Accountant: {self.accountant}; {self.route}"
             + (f" (optimal Renyi order {self.rdp_order:g})" if self.rdp_order else "")
             + ".",
-            "  Neighbouring datasets differ by adding or removing one example.",
+            (
+                "  Neighbouring datasets differ by replacing one example (fixed, public size)."
+                if self.adjacency == "replace_one"
+                else "  Neighbouring datasets differ by adding or removing one example."
+            ),
         ]
         notes = self.all_notes()
         notes = tuple(n for n in notes if n != NOT_PRIVATE_NOTE)

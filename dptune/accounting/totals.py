@@ -34,7 +34,7 @@ from dp_accounting import privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from dptune.accounting import epsilon as single
-from dptune.accounting.events import Candidate, as_candidates, pure_epsilon
+from dptune.accounting.events import Candidate, adjacency_of, as_candidates, pure_epsilon
 from dptune.accounting.statement import PrivacyStatement
 from selection.privacy import BestOfKPrivacy, SingleRunPrivacy
 
@@ -394,6 +394,7 @@ def total_privacy(
     transform = check_transform(transform)
     orders = single.check_orders(orders)
     cands = as_candidates(candidates)
+    adjacency = adjacency_of(cands)
     method = transform.name
     theorem = transform.theorem
     sel_params = dict(transform.params())
@@ -414,6 +415,7 @@ def total_privacy(
             selection=sel_params,
             seeded=seeded,
             private=False,
+            adjacency=adjacency,
         )
 
     found, reasons = _routes_and_reasons(cands, transform, delta, accountant, orders=orders)
@@ -454,4 +456,5 @@ def total_privacy(
         rdp_order=best.rdp_order,
         seeded=seeded,
         notes=notes,
+        adjacency=adjacency,
     )
