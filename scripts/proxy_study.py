@@ -43,7 +43,9 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--phase", type=int, default=1)
     args = ap.parse_args()
-    data = load_dataset("mnist", MNIST_10K_DIR, validation_size=1000, source="idx")
+    data = load_dataset(
+        "mnist", MNIST_10K_DIR, validation_size=1000, source="idx", num_examples=8000
+    )
     n = len(data.train_x)
     rows: list[dict] = []
 
