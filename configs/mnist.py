@@ -1,5 +1,7 @@
-"""MNIST (60k/10k via tensorflow-datasets): DP-SGD 26k-parameter CNN, random stopping over learning
-rate and clipping norm, total (epsilon, delta) = (3, 1e-5) tuning included.
+"""MNIST (60k/10k via tensorflow-datasets): DP-SGD on wavelet scattering features with a linear
+model, random stopping (Poisson, mean 5) over the learning rate, total (epsilon, delta) = (3, 1e-5)
+tuning included. Defaults measured on the shipped MNIST-10k digits, which are MNIST records
+themselves (docs/search_space.md: a caveat for reporting MNIST results).
 
     dptune --config=configs/mnist.py --workdir=runs/mnist
     dptune --config=configs/mnist.py --workdir=runs/mnist --config.data.dir=/data/mnist  # IDX files
@@ -22,21 +24,28 @@ def get_config() -> config_dict.ConfigDict:
     c.data.split_seed = 0
     c.data.validation_dir = config_dict.placeholder(str)  # a separate validation set (IDX train-*)
     c.data.validation_public = False  # True only for a separate, public validation set
-    # fixed DP-SGD settings (trainers.train.Hyperparams fields)
+    # fixed DP-SGD settings (trainers.train.Hyperparams fields). Chosen on PUBLIC proxy data
+    # (MNIST-10k), never on this dataset: docs/search_space.md (scripts/proxy_study.py).
     c.train = dict(
-        model="cnn26k", batch_size=2048, epochs=40, optimizer="momentum", momentum=0.9,
+        batch_size=2048, epochs=20, optimizer="momentum", momentum=0.9,
         score_noise_std=10.0,  # Gaussian noise (in counts) on the number of correct val predictions
     )  # fmt: skip
     # the search; noise_multiplier="auto" calibrates sigma so the TOTAL meets the budget
     c.space = dict(
-        # B, epochs, momentum and the centres of the ranges (lr 4, C 0.1) are the published
-        # settings for this tanh CNN (Tramer & Boneh 2021, ICLR, "Differentially Private Learning
-        # Needs Better Features"); nothing was tuned on this data outside dptune.
-        learning_rate=space.log_uniform(1.5, 10.0),
-        clip_norm=space.log_uniform(0.04, 0.25),
+        # Proxy measurements (docs/search_space.md): the model family mattered most (scatter models
+        # 96-97% vs the 26k CNN 70% on the proxy at a tuned run's noise); then the product
+        # learning_rate x clip_norm (C alone barely, at a fixed product), flat within ~1 point over
+        # a factor 8 around 0.025-0.05; batch size and epochs less. So one axis is searched (lr at
+        # a fixed C, product 0.0125-0.2: the proxy's flat region and 4x above it, since this data
+        # has 8x more records per step), and few candidates are needed (mean 5, lower noise).
+        # The family is a privacy-irrelevant field: space.choice("scatter_linear", "scatter_cnn",
+        # "cnn26k") also works (scatter_cnn tied on the proxy but trains ~5x slower on CPU).
+        model="scatter_linear",  # ScatterNet + linear (Tramer & Boneh 2021); dptune[scatter]
+        learning_rate=space.log_uniform(0.25, 4.0),
+        clip_norm=0.05,
         noise_multiplier="auto",
     )
-    c.selection = dict(method="random_stopping", distribution="poisson", mean_trials=8.0)
+    c.selection = dict(method="random_stopping", distribution="poisson", mean_trials=5.0)
     c.selection.shape = config_dict.placeholder(float)  # truncated_negative_binomial's eta
     c.selection.threshold = config_dict.placeholder(float)  # thresholding
     c.selection.stop_probability = config_dict.placeholder(float)  # thresholding

@@ -66,6 +66,12 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)
 
+    if args.phase == 3:
+        # The 26k CNN was measured only at its published centre in phase 1: check that its
+        # deficit is not just a poor learning rate.
+        for lr in (1.0, 16.0):
+            run("cnn26k_lr", model="cnn26k", learning_rate=lr, clip_norm=0.1)
+        return
     if args.phase == 2:
         # Phase 1 showed the lr x C product matters and smaller was better down to 0.025:
         # extend below it, and repeat the other factors around the better centre.
