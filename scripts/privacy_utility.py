@@ -205,11 +205,15 @@ def main(argv: Sequence[str] | None = None) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
-    if (out / "privacy_utility.json").exists():  # resume: never rerun a finished point
-        rows = json.loads((out / "privacy_utility.json").read_text())["runs"]
-    done = {(r["method"], r["epsilon"], r["rep"]) for r in rows}
     meta = {"config": args.config, "overrides": args.set, "epsilons": args.eps,
             "reps": args.reps, "delta": cfg["privacy"]["delta"]}  # fmt: skip
+    if (out / "privacy_utility.json").exists():  # resume: never rerun a finished point
+        old = json.loads((out / "privacy_utility.json").read_text())
+        same = ("config", "overrides", "delta")
+        if any(old["meta"].get(k) != meta[k] for k in same):
+            raise SystemExit(f"{out} holds runs of another config ({old['meta']}); use a new --out")
+        rows = old["runs"]
+    done = {(r["method"], r["epsilon"], r["rep"]) for r in rows}
     for e in args.eps:
         for rep in range(args.reps):
             for m in args.methods:
