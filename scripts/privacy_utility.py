@@ -200,6 +200,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     ap.add_argument("--out", required=True, help="output folder")
+    ap.add_argument(
+        "--report_only", action="store_true",
+        help="write the table and plot from the runs already in --out; train nothing",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     cfg = apply_overrides(load_config(args.config), args.set)
     out = Path(args.out)
@@ -214,8 +218,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
             raise SystemExit(f"{out} holds runs of another config ({old['meta']}); use a new --out")
         rows = old["runs"]
     done = {(r["method"], r["epsilon"], r["rep"]) for r in rows}
-    for e in args.eps:
-        for rep in range(args.reps):
+    # Repetition-major: an interrupted study has whole curves with fewer repetitions.
+    for rep in range(0 if args.report_only else args.reps):
+        for e in args.eps:
             for m in args.methods:
                 if (m, float(e), rep) in done:
                     continue
