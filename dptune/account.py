@@ -13,12 +13,12 @@ Examples:
   python -m dptune.account --sampling_rate=0.0042667 --steps=7032 --selection=logarithmic \
       --mean_trials=10 --target_epsilon=3 --json
 
---selection: none (one run), geometric / logarithmic / tnb (--eta) / poisson random stopping
-(Papernot & Steinke 2022, Thm 2 and 6; geometric = Liu & Talwar 2019, Thm 3.2; geometric with
---max_trials = Liu & Talwar Thm 3.4), threshold (Liu & Talwar Alg. 1, Thm 3.1; stop probability
---threshold_stop_probability, default 1/--mean_trials), naive (best of --mean_trials runs, priced
-by composition).  --accountant=rdp reproduces dp_accounting's RDP route exactly; the default
-'auto' takes the tightest valid route.
+--selection: none (one run) or a selection method of ``selection.registry`` (the same names as
+``config.selection.method``): logarithmic / geometric / tnb (--shape) / poisson random stopping
+(Papernot & Steinke 2022, Thm 2 and 6; geometric = Liu & Talwar 2019, Thm 3.2, with --max_trials
+Thm 3.4), thresholding (Liu & Talwar Alg. 1, Thm 3.1; --stop_probability), best_of_k (--k, priced
+by composition). --accountant=rdp reproduces dp_accounting's RDP route exactly; the default 'auto'
+takes the tightest valid route.
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ from absl import app, flags
 
 from dptune import accounting
 from selection import privacy as sp
+from selection import registry
 
-SELECTIONS = ("none", "geometric", "logarithmic", "tnb", "poisson", "threshold", "naive")
+SELECTIONS = ("none", *registry.names())
 
 _SAMPLING_RATE = flags.DEFINE_float(
     "sampling_rate", None, "Poisson sampling rate q in (0, 1] (expected batch size / examples)."
@@ -43,23 +44,11 @@ _NOISE = flags.DEFINE_float(
 _STEPS = flags.DEFINE_integer("steps", None, "Number of DP-SGD steps per candidate (>= 1).")
 _DELTA = flags.DEFINE_float("delta", 1e-5, "Total delta in (0, 1).")
 _SELECTION = flags.DEFINE_enum("selection", "none", SELECTIONS, "Selection method.")
-_MEAN = flags.DEFINE_float(
-    "mean_trials",
-    10.0,
-    "Expected number of candidates E[K] >= 1 (random stopping); k for --selection=naive.",
-)
-_ETA = flags.DEFINE_float(
-    "eta", None, "Shape eta > -1 of the truncated negative binomial (--selection=tnb)."
-)
-_MAX_TRIALS = flags.DEFINE_integer(
-    "max_trials", None, "Hard cap T on the number of candidates (geometric or threshold)."
-)
-_STOP = flags.DEFINE_float(
-    "threshold_stop_probability",
-    None,
-    "Thresholding: probability gamma in (0, 1] of stopping after each miss "
-    "(default 1/--mean_trials).",
-)
+_OPTION_FLAGS = {
+    name: (flags.DEFINE_float if kind is float else flags.DEFINE_integer)(name, None, help_)
+    for name, (kind, help_) in registry.OPTIONS.items()
+    if name != "threshold"  # the threshold's value does not change the privacy
+}
 _SCORE = flags.DEFINE_float(
     "score_noise_std",
     None,
@@ -79,69 +68,22 @@ class InputError(ValueError):
     """Invalid command-line input (the message names the flag and why)."""
 
 
-def make_transform(
-    selection: str,
-    mean_trials: float = 10.0,
-    eta: float | None = None,
-    max_trials: int | None = None,
-    stop_probability: float | None = None,
-):
-    """The ``selection.privacy`` transform that a ``--selection`` value and its options name."""
+def make_transform(selection: str, **options):
+    """The ``selection.privacy`` transform of a ``--selection`` name and its options."""
     if selection not in SELECTIONS:
         raise InputError(f"--selection={selection} must be one of {', '.join(SELECTIONS)}.")
-    if eta is not None and selection != "tnb":
-        raise InputError(f"--eta={eta:g} applies only to --selection=tnb, not {selection}.")
-    if max_trials is not None and selection not in ("geometric", "threshold"):
-        raise InputError(
-            f"--max_trials={max_trials} applies only to --selection=geometric (Liu & Talwar 2019, "
-            f"Thm 3.4) or threshold (Thm 3.1); {selection} has no capped theorem."
-        )
-    if max_trials is not None and max_trials < 1:
-        raise InputError(f"--max_trials={max_trials} must be an integer >= 1.")
-    if stop_probability is not None and selection != "threshold":
-        raise InputError(
-            f"--threshold_stop_probability={stop_probability:g} applies only to "
-            "--selection=threshold."
-        )
+    given = {k: v for k, v in options.items() if v is not None}
     if selection == "none":
+        if given:
+            raise InputError(f"options {sorted(given)} do not apply to --selection=none.")
         return sp.SingleRunPrivacy()
-    if not (math.isfinite(mean_trials) and mean_trials >= 1):
-        raise InputError(
-            f"--mean_trials={mean_trials:g} must be a finite number >= 1: it is the expected "
-            "number of candidates trained (the theorems need E[K] >= 1)."
-        )
-    if selection == "naive":
-        if mean_trials != int(mean_trials):
-            raise InputError(
-                f"--mean_trials={mean_trials:g} must be an integer for --selection=naive "
-                "(best of k runs)."
-            )
-        return sp.BestOfKPrivacy(int(mean_trials))
-    if selection == "poisson":
-        return sp.PoissonStoppingPrivacy(mean_trials)
-    if selection == "threshold":
-        gamma = 1.0 / mean_trials if stop_probability is None else stop_probability
-        if not (0 < gamma <= 1):
-            raise InputError(
-                f"--threshold_stop_probability={gamma:g} must be in (0, 1]: the probability of "
-                "stopping after each candidate below the threshold."
-            )
-        return sp.ThresholdingPrivacy(gamma, max_trials)
-    if selection == "geometric":
-        if max_trials is not None:
-            return sp.HardCappedRandomStoppingPrivacy(1.0 / mean_trials, max_trials)
-        return sp.RandomStoppingPrivacy.from_mean(mean_trials, 1.0)
-    if selection == "logarithmic":
-        return sp.RandomStoppingPrivacy.from_mean(mean_trials, 0.0)
-    # tnb
-    if eta is None:
-        raise InputError("--selection=tnb needs --eta (the shape, > -1; 0.5 is a common choice).")
-    if not (math.isfinite(eta) and eta > -1):
-        raise InputError(
-            f"--eta={eta:g} must be a finite number > -1: the truncated negative binomial "
-            "(Papernot & Steinke 2022, Def. 1) is defined for eta in (-1, inf)."
-        )
-    return sp.RandomStoppingPrivacy.from_mean(mean_trials, eta)
+    try:
+        return registry.build(selection, given, privacy_only=True).privacy
+    except registry.SelectionConfigError as e:
+        msg = str(e)
+        for name in registry.OPTIONS:  # name the flags as the user typed them
+            msg = msg.replace(f"{name}=", f"--{name}=")
+        raise InputError(msg) from None
 
 
 def _check_inputs() -> None:
@@ -184,7 +126,7 @@ def _check_inputs() -> None:
 def _result() -> tuple[dict, str]:
     _check_inputs()
     transform = make_transform(
-        _SELECTION.value, _MEAN.value, _ETA.value, _MAX_TRIALS.value, _STOP.value
+        _SELECTION.value, **{name: flag.value for name, flag in _OPTION_FLAGS.items()}
     )
     q, steps, delta = _SAMPLING_RATE.value, _STEPS.value, _DELTA.value
     out: dict = {"selection": _SELECTION.value}

@@ -230,3 +230,49 @@ def _diff_keys(a: Any, b: Any, prefix: str = "") -> set[str]:
 
 
 _MISSING = object()
+
+
+class MemoryJournal:
+    """The journal's interface kept in memory (``workdir=None``): no resume, nothing on disk."""
+
+    def __init__(self) -> None:
+        self._meta: dict[str, Any] = {}
+        self._rows: dict[int, Any] = {}
+        self._payloads: dict[int, bytes] = {}
+
+    def bind_config(self, config: dict[str, Any]) -> bool:
+        self._meta["config"] = config
+        return False
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._meta.get(key, default)
+
+    def set(self, key: str, value: Any) -> None:
+        self._meta[key] = value
+
+    def set_once(self, key: str, value: Any) -> Any:
+        return self._meta.setdefault(key, value)
+
+    def add_candidates(self, rows: Any) -> None:
+        for i, seed, hp in rows:
+            self._rows.setdefault(i, CandidateRecord(i, seed, hp, "planned", None, False, 0))
+
+    def candidates(self) -> list[Any]:
+        return [self._rows[i] for i in sorted(self._rows)]
+
+    def mark_running(self, index: int) -> None:
+        pass
+
+    def mark_done(
+        self, index: int, score: float, failed: bool, seconds: float | None = None
+    ) -> None:
+        pass
+
+    def write_payload(self, index: int, data: bytes) -> None:
+        pass  # payloads stay in the tuner's memory
+
+    def read_payload(self, index: int) -> Any:
+        raise KeyError(index)
+
+    def close(self) -> None:
+        pass

@@ -1,8 +1,12 @@
 """The ``dptune`` command: one private tuning run from a config file.
 
-    dptune --config=configs/smoke.py --workdir=/tmp/dptune-smoke
-    python -m dptune.main --config=configs/fashion_mnist.py --workdir=runs/fmnist \\
+    dptune --config=smoke --workdir=/tmp/dptune-smoke
+    dptune --config=fashion_mnist --workdir=runs/fmnist \\
         --config.data.dir=/data/fashion-mnist --config.selection.mean_trials=8
+    python -m dptune.main --config=configs/smoke.py --workdir=/tmp/dptune-smoke  # a config file
+
+``--config`` takes a shipped config's name (smoke, mnist, fashion_mnist, cifar10) or a path to a
+config file; ``--config.<field>=<value>`` overrides any field.
 
 Everything is checked before anything private runs: the config, the data, the budget (the noise
 multiplier is calibrated so the *total* epsilon, tuning included, meets it) and the dataset's
@@ -27,7 +31,9 @@ from typing import Any
 from absl import app, flags
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/<name>.py).")
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "A shipped config (smoke, mnist, fashion_mnist, cifar10) or a config file."
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder: private/ (journal) and release/.")
 _SEED = flags.DEFINE_integer(
     "seed", None, "Fixed seed (debugging); default OS entropy. The guarantee then needs it secret."
@@ -43,8 +49,6 @@ _DRY_RUN = flags.DEFINE_bool(
 log = logging.getLogger("dptune")
 
 DATASETS = ("mnist", "fashion_mnist", "cifar10", "synthetic")
-METHODS = ("random_stopping", "thresholding", "best_of_k", "non_private_best")
-DISTRIBUTIONS = ("logarithmic", "geometric", "poisson", "truncated_negative_binomial")
 
 
 class ConfigError(ValueError):
@@ -70,48 +74,43 @@ def _number(cfg: Mapping[str, Any], path: str, *, positive: bool = True) -> floa
 
 
 def build_selection(cfg: Mapping[str, Any]) -> Any:
-    """The selection method named by ``config.selection`` (validated)."""
-    import selection as sel
+    """The selection method named by ``config.selection`` (``selection.registry``'s vocabulary)."""
+    from selection import registry
 
     s = _get(cfg, "selection")
-    if not isinstance(s, Mapping):
-        raise ConfigError("config.selection is missing (method, mean_trials, ...)")
-    method = s.get("method")
-    if method not in METHODS:
-        raise ConfigError(f"config.selection.method={method!r} must be one of {METHODS}")
+    if not isinstance(s, Mapping) or "method" not in s:
+        raise ConfigError(
+            "config.selection.method is missing; choose one of " + ", ".join(registry.names())
+        )
+    if s["method"] not in registry.names():
+        raise ConfigError(
+            f"config.selection.method={s['method']!r} is unknown; choose one of "
+            + ", ".join(registry.names())
+        )
+    options, unused = registry.applicable(
+        s["method"], {k: v for k, v in s.items() if k != "method"}
+    )
+    if unused:
+        log.info("config.selection: %s not used by method %r", unused, s["method"])
     try:
-        if method == "random_stopping":
-            mean = _number(cfg, "selection.mean_trials")
-            if mean < 1:
-                raise ConfigError(
-                    f"config.selection.mean_trials={mean:g} must be >= 1 (the expected number "
-                    "of candidates trained)"
-                )
-            dist = s.get("distribution", "logarithmic")
-            if dist not in DISTRIBUTIONS:
-                raise ConfigError(
-                    f"config.selection.distribution={dist!r} must be one of {DISTRIBUTIONS}"
-                )
-            if dist == "poisson":
-                return sel.RandomStopping.poisson(mean)
-            if dist == "truncated_negative_binomial":
-                shape = _number(cfg, "selection.shape", positive=False)
-                return sel.RandomStopping.truncated_negative_binomial(mean, shape)
-            if dist == "geometric":
-                return sel.RandomStopping.geometric(mean, s.get("max_trials"))
-            return sel.RandomStopping.logarithmic(mean)
-        if method == "thresholding":
-            threshold = _number(cfg, "selection.threshold", positive=False)
-            gamma = _number(cfg, "selection.stop_probability")
-            return sel.Thresholding(threshold, gamma, s.get("max_trials"))
-        k = s.get("k")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ConfigError(f"config.selection.k={k!r} must be an integer >= 1")
-        return sel.BestOfK(k) if method == "best_of_k" else sel.NonPrivateBest(k)
-    except ConfigError:
-        raise
-    except (TypeError, ValueError) as e:
+        return registry.build(s["method"], options)
+    except registry.SelectionConfigError as e:
         raise ConfigError(f"config.selection: {e}") from None
+
+
+def build_executor(cfg: Mapping[str, Any]) -> Any:
+    """The executor named by ``config.executor`` (``dptune.executors``)."""
+    from dptune.executors import make_executor
+
+    ex = dict(_get(cfg, "executor", {}) or {})
+    kind = ex.pop("kind", "sequential")
+    group = ex.pop("group_size", 1)
+    try:
+        return make_executor(
+            kind, group_size=group, **{k: v for k, v in ex.items() if v is not None}
+        )
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"config.executor: {e}") from None
 
 
 def check_config(cfg: Mapping[str, Any]) -> None:
@@ -159,6 +158,7 @@ def check_config(cfg: Mapping[str, Any]) -> None:
     group = _get(cfg, "executor.group_size", 1)
     if isinstance(group, bool) or not isinstance(group, int) or group < 1:
         raise ConfigError(f"config.executor.group_size={group!r} must be an integer >= 1")
+    build_executor(cfg)
     vsize = _get(cfg, "data.validation_size", 5000)
     if isinstance(vsize, bool) or not isinstance(vsize, int) or vsize < 1:
         raise ConfigError(f"config.data.validation_size={vsize!r} must be an integer >= 1")
@@ -171,7 +171,7 @@ def check_config(cfg: Mapping[str, Any]) -> None:
         raise ConfigError(
             f"{sorted(overlap)} appear in both config.train and config.space; keep one"
         )
-    from trainers.train import Hyperparams
+    from dptune.dpsgd import Hyperparams
 
     known = {f for f in Hyperparams.__dataclass_fields__}
     unknown = (set(train) | set(space)) - known
@@ -196,7 +196,9 @@ def run_config(
     checks and accounting only (public computations), no journal, no ledger, no training.
     """
     from dptune import space as space_mod
-    from dptune.tuner import Budget, DpSgdTrainer, TuningConfigError, plan_privacy, tune
+    from dptune.dpsgd import DpSgdTrainer
+    from dptune.plan import Budget, plan_privacy
+    from dptune.tuner import TuningConfigError, tune
 
     cfg = _plain(cfg)
     check_config(cfg)
@@ -241,7 +243,7 @@ def run_config(
             budget,
             workdir=workdir,
             seed=seed,
-            group_size=int(_get(cfg, "executor.group_size", 1)),
+            executor=build_executor(cfg),
             accountant=str(_get(cfg, "privacy.accountant", "auto")),
             ledger=ledger_path if ledger_cfg.get("enabled", True) else None,
             dataset_budget=dataset_budget,
@@ -256,7 +258,7 @@ def run_config(
 
 def load_data(cfg: Mapping[str, Any]) -> Any:
     """Loads ``config.data`` (public work: reading files is not a private computation)."""
-    from trainers.data import DatasetNotFoundError, load_dataset
+    from dptune.dpsgd import DatasetNotFoundError, load_dataset
 
     d = cfg["data"]
     data_dir = d.get("dir") or None
@@ -348,9 +350,53 @@ def _setup_logging() -> None:
     log.propagate = False
 
 
+def _resolve_config_names(argv: list[str]) -> list[str]:
+    """``--config=NAME`` (a shipped config: smoke, mnist, fashion_mnist, cifar10) -> its file, so
+    the command works outside a checkout; paths are left alone."""
+    from dptune import configs
+
+    out = []
+    for arg in argv:
+        if arg.startswith("--config="):
+            value = arg[len("--config=") :]
+            name, sep, rest = value.partition(":")
+            if name in configs.NAMES and not Path(name).exists():
+                arg = f"--config={configs.path_of(name)}{sep}{rest}"
+        out.append(arg)
+    return out
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl's parsing, with every bad flag or config override reported in one line (exit 2)."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        print(f"dptune: refused: {e}", file=sys.stderr)
+        sys.exit(2)
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        # ml_collections raises these for an override of a field the config does not have
+        overrides = [a.split("=")[0] for a in argv if a.startswith("--config.")]
+        print(
+            f"dptune: refused: a config override names a field the config does not have or "
+            f"gives it a value of the wrong type ({type(e).__name__}: {e}); overrides given: "
+            f"{overrides}",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+
+
 def run() -> None:
     """Console-script entry point (``dptune``)."""
-    app.run(lambda argv: sys.exit(main(argv)))
+    from selection import registry
+
+    sys.argv = _resolve_config_names(sys.argv)
+    # `dptune --help` documents this module's flags (absl shows the main module's key flags, and
+    # the console script's main module is the script, not this file).
+    for name in ("config", "workdir", "seed", "debug_nonprivate", "progress", "dry_run"):
+        flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
+    main_module = sys.modules["__main__"]
+    main_module.__doc__ = (__doc__ or "") + "\n" + registry.describe() + "\n"
+    app.run(lambda argv: sys.exit(main(argv)), flags_parser=_parse_flags)
 
 
 if __name__ == "__main__":

@@ -6,9 +6,11 @@ every candidate's hyperparameters independently from it, which is the hypothesis
 stopping theorems (Papernot & Steinke 2022, §3.3: each run draws its hyperparameters independently,
 with one uniform privacy bound over all of them).
 
-Privacy-relevant fields (noise multiplier, batch size / sampling rate, epochs / steps, and any field
-a config marks with ``privacy=True``) change each candidate's privacy loss. The accountant must take
-the worst case over everything the sampler can draw, so such fields may only be constants,
+Privacy-relevant fields (those the trainer names, e.g. DP-SGD's noise multiplier, batch size and
+epochs; any field a config marks with ``privacy=True``; and any field the trainer's declared
+privacy is found to depend on, ``dptune.plan``) change each candidate's privacy loss. The
+accountant must take the worst case over everything the sampler can draw, so such fields may only
+be constants,
 :class:`Choice` or :class:`Integer` (finite supports that :meth:`Space.privacy_grid` enumerates
 exactly); a continuous distribution over a privacy field is refused rather than approximated.
 
@@ -33,11 +35,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-#: Field names that always count as privacy-relevant (they enter DP-SGD's DpEvent).
-PRIVACY_FIELDS: frozenset[str] = frozenset(
-    {"noise_multiplier", "batch_size", "sampling_rate", "epochs", "steps", "score_noise_std"}
-)
 
 #: Largest number of privacy-relevant combinations the accountant will enumerate.
 MAX_PRIVACY_GRID = 4096
@@ -201,15 +198,21 @@ class Space:
     """A random-search space: hyperparameter name -> constant or distribution.
 
     Args:
-      fields: name -> constant (int, float, str, bool) or a distribution (or its config dict).
+      fields: name -> constant (int, float, str, bool) or a distribution (or its config dict);
+        or give them as keywords: ``Space(learning_rate=space.log_uniform(0.1, 1.0), epochs=5)``.
       privacy_fields: names that are privacy-relevant besides those marked ``privacy=True``.
     """
 
     def __init__(
         self,
-        fields: Mapping[str, Any],
-        privacy_fields: frozenset[str] | set[str] = PRIVACY_FIELDS,
+        fields: Mapping[str, Any] | None = None,
+        privacy_fields: frozenset[str] | set[str] = frozenset(),
+        **kwargs: Any,
     ) -> None:
+        if fields is None:
+            fields = kwargs
+        elif kwargs:
+            raise SpaceError("give the fields as one mapping or as keywords, not both")
         if not isinstance(fields, Mapping):
             raise SpaceError(
                 f"a search space must be a mapping name -> distribution, got {type(fields)}"

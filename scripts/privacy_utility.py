@@ -18,9 +18,9 @@ Every run uses OS entropy (no seed). The runs' test accuracies are released here
 their epsilons compose: a benchmark on data without a privacy budget to protect (public benchmark
 data), not a private release. The ledger is disabled for the same reason.
 
-    PYTHONPATH=. python scripts/privacy_utility.py --config configs/fashion_mnist.py \\
+    PYTHONPATH=. python scripts/privacy_utility.py --config fashion_mnist \\
         --set data.dir=../shared/data/fashion-mnist --out docs/privacy_utility
-    PYTHONPATH=. python scripts/privacy_utility.py --config configs/smoke.py --eps 4 --reps 1 \\
+    PYTHONPATH=. python scripts/privacy_utility.py --config smoke --eps 4 --reps 1 \\
         --set train.epochs=1 --out /tmp/pu        # the small version CI runs
 """
 
@@ -49,7 +49,11 @@ LABELS = {
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
-    """``get_config()`` of a config file as a plain dict."""
+    """``get_config()`` of a shipped config name (``fashion_mnist``) or a config file, as a dict."""
+    from dptune import configs
+
+    if str(path) in configs.NAMES:
+        path = configs.path_of(str(path))
     spec = importlib.util.spec_from_file_location("_pu_config", path)
     mod = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
@@ -194,7 +198,7 @@ def plot(summary: dict, epsilons: Sequence[float], methods: Sequence[str], path:
 
 def main(argv: Sequence[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", required=True)
+    ap.add_argument("--config", required=True, help="a shipped config name or a config file")
     ap.add_argument("--set", action="append", default=[], help="config override a.b=value")
     ap.add_argument("--eps", type=float, nargs="+", default=[1, 2, 3, 4, 8])
     ap.add_argument("--reps", type=int, default=3)

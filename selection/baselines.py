@@ -9,12 +9,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
-from selection.method import SelectionMethod
-from selection.plan import Plan, best_index
+from selection.method import BestOfPlanned
+from selection.plan import Plan
 from selection.privacy import BestOfKPrivacy, NotPrivate, PrivacyTransform
 
 __all__ = ["BestOfK", "NonPrivateBest"]
@@ -26,7 +24,7 @@ def _check_k(k: int) -> int:
     return int(k)
 
 
-class _FixedK(SelectionMethod):
+class _FixedK(BestOfPlanned):
     def __init__(self, k: int) -> None:
         self.k = _check_k(k)
 
@@ -40,16 +38,6 @@ class _FixedK(SelectionMethod):
     def plan(self, rng: np.random.Generator | int | None = None) -> Plan:
         del rng  # nothing random
         return Plan(num_trials=self.k, method=self.method_name)
-
-    def done(self, plan: Plan, scores: Sequence[float]) -> bool:
-        self._check_plan(plan)
-        return len(scores) >= plan.num_trials
-
-    def select(self, plan: Plan, scores: Sequence[float]) -> int | None:
-        self._check_plan(plan)
-        if len(scores) < plan.num_trials:
-            raise ValueError(f"need {plan.num_trials} scores, got {len(scores)}")
-        return best_index(scores[: plan.num_trials])
 
 
 class BestOfK(_FixedK):

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from selection.plan import Plan, Selection, SelectionPrivate
+from selection.plan import Plan, Selection, SelectionPrivate, best_index
 from selection.privacy import PrivacyTransform
 
 __all__ = ["Candidate", "SelectionMethod", "make_rng"]
@@ -124,3 +124,25 @@ class SelectionMethod:
         if index is None:
             return Selection(False, None, None, None, private)
         return Selection(True, scores[index], payloads[index], index, private)
+
+
+class BestOfPlanned(SelectionMethod):
+    """Methods that train exactly the plan's ``num_trials`` candidates and release the best
+    (random stopping with K drawn up front, best-of-k with K fixed): their ``done`` and
+    ``select``."""
+
+    def done(self, plan: Plan, scores: Sequence[float]) -> bool:
+        self._check_plan(plan)
+        return len(scores) >= plan.num_trials
+
+    def select(self, plan: Plan, scores: Sequence[float]) -> int | None:
+        """Best of the first K scores (scores beyond K are ignored); None when K = 0."""
+        self._check_plan(plan)
+        if len(scores) < plan.num_trials:
+            raise ValueError(
+                f"{self.method_name} needs all planned scores before selecting: got "
+                f"{len(scores)} scores, fewer than the plan's number of trials"
+            )
+        if plan.num_trials == 0:
+            return None
+        return best_index(scores[: plan.num_trials])

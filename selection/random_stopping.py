@@ -13,13 +13,11 @@ lower index, NaN last) is released; K, the other candidates and their scores sta
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
 from selection.counts import CountDistribution, Poisson, TruncatedNegativeBinomial
-from selection.method import SelectionMethod, make_rng
-from selection.plan import Plan, best_index
+from selection.method import BestOfPlanned, make_rng
+from selection.plan import Plan
 from selection.privacy import (
     HardCappedRandomStoppingPrivacy,
     PoissonStoppingPrivacy,
@@ -30,7 +28,7 @@ from selection.privacy import (
 __all__ = ["RandomStopping"]
 
 
-class RandomStopping(SelectionMethod):
+class RandomStopping(BestOfPlanned):
     """Release the best of K ~ ``count`` candidates.
 
     Args:
@@ -94,22 +92,6 @@ class RandomStopping(SelectionMethod):
         if self.max_trials is not None:
             k = min(k, self.max_trials)
         return Plan(num_trials=k, method=self.method_name)
-
-    def done(self, plan: Plan, scores: Sequence[float]) -> bool:
-        self._check_plan(plan)
-        return len(scores) >= plan.num_trials
-
-    def select(self, plan: Plan, scores: Sequence[float]) -> int | None:
-        """Best of the first K scores (scores beyond K are ignored); None when K = 0."""
-        self._check_plan(plan)
-        if len(scores) < plan.num_trials:
-            raise ValueError(
-                f"random stopping needs all planned scores before selecting: got {len(scores)}"
-                " scores, fewer than the plan's number of trials"
-            )
-        if plan.num_trials == 0:
-            return None
-        return best_index(scores[: plan.num_trials])
 
     @property
     def privacy(self) -> PrivacyTransform:

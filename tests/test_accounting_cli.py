@@ -11,7 +11,7 @@ import pytest
 from dptune import accounting
 from selection import privacy as sp
 
-BASE = ["--sampling_rate=0.004266666666666667", "--steps=7032", "--delta=1e-5"]
+BASE = ["--sampling_rate=0.004266666666666667", "--steps=7032", "--delta=1e-5", "--mean_trials=10"]
 
 
 def cli(*args: str) -> subprocess.Popen:
@@ -55,12 +55,16 @@ def test_target_epsilon_prints_noise_multiplier_and_text_mode():
         "--sampling_rate=0.01",
         "--steps=500",
         "--selection=tnb",
-        "--eta=0.5",
+        "--mean_trials=10",
+        "--shape=0.5",
         "--target_epsilon=2",
         "--accountant=rdp",
         "--json",
     )
-    text = cli("--sampling_rate=0.01", "--steps=500", "--noise_multiplier=1.0", "--selection=naive")
+    text = cli(
+        "--sampling_rate=0.01", "--steps=500", "--noise_multiplier=1.0", "--selection=best_of_k",
+        "--k=10",
+    )  # fmt: skip
     rc, out, err = finish(cal)
     assert rc == 0, err
     d = json.loads(out)
@@ -98,9 +102,10 @@ INVALID = [
             "--steps=10",
             "--noise_multiplier=1",
             "--selection=tnb",
-            "--eta=-1",
+            "--mean_trials=10",
+            "--shape=-1",
         ],
-        "--eta=-1",
+        "--shape=-1",
     ),
     (
         [
@@ -108,12 +113,28 @@ INVALID = [
             "--steps=10",
             "--noise_multiplier=1",
             "--selection=tnb",
-            "--eta=-3",
+            "--mean_trials=10",
+            "--shape=-3",
         ],
-        "--eta=-3",
+        "--shape=-3",
     ),
     (["--sampling_rate=0.1", "--steps=10"], "--noise_multiplier"),
     (["--sampling_rate=0.1", "--steps=10", "--noise_multiplier=1", "--selection=best"], "best"),
+    (
+        ["--sampling_rate=0.1", "--steps=10", "--noise_multiplier=1", "--selection=poisson"],
+        "needs ['mean_trials']",
+    ),
+    (
+        [
+            "--sampling_rate=0.1",
+            "--steps=10",
+            "--noise_multiplier=1",
+            "--selection=poisson",
+            "--mean_trials=3",
+            "--k=2",
+        ],
+        "do not apply",
+    ),  # fmt: skip
 ]
 
 

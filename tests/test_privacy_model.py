@@ -19,8 +19,9 @@ from dp_accounting.rdp import rdp_privacy_accountant
 import dptune
 from dptune import accounting, space
 from dptune.accounting.events import DpSgdCandidate, EventCandidate
+from dptune.dpsgd import DpSgdTrainer
+from dptune.errors import TuningConfigError
 from dptune.ledger import BudgetExceededError, Ledger
-from dptune.tuner import DpSgdTrainer, TuningConfigError
 from selection import RandomStopping
 from selection.privacy import RandomStoppingPrivacy
 from trainers.data import (
@@ -298,8 +299,7 @@ def test_replace_one_through_the_tuner_requires_the_exact_declared_size():
 def test_cli_config_defaults_are_private_and_name_the_adjacency(tmp_path):
     """Through the config path users take: an exact score on the private split is refused before
     any private computation; replace-one is named in the statement."""
-    from configs import smoke  # noqa: I001 - the shipped smoke config
-
+    from dptune.configs import smoke
     from dptune.main import ConfigError, run_config
 
     cfg = smoke.get_config().to_dict()

@@ -1,6 +1,6 @@
 """scripts/privacy_utility.py, small version: one total epsilon, one repetition, one epoch on the
-shipped MNIST-10k (configs/smoke.py). Checks the three budget-spending methods run, stay within
-the budget, and that the table and plot are written."""
+shipped MNIST-10k (the shipped config smoke). Checks the three budget-spending methods run,
+stay within the budget, and that the table and plot are written."""
 
 import importlib.util
 import math
@@ -26,7 +26,7 @@ def test_centre_of_the_space():
     assert pu.centre({"distribution": "choice", "values": ["a", "b"]}) == "a"
     assert pu.centre({"distribution": "integer", "low": 1, "high": 4}) == 2
     assert pu.centre("auto") == "auto"
-    cfg = pu.load_config(ROOT / "configs" / "smoke.py")
+    cfg = pu.load_config("smoke")
     c = pu.method_config(cfg, "best_of_k", 2.0)
     assert c["selection"] == {"method": "best_of_k", "k": 2} and c["privacy"]["epsilon"] == 2.0
     assert c["ledger"] == {"enabled": False}
@@ -35,7 +35,7 @@ def test_centre_of_the_space():
 def test_small_privacy_utility_run_on_mnist_10k(tmp_path):
     pu = _script()
     out = pu.main([
-        "--config", str(ROOT / "configs" / "smoke.py"), "--eps", "4", "--reps", "1",
+        "--config", "smoke", "--eps", "4", "--reps", "1",
         "--set", "train.epochs=1", "--out", str(tmp_path),
     ])  # fmt: skip
     rows = out["rows"]

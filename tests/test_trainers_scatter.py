@@ -33,6 +33,20 @@ def test_feature_shapes_channels_and_scale(mnist, tmp_path):
     np.testing.assert_allclose(scatter.compute(x[3:4]), f[3:4], rtol=1e-4, atol=1e-6)
 
 
+def test_features_are_per_record_and_backends_agree(mnist):
+    """Privacy model: one record's features depend on that record only. Record 0's features are
+    the same whatever its batch companions are (other records, or the zero padding of a short
+    batch); and the jitted JAX frontend agrees with Kymatio's NumPy frontend (an independent
+    FFT implementation) to float32 rounding."""
+    x = mnist.train_x[:12]
+    other = np.concatenate([x[:1], mnist.train_x[100:111]])  # same record 0, other companions
+    a = scatter.compute(x, "jax")
+    np.testing.assert_allclose(scatter.compute(other, "jax")[0], a[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(scatter.compute(x[:1], "jax")[0], a[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(scatter.compute(x, "numpy"), a, rtol=1e-3, atol=2e-6)
+    assert not np.allclose(a[0], a[1], atol=1e-3)  # the check can fail: records differ
+
+
 def test_cache_hits_per_record_across_splits_and_processes(mnist, tmp_path):
     cache = scatter.FeatureCache(tmp_path)
     first = cache.features(mnist.train_x[:60])
@@ -67,7 +81,7 @@ def test_missing_kymatio_gives_install_hint(monkeypatch):
             raise ImportError("no kymatio")
         return real_import(name, *a, **k)
 
-    monkeypatch.setattr(scatter, "_SCAT", None)
+    monkeypatch.setattr(scatter, "_SCAT", {})
     monkeypatch.setattr(builtins, "__import__", no_kymatio)
     with pytest.raises(scatter.KymatioMissingError, match=r"dptune\[scatter\]"):
         scatter.compute(np.zeros((1, 28, 28, 1), np.float32))
@@ -133,7 +147,7 @@ def test_model_family_is_a_privacy_irrelevant_hyperparameter(mnist, tmp_path, mo
     families drawn from one space (features for the scatter models, images for the CNN)."""
     import numpy as np_
 
-    from dptune.tuner import DpSgdTrainer
+    from dptune.dpsgd import DpSgdTrainer
 
     monkeypatch.setenv("DPTUNE_CACHE", str(tmp_path))
     data = split_validation(
@@ -156,7 +170,7 @@ def test_model_family_is_a_privacy_irrelevant_hyperparameter(mnist, tmp_path, mo
     # The released model's test accuracy is computed from the images (features made on the fly)
     # and equals its accuracy on precomputed features and its training curve's last point.
     params = out[1][1]["params"]
-    acc = tr.test_accuracy({"model": "scatter_linear"}, out[1][1])
+    acc = tr.release_view({"model": "scatter_linear"}, out[1][1]).test_accuracy
     feats = scatter.FeatureCache(tmp_path).features(data.test_x)
     assert acc == train.evaluate(params, "scatter_linear", feats, data.test_y)
     assert acc == out[1][1]["history"][-1]["test_accuracy"]

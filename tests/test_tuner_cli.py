@@ -201,7 +201,7 @@ MALFORMED = [
     (dict(selection__mean_trials=0.5), "mean_trials"),
     (dict(selection__mean_trials=0), "mean_trials"),
     (dict(selection__method="grid"), "selection.method"),
-    (dict(selection__distribution="zipf"), "distribution"),
+    (dict(selection__method="tnb"), "needs ['shape']"),
     (dict(selection__method="thresholding"), "threshold"),
     (dict(selection__method="non_private_best", selection__k=3), "not private"),
     (dict(space={}), "empty"),

@@ -33,6 +33,9 @@ def test_sampler_stays_in_support_and_is_reproducible():
     assert s.searched == ("clip_norm", "learning_rate", "optimizer", "width")
 
 
+DPSGD = {"noise_multiplier", "batch_size", "epochs", "score_noise_std"}
+
+
 def test_privacy_fields_and_grid():
     s = Space(
         dict(
@@ -40,7 +43,8 @@ def test_privacy_fields_and_grid():
             batch_size=space.choice(128, 256),
             epochs=space.integer(1, 3),
             my_noise=space.choice(1.0, 2.0, privacy=True),
-        )
+        ),
+        privacy_fields=DPSGD,  # the fields a trainer names (here: DP-SGD's)
     )
     assert set(s.privacy_relevant) == {"batch_size", "epochs", "my_noise"}
     grid = s.privacy_grid()
@@ -67,11 +71,13 @@ def test_privacy_fields_and_grid():
 )
 def test_malformed_spaces_are_refused(fields, message):
     with pytest.raises(SpaceError, match=message):
-        Space(fields)
+        Space(fields, privacy_fields=DPSGD)
 
 
 def test_grid_size_is_bounded():
-    s = Space(dict(epochs=space.integer(1, 100), batch_size=space.integer(1, 100)))
+    s = Space(
+        dict(epochs=space.integer(1, 100), batch_size=space.integer(1, 100)), privacy_fields=DPSGD
+    )
     with pytest.raises(SpaceError, match="combinations"):
         s.privacy_grid()
 

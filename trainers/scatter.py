@@ -15,9 +15,17 @@ train/validation split of the same records (or a new test split) reuses the cach
 a deterministic function of the private images, so it is as sensitive as the data: it lives in the
 curator's cache folder (``$DPTUNE_CACHE`` or ``~/.cache/dptune``) and must be deleted with the data.
 
+Backend: Kymatio's 2-D JAX frontend (``ScatteringJax2D``), its whole transform compiled with
+``jax.jit`` for two fixed batch sizes, :data:`BATCH` and :data:`SMALL_BATCH` images (a short batch
+zero-padded, padding rows dropped), so it runs on the accelerator when JAX has one and on all CPU
+cores otherwise; about 2.5x faster than the NumPy frontend on CPU, and the two agree to float32
+rounding (tested). ``DPTUNE_SCATTER_BACKEND=numpy`` selects the NumPy frontend. The backend and
+JAX platform are part of the cache folder's name: features computed on a GPU (float32 FFTs in
+another order) are not mixed with CPU ones.
+
 Kymatio is an optional dependency (``pip install 'dptune[scatter]'``). Kymatio 0.3.0's top-level
-``kymatio.numpy`` also imports its 3-D frontend, which fails with SciPy >= 1.15 (``sph_harm`` was
-removed), so the 2-D NumPy frontend is imported directly.
+``kymatio.numpy`` / ``kymatio.jax`` also import its 3-D frontend, which fails with SciPy >= 1.15
+(``sph_harm`` was removed), so the 2-D frontends are imported directly.
 """
 
 from __future__ import annotations
@@ -43,30 +51,57 @@ OUT_HW = (IMAGE_HW[0] // 2**J, IMAGE_HW[1] // 2**J)
 #: Shape of one record's features (NHWC without the batch axis).
 FEATURE_SHAPE = (*OUT_HW, CHANNELS)
 
-_BATCH = 1024  # images per Kymatio call (memory ~ batch x 28 x 28 complex128 x a few)
+#: Images per compiled scattering call (one compilation; ~0.7 GB of complex64 intermediates).
+BATCH = 1024
+#: The other compiled batch size, for short inputs.
+SMALL_BATCH = 64
 
 
 class KymatioMissingError(ImportError):
     """Kymatio is not installed; the message says how to install it."""
 
 
-def _scattering():
-    """Kymatio's 2-D NumPy scattering with (J, L) = (2, 8) on 28x28 inputs (built once)."""
-    global _SCAT
-    if _SCAT is None:
+def backend_name() -> str:
+    """``"jax"`` (default) or ``"numpy"`` (``$DPTUNE_SCATTER_BACKEND``)."""
+    name = os.environ.get("DPTUNE_SCATTER_BACKEND", "jax").strip().lower()
+    if name not in ("jax", "numpy"):
+        raise ValueError(f"DPTUNE_SCATTER_BACKEND must be 'jax' or 'numpy', not {name!r}")
+    return name
+
+
+def _missing() -> KymatioMissingError:
+    return KymatioMissingError(
+        "the scattering models ('scatter_linear', 'scatter_cnn') need Kymatio: "
+        "pip install 'dptune[scatter]' (or pip install kymatio)"
+    )
+
+
+def _scattering(backend: str = "numpy"):
+    """Kymatio's 2-D scattering with (J, L) = (2, 8) on 28x28 inputs (built once per backend):
+    for ``"numpy"`` the frontend object, for ``"jax"`` a jitted function (BATCH, 28, 28) float32
+    -> (BATCH, 81, 7, 7) float32."""
+    if backend not in _SCAT:
         try:
-            # Not `kymatio.numpy`: it imports the 3-D frontend, broken with SciPy >= 1.15.
-            from kymatio.scattering2d.frontend.numpy_frontend import ScatteringNumPy2D
+            # Not `kymatio.numpy` / `kymatio.jax`: they import the 3-D frontend (broken with
+            # SciPy >= 1.15).
+            if backend == "jax":
+                from kymatio.scattering2d.frontend.jax_frontend import ScatteringJax2D
+            else:
+                from kymatio.scattering2d.frontend.numpy_frontend import ScatteringNumPy2D
         except ImportError as e:
-            raise KymatioMissingError(
-                "the scattering models ('scatter_linear', 'scatter_cnn') need Kymatio: "
-                "pip install 'dptune[scatter]' (or pip install kymatio)"
-            ) from e
-        _SCAT = ScatteringNumPy2D(J=J, shape=IMAGE_HW, L=L)
-    return _SCAT
+            raise _missing() from e
+        if backend == "jax":
+            import jax
+
+            # The whole transform (a static Python loop over filters of jnp ops) traces into one
+            # program; every batch has the same shape, so it compiles once.
+            _SCAT[backend] = jax.jit(ScatteringJax2D(J=J, shape=IMAGE_HW, L=L).scattering)
+        else:
+            _SCAT[backend] = ScatteringNumPy2D(J=J, shape=IMAGE_HW, L=L)
+    return _SCAT[backend]
 
 
-_SCAT = None
+_SCAT: dict = {}
 
 
 def kymatio_version() -> str:
@@ -81,19 +116,33 @@ def kymatio_version() -> str:
         ) from e
 
 
-def compute(images: np.ndarray) -> np.ndarray:
+def compute(images: np.ndarray, backend: str | None = None) -> np.ndarray:
     """Scattering features of ``images`` without any cache.
+
+    Each record's features are a function of that record alone (the transform is per image; a
+    batch only shares the FFT call): tested by changing a record's batch companions.
 
     Args:
       images: float32 (n, 28, 28, 1) (or (n, 28, 28)), values in [0, 1].
+      backend: "jax" or "numpy" (default :func:`backend_name`).
     Returns:
       float32 (n, 7, 7, 81), NHWC.
     """
     x = _as_images(images)
-    scat = _scattering()
+    backend = backend or backend_name()
+    scat = _scattering(backend)
     out = np.empty((len(x), *FEATURE_SHAPE), np.float32)
-    for start in range(0, len(x), _BATCH):
-        s = scat(x[start : start + _BATCH])  # (b, 81, 7, 7)
+    for start in range(0, len(x), BATCH):
+        chunk = x[start : start + BATCH]
+        if backend == "jax":
+            b = len(chunk)
+            # Zero rows pad a short batch to one of two compiled shapes (SMALL_BATCH for the few
+            # records of an evaluation or a cache top-up, else BATCH); their outputs are dropped.
+            padded = np.zeros((SMALL_BATCH if b <= SMALL_BATCH else BATCH, *IMAGE_HW), np.float32)
+            padded[:b] = chunk
+            s = np.asarray(scat(padded))[:b]  # (b, 81, 7, 7)
+        else:
+            s = scat(chunk)  # (b, 81, 7, 7)
         out[start : start + len(s)] = np.transpose(s, (0, 2, 3, 1))
     return out
 
@@ -103,6 +152,15 @@ def record_digests(images: np.ndarray) -> np.ndarray:
     x = np.ascontiguousarray(_as_images(images))
     flat = x.reshape(len(x), -1)
     return np.array([hashlib.blake2b(r.tobytes(), digest_size=16).digest() for r in flat], "S16")
+
+
+def _platform(backend: str) -> str:
+    """``numpy`` or ``jax-<platform>`` (``jax-cpu``, ``jax-gpu``): part of the cache folder name."""
+    if backend == "numpy":
+        return "numpy"
+    import jax
+
+    return f"jax-{jax.default_backend()}"
 
 
 def default_cache_dir() -> Path:
@@ -120,9 +178,12 @@ class FeatureCache:
     memory-mapped.
     """
 
-    def __init__(self, root: str | os.PathLike | None = None):
+    def __init__(self, root: str | os.PathLike | None = None, backend: str | None = None):
         base = Path(root) if root is not None else default_cache_dir()
-        self.folder = base / f"J{J}-L{L}-{IMAGE_HW[0]}x{IMAGE_HW[1]}-kymatio{kymatio_version()}"
+        self.backend = backend or backend_name()
+        self.folder = base / (
+            f"J{J}-L{L}-{IMAGE_HW[0]}x{IMAGE_HW[1]}-kymatio{kymatio_version()}-{_platform(self.backend)}"
+        )
         self._index: dict[bytes, tuple[int, int]] = {}
         self._shards: list[np.ndarray] = []
         self._seen: set[str] = set()
@@ -163,7 +224,7 @@ class FeatureCache:
                     first.setdefault(bytes(digests[i]), i)
                 idx = np.fromiter(first.values(), np.int64)
                 log.info("computing scattering features of %d records (cached after)", len(idx))
-                feats = compute(np.asarray(images)[idx])
+                feats = compute(np.asarray(images)[idx], self.backend)
                 self.computed += len(idx)
                 self._write_shard(digests[idx], feats)
                 self._refresh()
@@ -189,7 +250,7 @@ _CACHES: dict[str, FeatureCache] = {}
 
 def get_cache(root: str | os.PathLike | None = None) -> FeatureCache:
     """The process-wide :class:`FeatureCache` for ``root`` (default :func:`default_cache_dir`)."""
-    key = str(Path(root) if root is not None else default_cache_dir())
+    key = f"{Path(root) if root is not None else default_cache_dir()}|{backend_name()}"
     if key not in _CACHES:
         _CACHES[key] = FeatureCache(root)
     return _CACHES[key]

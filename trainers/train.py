@@ -42,10 +42,10 @@ from trainers.sampling import PoissonSampler
 
 log = logging.getLogger(__name__)
 
-# Score of a failed candidate (NaN/inf parameters, or an error during training). Below every
-# accuracy in [0, 1]; a noisy score can dip below 0 only through its own noise. Fixed and
+# Score of a failed candidate (NaN/inf parameters, or an error during training): NaN, the one
+# failure encoding of dptune and ``selection`` (it ranks below every score). Fixed and
 # data-independent, as the selection theorems require of a candidate's output.
-FAILURE_SCORE = -1.0
+FAILURE_SCORE = float("nan")
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
 Progress = Callable[[dict], None]

@@ -1,4 +1,5 @@
-"""Regression tests from the privacy review of `selection` (each failed before its fix)."""
+"""Counts at extreme parameters (tiny gamma, negative eta, huge K) stay exact; run() errors do not
+reveal the number of trials."""
 
 from __future__ import annotations
 

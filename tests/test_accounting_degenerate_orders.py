@@ -1,4 +1,4 @@
-"""Regression tests from the privacy review of `dptune.accounting` (each failed before its fix)."""
+"""Degenerate Renyi orders (inf, 1, NaN curves) are refused instead of reported as epsilon 0."""
 
 from __future__ import annotations
 

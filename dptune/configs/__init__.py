@@ -1,0 +1,29 @@
+"""Configs shipped with dptune (``dptune --config=NAME``, or a path to your own file).
+
+``base.get_config()`` holds every field with its default; each dataset config overrides what
+differs, as Flax's example configs do. Your own config file can start from any of them::
+
+    from dptune.configs import fashion_mnist
+
+    def get_config():
+        c = fashion_mnist.get_config()
+        c.privacy.epsilon = 1.0
+        return c
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+#: Folder of the shipped config files.
+CONFIG_DIR = Path(__file__).resolve().parent
+
+#: Names accepted by ``dptune --config=NAME``.
+NAMES = ("smoke", "mnist", "fashion_mnist", "cifar10")
+
+
+def path_of(name: str) -> Path:
+    """The file of the shipped config ``name`` (``dptune --config=NAME``)."""
+    if name not in NAMES:
+        raise ValueError(f"no shipped config {name!r}; shipped: {', '.join(NAMES)}")
+    return CONFIG_DIR / f"{name}.py"

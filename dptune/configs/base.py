@@ -1,0 +1,53 @@
+"""Every config field with its default; dataset configs override what differs.
+
+Sections: ``data`` (what to load; docs/privacy-model.md for the split and the public sizes),
+``train`` (fixed DP-SGD settings, ``trainers`` ``Hyperparams`` fields), ``space`` (what is searched;
+``noise_multiplier="auto"`` calibrates the noise so the TOTAL meets the budget), ``selection``
+(a method of ``selection.registry`` and its options), ``privacy`` (the total budget of the run,
+tuning included), ``ledger`` (the dataset's budget over all runs) and ``executor``.
+"""
+
+from __future__ import annotations
+
+from ml_collections import config_dict
+
+from dptune import space
+from selection import registry
+
+
+def get_config() -> config_dict.ConfigDict:
+    c = config_dict.ConfigDict()
+    # data: tensorflow-datasets by default; a local folder with --config.data.dir=...
+    c.data = dict(name="mnist", source="auto", validation_size=5000, split_seed=0)
+    c.data.dir = config_dict.placeholder(str)
+    # the public number of records in the training file (default: the published size of data.name)
+    c.data.num_examples = config_dict.placeholder(int)
+    c.data.validation_dir = config_dict.placeholder(str)  # a separate validation set (IDX train-*)
+    c.data.validation_public = False  # True only for a separate, public validation set
+    c.train = dict(
+        model="cnn26k", batch_size=256, epochs=10, optimizer="momentum", momentum=0.9,
+        score_noise_std=10.0,  # Gaussian noise (in counts) on the number of correct val predictions
+    )  # fmt: skip
+    c.space = dict(
+        learning_rate=space.log_uniform(0.5, 4.0),
+        clip_norm=space.log_uniform(0.1, 2.0),
+        noise_multiplier="auto",
+    )
+    # one vocabulary with `python -m dptune.account`: python -c "from selection import registry;
+    # print(registry.describe())"
+    c.selection = dict(method="logarithmic")
+    for name, (kind, _) in registry.OPTIONS.items():
+        c.selection[name] = config_dict.placeholder(kind)
+    c.selection.mean_trials = 8.0
+    c.privacy = dict(epsilon=3.0, delta=1e-5, accountant="auto")
+    c.privacy.adjacency = "add_remove"  # or "replace_one" (fixed, public dataset size)
+    c.ledger = dict(enabled=True)
+    c.ledger.path = config_dict.placeholder(
+        str
+    )  # default $DPTUNE_LEDGER or ~/.dptune/ledger.sqlite
+    c.ledger.budget_epsilon = config_dict.placeholder(float)  # default: this run's budget
+    c.ledger.budget_delta = config_dict.placeholder(float)
+    # how candidates are trained (dptune.executors): "sequential" (default on CPU) or "vectorized"
+    # (group_size candidates at once with jax.vmap, where it pays: accelerators)
+    c.executor = dict(kind="sequential", group_size=1)
+    return c

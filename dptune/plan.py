@@ -1,0 +1,325 @@
+"""The privacy plan of a tuning run: from the total budget to the noise in every candidate, once.
+
+``make_privacy_plan`` checks the inputs, finds every field the trainer's declared privacy depends
+on, calibrates ``"auto"`` (the noise multiplier, for DP-SGD) so that the *total* -- the selection
+theorem applied to the worst case over the search space -- meets the budget, and returns a frozen
+:class:`PrivacyPlan`: the calibrated values, the statement, and the candidates it holds for. The
+tuner, the trainers, the journal and the release all read this one value; nothing is accounted
+twice. Every number comes from ``dptune.accounting`` (which applies ``selection.privacy``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dptune import space as space_mod
+from dptune.accounting import calibrate, total_privacy
+from dptune.accounting.events import ADJACENCIES, with_adjacency
+from dptune.errors import ImpossibleBudgetError, TuningConfigError
+from dptune.space import Space, SpaceError
+from dptune.trainer_protocol import as_candidate
+
+log = logging.getLogger("dptune")
+
+#: Value of a field meaning "calibrate it from the total budget" (the trainer's
+#: ``calibrated_field``: the noise multiplier for DP-SGD).
+AUTO = "auto"
+
+#: Points tried along a continuous field when probing whether a trainer's privacy depends on it.
+_PROBES = 7
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A total privacy budget: everything released (tuning included) is (epsilon, delta)-DP."""
+
+    epsilon: float
+    delta: float
+
+    def __post_init__(self) -> None:
+        e, d = self.epsilon, self.delta
+        if isinstance(e, bool) or not isinstance(e, (int, float)) or not math.isfinite(e) or e <= 0:
+            raise TuningConfigError(f"budget epsilon={e!r} must be a finite number > 0")
+        if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 < d < 1:
+            raise TuningConfigError(
+                f"budget delta={d!r} must be in (0, 1), and below 1/(number of training examples)"
+            )
+
+
+def as_budget(budget: Any) -> Budget:
+    """``(epsilon, delta)``, an object with ``.epsilon``/``.delta``, or a Budget -> Budget."""
+    if isinstance(budget, Budget):
+        return budget
+    if isinstance(budget, (tuple, list)) and len(budget) == 2:
+        return Budget(*budget)
+    if hasattr(budget, "epsilon") and hasattr(budget, "delta"):
+        return Budget(budget.epsilon, budget.delta)
+    raise TuningConfigError(f"budget={budget!r} must be (epsilon, delta) or a Budget")
+
+
+@dataclass(frozen=True)
+class PrivacyPlan:
+    """What the accountant promised, computed once before anything private runs.
+
+    Attributes:
+      space: the search space as given (a calibrated field still reads ``"auto"``).
+      calibrated: the values that replace ``"auto"`` (e.g. ``{"noise_multiplier": 1.23}``); every
+        candidate trains with ``{**drawn, **calibrated}`` (:meth:`hparams`).
+      statement: the total privacy statement of the run (``dptune.accounting.PrivacyStatement``).
+      candidates: every candidate privacy the statement holds for (the worst case was taken over
+        them); a drawn candidate must be one of them or be covered (``check_candidates``).
+      privacy_fields: the fields the accounting enumerated.
+      adjacency, transform, delta, accountant: what the statement was computed with.
+    """
+
+    space: Space
+    calibrated: Mapping[str, Any]
+    statement: Any
+    candidates: tuple
+    privacy_fields: tuple[str, ...]
+    adjacency: str
+    transform: Any
+    delta: float
+    accountant: str
+
+    def hparams(self, drawn: Mapping[str, Any]) -> dict[str, Any]:
+        """A candidate's hyperparameters: the drawn ones with the calibrated values filled in."""
+        return {**dict(drawn), **dict(self.calibrated)}
+
+    def single_run_epsilon(self, candidate: Any) -> float:
+        """epsilon at the plan's delta of one run of ``candidate`` (no tuning; tightest route),
+        under the plan's adjacency: e.g. the epsilon spent so far after each epoch, for the released
+        curve (a public function of public hyperparameters)."""
+        cand = with_adjacency(as_candidate(candidate), self.adjacency)
+        return float(total_privacy(cand, None, self.delta, "auto").total_epsilon)
+
+
+def _statement(cands: Sequence[Any], transform: Any, budget: Budget, accountant: str, seeded: bool):
+    try:
+        return total_privacy(cands, transform, budget.delta, accountant, seeded=seeded)
+    except ValueError as e:
+        raise TuningConfigError(f"cannot account this run: {e}") from None
+
+
+def _probe_values(dist: Any) -> list[Any]:
+    """Values of a searched field at which the trainer's declared privacy is probed: the whole
+    support of a finite distribution (up to 64 values), else both ends and interior points."""
+    if isinstance(dist, (space_mod.Choice, space_mod.Integer)):
+        support = dist.support()
+        if len(support) <= 64:
+            return list(support)
+        idx = np.unique(np.linspace(0, len(support) - 1, 64).round().astype(int))
+        return [support[i] for i in idx]
+    lo, hi = float(dist.low), float(dist.high)
+    if isinstance(dist, space_mod.LogUniform):
+        return [float(v) for v in np.geomspace(lo, hi, _PROBES)]
+    return [float(v) for v in np.linspace(lo, hi, _PROBES)]
+
+
+def _privacy_dependent_fields(space: Space, candidate_of: Callable[[dict], Any]) -> list[str]:
+    """Searched fields (not already privacy-relevant) that change the trainer's declared privacy.
+
+    The accountant must take the worst case over every field the declaration depends on, not only
+    over the fields it was told about. Each searched field is varied alone from
+    ``space.example()``; a field that changes the declared candidate is privacy-relevant.
+    (Interactions this one-at-a-time probe misses are still caught: every drawn candidate is
+    checked against the accounted set before it trains.)
+    """
+    base_hp = space.example()
+    base = candidate_of(base_hp)
+    relevant = set(space.privacy_relevant)
+    found = []
+    for name in space.searched:
+        if name not in relevant and any(
+            candidate_of({**base_hp, name: v}) != base for v in _probe_values(space.fields[name])
+        ):
+            found.append(name)
+    return found
+
+
+def make_privacy_plan(
+    trainer: Any,
+    space: Space | Mapping[str, Any],
+    selection: Any,
+    budget: Budget | tuple[float, float],
+    *,
+    accountant: str = "auto",
+    seeded: bool = False,
+    debug_nonprivate: bool = False,
+    adjacency: str = "add_remove",
+) -> PrivacyPlan:
+    """Validates the inputs, calibrates ``"auto"``, and accounts the whole run.
+
+    1. Check the space, the selection method, delta < 1/n and the adjacency.
+    2. Find the privacy-relevant fields: the trainer's ``privacy_fields``, fields marked
+       ``privacy=True``, and any searched field whose value changes ``trainer.privacy``.
+    3. Enumerate their values (the privacy grid): the candidates of the worst case.
+    4. Calibrate the ``"auto"`` field so the selection theorem's total meets the budget (or check
+       the total when nothing is ``"auto"``).
+
+    Nothing private runs here. Raises TuningConfigError / ImpossibleBudgetError.
+    """
+    budget = as_budget(budget)
+    if not isinstance(space, Space):
+        try:
+            space = Space.from_config(space)
+        except ValueError as e:
+            raise TuningConfigError(str(e)) from None
+    if adjacency not in ADJACENCIES:
+        raise TuningConfigError(f"adjacency={adjacency!r} must be one of {ADJACENCIES}")
+    if len(space) == 0 or not space.searched:
+        raise TuningConfigError(
+            "the search space is empty (no field is drawn at random): there is nothing to tune; "
+            "declare at least one distribution, e.g. learning_rate=space.log_uniform(0.01, 1.0)"
+        )
+    for attr in ("plan", "select", "done", "privacy"):
+        if not hasattr(selection, attr):
+            raise TuningConfigError(
+                f"selection={selection!r} has no {attr!r}: pass a selection method such as "
+                "selection.RandomStopping(...)"
+            )
+    n = getattr(trainer, "num_examples", None)
+    if n is not None and budget.delta >= 1.0 / n:
+        raise TuningConfigError(
+            f"delta={budget.delta:g} must be below 1/n = {1.0 / n:.3g} for n={n} training examples "
+            "(a larger delta allows releasing an example outright)"
+        )
+    if hasattr(trainer, "check_adjacency"):
+        trainer.check_adjacency(adjacency)
+    transform = selection.privacy
+    if not transform.is_private and not debug_nonprivate:
+        raise TuningConfigError(
+            f"selection {transform.name} is not private; use it only with debug_nonprivate=True"
+        )
+    field = getattr(trainer, "calibrated_field", None)
+    autos = [name for name, v in space.fields.items() if v == AUTO]
+    if any(name != field for name in autos):
+        raise TuningConfigError(
+            f"{autos} is 'auto', but this trainer calibrates only {field!r}; give a value"
+        )
+    auto = bool(autos)
+
+    def candidate_of(hp: Mapping[str, Any], value: float | None = None) -> Any:
+        hp = dict(hp)
+        if auto:
+            hp[field] = 1.0 if value is None else value
+        return with_adjacency(as_candidate(trainer.privacy(hp)), adjacency)
+
+    # 2. every field the declared privacy depends on
+    known = set(getattr(trainer, "privacy_fields", ())) - set(autos)
+    try:
+        space = Space(space.to_dict(), privacy_fields=set(space.privacy_fields) | known)
+        dependent = _privacy_dependent_fields(space, candidate_of)
+        if dependent:
+            log.info("the trainer's privacy depends on %s: accounted over every value", dependent)
+            space = Space(
+                space.to_dict(), privacy_fields=set(space.privacy_fields) | set(dependent)
+            )
+        grid = space.privacy_grid()
+    except SpaceError as e:
+        raise TuningConfigError(str(e)) from None
+
+    # 3-4. the worst case over the grid, through the selection theorem
+    def candidates(value: float | None) -> list[Any]:
+        return [candidate_of({**space.example(), **combo}, value) for combo in grid]
+
+    calibrated: dict[str, Any] = {}
+    if auto:
+        candidates(1.0)  # invalid settings raise their own message here, not "no sigma found"
+        try:
+            cal = calibrate(
+                candidates,
+                transform,
+                budget.epsilon,
+                budget.delta,
+                accountant,
+                seeded=seeded,
+                compare=False,
+            )
+        except ValueError as e:
+            log.info("calibration failed: %s", e)
+            raise ImpossibleBudgetError(
+                f"no {field.replace('_', ' ')} meets the total budget (epsilon={budget.epsilon:g}, "
+                f"delta={budget.delta:g}) with {transform.name}: raise the budget, lower the "
+                "mean number of trials, or train for fewer steps / a smaller sampling rate"
+            ) from None
+        calibrated[field] = float(cal.noise_multiplier)
+        cands, statement = candidates(calibrated[field]), cal.statement
+    else:
+        cands = candidates(None)
+        statement = _statement(cands, transform, budget, accountant, seeded)
+    notes = tuple(trainer.privacy_notes()) if hasattr(trainer, "privacy_notes") else ()
+    statement = dataclasses.replace(
+        statement, notes=tuple(statement.notes) + notes, private=not debug_nonprivate
+    )
+    if not debug_nonprivate and statement.total_epsilon > budget.epsilon * (1 + 1e-9):
+        raise ImpossibleBudgetError(
+            f"the run would cost epsilon={statement.total_epsilon:.4g} > budget "
+            f"{budget.epsilon:g} at delta={budget.delta:g} ({transform.name}; one candidate "
+            f"costs {statement.single_run_epsilon:.4g}). Use {field or 'the noise'}='auto', more "
+            "noise, fewer steps or fewer trials"
+        )
+    return PrivacyPlan(
+        space=space,
+        calibrated=calibrated,
+        statement=statement,
+        candidates=tuple(dict.fromkeys(cands)),
+        privacy_fields=tuple(space.privacy_relevant),
+        adjacency=adjacency,
+        transform=transform,
+        delta=budget.delta,
+        accountant=accountant,
+    )
+
+
+def plan_privacy(trainer: Any, space: Any, selection: Any, budget: Any, **kwargs: Any):
+    """``(space with the calibrated values filled in, statement)`` of :func:`make_privacy_plan`
+    (what ``dptune --dry_run`` prints)."""
+    plan = make_privacy_plan(trainer, space, selection, budget, **kwargs)
+    return Space({**plan.space.to_dict(), **plan.calibrated}), plan.statement
+
+
+def check_candidates(trainer: Any, plan: PrivacyPlan, drawn: Sequence[Mapping[str, Any]]) -> None:
+    """Every drawn candidate's declared privacy must be covered by what the statement accounted.
+
+    Covered: equal to an accounted candidate, or adding it to the accounted set leaves the total
+    epsilon (same theorem, route and delta) no larger than stated -- then the theorem applied to
+    the enlarged worst case proves the stated bound for it too. Otherwise TuningConfigError, naming
+    the fields that make the difference, before any candidate touches data.
+    """
+
+    def candidate(hp: Mapping[str, Any]) -> Any:
+        return with_adjacency(as_candidate(trainer.privacy(plan.hparams(hp))), plan.adjacency)
+
+    accounted = set(plan.candidates)
+    covered: dict[Any, bool] = {}
+    for hp in drawn:
+        cand = candidate(hp)
+        if cand in accounted:
+            continue
+        if cand not in covered:
+            st = total_privacy(
+                [*plan.candidates, cand], plan.transform, plan.delta, plan.accountant
+            )
+            covered[cand] = st.total_epsilon <= plan.statement.total_epsilon * (1 + 1e-9)
+        if not covered[cand]:
+            example = plan.space.example()
+            culprits = [
+                name
+                for name in plan.space.searched
+                if name not in plan.privacy_fields
+                and candidate({**hp, name: example[name]}) != cand
+            ]
+            raise TuningConfigError(
+                "a drawn candidate's declared privacy is not covered by the accounted statement "
+                f"(fields {culprits or sorted(hp)} change it beyond what was accounted): declare "
+                "them privacy-relevant (space.choice(..., privacy=True)) so the accountant takes "
+                "their worst case. Nothing was trained"
+            )

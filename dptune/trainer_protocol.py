@@ -1,0 +1,151 @@
+"""What the tuner trains: the trainer protocol, a user's function as a trainer, and the release
+view of a selected candidate.
+
+A trainer declares its privacy before it runs (``privacy(hparams)``) and trains one candidate
+(``__call__(hparams, rng) -> (score, payload)``). Everything else is an optional hook, so the core
+(``dptune.plan``, ``dptune.tuner``) never asks which kind of trainer it holds:
+
+* ``train_many(hparams_list, rngs)``: several candidates at once (vectorised).
+* ``num_examples``: the public size of the private training set (checks delta < 1/n).
+* ``fingerprint``: the dataset's id in the budget ledger.
+* ``privacy_fields``: fields known to change ``privacy(hparams)`` (others are found by probing).
+* ``calibrated_field``: the field that ``"auto"`` calibrates (default ``"noise_multiplier"``).
+* ``privacy_notes()``: sentences for the statement (e.g. how the validation split was made).
+* ``check_adjacency(adjacency)``: refuse an adjacency the data does not support.
+* ``release_view(hparams, payload) -> ReleaseView``: what of the selected candidate may be
+  released (default: the payload as it is).
+* ``privacy_by_epoch(hparams)``: the privacy after each epoch, for the released curve.
+
+The DP-SGD trainer is ``dptune.dpsgd.DpSgdTrainer``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from dptune.accounting.events import as_candidates
+from dptune.errors import TuningConfigError
+
+
+def as_candidate(x: Any) -> Any:
+    """A trainer's declared privacy as one ``dptune.accounting`` candidate."""
+    try:
+        cands = as_candidates(x)
+    except ValueError as e:
+        raise TuningConfigError(f"the trainer's privacy declaration is invalid: {e}") from None
+    if len(cands) != 1:
+        raise TuningConfigError(f"privacy(hparams) must describe one candidate, got {x!r}")
+    return cands[0]
+
+
+@runtime_checkable
+class Trainer(Protocol):
+    """A private candidate generator: its privacy is declared before it runs.
+
+    ``privacy(hparams)`` returns the candidate's privacy for those hyperparameters (only the
+    privacy-relevant fields may matter): a ``dptune.accounting`` candidate (``DpSgdCandidate``,
+    ``EventCandidate``) or a ``dp_accounting`` ``DpEvent``. ``__call__(hparams, rng)`` trains one
+    candidate with the randomness of ``rng`` (a numpy Generator seeded from the candidate's seed)
+    and returns ``(score, payload)``: higher scores are better, NaN means failure.
+    """
+
+    def privacy(self, hparams: Mapping[str, Any]) -> Any: ...
+
+    def __call__(
+        self, hparams: Mapping[str, Any], rng: np.random.Generator
+    ) -> tuple[float, Any]: ...
+
+
+@dataclass(frozen=True)
+class ReleaseView:
+    """What may be released of the selected candidate.
+
+    Attributes:
+      payload: the released payload (e.g. the model's parameters; never exact training losses).
+      test_accuracy: accuracy on a public test split, if the trainer measured one.
+      history: per-epoch public rows (metrics on public or privatised data), oldest first.
+    """
+
+    payload: Any
+    test_accuracy: float | None = None
+    history: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
+
+
+def release_view(trainer: Any, hparams: Mapping[str, Any], payload: Any) -> ReleaseView:
+    """``trainer.release_view(hparams, payload)`` if it has one, else the payload as it is."""
+    if hasattr(trainer, "release_view"):
+        return trainer.release_view(hparams, payload)
+    return ReleaseView(payload)
+
+
+@dataclass
+class FunctionTrainer:
+    """Wraps a user's training function as a trainer.
+
+    Args:
+      fn: ``fn(hparams: dict, rng: numpy.random.Generator) -> (score, payload)``; it may return
+        ``(score, payload, event)`` too, and the event must then equal the declared one (the
+        accountant charged the declared event before training).
+      privacy: the candidate's privacy: a ``DpEvent`` / accounting candidate, or a function of the
+        hyperparameters returning one (e.g. building a DP-SGD event from ``noise_multiplier``).
+      num_examples: size of the private dataset (checks delta < 1/n), if known.
+      fingerprint: an id of the private dataset for the budget ledger, if one is used.
+      privacy_fields: fields known to change the declared privacy. Others that do are found by
+        probing ``privacy`` (``dptune.plan``), so this is a speed-up, not a safety requirement.
+      calibrated_field: the field whose ``"auto"`` value the tuner calibrates.
+    """
+
+    fn: Callable[..., tuple]
+    privacy_fn: Any
+    num_examples: int | None = None
+    fingerprint: str | None = None
+    name: str = "user function"
+    #: fields known to change the declared privacy (the accountant takes their worst case)
+    privacy_fields: tuple[str, ...] = ("noise_multiplier",)
+    #: the field that ``"auto"`` in a space calibrates to the budget
+    calibrated_field: str = "noise_multiplier"
+
+    def privacy(self, hparams: Mapping[str, Any]) -> Any:
+        return self.privacy_fn(hparams) if callable(self.privacy_fn) else self.privacy_fn
+
+    def __call__(self, hparams: Mapping[str, Any], rng: np.random.Generator) -> tuple[float, Any]:
+        out = self.fn(dict(hparams), rng)
+        if not isinstance(out, tuple) or len(out) not in (2, 3):
+            raise TypeError(
+                f"{self.name} must return (score, payload) or (score, payload, event), got "
+                f"{out!r:.80}"
+            )
+        if len(out) == 3:
+            declared = as_candidate(self.privacy(hparams))
+            if as_candidate(out[2]) != declared:
+                raise RuntimeError(
+                    f"{self.name} returned the DpEvent {out[2]!r} but declared {declared!r} for "
+                    f"hparams {dict(hparams)}: the accountant charged the declared one"
+                )
+        return float(out[0]), out[1]
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "function", "name": self.name, "num_examples": self.num_examples}
+
+
+def trainer(
+    privacy: Any, *, num_examples: int | None = None, fingerprint: str | None = None
+) -> Callable[[Callable], FunctionTrainer]:
+    """Decorator form of :class:`FunctionTrainer`::
+
+    @dptune.trainer(privacy=lambda hp: make_event(hp["noise_multiplier"]), num_examples=n)
+    def train(hparams, rng):
+        ...
+        return accuracy, params
+    """
+
+    def wrap(fn: Callable) -> FunctionTrainer:
+        return FunctionTrainer(
+            fn, privacy, num_examples, fingerprint, getattr(fn, "__name__", "user function")
+        )
+
+    return wrap

@@ -1,0 +1,239 @@
+"""One vocabulary of selection methods, used by the configs, the ``dptune`` command and
+``python -m dptune.account``.
+
+Each entry names a method, the options it takes (from one shared set, :data:`OPTIONS`), and how to
+build it. Adding a method: write its class (and its theorem in ``selection/privacy.py``), then add
+one :class:`MethodInfo` here; the configs and both command lines pick it up.
+
+    >>> build("poisson", {"mean_trials": 8}).privacy.theorem
+    'Papernot & Steinke 2022, Thm 6 (Poisson number of candidates)'
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from selection.baselines import BestOfK, NonPrivateBest
+from selection.method import SelectionMethod
+from selection.random_stopping import RandomStopping
+from selection.thresholding import Thresholding
+
+#: Every option a method may take, its type and what it means (one line each): the config's
+#: ``selection`` fields and the command lines' flags.
+OPTIONS: dict[str, tuple[type, str]] = {
+    "mean_trials": (float, "expected number of candidates E[K] >= 1 (random stopping)"),
+    "shape": (float, "shape eta > -1 of the truncated negative binomial count"),
+    "max_trials": (int, "hard cap T on the number of candidates"),
+    "threshold": (float, "thresholding: release the first candidate scoring >= this"),
+    "stop_probability": (float, "thresholding: probability gamma in (0, 1] of stopping per miss"),
+    "k": (int, "number of candidates of the fixed-k baselines"),
+}
+
+
+class SelectionConfigError(ValueError):
+    """A method name or its options are invalid; the message names the option."""
+
+
+@dataclass(frozen=True)
+class MethodInfo:
+    """A selection method as the configs and command lines know it.
+
+    Attributes:
+      name: the method's name (``config.selection.method``, ``--selection``).
+      summary: one line: what it does and its theorem.
+      required: options it needs.
+      optional: options it may take.
+      build: ``build(**options) -> SelectionMethod``.
+      privacy_only: options that do not change its privacy, with the value used when only the
+        privacy transform is wanted (``python -m dptune.account``).
+    """
+
+    name: str
+    summary: str
+    required: tuple[str, ...]
+    optional: tuple[str, ...]
+    build: Callable[..., SelectionMethod]
+    privacy_only: Mapping[str, Any] = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "privacy_only", dict(self.privacy_only or {}))
+        for o in (*self.required, *self.optional):
+            assert o in OPTIONS, f"{self.name}: unknown option {o!r}; add it to OPTIONS"
+
+
+METHODS: dict[str, MethodInfo] = {}
+
+
+def register(info: MethodInfo) -> MethodInfo:
+    """Adds a method to the vocabulary (its name must be new)."""
+    if info.name in METHODS or info.name == "none":
+        raise ValueError(f"selection method {info.name!r} is already registered")
+    METHODS[info.name] = info
+    return info
+
+
+def _mean(mean_trials: float) -> float:
+    if not (math.isfinite(mean_trials) and mean_trials >= 1):
+        raise SelectionConfigError(
+            f"mean_trials={mean_trials:g} must be a finite number >= 1: the expected number of "
+            "candidates trained"
+        )
+    return float(mean_trials)
+
+
+register(
+    MethodInfo(
+        "logarithmic",
+        "random stopping, logarithmic count (Papernot & Steinke 2022, Thm 2, eta = 0)",
+        ("mean_trials",),
+        (),
+        lambda mean_trials: RandomStopping.logarithmic(_mean(mean_trials)),
+    )
+)
+register(
+    MethodInfo(
+        "geometric",
+        "random stopping, geometric count (Liu & Talwar 2019, Thm 3.2; with max_trials Thm 3.4)",
+        ("mean_trials",),
+        ("max_trials",),
+        lambda mean_trials, max_trials=None: RandomStopping.geometric(
+            _mean(mean_trials), max_trials
+        ),
+    )
+)
+
+
+def _shape(shape: float) -> float:
+    if not (math.isfinite(shape) and shape > -1):
+        raise SelectionConfigError(
+            f"shape={shape:g} must be a finite number > -1: the truncated negative binomial "
+            "(Papernot & Steinke 2022, Def. 1) is defined for eta in (-1, inf)"
+        )
+    return float(shape)
+
+
+register(
+    MethodInfo(
+        "tnb",
+        "random stopping, truncated negative binomial count (Papernot & Steinke 2022, Thm 2)",
+        ("mean_trials", "shape"),
+        (),
+        lambda mean_trials, shape: RandomStopping.truncated_negative_binomial(
+            _mean(mean_trials), _shape(shape)
+        ),
+    )
+)
+register(
+    MethodInfo(
+        "poisson",
+        "random stopping, Poisson count (Papernot & Steinke 2022, Thm 6)",
+        ("mean_trials",),
+        (),
+        lambda mean_trials: RandomStopping.poisson(_mean(mean_trials)),
+    )
+)
+register(
+    MethodInfo(
+        "thresholding",
+        "first candidate above a threshold, coin-flip stopping (Liu & Talwar 2019, Thm 3.1)",
+        ("threshold", "stop_probability"),
+        ("max_trials",),
+        lambda threshold, stop_probability, max_trials=None: Thresholding(
+            threshold, stop_probability, max_trials
+        ),
+        privacy_only={"threshold": 0.0},
+    )
+)
+register(
+    MethodInfo(
+        "best_of_k",
+        "best of exactly k candidates, priced by composition (baseline)",
+        ("k",),
+        (),
+        lambda k: BestOfK(k),
+    )
+)
+register(
+    MethodInfo(
+        "non_private_best",
+        "best of k candidates with NO guarantee (debugging only)",
+        ("k",),
+        (),
+        lambda k: NonPrivateBest(k),
+    )
+)
+
+
+def names() -> tuple[str, ...]:
+    """Registered method names, in registration order."""
+    return tuple(METHODS)
+
+
+def applicable(name: str, options: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``(the options method name takes, the names of the set ones it does not take)``: a config
+    holds every option, and switching the method should not require unsetting the others."""
+    info = METHODS.get(name)
+    if info is None:
+        return dict(options), []
+    takes = set(info.required) | set(info.optional)
+    given = {k: v for k, v in options.items() if v is not None}
+    return {k: v for k, v in given.items() if k in takes}, sorted(set(given) - takes)
+
+
+def build(name: str, options: Mapping[str, Any], *, privacy_only: bool = False) -> SelectionMethod:
+    """The method ``name`` with ``options`` (None values are ignored: unset config fields).
+
+    With ``privacy_only``, options that do not change the method's privacy may be left out (for
+    accounting without a run).
+
+    Raises:
+      SelectionConfigError: unknown name, a missing or inapplicable option, an invalid value.
+    """
+    if name not in METHODS:
+        raise SelectionConfigError(
+            f"selection method {name!r} is unknown; choose one of {', '.join(METHODS)}"
+        )
+    info = METHODS[name]
+    given = {k: v for k, v in options.items() if v is not None}
+    unknown = sorted(set(given) - set(OPTIONS))
+    if unknown:
+        raise SelectionConfigError(f"unknown selection option(s) {unknown}; known: {list(OPTIONS)}")
+    extra = sorted(set(given) - set(info.required) - set(info.optional))
+    if extra:
+        raise SelectionConfigError(
+            f"option(s) {extra} do not apply to selection method {name!r} (it takes "
+            f"{list(info.required + info.optional)})"
+        )
+    if privacy_only:
+        given = {**info.privacy_only, **given}
+    missing = [o for o in info.required if o not in given]
+    if missing:
+        why = "; ".join(OPTIONS[o][1] for o in missing)
+        raise SelectionConfigError(f"selection method {name!r} needs {missing} ({why})")
+    args = {}
+    for k, v in given.items():
+        kind = OPTIONS[k][0]
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise SelectionConfigError(f"selection option {k}={v!r} must be a number")
+        if kind is int and int(v) != v:
+            raise SelectionConfigError(f"selection option {k}={v!r} must be an integer")
+        args[k] = kind(v)
+    try:
+        return info.build(**args)
+    except SelectionConfigError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise SelectionConfigError(f"selection method {name!r}: {e}") from None
+
+
+def describe() -> str:
+    """A table of the methods and options, for ``--help`` texts and docs."""
+    lines = ["Selection methods:"]
+    for info in METHODS.values():
+        opts = ", ".join([*info.required, *(f"[{o}]" for o in info.optional)])
+        lines.append(f"  {info.name} ({opts}): {info.summary}")
+    lines.append("Options: " + "; ".join(f"{k}: {v[1]}" for k, v in OPTIONS.items()))
+    return "\n".join(lines)
