@@ -32,6 +32,7 @@ import copy
 import importlib.util
 import json
 import math
+import os
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -231,9 +232,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 r = run_one(method_config(cfg, m, e))
                 rows.append({"method": m, "epsilon": float(e), "rep": rep, **r})
                 print(json.dumps(rows[-1], default=str), flush=True)
-                (out / "privacy_utility.json").write_text(
-                    json.dumps({"meta": meta, "runs": rows}, indent=1, default=str)
-                )
+                # Atomically (temporary file, then rename): a study killed by a time limit keeps
+                # every finished run, and rerunning the command resumes after them.
+                tmp = out / "privacy_utility.json.tmp"
+                tmp.write_text(json.dumps({"meta": meta, "runs": rows}, indent=1, default=str))
+                os.replace(tmp, out / "privacy_utility.json")
     summary = summarise(rows)
     table = markdown_table(summary, [float(e) for e in args.eps], args.methods)
     (out / "privacy_utility.md").write_text(table)
