@@ -18,8 +18,8 @@ curator's cache folder (``$DPTUNE_CACHE`` or ``~/.cache/dptune``) and must be de
 Backend: Kymatio's 2-D JAX frontend (``ScatteringJax2D``), its whole transform compiled with
 ``jax.jit`` for two fixed batch sizes, :data:`BATCH` and :data:`SMALL_BATCH` images (a short batch
 zero-padded, padding rows dropped), so it runs on the accelerator when JAX has one and on all CPU
-cores otherwise; about 2.5x faster than the NumPy frontend on CPU, and the two agree to float32
-rounding (tested). ``DPTUNE_SCATTER_BACKEND=numpy`` selects the NumPy frontend. The backend and
+cores otherwise; 1.4-1.9x faster than the NumPy frontend on the 2-core CPU (4,096 images, back to
+back), and the two agree to float32 rounding (tested). ``DPTUNE_SCATTER_BACKEND=numpy`` selects the NumPy frontend. The backend and
 JAX platform are part of the cache folder's name: features computed on a GPU (float32 FFTs in
 another order) are not mixed with CPU ones.
 
