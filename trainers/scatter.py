@@ -19,9 +19,9 @@ Backend: Kymatio's 2-D JAX frontend (``ScatteringJax2D``), its whole transform c
 ``jax.jit`` for two fixed batch sizes, :data:`BATCH` and :data:`SMALL_BATCH` images (a short batch
 zero-padded, padding rows dropped), so it runs on the accelerator when JAX has one and on all CPU
 cores otherwise; 1.4-1.9x faster than the NumPy frontend on the 2-core CPU (4,096 images, back to
-back), and the two agree to float32 rounding (tested). ``DPTUNE_SCATTER_BACKEND=numpy`` selects the NumPy frontend. The backend and
-JAX platform are part of the cache folder's name: features computed on a GPU (float32 FFTs in
-another order) are not mixed with CPU ones.
+back), and the two agree to float32 rounding (tested). ``DPTUNE_SCATTER_BACKEND=numpy`` selects
+the NumPy frontend. The backend and JAX platform are part of the cache folder's name: features
+computed on a GPU (float32 FFTs in another order) are not mixed with CPU ones.
 
 Kymatio is an optional dependency (``pip install 'dptune[scatter]'``). Kymatio 0.3.0's top-level
 ``kymatio.numpy`` / ``kymatio.jax`` also import its 3-D frontend, which fails with SciPy >= 1.15
