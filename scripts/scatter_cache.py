@@ -28,6 +28,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--name", required=True, help="mnist | fashion_mnist")
     ap.add_argument("--data_dir", required=True, help="IDX folder, or <shipped:mnist-10k>")
     ap.add_argument("--backend", choices=("jax", "numpy"), default=None)
+    ap.add_argument("--limit", type=int, default=None, help="only the first N images (a test)")
     args = ap.parse_args(argv)
 
     import jax
@@ -41,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
         data_dir, num = str(MNIST_10K_DIR), MNIST_10K_NUM_TRAIN
     data = load_dataset(args.name, data_dir, source="idx", num_examples=num)
-    images = np.concatenate([data.train_x, data.val_x, data.test_x])
+    images = np.concatenate([data.train_x, data.val_x, data.test_x])[: args.limit]
     cache = scatter.FeatureCache(backend=args.backend)
     t0 = time.perf_counter()
     cache.features(images)
