@@ -100,6 +100,13 @@ def test_group_norm_standardises_each_group_of_each_example():
     z = np.asarray(models.group_norm(x, 27)).reshape(3, 49, 27, 3)
     np.testing.assert_allclose(z.mean(axis=(1, 3)), 0.0, atol=1e-4)
     np.testing.assert_allclose(z.std(axis=(1, 3)), 1.0, atol=1e-3)
+    # Per example, not per batch (no dataset statistic, so no privacy cost): example 0's output is
+    # the same next to other examples with another scale and offset.
+    other = x.at[1:].set(x[1:] * 100.0 - 7.0)
+    np.testing.assert_allclose(
+        np.asarray(models.group_norm(other, 27))[0], np.asarray(models.group_norm(x, 27))[0],
+        rtol=1e-5, atol=1e-5,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("clip_norm", [0.05, 50.0])  # all clipped / none clipped
