@@ -209,6 +209,15 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "--report_only", action="store_true",
         help="write the table and plot from the runs already in --out; train nothing",
     )  # fmt: skip
+    ap.add_argument(
+        "--only_rep", type=int, default=None,
+        help="run repetition R only (0-based), e.g. one process per repetition in parallel, each "
+        "with its own --out; combine them afterwards with --merge",
+    )  # fmt: skip
+    ap.add_argument(
+        "--merge", nargs="+", default=None, metavar="DIR",
+        help="combine the runs of these output folders (same config) into --out; train nothing",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     cfg = apply_overrides(load_config(args.config), args.set)
     out = Path(args.out)
@@ -216,15 +225,28 @@ def main(argv: Sequence[str] | None = None) -> dict:
     rows: list[dict[str, Any]] = []
     meta = {"config": args.config, "overrides": args.set, "epsilons": args.eps,
             "reps": args.reps, "delta": cfg["privacy"]["delta"]}  # fmt: skip
-    if (out / "privacy_utility.json").exists():  # resume: never rerun a finished point
-        old = json.loads((out / "privacy_utility.json").read_text())
+    sources = [Path(d) for d in args.merge] if args.merge else [out]
+    for src in sources:
+        if not (src / "privacy_utility.json").exists():  # resume: never rerun a finished point
+            continue
+        old = json.loads((src / "privacy_utility.json").read_text())
         same = ("config", "overrides", "delta")
         if any(old["meta"].get(k) != meta[k] for k in same):
-            raise SystemExit(f"{out} holds runs of another config ({old['meta']}); use a new --out")
-        rows = old["runs"]
+            raise SystemExit(f"{src} holds runs of another config ({old['meta']}); use a new --out")
+        seen = {(r["method"], r["epsilon"], r["rep"]) for r in rows}
+        if any((r["method"], r["epsilon"], r["rep"]) in seen for r in old["runs"]):
+            raise SystemExit(f"{src} repeats a (method, epsilon, repetition) already merged")
+        rows.extend(old["runs"])
+    if args.merge:
+        (out / "privacy_utility.json").write_text(
+            json.dumps({"meta": meta, "runs": rows}, indent=1, default=str)
+        )
     done = {(r["method"], r["epsilon"], r["rep"]) for r in rows}
+    reps = range(args.reps) if args.only_rep is None else [args.only_rep]
+    if args.report_only or args.merge:
+        reps = []
     # Repetition-major: an interrupted study has whole curves with fewer repetitions.
-    for rep in range(0 if args.report_only else args.reps):
+    for rep in reps:
         for e in args.eps:
             for m in args.methods:
                 if (m, float(e), rep) in done:

@@ -52,3 +52,31 @@ def test_small_privacy_utility_run_on_mnist_10k(tmp_path):
     assert (tmp_path / "privacy_utility.png").stat().st_size > 1000
     table = (tmp_path / "privacy_utility.md").read_text()
     assert table.count("\n") == 3 and "| 4 |" in table
+
+
+def test_merge_combines_parallel_repetitions_and_refuses_overlaps(tmp_path):
+    """--only_rep R runs in separate folders are combined by --merge (nothing trained); a
+    folder repeating a (method, epsilon, repetition) already merged is refused."""
+    import json
+
+    pu = _script()
+    meta = {"config": "smoke", "overrides": [], "epsilons": [4.0], "reps": 3, "delta": 1e-5}
+
+    def folder(name, rep, acc):
+        d = tmp_path / name
+        d.mkdir()
+        run = dict(method="dptune", epsilon=4.0, rep=rep, released=True, test_accuracy=acc,
+                   hparams={}, total_epsilon=4.0, seconds=1.0)  # fmt: skip
+        (d / "privacy_utility.json").write_text(json.dumps({"meta": meta, "runs": [run]}))
+        return str(d)
+
+    a, b = folder("r0", 0, 0.80), folder("r1", 1, 0.90)
+    out = tmp_path / "all"
+    args = ["--config", "smoke", "--eps", "4", "--methods", "dptune", "--out", str(out)]
+    res = pu.main([*args, "--merge", a, b])
+    assert sorted(r["rep"] for r in res["rows"]) == [0, 1]
+    s = res["summary"][("dptune", 4.0)]
+    assert s["n"] == 2 and s["mean"] == pytest.approx(0.85)
+    assert len(json.loads((out / "privacy_utility.json").read_text())["runs"]) == 2
+    with pytest.raises(SystemExit, match="repeats"):
+        pu.main([*args[:-1], str(tmp_path / "again"), "--merge", a, a])

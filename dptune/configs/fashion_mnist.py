@@ -24,6 +24,7 @@ def get_config():
     # The family is a privacy-irrelevant field of the space (a fixed value here, so that the
     # release's hyperparameters name it); space.choice("scatter_linear", "scatter_cnn", "cnn26k")
     # also works (scatter_cnn tied on the proxy but trains ~5x slower on CPU).
+    del c.train.model  # the family is a field of the space (below), not a fixed training option
     c.space.model = "scatter_linear"  # ScatterNet + linear (Tramer & Boneh 2021); dptune[scatter]
     c.space.learning_rate.update(low=0.25, high=4.0)
     del c.space.clip_norm  # a distribution in base: replaced by a fixed value, not updated
