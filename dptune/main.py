@@ -21,6 +21,7 @@ get shared). ``DIR/release/`` is what may be published; ``DIR/private/`` is the 
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import sys
@@ -198,7 +199,7 @@ def run_config(
     from dptune import space as space_mod
     from dptune.dpsgd import DpSgdTrainer
     from dptune.plan import Budget, plan_privacy
-    from dptune.tuner import TuningConfigError, tune
+    from dptune.tuner import tune
 
     cfg = _plain(cfg)
     check_config(cfg)
@@ -208,8 +209,19 @@ def run_config(
         budget = Budget(_number(cfg, "privacy.epsilon"), _number(cfg, "privacy.delta"))
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    executor = None
+    if not dry_run:
+        executor = build_executor(cfg)
+        # Ray: reach the cluster and check its resources before any data is loaded or trained.
+        if hasattr(executor, "connect"):
+            executor.connect()
     data = load_data(cfg)
     trainer = DpSgdTrainer(data, cfg.get("train", {}), epoch_progress=progress)
+    if hasattr(executor, "connect"):
+        # Workers rebuild the trainer from the config (each loads the data once) and check they
+        # loaded the same records as this process.
+        trainer.remote_factory = functools.partial(trainer_from_config, _worker_config(cfg))
+        executor.expected_fingerprint = trainer.fingerprint
     if dry_run:
         return plan_privacy(
             trainer,
@@ -243,7 +255,7 @@ def run_config(
             budget,
             workdir=workdir,
             seed=seed,
-            executor=build_executor(cfg),
+            executor=executor,
             accountant=str(_get(cfg, "privacy.accountant", "auto")),
             ledger=ledger_path if ledger_cfg.get("enabled", True) else None,
             dataset_budget=dataset_budget,
@@ -252,8 +264,22 @@ def run_config(
             debug_nonprivate=debug_nonprivate,
             adjacency=str(_get(cfg, "privacy.adjacency", "add_remove")),
         )
-    except TuningConfigError:
-        raise
+    finally:
+        if hasattr(executor, "close"):
+            executor.close()
+
+
+def _worker_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """What a worker needs to rebuild the trainer: the data spec and the fixed DP-SGD settings."""
+    return {"data": dict(cfg["data"]), "train": dict(cfg.get("train", {}) or {})}
+
+
+def trainer_from_config(cfg: Mapping[str, Any]) -> Any:
+    """The DP-SGD trainer of ``cfg["data"]`` / ``cfg["train"]`` without console progress: what a
+    Ray worker builds once (``dptune.executors_ray``), loading the data from its spec."""
+    from dptune.dpsgd import DpSgdTrainer
+
+    return DpSgdTrainer(load_data(cfg), cfg.get("train", {}), epoch_progress=False)
 
 
 def load_data(cfg: Mapping[str, Any]) -> Any:
