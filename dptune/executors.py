@@ -113,14 +113,14 @@ def make_executor(kind: str = "sequential", *, group_size: int = 1, **options: A
         ray_options |= {"num_cpus"}
         _refuse_unknown(kind, options, ray_options)
         return RayExecutor(**options)
+    # The Ray fields have defaults in the base config; other kinds ignore them at their defaults.
+    ignorable = {"cpus_per_candidate": 1.0, "gpus_per_candidate": 0.0, "max_retries": 3}
+    options = {k: v for k, v in options.items() if ignorable.get(k, object()) != v}
     if kind == "devices":
         from dptune.executors_devices import DevicesExecutor
 
         _refuse_unknown(kind, options, {"devices"})
         return DevicesExecutor(**options)
-    # The Ray fields have defaults in the base config; other kinds ignore them at their defaults.
-    ignorable = {"cpus_per_candidate": 1.0, "gpus_per_candidate": 0.0, "max_retries": 3}
-    options = {k: v for k, v in options.items() if ignorable.get(k, object()) != v}
     if options:
         raise ValueError(f"executor {kind!r} takes no options {sorted(options)}")
     if kind == "sequential":

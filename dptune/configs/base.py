@@ -59,4 +59,6 @@ def get_config() -> config_dict.ConfigDict:
     c.executor.cpus_per_candidate = 1.0
     c.executor.gpus_per_candidate = 0.0
     c.executor.max_retries = 3  # reruns of a candidate whose Ray worker died (same seed)
+    # "devices" only: how many of jax.local_devices() to use (None: all of them)
+    c.executor.devices = config_dict.placeholder(int)
     return c
