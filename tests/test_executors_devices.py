@@ -206,3 +206,38 @@ def test_devices_executor_dpsgd_releases_what_sequential_releases():
     out = _on_four_devices(SLOW_SCRIPT)
     assert out["parallelism"] == 4
     _same_release(out["release"]["sequential"], out["release"]["devices"])
+
+
+def _cli_release(workdir: Path, ledger: Path, *extra: str, devices: int = 1) -> tuple[dict, dict]:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    if devices > 1:
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "dptune.main", "--config=smoke", f"--workdir={workdir}",
+         "--noprogress", f"--config.ledger.path={ledger}", *extra],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rel = workdir / "release"
+    return (
+        json.loads((rel / "result.json").read_text()),
+        json.loads((rel / "privacy.json").read_text()),
+    )
+
+
+@pytest.mark.slow
+def test_smoke_seed7_devices_releases_what_sequential_releases(tmp_path):
+    """`dptune --config=smoke --seed=7`: the default executor on one device, and
+    `--config.executor.kind=devices` on 4 forced host devices: the same release."""
+    seq = _cli_release(tmp_path / "seq", tmp_path / "l1.sqlite", "--seed=7")
+    dev = _cli_release(
+        tmp_path / "dev", tmp_path / "l2.sqlite", "--seed=7", "--config.executor.kind=devices",
+        devices=4,
+    )  # fmt: skip
+    (rs, ps), (rd, pd) = seq, dev
+    assert rs["released"] == rd["released"]
+    assert rs["hparams"] == rd["hparams"]
+    # Same seed, same program on a CPU device: the same score, not a close one.
+    assert rs["validation_score"] == rd["validation_score"]
+    assert ps == pd
