@@ -40,11 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_unreachable_address_is_refused_quickly():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()  # nothing listens there now
-    ex = RayExecutor(address=f"127.0.0.1:{port}")
+    ex = RayExecutor(address=f"127.0.0.1:{_free_port()}")
     t0 = time.time()
     if ray.is_initialized():
         pytest.skip("a Ray instance is already connected in this process")
@@ -156,17 +152,32 @@ def test_more_gpus_than_the_cluster_has(cluster):
         ex.connect()
 
 
-def test_cli_refuses_before_loading_data(tmp_path, cluster):
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    return port
+
+
+@pytest.mark.parametrize("problem", ["too_many_gpus", "unreachable"])
+def test_cli_refuses_before_loading_data(tmp_path, cluster, problem):
+    if problem == "too_many_gpus":
+        args = [f"--config.executor.address={cluster}", "--config.executor.gpus_per_candidate=4"]
+        says = "gpus_per_candidate=4"
+    else:
+        args = [f"--config.executor.address=127.0.0.1:{_free_port()}"]
+        says = "cannot reach a Ray cluster at 127.0.0.1:"
     proc = subprocess.run(
         [sys.executable, "-m", "dptune.main", "--config=smoke", f"--workdir={tmp_path / 'w'}",
-         "--config.executor.kind=ray", f"--config.executor.address={cluster}",
-         "--config.executor.gpus_per_candidate=4", "--noprogress", "--seed=7",
+         "--config.executor.kind=ray", *args, "--noprogress", "--seed=7",
          f"--config.ledger.path={tmp_path / 'ledger.sqlite'}"],
         cwd=ROOT, capture_output=True, text=True, timeout=300, env=_env(),
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
-    assert "dptune: refused:" in proc.stderr and "gpus_per_candidate=4" in proc.stderr
+    assert "dptune: refused:" in proc.stderr and says in proc.stderr, proc.stderr
     assert not (tmp_path / "w").exists()  # no journal, no ledger charge, nothing trained
+    assert not (tmp_path / "ledger.sqlite").exists()
 
 
 # --- the smoke config end to end (slow) ---------------------------------------------------------
