@@ -197,9 +197,7 @@ def run_config(
     checks and accounting only (public computations), no journal, no ledger, no training.
     """
     from dptune import space as space_mod
-    from dptune.dpsgd import DpSgdTrainer
-    from dptune.plan import Budget, plan_privacy
-    from dptune.tuner import tune
+    from dptune.plan import Budget
 
     cfg = _plain(cfg)
     check_config(cfg)
@@ -212,9 +210,36 @@ def run_config(
     executor = None
     if not dry_run:
         executor = build_executor(cfg)
+    try:
+        return _run_built(
+            cfg, workdir, seed, debug_nonprivate, progress, dry_run, method, space, budget, executor
+        )
+    finally:
+        # Frees what the executor put in Ray and shuts down a local Ray this run started, also
+        # when a refusal (workdir in use, data not found, budget) comes before training.
+        if hasattr(executor, "close"):
+            executor.close()
+
+
+def _run_built(
+    cfg: dict[str, Any], workdir: str | Path, seed: int | None, debug_nonprivate: bool,
+    progress: bool, dry_run: bool, method: Any, space: Any, budget: Any, executor: Any,
+) -> Any:  # fmt: skip
+    """``run_config`` once its inputs are checked and its executor is built."""
+    from dptune.dpsgd import DpSgdTrainer
+    from dptune.plan import Budget, plan_privacy
+    from dptune.tuner import tune
+
+    if not dry_run:
         # Ray: reach the cluster and check its resources before any data is loaded or trained.
         if hasattr(executor, "connect"):
             executor.connect()
+        # A workdir in use is refused before the (slow) data loading, not a minute later;
+        # tune() then holds the lock for the whole run (dptune/workdir_lock.py).
+        from dptune.workdir_lock import workdir_lock
+
+        with workdir_lock(workdir):
+            pass
     data = load_data(cfg)
     trainer = DpSgdTrainer(data, cfg.get("train", {}), epoch_progress=progress)
     if hasattr(executor, "connect"):
@@ -247,26 +272,22 @@ def run_config(
         )
     bound = dict(cfg)
     bound["_flags"] = {"seed": seed, "debug_nonprivate": debug_nonprivate}
-    try:
-        return tune(
-            trainer,
-            space,
-            method,
-            budget,
-            workdir=workdir,
-            seed=seed,
-            executor=executor,
-            accountant=str(_get(cfg, "privacy.accountant", "auto")),
-            ledger=ledger_path if ledger_cfg.get("enabled", True) else None,
-            dataset_budget=dataset_budget,
-            config=bound,
-            progress=progress,
-            debug_nonprivate=debug_nonprivate,
-            adjacency=str(_get(cfg, "privacy.adjacency", "add_remove")),
-        )
-    finally:
-        if hasattr(executor, "close"):
-            executor.close()
+    return tune(
+        trainer,
+        space,
+        method,
+        budget,
+        workdir=workdir,
+        seed=seed,
+        executor=executor,
+        accountant=str(_get(cfg, "privacy.accountant", "auto")),
+        ledger=ledger_path if ledger_cfg.get("enabled", True) else None,
+        dataset_budget=dataset_budget,
+        config=bound,
+        progress=progress,
+        debug_nonprivate=debug_nonprivate,
+        adjacency=str(_get(cfg, "privacy.adjacency", "add_remove")),
+    )
 
 
 def _worker_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -332,6 +353,7 @@ def main(argv: list[str]) -> int:
     from dptune.ledger import BudgetExceededError, LedgerBudgetMismatchError
     from dptune.space import SpaceError
     from dptune.tuner import TuningConfigError
+    from dptune.workdir_lock import WorkdirLockedError
 
     _setup_logging()
     try:
@@ -350,6 +372,7 @@ def main(argv: list[str]) -> int:
         BudgetExceededError,
         LedgerBudgetMismatchError,
         ConfigChangedError,
+        WorkdirLockedError,
     ) as e:
         print(f"dptune: refused: {e}", file=sys.stderr)
         return 2
