@@ -27,7 +27,7 @@ import numpy as np
 log = logging.getLogger("dptune")
 
 #: Names accepted by ``make_executor`` (``config.executor.kind``).
-KINDS = ("sequential", "vectorized")
+KINDS = ("sequential", "vectorized", "devices", "ray")
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,27 @@ class VectorizedExecutor:
 
 
 def make_executor(kind: str = "sequential", *, group_size: int = 1, **options: Any) -> Any:
-    """The executor ``kind`` (``config.executor``); ValueError naming the problem otherwise."""
+    """The executor ``kind`` (``config.executor``); ValueError naming the problem otherwise.
+
+    ``"ray"`` takes ``address``, ``cpus_per_candidate``, ``gpus_per_candidate``, ``max_retries``,
+    ``num_cpus`` (``dptune.executors_ray``; it raises a clear error if Ray is not installed);
+    ``"devices"`` takes ``devices`` (a count; default all of ``jax.devices()``,
+    ``dptune.executors_devices``). Options another kind does not use are refused."""
+    if kind == "ray":
+        from dptune.executors_ray import RayExecutor
+
+        ray_options = {"address", "cpus_per_candidate", "gpus_per_candidate", "max_retries"}
+        ray_options |= {"num_cpus"}
+        _refuse_unknown(kind, options, ray_options)
+        return RayExecutor(**options)
+    # The Ray fields have defaults in the base config; other kinds ignore them at their defaults.
+    ignorable = {"cpus_per_candidate": 1.0, "gpus_per_candidate": 0.0, "max_retries": 3}
+    options = {k: v for k, v in options.items() if ignorable.get(k, object()) != v}
+    if kind == "devices":
+        from dptune.executors_devices import DevicesExecutor
+
+        _refuse_unknown(kind, options, {"devices"})
+        return DevicesExecutor(**options)
     if options:
         raise ValueError(f"executor {kind!r} takes no options {sorted(options)}")
     if kind == "sequential":
@@ -110,3 +130,11 @@ def make_executor(kind: str = "sequential", *, group_size: int = 1, **options: A
     if kind == "vectorized":
         return VectorizedExecutor(group_size if group_size > 1 else 4)
     raise ValueError(f"executor kind {kind!r} is unknown; choose one of {', '.join(KINDS)}")
+
+
+def _refuse_unknown(kind: str, options: Mapping[str, Any], known: set[str]) -> None:
+    unknown = set(options) - known
+    if unknown:
+        raise ValueError(
+            f"executor {kind!r} takes no options {sorted(unknown)} (it takes {sorted(known)})"
+        )

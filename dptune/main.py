@@ -21,6 +21,7 @@ get shared). ``DIR/release/`` is what may be published; ``DIR/private/`` is the 
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import sys
@@ -196,9 +197,7 @@ def run_config(
     checks and accounting only (public computations), no journal, no ledger, no training.
     """
     from dptune import space as space_mod
-    from dptune.dpsgd import DpSgdTrainer
-    from dptune.plan import Budget, plan_privacy
-    from dptune.tuner import TuningConfigError, tune
+    from dptune.plan import Budget
 
     cfg = _plain(cfg)
     check_config(cfg)
@@ -208,7 +207,33 @@ def run_config(
         budget = Budget(_number(cfg, "privacy.epsilon"), _number(cfg, "privacy.delta"))
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    executor = None
     if not dry_run:
+        executor = build_executor(cfg)
+    try:
+        return _run_built(
+            cfg, workdir, seed, debug_nonprivate, progress, dry_run, method, space, budget, executor
+        )
+    finally:
+        # Frees what the executor put in Ray and shuts down a local Ray this run started, also
+        # when a refusal (workdir in use, data not found, budget) comes before training.
+        if hasattr(executor, "close"):
+            executor.close()
+
+
+def _run_built(
+    cfg: dict[str, Any], workdir: str | Path, seed: int | None, debug_nonprivate: bool,
+    progress: bool, dry_run: bool, method: Any, space: Any, budget: Any, executor: Any,
+) -> Any:  # fmt: skip
+    """``run_config`` once its inputs are checked and its executor is built."""
+    from dptune.dpsgd import DpSgdTrainer
+    from dptune.plan import Budget, plan_privacy
+    from dptune.tuner import tune
+
+    if not dry_run:
+        # Ray: reach the cluster and check its resources before any data is loaded or trained.
+        if hasattr(executor, "connect"):
+            executor.connect()
         # A workdir in use is refused before the (slow) data loading, not a minute later;
         # tune() then holds the lock for the whole run (dptune/workdir_lock.py).
         from dptune.workdir_lock import workdir_lock
@@ -217,6 +242,11 @@ def run_config(
             pass
     data = load_data(cfg)
     trainer = DpSgdTrainer(data, cfg.get("train", {}), epoch_progress=progress)
+    if hasattr(executor, "connect"):
+        # Workers rebuild the trainer from the config (each loads the data once) and check they
+        # loaded the same records as this process.
+        trainer.remote_factory = functools.partial(trainer_from_config, _worker_config(cfg))
+        executor.expected_fingerprint = trainer.fingerprint
     if dry_run:
         return plan_privacy(
             trainer,
@@ -242,25 +272,35 @@ def run_config(
         )
     bound = dict(cfg)
     bound["_flags"] = {"seed": seed, "debug_nonprivate": debug_nonprivate}
-    try:
-        return tune(
-            trainer,
-            space,
-            method,
-            budget,
-            workdir=workdir,
-            seed=seed,
-            executor=build_executor(cfg),
-            accountant=str(_get(cfg, "privacy.accountant", "auto")),
-            ledger=ledger_path if ledger_cfg.get("enabled", True) else None,
-            dataset_budget=dataset_budget,
-            config=bound,
-            progress=progress,
-            debug_nonprivate=debug_nonprivate,
-            adjacency=str(_get(cfg, "privacy.adjacency", "add_remove")),
-        )
-    except TuningConfigError:
-        raise
+    return tune(
+        trainer,
+        space,
+        method,
+        budget,
+        workdir=workdir,
+        seed=seed,
+        executor=executor,
+        accountant=str(_get(cfg, "privacy.accountant", "auto")),
+        ledger=ledger_path if ledger_cfg.get("enabled", True) else None,
+        dataset_budget=dataset_budget,
+        config=bound,
+        progress=progress,
+        debug_nonprivate=debug_nonprivate,
+        adjacency=str(_get(cfg, "privacy.adjacency", "add_remove")),
+    )
+
+
+def _worker_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """What a worker needs to rebuild the trainer: the data spec and the fixed DP-SGD settings."""
+    return {"data": dict(cfg["data"]), "train": dict(cfg.get("train", {}) or {})}
+
+
+def trainer_from_config(cfg: Mapping[str, Any]) -> Any:
+    """The DP-SGD trainer of ``cfg["data"]`` / ``cfg["train"]`` without console progress: what a
+    Ray worker builds once (``dptune.executors_ray``), loading the data from its spec."""
+    from dptune.dpsgd import DpSgdTrainer
+
+    return DpSgdTrainer(load_data(cfg), cfg.get("train", {}), epoch_progress=False)
 
 
 def load_data(cfg: Mapping[str, Any]) -> Any:

@@ -50,7 +50,15 @@ def get_config() -> config_dict.ConfigDict:
     )  # default $DPTUNE_LEDGER or ~/.dptune/ledger.sqlite
     c.ledger.budget_epsilon = config_dict.placeholder(float)  # default: this run's budget
     c.ledger.budget_delta = config_dict.placeholder(float)
-    # how candidates are trained (dptune.executors): "sequential" (default on CPU) or "vectorized"
-    # (group_size candidates at once with jax.vmap, where it pays: accelerators)
+    # how candidates are trained (dptune.executors): "sequential" (default on CPU), "vectorized"
+    # (group_size candidates at once with jax.vmap, where it pays: accelerators), "devices" (one
+    # candidate per local device) or "ray" (one Ray task per candidate; docs/scale-out.md)
     c.executor = dict(kind="sequential", group_size=1)
+    # "ray" only: None = a local ray.init(); "auto" = this node's cluster; "HOST:PORT" = its head
+    c.executor.address = config_dict.placeholder(str)
+    c.executor.cpus_per_candidate = 1.0
+    c.executor.gpus_per_candidate = 0.0
+    c.executor.max_retries = 3  # reruns of a candidate whose Ray worker died (same seed)
+    # "devices" only: how many of jax.local_devices() to use (None: all of them)
+    c.executor.devices = config_dict.placeholder(int)
     return c
