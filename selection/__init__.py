@@ -20,12 +20,14 @@ from selection.method import SelectionMethod
 from selection.plan import Plan, Selection, SelectionPrivate, best_index
 from selection.privacy import PrivacyTransform
 from selection.random_stopping import RandomStopping
+from selection.sparse_vector import PercentileSparseVector
 from selection.thresholding import Thresholding
 
 __all__ = [
     "BestOfK",
     "CountDistribution",
     "NonPrivateBest",
+    "PercentileSparseVector",
     "Plan",
     "Poisson",
     "PrivacyTransform",

@@ -19,6 +19,7 @@ from typing import Any
 from selection.baselines import BestOfK, NonPrivateBest
 from selection.method import SelectionMethod
 from selection.random_stopping import RandomStopping
+from selection.sparse_vector import PercentileSparseVector
 from selection.thresholding import Thresholding
 
 #: Every option a method may take, its type and what it means (one line each): the config's
@@ -30,6 +31,14 @@ OPTIONS: dict[str, tuple[type, str]] = {
     "threshold": (float, "thresholding: release the first candidate scoring >= this"),
     "stop_probability": (float, "thresholding: probability gamma in (0, 1] of stopping per miss"),
     "k": (int, "number of candidates of the fixed-k baselines"),
+    "target_percentile": (
+        float,
+        "sparse_vector: stop at the first candidate whose P[score >= tau] exceeds this, in (0, 1)",
+    ),
+    "noise_scale": (
+        float,
+        "sparse_vector: Laplace scale beta > 0 of the threshold noise in logit units",
+    ),
 }
 
 
@@ -145,6 +154,19 @@ register(
             threshold, stop_probability, max_trials
         ),
         privacy_only={"threshold": 0.0},
+    )
+)
+register(
+    MethodInfo(
+        "sparse_vector",
+        "generalized sparse vector on exact percentiles of pure-DP candidates "
+        "(Liu & Talwar 2019, §4.1 with Dwork & Roth 2014, Thm 3.23)",
+        ("target_percentile", "noise_scale", "max_trials"),
+        (),
+        lambda target_percentile, noise_scale, max_trials: PercentileSparseVector(
+            target_percentile, noise_scale, max_trials
+        ),
+        privacy_only={"target_percentile": 0.5},
     )
 )
 register(
