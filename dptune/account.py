@@ -113,7 +113,9 @@ def _check_inputs() -> None:
         ]
         if given:
             raise InputError(
-                f"--laplace_epsilon describes the candidates completely; drop --{', --'.join(given)}."
+                "--laplace_epsilon describes the candidates completely; drop --"
+                + ", --".join(given)
+                + "."
             )
         return
     q = _SAMPLING_RATE.value

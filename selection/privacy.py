@@ -521,7 +521,7 @@ class ThresholdingPrivacy(PrivacyTransform):
 
 @dataclass(frozen=True)
 class PercentileSparseVectorPrivacy(PrivacyTransform):
-    """LT §4.1 (Alg. "gensparse0", Thm 4.1): sparse vector over private candidates, percentile oracle.
+    """LT §4.1 (Alg. "gensparse0", Thm 4.1): sparse vector over private candidates (exact oracle).
 
     Candidate i is an eps-DP mechanism Q_i; its percentile p_i(D) = P[score of Q_i(D) >= tau] is
     given exactly (the oracle of LT §4.1). The method tests, in order, ``logit(p_i(D)) + nu_i >=
@@ -557,7 +557,9 @@ class PercentileSparseVectorPrivacy(PrivacyTransform):
     def __post_init__(self) -> None:
         beta = float(self.noise_scale)
         if not (math.isfinite(beta) and beta > 0.0):
-            raise ValueError(f"noise_scale (beta) must be a finite number > 0, got {self.noise_scale}")
+            raise ValueError(
+                f"noise_scale (beta) must be a finite number > 0, got {self.noise_scale}"
+            )
         if int(self.max_trials) != self.max_trials or self.max_trials < 1:
             raise ValueError(f"max_trials must be an integer >= 1, got {self.max_trials}")
         object.__setattr__(self, "noise_scale", beta)

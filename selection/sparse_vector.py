@@ -1,8 +1,8 @@
 """Generalized sparse vector (Liu & Talwar 2019, §4.1, Alg. "gensparse0"): the first private
 candidate whose percentile clears a target, found with AboveThreshold on the log-odds scale.
 
-Each candidate i is an eps-DP mechanism Q_i whose score percentile p_i(D) = P[Q_i(D) scores >= tau]
-is known exactly (LT's percentile oracle; e.g. a score that is a count plus Laplace or Gaussian noise
+Each candidate i is an eps-DP mechanism Q_i whose percentile p_i(D) = P[Q_i(D) scores >= tau] is
+known exactly (LT's percentile oracle; e.g. a score that is a count plus Laplace or Gaussian noise
 of known scale, or any candidate whose output distribution can be evaluated). The candidate callable
 returns ``(p_i, payload)``: the percentile as its score, and as payload ONE sample of Q_i(D) (or
 data-independent information such as its hyperparameters). The method tests
