@@ -177,3 +177,39 @@ def test_audit_catches_fresh_threshold_noise_per_candidate():
     claimed = PercentileSparseVectorPrivacy(BETA, T_STREAM).pure_dp(EPS)
     lower, estimate = audit(_simulate(True), BINARY_EDGES, seed=32)
     assert lower > claimed, (lower, estimate, claimed)
+
+
+def test_cli_states_the_total_for_laplace_candidates():
+    """``python -m dptune.account --laplace_epsilon=0.5 --selection=sparse_vector`` states
+    (4/beta + 1) eps, computed here by hand: (4/8 + 1) * 0.5 = 0.75, delta 0, pure route."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dptune.account",
+            "--laplace_epsilon=0.5",
+            "--selection=sparse_vector",
+            "--noise_scale=8",
+            "--max_trials=20",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    d = json.loads(out.stdout)
+    assert d["total_epsilon"] == pytest.approx(0.75, rel=1e-9)
+    assert d["delta"] == 0.0 and d["accountant"] == "pure"
+    assert "Liu & Talwar 2019, §4.1" in d["theorem"]
+    bad = subprocess.run(
+        [sys.executable, "-m", "dptune.account", "--laplace_epsilon=0.5", "--steps=3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode != 0 and "--laplace_epsilon" in bad.stderr
