@@ -16,7 +16,9 @@ Examples:
 --selection: none (one run) or a selection method of ``selection.registry`` (the same names as
 ``config.selection.method``): logarithmic / geometric / tnb (--shape) / poisson random stopping
 (Papernot & Steinke 2022, Thm 2 and 6; geometric = Liu & Talwar 2019, Thm 3.2, with --max_trials
-Thm 3.4), thresholding (Liu & Talwar Alg. 1, Thm 3.1; --stop_probability), best_of_k (--k, priced
+Thm 3.4), thresholding (Liu & Talwar Alg. 1, Thm 3.1; --stop_probability), accuracy_first
+(--iat_epsilon, --max_trials: Ligett et al. 2017, Lemma 2.8; the total is the WORST CASE over the
+stopping level, eps_A + T eps, which is what a ledger is charged), best_of_k (--k, priced
 by composition). --accountant=rdp reproduces dp_accounting's RDP route exactly; the default 'auto'
 takes the tightest valid route.
 """
@@ -48,8 +50,9 @@ _SELECTION = flags.DEFINE_enum("selection", "none", SELECTIONS, "Selection metho
 _OPTION_FLAGS = {
     name: (flags.DEFINE_float if kind is float else flags.DEFINE_integer)(name, None, help_)
     for name, (kind, help_) in registry.OPTIONS.items()
-    # the threshold's and the target percentile's values do not change the privacy
-    if name not in ("threshold", "target_percentile")
+    # the threshold's, the target percentile's and the score sensitivity's values do not change
+    # the privacy (the test's noise scales with the sensitivity)
+    if name not in ("threshold", "target_percentile", "score_sensitivity")
 }
 _SCORE = flags.DEFINE_float(
     "score_noise_std",

@@ -27,15 +27,19 @@ default).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from selection.method import make_rng
+from selection.method import SelectionMethod, make_rng
+from selection.plan import Plan
+from selection.privacy import AccuracyFirstPrivacy, PrivacyTransform
 
 __all__ = [
+    "AccuracyFirst",
+    "AccuracyFirstPlan",
     "AccuracyFirstResult",
     "accuracy_first",
     "doubling_ex_post_epsilon",
@@ -201,12 +205,12 @@ def accuracy_first(
         return score(hypotheses[t])
 
     t = interactive_above_threshold(query, e.size, threshold, score_sensitivity, iat_epsilon, gen)
-    worst = float(iat_epsilon + e[-1])
+    privacy = AccuracyFirstPrivacy(iat_epsilon, e.size, "noise_reduction")
+    worst = privacy.pure_dp(float(e[-1]))  # eps_A + eps_T
     if t is None:
         return AccuracyFirstResult(False, None, None, None, worst, worst, NR_THEOREM)
-    return AccuracyFirstResult(
-        True, hypotheses[t], t, float(e[t]), float(iat_epsilon + e[t]), worst, NR_THEOREM
-    )
+    ex_post = privacy.ex_post(float(e[t]), t)  # eps_A + eps_t
+    return AccuracyFirstResult(True, hypotheses[t], t, float(e[t]), ex_post, worst, NR_THEOREM)
 
 
 DOUBLING_THEOREM = (
@@ -251,3 +255,140 @@ def doubling_method(
             return AccuracyFirstResult(True, theta, k - 1, eps_k, loss, worst, DOUBLING_THEOREM)
     worst = doubling_ex_post_epsilon(num_levels, epsilon_1, sensitivity, alpha, gamma, num_levels)
     return AccuracyFirstResult(False, None, None, None, worst, worst, DOUBLING_THEOREM)
+
+
+@dataclass(frozen=True)
+class AccuracyFirstPlan(Plan):
+    """The plan plus IAT's noise (PRIVATE, like every plan: hidden from ``repr``).
+
+    Attributes:
+      threshold_noise: Lap(2 Delta/eps_A), added to the accuracy target W.
+      query_noise: Lap(4 Delta/eps_A), one per level.
+    """
+
+    threshold_noise: float = field(default=0.0, repr=False)
+    query_noise: tuple[float, ...] = field(default=(), repr=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "query_noise", tuple(float(v) for v in self.query_noise))
+        if len(self.query_noise) != self.num_trials:
+            raise ValueError("an accuracy-first plan needs one query noise per level")
+
+    def __repr__(self) -> str:
+        return f"AccuracyFirstPlan(method={self.method!r}, <private noise>)"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **super().to_dict(),
+            "threshold_noise": self.threshold_noise,
+            "query_noise": list(self.query_noise),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> AccuracyFirstPlan:
+        return cls(
+            num_trials=d["num_trials"],
+            method=str(d.get("method", "")),
+            threshold_noise=float(d["threshold_noise"]),
+            query_noise=tuple(d["query_noise"]),
+        )
+
+
+class AccuracyFirst(SelectionMethod):
+    """Accuracy First as a `SelectionMethod` (Ligett et al. 2017, Alg. 2 over T candidates): the
+    first candidate whose score passes InteractiveAboveThreshold against an accuracy target.
+
+    Candidate t (0-based, t < ``max_trials``) returns ``(f_t(D), hypothesis_t)``: its EXACT score
+    on the private data, of l1 sensitivity ``score_sensitivity`` given the hypothesis (e.g. the
+    validation accuracy count / n_val: 1/n_val), and its private hypothesis. The test is
+    ``f_t(D) + Lap(4 Delta/eps_A) >= W + Lap(2 Delta/eps_A)``; all noise is data-independent and
+    drawn up front in the plan; nothing is released after T misses. Order candidates by growing
+    privacy cost (e.g. DP-SGD at growing epsilon) so that the first pass is the most private one
+    that meets the target.
+
+    Privacy (`AccuracyFirstPrivacy`, ``sequence="independent"``): for T independent eps-DP
+    candidates, ex-post eps_A + (t + 1) eps when level t is released (Lemma 2.8 with basic
+    composition of the prefix); the worst case eps_A + T eps is the DP guarantee, and the charge.
+
+    Args:
+      threshold: W, the accuracy target on the score scale.
+      score_sensitivity: Delta > 0, the l1 sensitivity of each score.
+      iat_epsilon: eps_A > 0, the test's budget.
+      max_trials: T >= 1 levels.
+    """
+
+    method_name = "accuracy_first"
+    plan_class = AccuracyFirstPlan
+
+    def __init__(
+        self, threshold: float, score_sensitivity: float, iat_epsilon: float, max_trials: int
+    ) -> None:
+        threshold = float(threshold)
+        if math.isnan(threshold):
+            raise ValueError("threshold must be a number, got NaN")
+        sens = float(score_sensitivity)
+        if not (math.isfinite(sens) and sens > 0):
+            raise ValueError(f"score_sensitivity must be a finite number > 0, got {sens}")
+        self.threshold = threshold
+        self.score_sensitivity = sens
+        self._privacy = AccuracyFirstPrivacy(iat_epsilon, max_trials, "independent")
+        self.iat_epsilon = self._privacy.iat_epsilon
+        self.max_trials = self._privacy.num_levels
+
+    def __repr__(self) -> str:
+        return (
+            f"AccuracyFirst(threshold={self.threshold!r}, score_sensitivity="
+            f"{self.score_sensitivity!r}, iat_epsilon={self.iat_epsilon!r}, "
+            f"max_trials={self.max_trials!r})"
+        )
+
+    @property
+    def expected_trials(self) -> float:
+        """Upper bound on the number of candidates evaluated: T."""
+        return float(self.max_trials)
+
+    def plan(self, rng: np.random.Generator | int | None = None) -> AccuracyFirstPlan:
+        gen = make_rng(rng)
+        scale = self.score_sensitivity / self.iat_epsilon
+        w_noise = float(gen.laplace(0.0, 2.0 * scale))  # Alg. 2: W_hat = W + Lap(2 Delta/eps_A)
+        nu = gen.laplace(0.0, 4.0 * scale, size=self.max_trials)  # Lap(4 Delta/eps_A) per query
+        return AccuracyFirstPlan(
+            num_trials=self.max_trials,
+            method=self.method_name,
+            threshold_noise=w_noise,
+            query_noise=tuple(nu),
+        )
+
+    def _check_af_plan(self, plan: Plan) -> AccuracyFirstPlan:
+        self._check_plan(plan)
+        if not isinstance(plan, AccuracyFirstPlan):
+            raise TypeError("accuracy_first needs the AccuracyFirstPlan drawn by its own plan()")
+        return plan
+
+    def _first_pass(self, plan: AccuracyFirstPlan, scores: Sequence[float]) -> int | None:
+        bar = self.threshold + plan.threshold_noise
+        for t in range(min(len(scores), plan.num_trials)):
+            if float(scores[t]) + plan.query_noise[t] >= bar:  # NaN never passes
+                return t
+        return None
+
+    def done(self, plan: Plan, scores: Sequence[float]) -> bool:
+        plan = self._check_af_plan(plan)
+        return len(scores) >= plan.num_trials or self._first_pass(plan, scores) is not None
+
+    def select(self, plan: Plan, scores: Sequence[float]) -> int | None:
+        """First level whose noisy score passes the noisy target; None if none did."""
+        plan = self._check_af_plan(plan)
+        if not self.done(plan, scores):
+            raise ValueError("accuracy_first is not done: no level passed yet; evaluate more")
+        return self._first_pass(plan, scores)
+
+    def ex_post_epsilon(self, epsilon: float, index: int | None) -> float:
+        """Realised ex-post loss (Lemma 2.8) of releasing level ``index`` (None: nothing) when
+        every candidate is ``epsilon``-DP; the ledger is charged ``privacy.pure_dp(epsilon)``."""
+        return self._privacy.ex_post(epsilon, index)
+
+    @property
+    def privacy(self) -> PrivacyTransform:
+        return self._privacy

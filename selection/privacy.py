@@ -75,6 +75,7 @@ __all__ = [
     "HardCappedRandomStoppingPrivacy",
     "BestOfKPrivacy",
     "PercentileSparseVectorPrivacy",
+    "AccuracyFirstPrivacy",
     "SingleRunPrivacy",
     "NotPrivate",
 ]
@@ -588,6 +589,121 @@ class PercentileSparseVectorPrivacy(PrivacyTransform):
         # AboveThreshold [DR Thm 3.23] on logits (Delta = 2 eps, LT §4.1) + one eps-DP sample
         # of the selected candidate [DR Thm 3.16].
         return self.index_epsilon(epsilon) + _check_epsilon(epsilon)
+
+
+@dataclass(frozen=True)
+class AccuracyFirstPrivacy(PrivacyTransform):
+    """Ligett, Neel, Roth, Waggoner & Wu 2017 ("Accuracy First", arXiv:1705.10829): an
+    InteractiveAboveThreshold test (their Alg. 2, budget eps_A) over a sequence of T private
+    hypotheses, releasing the first that passes (and its level) or nothing.
+
+    Ex-post privacy (their Def. 2.2-2.3, Lemma 2.8): the outcome "stopped at level t" has ex-post
+    loss ``eps_A + eps(prefix 1..t)``, where eps(prefix) is the DP guarantee of the first t
+    hypotheses together. Ex-post privacy is NOT differential privacy at the realised level (their
+    remark after Def. 2.3); the only eps-DP statement of the procedure is the maximum over all
+    outcomes, ``eps_A + eps(prefix 1..T)``, and that worst case is what ``pure_dp`` / ``rdp``
+    return and what dptune charges to a ledger (a ledger composes DP guarantees, Dwork & Roth 2014,
+    Thm 3.16; summing realised ex-post losses is not covered by any composition theorem we know).
+
+    The prefix guarantee depends on how the hypotheses were made (``sequence``):
+
+    * ``"noise_reduction"``: Laplace noise reduction (their Alg. 1, Thm 2.7): the prefix up to t is
+      eps_t-DP, so ``epsilon`` (the candidates' guarantee given to `pure_dp`) is the LAST level
+      eps_T and the total is eps_A + eps_T; `ex_post` takes the realised eps_t.
+    * ``"independent"``: T independent eps-DP candidates (e.g. DP-SGD runs at a growing budget, or
+      any candidate of ``selection``): the prefix up to t is t eps-DP by basic composition [DR Thm
+      3.16], so the ex-post loss is eps_A + t eps and the worst case eps_A + T eps. This worst
+      case needs no ex-post argument: releasing all T candidates and then running IAT (which IS
+      AboveThreshold, [DR Alg. 1, Thm 3.23], eps_A-DP) on them composes adaptively, so it also
+      holds in RDP, ``T rdp + eps_A`` at every order (RDP composition [M17, Prop. 1]; an eps_A-DP
+      mechanism is (alpha, eps_A)-RDP at every order alpha: its order-infinity divergence is eps_A
+      and the Rényi divergence is non-decreasing in the order [vEH14, Thm 3]). That is the route
+      for DP-SGD candidates; the ex-post reading (Lemma 2.8) is for pure-DP candidates.
+
+    Args:
+      iat_epsilon: eps_A > 0 of the test (threshold noise Lap(2 Delta/eps_A), query noise
+        Lap(4 Delta/eps_A) for scores of l1 sensitivity Delta).
+      num_levels: T >= 1, the number of hypotheses tested.
+      sequence: ``"independent"`` or ``"noise_reduction"`` (see above).
+    """
+
+    iat_epsilon: float
+    num_levels: int
+    sequence: str = "independent"
+
+    def __post_init__(self) -> None:
+        e = float(self.iat_epsilon)
+        if not (math.isfinite(e) and e > 0.0):
+            raise ValueError(f"iat_epsilon must be a finite number > 0, got {self.iat_epsilon}")
+        t = self.num_levels
+        if isinstance(t, bool) or int(t) != t or t < 1:
+            raise ValueError(f"max_trials (levels T) must be an integer >= 1, got {t}")
+        if self.sequence not in ("independent", "noise_reduction"):
+            raise ValueError(
+                f"sequence must be 'independent' or 'noise_reduction', got {self.sequence!r}"
+            )
+        object.__setattr__(self, "iat_epsilon", e)
+        object.__setattr__(self, "num_levels", int(self.num_levels))
+
+    @property
+    def name(self) -> str:
+        return f"accuracy_first/{self.sequence}"
+
+    @property
+    def theorem(self) -> str:
+        if self.sequence == "noise_reduction":
+            return (
+                "Ligett et al. 2017, Lemma 2.8 (IAT, ex-post eps_A + eps_t) with Thm 2.7 (noise "
+                "reduction: prefix eps_t-DP); charged: the worst case eps_A + eps_T"
+            )
+        return (
+            "Ligett et al. 2017, Alg. 2 (IAT = AboveThreshold, Dwork & Roth 2014, Thm 3.23) "
+            "composed with the T candidates (Dwork & Roth Thm 3.16; Mironov 2017, Prop. 1); "
+            "ex-post eps_A + (t+1) eps for pure-DP candidates (Ligett et al. Lemma 2.8); "
+            "charged: the worst case over stopping levels"
+        )
+
+    def params(self) -> dict:
+        return {
+            "iat_epsilon": self.iat_epsilon,
+            "num_levels": self.num_levels,
+            "sequence": self.sequence,
+        }
+
+    def ex_post(self, epsilon: float, level: int | None) -> float:
+        """Realised ex-post loss (Lemma 2.8) of stopping at 0-based ``level`` (None: nothing
+        passed, every test ran: the worst case).
+
+        ``epsilon``: for ``"independent"``, each candidate's eps; for ``"noise_reduction"``, the
+        realised level's eps_t (with ``level=None``: eps_T)."""
+        eps = _check_epsilon(epsilon)
+        if level is not None and not (0 <= int(level) < self.num_levels):
+            raise ValueError(f"level must be in [0, {self.num_levels}), got {level}")
+        if self.sequence == "noise_reduction":
+            return self.iat_epsilon + eps
+        tested = self.num_levels if level is None else int(level) + 1
+        return self.iat_epsilon + tested * eps
+
+    def pure_dp(self, epsilon: float) -> float:
+        # max over outcomes of Lemma 2.8's ex-post loss (see the class docstring)
+        return self.ex_post(epsilon, None)
+
+    def rdp(
+        self,
+        orders: Sequence[float],
+        rdp: Sequence[float],
+        *,
+        delta_for_epsilon: Callable[[float], float] | None = None,
+    ) -> np.ndarray:
+        del delta_for_epsilon
+        if self.sequence == "noise_reduction":
+            raise NotImplementedError(
+                f"{self.name}: noise reduction (Ligett et al. 2017, Thm 2.7) is stated for pure "
+                "eps-DP only; give the last level's eps to pure_dp"
+            )
+        _, r = _check_curve(orders, rdp)
+        # composition of T candidates [M17 Prop. 1] + the eps_A-DP test at every order
+        return self.num_levels * r + self.iat_epsilon
 
 
 # --------------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from selection.accuracy_first import AccuracyFirst
 from selection.baselines import BestOfK, NonPrivateBest
 from selection.method import SelectionMethod
 from selection.random_stopping import RandomStopping
@@ -38,6 +39,15 @@ OPTIONS: dict[str, tuple[type, str]] = {
     "noise_scale": (
         float,
         "sparse_vector: Laplace scale beta > 0 of the threshold noise in logit units",
+    ),
+    "score_sensitivity": (
+        float,
+        "accuracy_first: l1 sensitivity Delta > 0 of each candidate's exact score "
+        "(validation accuracy: 1/n_val)",
+    ),
+    "iat_epsilon": (
+        float,
+        "accuracy_first: epsilon eps_A > 0 of the InteractiveAboveThreshold test",
     ),
 }
 
@@ -167,6 +177,19 @@ register(
             target_percentile, noise_scale, max_trials
         ),
         privacy_only={"target_percentile": 0.5},
+    )
+)
+register(
+    MethodInfo(
+        "accuracy_first",
+        "Accuracy First: first of T candidates whose exact score passes InteractiveAboveThreshold "
+        "against the target; charged the worst case eps_A + T eps (Ligett et al. 2017, Lemma 2.8)",
+        ("threshold", "score_sensitivity", "iat_epsilon", "max_trials"),
+        (),
+        lambda threshold, score_sensitivity, iat_epsilon, max_trials: AccuracyFirst(
+            threshold, score_sensitivity, iat_epsilon, max_trials
+        ),
+        privacy_only={"threshold": 0.0, "score_sensitivity": 1.0},
     )
 )
 register(
