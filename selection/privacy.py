@@ -76,6 +76,7 @@ __all__ = [
     "BestOfKPrivacy",
     "PercentileSparseVectorPrivacy",
     "AccuracyFirstPrivacy",
+    "StabilityValidationPrivacy",
     "SingleRunPrivacy",
     "NotPrivate",
 ]
@@ -704,6 +705,111 @@ class AccuracyFirstPrivacy(PrivacyTransform):
         _, r = _check_curve(orders, rdp)
         # composition of T candidates [M17 Prop. 1] + the eps_A-DP test at every order
         return self.num_levels * r + self.iat_epsilon
+
+
+@dataclass(frozen=True)
+class StabilityValidationPrivacy(PrivacyTransform):
+    """Chaudhuri & Vinterbo 2013 ("A Stability-based Validation Procedure for Differentially
+    Private Machine Learning", NeurIPS 2013), Thm 1 and Thm 2: train k candidates (one per
+    hyperparameter theta_i, each alpha1-DP), score each EXACTLY on the validation set, release
+    ``i* = argmax_i q(h_i, V) + Z_i`` with Z_i ~ Exponential(scale 2 beta / alpha2), and h_{i*}.
+
+    Stability (their Definition; reconstructed from the proofs in their App. 6.4-6.6, the main text
+    is not in the project's paper folder): q is (beta1, beta2, delta)-stable for the training
+    procedure F(T, theta, alpha1, R) (R ~ G its randomness) when, for R in a set Sigma, a change of
+    one training record moves q(F(T, theta, alpha1, R), V) by at most beta1/n and a change of one
+    validation record moves it by at most beta2/m; beta = max(beta1/n, beta2/m) (proof of Lemma 1:
+    "<= 2 beta1/n <= 2 beta"). Every theorem in their appendix (Thm 4, Thm 6) shows
+    P[R_i not in Sigma] <= delta/k per candidate and takes the union over the k candidates.
+
+    * Thm 1 (Lemmas 1-2): given stability, i* is (alpha2, delta)-DP w.r.t. one change in the
+      training OR the validation set: conditioned on all R_i in Sigma the score differences move by
+      at most 2 beta, and P[Z > g] / P[Z > g + 2 beta] = e^(alpha2) for the exponential noise of
+      rate alpha2 / (2 beta) (so the noise scale 2 beta / alpha2 is forced by the proof).
+    * Thm 2: the end-to-end procedure (Alg. 2), which also releases h_{i*}, is
+      (alpha1 + alpha2, delta)-DP, by composition with the alpha1-DP training (their proof of
+      Thm 2). The total does NOT grow with k (only delta does, through the union bound).
+
+    Here ``stability_delta`` is the per-candidate probability P[R_i not in Sigma] and the total
+    delta is ``min(1, k * stability_delta)`` (the union bound of their proofs; equal to their delta
+    when the per-candidate bound is delta/k, as in their Thm 4 and Thm 6).
+
+    Args:
+      validation_epsilon: alpha2 > 0.
+      k: number of candidates (hyperparameter values), >= 1.
+      stability_delta: per-candidate probability in [0, 1) that the stability bounds fail.
+    """
+
+    validation_epsilon: float
+    k: int
+    stability_delta: float = 0.0
+
+    def __post_init__(self) -> None:
+        a = float(self.validation_epsilon)
+        if not (math.isfinite(a) and a > 0.0):
+            raise ValueError(
+                f"validation_epsilon (alpha2) must be a finite number > 0, got "
+                f"{self.validation_epsilon}"
+            )
+        if isinstance(self.k, bool) or int(self.k) != self.k or self.k < 1:
+            raise ValueError(f"k must be an integer >= 1, got {self.k}")
+        d = float(self.stability_delta)
+        if not (0.0 <= d < 1.0):
+            raise ValueError(f"stability_delta must be in [0, 1), got {self.stability_delta}")
+        object.__setattr__(self, "validation_epsilon", a)
+        object.__setattr__(self, "k", int(self.k))
+        object.__setattr__(self, "stability_delta", d)
+
+    @property
+    def name(self) -> str:
+        return "stability_validation"
+
+    @property
+    def theorem(self) -> str:
+        return (
+            "Chaudhuri & Vinterbo 2013, Thm 2 (Alg. 2: Thm 1's (alpha2, delta)-DP selection with "
+            "exponential noise of scale 2 beta/alpha2, composed with alpha1-DP training); "
+            "algorithm and stability definition as reconstructed from their App. 6.4 proofs"
+        )
+
+    def params(self) -> dict:
+        return {
+            "validation_epsilon": self.validation_epsilon,
+            "k": self.k,
+            "stability_delta": self.stability_delta,
+        }
+
+    @property
+    def delta(self) -> float:
+        """The procedure's delta: the union bound over the k candidates."""
+        return min(1.0, self.k * self.stability_delta)
+
+    def selection_dp(self) -> tuple[float, float]:
+        """Thm 1: (alpha2, delta) of the selected index alone."""
+        return self.validation_epsilon, self.delta
+
+    def pure_dp(self, epsilon: float) -> float:
+        if self.stability_delta > 0.0:
+            raise NotImplementedError(
+                f"{self.name}: with stability_delta > 0 {self.theorem} gives (eps, delta); use "
+                "approx_dp(epsilon, 0)"
+            )
+        return _check_epsilon(epsilon) + self.validation_epsilon
+
+    def approx_dp(self, epsilon: float, delta: float) -> tuple[float, float]:
+        if _check_delta(delta) > 0.0:
+            raise NotImplementedError(
+                f"{self.name}: Chaudhuri & Vinterbo 2013, Thm 2 assumes alpha1-DP (pure) training"
+            )
+        return _check_epsilon(epsilon) + self.validation_epsilon, self.delta
+
+    def utility_gap(self, beta: float, failure_probability: float) -> float:
+        """Thm 3: with probability >= 1 - failure_probability (and stability), the released
+        candidate's score is within ``2 beta log(k / failure_probability) / alpha2`` of the best
+        (union bound over P[Z_j > t] = exp(-alpha2 t / (2 beta)))."""
+        if not (0.0 < failure_probability < 1.0) or not beta > 0:
+            raise ValueError("need beta > 0 and failure_probability in (0, 1)")
+        return 2.0 * beta * math.log(self.k / failure_probability) / self.validation_epsilon
 
 
 # --------------------------------------------------------------------------------------------------
