@@ -36,6 +36,7 @@ from selection.privacy import PrivacyTransform, StabilityValidationPrivacy
 __all__ = [
     "StabilityPlan",
     "StabilityValidation",
+    "gamma_norm_radius",
     "histogram_stability",
     "output_perturbation_stability",
 ]
@@ -160,35 +161,42 @@ class StabilityValidation(SelectionMethod):
         return self._privacy
 
 
+def gamma_norm_radius(scale: float, dim: int, failure_probability: float) -> float:
+    """``scale x d log(d / failure_probability)``: a bound that a noise vector's norm exceeds with
+    probability <= failure_probability, when the norm is at most scale x Gamma(d, 1) (CMS 2011's
+    noise, whose l2 norm is Gamma(d, scale) distributed; or i.i.d. Laplace(scale) coordinates,
+    whose l2 norm is <= their l1 norm ~ Gamma(d, scale)). The tail bound is CMS 2011's Lemma 4 as
+    Chaudhuri & Vinterbo 2013, App. 6.5 use it ("||R|| <= d log(dk/delta) with probability
+    >= 1 - delta/k"); the tests check it against scipy's Gamma tail."""
+    if not (scale > 0 and dim >= 1 and 0 < failure_probability < 1):
+        raise ValueError("need scale > 0, dim >= 1, failure_probability in (0, 1)")
+    return scale * dim * math.log(dim / failure_probability)
+
+
 def output_perturbation_stability(
     regularization: float,
-    epsilon: float,
-    dim: int,
-    num_train: int,
-    k: int,
-    stability_delta: float,
+    noise_radius: float,
     score_lipschitz: float,
+    score_at_zero: float = 0.0,
     score_max: float = math.inf,
 ) -> tuple[float, float]:
     """(beta1, beta2) of Chaudhuri & Vinterbo 2013, Thm 4 (output perturbation, their Alg. 4) for
-    a validation score q(w, V) = -(1/m) sum_j g(w, x_j, y_j), g >= 0 and L-Lipschitz in w, and
-    data with ||x|| <= 1 and a 1-Lipschitz loss; as in their proof (App. 6.5, Eq. 14-15):
+    a validation score q(w, V) = -(1/m) sum_j g(w, x_j, y_j), g >= 0 and L-Lipschitz in w, data
+    with ||x|| <= 1, a 1-Lipschitz training loss and objective lambda/2 ||w||^2 + (1/n) sum loss,
+    as in their proof (App. 6.5, Eq. 14-15):
 
-    * beta1 = 2 L / lambda (the minimiser moves by <= 2/(n lambda), CMS 2011 Lemma 1 [their 3]);
-    * beta2 = min(g*, L ||w||max) with ||w|| <= (1/lambda)(1 + 2 d log(d k / delta) / (n alpha))
-      on the event ||R|| <= d log(d k / delta) of probability >= 1 - delta/k (CMS Lemma 4).
-
-    Here ``stability_delta`` is the per-candidate delta/k, so log(d k / delta) = log(d /
-    stability_delta).
+    * beta1 = 2 L / lambda: for a fixed noise draw the released w moves with the minimiser, by <=
+      2/(n lambda) (CMS 2011's sensitivity bound);
+    * beta2 = min(g*, g(0) + L w_max), w_max = 1/lambda + ``noise_radius`` (||w*|| <= 1/lambda;
+      the noise norm stays below `gamma_norm_radius` except with the per-candidate probability
+      delta/k). Their text bounds g by L ||w||, i.e. g(0) = 0; ``score_at_zero`` adds g(0) for
+      losses such as the logistic loss (g(0) = log 2).
     """
-    if not (regularization > 0 and epsilon > 0 and 0 < stability_delta < 1 and dim >= 1):
-        raise ValueError(
-            "need regularization > 0, epsilon > 0, dim >= 1, stability_delta in (0, 1)"
-        )
-    del k  # enters through stability_delta = delta / k
-    radius = dim * math.log(dim / stability_delta)
-    w_max = (1.0 + 2.0 * radius / (num_train * epsilon)) / regularization
-    return 2.0 * score_lipschitz / regularization, min(score_max, score_lipschitz * w_max)
+    if not (regularization > 0 and noise_radius >= 0 and score_lipschitz >= 0):
+        raise ValueError("need regularization > 0, noise_radius >= 0, score_lipschitz >= 0")
+    w_max = 1.0 / regularization + noise_radius
+    beta2 = min(score_max, score_at_zero + score_lipschitz * w_max)
+    return 2.0 * score_lipschitz / regularization, beta2
 
 
 def histogram_stability(

@@ -26,6 +26,7 @@ from selection.privacy import StabilityValidationPrivacy
 from selection.stability_validation import (
     StabilityPlan,
     StabilityValidation,
+    gamma_norm_radius,
     histogram_stability,
     output_perturbation_stability,
 )
@@ -108,10 +109,14 @@ def test_plan_and_privacy_bookkeeping():
 
 
 def test_case_study_constants_equal_their_formulas():
-    b1, b2 = output_perturbation_stability(0.1, 1.0, 5, 1000, 8, 1e-3, 1.0)
-    w = (1 + 2 * 5 * math.log(5 / 1e-3) / 1000) / 0.1
-    assert (b1, b2) == pytest.approx((20.0, w))
-    assert output_perturbation_stability(0.1, 1.0, 5, 1000, 8, 1e-3, 1.0, 2.0)[1] == 2.0
+    radius = gamma_norm_radius(0.02, 5, 1e-3)
+    assert radius == pytest.approx(0.02 * 5 * math.log(5 / 1e-3))
+    for d in (1, 5, 49):  # CMS Lemma 4's tail, checked against scipy's Gamma(d, 1) tail
+        for fail in (1e-2, 1e-6):
+            assert stats.gamma.sf(d * math.log(d / fail), d) <= fail * (1 + 1e-9)  # = at d = 1
+    b1, b2 = output_perturbation_stability(0.1, radius, 1.0, math.log(2))
+    assert (b1, b2) == pytest.approx((20.0, math.log(2) + 10.0 + radius))
+    assert output_perturbation_stability(0.1, radius, 1.0, 0.0, 2.0)[1] == 2.0
     b1, b2 = histogram_stability(0.1, 1.0, 5000, 6, 1e-3)
     nu = 2 * math.log(4e3) / (5000 * math.sqrt(0.1))
     assert (b1, b2) == pytest.approx((2 / ((1 - nu) * 0.1), 20.0))
