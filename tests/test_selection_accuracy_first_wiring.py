@@ -136,9 +136,8 @@ def test_cli_states_the_worst_case_total():
 def test_dptune_dry_run_calibrates_to_the_worst_case(tmp_path, monkeypatch):
     """``dptune --config=smoke --config.selection.method=accuracy_first ... --dry_run``: the noise
     is calibrated so that the WORST case (eps_A + T x one run, in RDP) meets the total budget."""
-    from test_tuner_cli import _smoke
-
     from dptune import main as cli
+    from dptune.configs import smoke
     from dptune.data import MNIST_10K_DIR
     from selection.privacy import AccuracyFirstPrivacy as AFP
     from trainers.data import load_dataset
@@ -147,14 +146,15 @@ def test_dptune_dry_run_calibrates_to_the_worst_case(tmp_path, monkeypatch):
         "mnist", str(MNIST_10K_DIR), validation_size=1000, source="idx", num_examples=8000
     )
     monkeypatch.setattr(cli, "load_data", lambda cfg: data)
-    cfg = _smoke(
-        selection__method="accuracy_first",
-        selection__threshold=0.9,
-        selection__score_sensitivity=1e-3,
-        selection__iat_epsilon=0.5,
-        selection__max_trials=4,
-        ledger__path=str(tmp_path / "ledger.sqlite"),
+    cfg = cli._plain(smoke.get_config())
+    cfg["selection"].update(
+        method="accuracy_first",
+        threshold=0.9,
+        score_sensitivity=1e-3,
+        iat_epsilon=0.5,
+        max_trials=4,
     )
+    cfg["ledger"]["path"] = str(tmp_path / "ledger.sqlite")
     _, st = cli.run_config(cfg, tmp_path / "run", dry_run=True, progress=False)
     assert 3.9 < st.total_epsilon <= 4.0 and st.method == "accuracy_first/independent"
     # recomputed independently: the calibrated candidate through the same theorem
