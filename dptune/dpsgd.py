@@ -2,7 +2,7 @@
 imports ``trainers``.
 
 It declares each candidate's privacy from its hyperparameters and the dataset's PUBLIC nominal
-size (``trainers.train.dpsgd_privacy``), trains candidates (``trainers.train``), and says what of
+size (``trainers.spec.dpsgd_privacy``), trains candidates (``trainers.loop``), and says what of
 the selected candidate may be released: its parameters, its per-epoch accuracy on the public test
 split and its (noisy) validation score -- never its exact training losses.
 """
@@ -20,15 +20,10 @@ from dptune.accounting.events import DpSgdCandidate
 from dptune.errors import TuningConfigError
 from dptune.progress import epoch_bar
 from dptune.trainer_protocol import ReleaseView
+from trainers import loop
 from trainers.data import Dataset, DatasetNotFoundError, load_dataset
-from trainers.train import (
-    Hyperparams,
-    dpsgd_privacy,
-    evaluate,
-    steps_per_epoch,
-    train_candidate,
-    train_candidates,
-)
+from trainers.evaluate import evaluate
+from trainers.spec import Hyperparams, dpsgd_privacy, steps_per_epoch
 
 __all__ = ["DatasetNotFoundError", "DpSgdTrainer", "Hyperparams", "load_dataset"]
 
@@ -39,7 +34,7 @@ DPSGD_PRIVACY_FIELDS = ("noise_multiplier", "batch_size", "epochs", "score_noise
 
 
 def dpsgd_candidate(privacy: Any, score_noise_std: float | None) -> DpSgdCandidate:
-    """``trainers.train.DpSgdPrivacy`` (+ the score's noise) as an accounting candidate."""
+    """``trainers.spec.DpSgdPrivacy`` (+ the score's noise) as an accounting candidate."""
     try:
         return DpSgdCandidate.from_dpsgd_privacy(privacy, score_noise_std=score_noise_std)
     except ValueError as e:
@@ -47,11 +42,11 @@ def dpsgd_candidate(privacy: Any, score_noise_std: float | None) -> DpSgdCandida
 
 
 class DpSgdTrainer:
-    """This project's DP-SGD trainer (``trainers.train``) on an in-memory dataset.
+    """This project's DP-SGD trainer (``trainers.loop``) on an in-memory dataset.
 
     Args:
       data: a ``trainers.data.Dataset``.
-      base: default hyperparameters (``trainers.train.Hyperparams`` fields) that the space's values
+      base: default hyperparameters (``trainers.spec.Hyperparams`` fields) that the space's values
         override.
       epoch_progress: whether to show a per-epoch tqdm bar (the curator's console only).
       test_curve: evaluate every candidate on the public test split after each epoch, so that the
@@ -125,7 +120,7 @@ class DpSgdTrainer:
     def train_many(
         self, hparams: Sequence[Mapping[str, Any]], rngs: Sequence[np.random.Generator]
     ) -> list[tuple[float, Any]]:
-        """Trains len(hparams) candidates at once (``trainers.train.train_candidates``); a failed
+        """Trains len(hparams) candidates at once (``trainers.loop.train_candidates``); a failed
         candidate scores NaN."""
         hps = [self.hyperparams(h) for h in hparams]
         # The full 64 bits of a threefry key, drawn from the candidate's (OS-entropy) generator:
@@ -142,16 +137,9 @@ class DpSgdTrainer:
                 )
 
         with epoch_bar(self.epoch_progress, sum(hp.epochs for hp in hps)) as progress:
-            if len(hps) == 1:
-                results = [
-                    train_candidate(
-                        hps[0], self.data, keys[0], progress=progress, on_epoch=on_epoch
-                    )
-                ]
-            else:
-                results = train_candidates(
-                    hps, self.data, keys, progress=progress, on_epoch=on_epoch
-                )
+            results = loop.train_candidates(
+                hps, self.data, keys, progress=progress, on_epoch=on_epoch
+            )
         out = []
         for i, r in enumerate(results):
             if r.failed:

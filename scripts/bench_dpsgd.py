@@ -22,6 +22,13 @@ Rows:
     python scripts/bench_dpsgd.py            # full table (a few minutes)
     python scripts/bench_dpsgd.py --quick    # < 1 minute, fewer rows and rounds
     python scripts/bench_dpsgd.py --json     # ... and one JSON object as the last line
+    python scripts/bench_dpsgd.py --cifar    # the CIFAR row set (CIFAR CNN, batch 256)
+
+CIFAR row set (--cifar): the 550,570-parameter tanh CIFAR CNN on 32x32x3 inputs, batch 256:
+  cifar_nonprivate     its non-private step (flax, optax SGD)
+  cifar_dp_fast        dptune's DP-SGD step, book-keeping clipped sum
+  cifar_dp_naive       the same step with vmap(grad) per-example gradients
+  cifar_dp_fast_augmult4  dptune's DP step with augmentation multiplicity 4 (full runs only)
 """
 
 from __future__ import annotations
@@ -66,7 +73,8 @@ def jax_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
     from trainers import dpsgd, models
     from trainers.runtime import tune_malloc
     from trainers.sampling import PoissonSampler
-    from trainers.train import Hyperparams, get_step_functions, make_optimizer
+    from trainers.spec import Hyperparams
+    from trainers.step import get_step_functions, make_optimizer
 
     tune_malloc()  # applies to every JAX row alike (dptune's trainer does this on first use)
     rng = np.random.default_rng(0)
@@ -124,7 +132,7 @@ def jax_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
 
     fns, hp, zeros = dp_row("bookkeeping", "dptune_dp_fixed")
 
-    # Poisson: exactly the loop of trainers.train (host sampling, chunks, accumulate, fused step).
+    # Poisson: exactly the loop of trainers.loop (host sampling, chunks, accumulate, fused step).
     sampler = PoissonSampler(N_TRAIN, BATCH, np.random.default_rng(2))
     state["poisson"] = (params0, make_optimizer(hp).init(params0), 0)
 
@@ -133,7 +141,7 @@ def jax_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
         chunks = sampler.chunks(sampler.sample())
         g, lo = zeros, jnp.float32(0)
         for idx, mask in chunks[1:]:
-            g, lo = fns.accumulate(p, g, lo, data_x, data_y, idx, mask, clip)
+            g, lo = fns.accumulate(p, g, lo, data_x, data_y, idx, mask, clip, key, i, 1)
         p, o, lo = fns.step(
             p, o, g, lo, data_x, data_y, *chunks[0], key, jnp.int32(i), clip, sigma, b
         )
@@ -184,6 +192,80 @@ def jax_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
 
         rows[vname] = (run_vmap, k * BATCH)
         rows[sname] = (run_seq, k * BATCH)
+    return rows
+
+
+CIFAR_N = 10000  # device-resident CIFAR-shaped training set for the gathers (size does not matter)
+
+
+def cifar_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
+    """The CIFAR row set: the 550,570-parameter tanh CIFAR CNN on 32x32x3 inputs at batch 256, as
+    name -> (run one step, examples per step). Rows: its non-private step, dptune's DP step
+    (book-keeping), the vmap(grad) DP step, and (full runs) dptune's DP step with augmentation
+    multiplicity 4 (counted per example, i.e. 256 per step, 1,024 images)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from trainers import dpsgd, models
+    from trainers.runtime import tune_malloc
+    from trainers.spec import Hyperparams
+    from trainers.step import get_step_functions, make_optimizer
+
+    tune_malloc()
+    rng = np.random.default_rng(0)
+    data_x = jax.device_put(rng.uniform(0, 1, (CIFAR_N, 32, 32, 3)).astype(np.float32))
+    data_y = jax.device_put(rng.integers(0, 10, CIFAR_N).astype(np.int32))
+    spec = models.get_model("cifar_cnn")
+    params0 = models.init_params(spec, jax.random.PRNGKey(0))
+    idx = np.sort(rng.choice(CIFAR_N, BATCH, replace=False)).astype(np.int32)
+    ones = np.ones(BATCH, np.float32)
+    key = jax.random.PRNGKey(1)
+    b, clip, sigma = jnp.float32(BATCH), jnp.float32(CLIP), jnp.float32(SIGMA)
+    rows: dict[str, tuple[Callable[[], object], int]] = {}
+    opt = optax.sgd(LR)
+
+    @jax.jit
+    def nonprivate(params, opt_state, idx):
+        x, y = data_x[idx], data_y[idx]
+
+        def loss(p):
+            return dpsgd.per_example_loss(spec.module.apply({"params": p}, x), y).mean()
+
+        value, grads = jax.value_and_grad(loss)(params)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    state = {"np": (params0, opt.init(params0))}
+
+    def run_nonprivate():
+        p, o, v = nonprivate(*state["np"], idx)
+        state["np"] = (p, o)
+        return v
+
+    rows["cifar_nonprivate"] = (run_nonprivate, BATCH)
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, params0)
+
+    def dp_row(impl: str, name: str, augmult: int = 0):
+        fns = get_step_functions("cifar_cnn", 10, "sgd", impl, augmult)
+        hp = Hyperparams(learning_rate=LR, clip_norm=CLIP, noise_multiplier=SIGMA)
+        state[name] = (params0, make_optimizer(hp).init(params0), 0)
+
+        def run():
+            p, o, i = state[name]
+            p, o, loss = fns.step(
+                p, o, zeros, jnp.float32(0), data_x, data_y, idx, ones, key, jnp.int32(i),
+                clip, sigma, b,
+            )  # fmt: skip
+            state[name] = (p, o, i + 1)
+            return loss
+
+        rows[name] = (run, BATCH)
+
+    dp_row("bookkeeping", "cifar_dp_fast")
+    dp_row("naive", "cifar_dp_naive")
+    if not quick:
+        dp_row("bookkeeping", "cifar_dp_fast_augmult4", 4)
     return rows
 
 
@@ -342,6 +424,10 @@ def main():
     parser.add_argument("--steps", type=int, default=None, help="timed steps per row per round")
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch rows")
     parser.add_argument(
+        "--cifar", action="store_true",
+        help="the CIFAR row set instead (CIFAR CNN: fast DP, naive DP, non-private; no PyTorch)",
+    )  # fmt: skip
+    parser.add_argument(
         "--torch-threads", default="1,2",
         help="comma-separated torch.set_num_threads values, one worker each (0: torch default)",
     )  # fmt: skip
@@ -355,8 +441,9 @@ def main():
     steps = args.steps or (4 if args.quick else 10)
 
     t0 = time.perf_counter()
-    workers = [] if args.no_torch else [TorchRows(int(t)) for t in args.torch_threads.split(",")]
-    rows = jax_rows(args.quick)
+    no_torch = args.no_torch or args.cifar
+    workers = [] if no_torch else [TorchRows(int(t)) for t in args.torch_threads.split(",")]
+    rows = cifar_rows(args.quick) if args.cifar else jax_rows(args.quick)
     for fn, _ in rows.values():  # compile and warm up
         for _ in range(2):
             _block(fn())
@@ -391,6 +478,9 @@ def main():
         "dp_fixed / jax_dp_naive": ("dptune_dp_fixed", "jax_dp_naive", None),
         "k4 vmap / seq": ("dptune_k4_vmap", "dptune_k4_seq", None),
         "k8 vmap / seq": ("dptune_k8_vmap", "dptune_k8_seq", None),
+        "cifar dp_fast / cifar dp_naive": ("cifar_dp_fast", "cifar_dp_naive", 1.5),
+        "cifar dp_fast / cifar nonprivate": ("cifar_dp_fast", "cifar_nonprivate", 0.6),
+        "cifar dp_fast augmult 4 / dp_fast": ("cifar_dp_fast_augmult4", "cifar_dp_fast", None),
     }
     for w in workers:  # one set of PyTorch ratios per thread count
         t = w.suffix

@@ -3,7 +3,7 @@ r"""One DP-SGD training run at a target (epsilon, delta), with a per-epoch test-
 The noise multiplier is the smallest sigma whose PLD epsilon (dp_accounting's PLD accountant on the
 Poisson-subsampled Gaussian, self-composed over the run's steps; privacy loss distributions of
 Koskela et al. 2020 and Doroshenko et al. 2022 as implemented in dp_accounting) is at most the
-target, for the sampling rate and step count that ``trainers.train.dpsgd_privacy`` reports.
+target, for the sampling rate and step count that ``trainers.spec.dpsgd_privacy`` reports.
 
 This is a research script, not a private release: it evaluates every epoch on the *test* split and
 prints the curve. The hyperparameters are fixed up front (not tuned on this data).
@@ -25,7 +25,9 @@ import numpy as np
 from absl import app, flags
 
 from trainers.data import load_dataset
-from trainers.train import Hyperparams, dpsgd_privacy, evaluate, train_candidate
+from trainers.evaluate import evaluate
+from trainers.loop import train_candidate
+from trainers.spec import Hyperparams, dpsgd_privacy
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("dataset", "fashion_mnist", "mnist | fashion_mnist | cifar10 | synthetic")

@@ -36,7 +36,7 @@ def test_dpsgd_event_is_self_composed_poisson_gaussian():
             dp_event.PoissonSampledDpEvent(0.01, dp_event.GaussianDpEvent(1.3)), 500
         ),
     )
-    # trainers.train.dpsgd_privacy(...) returns an object with these three attributes
+    # trainers.spec.dpsgd_privacy(...) returns an object with these three attributes
     p = SimpleNamespace(sampling_rate=0.01, steps=500, noise_multiplier=1.3)
     assert accounting.DpSgdCandidate.from_dpsgd_privacy(p) == c
     assert accounting.as_candidates(p) == (c,)

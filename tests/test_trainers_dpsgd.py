@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from trainers import dpsgd, models
-from trainers.train import Hyperparams, get_step_functions, make_optimizer
+from trainers.spec import Hyperparams
+from trainers.step import get_step_functions, make_optimizer
 
 B = 24  # small batches keep compile and run time low on the 2-core CI
 

@@ -11,17 +11,11 @@ from _paths import mnist_10k
 
 from trainers import models
 from trainers.data import load_dataset, make_synthetic, split_validation
-from trainers.train import (
-    FAILURE_SCORE,
-    Hyperparams,
-    _score,
-    dpsgd_privacy,
-    evaluate,
-    get_step_functions,
-    make_optimizer,
-    train_candidate,
-    train_candidates,
-)
+from trainers.evaluate import evaluate
+from trainers.evaluate import validation_score as _score
+from trainers.loop import train_candidate, train_candidates
+from trainers.spec import FAILURE_SCORE, Hyperparams, dpsgd_privacy
+from trainers.step import get_step_functions, make_optimizer
 
 MNIST10K = mnist_10k()  # ../shared/data/mnist-10k, else the copy shipped in dptune/data
 
@@ -102,7 +96,7 @@ def test_nan_candidate_fails_with_fixed_score_and_does_not_raise(synthetic):
 
 
 def test_errors_during_training_become_failures(synthetic, monkeypatch):
-    import trainers.train as t
+    import trainers.loop as t
 
     def boom(*a, **k):
         raise MemoryError("out of memory")
@@ -113,14 +107,15 @@ def test_errors_during_training_become_failures(synthetic, monkeypatch):
 
 
 def test_noisy_score_is_gaussian_on_the_count(synthetic_result, synthetic, monkeypatch):
-    import trainers.train as t
+    import trainers.evaluate as t
+    from trainers.loop import _check
 
     res, _ = synthetic_result
     n_val = synthetic.public_num_val  # the noisy count is divided by the PUBLIC expected size
     assert n_val == 500 and len(synthetic.val_x) != 500  # the split's length is not used
     exact_hp = dataclasses.replace(HP, score_noise_std=None)
     with pytest.raises(ValueError, match="validation split is private"):
-        t._check(exact_hp, synthetic)  # an exact score needs a public validation set
+        _check(exact_hp, synthetic)  # an exact score needs a public validation set
     public = dataclasses.replace(synthetic, validation_public=True)
     exact = evaluate(res.params, "cnn26k", public.val_x, public.val_y)
     assert _score(exact_hp, res.params, public, jax.random.PRNGKey(0)) == exact
@@ -168,6 +163,17 @@ def test_vectorised_step_equals_sequential_steps():
         ):
             np.testing.assert_allclose(np.asarray(u), np.asarray(v[i]), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(float(loss), float(vloss[i]), rtol=1e-5)
+        # the loop's group of one (a leading axis of size 1, no vmap) is the same step
+        _, group_step = fns.group(1)
+        g1, _, gloss = group_step(
+            stack([ps[i]]), stack([opts[i]]), stack([zeros[i]]), jnp.zeros(1), x, y, idx[i : i + 1],
+            mask[i : i + 1], keys[i : i + 1], jnp.int32(3), clip[i : i + 1], sigma[i : i + 1],
+            jnp.float32(64.0),
+        )  # fmt: skip
+        for u, v in zip(jax.tree_util.tree_leaves(one), jax.tree_util.tree_leaves(g1), strict=True):
+            np.testing.assert_allclose(np.asarray(u), np.asarray(v[0]), rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(float(loss), float(gloss[0]), rtol=1e-6)
+    assert fns.group(2)[1] is fns.vstep
 
 
 def test_vectorised_training_runs_and_learns(synthetic):
@@ -229,3 +235,18 @@ def test_split_validation_validation_size_zero_is_refused_for_scoring(synthetic)
     )
     with pytest.raises(ValueError, match="validation"):
         train_candidate(HP, d, jax.random.PRNGKey(0))
+
+
+def test_the_privacy_spec_imports_without_jax():
+    """trainers.spec (hyperparameters -> q, steps, sigma) is what accounting and config checks
+    need: it must not pull in JAX, Flax or Optax."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, trainers.spec as s; "
+        "s.dpsgd_privacy(s.Hyperparams(), 60000); "
+        "print(sorted(m for m in ('jax', 'flax', 'optax') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SMOKE = str(ROOT / "configs" / "smoke.py")
 # A tiny version of the smoke run: 1 epoch per candidate, logarithmic K with mean 3; seed 9 draws
 # K = 3 (checked in test_resume), so a kill can land after the first candidate.
-# Groups of 2 exercise the executor's train_many path (trainers.train.train_candidates).
+# Groups of 2 exercise the executor's train_many path (trainers.loop.train_candidates).
 TINY = [
     "--config.train.epochs=1",
     "--config.selection.mean_trials=3",
@@ -108,7 +108,7 @@ def test_end_to_end_release_folder(reference):
     from dptune.data import MNIST_10K_DIR
     from dptune.release import load_params
     from trainers.data import load_dataset
-    from trainers.train import evaluate
+    from trainers.evaluate import evaluate
 
     data = load_dataset(
         "mnist", str(MNIST_10K_DIR), validation_size=1000, source="idx", num_examples=8000
@@ -223,13 +223,13 @@ MALFORMED = [
 def test_malformed_config_refused_before_private_computation(
     changes, message, smoke_data, monkeypatch, tmp_path
 ):
-    import trainers.train
+    import trainers.loop
 
     def forbidden(*a, **k):
         raise AssertionError("private computation started")
 
-    monkeypatch.setattr(trainers.train, "train_candidate", forbidden)
-    monkeypatch.setattr(trainers.train, "train_candidates", forbidden)
+    monkeypatch.setattr(trainers.loop, "train_candidate", forbidden)
+    monkeypatch.setattr(trainers.loop, "train_candidates", forbidden)
     if "data__name" not in changes and "data__dir" not in changes:
         monkeypatch.setattr(cli, "load_data", lambda cfg: smoke_data)
     cfg = _smoke(**changes, ledger__path=str(tmp_path / "ledger.sqlite"))
@@ -240,9 +240,9 @@ def test_malformed_config_refused_before_private_computation(
 
 
 def test_dry_run_plans_without_private_computation(smoke_data, monkeypatch, tmp_path):
-    import trainers.train
+    import trainers.loop
 
-    monkeypatch.setattr(trainers.train, "train_candidates", None)  # any call would fail
+    monkeypatch.setattr(trainers.loop, "train_candidates", None)  # any call would fail
     monkeypatch.setattr(cli, "load_data", lambda cfg: smoke_data)
     space, statement = cli.run_config(_smoke(), tmp_path / "run", dry_run=True, progress=False)
     assert 3.9 < statement.total_epsilon <= 4.0

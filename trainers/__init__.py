@@ -2,32 +2,34 @@
 candidates).
 
 Never imports ``dptune`` or ``selection``. The contract with ``dptune`` is in
-``docs/architecture.md``.
+``docs/architecture.md``. Names are imported lazily, so that ``trainers.spec`` (hyperparameters and
+their privacy parameters) can be used without importing JAX.
 """
 
-from trainers.data import Dataset, DatasetNotFoundError, load_dataset, make_synthetic
-from trainers.train import (
-    FAILURE_SCORE,
-    CandidateResult,
-    DpSgdPrivacy,
-    Hyperparams,
-    dpsgd_privacy,
-    evaluate,
-    train_candidate,
-    train_candidates,
-)
+from __future__ import annotations
 
-__all__ = [
-    "FAILURE_SCORE",
-    "CandidateResult",
-    "Dataset",
-    "DatasetNotFoundError",
-    "DpSgdPrivacy",
-    "Hyperparams",
-    "dpsgd_privacy",
-    "evaluate",
-    "load_dataset",
-    "make_synthetic",
-    "train_candidate",
-    "train_candidates",
-]
+import importlib
+from typing import Any
+
+_WHERE = {
+    "FAILURE_SCORE": "spec",
+    "CandidateResult": "spec",
+    "DpSgdPrivacy": "spec",
+    "Hyperparams": "spec",
+    "dpsgd_privacy": "spec",
+    "Dataset": "data",
+    "DatasetNotFoundError": "data",
+    "load_dataset": "data",
+    "make_synthetic": "data",
+    "evaluate": "evaluate",
+    "train_candidate": "loop",
+    "train_candidates": "loop",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"trainers.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'trainers' has no attribute {name!r}")

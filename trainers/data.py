@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import hashlib
+import importlib.util
 import os
 import pickle
 from collections.abc import Sequence
@@ -480,6 +481,13 @@ def _load_cifar_pickle(folder: Path):
 
 
 def _load_tfds(name: str, data_dir):
+    """(train_x, train_y, test_x, test_y) through tensorflow-datasets.
+
+    With TensorFlow installed: ``tfds.load(..., batch_size=-1)`` (TFRecord files, tfds' default).
+    Without it: ``tfds.data_source`` (ArrayRecord files, random access, no TensorFlow needed; tfds
+    >= 4.9), which is what the `test` extra installs and what the offline tests exercise through
+    ``tfds.testing.mock_data``.
+    """
     try:
         import tensorflow_datasets as tfds  # optional extra
     except ImportError as e:
@@ -487,22 +495,38 @@ def _load_tfds(name: str, data_dir):
             f"tensorflow-datasets is not installed, so {name!r} cannot be downloaded. "
             + _HOW_TO_POINT
         ) from e
+    folder = None if data_dir is None else str(data_dir)
     try:
-        splits = tfds.load(
-            name,
-            split=["train", "test"],
-            batch_size=-1,
-            as_supervised=True,
-            data_dir=None if data_dir is None else str(data_dir),
-        )
+        if importlib.util.find_spec("tensorflow") is not None:
+            splits = tfds.load(
+                name, split=["train", "test"], batch_size=-1, as_supervised=True, data_dir=folder
+            )
+            (train_x, train_y), (test_x, test_y) = tfds.as_numpy(splits)
+        else:
+            sources = {
+                split: tfds.data_source(name, split=split, data_dir=folder)
+                for split in ("train", "test")
+            }
+            train_x, train_y = _read_data_source(sources["train"])
+            test_x, test_y = _read_data_source(sources["test"])
     except Exception as e:  # download or preparation failures come in many types
         raise DatasetNotFoundError(
             f"tensorflow-datasets could not load {name!r}: {e}. {_HOW_TO_POINT}"
         ) from e
-    (train_x, train_y), (test_x, test_y) = tfds.as_numpy(splits)
     return (
-        train_x.astype(np.float32) / 255.0,
-        train_y.astype(np.int32),
-        test_x.astype(np.float32) / 255.0,
-        test_y.astype(np.int32),
+        np.asarray(train_x).astype(np.float32) / 255.0,
+        np.asarray(train_y).astype(np.int32),
+        np.asarray(test_x).astype(np.float32) / 255.0,
+        np.asarray(test_y).astype(np.int32),
     )
+
+
+def _read_data_source(source) -> tuple[np.ndarray, np.ndarray]:
+    """All records of a tfds data source as (uint8 images (n, h, w, c), labels (n,)), in order."""
+    n = len(source)
+    if n == 0:
+        raise ValueError("the split is empty")
+    records = [source[i] for i in range(n)]
+    images = np.stack([np.asarray(r["image"]) for r in records])
+    labels = np.asarray([r["label"] for r in records])
+    return images, labels

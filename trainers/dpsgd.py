@@ -5,17 +5,19 @@ Two implementations of the clipped sum ``sum_i mask_i * g_i * min(1, C / ||g_i||
 
 * :func:`clipped_sum_naive`: per-example gradients from ``vmap(grad)``; works for every model and is
   the reference the fast path is tested against.
-* :func:`clipped_sum_bookkeeping`: for the :class:`trainers.models.MnistCNN` family only. One
+* :func:`clipped_sum_bookkeeping`: for the :class:`trainers.models.MnistCNN` family. One
   forward pass and one backward pass to each layer's pre-activations; per-example weight gradients
   as batched einsums of im2col patches (space-to-depth + contiguous slices) with the pre-activation
   gradients for the convolutions, and the rank-1 identity ||a g^T||^2 = ||a||^2 ||g||^2 for the
   dense layers ("book-keeping" clipping, Bu et al. 2022, "Scalable and efficient training of large
   convolutional neural networks with differential privacy"). Why this shape, and what was measured
   on XLA CPU: ``../shared/notes/cpu-dpsgd-performance.md``.
+* :func:`clipped_sum_bookkeeping_cifar`: the same idea for :class:`trainers.models.CifarCNN`, with
+  augmentation multiplicity (K augmented copies per example, gradients averaged before clipping).
 
-Shapes: images x (b, h, w, c) float32, labels y (b,) int32, mask (b,) float32 in {0, 1}; the clipped
-sum has the parameters' pytree structure. Masked examples (padding of a Poisson batch) contribute
-exactly zero.
+Shapes: images x (b, h, w, c) float32 (or (b, K, h, w, c) with K augmented copies per example),
+labels y (b,) int32, mask (b,) float32 in {0, 1}; the clipped sum has the parameters' pytree
+structure. Masked examples (padding of a Poisson batch) contribute exactly zero.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import optax
 
 from trainers.models import conv_stride2_s2d
 from trainers.models import max_pool_2x2_stride1 as _pool
+from trainers.models import max_pool_2x2_stride2 as models_pool2
 
 Params = dict
 
@@ -44,14 +47,25 @@ def clip_factors(sq_norms: jax.Array, mask: jax.Array, clip_norm: jax.Array) -> 
     return mask * (clip_norm / jnp.maximum(norms, clip_norm))
 
 
+def example_losses(apply_fn: Callable, params: Params, x: jax.Array, y: jax.Array) -> jax.Array:
+    """Loss of each example, (b,): the cross-entropy of x (b, h, w, c), or with augmentation
+    multiplicity the mean cross-entropy over the K augmented copies of x (b, K, h, w, c)."""
+    if x.ndim == 4:
+        return per_example_loss(apply_fn({"params": params}, x), y)
+    b, k = x.shape[:2]
+    logits = apply_fn({"params": params}, x.reshape(b * k, *x.shape[2:]))
+    return jnp.mean(per_example_loss(logits, jnp.repeat(y, k)).reshape(b, k), axis=1)
+
+
 def per_example_grads_naive(
     apply_fn: Callable, params: Params, x: jax.Array, y: jax.Array
 ) -> Params:
-    """Per-example gradients of the cross-entropy, each leaf with a leading batch axis, via
-    ``vmap(grad)``."""
+    """Per-example gradients of :func:`example_losses`, each leaf with a leading batch axis, via
+    ``vmap(grad)``. With x of shape (b, K, h, w, c) the gradient of example i is the mean of the
+    gradients of its K augmented copies (augmentation multiplicity, De et al. 2022, §3.1)."""
 
     def single(p, xi, yi):
-        return per_example_loss(apply_fn({"params": p}, xi[None]), yi[None])[0]
+        return example_losses(apply_fn, p, xi[None], yi[None])[0]
 
     return jax.vmap(jax.grad(single), in_axes=(None, 0, 0))(params, x, y)
 
@@ -69,7 +83,7 @@ def clipped_sum_naive(
     )
     c = clip_factors(sq, mask, clip_norm)
     summed = jax.tree_util.tree_map(lambda g: jnp.tensordot(c, g, axes=1), grads)
-    loss = jnp.sum(mask * per_example_loss(apply_fn({"params": params}, x), y))
+    loss = jnp.sum(mask * example_losses(apply_fn, params, x, y))
     return summed, loss, jnp.sqrt(sq)
 
 
@@ -212,6 +226,132 @@ def clipped_sum_bookkeeping(
         "dense2": {"kernel": jnp.einsum("bi,bo->io", h3 * c[:, None], g4), "bias": c @ g4},
     }
     return summed, jnp.sum(mask * losses), jnp.sqrt(sq_norms)
+
+
+# --- book-keeping clipping for CifarCNN (with augmentation multiplicity) --------------------------
+
+
+def im2col_3x3_same(x: jax.Array) -> jax.Array:
+    """im2col patches of a 3x3, stride-1, SAME convolution: (n, h, w, c) -> (n, h*w, 9*c), last
+    axis ordered (kernel row, kernel col, channel) like an HWIO kernel reshaped to (9*c, o)."""
+    n, h, w, c = x.shape
+    xp = jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    cols = [xp[:, i : i + h, j : j + w, :] for i in range(3) for j in range(3)]
+    return jnp.concatenate(cols, axis=-1).reshape(n, h * w, 9 * c)
+
+
+def clipped_sum_bookkeeping_cifar(
+    params: Params, x: jax.Array, y: jax.Array, mask: jax.Array, clip_norm
+) -> tuple[Params, jax.Array, jax.Array]:
+    """Clipped gradient sum for :class:`trainers.models.CifarCNN` (32x32x3 input), book-keeping
+    style (Bu et al. 2022), with or without augmentation multiplicity.
+
+    x: (b, 32, 32, 3), or (b, K, 32, 32, 3) for K augmented copies per example. An example's
+    gradient is the gradient of the mean loss over its K copies, i.e. the mean of the copies'
+    gradients (De et al. 2022, §3.1), and that mean is what gets clipped. One forward and one
+    backward pass over all b*K images give each layer's input a and pre-activation gradient g; then
+
+    * conv layers: per-example weight gradient = sum over the K*P (copy, position) pairs of
+      patch x gradient, one einsum per layer with the K copies folded into the position axis;
+    * dense layers: per-example gradient sum_k a_k g_k^T, whose squared norm is
+      sum_{k,k'} (a_k . a_k')(g_k . g_k') (a K x K Gram, the rank-1 identity when K = 1), and the
+      clipped sum is a contraction of (c a) with g over (example, copy).
+
+    Same contract and return value as :func:`clipped_sum_naive`.
+    """
+    p = params
+    x5 = x[:, None] if x.ndim == 4 else x
+    b, k = x5.shape[:2]
+    n = b * k
+    xf = x5.reshape(n, *x5.shape[2:])
+    conv_names = [f"conv{i}" for i in range(1, 7)]
+    hw = (32, 32, 16, 16, 8, 8)
+
+    def forward(zs):
+        h = xf
+        inputs = []
+        for i, name in enumerate(conv_names):
+            inputs.append(h)
+            z = _conv(h, p[name]["kernel"], 1, "SAME") + p[name]["bias"] + zs[i]
+            h = jnp.tanh(z)
+            if i % 2 == 1:
+                h = models_pool2(h)
+        h = h.reshape(n, -1)
+        inputs.append(h)
+        z = h @ p["dense1"]["kernel"] + p["dense1"]["bias"] + zs[6]
+        h = jnp.tanh(z)
+        inputs.append(h)
+        z = h @ p["dense2"]["kernel"] + p["dense2"]["bias"] + zs[7]
+        losses = jnp.mean(per_example_loss(z, jnp.repeat(y, k)).reshape(b, k), axis=1)
+        return jnp.sum(losses), (losses, inputs)
+
+    zeros = [jnp.zeros((n, s, s, p[name]["kernel"].shape[-1]), xf.dtype) for name, s in
+             zip(conv_names, hw, strict=True)]  # fmt: skip
+    zeros += [jnp.zeros((n, p["dense1"]["kernel"].shape[1]), xf.dtype)]
+    zeros += [jnp.zeros((n, p["dense2"]["kernel"].shape[1]), xf.dtype)]
+    gz, (losses, inputs) = jax.grad(forward, has_aux=True)(zeros)
+
+    def sq(a):
+        return jnp.sum(a.reshape(b, -1) ** 2, axis=1)
+
+    sq_norms = jnp.zeros((b,), xf.dtype)
+    per_ex = {}
+    for i, name in enumerate(conv_names):
+        g = gz[i].reshape(b, k * hw[i] * hw[i], -1)  # (b, K*P, o)
+        patches = im2col_3x3_same(inputs[i]).reshape(b, k * hw[i] * hw[i], -1)  # (b, K*P, 9c)
+        w = jnp.einsum("bpo,bpk->bok", g, patches)  # gradient first: faster on XLA CPU
+        bias = jnp.sum(g, axis=1)
+        per_ex[name] = (w, bias)
+        sq_norms = sq_norms + sq(w) + sq(bias)
+    dense = {}
+    for name, a, g in (("dense1", inputs[6], gz[6]), ("dense2", inputs[7], gz[7])):
+        a = a.reshape(b, k, -1)
+        g = g.reshape(b, k, -1)
+        a1 = jnp.concatenate([a, jnp.ones((b, k, 1), a.dtype)], axis=-1)  # bias as input 1
+        gram_a = jnp.einsum("bki,bji->bkj", a1, a1)
+        gram_g = jnp.einsum("bko,bjo->bkj", g, g)
+        sq_norms = sq_norms + jnp.sum(gram_a * gram_g, axis=(1, 2))
+        dense[name] = (a, g)
+    c = clip_factors(sq_norms, mask, clip_norm)
+    summed = {}
+    for name in conv_names:
+        w, bias = per_ex[name]
+        kshape = p[name]["kernel"].shape
+        summed[name] = {
+            "kernel": jnp.einsum("b,bok->ko", c, w).reshape(kshape),
+            "bias": c @ bias,
+        }
+    for name, (a, g) in dense.items():
+        summed[name] = {
+            "kernel": jnp.einsum("bki,bko->io", a * c[:, None, None], g),
+            "bias": jnp.einsum("b,bko->o", c, g),
+        }
+    return summed, jnp.sum(mask * losses), jnp.sqrt(sq_norms)
+
+
+# --- augmentation multiplicity --------------------------------------------------------------------
+
+
+def augment_copies(key: jax.Array, x: jax.Array, copies: int, pad: int = 4) -> jax.Array:
+    """K randomly augmented copies of each image: (b, h, w, c) -> (b, K, h, w, c).
+
+    Each copy is a random h x w crop of the image reflect-padded by ``pad`` pixels, flipped
+    left-right with probability 1/2: the CIFAR-10 augmentations of De et al. 2022 (§3.1,
+    "augmentation multiplicity"). Offsets and flips are drawn independently per copy from ``key``;
+    they depend on nothing private, and each example's K copies still feed one clipped gradient.
+    """
+    b, h, w, c = x.shape
+    kc, kf = jax.random.split(key)
+    offsets = jax.random.randint(kc, (b, copies, 2), 0, 2 * pad + 1)
+    flips = jax.random.bernoulli(kf, 0.5, (b, copies))
+    xp = jnp.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)), mode="reflect")
+
+    def one(img, off, flip):
+        crop = jax.lax.dynamic_slice(img, (off[0], off[1], 0), (h, w, c))
+        return jnp.where(flip, crop[:, ::-1], crop)
+
+    per_image = jax.vmap(one, in_axes=(None, 0, 0))  # over copies
+    return jax.vmap(per_image)(xp, offsets, flips)  # over examples
 
 
 def add_noise(grad_sum: Params, key: jax.Array, noise_multiplier, clip_norm) -> Params:

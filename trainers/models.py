@@ -15,7 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-MODEL_NAMES = ("cnn26k", "cnn52k", "cifar_cnn")
+from trainers.spec import MODEL_NAMES  # one list of model names, JAX-free
 
 
 def max_pool_2x2_stride1(x: jax.Array) -> jax.Array:
@@ -131,6 +131,76 @@ class CifarCNN(nn.Module):
         return nn.Dense(self.num_classes, name="dense2")(x)
 
 
+class WSConv(nn.Module):
+    """Weight-standardised convolution (Qiao et al. 2019, "Micro-Batch Training with Batch-Channel
+    Normalization and Weight Standardization"), as used by De et al. 2022 ("Unlocking
+    high-accuracy differentially private image classification through scale", §3).
+
+    The raw kernel (k, k, c_in, c_out) is standardised per output channel over (k, k, c_in) to
+    mean 0 and variance 1 before the (SAME, no bias) convolution; the parameter is the raw kernel,
+    so per-example gradients flow through the standardisation.
+    """
+
+    features: int
+    kernel_size: int = 3
+    strides: int = 1
+    eps: float = 1e-5
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        k = self.kernel_size
+        kernel = self.param(
+            "kernel", nn.initializers.lecun_normal(), (k, k, x.shape[-1], self.features)
+        )
+        mean = jnp.mean(kernel, axis=(0, 1, 2), keepdims=True)
+        var = jnp.var(kernel, axis=(0, 1, 2), keepdims=True)
+        w = (kernel - mean) * jax.lax.rsqrt(var + self.eps)
+        return jax.lax.conv_general_dilated(
+            x, w, (self.strides, self.strides), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+
+
+class WideResNet(nn.Module):
+    """Wide ResNet (Zagoruyko & Komodakis 2016) for 32x32x3 images with group normalisation and
+    weight-standardised convolutions: the WRN-16-4 of De et al. 2022 (CIFAR-10, Table 2) with
+    depth 16, width 4 (2,748,890 parameters for 10 classes).
+
+    Stem conv 16; three groups of (depth - 4) / 6 pre-activation blocks with 16w, 32w, 64w channels
+    and strides 1, 2, 2 (block: GN -> act -> WSConv3x3 -> GN -> act -> WSConv3x3, plus a 1x1
+    WSConv shortcut when the shape changes); GN -> act -> global average pool -> dense. Group norm
+    (16 groups) normalises each example on its own, so per-example gradients are well defined (no
+    batch statistics). Input: float32 (b, 32, 32, 3); output: logits (b, num_classes).
+    """
+
+    depth: int = 16
+    width: int = 4
+    num_classes: int = 10
+    groups: int = 16
+    activation: str = "relu"
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        if (self.depth - 4) % 6:
+            raise ValueError(f"WideResNet depth must be 6n + 4, got {self.depth}")
+        act = {"relu": nn.relu, "elu": nn.elu, "tanh": jnp.tanh}[self.activation]
+        n = (self.depth - 4) // 6
+        x = WSConv(16, name="stem")(x)
+        for g, (feats, stride) in enumerate(((16, 1), (32, 2), (64, 2))):
+            feats *= self.width
+            for i in range(n):
+                s = stride if i == 0 else 1
+                h = act(nn.GroupNorm(self.groups, name=f"g{g}b{i}_gn1")(x))
+                shortcut = x
+                if s != 1 or x.shape[-1] != feats:
+                    shortcut = WSConv(feats, 1, s, name=f"g{g}b{i}_proj")(h)
+                h = WSConv(feats, 3, s, name=f"g{g}b{i}_conv1")(h)
+                h = act(nn.GroupNorm(self.groups, name=f"g{g}b{i}_gn2")(h))
+                x = shortcut + WSConv(feats, 3, 1, name=f"g{g}b{i}_conv2")(h)
+        x = act(nn.GroupNorm(self.groups, name="final_gn")(x))
+        x = jnp.mean(x, axis=(1, 2))
+        return nn.Dense(self.num_classes, name="head")(x)
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
     """A model and the input shape it expects, (height, width, channels)."""
@@ -141,7 +211,7 @@ class ModelSpec:
 
 
 def get_model(name: str, num_classes: int = 10) -> ModelSpec:
-    """Returns the model called ``name`` ("cnn26k", "cnn52k" or "cifar_cnn").
+    """Returns the model called ``name`` ("cnn26k", "cnn52k", "cifar_cnn" or "wrn16_4").
 
     "cnn52k" widens the 26k CNN to conv 32 / conv 48 / dense 32 (51,642 parameters): the
     ~52k-parameter comparison of the DP feature-selection paper's appendix A.1, whose exact widths
@@ -153,6 +223,8 @@ def get_model(name: str, num_classes: int = 10) -> ModelSpec:
         return ModelSpec(name, MnistCNN(32, 48, 32, num_classes), (28, 28, 1))
     if name == "cifar_cnn":
         return ModelSpec(name, CifarCNN(num_classes), (32, 32, 3))
+    if name == "wrn16_4":
+        return ModelSpec(name, WideResNet(16, 4, num_classes), (32, 32, 3))
     raise ValueError(f"unknown model {name!r}; expected one of {MODEL_NAMES}")
 
 

@@ -138,7 +138,7 @@ class DpSgdCandidate:
         cls, privacy: Any, score_noise_std: float | None = None, adjacency: str = "add_remove"
     ) -> DpSgdCandidate:
         """From anything with ``sampling_rate``, ``steps``, ``noise_multiplier``
-        (``trainers.train.dpsgd_privacy``)."""
+        (``trainers.spec.dpsgd_privacy``)."""
         return cls(
             sampling_rate=privacy.sampling_rate,
             steps=privacy.steps,

@@ -28,6 +28,9 @@ def get_config() -> config_dict.ConfigDict:
         model="cnn26k", batch_size=256, epochs=10, optimizer="momentum", momentum=0.9,
         score_noise_std=10.0,  # Gaussian noise (in counts) on the number of correct val predictions
     )  # fmt: skip
+    c.train.augmult = 0  # augmented copies per example (0: none); privacy-irrelevant
+    c.train.ema_decay = config_dict.placeholder(float)  # parameter EMA (post-processing)
+    c.train.microbatch_size = config_dict.placeholder(int)  # memory only, never the result
     c.space = dict(
         learning_rate=space.log_uniform(0.5, 4.0),
         clip_norm=space.log_uniform(0.1, 2.0),

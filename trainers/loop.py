@@ -1,0 +1,346 @@
+"""The DP-SGD training loop: one or K candidates, from their keys to their (private) results.
+
+``train_candidates`` groups structurally identical candidates and trains each group in lockstep
+through one code path for any group size K >= 1 (a group of one on CPU, where vmap was measured
+slower; K at once on accelerators). The step count and sampling rate come from
+``trainers.spec.dpsgd_privacy`` on the PUBLIC nominal size, so the accountant and the loop agree.
+Everything a ``CandidateResult`` holds is private to the curator.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from trainers import models
+from trainers.data import Dataset
+from trainers.evaluate import device_arrays, validation_score
+from trainers.sampling import PoissonSampler
+from trainers.spec import (
+    FAILURE_SCORE,
+    CandidateResult,
+    Hyperparams,
+    dpsgd_privacy,
+    steps_per_epoch,
+)
+from trainers.step import (
+    _eval_params,
+    default_grad_impl,
+    default_microbatch_size,
+    get_step_functions,
+    make_optimizer,
+)
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[dict], None]
+
+
+def _as_key(key) -> jax.Array:
+    key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return jax.random.key_data(key)
+    if key.dtype != jnp.uint32 or key.shape != (2,):
+        raise ValueError(
+            f"key must be a jax PRNG key (typed or uint32[2]); got {key.dtype}{key.shape}"
+        )
+    return key
+
+
+def _numpy_rng(key: jax.Array) -> np.random.Generator:
+    """numpy Generator for Poisson sampling, seeded by the (secret) candidate key."""
+    return np.random.Generator(np.random.PCG64(np.asarray(key).tolist()))
+
+
+def _check(hp: Hyperparams, data: Dataset) -> None:
+    spec = models.get_model(hp.model, data.num_classes)
+    if tuple(data.train_x.shape[1:]) != spec.input_shape:
+        raise ValueError(
+            f"model {hp.model!r} expects images of shape {spec.input_shape}, but dataset "
+            f"{data.name!r} has "
+            f"{tuple(data.train_x.shape[1:])}"
+        )
+    dpsgd_privacy(hp, data.public_num_train)  # raises if N < B
+    if len(data.val_x) == 0 or data.public_num_val <= 0:
+        raise ValueError(
+            "the dataset has no validation examples (validation_size=0): nothing to score"
+        )
+    if hp.score_noise_std is None and not data.validation_public:
+        raise ValueError(
+            "score_noise_std=None scores candidates exactly, but this dataset's validation split "
+            "is private (cut from the private training file): set score_noise_std > 0, or supply "
+            "a separate validation set declared public (load_dataset(validation_dir=..., "
+            "validation_public=True))"
+        )
+
+
+def train_candidate(
+    hp: Hyperparams,
+    data: Dataset,
+    key,
+    *,
+    progress: Progress | None = None,
+    progress_every: int = 0,
+    grad_impl: str | None = None,
+    on_epoch: Callable[[int, int, Any], None] | None = None,
+) -> CandidateResult:
+    """Trains one DP-SGD candidate and scores it on the validation split. Never raises once inputs
+    are valid.
+
+    Args:
+      hp: hyperparameters.
+      data: the dataset (training split private; validation split private unless
+        ``hp.score_noise_std`` is None).
+      key: the candidate's secret PRNG key (initialisation, Poisson sampling, gradient noise, score
+        noise).
+      progress: called after every epoch with {"event": "epoch", "candidate": 0, "epoch", "epochs",
+        "step", "total_steps"} and, if ``progress_every`` > 0, every ``progress_every`` steps with
+        event "step". The dicts hold no data-dependent values, so a progress bar can show them.
+      grad_impl: "bookkeeping" or "naive"; default :func:`default_grad_impl`.
+      on_epoch: called as on_epoch(candidate, epoch, params) after every epoch. The parameters are
+        private (curator-only); meant for research scripts that plot test-accuracy curves.
+
+    Raises:
+      ValueError: inconsistent inputs (model vs image shape, N < B, no validation data, bad key).
+    """
+    return train_candidates(
+        [hp], data, [key], progress=progress, progress_every=progress_every, grad_impl=grad_impl,
+        vectorize=False, on_epoch=on_epoch,
+    )[0]  # fmt: skip
+
+
+def train_candidates(
+    hps: Sequence[Hyperparams],
+    data: Dataset,
+    keys: Sequence,
+    *,
+    progress: Progress | None = None,
+    progress_every: int = 0,
+    vectorize: bool | None = None,
+    grad_impl: str | None = None,
+    on_epoch: Callable[[int, int, Any], None] | None = None,
+) -> list[CandidateResult]:
+    """Trains K candidates; results in the order of ``hps``.
+
+    ``vectorize=None`` (auto) trains structurally identical candidates (same model, optimiser, batch
+    size, epochs) together with ``vmap`` on accelerators and one after another on CPU, where vmap
+    was measured slower (``docs/performance.md``). Each candidate keeps its own key, so results do
+    not depend on the grouping (up to float rounding). Progress dicts carry the candidate's index in
+    "candidate".
+    """
+    hps = list(hps)
+    keys = [_as_key(k) for k in keys]
+    if len(hps) != len(keys):
+        raise ValueError(f"got {len(hps)} hyperparameter sets but {len(keys)} keys")
+    for hp in hps:
+        _check(hp, data)
+    if vectorize is None:
+        vectorize = jax.default_backend() != "cpu"
+    results: list[CandidateResult | None] = [None] * len(hps)
+    groups: dict[tuple, list[int]] = {}
+    for i, hp in enumerate(hps):
+        sig = (
+            hp.model, hp.optimizer, hp.batch_size, hp.epochs, hp.augmult,
+            hp.ema_decay is None, hp.microbatch_size,
+        )  # fmt: skip
+        groups.setdefault(sig if vectorize else (i,), []).append(i)
+    for members in groups.values():
+        hp_m = hps[members[0]]
+        impl = grad_impl or default_grad_impl(hp_m.model, data.train_x.shape[1:], hp_m.augmult)
+        group = _train_group(
+            [hps[i] for i in members], data, [keys[i] for i in members], members, progress,
+            progress_every, impl, on_epoch,
+        )  # fmt: skip
+        for i, r in zip(members, group, strict=True):
+            results[i] = r
+    return results  # type: ignore[return-value]
+
+
+def _train_group(
+    hps, data, keys, indices, progress, progress_every, impl, on_epoch
+) -> list[CandidateResult]:
+    try:
+        return _train_group_unsafe(
+            hps, data, keys, indices, progress, progress_every, impl, on_epoch
+        )
+    except Exception as e:  # a candidate must never abort the search (OOM, XLA errors, ...)
+        if len(hps) > 1:  # retry one by one so that one bad candidate does not fail its group
+            return [
+                _train_group([hp], data, [k], [i], progress, progress_every, impl, on_epoch)[0]
+                for hp, k, i in zip(hps, keys, indices, strict=True)
+            ]
+        log.warning("candidate %d failed with %s", indices[0], type(e).__name__)
+        return [CandidateResult(None, FAILURE_SCORE, [], True, f"{type(e).__name__}: {e}")]
+
+
+def _train_group_unsafe(hps, data, keys, indices, progress, progress_every, impl, on_epoch):
+    """Trains a group of K >= 1 structurally identical candidates in lockstep. Every per-candidate
+    array carries a leading axis of size K, whatever K is (``StepFunctions.group``)."""
+    hp0 = hps[0]
+    k = len(hps)
+    ema = hp0.ema_decay is not None
+    fns = get_step_functions(hp0.model, data.num_classes, hp0.optimizer, impl, hp0.augmult, ema)
+    accumulate_fn, step_fn = fns.group(k)
+    chunk = hp0.microbatch_size or default_microbatch_size(hp0.model, hp0.augmult)
+    data_x, data_y = device_arrays(data)
+    # Privacy parameters from the PUBLIC nominal size: q = B / N_public and the step count; the
+    # sampler then includes each of the actual records with probability q (Poisson sampling does
+    # not need the actual size to be public, the accountant's q does).
+    plan = dpsgd_privacy(hp0, data.public_num_train)
+    n_train = len(data.train_x)
+    spe = steps_per_epoch(hp0.batch_size, data.public_num_train)
+    total_steps = plan.steps
+
+    subkeys = [jax.random.split(key, 4) for key in keys]  # init, sampling, noise, score
+    samplers = [
+        PoissonSampler(
+            n_train,
+            hp0.batch_size,
+            _numpy_rng(sk[1]),
+            sampling_rate=plan.sampling_rate,
+            max_chunk=chunk,
+        )
+        for sk in subkeys
+    ]
+    params = _stack([models.init_params(fns.spec, sk[0]) for sk in subkeys])
+    opt_states = _stack([make_optimizer(hp).init(_row(params, c)) for c, hp in enumerate(hps)])
+    noise_keys = jnp.stack([sk[2] for sk in subkeys])
+    clip = jnp.asarray([hp.clip_norm for hp in hps], jnp.float32)
+    sigma = jnp.asarray([hp.noise_multiplier for hp in hps], jnp.float32)
+    expected_b = jnp.float32(hp0.batch_size)
+
+    zero_sum = jax.tree_util.tree_map(jnp.zeros_like, params)
+    zero_loss = jnp.zeros((k,), jnp.float32)
+    histories: list[list[dict]] = [[] for _ in hps]
+    failed = [False] * k
+    last_good = params
+    step = 0
+    for epoch in range(hp0.epochs):
+        t0 = time.perf_counter()
+        loss_sum = zero_loss
+        n_seen = np.zeros(k)
+        for _ in range(spe):
+            batches = [s.sample() for s in samplers]
+            chunked = [s.chunks(b) for s, b in zip(samplers, batches, strict=True)]
+            n_seen += [len(b) for b in batches]
+            n_chunks = max(len(c) for c in chunked)
+            step_arr = jnp.int32(step)
+            # Chunks after the first go through `accumulate` (further body chunks when B > 256; a
+            # tail chunk in ~half the steps, when the Poisson batch outgrows the body), then the
+            # fused step on the first chunk adds their sums, the noise and the optimiser update.
+            gsum, loss = zero_sum, zero_loss
+            for j in range(1, n_chunks):
+                idx, mask = _stack_chunk(chunked, j)
+                gsum, loss = accumulate_fn(
+                    params, gsum, loss, data_x, data_y, idx, mask, clip, noise_keys, step_arr,
+                    jnp.int32(j),
+                )  # fmt: skip
+            idx, mask = _stack_chunk(chunked, 0)
+            params, opt_states, loss = step_fn(
+                params, opt_states, gsum, loss, data_x, data_y, idx, mask, noise_keys, step_arr,
+                clip, sigma, expected_b,
+            )  # fmt: skip
+            loss_sum = loss_sum + loss
+            step += 1
+            if progress is not None and progress_every > 0 and step % progress_every == 0:
+                for i in indices:
+                    progress(_progress_dict("step", i, epoch, hp0.epochs, step, total_steps))
+        # Failure is decided from the parameters alone (post-processing of the DP output), never
+        # from the loss.
+        out = _eval_params(params, opt_states, ema)
+        finite = _finite_per_candidate((params, out), k)
+        losses = np.asarray(loss_sum, dtype=np.float64) / np.maximum(n_seen, 1)
+        seconds = time.perf_counter() - t0
+        for c in range(k):
+            if failed[c]:
+                continue
+            if not finite[c]:
+                failed[c] = True
+                continue
+            histories[c].append(
+                {
+                    "epoch": epoch + 1,
+                    "steps": step,
+                    "train_loss": float(losses[c]),
+                    "seconds": seconds,
+                }
+            )
+        if all(failed):
+            break
+        last_good = _keep_finite(last_good, out, finite)
+        if on_epoch is not None:
+            for c, i in enumerate(indices):
+                if not failed[c]:
+                    on_epoch(i, epoch + 1, _row(out, c))
+        if progress is not None:
+            for i in indices:
+                progress(_progress_dict("epoch", i, epoch, hp0.epochs, step, total_steps))
+
+    results = []
+    for c, hp in enumerate(hps):
+        p = jax.tree_util.tree_map(np.asarray, _row(last_good, c))
+        if failed[c]:
+            results.append(CandidateResult(p, FAILURE_SCORE, histories[c], True))
+        else:
+            score = validation_score(hp, p, data, subkeys[c][3])
+            results.append(CandidateResult(p, score, histories[c], False))
+    return results
+
+
+def _stack(trees):
+    """K pytrees -> one pytree with a leading candidate axis of size K."""
+    return jax.tree_util.tree_map(lambda *a: jnp.stack(a), *trees)
+
+
+def _row(tree, c: int):
+    """Candidate c's slice of a pytree with a leading candidate axis."""
+    return jax.tree_util.tree_map(lambda a: a[c], tree)
+
+
+def _progress_dict(event, candidate, epoch, epochs, step, total_steps) -> dict:
+    # Only public quantities (counts fixed by the hyperparameters): safe to show in a progress bar.
+    return {
+        "event": event,
+        "candidate": candidate,
+        "epoch": epoch + 1,
+        "epochs": epochs,
+        "step": step,
+        "total_steps": total_steps,
+    }
+
+
+def _stack_chunk(chunked, j):
+    """The j-th (idx, mask) chunk of every candidate, stacked on a leading candidate axis; an
+    all-masked chunk for candidates with fewer chunks."""
+    size = next(len(c[j][0]) for c in chunked if j < len(c))
+    parts = []
+    for chunks in chunked:
+        if j < len(chunks):
+            parts.append(chunks[j])
+        else:
+            parts.append((np.zeros(size, np.int32), np.zeros(size, np.float32)))
+    return np.stack([p[0] for p in parts]), np.stack([p[1] for p in parts])
+
+
+def _finite_per_candidate(tree, k) -> list[bool]:
+    """Whether each candidate's slice of ``tree`` (leading candidate axis) is all finite."""
+    ok = jnp.ones((k,), bool)
+    for leaf in jax.tree_util.tree_leaves(tree):
+        ok = ok & jnp.all(jnp.isfinite(leaf.reshape(k, -1)), axis=1)
+    return [bool(v) for v in np.asarray(ok)]
+
+
+def _keep_finite(last_good, params, finite):
+    """Each candidate's new parameters where finite, its last finite ones otherwise."""
+    sel = jnp.asarray(finite)
+    return jax.tree_util.tree_map(
+        lambda new, old: jnp.where(sel.reshape((-1,) + (1,) * (new.ndim - 1)), new, old),
+        params,
+        last_good,
+    )

@@ -1,0 +1,243 @@
+"""The compiled DP-SGD step: optimisers (optax, with an optional parameter average) and the jitted
+per-example-clipped, noised update for one candidate or K candidates at once.
+
+One DP-SGD step (Abadi et al. 2016, Algorithm 1, with Poisson sampling as the accountant assumes):
+  1. draw a Poisson batch (each of the N training examples independently with probability
+     q = B / N) -- done by ``trainers.sampling`` outside the step;
+  2. clip every per-example gradient to L2 norm C and sum (``trainers.dpsgd``);
+  3. add Gaussian noise N(0, (sigma C)^2 I);
+  4. divide by the *expected* batch size B (not the realised one, which would leak the batch size)
+     and hand the result to an optax optimiser.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from trainers import dpsgd, models
+from trainers.runtime import tune_malloc
+from trainers.spec import Hyperparams
+
+
+def make_optimizer(hp: Hyperparams) -> optax.GradientTransformation:
+    """optax optimiser with its numeric hyperparameters in the state (inject_hyperparams), so that
+    candidates with different learning rates / momenta share one compiled step and can be
+    vectorised. With ``hp.ema_decay`` the state also carries the parameter average
+    (:func:`with_param_ema`)."""
+    if hp.optimizer == "sgd":
+        opt = optax.inject_hyperparams(optax.sgd)(learning_rate=hp.learning_rate)
+    elif hp.optimizer == "momentum":
+        opt = optax.inject_hyperparams(optax.sgd)(
+            learning_rate=hp.learning_rate, momentum=hp.momentum
+        )
+    else:
+        opt = optax.inject_hyperparams(optax.adam)(learning_rate=hp.learning_rate)
+    if hp.ema_decay is not None:
+        opt = with_param_ema(opt, hp.ema_decay)
+    return opt
+
+
+class ParamEmaState(NamedTuple):
+    """State of :func:`with_param_ema`: the wrapped optimiser's state, the parameter average, the
+    step count and the decay (in the state, so candidates with different decays share a step)."""
+
+    inner: Any
+    ema: Any
+    count: jax.Array
+    decay: jax.Array
+
+
+def with_param_ema(inner: optax.GradientTransformation, decay: float):
+    """Wraps an optimiser so that its state tracks an exponential moving average of the parameters
+    after each update: ema_t = d_t ema_{t-1} + (1 - d_t) params_t, d_t = min(decay, (1+t)/(10+t))
+    (the warm-up of tf.train.ExponentialMovingAverage with num_updates; De et al. 2022 average the
+    parameters in the same way). optax's own ``ema`` averages updates, not parameters."""
+
+    def init(params):
+        return ParamEmaState(
+            inner.init(params),
+            jax.tree_util.tree_map(jnp.asarray, params),
+            jnp.zeros([], jnp.int32),
+            jnp.float32(decay),
+        )
+
+    def update(updates, state, params):
+        updates, inner_state = inner.update(updates, state.inner, params)
+        new_params = optax.apply_updates(params, updates)
+        t = state.count + 1
+        tf = t.astype(jnp.float32)
+        d = jnp.minimum(state.decay, (1.0 + tf) / (10.0 + tf))
+        ema = jax.tree_util.tree_map(lambda e, p: d * e + (1.0 - d) * p, state.ema, new_params)
+        return updates, ParamEmaState(inner_state, ema, t, state.decay)
+
+    return optax.GradientTransformation(init, update)
+
+
+# --- compiled steps -------------------------------------------------------------------------------
+
+
+def default_grad_impl(model: str, image_shape: tuple[int, ...], augmult: int = 0) -> str:
+    """ "bookkeeping" (the fast path) for the 28x28x1 MnistCNN family without augmentation and for
+    the CIFAR CNN (with or without augmentation multiplicity); "naive" (vmap(grad)) otherwise, e.g.
+    for WRN-16-4, whose group norm and weight standardisation have no book-keeping path here."""
+    shape = tuple(image_shape)
+    if model in ("cnn26k", "cnn52k") and shape == (28, 28, 1) and augmult == 0:
+        return "bookkeeping"
+    if model == "cifar_cnn" and shape == (32, 32, 3):
+        return "bookkeeping"
+    return "naive"
+
+
+# Images (examples x augmented copies) per compiled chunk, by model. cnn26k: 256 was the fastest
+# chunk on XLA CPU (docs/performance.md). CIFAR models: bounded so that one chunk of the step fits
+# in well under 16 GB (peak memory measured by scripts/memory_dpsgd.py, docs/performance.md).
+_CHUNK_IMAGES = {"cnn26k": 256, "cnn52k": 256, "cifar_cnn": 256, "wrn16_4": 256}
+
+
+def default_microbatch_size(model: str, augmult: int = 0) -> int:
+    """Examples per compiled chunk when ``Hyperparams.microbatch_size`` is None: the model's image
+    budget divided by the augmentation multiplicity, rounded down to a multiple of 8, at least 8."""
+    per_chunk = _CHUNK_IMAGES.get(model, 256) // max(1, augmult)
+    return max(8, per_chunk // 8 * 8)
+
+
+# Which arguments of ``_accumulate`` / ``_step`` are per candidate (0: a leading candidate axis) and
+# which are shared by the group (None: the training arrays, the step and chunk counters, B).
+_ACCUMULATE_AXES = (0, 0, 0, None, None, 0, 0, 0, 0, None, None)
+_STEP_AXES = (0, 0, 0, 0, None, None, 0, 0, 0, None, 0, 0, None)
+
+
+def _as_group_of_one(fn, in_axes):
+    """``fn`` on arguments with a leading candidate axis of size 1 (where ``in_axes`` says 0):
+    drops that axis, calls ``fn`` and puts the axis back on every output."""
+
+    def one(*args):
+        args = [
+            jax.tree_util.tree_map(lambda a: a[0], x) if axis == 0 else x
+            for x, axis in zip(args, in_axes, strict=True)
+        ]
+        return jax.tree_util.tree_map(lambda a: a[None], fn(*args))
+
+    return one
+
+
+class StepFunctions:
+    """Jitted DP-SGD functions for one (model, optimiser kind, gradient implementation).
+
+    A step compiles once per chunk shape: ``accumulate`` for the tail chunks (if any) and the fused
+    ``step`` for the main chunk, which adds the running sums, the noise and the optimiser update.
+    The ``v*`` variants are the same functions vmapped over K candidates; :meth:`group` gives the
+    pair the training loop uses for a group of any size. ``trace_count`` counts Python traces (a
+    test checks that training does not retrace).
+    """
+
+    def __init__(
+        self, model: str, num_classes: int, optimizer: str, grad_impl: str, augmult: int = 0,
+        ema: bool = False,
+    ):  # fmt: skip
+        tune_malloc()  # keeps the step's large temporaries mapped between steps (see runtime.py)
+        self.spec = models.get_model(model, num_classes)
+        self.grad_impl = grad_impl
+        self.augmult = int(augmult)
+        # Only the update rule matters here; numeric hyperparameters live in the optimiser state.
+        self.optimizer = make_optimizer(
+            Hyperparams(optimizer=optimizer, model=model, ema_decay=0.5 if ema else None)
+        )
+        self.trace_count = 0
+        apply_fn = self.spec.module.apply
+        if grad_impl == "bookkeeping":
+            if model in ("cnn26k", "cnn52k") and self.augmult == 0:
+                self._clipped_sum = dpsgd.clipped_sum_bookkeeping
+            elif model == "cifar_cnn":
+                self._clipped_sum = dpsgd.clipped_sum_bookkeeping_cifar
+            else:
+                raise ValueError(
+                    f"grad_impl='bookkeeping' is not implemented for model={model!r} with "
+                    f"augmult={augmult}; use 'naive'"
+                )
+        elif grad_impl == "naive":
+            self._clipped_sum = functools.partial(dpsgd.clipped_sum_naive, apply_fn)
+        else:
+            raise ValueError(f"grad_impl={grad_impl!r}: expected 'bookkeeping' or 'naive'")
+
+        self.chunk_sum = jax.jit(self._chunk_sum)
+        self.accumulate = jax.jit(self._accumulate)
+        self.step = jax.jit(self._step)
+        self.vaccumulate = jax.jit(jax.vmap(self._accumulate, in_axes=_ACCUMULATE_AXES))
+        self.vstep = jax.jit(jax.vmap(self._step, in_axes=_STEP_AXES))
+        # A group of one: the same leading candidate axis as the v* functions, but the unbatched
+        # step inside the jit (XLA slices and reshapes that axis for free), so the loop has one
+        # path for K >= 1 without putting vmap on the single-candidate CPU path.
+        self._accumulate_one = jax.jit(_as_group_of_one(self._accumulate, _ACCUMULATE_AXES))
+        self._step_one = jax.jit(_as_group_of_one(self._step, _STEP_AXES))
+
+    def group(self, k: int):
+        """(accumulate, step) for a group of ``k`` >= 1 candidates whose per-candidate arguments
+        (parameters, optimiser states, sums, losses, chunks, keys, clip norms, noise multipliers)
+        carry a leading axis of size k."""
+        if k < 1:
+            raise ValueError(f"a group has at least one candidate, got k={k}")
+        return (self.vaccumulate, self.vstep) if k > 1 else (self._accumulate_one, self._step_one)
+
+    def _chunk_sum(self, params, data_x, data_y, idx, mask, clip_norm, key=None, step=0, chunk=0):
+        """Clipped gradient sum and loss sum over one chunk (idx, mask) of a batch. With
+        augmentation multiplicity K, the chunk's images are replaced by K augmented copies each,
+        drawn from (key, step, chunk) on a stream separate from the noise's."""
+        self.trace_count += 1
+        x = data_x[idx]
+        if self.augmult > 0:
+            # fold_in(key, step) keys the noise; a distinct constant first keeps the augmentation
+            # stream apart from it (the two could only meet at step 0x41554755, ~1.1e9 steps).
+            aug = jax.random.fold_in(jax.random.fold_in(key, 0x41554755), step)
+            x = dpsgd.augment_copies(jax.random.fold_in(aug, chunk), x, self.augmult)
+        gsum, loss, _ = self._clipped_sum(params, x, data_y[idx], mask, clip_norm)
+        return gsum, loss
+
+    def _accumulate(
+        self, params, gsum, loss, data_x, data_y, idx, mask, clip_norm, key=None, step=0, chunk=0
+    ):
+        """Running totals plus one more chunk's clipped gradient sum and loss sum. ``key``, ``step``
+        and ``chunk`` (the candidate key, step and chunk index) only seed the augmentation."""
+        g, lo = self._chunk_sum(params, data_x, data_y, idx, mask, clip_norm, key, step, chunk)
+        return jax.tree_util.tree_map(jnp.add, gsum, g), loss + lo
+
+    def _step(
+        self, params, opt_state, gsum, loss, data_x, data_y, idx, mask, key, step, clip_norm,
+        sigma, expected_batch,
+    ):  # fmt: skip
+        """One DP-SGD step: clipped sum of the main chunk plus the running totals of the tail chunks
+        (zeros if none), Gaussian noise keyed by (candidate key, step), division by the expected
+        batch size, optimiser update. Returns (params, opt_state, loss sum of the batch)."""
+        gsum, loss = self._accumulate(
+            params, gsum, loss, data_x, data_y, idx, mask, clip_norm, key, step, 0
+        )
+        noisy = dpsgd.add_noise(gsum, jax.random.fold_in(key, step), sigma, clip_norm)
+        grads = jax.tree_util.tree_map(lambda g: g / expected_batch, noisy)
+        updates, opt_state = self.optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+
+def get_step_functions(
+    model: str, num_classes: int, optimizer: str, grad_impl: str, augmult: int = 0,
+    ema: bool = False,
+) -> StepFunctions:  # fmt: skip
+    """Cached :class:`StepFunctions`, so that every candidate with the same structure reuses the
+    compiled step (the cache key is the full argument tuple, however the call spells it)."""
+    return _cached_step_functions(
+        model, int(num_classes), optimizer, grad_impl, int(augmult), bool(ema)
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_step_functions(model, num_classes, optimizer, grad_impl, augmult, ema) -> StepFunctions:
+    return StepFunctions(model, num_classes, optimizer, grad_impl, augmult, ema)
+
+
+def _eval_params(params, opt_state, ema: bool):
+    """What a candidate outputs: the parameter average with EMA, else the last iterate."""
+    return opt_state.ema if ema else params
