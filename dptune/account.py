@@ -18,7 +18,10 @@ Examples:
 (Papernot & Steinke 2022, Thm 2 and 6; geometric = Liu & Talwar 2019, Thm 3.2, with --max_trials
 Thm 3.4), thresholding (Liu & Talwar Alg. 1, Thm 3.1; --stop_probability), accuracy_first
 (--iat_epsilon, --max_trials: Ligett et al. 2017, Lemma 2.8; the total is the WORST CASE over the
-stopping level, eps_A + T eps, which is what a ledger is charged), best_of_k (--k, priced
+stopping level, eps_A + T eps, which is what a ledger is charged), sparse_vector (--noise_scale,
+--max_trials: Liu & Talwar 2019 §4.1; pure-DP candidates), stability_validation (--k,
+--validation_epsilon, --stability_delta: Chaudhuri & Vinterbo 2013, Thm 2; pure-DP candidates, e.g.
+--laplace_epsilon), best_of_k (--k, priced
 by composition). --accountant=rdp reproduces dp_accounting's RDP route exactly; the default 'auto'
 takes the tightest valid route.
 """
@@ -52,7 +55,8 @@ _OPTION_FLAGS = {
     for name, (kind, help_) in registry.OPTIONS.items()
     # the threshold's, the target percentile's and the score sensitivity's values do not change
     # the privacy (the test's noise scales with the sensitivity)
-    if name not in ("threshold", "target_percentile", "score_sensitivity")
+    # (and stability validation's beta: its exponential noise scales with it)
+    if name not in ("threshold", "target_percentile", "score_sensitivity", "stability_beta")
 }
 _SCORE = flags.DEFINE_float(
     "score_noise_std",

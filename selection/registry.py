@@ -21,6 +21,7 @@ from selection.baselines import BestOfK, NonPrivateBest
 from selection.method import SelectionMethod
 from selection.random_stopping import RandomStopping
 from selection.sparse_vector import PercentileSparseVector
+from selection.stability_validation import StabilityValidation
 from selection.thresholding import Thresholding
 
 #: Every option a method may take, its type and what it means (one line each): the config's
@@ -48,6 +49,20 @@ OPTIONS: dict[str, tuple[type, str]] = {
     "iat_epsilon": (
         float,
         "accuracy_first: epsilon eps_A > 0 of the InteractiveAboveThreshold test",
+    ),
+    "validation_epsilon": (
+        float,
+        "stability_validation: alpha2 > 0 of the noisy argmax over the k exact scores",
+    ),
+    "stability_beta": (
+        float,
+        "stability_validation: beta > 0, the most one training or validation record moves a "
+        "candidate's exact score: max(beta1/n, beta2/m) (Chaudhuri & Vinterbo 2013, Thm 4/6)",
+    ),
+    "stability_delta": (
+        float,
+        "stability_validation: per-candidate probability in [0, 1) that the stability bound "
+        "fails (default 0); the total delta is k times it",
     ),
 }
 
@@ -190,6 +205,19 @@ register(
             threshold, score_sensitivity, iat_epsilon, max_trials
         ),
         privacy_only={"threshold": 0.0, "score_sensitivity": 1.0},
+    )
+)
+register(
+    MethodInfo(
+        "stability_validation",
+        "all k candidates, noisy argmax of exact stable scores; alpha1 + alpha2 whatever k "
+        "(Chaudhuri & Vinterbo 2013, Thm 1-2; pure-DP candidates only)",
+        ("k", "validation_epsilon", "stability_beta"),
+        ("stability_delta",),
+        lambda k, validation_epsilon, stability_beta, stability_delta=0.0: (
+            StabilityValidation.from_beta(k, validation_epsilon, stability_beta, stability_delta)
+        ),
+        privacy_only={"stability_beta": 1.0},
     )
 )
 register(

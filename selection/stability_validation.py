@@ -116,6 +116,18 @@ class StabilityValidation(SelectionMethod):
         #: Scale 2 beta / alpha2 of the exponential noise (Thm 1; see the privacy class).
         self.noise_scale = 2.0 * self.beta / self.validation_epsilon
 
+    @classmethod
+    def from_beta(
+        cls, k: int, validation_epsilon: float, beta: float, stability_delta: float = 0.0
+    ) -> StabilityValidation:
+        """The method from beta = max(beta1/n, beta2/m) directly (the config's
+        ``stability_beta``): the most one training or one validation record moves a candidate's
+        score, in score units. Equivalent to ``cls(k, alpha2, beta, beta, 1, 1, delta)``."""
+        beta = float(beta)
+        if not (math.isfinite(beta) and beta > 0):
+            raise ValueError(f"stability_beta must be a finite number > 0, got {beta}")
+        return cls(k, validation_epsilon, beta, beta, 1, 1, stability_delta)
+
     def __repr__(self) -> str:
         return (
             f"StabilityValidation(k={self.k}, validation_epsilon={self.validation_epsilon!r}, "
