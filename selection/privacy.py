@@ -603,8 +603,10 @@ class AccuracyFirstPrivacy(PrivacyTransform):
     hypotheses together. Ex-post privacy is NOT differential privacy at the realised level (their
     remark after Def. 2.3); the only eps-DP statement of the procedure is the maximum over all
     outcomes, ``eps_A + eps(prefix 1..T)``, and that worst case is what ``pure_dp`` / ``rdp``
-    return and what dptune charges to a ledger (a ledger composes DP guarantees, Dwork & Roth 2014,
-    Thm 3.16; summing realised ex-post losses is not covered by any composition theorem we know).
+    return and what dptune charges to a ledger: the ledger reserves a run's charge before any
+    private computation, and it composes (eps, delta) guarantees of any runs (Dwork & Roth 2014,
+    Thm 3.16), for which the paper gives no ex-post analogue (their Remark 2.9); a refund to the
+    realised loss would need a privacy-filter argument that only a pure-DP-only ledger has.
 
     The prefix guarantee depends on how the hypotheses were made (``sequence``):
 
