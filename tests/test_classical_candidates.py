@@ -17,6 +17,7 @@ computation, and each trainer through `dptune.tune`.
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -145,3 +146,13 @@ def test_trainers_tune_end_to_end(kind):
     assert math.isfinite(rel.validation_score) and rel.hparams["noise_multiplier"] > 0
     with pytest.raises(dptune.TuningConfigError, match="add/remove"):
         tr.check_adjacency("replace_one")
+
+
+def test_command_line_tunes_on_shipped_mnist(capsys):
+    """``python -m dptune.classical`` (called in-process): one private tuning run on MNIST-10k
+    whose statement meets the budget, printing only the release and its statement."""
+    out = classical.main(["--learner=logistic", "--epsilon=2", "--seed=0"])
+    assert out["released"] and 0.0 <= out["validation_score"] <= 1.05
+    assert out["total_epsilon"] <= 2.0 * (1 + 1e-6) and "Papernot & Steinke" in out["theorem"]
+    printed = capsys.readouterr().out
+    assert set(json.loads(printed)) == set(out)
