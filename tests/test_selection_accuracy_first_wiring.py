@@ -22,6 +22,7 @@ from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import stats
 
+import dptune
 from dptune import accounting
 from selection import registry
 from selection.accuracy_first import AccuracyFirst, AccuracyFirstPlan, accuracy_first
@@ -170,3 +171,39 @@ def test_dptune_dry_run_calibrates_to_the_worst_case(tmp_path, monkeypatch):
     assert again.total_epsilon == pytest.approx(st.total_epsilon, rel=1e-6)
     # 4 runs by composition + 0.5 can only be looser than the RDP route used
     assert st.total_epsilon <= 4 * st.single_run_epsilon + 0.5
+
+
+def test_tune_with_pure_candidates_states_ex_post_next_to_worst_case():
+    """``dptune.tune`` with pure-DP classical candidates: the release states the realised ex-post
+    loss eps_A + (t + 1) eps (Lemma 2.8) next to the worst case eps_A + T eps that meets the
+    budget (and is what a ledger is charged); the ex-post value is one of the T possible ones."""
+    from dptune import classical, space
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(600, 5))
+    y = np.where(x[:, 0] > 0, 1.0, -1.0)
+    trainer = classical.logistic_trainer(
+        (x[:400], y[:400]), (x[400:], y[400:]), 400, 200, score_noise_multiplier=2.0
+    )
+    seen = set()
+    for seed in range(4):
+        method = AccuracyFirst(threshold=0.8, score_sensitivity=1 / 200, iat_epsilon=0.5,
+                               max_trials=4)  # fmt: skip
+        release = dptune.tune(
+            trainer,
+            {"regularization": space.log_uniform(1e-2, 1.0), "noise_multiplier": "auto"},
+            method,
+            (2.5, 1e-5),
+            seed=seed,
+            progress=False,
+        )
+        p = release.privacy
+        eps = p["single_run_epsilon"]
+        assert p["total_epsilon"] == pytest.approx(0.5 + 4 * eps, rel=1e-9)
+        assert p["total_epsilon"] <= 2.5 * (1 + 1e-6)
+        possible = [0.5 + k * eps for k in range(1, 5)]
+        k = int(np.argmin([abs(p["ex_post_epsilon"] - v) for v in possible]))
+        assert p["ex_post_epsilon"] == pytest.approx(possible[k], rel=1e-12)
+        assert "Realised ex-post privacy loss" in release.privacy_text
+        seen.add(k if release.released else -1)
+    assert len(seen) >= 2  # the realised loss does vary with where the search stopped
