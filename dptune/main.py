@@ -208,6 +208,13 @@ def run_config(
         budget = Budget(_number(cfg, "privacy.epsilon"), _number(cfg, "privacy.delta"))
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if not dry_run:
+        # A workdir in use is refused before the (slow) data loading, not a minute later;
+        # tune() then holds the lock for the whole run (dptune/workdir_lock.py).
+        from dptune.workdir_lock import workdir_lock
+
+        with workdir_lock(workdir):
+            pass
     data = load_data(cfg)
     trainer = DpSgdTrainer(data, cfg.get("train", {}), epoch_progress=progress)
     if dry_run:
@@ -306,6 +313,7 @@ def main(argv: list[str]) -> int:
     from dptune.ledger import BudgetExceededError, LedgerBudgetMismatchError
     from dptune.space import SpaceError
     from dptune.tuner import TuningConfigError
+    from dptune.workdir_lock import WorkdirLockedError
 
     _setup_logging()
     try:
@@ -324,6 +332,7 @@ def main(argv: list[str]) -> int:
         BudgetExceededError,
         LedgerBudgetMismatchError,
         ConfigChangedError,
+        WorkdirLockedError,
     ) as e:
         print(f"dptune: refused: {e}", file=sys.stderr)
         return 2

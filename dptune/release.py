@@ -16,7 +16,9 @@ Files (``DIR/release/``):
   quantities: its test accuracy on the public test split, its epsilon so
   far, metrics on public or privatised data; never the exact training loss), ``epsilon.png``.
 
-The folder is written to ``release.tmp/`` and renamed into place: it is complete or absent.
+The folder is written to ``release.tmp/`` (fsynced) and renamed into place: it is complete or
+absent, whatever moment the process is killed at, and a rerun of a killed run writes it again
+(``tests/test_reliability_release.py``, ``scripts/soak.py``).
 """
 
 from __future__ import annotations
@@ -101,9 +103,13 @@ def write_release(release: Release, folder: str | os.PathLike) -> Path:
     from dptune import plots
 
     folder = Path(folder).absolute()
+    # Both helpers live in the release's own parent, so the renames below stay on one file system
+    # (rename is atomic there). A leftover of a killed write is removed, never trusted.
     tmp = folder.with_name(folder.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    old = folder.with_name(folder.name + ".old")
+    for leftover in (tmp, old):
+        if leftover.exists():
+            shutil.rmtree(leftover)
     tmp.mkdir(parents=True)
     _write_json(tmp / RESULT_FILE, release.result_json())
     _write_json(tmp / PRIVACY_JSON, release.privacy)
@@ -120,11 +126,43 @@ def write_release(release: Release, folder: str | os.PathLike) -> Path:
         if release.curve:
             _write_json(tmp / "training_curve.json", release.curve)
             plots.training_curve(release.curve, tmp / "training_curve.png")
+    _fsync_tree(tmp)  # the files are on disk before the rename makes them the release
     if folder.exists():
-        shutil.rmtree(folder)
+        # Renamed away, not deleted in place: a kill during a deletion would leave half a release.
+        # Between the two renames there is no release at all (complete or absent, never partial);
+        # the journal has no ``released_at`` yet, so a rerun writes it again.
+        os.replace(folder, old)
     os.replace(tmp, folder)
+    _fsync_dir(folder.parent)
+    if old.exists():
+        shutil.rmtree(old)
     release.path = folder
     return folder
+
+
+def _fsync_tree(root: Path) -> None:
+    """fsync every file and folder under ``root`` (durability of the release across a power cut)."""
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(dirpath))
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms that cannot open a folder
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover - some file systems refuse fsync on a folder
+        pass
+    finally:
+        os.close(fd)
 
 
 def read_release(folder: str | os.PathLike) -> Release:

@@ -55,6 +55,7 @@ from dptune.progress import tuning_bar
 from dptune.release import Release, read_release, write_release
 from dptune.space import Space
 from dptune.trainer_protocol import FunctionTrainer, Trainer, release_view, trainer
+from dptune.workdir_lock import holds_workdir_lock
 
 __all__ = [
     "AUTO",
@@ -88,6 +89,7 @@ class _Private:
         return "<private: see DIR/private/>"
 
 
+@holds_workdir_lock  # one run per workdir, for the whole run (dptune/workdir_lock.py)
 def tune(
     trainer: Any,
     space: Space | Mapping[str, Any],

@@ -46,6 +46,7 @@ __all__ = [
     "composed_pld_epsilon",
     "pld_delta",
     "pld_epsilon",
+    "pld_profile",
     "rdp_curve",
     "rdp_delta",
     "rdp_epsilon",
@@ -281,6 +282,41 @@ def pld_delta(
     return float(out[0]) if np.ndim(epsilon) == 0 else out
 
 
+def _pld_of(obj) -> privacy_loss_distribution.PrivacyLossDistribution:
+    """The ``PrivacyLossDistribution`` inside `_event_pld`'s result (a `_Pld` or an accountant)."""
+    return obj.pld if isinstance(obj, _Pld) else obj._pld  # PLDAccountant keeps it in _pld
+
+
+@functools.lru_cache(maxsize=256)
+def _event_pld_profile(
+    event: dp_event.DpEvent, discretization: float, epsilons: tuple[float, ...]
+) -> np.ndarray:
+    out = np.asarray(
+        _pld_of(_event_pld(event, discretization)).get_delta_for_epsilon(np.asarray(epsilons)),
+        dtype=np.float64,
+    )
+    out.setflags(write=False)  # cached
+    return out
+
+
+def pld_profile(
+    candidates, epsilons: Sequence[float], *, discretization: float = PLD_DISCRETIZATION
+) -> np.ndarray:
+    """The privacy profile delta(eps) of one run at each of ``epsilons`` (sorted ascending), by
+    PLD: the max over candidates, branches and the add/remove directions, capped at 1.
+
+    One vectorised ``get_delta_for_epsilon`` call per branch (a pass over the PLD's PMF, ~1 s at
+    7000 DP-SGD steps and discretisation 1e-4) instead of one scalar call per epsilon.
+    """
+    key = tuple(float(e) for e in epsilons)
+    if np.any(np.diff(np.asarray(key)) < 0):
+        raise ValueError("epsilons must be sorted in ascending order")
+    out = np.zeros(len(key))
+    for b in _branches(candidates):
+        out = np.maximum(out, _event_pld_profile(b, discretization, key))
+    return np.minimum(out, 1.0)
+
+
 def composed_pld_epsilon(
     candidates, count: int, delta: float, *, discretization: float = PLD_DISCRETIZATION
 ) -> float:
@@ -312,3 +348,4 @@ def clear_caches() -> None:
     _event_rdp.cache_clear()
     _event_pld.cache_clear()
     _event_pld_delta.cache_clear()
+    _event_pld_profile.cache_clear()

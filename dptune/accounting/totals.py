@@ -36,7 +36,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from dptune.accounting import epsilon as single
 from dptune.accounting.events import Candidate, adjacency_of, as_candidates, pure_epsilon
 from dptune.accounting.statement import PrivacyStatement
-from selection.privacy import BestOfKPrivacy, SingleRunPrivacy
+from selection.privacy import BestOfKPrivacy, CandidateProfile, SingleRunPrivacy
 
 __all__ = [
     "ACCOUNTANTS",
@@ -81,6 +81,7 @@ class Route:
     delta: float
     description: str
     rdp_order: float | None = None
+    theorem: str | None = None  # set when the route uses another theorem than the transform's
 
 
 # ----------------------------------------------------------------------------- transform queries
@@ -237,6 +238,42 @@ def _pld_composition_route(cands, transform, delta: float, disc: float) -> Route
     return Route("pld", float(eps), delta, f"PLD of {what}")
 
 
+#: Number of epsilons at which a candidate's privacy profile is evaluated for the profile route.
+_PROFILE_POINTS = 600
+
+
+def _profile_route(cands, transform, delta: float, disc: float) -> Route:
+    """The selection's privacy-profile bound (``transform.profile_bound()``) fed with the
+    candidates' PLD profile delta(eps) on a grid of ``_PROFILE_POINTS`` epsilons.
+
+    The grid runs from 0 to 1.5 x the one-run epsilon at delta * 1e-3 / E[K] (beyond it the last
+    delta, already negligible, is used: an upper bound), so its step is about 1/300 of the one-run
+    epsilon; the bound reads the profile at the grid point below, which costs at most one step
+    (~0.3%) of epsilon.
+    """
+    try:
+        bound = transform.profile_bound()
+    except (NotImplementedError, AttributeError) as e:
+        raise _NoRoute(str(e)) from e
+    try:
+        e_hi = single.pld_epsilon(cands, delta * 1e-3 / max(1.0, bound.mean), discretization=disc)
+    except (ValueError, privacy_accountant.UnsupportedEventError) as e:
+        raise _NoRoute(str(e)) from e
+    if not math.isfinite(e_hi):
+        raise _NoRoute("the candidates' PLD has no finite epsilon at the profile grid's end")
+    grid = np.linspace(0.0, 1.5 * max(e_hi, 1e-3), _PROFILE_POINTS)
+    deltas = single.pld_profile(cands, grid, discretization=disc)
+    eps = bound.epsilon(delta, CandidateProfile(grid, deltas))
+    return Route(
+        "pld",
+        float(eps),
+        delta,
+        f"privacy profile delta(eps) of one run from its PLD ({_PROFILE_POINTS} epsilons in "
+        f"[0, {grid[-1]:.3g}]) through the selection's profile bound",
+        theorem=bound.theorem,
+    )
+
+
 def _approx_route(
     cands, transform, delta: float, source: str, orders: np.ndarray, disc: float
 ) -> Route:
@@ -318,6 +355,7 @@ def _routes_and_reasons(
         if not is_composition:
             attempts.append(lambda: _rdp_route(cands, transform, delta, orders, "pld", disc))
             attempts.append(lambda: _approx_route(cands, transform, delta, "pld", orders, disc))
+            attempts.append(lambda: _profile_route(cands, transform, delta, disc))
     found: list[Route] = []
     reasons: list[str] = []
     for attempt in attempts:
@@ -464,7 +502,7 @@ def total_privacy(
         single_run_epsilon=single_eps,
         single_run_delta=single_delta,
         method=method,
-        theorem=theorem,
+        theorem=best.theorem or theorem,
         accountant=best.accountant,
         route=best.description,
         candidates=cand_params,

@@ -1,0 +1,114 @@
+"""One tuning run per workdir: an exclusive kernel file lock held for the whole run.
+
+Two processes on one ``--workdir`` would share one journal: both would train the same candidates
+(doubling the private computation the journal records once) and race to write one release. So
+:func:`dptune.tune` holds ``DIR/.dptune.lock`` for its whole duration and a second process on the
+same workdir is refused at once with :class:`WorkdirLockedError` (the CLI prints
+``dptune: refused: ...`` and exits with code 2).
+
+The lock is ``flock(LOCK_EX | LOCK_NB)`` on the lock file (POSIX). The kernel drops it when the
+holder's file descriptor is closed, which includes every way a process can die (``kill -9``, OOM
+killer, power loss of the process): a stale lock is therefore impossible, and resuming after a
+crash needs no cleanup. The file itself is never deleted (deleting a flock file while another
+process has it open would let two processes each hold a lock on a different inode); it only holds
+the holder's pid and start time, for the refusal message.
+
+Limits: on network file systems flock is as good as the server's lock support (Linux NFSv4 maps it
+to byte-range locks); a child process *forked* (not exec'd) by the run inherits the descriptor and
+keeps the lock until it exits too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no flock
+    fcntl = None  # type: ignore[assignment]
+
+log = logging.getLogger("dptune")
+
+#: The lock file, inside the workdir (next to ``private/`` and ``release/``).
+LOCK_FILE = ".dptune.lock"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class WorkdirLockedError(RuntimeError):
+    """Another live process holds the workdir's lock; nothing was read, trained or written."""
+
+
+@contextlib.contextmanager
+def workdir_lock(workdir: str | os.PathLike | None) -> Iterator[Path | None]:
+    """Holds the exclusive lock of ``workdir`` (created if missing) for the ``with`` block.
+
+    Args:
+      workdir: the run's folder; None (an in-memory run) locks nothing.
+    Yields:
+      The lock file's path (None for ``workdir=None``).
+    Raises:
+      WorkdirLockedError: another process holds the lock (it is alive: the kernel releases the lock
+        of a dead process).
+    """
+    if workdir is None:
+        yield None
+        return
+    path = Path(workdir) / LOCK_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if fcntl is None:  # pragma: no cover - Windows
+        log.warning("no flock on this platform: %s is not protected against a second run", path)
+        yield path
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            raise WorkdirLockedError(
+                f"workdir {Path(workdir)} is in use by another dptune run{holder}; two runs on "
+                "one workdir would share its journal. Wait for it to finish (or stop it; a "
+                "killed run's lock is released by the OS), or use another --workdir"
+            ) from None
+        # Who holds it, for the message a second process prints (informational only).
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid={os.getpid()} host={socket.gethostname()} since={time.time():.0f}\n"
+                  .encode(), 0)  # fmt: skip
+        yield path
+    finally:
+        os.close(fd)  # closing the descriptor releases the flock
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        text = os.pread(fd, 200, 0).decode(errors="replace").strip()
+    except OSError:
+        return ""
+    fields = dict(p.split("=", 1) for p in text.split() if "=" in p)
+    if "pid" not in fields:
+        return ""
+    since = fields.get("since", "")
+    when = ""
+    if since.isdigit():
+        when = ", started " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(int(since)))
+    return f" (pid {fields['pid']} on {fields.get('host', '?')}{when})"
+
+
+def holds_workdir_lock(fn: F) -> F:
+    """Decorator: runs ``fn`` holding the lock of its ``workdir=`` keyword argument."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with workdir_lock(kwargs.get("workdir")):
+            return fn(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
