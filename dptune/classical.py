@@ -305,9 +305,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     Tunes the learner's regularisation (log-uniform on [1e-3, 1]) with random stopping
     (logarithmic count, mean 4; Papernot & Steinke 2022) on the shipped MNIST-10k, binary task
     digits 0-4 (+1) vs 5-9 (-1), 49 features (4x4 average-pooled pixels), for a total budget
-    (epsilon, 1e-5); ``noise_multiplier`` is calibrated to it. Prints the released
-    hyperparameters, the released (noisy) validation score and the privacy statement, nothing
-    else. Randomness from OS entropy unless ``--seed`` is given. Returns the printed dict.
+    (epsilon, 1e-5); ``noise_multiplier`` is calibrated to it (tightest valid route). Prints
+    the released hyperparameters, the released (noisy) validation score and the privacy
+    statement, nothing else. Randomness from OS entropy unless ``--seed`` is given. Returns the
+    printed dict.
     """
     import argparse
     import json
