@@ -15,6 +15,7 @@ Files (``DIR/release/``):
 * ``training_curve.json`` / ``training_curve.png`` (the selected candidate's public per-epoch
   quantities: its test accuracy on the public test split, its epsilon so
   far, metrics on public or privatised data; never the exact training loss), ``epsilon.png``.
+* ``report.md``: a one-page summary for a newcomer, linking the plots (``dptune.report``).
 
 The folder is written to ``release.tmp/`` (fsynced) and renamed into place: it is complete or
 absent, whatever moment the process is killed at, and a rerun of a killed run writes it again
@@ -126,6 +127,9 @@ def write_release(release: Release, folder: str | os.PathLike) -> Path:
         if release.curve:
             _write_json(tmp / "training_curve.json", release.curve)
             plots.training_curve(release.curve, tmp / "training_curve.png")
+    from dptune.report import write_report
+
+    write_report(release, tmp)  # report.md: a one-page summary linking the plots above
     _fsync_tree(tmp)  # the files are on disk before the rename makes them the release
     if folder.exists():
         # Renamed away, not deleted in place: a kill during a deletion would leave half a release.

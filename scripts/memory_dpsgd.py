@@ -120,7 +120,15 @@ def main():
                     continue  # augmentation is for the CIFAR models
                 chunks = [args.microbatch] + ([0] if args.whole else [])
                 for chunk in chunks:
-                    r = measure(model, batch, k, chunk, n_train)
+                    try:
+                        r = measure(model, batch, k, chunk, n_train)
+                    except Exception as e:  # noqa: BLE001 -- e.g. XLA:GPU cannot even compile it
+                        # (its autotuner allocates buffers of the step's size): record and go on.
+                        tag = "whole batch" if chunk == 0 else f"default ({chunk or 'auto'})"
+                        why = str(e).splitlines()[0][:90]
+                        print(f"| {model} | | {batch} | {k} | | {tag} | does not compile: {why} "
+                              "| | |", flush=True)  # fmt: skip
+                        continue
                     data[model] = r["data"]
                     tag = "whole batch" if chunk == 0 else f"{r['chunk']} x {r['chunks']}"
                     print(f"| {model} | {r['params']:,} | {batch} | {k} | {r['impl']} | {tag} | "

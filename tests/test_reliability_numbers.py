@@ -47,5 +47,5 @@ def test_tuning_cost_table_matches_the_accountant(doc, computed):
         assert trainings == row["trainings"], label
         # as the script prints them: 3 decimals, 4 significant digits from 10 on
         assert auto == fmt(row["auto"]) and rdp == fmt(row["rdp"]), label
-        assert route.split()[0] == row["route"].upper(), label
+        assert route.split()[0].upper() == row["route"].upper(), label
         assert times == f"×{row['times']:.2f}", label

@@ -138,8 +138,8 @@ def test_dpsgd_noise_keys_are_64_bit_functions_of_the_whole_seed(monkeypatch):
     """DpSgdTrainer turns the candidate's 128-bit seed into a 64-bit threefry key (both words
     random) for trainers.loop; seeds differing only in their top bits give different keys."""
     import trainers.loop
-    from trainers.spec import CandidateResult
     from trainers.data import make_synthetic
+    from trainers.spec import CandidateResult
 
     keys = []
 

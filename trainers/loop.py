@@ -20,7 +20,7 @@ import numpy as np
 
 from trainers import models
 from trainers.data import Dataset
-from trainers.evaluate import device_arrays, validation_score
+from trainers.evaluate import device_arrays, model_data, validation_score
 from trainers.sampling import PoissonSampler
 from trainers.spec import (
     FAILURE_SCORE,
@@ -60,7 +60,16 @@ def _numpy_rng(key: jax.Array) -> np.random.Generator:
 
 def _check(hp: Hyperparams, data: Dataset) -> None:
     spec = models.get_model(hp.model, data.num_classes)
-    if tuple(data.train_x.shape[1:]) != spec.input_shape:
+    if spec.features == "scatter":
+        from trainers import scatter
+
+        scatter.kymatio_version()  # raises KymatioMissingError with how to install it
+        if tuple(data.train_x.shape[1:]) != (*scatter.IMAGE_HW, 1):
+            raise ValueError(
+                f"model {hp.model!r} computes scattering features of 28x28x1 images, but dataset "
+                f"{data.name!r} has {tuple(data.train_x.shape[1:])}"
+            )
+    elif tuple(data.train_x.shape[1:]) != spec.input_shape:
         raise ValueError(
             f"model {hp.model!r} expects images of shape {spec.input_shape}, but dataset "
             f"{data.name!r} has "
@@ -153,8 +162,9 @@ def train_candidates(
     for members in groups.values():
         hp_m = hps[members[0]]
         impl = grad_impl or default_grad_impl(hp_m.model, data.train_x.shape[1:], hp_m.augmult)
+        gdata = model_data(data, hp_m.model)  # scattering features for the scatter models
         group = _train_group(
-            [hps[i] for i in members], data, [keys[i] for i in members], members, progress,
+            [hps[i] for i in members], gdata, [keys[i] for i in members], members, progress,
             progress_every, impl, on_epoch,
         )  # fmt: skip
         for i, r in zip(members, group, strict=True):

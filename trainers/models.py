@@ -1,4 +1,5 @@
-"""Flax (linen) models: the tanh CNNs of Papernot et al. 2021 / Tramer & Boneh 2021.
+"""Flax (linen) models: the tanh CNNs of Papernot et al. 2021 / Tramer & Boneh 2021, and Tramer &
+Boneh's linear model and CNN on scattering features (``scatter_linear``, ``scatter_cnn``).
 
 Max-pools are written as the maximum of shifted slices rather than ``nn.max_pool``: on XLA CPU the
 gradient of a ``reduce_window`` max lowers to select-and-scatter, which dominated the step time
@@ -16,6 +17,13 @@ import jax
 import jax.numpy as jnp
 
 from trainers.spec import MODEL_NAMES  # one list of model names, JAX-free
+
+#: Models that train on scattering features (``trainers.scatter``) instead of raw images.
+SCATTER_MODELS = ("scatter_linear", "scatter_cnn")
+#: Input of the scatter models: (7, 7, 81) NHWC features of a 28x28 image (J = 2, L = 8).
+SCATTER_SHAPE = (7, 7, 81)
+#: Group normalisation groups of the scatter models (81 channels -> groups of 3 channels).
+SCATTER_GROUPS = 27
 
 
 def max_pool_2x2_stride1(x: jax.Array) -> jax.Array:
@@ -201,17 +209,77 @@ class WideResNet(nn.Module):
         return nn.Dense(self.num_classes, name="head")(x)
 
 
+def group_norm(x: jax.Array, groups: int, eps: float = 1e-5) -> jax.Array:
+    """Per-example group normalisation without learned scale/shift, on NHWC: the channels are
+    split into ``groups`` groups and each group of each example is standardised over (h, w,
+    channels in the group).
+
+    Tramer & Boneh 2021 (§3, "GroupNorm") normalise scattering features this way: every example is
+    normalised with its own statistics, so the map is a fixed function of each record and costs no
+    privacy (unlike their data normalisation, which needs DP estimates of dataset statistics).
+    """
+    b, h, w, c = x.shape
+    if c % groups:
+        raise ValueError(f"{c} channels cannot be split into {groups} groups")
+    g = x.reshape(b, h, w, groups, c // groups)
+    mean = jnp.mean(g, axis=(1, 2, 4), keepdims=True)
+    var = jnp.mean(jnp.square(g - mean), axis=(1, 2, 4), keepdims=True)
+    return ((g - mean) * jax.lax.rsqrt(var + eps)).reshape(b, h, w, c)
+
+
+class ScatterLinear(nn.Module):
+    """Tramer & Boneh 2021's "ScatterNet + linear" model: group normalisation of the (7, 7, 81)
+    scattering features, then one dense layer (3,969 x 10 + 10 = 39,700 parameters).
+
+    Input: float32 (b, 7, 7, 81) features (``trainers.scatter``); output: logits (b, classes).
+    """
+
+    num_classes: int = 10
+    groups: int = SCATTER_GROUPS
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = group_norm(x, self.groups)
+        return nn.Dense(self.num_classes, name="dense")(x.reshape((x.shape[0], -1)))
+
+
+class ScatterCNN(nn.Module):
+    """Tramer & Boneh 2021's "ScatterNet + CNN" for 28x28 images: group normalisation, conv
+    16@3x3/2 (pad 1), tanh, conv 32@3x3/1 (pad 1), tanh, dense 32, tanh, dense 10 (33,066
+    parameters).
+
+    Input: float32 (b, 7, 7, 81) features; output: logits (b, classes).
+    """
+
+    num_classes: int = 10
+    groups: int = SCATTER_GROUPS
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = group_norm(x, self.groups)
+        x = jnp.tanh(nn.Conv(16, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)), name="conv1")(x))
+        x = jnp.tanh(nn.Conv(32, (3, 3), strides=(1, 1), padding=((1, 1), (1, 1)), name="conv2")(x))
+        x = jnp.tanh(nn.Dense(32, name="dense1")(x.reshape((x.shape[0], -1))))
+        return nn.Dense(self.num_classes, name="dense2")(x)
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
-    """A model and the input shape it expects, (height, width, channels)."""
+    """A model and the input shape it expects, (height, width, channels).
+
+    ``features``: None when the model reads the dataset's images; "scatter" when it reads their
+    scattering features (``trainers.scatter``; ``input_shape`` is then the features' shape and the
+    images must be 28x28x1).
+    """
 
     name: str
     module: nn.Module
     input_shape: tuple[int, int, int]
+    features: str | None = None
 
 
 def get_model(name: str, num_classes: int = 10) -> ModelSpec:
-    """Returns the model called ``name`` ("cnn26k", "cnn52k", "cifar_cnn" or "wrn16_4").
+    """Returns the model called ``name`` (one of ``MODEL_NAMES``).
 
     "cnn52k" widens the 26k CNN to conv 32 / conv 48 / dense 32 (51,642 parameters): the
     ~52k-parameter comparison of the DP feature-selection paper's appendix A.1, whose exact widths
@@ -225,6 +293,10 @@ def get_model(name: str, num_classes: int = 10) -> ModelSpec:
         return ModelSpec(name, CifarCNN(num_classes), (32, 32, 3))
     if name == "wrn16_4":
         return ModelSpec(name, WideResNet(16, 4, num_classes), (32, 32, 3))
+    if name == "scatter_linear":
+        return ModelSpec(name, ScatterLinear(num_classes), SCATTER_SHAPE, "scatter")
+    if name == "scatter_cnn":
+        return ModelSpec(name, ScatterCNN(num_classes), SCATTER_SHAPE, "scatter")
     raise ValueError(f"unknown model {name!r}; expected one of {MODEL_NAMES}")
 
 

@@ -24,7 +24,7 @@ FAILURE_SCORE = float("nan")
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
 #: Model names of ``trainers.models.get_model``.
-MODEL_NAMES = ("cnn26k", "cnn52k", "cifar_cnn", "wrn16_4")
+MODEL_NAMES = ("cnn26k", "cnn52k", "cifar_cnn", "wrn16_4", "scatter_linear", "scatter_cnn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +39,9 @@ class Hyperparams:
       epochs: passes over the training set; the run has epochs * ceil(N / B) steps.
       optimizer: "sgd", "momentum" (heavy ball, optax.sgd with momentum) or "adam".
       momentum: momentum coefficient for "momentum" (in [0, 1)).
-      model: "cnn26k", "cnn52k", "cifar_cnn" or "wrn16_4".
+      model: one of ``MODEL_NAMES``: "cnn26k", "cnn52k", "cifar_cnn", "wrn16_4", or
+        "scatter_linear" / "scatter_cnn" (trained on the images' scattering features; privacy is
+        the same function of (B, epochs, sigma) whichever model is chosen).
       score_noise_std: std, in counts, of the Gaussian noise added to the number of correct
         validation predictions (default 10: private by default). None = exact score, allowed only
         on a validation set declared public and separate from the private data.

@@ -83,10 +83,13 @@ def with_param_ema(inner: optax.GradientTransformation, decay: float):
 
 def default_grad_impl(model: str, image_shape: tuple[int, ...], augmult: int = 0) -> str:
     """ "bookkeeping" (the fast path) for the 28x28x1 MnistCNN family without augmentation and for
-    the CIFAR CNN (with or without augmentation multiplicity); "naive" (vmap(grad)) otherwise, e.g.
-    for WRN-16-4, whose group norm and weight standardisation have no book-keeping path here."""
+    the CIFAR CNN (with or without augmentation multiplicity) and for scatter_linear (closed-form
+    norms, ``dpsgd.clipped_sum_scatter_linear``); "naive" (vmap(grad)) otherwise, e.g. for
+    WRN-16-4, whose group norm and weight standardisation have no book-keeping path here."""
     shape = tuple(image_shape)
     if model in ("cnn26k", "cnn52k") and shape == (28, 28, 1) and augmult == 0:
+        return "bookkeeping"
+    if model == "scatter_linear" and augmult == 0:
         return "bookkeeping"
     if model == "cifar_cnn" and shape == (32, 32, 3):
         return "bookkeeping"
@@ -151,7 +154,9 @@ class StepFunctions:
         self.trace_count = 0
         apply_fn = self.spec.module.apply
         if grad_impl == "bookkeeping":
-            if model in ("cnn26k", "cnn52k") and self.augmult == 0:
+            if model == "scatter_linear" and self.augmult == 0:
+                self._clipped_sum = dpsgd.clipped_sum_scatter_linear
+            elif model in ("cnn26k", "cnn52k") and self.augmult == 0:
                 self._clipped_sum = dpsgd.clipped_sum_bookkeeping
             elif model == "cifar_cnn":
                 self._clipped_sum = dpsgd.clipped_sum_bookkeeping_cifar

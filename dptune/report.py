@@ -1,0 +1,115 @@
+"""``report.md``: a one-page, plain-language summary of a release folder for a newcomer.
+
+Written by :func:`dptune.release.write_release` next to the files it describes. It only restates
+what the folder already releases (the selected candidate, its public test accuracy, its noisy
+validation score and the privacy statement) and links the folder's plots; it adds nothing about the
+other candidates, not even how many there were.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+REPORT_FILE = "report.md"
+
+
+def _num(x: Any, digits: int = 4) -> str:
+    if isinstance(x, bool) or x is None:
+        return str(x)
+    if isinstance(x, (int, float)):
+        return f"{x:.{digits}g}"
+    return str(x)
+
+
+def _pct(x: Any) -> str:
+    return "n/a" if x is None else f"{100.0 * float(x):.2f} %"
+
+
+def report_markdown(release: Any, files: set[str]) -> str:
+    """The report of ``release`` (a :class:`dptune.release.Release`) as Markdown; ``files`` are the
+    names present in the release folder (plots are linked only if there)."""
+    p = release.privacy or {}
+    eps, delta = p.get("total_epsilon"), p.get("delta")
+    lines = ["# dptune release report", ""]
+    if release.released:
+        lines += [
+            "## What was released",
+            "",
+            "One trained model (`checkpoint/`), chosen privately among candidates trained with "
+            "differentially private SGD on the private training split.",
+            "",
+            f"- **Test accuracy** (public test split, reported only, never used to choose): "
+            f"{_pct(release.test_accuracy)}",
+            f"- Validation score the selection saw (noisy when the validation split is private): "
+            f"{_pct(release.validation_score)}",
+            "",
+            "| hyperparameter | value |",
+            "|---|---|",
+        ]
+        lines += [f"| `{k}` | {_num(v)} |" for k, v in sorted((release.hparams or {}).items())]
+    else:
+        lines += [
+            "## What was released",
+            "",
+            "Nothing: the private selection chose no candidate. This is a legitimate outcome of "
+            "random stopping (it may train zero candidates) and is covered by the same guarantee.",
+        ]
+    lines += [
+        "",
+        "## Privacy",
+        "",
+        f"Everything in this folder, tuning included, is **({_num(eps)}, {_num(delta)})-"
+        "differentially private** with respect to one record of the training data"
+        + ("" if p.get("private", True) else " -- NO: this run was a non-private debug run")
+        + ".",
+        "",
+        f"- Selection: `{p.get('method', '?')}`; theorem: {p.get('theorem', '?')}",
+        f"- One training run alone would be ({_num(p.get('single_run_epsilon'))}, "
+        f"{_num(p.get('single_run_delta', delta))})-DP; the difference is the price of tuning.",
+        f"- Accountant: `{p.get('accountant', '?')}`"
+        + (
+            "; the run used a fixed seed, so the guarantee holds only while it is secret"
+            if p.get("seeded")
+            else "; randomness from OS entropy"
+        ),
+        "",
+        "In words: an observer of this folder learns almost the same whether or not any one "
+        "person's record was in the training data (the epsilon bounds the change in the odds of "
+        "any conclusion; delta is the small probability that the bound fails).",
+        "",
+        "```text",
+        (release.privacy_text or "").rstrip(),
+        "```",
+        "",
+        "## Plots",
+        "",
+    ]
+    if "epsilon.png" in files:
+        lines.append("- [`epsilon.png`](epsilon.png): where the total epsilon comes from.")
+    if "training_curve.png" in files:
+        lines.append(
+            "- [`training_curve.png`](training_curve.png): the released model's test accuracy "
+            "and epsilon so far, per epoch."
+        )
+    lines += [
+        "",
+        "## Files",
+        "",
+        "`result.json` (the result), `privacy.json` / `privacy.txt` (the statement), "
+        "`checkpoint/` (the model; `dptune.release.load_params(folder)` restores it).",
+        "",
+        "Not released, by design: the other candidates, their scores and how many there were "
+        "(revealing them would void the selection theorem's guarantee).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_report(release: Any, folder: str | Path) -> Path:
+    """Writes ``folder/report.md`` for ``release``; returns its path."""
+    folder = Path(folder)
+    files = {f.name for f in folder.iterdir()}
+    path = folder / REPORT_FILE
+    path.write_text(report_markdown(release, files))
+    return path

@@ -1,0 +1,49 @@
+"""release/report.md: one page that restates the release (result, privacy, plots) and nothing
+about the other candidates."""
+
+import math
+import re
+
+import dptune
+from dptune import space
+from dptune.accounting.events import DpSgdCandidate
+from dptune.release import Release, write_release
+from dptune.tuner import FunctionTrainer
+from selection import RandomStopping
+
+
+def _toy(hp, rng):
+    score = -abs(math.log(hp["learning_rate"] / 0.3)) + 0.01 * rng.normal()
+    return score, {"history": [{"epoch": 1, "test_accuracy": 0.5}]}
+
+
+def test_report_restates_the_release_and_links_existing_plots(tmp_path):
+    trainer = FunctionTrainer(
+        _toy, lambda hp: DpSgdCandidate(0.01, 500, hp["noise_multiplier"]), num_examples=10_000,
+        fingerprint="toy",
+    )  # fmt: skip
+    sp = dict(learning_rate=space.log_uniform(0.01, 10.0), noise_multiplier="auto")
+    rel = dptune.tune(trainer, sp, RandomStopping.logarithmic(6), (2.0, 1e-5), seed=9,
+                      workdir=tmp_path / "run")  # fmt: skip
+    assert rel.private.num_trials >= 3  # several candidates, so "others" below is not empty
+    text = (tmp_path / "run" / "release" / "report.md").read_text()
+    assert f"{rel.privacy['total_epsilon']:.4g}" in text and "1e-05" in text
+    assert rel.privacy["theorem"] in text
+    assert f"{rel.hparams['learning_rate']:.4g}" in text
+    # Every linked file exists in the folder.
+    for link in re.findall(r"\]\(([^)]+)\)", text):
+        assert (tmp_path / "run" / "release" / link).exists(), link
+    assert "(epsilon.png)" in text
+    best = max(range(rel.private.num_trials), key=lambda i: rel.private.scores[i])
+    for i, s in enumerate(rel.private.scores):
+        if i != best:
+            assert f"{s:.4g}" not in text and f"{100 * s:.2f}" not in text
+    assert "num_trials" not in text
+
+
+def test_report_of_an_empty_release(tmp_path):
+    rel = Release(False, None, None, None, {"total_epsilon": 1.0, "delta": 1e-5}, "statement")
+    folder = write_release(rel, tmp_path / "release")
+    text = (folder / "report.md").read_text()
+    assert "Nothing" in text and "(1, 1e-05)" in text
+    assert "training_curve.png" not in text  # not linked when absent
