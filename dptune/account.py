@@ -16,7 +16,12 @@ Examples:
 --selection: none (one run) or a selection method of ``selection.registry`` (the same names as
 ``config.selection.method``): logarithmic / geometric / tnb (--shape) / poisson random stopping
 (Papernot & Steinke 2022, Thm 2 and 6; geometric = Liu & Talwar 2019, Thm 3.2, with --max_trials
-Thm 3.4), thresholding (Liu & Talwar Alg. 1, Thm 3.1; --stop_probability), best_of_k (--k, priced
+Thm 3.4), thresholding (Liu & Talwar Alg. 1, Thm 3.1; --stop_probability), accuracy_first
+(--iat_epsilon, --max_trials: Ligett et al. 2017, Lemma 2.8; the total is the WORST CASE over the
+stopping level, eps_A + T eps, which is what a ledger is charged), sparse_vector (--noise_scale,
+--max_trials: Liu & Talwar 2019 §4.1; pure-DP candidates), stability_validation (--k,
+--validation_epsilon, --stability_delta: Chaudhuri & Vinterbo 2013, Thm 2; pure-DP candidates, e.g.
+--laplace_epsilon), best_of_k (--k, priced
 by composition). --accountant=rdp reproduces dp_accounting's RDP route exactly; the default 'auto'
 takes the tightest valid route.
 """
@@ -28,6 +33,7 @@ import math
 import sys
 
 from absl import app, flags
+from dp_accounting import dp_event
 
 from dptune import accounting
 from selection import privacy as sp
@@ -47,7 +53,10 @@ _SELECTION = flags.DEFINE_enum("selection", "none", SELECTIONS, "Selection metho
 _OPTION_FLAGS = {
     name: (flags.DEFINE_float if kind is float else flags.DEFINE_integer)(name, None, help_)
     for name, (kind, help_) in registry.OPTIONS.items()
-    if name != "threshold"  # the threshold's value does not change the privacy
+    # the threshold's, the target percentile's and the score sensitivity's values do not change
+    # the privacy (the test's noise scales with the sensitivity)
+    # (and stability validation's beta: its exponential noise scales with it)
+    if name not in ("threshold", "target_percentile", "score_sensitivity", "stability_beta")
 }
 _SCORE = flags.DEFINE_float(
     "score_noise_std",
@@ -60,6 +69,13 @@ _ACCOUNTANT = flags.DEFINE_enum(
 )
 _TARGET = flags.DEFINE_float(
     "target_epsilon", None, "Total epsilon budget: calibrate --noise_multiplier to meet it."
+)
+_LAPLACE = flags.DEFINE_float(
+    "laplace_epsilon",
+    None,
+    "Instead of DP-SGD: every candidate is a pure epsilon-DP (Laplace) mechanism with this "
+    "epsilon (no --sampling_rate/--steps/--noise_multiplier). Needed by pure-DP-only selections "
+    "such as sparse_vector.",
 )
 _JSON = flags.DEFINE_bool("json", False, "Print one JSON object instead of text.")
 
@@ -87,6 +103,28 @@ def make_transform(selection: str, **options):
 
 
 def _check_inputs() -> None:
+    if _LAPLACE.value is not None:
+        eps = _LAPLACE.value
+        if not (math.isfinite(eps) and eps > 0):
+            raise InputError(f"--laplace_epsilon={eps:g} must be a finite number > 0.")
+        given = [
+            n
+            for n, f in (
+                ("sampling_rate", _SAMPLING_RATE),
+                ("steps", _STEPS),
+                ("noise_multiplier", _NOISE),
+                ("target_epsilon", _TARGET),
+                ("score_noise_std", _SCORE),
+            )
+            if f.value is not None
+        ]
+        if given:
+            raise InputError(
+                "--laplace_epsilon describes the candidates completely; drop --"
+                + ", --".join(given)
+                + "."
+            )
+        return
     q = _SAMPLING_RATE.value
     if q is None:
         raise InputError("--sampling_rate is required (expected batch size / training examples).")
@@ -131,7 +169,15 @@ def _result() -> tuple[dict, str]:
     q, steps, delta = _SAMPLING_RATE.value, _STEPS.value, _DELTA.value
     out: dict = {"selection": _SELECTION.value}
     text_extra = ""
-    if _TARGET.value is not None:
+    if _LAPLACE.value is not None:
+        # A pure epsilon-DP candidate: a Laplace mechanism of scale 1/epsilon on a
+        # sensitivity-1 query (dptune.accounting.pure_epsilon reads it back as epsilon).
+        candidate = accounting.EventCandidate(
+            dp_event.LaplaceDpEvent(1.0 / _LAPLACE.value), label="Laplace mechanism"
+        )
+        statement = accounting.total_privacy(candidate, transform, delta, _ACCOUNTANT.value)
+        out["laplace_epsilon"] = _LAPLACE.value
+    elif _TARGET.value is not None:
         cal = accounting.calibrate_noise(
             q, steps, transform, _TARGET.value, delta, _ACCOUNTANT.value, _SCORE.value
         )

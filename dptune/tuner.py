@@ -368,6 +368,15 @@ def _release(trainer, selection, sel_plan, plan, budget, records, payloads, jour
     privacy = plan.statement.to_dict()
     privacy.update(budget_epsilon=budget.epsilon, budget_delta=budget.delta)
     text = plan.statement.to_text()
+    ex_post = getattr(selection, "ex_post_epsilon", None)
+    if ex_post is not None and plan.statement.accountant == "pure":
+        # Ex-post privacy (Ligett et al. 2017, Lemma 2.8; pure-DP candidates only, their Remark
+        # 2.9): reported next to the worst case above, which is what the budget and ledger hold.
+        privacy["ex_post_epsilon"] = float(ex_post(plan.statement.single_run_epsilon, index))
+        text += (
+            f"\nRealised ex-post privacy loss of this outcome: {privacy['ex_post_epsilon']:.4g} "
+            "(Ligett et al. 2017, Lemma 2.8); charged: the worst case above."
+        )
     if index is None:
         return Release(False, None, None, None, privacy, text)
     hp = plan.hparams(records[index].hparams)

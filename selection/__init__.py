@@ -6,6 +6,7 @@ private; a method draws its random plan first, evaluates candidates and releases
 See ``docs/selection.md``.
 """
 
+from selection.accuracy_first import AccuracyFirst
 from selection.baselines import BestOfK, NonPrivateBest
 from selection.counts import (
     CountDistribution,
@@ -20,12 +21,16 @@ from selection.method import SelectionMethod
 from selection.plan import Plan, Selection, SelectionPrivate, best_index
 from selection.privacy import PrivacyTransform
 from selection.random_stopping import RandomStopping
+from selection.sparse_vector import PercentileSparseVector
+from selection.stability_validation import StabilityValidation
 from selection.thresholding import Thresholding
 
 __all__ = [
+    "AccuracyFirst",
     "BestOfK",
     "CountDistribution",
     "NonPrivateBest",
+    "PercentileSparseVector",
     "Plan",
     "Poisson",
     "PrivacyTransform",
@@ -33,6 +38,7 @@ __all__ = [
     "Selection",
     "SelectionMethod",
     "SelectionPrivate",
+    "StabilityValidation",
     "Thresholding",
     "TruncatedNegativeBinomial",
     "best_index",

@@ -74,6 +74,9 @@ __all__ = [
     "ThresholdingPrivacy",
     "HardCappedRandomStoppingPrivacy",
     "BestOfKPrivacy",
+    "PercentileSparseVectorPrivacy",
+    "AccuracyFirstPrivacy",
+    "StabilityValidationPrivacy",
     "SingleRunPrivacy",
     "NotPrivate",
     "CandidateProfile",
@@ -526,6 +529,303 @@ class ThresholdingPrivacy(PrivacyTransform):
             reverse = 0.0 if coef == 0.0 else coef * r[j]  # avoid 0 * inf at a = 2
             out[i] = r[i] + reverse + 2.0 * log_inv_q / (a - 1.0)
         return _monotone_envelope(o, out)
+
+
+# --------------------------------------------------------------------------------------------------
+# generalized sparse vector
+
+
+@dataclass(frozen=True)
+class PercentileSparseVectorPrivacy(PrivacyTransform):
+    """LT §4.1 (Alg. "gensparse0", Thm 4.1): sparse vector over private candidates (exact oracle).
+
+    Candidate i is an eps-DP mechanism Q_i; its percentile p_i(D) = P[score of Q_i(D) >= tau] is
+    given exactly (the oracle of LT §4.1). The method tests, in order, ``logit(p_i(D)) + nu_i >=
+    logit(target) + rho`` with rho ~ Lap(beta) (drawn once) and nu_i ~ Lap(2 beta), stops at the
+    first pass (at most T tests) and releases the index and one sample of Q_i(D) for that index.
+
+    Pure DP, ``(4/beta + 1) eps``, derived as follows (LT's own constants for Thm 4.1(a) are not
+    legible in the project's text extraction, so the number is OURS, from two cited results):
+
+    * eps-DP of Q_i gives p(D) <= e^eps p(D') and 1 - p(D) <= e^eps (1 - p(D')), so logit(p_i) =
+      log p_i - log(1 - p_i) has sensitivity Delta = 2 eps (LT §4.1: "the difference of two
+      eps-Lipschitz functions"; tight at p(D') = 1/(1 + e^eps)).
+    * LT §4.1 (proof sketch of Thm 4.1): viewing logit(p_i) as the i-th query and logit(target) as
+      the threshold, this IS AboveThreshold, which with threshold noise Lap(2 Delta/e') and query
+      noise Lap(4 Delta/e') is e'-DP [DR, Thm 3.23]. With beta = 2 Delta/e': e' = 4 eps / beta.
+    * The released sample of Q_i(D) for the selected i is eps-DP given i: adaptive composition
+      [DR, Thm 3.16] adds eps.
+
+    The candidates must be PURE eps-DP (the logit argument fails with delta > 0; LT §4.2-4.3 treat
+    approximate oracles, Thm 4.4/4.6, whose constants we could not read): no RDP or approx-DP
+    statement.
+
+    Args:
+      noise_scale: beta > 0, the Laplace scale of the threshold noise in logit units (the query
+        noise has scale 2 beta).
+      max_trials: T >= 1, the most candidates tested; nothing is released after T misses. T does
+        not enter the bound (AboveThreshold's guarantee holds for any number of queries).
+    """
+
+    noise_scale: float
+    max_trials: int
+
+    def __post_init__(self) -> None:
+        beta = float(self.noise_scale)
+        if not (math.isfinite(beta) and beta > 0.0):
+            raise ValueError(
+                f"noise_scale (beta) must be a finite number > 0, got {self.noise_scale}"
+            )
+        if int(self.max_trials) != self.max_trials or self.max_trials < 1:
+            raise ValueError(f"max_trials must be an integer >= 1, got {self.max_trials}")
+        object.__setattr__(self, "noise_scale", beta)
+        object.__setattr__(self, "max_trials", int(self.max_trials))
+
+    @property
+    def name(self) -> str:
+        return "sparse_vector"
+
+    @property
+    def theorem(self) -> str:
+        return (
+            "Liu & Talwar 2019, §4.1 (Alg. gensparse0, Thm 4.1: reduction to AboveThreshold on "
+            "logit percentiles, sensitivity 2 eps) with Dwork & Roth 2014, Thm 3.23 and Thm 3.16 "
+            "(constants: our derivation)"
+        )
+
+    def params(self) -> dict:
+        return {"noise_scale": self.noise_scale, "max_trials": self.max_trials}
+
+    def index_epsilon(self, epsilon: float) -> float:
+        """eps' of the stopping index alone: AboveThreshold with Delta = 2 eps, 4 eps / beta."""
+        return 4.0 * _check_epsilon(epsilon) / self.noise_scale
+
+    def pure_dp(self, epsilon: float) -> float:
+        # AboveThreshold [DR Thm 3.23] on logits (Delta = 2 eps, LT §4.1) + one eps-DP sample
+        # of the selected candidate [DR Thm 3.16].
+        return self.index_epsilon(epsilon) + _check_epsilon(epsilon)
+
+
+@dataclass(frozen=True)
+class AccuracyFirstPrivacy(PrivacyTransform):
+    """Ligett, Neel, Roth, Waggoner & Wu 2017 ("Accuracy First", arXiv:1705.10829): an
+    InteractiveAboveThreshold test (their Alg. 2, budget eps_A) over a sequence of T private
+    hypotheses, releasing the first that passes (and its level) or nothing.
+
+    Ex-post privacy (their Def. 2.2-2.3, Lemma 2.8): the outcome "stopped at level t" has ex-post
+    loss ``eps_A + eps(prefix 1..t)``, where eps(prefix) is the DP guarantee of the first t
+    hypotheses together. Ex-post privacy is NOT differential privacy at the realised level (their
+    remark after Def. 2.3); the only eps-DP statement of the procedure is the maximum over all
+    outcomes, ``eps_A + eps(prefix 1..T)``, and that worst case is what ``pure_dp`` / ``rdp``
+    return and what dptune charges to a ledger: the ledger reserves a run's charge before any
+    private computation, and it composes (eps, delta) guarantees of any runs (Dwork & Roth 2014,
+    Thm 3.16), for which the paper gives no ex-post analogue (their Remark 2.9); a refund to the
+    realised loss would need a privacy-filter argument that only a pure-DP-only ledger has.
+
+    The prefix guarantee depends on how the hypotheses were made (``sequence``):
+
+    * ``"noise_reduction"``: Laplace noise reduction (their Alg. 1, Thm 2.7): the prefix up to t is
+      eps_t-DP, so ``epsilon`` (the candidates' guarantee given to `pure_dp`) is the LAST level
+      eps_T and the total is eps_A + eps_T; `ex_post` takes the realised eps_t.
+    * ``"independent"``: T independent eps-DP candidates (e.g. DP-SGD runs at a growing budget, or
+      any candidate of ``selection``): the prefix up to t is t eps-DP by basic composition [DR Thm
+      3.16], so the ex-post loss is eps_A + t eps and the worst case eps_A + T eps. This worst
+      case needs no ex-post argument: releasing all T candidates and then running IAT (which IS
+      AboveThreshold, [DR Alg. 1, Thm 3.23], eps_A-DP) on them composes adaptively, so it also
+      holds in RDP, ``T rdp + eps_A`` at every order (RDP composition [M17, Prop. 1]; an eps_A-DP
+      mechanism is (alpha, eps_A)-RDP at every order alpha: its order-infinity divergence is eps_A
+      and the Rényi divergence is non-decreasing in the order [vEH14, Thm 3]). That is the route
+      for DP-SGD candidates; the ex-post reading (Lemma 2.8) is for pure-DP candidates.
+
+    Args:
+      iat_epsilon: eps_A > 0 of the test (threshold noise Lap(2 Delta/eps_A), query noise
+        Lap(4 Delta/eps_A) for scores of l1 sensitivity Delta).
+      num_levels: T >= 1, the number of hypotheses tested.
+      sequence: ``"independent"`` or ``"noise_reduction"`` (see above).
+    """
+
+    iat_epsilon: float
+    num_levels: int
+    sequence: str = "independent"
+
+    def __post_init__(self) -> None:
+        e = float(self.iat_epsilon)
+        if not (math.isfinite(e) and e > 0.0):
+            raise ValueError(f"iat_epsilon must be a finite number > 0, got {self.iat_epsilon}")
+        t = self.num_levels
+        if isinstance(t, bool) or int(t) != t or t < 1:
+            raise ValueError(f"max_trials (levels T) must be an integer >= 1, got {t}")
+        if self.sequence not in ("independent", "noise_reduction"):
+            raise ValueError(
+                f"sequence must be 'independent' or 'noise_reduction', got {self.sequence!r}"
+            )
+        object.__setattr__(self, "iat_epsilon", e)
+        object.__setattr__(self, "num_levels", int(self.num_levels))
+
+    @property
+    def name(self) -> str:
+        return f"accuracy_first/{self.sequence}"
+
+    @property
+    def theorem(self) -> str:
+        if self.sequence == "noise_reduction":
+            return (
+                "Ligett et al. 2017, Lemma 2.8 (IAT, ex-post eps_A + eps_t) with Thm 2.7 (noise "
+                "reduction: prefix eps_t-DP); charged: the worst case eps_A + eps_T"
+            )
+        return (
+            "Ligett et al. 2017, Alg. 2 (IAT = AboveThreshold, Dwork & Roth 2014, Thm 3.23) "
+            "composed with the T candidates (Dwork & Roth Thm 3.16; Mironov 2017, Prop. 1); "
+            "ex-post eps_A + (t+1) eps for pure-DP candidates (Ligett et al. Lemma 2.8); "
+            "charged: the worst case over stopping levels"
+        )
+
+    def params(self) -> dict:
+        return {
+            "iat_epsilon": self.iat_epsilon,
+            "num_levels": self.num_levels,
+            "sequence": self.sequence,
+        }
+
+    def ex_post(self, epsilon: float, level: int | None) -> float:
+        """Realised ex-post loss (Lemma 2.8) of stopping at 0-based ``level`` (None: nothing
+        passed, every test ran: the worst case).
+
+        ``epsilon``: for ``"independent"``, each candidate's eps; for ``"noise_reduction"``, the
+        realised level's eps_t (with ``level=None``: eps_T)."""
+        eps = _check_epsilon(epsilon)
+        if level is not None and not (0 <= int(level) < self.num_levels):
+            raise ValueError(f"level must be in [0, {self.num_levels}), got {level}")
+        if self.sequence == "noise_reduction":
+            return self.iat_epsilon + eps
+        tested = self.num_levels if level is None else int(level) + 1
+        return self.iat_epsilon + tested * eps
+
+    def pure_dp(self, epsilon: float) -> float:
+        # max over outcomes of Lemma 2.8's ex-post loss (see the class docstring)
+        return self.ex_post(epsilon, None)
+
+    def rdp(
+        self,
+        orders: Sequence[float],
+        rdp: Sequence[float],
+        *,
+        delta_for_epsilon: Callable[[float], float] | None = None,
+    ) -> np.ndarray:
+        del delta_for_epsilon
+        if self.sequence == "noise_reduction":
+            raise NotImplementedError(
+                f"{self.name}: noise reduction (Ligett et al. 2017, Thm 2.7) is stated for pure "
+                "eps-DP only; give the last level's eps to pure_dp"
+            )
+        _, r = _check_curve(orders, rdp)
+        # composition of T candidates [M17 Prop. 1] + the eps_A-DP test at every order
+        return self.num_levels * r + self.iat_epsilon
+
+
+@dataclass(frozen=True)
+class StabilityValidationPrivacy(PrivacyTransform):
+    """Chaudhuri & Vinterbo 2013 ("A Stability-based Validation Procedure for Differentially
+    Private Machine Learning", NeurIPS 2013), Thm 1 and Thm 2: train k candidates (one per
+    hyperparameter theta_i, each alpha1-DP), score each EXACTLY on the validation set, release
+    ``i* = argmax_i q(h_i, V) + Z_i`` with Z_i ~ Exponential(scale 2 beta / alpha2), and h_{i*}.
+
+    Stability (their Definition; reconstructed from the proofs in their App. 6.4-6.6, the main text
+    is not in the project's paper folder): q is (beta1, beta2, delta)-stable for the training
+    procedure F(T, theta, alpha1, R) (R ~ G its randomness) when, for R in a set Sigma, a change of
+    one training record moves q(F(T, theta, alpha1, R), V) by at most beta1/n and a change of one
+    validation record moves it by at most beta2/m; beta = max(beta1/n, beta2/m) (proof of Lemma 1:
+    "<= 2 beta1/n <= 2 beta"). Every theorem in their appendix (Thm 4, Thm 6) shows
+    P[R_i not in Sigma] <= delta/k per candidate and takes the union over the k candidates.
+
+    * Thm 1 (Lemmas 1-2): given stability, i* is (alpha2, delta)-DP w.r.t. one change in the
+      training OR the validation set: conditioned on all R_i in Sigma the score differences move by
+      at most 2 beta, and P[Z > g] / P[Z > g + 2 beta] = e^(alpha2) for the exponential noise of
+      rate alpha2 / (2 beta) (so the noise scale 2 beta / alpha2 is forced by the proof).
+    * Thm 2: the end-to-end procedure (Alg. 2), which also releases h_{i*}, is
+      (alpha1 + alpha2, delta)-DP, by composition with the alpha1-DP training (their proof of
+      Thm 2). The total does NOT grow with k (only delta does, through the union bound).
+
+    Here ``stability_delta`` is the per-candidate probability P[R_i not in Sigma] and the total
+    delta is ``min(1, k * stability_delta)`` (the union bound of their proofs; equal to their delta
+    when the per-candidate bound is delta/k, as in their Thm 4 and Thm 6).
+
+    Args:
+      validation_epsilon: alpha2 > 0.
+      k: number of candidates (hyperparameter values), >= 1.
+      stability_delta: per-candidate probability in [0, 1) that the stability bounds fail.
+    """
+
+    validation_epsilon: float
+    k: int
+    stability_delta: float = 0.0
+
+    def __post_init__(self) -> None:
+        a = float(self.validation_epsilon)
+        if not (math.isfinite(a) and a > 0.0):
+            raise ValueError(
+                f"validation_epsilon (alpha2) must be a finite number > 0, got "
+                f"{self.validation_epsilon}"
+            )
+        if isinstance(self.k, bool) or int(self.k) != self.k or self.k < 1:
+            raise ValueError(f"k must be an integer >= 1, got {self.k}")
+        d = float(self.stability_delta)
+        if not (0.0 <= d < 1.0):
+            raise ValueError(f"stability_delta must be in [0, 1), got {self.stability_delta}")
+        object.__setattr__(self, "validation_epsilon", a)
+        object.__setattr__(self, "k", int(self.k))
+        object.__setattr__(self, "stability_delta", d)
+
+    @property
+    def name(self) -> str:
+        return "stability_validation"
+
+    @property
+    def theorem(self) -> str:
+        return (
+            "Chaudhuri & Vinterbo 2013, Thm 2 (Alg. 2: Thm 1's (alpha2, delta)-DP selection with "
+            "exponential noise of scale 2 beta/alpha2, composed with alpha1-DP training); "
+            "algorithm and stability definition as reconstructed from their App. 6.4 proofs"
+        )
+
+    def params(self) -> dict:
+        return {
+            "validation_epsilon": self.validation_epsilon,
+            "k": self.k,
+            "stability_delta": self.stability_delta,
+        }
+
+    @property
+    def delta(self) -> float:
+        """The procedure's delta: the union bound over the k candidates."""
+        return min(1.0, self.k * self.stability_delta)
+
+    def selection_dp(self) -> tuple[float, float]:
+        """Thm 1: (alpha2, delta) of the selected index alone."""
+        return self.validation_epsilon, self.delta
+
+    def pure_dp(self, epsilon: float) -> float:
+        if self.stability_delta > 0.0:
+            raise NotImplementedError(
+                f"{self.name}: with stability_delta > 0 {self.theorem} gives (eps, delta); use "
+                "approx_dp(epsilon, 0)"
+            )
+        return _check_epsilon(epsilon) + self.validation_epsilon
+
+    def approx_dp(self, epsilon: float, delta: float) -> tuple[float, float]:
+        if _check_delta(delta) > 0.0:
+            raise NotImplementedError(
+                f"{self.name}: Chaudhuri & Vinterbo 2013, Thm 2 assumes alpha1-DP (pure) training"
+            )
+        return _check_epsilon(epsilon) + self.validation_epsilon, self.delta
+
+    def utility_gap(self, beta: float, failure_probability: float) -> float:
+        """Thm 3: with probability >= 1 - failure_probability (and stability), the released
+        candidate's score is within ``2 beta log(k / failure_probability) / alpha2`` of the best
+        (union bound over P[Z_j > t] = exp(-alpha2 t / (2 beta)))."""
+        if not (0.0 < failure_probability < 1.0) or not beta > 0:
+            raise ValueError("need beta > 0 and failure_probability in (0, 1)")
+        return 2.0 * beta * math.log(self.k / failure_probability) / self.validation_epsilon
 
 
 # --------------------------------------------------------------------------------------------------

@@ -16,9 +16,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from selection.accuracy_first import AccuracyFirst
 from selection.baselines import BestOfK, NonPrivateBest
 from selection.method import SelectionMethod
 from selection.random_stopping import RandomStopping
+from selection.sparse_vector import PercentileSparseVector
+from selection.stability_validation import StabilityValidation
 from selection.thresholding import Thresholding
 
 #: Every option a method may take, its type and what it means (one line each): the config's
@@ -30,6 +33,37 @@ OPTIONS: dict[str, tuple[type, str]] = {
     "threshold": (float, "thresholding: release the first candidate scoring >= this"),
     "stop_probability": (float, "thresholding: probability gamma in (0, 1] of stopping per miss"),
     "k": (int, "number of candidates of the fixed-k baselines"),
+    "target_percentile": (
+        float,
+        "sparse_vector: stop at the first candidate whose P[score >= tau] exceeds this, in (0, 1)",
+    ),
+    "noise_scale": (
+        float,
+        "sparse_vector: Laplace scale beta > 0 of the threshold noise in logit units",
+    ),
+    "score_sensitivity": (
+        float,
+        "accuracy_first: l1 sensitivity Delta > 0 of each candidate's exact score "
+        "(validation accuracy: 1/n_val)",
+    ),
+    "iat_epsilon": (
+        float,
+        "accuracy_first: epsilon eps_A > 0 of the InteractiveAboveThreshold test",
+    ),
+    "validation_epsilon": (
+        float,
+        "stability_validation: alpha2 > 0 of the noisy argmax over the k exact scores",
+    ),
+    "stability_beta": (
+        float,
+        "stability_validation: beta > 0, the most one training or validation record moves a "
+        "candidate's exact score: max(beta1/n, beta2/m) (Chaudhuri & Vinterbo 2013, Thm 4/6)",
+    ),
+    "stability_delta": (
+        float,
+        "stability_validation: per-candidate probability in [0, 1) that the stability bound "
+        "fails (default 0); the total delta is k times it",
+    ),
 }
 
 
@@ -145,6 +179,45 @@ register(
             threshold, stop_probability, max_trials
         ),
         privacy_only={"threshold": 0.0},
+    )
+)
+register(
+    MethodInfo(
+        "sparse_vector",
+        "generalized sparse vector on exact percentiles of pure-DP candidates "
+        "(Liu & Talwar 2019, §4.1 with Dwork & Roth 2014, Thm 3.23)",
+        ("target_percentile", "noise_scale", "max_trials"),
+        (),
+        lambda target_percentile, noise_scale, max_trials: PercentileSparseVector(
+            target_percentile, noise_scale, max_trials
+        ),
+        privacy_only={"target_percentile": 0.5},
+    )
+)
+register(
+    MethodInfo(
+        "accuracy_first",
+        "Accuracy First: first of T candidates whose exact score passes InteractiveAboveThreshold "
+        "against the target; charged the worst case eps_A + T eps (Ligett et al. 2017, Lemma 2.8)",
+        ("threshold", "score_sensitivity", "iat_epsilon", "max_trials"),
+        (),
+        lambda threshold, score_sensitivity, iat_epsilon, max_trials: AccuracyFirst(
+            threshold, score_sensitivity, iat_epsilon, max_trials
+        ),
+        privacy_only={"threshold": 0.0, "score_sensitivity": 1.0},
+    )
+)
+register(
+    MethodInfo(
+        "stability_validation",
+        "all k candidates, noisy argmax of exact stable scores; alpha1 + alpha2 whatever k "
+        "(Chaudhuri & Vinterbo 2013, Thm 1-2; pure-DP candidates only)",
+        ("k", "validation_epsilon", "stability_beta"),
+        ("stability_delta",),
+        lambda k, validation_epsilon, stability_beta, stability_delta=0.0: (
+            StabilityValidation.from_beta(k, validation_epsilon, stability_beta, stability_delta)
+        ),
+        privacy_only={"stability_beta": 1.0},
     )
 )
 register(

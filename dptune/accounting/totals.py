@@ -99,7 +99,7 @@ def composition_count(transform: PrivacyTransformLike | None) -> int | None:
 # ----------------------------------------------------------------------------- routes
 
 
-def _pure_route(cands: tuple[Candidate, ...], transform) -> Route:
+def _pure_route(cands: tuple[Candidate, ...], transform, delta: float = 0.0) -> Route:
     epsilons = [pure_epsilon(b) for c in cands for b in c.branches()]
     if any(e is None for e in epsilons):
         raise _NoRoute("a candidate is not pure epsilon-DP")
@@ -109,7 +109,23 @@ def _pure_route(cands: tuple[Candidate, ...], transform) -> Route:
     try:
         total = float(transform.pure_dp(eps))
     except (NotImplementedError, ValueError) as e:
-        raise _NoRoute(str(e)) from e
+        # Pure-DP candidates, but a theorem whose total has a delta of its own (e.g. Chaudhuri &
+        # Vinterbo 2013, Thm 2 with a stability failure probability): its (eps, 0) form.
+        try:
+            total, total_delta = (float(v) for v in transform.approx_dp(eps, 0.0))
+        except (NotImplementedError, ValueError):
+            raise _NoRoute(str(e)) from e
+        if not total_delta <= delta:
+            raise _NoRoute(
+                f"{transform.name}: its delta {total_delta:.3g} with pure candidates exceeds "
+                f"{delta:g}"
+            ) from e
+        return Route(
+            "pure",
+            total,
+            total_delta,
+            f"(eps, delta) form of the theorem at pure candidate epsilon {eps:.6g}",
+        )
     return Route("pure", total, 0.0, f"pure-DP form of the theorem at candidate epsilon {eps:.6g}")
 
 
@@ -329,7 +345,7 @@ def _routes_and_reasons(
     is_composition = composition_count(transform) is not None
     attempts: list[Callable[[], Route]] = []
     if accountant == "auto":
-        attempts.append(lambda: _pure_route(cands, transform))
+        attempts.append(lambda: _pure_route(cands, transform, delta))
     if accountant in ("auto", "rdp"):
         attempts.append(lambda: _rdp_route(cands, transform, delta, orders, "rdp", disc))
         if not is_composition:

@@ -1,0 +1,161 @@
+"""Generalized sparse vector (Liu & Talwar 2019, §4.1, Alg. "gensparse0"): the first private
+candidate whose percentile clears a target, found with AboveThreshold on the log-odds scale.
+
+Each candidate i is an eps-DP mechanism Q_i whose percentile p_i(D) = P[Q_i(D) scores >= tau] is
+known exactly (LT's percentile oracle; e.g. a score that is a count plus Laplace or Gaussian noise
+of known scale, or any candidate whose output distribution can be evaluated). The candidate callable
+returns ``(p_i, payload)``: the percentile as its score, and as payload ONE sample of Q_i(D) (or
+data-independent information such as its hyperparameters). The method tests
+
+    logit(p_i) + nu_i >= logit(target_percentile) + rho,   rho ~ Lap(beta), nu_i ~ Lap(2 beta),
+
+in index order, releases the first passing candidate's payload (nothing after ``max_trials``
+misses), and never releases a percentile, a noisy value or the number of misses beyond the released
+index. All noise is data-independent and drawn up front in the plan.
+
+Privacy: ``(4/beta + 1) eps`` pure DP for eps-DP candidates (see
+`selection.privacy.PercentileSparseVectorPrivacy` for the derivation and its sources).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from selection.method import SelectionMethod, make_rng
+from selection.plan import Plan
+from selection.privacy import PercentileSparseVectorPrivacy, PrivacyTransform
+
+__all__ = ["PercentileSparseVector", "SparseVectorPlan", "logit"]
+
+
+def logit(p: float) -> float:
+    """log(p) - log(1 - p) in [-inf, inf]; NaN for p outside [0, 1] or NaN."""
+    p = float(p)
+    if not (0.0 <= p <= 1.0):
+        return math.nan
+    if p == 0.0:
+        return -math.inf
+    if p == 1.0:
+        return math.inf
+    return math.log(p) - math.log1p(-p)
+
+
+@dataclass(frozen=True)
+class SparseVectorPlan(Plan):
+    """The plan plus the AboveThreshold noise (PRIVATE, like every plan: hidden from ``repr``).
+
+    Attributes:
+      threshold_noise: rho ~ Lap(beta), added to the target's logit.
+      query_noise: nu_0..nu_{T-1} ~ Lap(2 beta), one per candidate.
+    """
+
+    threshold_noise: float = field(default=0.0, repr=False)
+    query_noise: tuple[float, ...] = field(default=(), repr=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "query_noise", tuple(float(v) for v in self.query_noise))
+        if len(self.query_noise) != self.num_trials:
+            raise ValueError("a sparse-vector plan needs one query noise per trial")
+
+    def __repr__(self) -> str:
+        return f"SparseVectorPlan(method={self.method!r}, <private noise>)"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **super().to_dict(),
+            "threshold_noise": self.threshold_noise,
+            "query_noise": list(self.query_noise),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SparseVectorPlan:
+        return cls(
+            num_trials=d["num_trials"],
+            method=str(d.get("method", "")),
+            threshold_noise=float(d["threshold_noise"]),
+            query_noise=tuple(d["query_noise"]),
+        )
+
+
+class PercentileSparseVector(SelectionMethod):
+    """Liu & Talwar 2019, §4.1: the first candidate whose percentile p_i(D) (its score) passes a
+    noisy test against ``target_percentile`` on the log-odds scale.
+
+    Args:
+      target_percentile: in (0, 1): stop at the first candidate with P[score >= tau] above this
+        (up to the noise).
+      noise_scale: beta > 0 (logit units): threshold noise Lap(beta), query noise Lap(2 beta).
+        Larger beta: more private (4 eps / beta for the test) and a less exact stopping point.
+      max_trials: T >= 1, the number of candidates in the stream.
+    """
+
+    method_name = "sparse_vector"
+    plan_class = SparseVectorPlan
+
+    def __init__(self, target_percentile: float, noise_scale: float, max_trials: int) -> None:
+        target = float(target_percentile)
+        if not (0.0 < target < 1.0):
+            raise ValueError(f"target_percentile must be in (0, 1), got {target_percentile}")
+        self.target_percentile = target
+        self._privacy = PercentileSparseVectorPrivacy(noise_scale, max_trials)
+        self.noise_scale = self._privacy.noise_scale
+        self.max_trials = self._privacy.max_trials
+
+    def __repr__(self) -> str:
+        return (
+            f"PercentileSparseVector(target_percentile={self.target_percentile!r}, "
+            f"noise_scale={self.noise_scale!r}, max_trials={self.max_trials!r})"
+        )
+
+    @property
+    def expected_trials(self) -> float:
+        """Upper bound on the number of candidates evaluated: T."""
+        return float(self.max_trials)
+
+    def plan(self, rng: np.random.Generator | int | None = None) -> SparseVectorPlan:
+        gen = make_rng(rng)
+        rho = float(gen.laplace(0.0, self.noise_scale))
+        nu = gen.laplace(0.0, 2.0 * self.noise_scale, size=self.max_trials)
+        return SparseVectorPlan(
+            num_trials=self.max_trials,
+            method=self.method_name,
+            threshold_noise=rho,
+            query_noise=tuple(nu),
+        )
+
+    def _check_sv_plan(self, plan: Plan) -> SparseVectorPlan:
+        self._check_plan(plan)
+        if not isinstance(plan, SparseVectorPlan):
+            raise TypeError("sparse_vector needs the SparseVectorPlan drawn by its own plan()")
+        return plan
+
+    def _first_pass(self, plan: SparseVectorPlan, scores: Sequence[float]) -> int | None:
+        bar = logit(self.target_percentile) + plan.threshold_noise
+        for i in range(min(len(scores), plan.num_trials)):
+            g = logit(scores[i])  # NaN (a failed candidate or a score outside [0, 1]) never passes
+            if g + plan.query_noise[i] >= bar:
+                return i
+        return None
+
+    def done(self, plan: Plan, scores: Sequence[float]) -> bool:
+        plan = self._check_sv_plan(plan)
+        return len(scores) >= plan.num_trials or self._first_pass(plan, scores) is not None
+
+    def select(self, plan: Plan, scores: Sequence[float]) -> int | None:
+        """First index whose noisy logit-percentile passes the noisy threshold; None if none."""
+        plan = self._check_sv_plan(plan)
+        if not self.done(plan, scores):
+            raise ValueError(
+                "sparse_vector is not done: no candidate passed yet; evaluate more candidates"
+            )
+        return self._first_pass(plan, scores)
+
+    @property
+    def privacy(self) -> PrivacyTransform:
+        return self._privacy
