@@ -19,7 +19,7 @@ import numpy as np
 from dptune.accounting.events import DpSgdCandidate
 from dptune.errors import TuningConfigError
 from dptune.progress import epoch_bar
-from dptune.trainer_protocol import ReleaseView
+from dptune.trainer_protocol import DatasetTrainer, ReleaseView
 from trainers import loop
 from trainers.data import Dataset, DatasetNotFoundError, load_dataset
 from trainers.evaluate import evaluate
@@ -41,7 +41,7 @@ def dpsgd_candidate(privacy: Any, score_noise_std: float | None) -> DpSgdCandida
         raise TuningConfigError(str(e)) from None
 
 
-class DpSgdTrainer:
+class DpSgdTrainer(DatasetTrainer):
     """This project's DP-SGD trainer (``trainers.loop``) on an in-memory dataset.
 
     Args:
@@ -53,6 +53,9 @@ class DpSgdTrainer:
         released candidate's training curve shows its test accuracy (costs one test-set pass per
         epoch).
     """
+
+    hyperparams_class = Hyperparams
+    kind = "DP-SGD"
 
     privacy_fields = DPSGD_PRIVACY_FIELDS
     calibrated_field = "noise_multiplier"
@@ -70,21 +73,6 @@ class DpSgdTrainer:
         # The PUBLIC nominal training size (declared or published), never len() of private arrays.
         self.num_examples = int(data.public_num_train)
         self.epoch_progress = epoch_progress
-        self._fingerprint: str | None = None
-
-    @property
-    def fingerprint(self) -> str:
-        """The dataset's id in the ledger: its private records as a multiset."""
-        if self._fingerprint is None:
-            self._fingerprint = self.data.fingerprint()
-        return self._fingerprint
-
-    def hyperparams(self, hparams: Mapping[str, Any]) -> Hyperparams:
-        merged = {**self.base, **dict(hparams)}
-        try:
-            return Hyperparams(**merged)
-        except (TypeError, ValueError) as e:
-            raise TuningConfigError(f"invalid DP-SGD hyperparameters {merged}: {e}") from None
 
     def _privacy(self, hp: Hyperparams, epochs: int | None = None) -> DpSgdCandidate:
         if hp.score_noise_std is None and not self.data.validation_public:

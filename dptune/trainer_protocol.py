@@ -82,6 +82,39 @@ def release_view(trainer: Any, hparams: Mapping[str, Any], payload: Any) -> Rele
     return ReleaseView(payload)
 
 
+class DatasetTrainer:
+    """Shared by the trainers over a ``trainers.data.Dataset`` (DP-SGD, DP-Fisher, public-data
+    learners): the ledger fingerprint and the parsing of a candidate's hyperparameters.
+
+    Subclasses set ``data`` (the Dataset), ``base`` (fixed hyperparameters under the drawn ones),
+    and the class attributes ``hyperparams_class`` (a dataclass validating its fields) and
+    ``kind`` (its name in error messages).
+    """
+
+    hyperparams_class: type
+    kind: str = "trainer"
+    data: Any
+    base: dict[str, Any]
+    _fingerprint: str | None = None
+
+    @property
+    def fingerprint(self) -> str:
+        """The dataset's id in the ledger: its private records as a multiset (so neither a new
+        split nor a new order of the same records opens a fresh budget)."""
+        if self._fingerprint is None:
+            self._fingerprint = self.data.fingerprint()
+        return self._fingerprint
+
+    def hyperparams(self, hparams: Mapping[str, Any]) -> Any:
+        """``base`` overridden by ``hparams``, as a ``hyperparams_class``; a bad field or value is
+        one :class:`TuningConfigError` line."""
+        merged = {**self.base, **dict(hparams)}
+        try:
+            return self.hyperparams_class(**merged)
+        except (TypeError, ValueError) as e:
+            raise TuningConfigError(f"invalid {self.kind} hyperparameters {merged}: {e}") from None
+
+
 @dataclass
 class FunctionTrainer:
     """Wraps a user's training function as a trainer.

@@ -50,7 +50,7 @@ from dp_accounting import dp_event
 
 from dptune.accounting.events import EventCandidate
 from dptune.errors import TuningConfigError
-from dptune.trainer_protocol import ReleaseView
+from dptune.trainer_protocol import DatasetTrainer, ReleaseView
 
 __all__ = [
     "FISHER_PRIVACY_FIELDS",
@@ -225,13 +225,16 @@ def predict(model: Mapping[str, np.ndarray], x: np.ndarray) -> np.ndarray:
 # The trainer dptune tunes.
 
 
-class FisherTrainer:
+class FisherTrainer(DatasetTrainer):
     """DP feature selection + Fisher classifier on a ``trainers.data.Dataset``, for ``dptune.tune``.
 
     Searchable fields: ``num_features``, ``selection_fraction``, ``clip_norm``, ``ridge``;
     ``noise_multiplier="auto"`` is calibrated by dptune to the total budget. The score is the noisy
     validation accuracy (count + N(0, score_noise_std^2), divided by the PUBLIC expected size).
     """
+
+    hyperparams_class = FisherHyperparams
+    kind = "DP-Fisher"
 
     privacy_fields = FISHER_PRIVACY_FIELDS
     calibrated_field = "noise_multiplier"
@@ -240,20 +243,6 @@ class FisherTrainer:
         self.data = data
         self.base = dict(base or {})
         self.num_examples = int(data.public_num_train)  # public size (delta < 1/n check)
-        self._fingerprint: str | None = None
-
-    @property
-    def fingerprint(self) -> str:
-        if self._fingerprint is None:
-            self._fingerprint = self.data.fingerprint()
-        return self._fingerprint
-
-    def hyperparams(self, hparams: Mapping[str, Any]) -> FisherHyperparams:
-        merged = {**self.base, **dict(hparams)}
-        try:
-            return FisherHyperparams(**merged)
-        except (TypeError, ValueError) as e:
-            raise TuningConfigError(f"invalid DP-Fisher hyperparameters {merged}: {e}") from None
 
     def privacy(self, hparams: Mapping[str, Any]) -> EventCandidate:
         hp = self.hyperparams(hparams)

@@ -54,7 +54,7 @@ from scipy import linalg, optimize
 
 from dptune.accounting.events import EventCandidate
 from dptune.errors import TuningConfigError
-from dptune.trainer_protocol import ReleaseView
+from dptune.trainer_protocol import DatasetTrainer, ReleaseView
 
 __all__ = [
     "PUBLIC_DATA_PRIVACY_FIELDS",
@@ -290,7 +290,7 @@ def predict(model: Mapping[str, Any], x: np.ndarray) -> np.ndarray:
     return np.argmax(model["phi"](x) @ model["w"], axis=1)
 
 
-class PublicDataTrainer:
+class PublicDataTrainer(DatasetTrainer):
     """The public-data-assisted candidate family for ``dptune.tune``.
 
     Args:
@@ -299,6 +299,9 @@ class PublicDataTrainer:
       base: default hyperparameters.
     Searchable: ``eta``, ``pca_dim``; ``noise_multiplier="auto"`` is calibrated by dptune.
     """
+
+    hyperparams_class = PublicDataHyperparams
+    kind = "public-data"
 
     privacy_fields = PUBLIC_DATA_PRIVACY_FIELDS
     calibrated_field = "noise_multiplier"
@@ -314,20 +317,6 @@ class PublicDataTrainer:
         self.pool = public_pool(data, num_public, test_from)
         self.base = dict(base or {})
         self.num_examples = int(data.public_num_train)
-        self._fingerprint: str | None = None
-
-    @property
-    def fingerprint(self) -> str:
-        if self._fingerprint is None:
-            self._fingerprint = self.data.fingerprint()
-        return self._fingerprint
-
-    def hyperparams(self, hparams: Mapping[str, Any]) -> PublicDataHyperparams:
-        merged = {**self.base, **dict(hparams)}
-        try:
-            return PublicDataHyperparams(**merged)
-        except (TypeError, ValueError) as e:
-            raise TuningConfigError(f"invalid public-data hyperparameters {merged}: {e}") from None
 
     def privacy(self, hparams: Mapping[str, Any]) -> EventCandidate:
         hp = self.hyperparams(hparams)

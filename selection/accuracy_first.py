@@ -27,14 +27,14 @@ default).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from selection.method import SelectionMethod, make_rng
-from selection.plan import Plan
+from selection.plan import NoisyThresholdPlan, Plan
 from selection.privacy import AccuracyFirstPrivacy, PrivacyTransform
 
 __all__ = [
@@ -257,42 +257,14 @@ def doubling_method(
     return AccuracyFirstResult(False, None, None, None, worst, worst, DOUBLING_THEOREM)
 
 
-@dataclass(frozen=True)
-class AccuracyFirstPlan(Plan):
+@dataclass(frozen=True, repr=False)  # keeps NoisyThresholdPlan's private repr
+class AccuracyFirstPlan(NoisyThresholdPlan):
     """The plan plus IAT's noise (PRIVATE, like every plan: hidden from ``repr``).
 
     Attributes:
       threshold_noise: Lap(2 Delta/eps_A), added to the accuracy target W.
       query_noise: Lap(4 Delta/eps_A), one per level.
     """
-
-    threshold_noise: float = field(default=0.0, repr=False)
-    query_noise: tuple[float, ...] = field(default=(), repr=False)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        object.__setattr__(self, "query_noise", tuple(float(v) for v in self.query_noise))
-        if len(self.query_noise) != self.num_trials:
-            raise ValueError("an accuracy-first plan needs one query noise per level")
-
-    def __repr__(self) -> str:
-        return f"AccuracyFirstPlan(method={self.method!r}, <private noise>)"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            **super().to_dict(),
-            "threshold_noise": self.threshold_noise,
-            "query_noise": list(self.query_noise),
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> AccuracyFirstPlan:
-        return cls(
-            num_trials=d["num_trials"],
-            method=str(d.get("method", "")),
-            threshold_noise=float(d["threshold_noise"]),
-            query_noise=tuple(d["query_noise"]),
-        )
 
 
 class AccuracyFirst(SelectionMethod):

@@ -110,3 +110,43 @@ class Selection:
     payload: Any
     index: int | None = field(default=None, repr=False)
     private: SelectionPrivate | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class NoisyThresholdPlan(Plan):
+    """A plan plus the noise of a noisy-threshold test (PRIVATE, like every plan: hidden from
+    ``repr``): one threshold noise and one query noise per trial, drawn up front so that a resumed
+    run replays the same test. Subclasses say which distributions they hold.
+
+    Attributes:
+      threshold_noise: added to the threshold (or target).
+      query_noise: one per trial, added to that trial's query.
+    """
+
+    threshold_noise: float = field(default=0.0, repr=False)
+    query_noise: tuple[float, ...] = field(default=(), repr=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "query_noise", tuple(float(v) for v in self.query_noise))
+        if len(self.query_noise) != self.num_trials:
+            raise ValueError(f"a {type(self).__name__} needs one query noise per trial")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(method={self.method!r}, <private noise>)"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **super().to_dict(),
+            "threshold_noise": self.threshold_noise,
+            "query_noise": list(self.query_noise),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> NoisyThresholdPlan:
+        return cls(
+            num_trials=d["num_trials"],
+            method=str(d.get("method", "")),
+            threshold_noise=float(d["threshold_noise"]),
+            query_noise=tuple(d["query_noise"]),
+        )

@@ -20,14 +20,13 @@ Privacy: ``(4/beta + 1) eps`` pure DP for eps-DP candidates (see
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from selection.method import SelectionMethod, make_rng
-from selection.plan import Plan
+from selection.plan import NoisyThresholdPlan, Plan
 from selection.privacy import PercentileSparseVectorPrivacy, PrivacyTransform
 
 __all__ = ["PercentileSparseVector", "SparseVectorPlan", "logit"]
@@ -45,42 +44,14 @@ def logit(p: float) -> float:
     return math.log(p) - math.log1p(-p)
 
 
-@dataclass(frozen=True)
-class SparseVectorPlan(Plan):
+@dataclass(frozen=True, repr=False)  # keeps NoisyThresholdPlan's private repr
+class SparseVectorPlan(NoisyThresholdPlan):
     """The plan plus the AboveThreshold noise (PRIVATE, like every plan: hidden from ``repr``).
 
     Attributes:
       threshold_noise: rho ~ Lap(beta), added to the target's logit.
       query_noise: nu_0..nu_{T-1} ~ Lap(2 beta), one per candidate.
     """
-
-    threshold_noise: float = field(default=0.0, repr=False)
-    query_noise: tuple[float, ...] = field(default=(), repr=False)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        object.__setattr__(self, "query_noise", tuple(float(v) for v in self.query_noise))
-        if len(self.query_noise) != self.num_trials:
-            raise ValueError("a sparse-vector plan needs one query noise per trial")
-
-    def __repr__(self) -> str:
-        return f"SparseVectorPlan(method={self.method!r}, <private noise>)"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            **super().to_dict(),
-            "threshold_noise": self.threshold_noise,
-            "query_noise": list(self.query_noise),
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> SparseVectorPlan:
-        return cls(
-            num_trials=d["num_trials"],
-            method=str(d.get("method", "")),
-            threshold_noise=float(d["threshold_noise"]),
-            query_noise=tuple(d["query_noise"]),
-        )
 
 
 class PercentileSparseVector(SelectionMethod):
