@@ -56,7 +56,11 @@ def test_thresholding_that_never_hits_releases_nothing(tmp_path, capsys):
     assert json.loads((tmp_path / "release" / "result.json").read_text()) == {"released": False}
     # the statement is released (it is what the user may publish) but no model, no curve
     assert release_files(tmp_path) == [
-        "epsilon.png", "privacy.json", "privacy.txt", "report.md", "result.json"
+        "epsilon.png",
+        "privacy.json",
+        "privacy.txt",
+        "report.md",
+        "result.json",
     ]
     assert (
         "Liu & Talwar" in json.loads((tmp_path / "release" / "privacy.json").read_text())["theorem"]
