@@ -203,6 +203,19 @@ class _Trainer(FunctionTrainer):
         _refuse_replace_one(adjacency)
 
 
+def _privacy_of(label: str, score_noise_multiplier: float, mechanism: str = "laplace"):
+    """``hp -> EventCandidate``: the training mechanism (Laplace or Gaussian with the drawn
+    ``noise_multiplier``, a noise scale in units of the sensitivity: module docstring) in
+    parallel with the Laplace noisy validation score (the disjoint validation split)."""
+
+    def privacy(hp: Mapping[str, Any]) -> EventCandidate:
+        nm = float(hp["noise_multiplier"])
+        ev = dp_event.LaplaceDpEvent(nm) if mechanism == "laplace" else dp_event.GaussianDpEvent(nm)
+        return EventCandidate(ev, (dp_event.LaplaceDpEvent(score_noise_multiplier),), label=label)
+
+    return privacy
+
+
 def _make(fn, privacy, n_train: int, name: str) -> FunctionTrainer:
     return _Trainer(
         fn,
@@ -228,12 +241,7 @@ def ridge_trainer(
     Laplace(score_noise_multiplier) on the validation count."""
     (xt, yt), (xv, yv) = train, val
 
-    def privacy(hp: Mapping[str, Any]) -> EventCandidate:
-        nm = float(hp["noise_multiplier"])
-        ev = dp_event.LaplaceDpEvent(nm) if mechanism == "laplace" else dp_event.GaussianDpEvent(nm)
-        return EventCandidate(
-            ev, (dp_event.LaplaceDpEvent(score_noise_multiplier),), label=f"ridge/{mechanism}"
-        )
+    privacy = _privacy_of(f"ridge/{mechanism}", score_noise_multiplier, mechanism)
 
     def fn(hp, rng):
         w = ridge(xt, yt, hp["noise_multiplier"], hp["regularization"], n_public, rng, mechanism)
@@ -254,12 +262,7 @@ def logistic_trainer(
     ``noise_multiplier``, ``regularization``); score: noisy validation accuracy."""
     (xt, yt), (xv, yv) = train, val
 
-    def privacy(hp: Mapping[str, Any]) -> EventCandidate:
-        return EventCandidate(
-            dp_event.LaplaceDpEvent(float(hp["noise_multiplier"])),
-            (dp_event.LaplaceDpEvent(score_noise_multiplier),),
-            label="logistic output perturbation",
-        )
+    privacy = _privacy_of("logistic output perturbation", score_noise_multiplier)
 
     def fn(hp, rng):
         w = logistic_output_perturbation(
@@ -278,12 +281,7 @@ def histogram_trainer(
     ``noise_multiplier``, ``bins``). Score: Eq. 6 with Laplace noise on sum_j f(v_j), whose
     sensitivity is max f <= bins (a density of mass 1 on bins of width 1/bins)."""
 
-    def privacy(hp: Mapping[str, Any]) -> EventCandidate:
-        return EventCandidate(
-            dp_event.LaplaceDpEvent(float(hp["noise_multiplier"])),
-            (dp_event.LaplaceDpEvent(score_noise_multiplier),),
-            label="histogram density",
-        )
+    privacy = _privacy_of("histogram density", score_noise_multiplier)
 
     def fn(hp, rng):
         bins = int(hp["bins"])
