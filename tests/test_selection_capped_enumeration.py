@@ -1,4 +1,4 @@
-"""Exact enumeration of hard-capped random stopping (LT Alg. 2 with a cap T) on toy eps-DP candidates.
+"""Exact enumeration of hard-capped random stopping (LT Alg. 2 with cap T) on toy eps-DP candidates.
 
 This is the independent computation that a pure-DP statement for the capped procedure (Liu & Talwar
 2019, Thm 3.5) must be checked against. The theorem itself is NOT implemented: its statement (the
@@ -68,7 +68,7 @@ def _binary(a: float, eps_low: float) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _worst_loss(eps: float, gamma: float, cap: int) -> tuple[float, float]:
-    """Largest exact loss over a grid of binary eps-DP candidate pairs, and the pairs' own max eps."""
+    """Largest exact loss over a grid of binary eps-DP candidate pairs, and the pairs' max eps."""
     worst, cand_eps = 0.0, 0.0
     for a in np.linspace(0.02, 0.98, 49):
         for s in np.linspace(-eps, eps, 9):
