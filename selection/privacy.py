@@ -54,7 +54,10 @@ What was checked, and how (see also ``docs/selection.md``):
   recalled form (3 eps1 + 3 sqrt(2 delta1), sqrt(2 delta1) T + delta2) with T = ln(1/delta2)/gamma;
   the numbers themselves are not legible in the extraction.
 * LT Thm 3.5 (hard-capped random stopping with eps-DP candidates): its constants are not legible in
-  the extraction; NOT implemented (``pure_dp`` raises).
+  the extraction, and the stored HTML rendering (ar5iv) returns only its opening, so neither Thm 3.4
+  nor Thm 3.5 could be checked against the paper; NOT implemented (``pure_dp`` raises). The exact
+  enumeration it must be checked against is ``tests/test_selection_capped_enumeration.py``; it shows
+  that with a cap far below 1/gamma the exact loss exceeds 3 eps, so a condition on T is required.
 """
 
 from __future__ import annotations

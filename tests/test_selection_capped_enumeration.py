@@ -1,0 +1,136 @@
+"""Exact enumeration of hard-capped random stopping (LT Alg. 2 with cap T) on toy eps-DP candidates.
+
+This is the independent computation that a pure-DP statement for the capped procedure (Liu & Talwar
+2019, Thm 3.5) must be checked against. The theorem itself is NOT implemented: its statement (the
+condition on T and the constant) could not be read from any copy available to the project (see
+``docs/selection.md``), so ``HardCappedRandomStoppingPrivacy.pure_dp`` keeps refusing. What these
+tests pin down without the theorem:
+
+* the enumeration is the procedure that ``selection.RandomStopping.geometric(mean, max_trials)``
+  runs (the law of min(K, T) of its ``plan`` matches the weights used here);
+* with a large cap it reproduces the uncapped output law in closed form, and the exact privacy loss
+  stays within LT Thm 3.2's 3 eps;
+* with a small cap relative to 1/gamma the exact loss EXCEEDS 3 eps, so "3 eps whatever the cap" is
+  false: a pure-DP statement for the capped procedure needs a condition on T (as Thm 3.5's "let T
+  ..." has). The loss never exceeds T eps, which holds for any cap by basic composition (the output
+  is a post-processing of T independent runs; Dwork & Roth 2014, Thm 3.16).
+
+Candidates: one run returns a score from a finite ordered set {0, ..., m-1} (higher is better; ties
+are impossible because the "best" of several equal scores is the same output). ``p`` and ``q`` are
+the run's output laws on neighbouring datasets D and D'; eps = max_i |log p_i / q_i|.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from selection import RandomStopping
+from selection import privacy as sp
+
+
+def _cap_weights(gamma: float, cap: int) -> np.ndarray:
+    """P[min(K, T) = k], k = 1..T, for K ~ Geometric(gamma) on {1, 2, ...} (LT Alg. 2)."""
+    k = np.arange(1, cap + 1)
+    weights = gamma * (1.0 - gamma) ** (k - 1)
+    weights[-1] = (1.0 - gamma) ** (cap - 1)  # every K >= T runs exactly T candidates
+    return weights
+
+
+def _capped_output(p: np.ndarray, gamma: float, cap: int) -> np.ndarray:
+    """Exact law of the released score: sum over k = 1..T of P[min(K,T) = k] P[best of k = i]."""
+    cdf = np.concatenate([[0.0], np.cumsum(p)])
+    cdf[-1] = 1.0
+    out = np.zeros(len(p))
+    for k, w in enumerate(_cap_weights(gamma, cap), start=1):
+        out += w * (cdf[1:] ** k - cdf[:-1] ** k)  # P[max of k i.i.d. runs = i]
+    return out
+
+
+def _uncapped_output(p: np.ndarray, gamma: float) -> np.ndarray:
+    """Closed form without a cap: P[best <= i] = E[F_i^K] = gamma F_i / (1 - (1 - gamma) F_i)."""
+    cdf = np.concatenate([[0.0], np.cumsum(p)])
+    cdf[-1] = 1.0
+    pgf = gamma * cdf / (1.0 - (1.0 - gamma) * cdf)
+    return np.diff(pgf)
+
+
+def _loss(p: np.ndarray, q: np.ndarray) -> float:
+    return float(np.max(np.abs(np.log(p) - np.log(q))))
+
+
+def _binary(a: float, eps_low: float) -> tuple[np.ndarray, np.ndarray]:
+    """Score 0 w.p. a on D and a e^{eps_low} on D' (score 1 otherwise)."""
+    c = a * math.exp(eps_low)
+    return np.array([a, 1.0 - a]), np.array([c, 1.0 - c])
+
+
+def _worst_loss(eps: float, gamma: float, cap: int) -> tuple[float, float]:
+    """Largest exact loss over a grid of binary eps-DP candidate pairs, and the pairs' max eps."""
+    worst, cand_eps = 0.0, 0.0
+    for a in np.linspace(0.02, 0.98, 49):
+        for s in np.linspace(-eps, eps, 9):
+            p, q = _binary(float(a), float(s))
+            if not (0.0 < q[0] < 1.0) or _loss(p, q) > eps * (1 + 1e-12):
+                continue
+            cand_eps = max(cand_eps, _loss(p, q))
+            worst = max(worst, _loss(_capped_output(p, gamma, cap), _capped_output(q, gamma, cap)))
+    return worst, cand_eps
+
+
+def test_enumeration_is_what_the_sampler_runs():
+    """The cap weights are the law of ``plan().num_trials`` of the capped geometric method."""
+    method = RandomStopping.geometric(5.0, max_trials=8)
+    gamma = method.count.gamma
+    assert gamma == pytest.approx(0.2, rel=1e-12)
+    rng = np.random.default_rng(20261123)
+    n = 20_000
+    counts = np.bincount([method.plan(rng).num_trials for _ in range(n)], minlength=9)[1:]
+    expected = n * _cap_weights(gamma, 8)
+    assert counts.sum() == n and expected.sum() == pytest.approx(n, rel=1e-12)
+    # Pearson chi-square, 7 degrees of freedom: the 0.999 quantile is 24.3.
+    chi2 = float(np.sum((counts - expected) ** 2 / expected))
+    assert chi2 < 24.3, (counts, expected)
+    # A sampler without the cap (plain geometric) would put mass beyond 8: caught.
+    assert _cap_weights(gamma, 8)[-1] == pytest.approx(0.8**7, rel=1e-12)
+
+
+@pytest.mark.parametrize("p", [np.array([0.3, 0.7]), np.array([0.05, 0.15, 0.5, 0.3])])
+def test_large_cap_reproduces_the_uncapped_closed_form(p):
+    # (1 - gamma)^(T-1) = 0.9^1999 ~ 1e-92: the cap is never reached in float64.
+    assert np.allclose(_capped_output(p, 0.1, 2000), _uncapped_output(p, 0.1), rtol=1e-10, atol=0)
+    assert _capped_output(p, 0.1, 2000).sum() == pytest.approx(1.0, rel=1e-12)
+    # A small cap changes the law (the enumeration is not insensitive to T).
+    assert not np.allclose(_capped_output(p, 0.1, 3), _uncapped_output(p, 0.1), rtol=1e-3)
+
+
+@pytest.mark.parametrize("eps", [0.1, 1.0])
+@pytest.mark.parametrize("gamma", [0.1, 0.02])
+def test_large_cap_stays_within_three_eps(eps, gamma):
+    """With T >> 1/gamma the capped procedure is LT Alg. 2, which is 3 eps-DP (LT Thm 3.2)."""
+    cap = int(math.ceil(20 / gamma))
+    worst, cand_eps = _worst_loss(eps, gamma, cap)
+    assert cand_eps == pytest.approx(eps, rel=1e-12)
+    bound = sp.RandomStoppingPrivacy.from_mean(1.0 / gamma, 1.0).pure_dp(cand_eps)
+    assert bound == pytest.approx(3.0 * eps, rel=1e-9)
+    assert eps < worst <= bound
+    # On these binary candidates the loss is below 2 eps too: binary scores cannot show the 3.
+    assert worst < 2.0 * eps
+
+
+@pytest.mark.parametrize(("eps", "gamma", "cap"), [(0.1, 0.02, 5), (0.1, 0.02, 6), (0.5, 0.01, 6)])
+def test_small_cap_breaks_three_eps_but_not_composition(eps, gamma, cap):
+    """A cap well below 1/gamma: the exact loss exceeds 3 eps (so a pure-DP statement for the
+    capped procedure needs a condition on T), and stays within T eps (composition of T runs)."""
+    worst, cand_eps = _worst_loss(eps, gamma, cap)
+    assert worst > 3.0 * cand_eps  # the broken variant "3 eps for any cap" is caught
+    assert worst <= cap * cand_eps * (1 + 1e-12)
+
+
+def test_capped_pure_dp_is_still_refused():
+    transform = RandomStopping.geometric(10.0, max_trials=50).privacy
+    assert isinstance(transform, sp.HardCappedRandomStoppingPrivacy)
+    with pytest.raises(NotImplementedError, match="Thm 3.5"):
+        transform.pure_dp(1.0)
