@@ -43,7 +43,7 @@ METHODS: list[tuple[str, str, Any]] = [
     ("random stopping, Poisson (PS Thm 6)", "10", sp.PoissonStoppingPrivacy(10.0)),
     ("thresholding, γ=0.1 (LT Alg. 1; PS App. C Cor. 16)", "≤ 10", sp.ThresholdingPrivacy(0.1)),
     (
-        "capped random stopping, γ=0.1, T=300 (LT Thm 3.4)",
+        "capped random stopping, γ=0.1, T=300 (profile of min(K, T); LT Thm 3.4 for RDP)",
         "≤ 10",
         sp.HardCappedRandomStoppingPrivacy(0.1, 300),
     ),

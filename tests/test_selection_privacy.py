@@ -329,8 +329,11 @@ def test_hard_capped_random_stopping_approx_dp():
     assert eps == pytest.approx(1.5 + 3 * root, rel=1e-15)
     assert delta == pytest.approx(root * 120 + delta2, rel=1e-15)
     assert "UNVERIFIED" in transform.theorem
-    with pytest.raises(NotImplementedError, match="3.5"):
-        transform.pure_dp(0.5)
+    # pure DP: our bound (profile_pure_dp), never above T eps; checked against exact enumeration in
+    # tests/test_selection_capped_enumeration.py
+    assert 2.0 * 0.5 < transform.pure_dp(0.5) <= 3.0 * 0.5
+    assert sp.HardCappedRandomStoppingPrivacy(0.1, 2).pure_dp(0.5) <= 2 * 0.5
+    assert "composition" in transform.pure_dp_theorem
     with pytest.raises(NotImplementedError):
         transform.rdp(ORDERS, np.ones_like(ORDERS))
     assert transform.approx_dp(0.5, 0.5)[1] == 1.0  # delta is capped at 1
