@@ -53,8 +53,10 @@ def main() -> None:
          mod.test_audit_catches_best_of_fixed_k_sold_as_random_stopping),
         ("releasing K with the result", mod.test_audit_catches_revealing_k_with_the_release),
         ("LT App. B.2 decreasing thresholds", mod.test_audit_catches_decreasing_thresholds),
+        ("capped (mean 200, T = 4) sold with the uncapped 3 eps",
+         mod.test_audit_catches_a_capped_run_sold_with_the_uncapped_epsilon),
     ]  # fmt: skip
-    claimed = {0: 3.0, 1: 3.0, 2: 3.0, 3: 2.0}
+    claimed = {0: 3.0, 1: 3.0, 2: 3.0, 3: 2.0, 4: 3.0}
     for i, (label, test) in enumerate(broken):
         test()
         lower, estimate = recorded[-1]

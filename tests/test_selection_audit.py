@@ -237,6 +237,12 @@ HONEST = {
     ),
     "geometric/binary": (RandomStopping.geometric(10), binary_candidates(0.05), BINARY_EDGES),
     "logarithmic/binary": (RandomStopping.logarithmic(10), binary_candidates(0.05), BINARY_EDGES),
+    # hard cap far below 1/gamma: the bound is ours (selection.privacy.profile_pure_dp), 4.16 eps
+    "geometric_capped(50, T=5)/laplace": (
+        RandomStopping.geometric(50, max_trials=5),
+        laplace_candidates,
+        EDGES,
+    ),
     "thresholding/laplace": (Thresholding(1.5, 0.1), laplace_candidates, EDGES),
     "thresholding/binary": (Thresholding(0.5, 0.3), binary_candidates(0.3), BINARY_EDGES),
 }
@@ -290,6 +296,24 @@ def test_audit_catches_best_of_fixed_k_sold_as_random_stopping():
 
     lower, estimate = audit(simulate, seed=12)
     assert lower > claimed, (lower, estimate)
+
+
+def test_audit_catches_a_capped_run_sold_with_the_uncapped_epsilon():
+    """Geometric random stopping with mean 200 capped at T = 4 is nearly a fixed best-of-4; sold
+    with the uncapped geometric's 3 eps (LT Thm 3.2), it is caught (measured lower bound 3.13 with
+    5e5 runs), while our capped bound (3.91 eps) stands."""
+    method = RandomStopping.geometric(200, max_trials=4)
+    n_runs = 5 * N_RUNS
+
+    def simulate(dataset, rng):
+        counts = plans(method, n_runs, rng)
+        released, x, s, _ = best_of(counts, laplace_candidates, rng, dataset)
+        return released, x, s, None
+
+    lower, estimate = audit(simulate, seed=22)
+    claimed = RandomStopping.geometric(200).privacy.pure_dp(EPS)
+    assert claimed == pytest.approx(3.0 * EPS)
+    assert claimed < lower <= method.privacy.pure_dp(EPS), (lower, estimate)
 
 
 def test_audit_catches_revealing_k_with_the_release():
