@@ -104,10 +104,14 @@ def make_executor(kind: str = "sequential", *, group_size: int = 1, **options: A
 
     ``"ray"`` takes ``address``, ``cpus_per_candidate``, ``gpus_per_candidate``, ``max_retries``,
     ``num_cpus`` (``dptune.executors_ray``; it raises a clear error if Ray is not installed);
-    ``"devices"`` takes ``devices`` (a count; default all of ``jax.devices()``,
-    ``dptune.executors_devices``). Options another kind does not use are refused."""
+    ``"devices"`` takes ``devices`` (a count; default all of ``jax.devices()``) and
+    ``data_parallel`` (one candidate at a time over all of them; ``dptune.executors_devices``).
+    Options another kind does not use are refused."""
     if kind == "ray":
         from dptune.executors_ray import RayExecutor
+
+        if options.get("data_parallel") is False:
+            del options["data_parallel"]  # the base config's default
 
         ray_options = {"address", "cpus_per_candidate", "gpus_per_candidate", "max_retries"}
         ray_options |= {"num_cpus"}
@@ -115,11 +119,12 @@ def make_executor(kind: str = "sequential", *, group_size: int = 1, **options: A
         return RayExecutor(**options)
     # The Ray fields have defaults in the base config; other kinds ignore them at their defaults.
     ignorable = {"cpus_per_candidate": 1.0, "gpus_per_candidate": 0.0, "max_retries": 3}
+    ignorable["data_parallel"] = False
     options = {k: v for k, v in options.items() if ignorable.get(k, object()) != v}
     if kind == "devices":
         from dptune.executors_devices import DevicesExecutor
 
-        _refuse_unknown(kind, options, {"devices"})
+        _refuse_unknown(kind, options, {"devices", "data_parallel"})
         return DevicesExecutor(**options)
     if options:
         raise ValueError(f"executor {kind!r} takes no options {sorted(options)}")

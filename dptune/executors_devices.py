@@ -6,10 +6,12 @@ does not depend on which device ran it (same program, same key), so the release 
 ``"sequential"`` gives for the same seed (``tests/test_executors_devices.py`` checks this on 4
 forced CPU devices).
 
-For ONE candidate too large for one device, the data-parallel DP-SGD step is
-``trainers.parallel`` (per-example clipping on each shard of a ``jax.sharding.Mesh``, the clipped
-sums reduced across devices, the Gaussian noise added once with std ``noise_multiplier *
-clip_norm`` whatever the device count).
+For candidates too large for one device, ``data_parallel=True`` trains them one at a time, each
+over ALL the devices (``trainers.parallel``: per-example clipping on each shard of a
+``jax.sharding.Mesh``, the clipped sums reduced across devices, the Gaussian noise added once with
+std ``noise_multiplier * clip_norm`` whatever the device count). The same key gives the same
+candidate as on one device, up to float summation order. Only trainers built on
+``trainers.loop`` (``dptune.dpsgd.DpSgdTrainer``) train data-parallel; others run as on one device.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ class DevicesExecutor:
 
     Args:
       devices: how many of ``jax.local_devices()`` to use (default: all of them).
+      data_parallel: train one candidate at a time over all ``devices`` (data-parallel DP-SGD)
+        instead of one candidate per device.
     """
 
-    def __init__(self, devices: int | None = None) -> None:
+    def __init__(self, devices: int | None = None, data_parallel: bool = False) -> None:
         import jax
 
         local = jax.local_devices()
@@ -42,12 +46,26 @@ class DevicesExecutor:
                 f"devices={devices} but this host has {len(local)} JAX devices "
                 f"({local[0].platform}); lower config.executor.devices"
             )
+        if not isinstance(data_parallel, bool):
+            raise ValueError(f"data_parallel={data_parallel!r} must be True or False")
         self.devices = list(local[:devices])
-        self.parallelism = len(self.devices)
+        self.data_parallel = data_parallel
+        self.parallelism = 1 if data_parallel else len(self.devices)
 
     def run(self, trainer: Any, jobs: Sequence[Job]) -> Iterator[tuple[int, float, Any]]:
         """Trains ``jobs`` on the devices (each device runs one candidate at a time) and yields
         ``(index, score, payload)`` as candidates finish."""
+        if self.data_parallel and len(self.devices) > 1:
+            from trainers import parallel
+
+            mesh = parallel.data_mesh(self.devices)
+            for job in jobs:
+                # Set around the call only: a context variable set across a `yield` would stay
+                # set in the caller while this generator is suspended.
+                with parallel.data_parallel(mesh):
+                    score, payload = train_one(trainer, job)
+                yield job.index, score, payload
+            return
         if len(self.devices) == 1 or len(jobs) == 1:
             import jax
 

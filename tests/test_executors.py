@@ -138,7 +138,7 @@ def test_a_trainer_exception_is_the_candidates_failure_not_an_abort():
 # --- make_executor: the config's vocabulary ------------------------------------------------------
 
 # The base config's executor fields at their defaults: what `dptune` passes for every kind.
-BASE = dict(cpus_per_candidate=1.0, gpus_per_candidate=0.0, max_retries=3)
+BASE = dict(cpus_per_candidate=1.0, gpus_per_candidate=0.0, max_retries=3, data_parallel=False)
 
 
 def test_devices_and_sequential_accept_the_base_configs_ray_defaults():
@@ -146,6 +146,8 @@ def test_devices_and_sequential_accept_the_base_configs_ray_defaults():
     assert make_executor("vectorized", **BASE).parallelism == 4
     ex = make_executor("devices", **BASE)
     assert ex.parallelism >= 1
+    dp = make_executor("devices", **{**BASE, "data_parallel": True})
+    assert dp.data_parallel and dp.parallelism == 1  # one candidate at a time, over every device
 
 
 @pytest.mark.parametrize(
@@ -155,6 +157,9 @@ def test_devices_and_sequential_accept_the_base_configs_ray_defaults():
         ("devices", dict(address="auto"), "takes no options"),
         ("devices", dict(devices=10_000), "JAX devices"),
         ("devices", dict(devices=0), ">= 1"),
+        ("devices", dict(data_parallel="yes"), "True or False"),
+        ("sequential", dict(data_parallel=True), "takes no options"),
+        ("vectorized", dict(data_parallel=True), "takes no options"),
         ("cluster", {}, "unknown"),
     ],
 )

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from trainers import models
+from trainers import models, parallel
 from trainers.data import Dataset
 from trainers.evaluate import device_arrays, model_data, validation_score
 from trainers.sampling import PoissonSampler
@@ -134,6 +134,7 @@ def train_candidates(
     vectorize: bool | None = None,
     grad_impl: str | None = None,
     on_epoch: Callable[[int, int, Any], None] | None = None,
+    mesh: Any = None,
 ) -> list[CandidateResult]:
     """Trains K candidates; results in the order of ``hps``.
 
@@ -142,7 +143,17 @@ def train_candidates(
     was measured slower (``docs/performance.md``). Each candidate keeps its own key, so results do
     not depend on the grouping (up to float rounding). Progress dicts carry the candidate's index in
     "candidate".
+
+    ``mesh`` (default: the one set by ``trainers.parallel.data_parallel``, if any): train each
+    candidate data-parallel over its devices, one candidate at a time (``trainers.parallel``); the
+    same key gives the same candidate as on one device, up to float summation order.
     """
+    if mesh is None:
+        mesh = parallel.current_mesh()
+    if mesh is not None and mesh.size == 1:
+        mesh = None  # one device: the ordinary path
+    if mesh is not None:
+        vectorize = False
     hps = list(hps)
     keys = [_as_key(k) for k in keys]
     if len(hps) != len(keys):
@@ -165,7 +176,7 @@ def train_candidates(
         gdata = model_data(data, hp_m.model)  # scattering features for the scatter models
         group = _train_group(
             [hps[i] for i in members], gdata, [keys[i] for i in members], members, progress,
-            progress_every, impl, on_epoch,
+            progress_every, impl, on_epoch, mesh,
         )  # fmt: skip
         for i, r in zip(members, group, strict=True):
             results[i] = r
@@ -173,32 +184,45 @@ def train_candidates(
 
 
 def _train_group(
-    hps, data, keys, indices, progress, progress_every, impl, on_epoch
+    hps, data, keys, indices, progress, progress_every, impl, on_epoch, mesh=None
 ) -> list[CandidateResult]:
     try:
         return _train_group_unsafe(
-            hps, data, keys, indices, progress, progress_every, impl, on_epoch
+            hps, data, keys, indices, progress, progress_every, impl, on_epoch, mesh
         )
     except Exception as e:  # a candidate must never abort the search (OOM, XLA errors, ...)
         if len(hps) > 1:  # retry one by one so that one bad candidate does not fail its group
             return [
-                _train_group([hp], data, [k], [i], progress, progress_every, impl, on_epoch)[0]
+                _train_group([hp], data, [k], [i], progress, progress_every, impl, on_epoch, mesh)[
+                    0
+                ]
                 for hp, k, i in zip(hps, keys, indices, strict=True)
             ]
         log.warning("candidate %d failed with %s", indices[0], type(e).__name__)
         return [CandidateResult(None, FAILURE_SCORE, [], True, f"{type(e).__name__}: {e}")]
 
 
-def _train_group_unsafe(hps, data, keys, indices, progress, progress_every, impl, on_epoch):
+def _train_group_unsafe(
+    hps, data, keys, indices, progress, progress_every, impl, on_epoch, mesh=None
+):
     """Trains a group of K >= 1 structurally identical candidates in lockstep. Every per-candidate
-    array carries a leading axis of size K, whatever K is (``StepFunctions.group``)."""
+    array carries a leading axis of size K, whatever K is (``StepFunctions.group``). With a
+    ``mesh``, K is 1 and each chunk's clipped sum is computed data-parallel over it."""
     hp0 = hps[0]
     k = len(hps)
     ema = hp0.ema_decay is not None
-    fns = get_step_functions(hp0.model, data.num_classes, hp0.optimizer, impl, hp0.augmult, ema)
+    fns = get_step_functions(
+        hp0.model, data.num_classes, hp0.optimizer, impl, hp0.augmult, ema, mesh
+    )
     accumulate_fn, step_fn = fns.group(k)
     chunk = hp0.microbatch_size or default_microbatch_size(hp0.model, hp0.augmult)
     data_x, data_y = device_arrays(data)
+    shards = 1
+    if mesh is not None:
+        # Every device gathers its shard of each chunk from its own copy of the data.
+        replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        data_x, data_y = jax.device_put(data_x, replicated), jax.device_put(data_y, replicated)
+        shards = mesh.size
     # Privacy parameters from the PUBLIC nominal size: q = B / N_public and the step count; the
     # sampler then includes each of the actual records with probability q (Poisson sampling does
     # not need the actual size to be public, the accountant's q does).
@@ -237,7 +261,9 @@ def _train_group_unsafe(hps, data, keys, indices, progress, progress_every, impl
         n_seen = np.zeros(k)
         for _ in range(spe):
             batches = [s.sample() for s in samplers]
-            chunked = [s.chunks(b) for s, b in zip(samplers, batches, strict=True)]
+            chunked = [
+                _pad_chunks(s.chunks(b), shards) for s, b in zip(samplers, batches, strict=True)
+            ]
             n_seen += [len(b) for b in batches]
             n_chunks = max(len(c) for c in chunked)
             step_arr = jnp.int32(step)
@@ -301,6 +327,21 @@ def _train_group_unsafe(hps, data, keys, indices, progress, progress_every, impl
             score = validation_score(hp, p, data, subkeys[c][3])
             results.append(CandidateResult(p, score, histories[c], False))
     return results
+
+
+def _pad_chunks(chunks, multiple: int):
+    """Each (idx, mask) chunk padded to a multiple of ``multiple`` slots (index 0, mask 0: the
+    padding adds nothing to the clipped sum), so a data-parallel chunk splits evenly."""
+    if multiple == 1:
+        return chunks
+    out = []
+    for idx, mask in chunks:
+        pad = -len(idx) % multiple
+        if pad:
+            idx = np.concatenate([idx, np.zeros(pad, idx.dtype)])
+            mask = np.concatenate([mask, np.zeros(pad, mask.dtype)])
+        out.append((idx, mask))
+    return out
 
 
 def _stack(trees):

@@ -14,14 +14,22 @@ to float summation order), so the privacy of a step is exactly the single-device
 al. 2016, Alg. 1: sensitivity C of the clipped sum, Gaussian mechanism with multiplier sigma).
 
 Shapes: x (b, h, w, c), y (b,), mask (b,) with b divisible by the number of devices on the axis;
-``tests/test_trainers_parallel.py`` checks the reduction against one device (4 forced CPU devices)
+``tests/test_executors_devices.py`` checks the reduction against one device (4 forced CPU devices)
 and the noise's std statistically.
+
+The training loop (``trainers.loop``) trains a candidate this way while a mesh is set with
+:func:`data_parallel` (the ``"devices"`` executor with ``data_parallel=True`` does so): its chunks
+are padded to a multiple of the device count (padding slots have mask 0 and add nothing), the data
+and parameters are replicated, and each chunk's clipped sum is reduced across the mesh before the
+step adds the noise once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -112,6 +120,39 @@ def make_step(
     return step
 
 
+def sharded_clipped_sum(clipped_sum: Callable, mesh: Mesh) -> Callable:
+    """``clipped_sum`` (``(params, x, y, mask, clip_norm) -> (sum, loss sum, norms)``) computed
+    over ``mesh``: same signature, the batch split across the devices inside, the sums reduced.
+    The per-example norms are not gathered (None): the training loop does not use them."""
+
+    def fn(params, x, y, mask, clip_norm):
+        summed, loss = clipped_sum_sharded(clipped_sum, mesh, params, x, y, mask, clip_norm)
+        return summed, loss, None
+
+    return fn
+
+
+_MESH: contextvars.ContextVar[Mesh | None] = contextvars.ContextVar("dptune_mesh", default=None)
+
+
+@contextlib.contextmanager
+def data_parallel(mesh: Mesh) -> Iterator[Mesh]:
+    """Within this block (this thread/context), ``trainers.loop`` trains each candidate
+    data-parallel over ``mesh`` (a 1-D mesh with axis ``"data"``, e.g. :func:`data_mesh`)."""
+    if AXIS not in mesh.axis_names:
+        raise ValueError(f"the mesh needs an axis named {AXIS!r}, got {mesh.axis_names}")
+    token = _MESH.set(mesh)
+    try:
+        yield mesh
+    finally:
+        _MESH.reset(token)
+
+
+def current_mesh() -> Mesh | None:
+    """The mesh set by :func:`data_parallel`, or None (train on the default device)."""
+    return _MESH.get()
+
+
 def naive_clipped_sum(apply_fn: Callable) -> Callable:
     """``trainers.dpsgd.clipped_sum_naive`` bound to a model (works for every model)."""
     return functools.partial(dpsgd.clipped_sum_naive, apply_fn)
@@ -120,9 +161,12 @@ def naive_clipped_sum(apply_fn: Callable) -> Callable:
 __all__ = [
     "AXIS",
     "clipped_sum_sharded",
+    "current_mesh",
     "data_mesh",
+    "data_parallel",
     "make_step",
     "naive_clipped_sum",
     "noisy_sum_sharded",
     "shard_batch",
+    "sharded_clipped_sum",
 ]

@@ -141,7 +141,7 @@ class StepFunctions:
 
     def __init__(
         self, model: str, num_classes: int, optimizer: str, grad_impl: str, augmult: int = 0,
-        ema: bool = False,
+        ema: bool = False, mesh: Any = None,
     ):  # fmt: skip
         tune_malloc()  # keeps the step's large temporaries mapped between steps (see runtime.py)
         self.spec = models.get_model(model, num_classes)
@@ -169,6 +169,14 @@ class StepFunctions:
             self._clipped_sum = functools.partial(dpsgd.clipped_sum_naive, apply_fn)
         else:
             raise ValueError(f"grad_impl={grad_impl!r}: expected 'bookkeeping' or 'naive'")
+        self.mesh = mesh
+        if mesh is not None:
+            from trainers import parallel
+
+            # Data-parallel (trainers.parallel): each chunk's examples are split over the mesh,
+            # clipped where they are, and the clipped sums reduced; `_step` then adds the noise
+            # once to the reduced sum, so its std is sigma * C whatever the device count.
+            self._clipped_sum = parallel.sharded_clipped_sum(self._clipped_sum, mesh)
 
         self.chunk_sum = jax.jit(self._chunk_sum)
         self.accumulate = jax.jit(self._accumulate)
@@ -187,6 +195,8 @@ class StepFunctions:
         carry a leading axis of size k."""
         if k < 1:
             raise ValueError(f"a group has at least one candidate, got k={k}")
+        if k > 1 and self.mesh is not None:
+            raise ValueError("data-parallel training (a mesh) takes one candidate at a time")
         return (self.vaccumulate, self.vstep) if k > 1 else (self._accumulate_one, self._step_one)
 
     def _chunk_sum(self, params, data_x, data_y, idx, mask, clip_norm, key=None, step=0, chunk=0):
@@ -229,18 +239,21 @@ class StepFunctions:
 
 def get_step_functions(
     model: str, num_classes: int, optimizer: str, grad_impl: str, augmult: int = 0,
-    ema: bool = False,
+    ema: bool = False, mesh: Any = None,
 ) -> StepFunctions:  # fmt: skip
     """Cached :class:`StepFunctions`, so that every candidate with the same structure reuses the
-    compiled step (the cache key is the full argument tuple, however the call spells it)."""
+    compiled step (the cache key is the full argument tuple, however the call spells it). With a
+    ``mesh`` (``trainers.parallel``), the clipped sums are computed data-parallel over it."""
     return _cached_step_functions(
-        model, int(num_classes), optimizer, grad_impl, int(augmult), bool(ema)
+        model, int(num_classes), optimizer, grad_impl, int(augmult), bool(ema), mesh
     )
 
 
 @functools.lru_cache(maxsize=32)
-def _cached_step_functions(model, num_classes, optimizer, grad_impl, augmult, ema) -> StepFunctions:
-    return StepFunctions(model, num_classes, optimizer, grad_impl, augmult, ema)
+def _cached_step_functions(
+    model, num_classes, optimizer, grad_impl, augmult, ema, mesh
+) -> StepFunctions:
+    return StepFunctions(model, num_classes, optimizer, grad_impl, augmult, ema, mesh)
 
 
 def _eval_params(params, opt_state, ema: bool):

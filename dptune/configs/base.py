@@ -59,6 +59,9 @@ def get_config() -> config_dict.ConfigDict:
     c.executor.cpus_per_candidate = 1.0
     c.executor.gpus_per_candidate = 0.0
     c.executor.max_retries = 3  # reruns of a candidate whose Ray worker died (same seed)
-    # "devices" only: how many of jax.local_devices() to use (None: all of them)
+    # "devices" only: how many of jax.local_devices() to use (None: all of them), and whether to
+    # train ONE candidate at a time over all of them (data-parallel DP-SGD, trainers.parallel)
+    # instead of one candidate per device
     c.executor.devices = config_dict.placeholder(int)
+    c.executor.data_parallel = False
     return c
