@@ -38,7 +38,9 @@ print(json.dumps([h["seconds"] for h in res.history[1:]]))
 
 
 def _epoch_seconds(checkout: Path, epochs: int) -> list[float]:
-    env = dict(os.environ, PYTHONPATH=str(checkout))
+    # The checkout first, then whatever the caller's PYTHONPATH holds (e.g. installed wheels).
+    path = [str(checkout), os.environ.get("PYTHONPATH", "")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p))
     out = subprocess.run(
         [sys.executable, "-c", _CHILD, str(epochs)],
         cwd=checkout, env=env, capture_output=True, text=True, check=True,
@@ -54,11 +56,17 @@ def main() -> None:
     args = parser.parse_args()
     here = Path(__file__).resolve().parents[1]
     times: dict[str, list[float]] = {"A (this checkout)": [], "B (--other)": []}
+    sides = [("A (this checkout)", here), ("B (--other)", args.other)]
+    round_ratios = []
     for r in range(args.rounds):
-        for label, checkout in (("A (this checkout)", here), ("B (--other)", args.other)):
+        # Alternate which side goes first, so that an order effect hits both alike.
+        medians = {}
+        for label, checkout in sides if r % 2 == 0 else sides[::-1]:
             secs = _epoch_seconds(checkout.resolve(), args.epochs)
             times[label] += secs
+            medians[label] = statistics.median(secs)
             print(f"round {r + 1}: {label}: " + ", ".join(f"{s:.2f}" for s in secs), flush=True)
+        round_ratios.append(medians["B (--other)"] / medians["A (this checkout)"])
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs")
     print(f"{'checkout':<20} {'median s/epoch':>15} {'epochs timed':>13}")
@@ -66,6 +74,11 @@ def main() -> None:
         print(f"{k:<20} {med[k]:>15.3f} {len(v):>13}")
     ratio = med["B (--other)"] / med["A (this checkout)"]
     print(f"ratio B / A (speed of A relative to B): {ratio:.3f}")
+    rr = sorted(round_ratios)
+    print(
+        f"per-round ratios B / A: median {statistics.median(rr):.3f}, "
+        f"range {rr[0]:.3f}-{rr[-1]:.3f}, A faster in {sum(x > 1 for x in rr)} of {len(rr)} rounds"
+    )
 
 
 if __name__ == "__main__":
