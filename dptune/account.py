@@ -16,7 +16,8 @@ Examples:
 --selection: none (one run) or a selection method of ``selection.registry`` (the same names as
 ``config.selection.method``): logarithmic / geometric / tnb (--shape) / poisson random stopping
 (Papernot & Steinke 2022, Thm 2 and 6; geometric = Liu & Talwar 2019, Thm 3.2, with --max_trials
-Thm 3.4), thresholding (Liu & Talwar Alg. 1, Thm 3.1; --stop_probability), accuracy_first
+our bounds for the capped count, selection.privacy), thresholding (Liu & Talwar Alg. 1, Thm 3.1;
+--stop_probability), accuracy_first
 (--iat_epsilon, --max_trials: Ligett et al. 2017, Lemma 2.8; the total is the WORST CASE over the
 stopping level, eps_A + T eps, which is what a ledger is charged), sparse_vector (--noise_scale,
 --max_trials: Liu & Talwar 2019 §4.1; pure-DP candidates), stability_validation (--k,

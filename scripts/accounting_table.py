@@ -43,7 +43,7 @@ METHODS: list[tuple[str, str, Any]] = [
     ("random stopping, Poisson (PS Thm 6)", "10", sp.PoissonStoppingPrivacy(10.0)),
     ("thresholding, γ=0.1 (LT Alg. 1; PS App. C Cor. 16)", "≤ 10", sp.ThresholdingPrivacy(0.1)),
     (
-        "capped random stopping, γ=0.1, T=300 (profile of min(K, T); LT Thm 3.4 for RDP)",
+        "capped random stopping, γ=0.1, T=300 (ours: profile of min(K, T); (ε₁, δ₁) bound for RDP)",
         "≤ 10",
         sp.HardCappedRandomStoppingPrivacy(0.1, 300),
     ),

@@ -47,20 +47,16 @@ What was checked, and how (see also ``docs/selection.md``):
   UNVERIFIED against the PS paper itself, which is not in the project's paper folder. Applying it
   with Q(S) >= gamma, and the use of RDP monotonicity in the order [vEH14, Thm 3] to bound
   D_{alpha-1} by the next grid order, are ours.
-* LT Thm 3.4 (hard-capped random stopping, approx DP): UNVERIFIED constants. The extraction shows
-  the statement's shape (T fixed from gamma and delta2; candidates (eps1, delta1)-DP; output
-  (.,.)-DP) and the proof idea (an event of probability >= 1 - f(delta1) per call under which the
-  candidate is pure DP, union over the T calls, and P[reaching T] <= delta2), which agrees with the
-  recalled form (3 eps1 + 3 sqrt(2 delta1), sqrt(2 delta1) T + delta2) with T = ln(1/delta2)/gamma;
-  the numbers themselves are not legible in the extraction.
-* LT Thm 3.5 (hard-capped random stopping with eps-DP candidates): its constants are not legible in
-  the extraction, and the stored HTML rendering (ar5iv) returns only its opening, so neither Thm 3.4
-  nor Thm 3.5 could be checked against the paper; Thm 3.5 is NOT used. The capped procedure's pure
-  DP comes instead from OUR bound `profile_pure_dp` (the weight bonus of the capped count's pgf,
-  min with T eps), checked against the exact enumeration of
-  ``tests/test_selection_capped_enumeration.py`` (multi-level toy candidates reach 4.25 eps where
-  the bound says 4.49 eps at eps 0.1, gamma 0.02, T 5); its privacy profile is
-  `HardCappedRandomStoppingProfile`.
+* LT Thm 3.4 (hard-capped random stopping, approx DP) and Thm 3.5 (the same with eps-DP
+  candidates): their constants are not legible in the local extraction, and the stored HTML
+  rendering (ar5iv) returns only its opening, so neither could be checked against the paper; NEITHER
+  IS USED. (An earlier version implemented the recalled form of Thm 3.4, (3 eps1 + 3 sqrt(2
+  delta1), sqrt(2 delta1) T + delta2), labelled UNVERIFIED; it was removed.) The capped procedure's
+  statements are OURS instead: the pgf weight-bonus bounds `profile_pure_dp` / `profile_approx_dp`
+  (min with composition of T runs) and its privacy profile `HardCappedRandomStoppingProfile`,
+  checked against the exact enumeration of ``tests/test_selection_capped_enumeration.py``
+  (multi-level toy candidates reach 4.25 eps where the pure bound says 4.49 eps at eps 0.1, gamma
+  0.02, T 5).
 """
 
 from __future__ import annotations
@@ -91,6 +87,7 @@ __all__ = [
     "PoissonStoppingProfile",
     "HardCappedRandomStoppingProfile",
     "profile_pure_dp",
+    "profile_approx_dp",
 ]
 
 
@@ -370,21 +367,18 @@ class PoissonStoppingPrivacy(PrivacyTransform):
 
 @dataclass(frozen=True)
 class HardCappedRandomStoppingPrivacy(PrivacyTransform):
-    """LT Alg. 2 (geometric random stopping, stop probability gamma) with a hard cap of T.
+    """LT Alg. 2 (geometric random stopping, stop probability gamma) with a hard cap of T: when T
+    candidates have been tried, the best of them is released. K = min(G, T), G ~ Geometric(gamma).
 
-    When T candidates have been tried, the best of them is released (LT Thm 3.4).
+    Every statement here is OURS (derived in this module, tested against exact enumeration of the
+    capped procedure in ``tests/test_selection_capped_enumeration.py``), not Liu & Talwar's Thm 3.4
+    / 3.5, whose constants could not be read (module docstring):
 
-    Approx DP, LT Thm 3.4 (constants UNVERIFIED, see module docstring): with T = ln(1/delta2)/gamma
-    and (eps1, delta1)-DP candidates, the output is (3 eps1 + 3 sqrt(2 delta1), sqrt(2 delta1) T +
-    delta2)-DP. Given the cap T we use delta2 = exp(-gamma T), the exact inversion of T =
-    ln(1/delta2)/gamma.
-
-    Pure DP (ours, not LT Thm 3.5, whose constants are not legible in the paper text we have):
-    ``min(eps + b_max, T eps)`` with b_max the largest weight bonus of the capped count's pgf
-    (`profile_pure_dp` on `HardCappedRandomStoppingProfile`), and T eps by basic composition of the
-    at most T runs (Dwork & Roth 2014, Thm 3.16). Checked against exact enumeration of the capped
-    procedure (``tests/test_selection_capped_enumeration.py``). The privacy-profile route
-    (`profile_bound`) gives its (eps, delta) for any candidate with a PLD.
+    * pure DP: ``min(eps + b_max, T eps)`` (`profile_pure_dp` on the capped count's pgf weights;
+      T eps is basic composition of the at most T runs, Dwork & Roth 2014, Thm 3.16);
+    * (eps1, delta1)-DP candidates: ``(eps1 + b_max(eps1, delta1), E[K] delta1)``
+      (`profile_approx_dp`), or composition ``(T eps1, T delta1)`` when its epsilon is smaller;
+    * candidates with a privacy profile (a PLD): the profile bound (*) (`profile_bound`).
 
     Args:
       gamma: stop probability after each candidate, in (0, 1]; E[K] <= 1/gamma.
@@ -404,42 +398,38 @@ class HardCappedRandomStoppingPrivacy(PrivacyTransform):
         object.__setattr__(self, "max_trials", int(self.max_trials))
 
     @property
-    def delta2(self) -> float:
-        """delta2 = exp(-gamma T), the solution of T = ln(1/delta2)/gamma (LT Thm 3.4)."""
-        return math.exp(-self.gamma * self.max_trials)
-
-    @property
     def name(self) -> str:
         return "random_stopping/geometric_capped"
 
     @property
     def theorem(self) -> str:
-        return "Liu & Talwar 2019, Thm 3.4 (hard-capped random stopping; constants UNVERIFIED)"
-
-    def params(self) -> dict:
-        return {"gamma": self.gamma, "max_trials": self.max_trials, "delta2": self.delta2}
+        return (
+            "best of min(K, T), K geometric: weight-bonus bounds derived in selection.privacy "
+            "(pgf representation of Koskela, Redberg & Wang 2024, arXiv:2402.06701), or basic "
+            "composition of T runs (Dwork & Roth 2014, Thm 3.16), whichever is smaller"
+        )
 
     @property
     def pure_dp_theorem(self) -> str:
-        return (
-            "pure-DP bound for best-of-min(K, T) (pgf representation of Koskela, Redberg & Wang "
-            "2024; weight-bonus bound derived in selection.privacy.profile_pure_dp), or T eps by "
-            "basic composition (Dwork & Roth 2014, Thm 3.16), whichever is smaller"
-        )
+        return self.theorem
 
-    def pure_dp(self, epsilon: float) -> float:
-        eps = _check_epsilon(epsilon)
-        bonus = profile_pure_dp(HardCappedRandomStoppingProfile(self.gamma, self.max_trials), eps)
-        return min(bonus, self.max_trials * eps)
+    def params(self) -> dict:
+        return {"gamma": self.gamma, "max_trials": self.max_trials}
 
     def profile_bound(self) -> HardCappedRandomStoppingProfile:
         return HardCappedRandomStoppingProfile(self.gamma, self.max_trials)
 
+    def pure_dp(self, epsilon: float) -> float:
+        eps = _check_epsilon(epsilon)
+        return min(profile_pure_dp(self.profile_bound(), eps), self.max_trials * eps)
+
     def approx_dp(self, epsilon: float, delta: float) -> tuple[float, float]:
         eps1, delta1 = _check_epsilon(epsilon), _check_delta(delta)
-        root = math.sqrt(2.0 * delta1)
-        # LT Thm 3.4: (3 eps1 + 3 sqrt(2 delta1), sqrt(2 delta1) T + delta2).
-        return 3.0 * eps1 + 3.0 * root, min(1.0, root * self.max_trials + self.delta2)
+        eps_a, delta_a = profile_approx_dp(self.profile_bound(), eps1, delta1)
+        t = self.max_trials
+        if t * eps1 < eps_a:  # basic composition of the at most T runs
+            return t * eps1, min(1.0, t * delta1)
+        return eps_a, delta_a
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1240,6 +1230,10 @@ class PoissonStoppingProfile(ProfileSelectionBound):
 
 #: Number of terms of phi'(z) summed at once in `HardCappedRandomStoppingProfile.log_weight`.
 _CAP_CHUNK = 2048
+#: Caps up to this are summed term by term; above it the closed form is used if gamma is at least
+#: `_CAP_CLOSED_MIN_GAMMA` (its cancellation error is then below ~2e-12 relative).
+_CAP_DIRECT_MAX = 64
+_CAP_CLOSED_MIN_GAMMA = 1e-3
 
 
 @dataclass(frozen=True)
@@ -1288,6 +1282,31 @@ class HardCappedRandomStoppingProfile(ProfileSelectionBound):
     def log_weight(self, s: np.ndarray) -> np.ndarray:
         s = np.asarray(s, dtype=np.float64)
         t, gamma = self.max_trials, self.gamma
+        if t > _CAP_DIRECT_MAX and _CAP_CLOSED_MIN_GAMMA <= gamma < 1.0:
+            return self._log_weight_closed(s)
+        return self._log_weight_sum(s)
+
+    def _log_weight_closed(self, s: np.ndarray) -> np.ndarray:
+        """phi'(z) = gamma (1 - T u^(T-1) + (T-1) u^T)/(1 - u)^2 + T r^(T-1) z^(T-1), u = r z.
+
+        1 - u = gamma + r s >= gamma, so the numerator (which cancels like T^2 (1 - u)^2 / 2 when
+        T (1 - u) is small) loses at most ~1e-16 / (T gamma^2) relative: used only for T > 64 and
+        gamma >= 1e-3 (at most ~2e-12), where summing T terms per point would be slow.
+        """
+        t, gamma = self.max_trials, self.gamma
+        r = 1.0 - gamma
+        z = 1.0 - np.clip(s, 0.0, 1.0)
+        u = r * z
+        one_minus_u = gamma + r * np.clip(s, 0.0, 1.0)
+        with np.errstate(divide="ignore", under="ignore"):
+            log_u = np.log(u)
+            head = 1.0 - t * np.exp((t - 1) * log_u) + (t - 1) * np.exp(t * log_u)
+            tail = t * np.exp((t - 1) * (math.log(r) + np.log(z)))
+        return np.log(gamma * head / one_minus_u**2 + tail)
+
+    def _log_weight_sum(self, s: np.ndarray) -> np.ndarray:
+        """phi'(1 - s) summed term by term in log space (any T and gamma)."""
+        t, gamma = self.max_trials, self.gamma
         with np.errstate(divide="ignore"):  # -inf at s = 1: only the k = 1 term remains
             log_z = np.log1p(-np.clip(s, 0.0, 1.0))
         log_r = math.log1p(-gamma) if gamma < 1.0 else -math.inf
@@ -1295,7 +1314,7 @@ class HardCappedRandomStoppingProfile(ProfileSelectionBound):
         for start in range(1, t + 1, _CAP_CHUNK):
             k = np.arange(start, min(t, start + _CAP_CHUNK - 1) + 1, dtype=np.float64)
             # coefficient of z^(k-1): k gamma r^(k-1) for k < T, T r^(T-1) for k = T
-            with np.errstate(invalid="ignore"):
+            with np.errstate(invalid="ignore"):  # 0 * -inf in the branch np.where drops
                 log_coef = np.log(k) + np.where(k < t, math.log(gamma), 0.0)
                 log_coef = log_coef + np.where(k > 1, (k - 1) * log_r, 0.0)
                 power = np.where(k[None, :] > 1, (k[None, :] - 1) * log_z[..., None], 0.0)
@@ -1311,30 +1330,22 @@ def _logsumexp_last(a: np.ndarray) -> np.ndarray:
         return safe + np.log(np.sum(np.exp(a - safe[..., None]), axis=-1))
 
 
-def profile_pure_dp(bound: ProfileSelectionBound, epsilon: float, *, rtol: float = 1e-4) -> float:
-    """Total pure epsilon of ``bound``'s selection over ``epsilon``-DP candidates (ours).
+def _max_bonus(bound: ProfileSelectionBound, epsilon: float, delta: float, rtol: float) -> float:
+    """An upper bound, within ``rtol * epsilon``, on b_max = sup_s log w(L(s)) - log w(s) for
+    (epsilon, delta)-DP candidates, L(s) = max(0, e^-eps (s - delta), 1 - e^eps (1 - s) - delta).
 
-    In the pgf representation of `ProfileSelectionBound` the tuned output density is ``w(S_X(x))
-    q_X(x)``, so its ratio between neighbours X, Y is at most e^eps e^{b(x)} with bonus b(x) = log
-    w(S_X(x)) - log w(S_Y(x)). For eps-DP candidates every event obeys e^-eps P_Y <= P_X, for it
-    and its complement: S_X >= L(S_Y), L(s) = max(e^-eps s, 1 - e^eps (1 - s)); w is
-    non-increasing, so the selection is (eps + b_max, 0)-DP with
-
-        b_max = sup_{s in [0, 1]} log w(L(s)) - log w(s).
-
-    (For the uncapped truncated negative binomial this gives at most (2 + eta) eps, PS Cor. 3.)
-    The sup is bounded rigorously by branch and bound on s: on [lo, hi], log w(L(s)) - log w(s) <=
-    log w(L(lo)) - log w(hi) (L non-decreasing, w non-increasing); intervals whose bound exceeds
-    the best value seen by more than ``rtol * eps`` are halved until none is left (or 60 rounds),
-    and the largest remaining bound is returned: an upper bound on b_max, within rtol * eps of it.
+    Branch and bound on s: on [lo, hi], log w(L(s)) - log w(s) <= log w(L(lo)) - log w(hi) (L
+    non-decreasing, w non-increasing); intervals whose bound exceeds the best value seen by more
+    than ``rtol * eps`` (at least 1e-9) are halved until none is left (or 60 rounds, or 1e5 of
+    them), and the largest remaining bound is returned.
     """
-    epsilon = _check_epsilon(epsilon)
-    if epsilon == 0.0:
-        return 0.0
-    e_lo, e_hi = math.exp(-epsilon), math.exp(epsilon)
+    with np.errstate(over="ignore"):
+        e_lo, e_hi = np.exp(-epsilon), np.exp(epsilon)  # e_hi = inf for eps > ~709
 
     def lower(s: np.ndarray) -> np.ndarray:
-        return np.clip(np.maximum(e_lo * s, 1.0 - e_hi * (1.0 - s)), 0.0, 1.0)
+        with np.errstate(invalid="ignore"):  # inf * 0 at s = 1 is replaced below
+            complement = np.where(s >= 1.0, 1.0 - delta, 1.0 - e_hi * (1.0 - s) - delta)
+        return np.clip(np.maximum(e_lo * (s - delta), complement), 0.0, 1.0)
 
     def lw(s: np.ndarray) -> np.ndarray:
         return np.asarray(bound.log_weight(np.asarray(s, dtype=np.float64)), dtype=np.float64)
@@ -1344,16 +1355,64 @@ def profile_pure_dp(bound: ProfileSelectionBound, epsilon: float, *, rtol: float
     edges = np.unique(np.concatenate([[0.0], np.logspace(-16.0, 0.0, 4097), near_one]))
     lo, hi = edges[:-1], edges[1:]
     best = float(np.max(lw(lower(edges)) - lw(edges)))
-    tol = rtol * epsilon
+    tol = max(rtol * epsilon, 1e-9)
     upper = best
     for _ in range(60):
         u = lw(lower(lo)) - lw(hi)
         keep = u > best + tol
         upper = max(best, float(np.max(u)))
-        if not np.any(keep):
+        # Stop when nothing is left to refine, or before the intervals outgrow memory: `upper`
+        # is a valid bound at every round, only less tight.
+        if not np.any(keep) or np.count_nonzero(keep) > 100_000:
             break
         lo, hi = lo[keep], hi[keep]
         mid = np.where(lo > 0.0, np.sqrt(lo * hi), 0.5 * hi)
         best = max(best, float(np.max(lw(lower(mid)) - lw(mid))))
         lo, hi = np.concatenate([lo, mid]), np.concatenate([mid, hi])
-    return epsilon + max(upper, 0.0)
+    if not math.isfinite(upper):  # never a NaN total: an unknown bound is no bound
+        return math.inf
+    return max(upper, 0.0)
+
+
+def profile_pure_dp(bound: ProfileSelectionBound, epsilon: float, *, rtol: float = 1e-4) -> float:
+    """Total pure epsilon of ``bound``'s selection over ``epsilon``-DP candidates (ours).
+
+    In the pgf representation of `ProfileSelectionBound` the tuned output density is ``w(S_X(x))
+    q_X(x)``, so its ratio between neighbours X, Y is at most e^eps e^{b(x)} with bonus b(x) = log
+    w(S_X(x)) - log w(S_Y(x)). For eps-DP candidates every event obeys e^-eps P_Y <= P_X, for it
+    and its complement: S_X >= L(S_Y), L(s) = max(e^-eps s, 1 - e^eps (1 - s)); w is
+    non-increasing, so the selection is (eps + b_max, 0)-DP with
+
+        b_max = sup_{s in [0, 1]} log w(L(s)) - log w(s)
+
+    (for the uncapped truncated negative binomial this gives at most (2 + eta) eps, PS Cor. 3),
+    bounded rigorously by branch and bound (`_max_bonus`), within ``rtol * eps`` of b_max.
+    """
+    epsilon = _check_epsilon(epsilon)
+    if epsilon == 0.0:
+        return 0.0
+    return epsilon + _max_bonus(bound, epsilon, 0.0, rtol)
+
+
+def profile_approx_dp(
+    bound: ProfileSelectionBound, epsilon: float, delta: float, *, rtol: float = 1e-4
+) -> tuple[float, float]:
+    """(eps + b_max, E[K] delta): the selection over (``epsilon``, ``delta``)-DP candidates (ours).
+
+    Every event B of an (eps, delta)-DP candidate obeys P_Y(B) <= e^eps P_X(B) + delta, for B and
+    its complement, so S_X >= L(S_Y) with L(s) = max(0, e^-eps (s - delta), 1 - e^eps (1 - s) -
+    delta), and every output's bonus b(x) = log w(S_X(x)) - log w(S_Y(x)) is at most b_max = sup_s
+    log w(L(s)) - log w(s). At eps_A = eps + b_max, in the notation of `ProfileSelectionBound`:
+
+        [w(S_X) q_X - e^{eps_A} w(S_Y) q_Y]_+ = w(S_X) [q_X - e^{eps_A - b(x)} q_Y]_+
+                                             <= w(0) [q_X - e^{eps} q_Y]_+,
+
+    (w <= w(0) = E[K]; eps_A - b(x) >= eps), and the candidate's hockey-stick divergence at eps is
+    at most delta: the selection is (eps + b_max, E[K] delta)-DP. With delta = 0 this is
+    `profile_pure_dp`.
+    """
+    epsilon, delta = _check_epsilon(epsilon), float(delta)
+    if not (0.0 <= delta <= 1.0):
+        raise ValueError(f"delta must be in [0, 1], got {delta}")
+    b = _max_bonus(bound, epsilon, delta, rtol)
+    return epsilon + b, min(1.0, bound.mean * delta)

@@ -8,7 +8,8 @@ lower index, NaN last) is released; K, the other candidates and their scores sta
 * Truncated negative binomial K with shape eta (Papernot & Steinke 2022, Def. 1, Thm 2, Cor. 3):
   (2 + eta) eps pure DP, and an RDP curve; eta = 0 (logarithmic) gives 2 eps.
 * Poisson K (Papernot & Steinke 2022, Thm 6): RDP only; K = 0 releases nothing.
-* Geometric K with a hard cap T (Liu & Talwar 2019, Thm 3.4): the best of min(K, T) candidates.
+* Geometric K with a hard cap T (Liu & Talwar 2019, Alg. 2 with a cap): the best of min(K, T)
+  candidates; its statements are our bounds (``selection.privacy.HardCappedRandomStoppingPrivacy``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class RandomStopping(BestOfPlanned):
       count: distribution of K (`selection.counts`): geometric, logarithmic, truncated negative
         binomial or Poisson. Expected number of trainings: ``count.mean``.
       max_trials: optional hard cap T; the best of min(K, T) is released. Only for geometric K,
-        the one case with a theorem (Liu & Talwar 2019, Thm 3.4, approximate DP).
+        the one case with a statement here (our bounds, ``HardCappedRandomStoppingPrivacy``).
     """
 
     method_name = "random_stopping"
@@ -51,8 +52,8 @@ class RandomStopping(BestOfPlanned):
                 raise ValueError(f"max_trials must be None or an integer >= 1, got {max_trials!r}")
             if count.shape != 1.0:
                 raise ValueError(
-                    f"max_trials is only supported for geometric counts (Liu & Talwar 2019, "
-                    f"Thm 3.4); got a {count.name} count: no theorem covers its capped version"
+                    f"max_trials is only supported for geometric counts; got a {count.name} "
+                    "count: its capped version has no statement here"
                 )
             max_trials = int(max_trials)
         self.count = count

@@ -130,7 +130,7 @@ register(
 register(
     MethodInfo(
         "geometric",
-        "random stopping, geometric count (Liu & Talwar 2019, Thm 3.2; with max_trials Thm 3.4)",
+        "random stopping, geometric count (Liu & Talwar 2019, Thm 3.2; with max_trials our bounds)",
         ("mean_trials",),
         ("max_trials",),
         lambda mean_trials, max_trials=None: RandomStopping.geometric(

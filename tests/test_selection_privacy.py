@@ -320,23 +320,31 @@ def test_thresholding_rdp_formula_and_limit():
 # hard cap, baselines, identity, not private
 
 
-def test_hard_capped_random_stopping_approx_dp():
+def test_hard_capped_random_stopping_statements():
+    """Our bounds (selection.privacy.profile_pure_dp / profile_approx_dp), not LT Thm 3.4/3.5:
+    the exact enumeration they are checked against is tests/test_selection_capped_enumeration.py."""
     transform = sp.HardCappedRandomStoppingPrivacy(gamma=0.1, max_trials=120)
-    delta2 = math.exp(-0.1 * 120)
-    assert transform.delta2 == pytest.approx(delta2, rel=1e-15)
-    eps, delta = transform.approx_dp(0.5, 1e-12)
-    root = math.sqrt(2e-12)
-    assert eps == pytest.approx(1.5 + 3 * root, rel=1e-15)
-    assert delta == pytest.approx(root * 120 + delta2, rel=1e-15)
-    assert "UNVERIFIED" in transform.theorem
-    # pure DP: our bound (profile_pure_dp), never above T eps; checked against exact enumeration in
-    # tests/test_selection_capped_enumeration.py
-    assert 2.0 * 0.5 < transform.pure_dp(0.5) <= 3.0 * 0.5
+    assert "UNVERIFIED" not in transform.theorem and "3.4" not in transform.theorem
+    assert transform.params() == {"gamma": 0.1, "max_trials": 120}
+    pure = transform.pure_dp(0.5)
+    assert 2.0 * 0.5 < pure <= 3.0 * 0.5
+    # delta1 = 0 is the pure statement; a small delta1 costs E[K] delta1 and a little epsilon.
+    eps0, d0 = transform.approx_dp(0.5, 0.0)
+    assert eps0 == pytest.approx(pure, rel=1e-9) and d0 == 0.0
+    eps, delta = transform.approx_dp(0.5, 1e-9)
+    mean = (1 - 0.9**120) / 0.1
+    assert delta == pytest.approx(mean * 1e-9, rel=1e-12)
+    assert pure <= eps <= pure * 1.01
+    # A cap of 2: never worse than composition of 2 runs (1.0, 2e-6); E[K] = 1.9 here.
     assert sp.HardCappedRandomStoppingPrivacy(0.1, 2).pure_dp(0.5) <= 2 * 0.5
-    assert "composition" in transform.pure_dp_theorem
+    eps2, delta2 = sp.HardCappedRandomStoppingPrivacy(0.1, 2).approx_dp(0.5, 1e-6)
+    assert eps2 <= 1.0 and delta2 == pytest.approx(1.9e-6, rel=1e-12)
+    # A cap of 1 is one run: composition gives exactly (eps, delta).
+    assert sp.HardCappedRandomStoppingPrivacy(0.1, 1).approx_dp(0.5, 1e-6) == pytest.approx(
+        (0.5, 1e-6)
+    )
     with pytest.raises(NotImplementedError):
         transform.rdp(ORDERS, np.ones_like(ORDERS))
-    assert transform.approx_dp(0.5, 0.5)[1] == 1.0  # delta is capped at 1
     with pytest.raises(ValueError, match="max_trials"):
         sp.HardCappedRandomStoppingPrivacy(0.1, 0)
 

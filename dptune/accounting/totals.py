@@ -15,8 +15,9 @@ the theorem admits, and keeps the tightest:
   valid statement may be used -- a pessimistic PLD's delta(eps) is one.  (Our derivation: the
   theorem as stated, with a tighter input; about 4.00 -> 3.25 at sigma=1.1, q=256/60000, 7032
   steps, mean 10.)  Composition (naive best-of-k, the single run) is done by PLD directly.
-  Theorems stated for (eps, delta)-DP candidates (``transform.approx_dp``, Liu & Talwar 2019,
-  Thm 3.4) get eps(delta_1) from the PLD (or RDP), with delta_1 chosen to minimise the total.
+  Theorems stated for (eps, delta)-DP candidates (``transform.approx_dp``, e.g. the capped
+  geometric count's (eps1 + b_max, E[K] delta1)) get eps(delta_1) from the PLD (or RDP), with
+  delta_1 chosen to minimise the total.
 
 ``accountant="auto"`` tries every route and returns the smallest epsilon; each route is a valid
 upper bound, so their minimum is too.
