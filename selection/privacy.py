@@ -102,6 +102,16 @@ def _check_epsilon(epsilon: float, name: str = "epsilon") -> float:
     return epsilon
 
 
+def _check_cap(gamma: float, max_trials: int) -> tuple[float, int]:
+    """(gamma, T) of a capped geometric count: gamma in (0, 1], T an integer >= 1."""
+    g = float(gamma)
+    if not (0.0 < g <= 1.0):
+        raise ValueError(f"gamma (stop probability) must be in (0, 1], got {gamma}")
+    if int(max_trials) != max_trials or max_trials < 1:
+        raise ValueError(f"max_trials must be an integer >= 1, got {max_trials}")
+    return g, int(max_trials)
+
+
 def _check_delta(delta: float, name: str = "delta") -> float:
     delta = float(delta)
     if not (0.0 <= delta <= 1.0):
@@ -389,13 +399,9 @@ class HardCappedRandomStoppingPrivacy(PrivacyTransform):
     max_trials: int
 
     def __post_init__(self) -> None:
-        gamma = float(self.gamma)
-        if not (0.0 < gamma <= 1.0):
-            raise ValueError(f"gamma (stop probability) must be in (0, 1], got {self.gamma}")
-        if int(self.max_trials) != self.max_trials or self.max_trials < 1:
-            raise ValueError(f"max_trials must be an integer >= 1, got {self.max_trials}")
+        gamma, cap = _check_cap(self.gamma, self.max_trials)
         object.__setattr__(self, "gamma", gamma)
-        object.__setattr__(self, "max_trials", int(self.max_trials))
+        object.__setattr__(self, "max_trials", cap)
 
     @property
     def name(self) -> str:
@@ -1247,21 +1253,18 @@ class HardCappedRandomStoppingProfile(ProfileSelectionBound):
         phi'(z) = sum_{k=1}^{T-1} k gamma r^(k-1) z^(k-1) + T r^(T-1) z^(T-1),
 
     a polynomial with positive coefficients, non-decreasing in z (the only property (*) uses).
-    It is summed term by term in log space (no closed form: 1 - T u^(T-1) + (T-1) u^T cancels
-    badly when u = r z is near 1). E[K] = phi'(1) = (1 - r^T)/gamma.
+    Small caps (or tiny gamma) are summed term by term in log space; larger ones use the closed
+    form, whose cancellation is bounded there (`_log_weight_closed`). E[K] = phi'(1) = (1 -
+    r^T)/gamma.
     """
 
     gamma: float
     max_trials: int
 
     def __post_init__(self) -> None:
-        gamma = float(self.gamma)
-        if not (0.0 < gamma <= 1.0):
-            raise ValueError(f"gamma (stop probability) must be in (0, 1], got {self.gamma}")
-        if int(self.max_trials) != self.max_trials or self.max_trials < 1:
-            raise ValueError(f"max_trials must be an integer >= 1, got {self.max_trials}")
+        gamma, cap = _check_cap(self.gamma, self.max_trials)
         object.__setattr__(self, "gamma", gamma)
-        object.__setattr__(self, "max_trials", int(self.max_trials))
+        object.__setattr__(self, "max_trials", cap)
 
     @property
     def mean(self) -> float:  # type: ignore[override]
