@@ -224,6 +224,7 @@ def _write_idx_pair(folder, x, y):
         f.write(bytes([0, 0, 8, 1]) + np.array(lab.shape, ">u4").tobytes() + lab.tobytes())
 
 
+@pytest.mark.slow  # four CLI runs on real data (~40 s)
 def test_changing_the_split_does_not_reset_the_ledger(tmp_path):
     """Another validation size or split seed is another split of the same people: one budget."""
     from trainers.data import _synthetic_arrays

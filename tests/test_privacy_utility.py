@@ -32,6 +32,7 @@ def test_centre_of_the_space():
     assert c["ledger"] == {"enabled": False}
 
 
+@pytest.mark.slow  # a whole (small) study (~35 s)
 def test_small_privacy_utility_run_on_mnist_10k(tmp_path):
     pu = _script()
     out = pu.main([

@@ -114,6 +114,7 @@ def test_cifar_cnn_naive_with_augmult_equals_loop_over_copies():
         assert _rel_err(loop(i, y), ith) <= 1e-5
 
 
+@pytest.mark.slow  # compiles WRN-16-4 twice (~45 s)
 def test_wrn16_4_compiled_step_with_augmult_matches_per_example_loop():
     """WRN-16-4 (no book-keeping path: the default is vmap(grad)) with augmult 2: the compiled
     chunk sum equals clipping the per-example gradients computed one copy at a time."""
@@ -193,6 +194,7 @@ def tiny_cifar():
     )
 
 
+@pytest.mark.slow  # trains the CIFAR CNN with augmentation (~30 s)
 def test_train_cifar_cnn_with_augmult_and_ema(tiny_cifar):
     hp = Hyperparams(
         model="cifar_cnn", batch_size=32, epochs=1, learning_rate=0.5, clip_norm=1.0,

@@ -117,6 +117,7 @@ def test_end_to_end_release_folder(reference):
     assert acc == pytest.approx(result["test_accuracy"], abs=1e-6)
 
 
+@pytest.mark.slow  # a killed and a resumed CLI run (~65 s)
 def test_resume_after_sigkill_gives_same_release(reference, tmp_path):
     ref_run, _ = reference
     work, ledger = tmp_path / "run", tmp_path / "ledger.sqlite"
