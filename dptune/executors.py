@@ -110,24 +110,13 @@ def make_executor(kind: str = "sequential", *, group_size: int = 1, **options: A
     if kind == "ray":
         from dptune.executors_ray import RayExecutor
 
-        if options.get("data_parallel") is False:
-            del options["data_parallel"]  # the base config's default
-
         ray_options = {"address", "cpus_per_candidate", "gpus_per_candidate", "max_retries"}
-        ray_options |= {"num_cpus"}
-        _refuse_unknown(kind, options, ray_options)
-        return RayExecutor(**options)
-    # The Ray fields have defaults in the base config; other kinds ignore them at their defaults.
-    ignorable = {"cpus_per_candidate": 1.0, "gpus_per_candidate": 0.0, "max_retries": 3}
-    ignorable["data_parallel"] = False
-    options = {k: v for k, v in options.items() if ignorable.get(k, object()) != v}
+        return RayExecutor(**_own_options(kind, options, ray_options | {"num_cpus"}))
     if kind == "devices":
         from dptune.executors_devices import DevicesExecutor
 
-        _refuse_unknown(kind, options, {"devices", "data_parallel"})
-        return DevicesExecutor(**options)
-    if options:
-        raise ValueError(f"executor {kind!r} takes no options {sorted(options)}")
+        return DevicesExecutor(**_own_options(kind, options, {"devices", "data_parallel"}))
+    _own_options(kind, options, set())
     if kind == "sequential":
         if group_size != 1:
             return VectorizedExecutor(group_size)  # the pre-0.2 spelling: group_size > 1
@@ -135,6 +124,24 @@ def make_executor(kind: str = "sequential", *, group_size: int = 1, **options: A
     if kind == "vectorized":
         return VectorizedExecutor(group_size if group_size > 1 else 4)
     raise ValueError(f"executor kind {kind!r} is unknown; choose one of {', '.join(KINDS)}")
+
+
+#: The base config's executor fields with their defaults: a kind that does not take one ignores it
+#: at its default (every kind receives every field of ``config.executor``).
+_BASE_DEFAULTS = {
+    "cpus_per_candidate": 1.0,
+    "gpus_per_candidate": 0.0,
+    "max_retries": 3,
+    "data_parallel": False,
+}
+
+
+def _own_options(kind: str, options: Mapping[str, Any], known: set[str]) -> dict[str, Any]:
+    """``options`` that ``kind`` takes (``known``); other kinds' fields are dropped at their base
+    defaults and refused otherwise (ValueError naming them)."""
+    own = {k: v for k, v in options.items() if k in known or _BASE_DEFAULTS.get(k, object()) != v}
+    _refuse_unknown(kind, own, known)
+    return own
 
 
 def _refuse_unknown(kind: str, options: Mapping[str, Any], known: set[str]) -> None:

@@ -415,10 +415,6 @@ class HardCappedRandomStoppingPrivacy(PrivacyTransform):
             "composition of T runs (Dwork & Roth 2014, Thm 3.16), whichever is smaller"
         )
 
-    @property
-    def pure_dp_theorem(self) -> str:
-        return self.theorem
-
     def params(self) -> dict:
         return {"gamma": self.gamma, "max_trials": self.max_trials}
 

@@ -17,14 +17,6 @@ from dptune.main import load_data
 SHAPES = {"mnist": (28, 28, 1), "fashion_mnist": (28, 28, 1), "cifar10": (32, 32, 3)}
 
 
-@pytest.fixture(scope="module")
-def tfds():
-    return pytest.importorskip(
-        "tensorflow_datasets",
-        reason="tensorflow-datasets is not installed (pip install -e '.[test]' installs it)",
-    )
-
-
 def _config(name: str):
     return importlib.import_module(f"dptune.configs.{name}").get_config()
 

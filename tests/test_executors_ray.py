@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _journal import journal_rows
 
 from dptune import tune
 from dptune.accounting.events import DpSgdCandidate
@@ -210,19 +210,6 @@ def _same_release(a, b):
     assert pa == pb
 
 
-def _rows(workdir):
-    path = Path(workdir) / "private" / "journal.sqlite"
-    if not path.exists():
-        return []
-    try:
-        with sqlite3.connect(path, timeout=1) as db:
-            return db.execute(
-                "SELECT idx, status, attempts FROM candidates ORDER BY idx"
-            ).fetchall()
-    except sqlite3.OperationalError:
-        return []
-
-
 def _train_task_pids():
     """Ray worker processes running a candidate right now (Ray titles them ``ray::_train_task``)."""
     pids = []
@@ -295,7 +282,7 @@ def test_kill9_driver_then_rerun_resumes(tmp_path, cluster, seq9):
     deadline = time.time() + 600
     finished: list[int] = []
     while time.time() < deadline and proc.poll() is None:
-        rows = _rows(tmp_path / "w")
+        rows = journal_rows(tmp_path / "w")
         finished = [i for i, status, _ in rows if status == "done"]
         if finished and len(finished) < len(rows):
             break
@@ -304,10 +291,12 @@ def test_kill9_driver_then_rerun_resumes(tmp_path, cluster, seq9):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert finished, "no candidate finished before the kill"
-    before = {i: attempts for i, status, attempts in _rows(tmp_path / "w") if status == "done"}
+    before = {
+        i: attempts for i, status, attempts in journal_rows(tmp_path / "w") if status == "done"
+    }
     rerun = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=_env())
     assert rerun.returncode == 0, rerun.stderr
-    after = {i: attempts for i, _, attempts in _rows(tmp_path / "w")}
+    after = {i: attempts for i, _, attempts in journal_rows(tmp_path / "w")}
     for i, attempts in before.items():
         assert after[i] == attempts, f"finished candidate {i} was trained again"
     assert len(after) > len(before)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _journal import journal_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -111,16 +112,7 @@ THRESHOLDING = [
 
 
 def _rows(workdir: Path) -> list[tuple]:
-    path = workdir / "private" / "journal.sqlite"
-    if not path.exists():
-        return []
-    try:
-        with sqlite3.connect(path, timeout=1) as db:
-            return db.execute(
-                "SELECT idx, status, score, failed, attempts, seed FROM candidates ORDER BY idx"
-            ).fetchall()
-    except sqlite3.OperationalError:
-        return []
+    return journal_rows(workdir, "idx, status, score, failed, attempts, seed")
 
 
 @pytest.mark.slow  # three tiny CLI runs (~1.5 min of CPU); the in-process resume of thresholding

@@ -16,14 +16,6 @@ from trainers.data import load_dataset
 SHAPES = {"mnist": (28, 28, 1), "fashion_mnist": (28, 28, 1), "cifar10": (32, 32, 3)}
 
 
-@pytest.fixture(scope="module")
-def tfds():
-    return pytest.importorskip(
-        "tensorflow_datasets",
-        reason="tensorflow-datasets is not installed (pip install -e '.[test]' installs it)",
-    )
-
-
 @pytest.mark.parametrize("name", ["mnist", "fashion_mnist", "cifar10"])
 def test_tfds_mock_data_through_load_dataset(tfds, name, tmp_path):
     n = 12

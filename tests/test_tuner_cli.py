@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _journal import journal_rows
 
 from dptune import main as cli
 from dptune.main import ConfigError
@@ -40,19 +41,6 @@ def _run(workdir, ledger, *extra, wait=True):
             cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
         )
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
-
-
-def _rows(workdir):
-    path = Path(workdir) / "private" / "journal.sqlite"
-    if not path.exists():
-        return []
-    try:
-        with sqlite3.connect(path, timeout=1) as db:
-            return db.execute(
-                "SELECT idx, status, attempts FROM candidates ORDER BY idx"
-            ).fetchall()
-    except sqlite3.OperationalError:
-        return []
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +84,7 @@ def test_end_to_end_release_folder(reference):
     for x in others:
         assert repr(x) not in shown and f"{x:.4g}" not in shown and f"{x:.3f}" not in shown
     assert '"num_trials"' not in shown and "K=" not in shown
-    rows = _rows(run)
+    rows = journal_rows(run)
     assert len(rows) == 3 and all(r[1] == "done" and r[2] == 1 for r in rows)
     # the released training curve: public per-epoch quantities only (test split, epsilon so far)
     curve = json.loads((rel / "training_curve.json").read_text())
@@ -124,7 +112,7 @@ def test_resume_after_sigkill_gives_same_release(reference, tmp_path):
     proc = _run(work, ledger, wait=False)
     deadline = time.time() + 300
     while time.time() < deadline:  # kill -9 once a candidate is done and the next one is running
-        rows = _rows(work)
+        rows = journal_rows(work)
         if any(r[1] == "done" for r in rows) and any(r[1] == "running" for r in rows):
             break
         if proc.poll() is not None:
@@ -132,13 +120,13 @@ def test_resume_after_sigkill_gives_same_release(reference, tmp_path):
         time.sleep(0.2)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    before = _rows(work)
+    before = journal_rows(work)
     done_before = {r[0] for r in before if r[1] == "done"}
     assert done_before and not (work / "release").exists()
 
     again = _run(work, ledger)
     assert again.returncode == 0, again.stdout + again.stderr
-    after = {r[0]: r for r in _rows(work)}
+    after = {r[0]: r for r in journal_rows(work)}
     assert all(after[i][2] == 1 for i in done_before)  # finished candidates were not retrained
     assert json.loads((work / "release" / "result.json").read_text()) == json.loads(
         (ref_run / "release" / "result.json").read_text()

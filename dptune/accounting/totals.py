@@ -127,14 +127,7 @@ def _pure_route(cands: tuple[Candidate, ...], transform, delta: float = 0.0) -> 
             total_delta,
             f"(eps, delta) form of the theorem at pure candidate epsilon {eps:.6g}",
         )
-    return Route(
-        "pure",
-        total,
-        0.0,
-        f"pure-DP form of the theorem at candidate epsilon {eps:.6g}",
-        # a transform whose pure-DP statement is another theorem than its own names it
-        theorem=getattr(transform, "pure_dp_theorem", None),
-    )
+    return Route("pure", total, 0.0, f"pure-DP form of the theorem at candidate epsilon {eps:.6g}")
 
 
 class _Recorder:
