@@ -163,17 +163,41 @@ def test_vectorised_step_equals_sequential_steps():
         ):
             np.testing.assert_allclose(np.asarray(u), np.asarray(v[i]), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(float(loss), float(vloss[i]), rtol=1e-5)
-        # the loop's group of one (a leading axis of size 1, no vmap) is the same step
-        _, group_step = fns.group(1)
-        g1, _, gloss = group_step(
-            stack([ps[i]]), stack([opts[i]]), stack([zeros[i]]), jnp.zeros(1), x, y, idx[i : i + 1],
-            mask[i : i + 1], keys[i : i + 1], jnp.int32(3), clip[i : i + 1], sigma[i : i + 1],
-            jnp.float32(64.0),
-        )  # fmt: skip
-        for u, v in zip(jax.tree_util.tree_leaves(one), jax.tree_util.tree_leaves(g1), strict=True):
-            np.testing.assert_allclose(np.asarray(u), np.asarray(v[0]), rtol=1e-6, atol=1e-7)
-        np.testing.assert_allclose(float(loss), float(gloss[0]), rtol=1e-6)
-    assert fns.group(2)[1] is fns.vstep
+    # the loop's groups: a group of one is the plain jitted step, K > 1 the vmapped one
+    assert (fns.group(1).accumulate, fns.group(1).step) == (fns.accumulate, fns.step)
+    assert (fns.group(2).accumulate, fns.group(2).step) == (fns.vaccumulate, fns.vstep)
+
+
+def test_group_layouts_hold_the_same_candidate_values():
+    """A group's layout (trainers.step.Group): K = 1 keeps the candidate's values as they are, K > 1
+    stacks them on a leading axis; row, chunk, finite and keep_finite read both the same way."""
+    fns = get_step_functions("cnn26k", 10, "sgd", "bookkeeping")
+    trees = [{"w": jnp.full((2, 3), float(c)), "b": jnp.float32(c)} for c in range(3)]
+    one, three = fns.group(1), fns.group(3)
+    assert one.stack(trees[:1])["w"].shape == (2, 3)
+    assert three.stack(trees)["w"].shape == (3, 2, 3)
+    for c in range(3):
+        np.testing.assert_array_equal(three.row(three.stack(trees), c)["w"], trees[c]["w"])
+    np.testing.assert_array_equal(one.row(one.stack(trees[:1]), 0)["w"], trees[0]["w"])
+    with pytest.raises(ValueError, match="expected 3"):
+        three.stack(trees[:2])
+    # chunks: candidate 1 has no second chunk, so it gets an all-masked one of the same size
+    chunks = [
+        [(np.arange(4, dtype=np.int32), np.ones(4, np.float32))] * 2,
+        [(np.arange(4, dtype=np.int32), np.ones(4, np.float32))],
+        [(np.arange(4, dtype=np.int32), np.ones(4, np.float32))] * 2,
+    ]
+    idx, mask = three.chunk(chunks, 1)
+    assert idx.shape == mask.shape == (3, 4)
+    np.testing.assert_array_equal(mask.sum(axis=1), [4, 0, 4])
+    assert one.chunk(chunks[:1], 1)[0].shape == (4,)
+    # finiteness per candidate, and the last finite values kept for the others
+    bad = [trees[0], {"w": jnp.full((2, 3), jnp.nan), "b": jnp.float32(1)}, trees[2]]
+    assert three.finite(three.stack(bad)) == [True, False, True]
+    assert one.finite(one.stack(bad[1:2])) == [False]
+    kept = three.keep_finite(three.stack(trees), three.stack(bad), [True, False, True])
+    np.testing.assert_array_equal(kept["w"][1], trees[1]["w"])
+    assert one.keep_finite("old", "new", [False]) == "old"
 
 
 def test_vectorised_training_runs_and_learns(synthetic):

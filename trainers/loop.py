@@ -1,9 +1,11 @@
 """The DP-SGD training loop: one or K candidates, from their keys to their (private) results.
 
 ``train_candidates`` groups structurally identical candidates and trains each group in lockstep
-through one code path for any group size K >= 1 (a group of one on CPU, where vmap was measured
-slower; K at once on accelerators). The step count and sampling rate come from
-``trainers.spec.dpsgd_privacy`` on the PUBLIC nominal size, so the accountant and the loop agree.
+through one code path for any group size K >= 1 (``trainers.step.Group`` lays the candidates'
+values out for its compiled step: one candidate at a time on CPU, with the plain jitted step,
+where vmap was measured slower; K at once, vmapped, on accelerators). The step count and sampling
+rate come from ``trainers.spec.dpsgd_privacy`` on the PUBLIC nominal size, so the accountant and
+the loop agree.
 Everything a ``CandidateResult`` holds is private to the curator.
 """
 
@@ -205,16 +207,17 @@ def _train_group(
 def _train_group_unsafe(
     hps, data, keys, indices, progress, progress_every, impl, on_epoch, mesh=None
 ):
-    """Trains a group of K >= 1 structurally identical candidates in lockstep. Every per-candidate
-    array carries a leading axis of size K, whatever K is (``StepFunctions.group``). With a
-    ``mesh``, K is 1 and each chunk's clipped sum is computed data-parallel over it."""
+    """Trains a group of K >= 1 structurally identical candidates in lockstep. Per-candidate values
+    are laid out by the group (``trainers.step.Group``: a leading candidate axis for K > 1), so
+    this one path serves every K. With a ``mesh``, K is 1 and each chunk's clipped sum is computed
+    data-parallel over it."""
     hp0 = hps[0]
     k = len(hps)
     ema = hp0.ema_decay is not None
     fns = get_step_functions(
         hp0.model, data.num_classes, hp0.optimizer, impl, hp0.augmult, ema, mesh
     )
-    accumulate_fn, step_fn = fns.group(k)
+    group = fns.group(k)
     chunk = hp0.microbatch_size or default_microbatch_size(hp0.model, hp0.augmult)
     data_x, data_y = device_arrays(data)
     shards = 1
@@ -242,15 +245,17 @@ def _train_group_unsafe(
         )
         for sk in subkeys
     ]
-    params = _stack([models.init_params(fns.spec, sk[0]) for sk in subkeys])
-    opt_states = _stack([make_optimizer(hp).init(_row(params, c)) for c, hp in enumerate(hps)])
-    noise_keys = jnp.stack([sk[2] for sk in subkeys])
-    clip = jnp.asarray([hp.clip_norm for hp in hps], jnp.float32)
-    sigma = jnp.asarray([hp.noise_multiplier for hp in hps], jnp.float32)
+    params = group.stack([models.init_params(fns.spec, sk[0]) for sk in subkeys])
+    opt_states = group.stack(
+        [make_optimizer(hp).init(group.row(params, c)) for c, hp in enumerate(hps)]
+    )
+    noise_keys = group.stack([sk[2] for sk in subkeys])
+    clip = group.stack([jnp.float32(hp.clip_norm) for hp in hps])
+    sigma = group.stack([jnp.float32(hp.noise_multiplier) for hp in hps])
     expected_b = jnp.float32(hp0.batch_size)
 
     zero_sum = jax.tree_util.tree_map(jnp.zeros_like, params)
-    zero_loss = jnp.zeros((k,), jnp.float32)
+    zero_loss = group.stack([jnp.float32(0.0)] * k)
     histories: list[list[dict]] = [[] for _ in hps]
     failed = [False] * k
     last_good = params
@@ -272,13 +277,13 @@ def _train_group_unsafe(
             # fused step on the first chunk adds their sums, the noise and the optimiser update.
             gsum, loss = zero_sum, zero_loss
             for j in range(1, n_chunks):
-                idx, mask = _stack_chunk(chunked, j)
-                gsum, loss = accumulate_fn(
+                idx, mask = group.chunk(chunked, j)
+                gsum, loss = group.accumulate(
                     params, gsum, loss, data_x, data_y, idx, mask, clip, noise_keys, step_arr,
                     jnp.int32(j),
                 )  # fmt: skip
-            idx, mask = _stack_chunk(chunked, 0)
-            params, opt_states, loss = step_fn(
+            idx, mask = group.chunk(chunked, 0)
+            params, opt_states, loss = group.step(
                 params, opt_states, gsum, loss, data_x, data_y, idx, mask, noise_keys, step_arr,
                 clip, sigma, expected_b,
             )  # fmt: skip
@@ -290,8 +295,8 @@ def _train_group_unsafe(
         # Failure is decided from the parameters alone (post-processing of the DP output), never
         # from the loss.
         out = _eval_params(params, opt_states, ema)
-        finite = _finite_per_candidate((params, out), k)
-        losses = np.asarray(loss_sum, dtype=np.float64) / np.maximum(n_seen, 1)
+        finite = group.finite((params, out))
+        losses = np.asarray(loss_sum, dtype=np.float64).reshape(k) / np.maximum(n_seen, 1)
         seconds = time.perf_counter() - t0
         for c in range(k):
             if failed[c]:
@@ -309,18 +314,18 @@ def _train_group_unsafe(
             )
         if all(failed):
             break
-        last_good = _keep_finite(last_good, out, finite)
+        last_good = group.keep_finite(last_good, out, finite)
         if on_epoch is not None:
             for c, i in enumerate(indices):
                 if not failed[c]:
-                    on_epoch(i, epoch + 1, _row(out, c))
+                    on_epoch(i, epoch + 1, group.row(out, c))
         if progress is not None:
             for i in indices:
                 progress(_progress_dict("epoch", i, epoch, hp0.epochs, step, total_steps))
 
     results = []
     for c, hp in enumerate(hps):
-        p = jax.tree_util.tree_map(np.asarray, _row(last_good, c))
+        p = jax.tree_util.tree_map(np.asarray, group.row(last_good, c))
         if failed[c]:
             results.append(CandidateResult(p, FAILURE_SCORE, histories[c], True))
         else:
@@ -344,16 +349,6 @@ def _pad_chunks(chunks, multiple: int):
     return out
 
 
-def _stack(trees):
-    """K pytrees -> one pytree with a leading candidate axis of size K."""
-    return jax.tree_util.tree_map(lambda *a: jnp.stack(a), *trees)
-
-
-def _row(tree, c: int):
-    """Candidate c's slice of a pytree with a leading candidate axis."""
-    return jax.tree_util.tree_map(lambda a: a[c], tree)
-
-
 def _progress_dict(event, candidate, epoch, epochs, step, total_steps) -> dict:
     # Only public quantities (counts fixed by the hyperparameters): safe to show in a progress bar.
     return {
@@ -364,34 +359,3 @@ def _progress_dict(event, candidate, epoch, epochs, step, total_steps) -> dict:
         "step": step,
         "total_steps": total_steps,
     }
-
-
-def _stack_chunk(chunked, j):
-    """The j-th (idx, mask) chunk of every candidate, stacked on a leading candidate axis; an
-    all-masked chunk for candidates with fewer chunks."""
-    size = next(len(c[j][0]) for c in chunked if j < len(c))
-    parts = []
-    for chunks in chunked:
-        if j < len(chunks):
-            parts.append(chunks[j])
-        else:
-            parts.append((np.zeros(size, np.int32), np.zeros(size, np.float32)))
-    return np.stack([p[0] for p in parts]), np.stack([p[1] for p in parts])
-
-
-def _finite_per_candidate(tree, k) -> list[bool]:
-    """Whether each candidate's slice of ``tree`` (leading candidate axis) is all finite."""
-    ok = jnp.ones((k,), bool)
-    for leaf in jax.tree_util.tree_leaves(tree):
-        ok = ok & jnp.all(jnp.isfinite(leaf.reshape(k, -1)), axis=1)
-    return [bool(v) for v in np.asarray(ok)]
-
-
-def _keep_finite(last_good, params, finite):
-    """Each candidate's new parameters where finite, its last finite ones otherwise."""
-    sel = jnp.asarray(finite)
-    return jax.tree_util.tree_map(
-        lambda new, old: jnp.where(sel.reshape((-1,) + (1,) * (new.ndim - 1)), new, old),
-        params,
-        last_good,
-    )

@@ -12,11 +12,13 @@ One DP-SGD step (Abadi et al. 2016, Algorithm 1, with Poisson sampling as the ac
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from trainers import dpsgd, models
@@ -115,18 +117,60 @@ _ACCUMULATE_AXES = (0, 0, 0, None, None, 0, 0, 0, 0, None, None)
 _STEP_AXES = (0, 0, 0, 0, None, None, 0, 0, 0, None, 0, 0, None)
 
 
-def _as_group_of_one(fn, in_axes):
-    """``fn`` on arguments with a leading candidate axis of size 1 (where ``in_axes`` says 0):
-    drops that axis, calls ``fn`` and puts the axis back on every output."""
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """The compiled functions for a group of ``k`` >= 1 structurally identical candidates, and the
+    layout of their per-candidate values (parameters, optimiser states, running sums, losses,
+    chunks, keys, clip norms, noise multipliers).
 
-    def one(*args):
-        args = [
-            jax.tree_util.tree_map(lambda a: a[0], x) if axis == 0 else x
-            for x, axis in zip(args, in_axes, strict=True)
-        ]
-        return jax.tree_util.tree_map(lambda a: a[None], fn(*args))
+    K > 1: every per-candidate value carries a leading candidate axis of size K and the functions
+    are the vmapped step (``StepFunctions.vaccumulate`` / ``vstep``). K = 1: the candidate's values
+    as they are and the plain jitted step (``accumulate`` / ``step``), the path measured fastest on
+    CPU (docs/performance.md, "Before and after the trainers split"). The training loop goes
+    through these methods only, so it has one code path for every K.
+    """
 
-    return one
+    k: int
+    accumulate: Any
+    step: Any
+
+    def stack(self, trees: list) -> Any:
+        """K per-candidate pytrees (or scalars) in this group's layout."""
+        if len(trees) != self.k:
+            raise ValueError(f"expected {self.k} per-candidate values, got {len(trees)}")
+        if self.k == 1:
+            return jax.tree_util.tree_map(jnp.asarray, trees[0])
+        return jax.tree_util.tree_map(lambda *a: jnp.stack(a), *trees)
+
+    def row(self, tree: Any, c: int) -> Any:
+        """Candidate c's values of a pytree in this group's layout."""
+        return tree if self.k == 1 else jax.tree_util.tree_map(lambda a: a[c], tree)
+
+    def chunk(self, chunked: list, j: int) -> tuple[np.ndarray, np.ndarray]:
+        """The j-th (idx, mask) chunk of every candidate (``chunked[c]``: candidate c's chunks) in
+        this group's layout; an all-masked chunk for candidates with fewer chunks."""
+        if self.k == 1:
+            return chunked[0][j]
+        size = next(len(c[j][0]) for c in chunked if j < len(c))
+        empty = (np.zeros(size, np.int32), np.zeros(size, np.float32))
+        parts = [chunks[j] if j < len(chunks) else empty for chunks in chunked]
+        return np.stack([p[0] for p in parts]), np.stack([p[1] for p in parts])
+
+    def finite(self, tree: Any) -> list[bool]:
+        """Whether each candidate's values in ``tree`` are all finite."""
+        ok = jnp.ones((self.k,), bool)
+        for leaf in jax.tree_util.tree_leaves(tree):
+            ok = ok & jnp.all(jnp.isfinite(jnp.reshape(leaf, (self.k, -1))), axis=1)
+        return [bool(v) for v in np.asarray(ok)]
+
+    def keep_finite(self, last_good: Any, new: Any, finite: list[bool]) -> Any:
+        """Each candidate's ``new`` values where ``finite``, its ``last_good`` ones otherwise."""
+        if self.k == 1:
+            return new if finite[0] else last_good
+        sel = jnp.asarray(finite)
+        return jax.tree_util.tree_map(
+            lambda n, o: jnp.where(sel.reshape((-1,) + (1,) * (n.ndim - 1)), n, o), new, last_good
+        )
 
 
 class StepFunctions:
@@ -135,8 +179,8 @@ class StepFunctions:
     A step compiles once per chunk shape: ``accumulate`` for the tail chunks (if any) and the fused
     ``step`` for the main chunk, which adds the running sums, the noise and the optimiser update.
     The ``v*`` variants are the same functions vmapped over K candidates; :meth:`group` gives the
-    pair the training loop uses for a group of any size. ``trace_count`` counts Python traces (a
-    test checks that training does not retrace).
+    :class:`Group` the training loop uses for a group of any size. ``trace_count`` counts Python
+    traces (a test checks that training does not retrace).
     """
 
     def __init__(
@@ -183,21 +227,16 @@ class StepFunctions:
         self.step = jax.jit(self._step)
         self.vaccumulate = jax.jit(jax.vmap(self._accumulate, in_axes=_ACCUMULATE_AXES))
         self.vstep = jax.jit(jax.vmap(self._step, in_axes=_STEP_AXES))
-        # A group of one: the same leading candidate axis as the v* functions, but the unbatched
-        # step inside the jit (XLA slices and reshapes that axis for free), so the loop has one
-        # path for K >= 1 without putting vmap on the single-candidate CPU path.
-        self._accumulate_one = jax.jit(_as_group_of_one(self._accumulate, _ACCUMULATE_AXES))
-        self._step_one = jax.jit(_as_group_of_one(self._step, _STEP_AXES))
 
-    def group(self, k: int):
-        """(accumulate, step) for a group of ``k`` >= 1 candidates whose per-candidate arguments
-        (parameters, optimiser states, sums, losses, chunks, keys, clip norms, noise multipliers)
-        carry a leading axis of size k."""
+    def group(self, k: int) -> Group:
+        """The :class:`Group` (compiled functions and value layout) for ``k`` >= 1 candidates."""
         if k < 1:
             raise ValueError(f"a group has at least one candidate, got k={k}")
         if k > 1 and self.mesh is not None:
             raise ValueError("data-parallel training (a mesh) takes one candidate at a time")
-        return (self.vaccumulate, self.vstep) if k > 1 else (self._accumulate_one, self._step_one)
+        if k == 1:
+            return Group(1, self.accumulate, self.step)
+        return Group(k, self.vaccumulate, self.vstep)
 
     def _chunk_sum(self, params, data_x, data_y, idx, mask, clip_norm, key=None, step=0, chunk=0):
         """Clipped gradient sum and loss sum over one chunk (idx, mask) of a batch. With
