@@ -21,7 +21,7 @@ _EXPORTS = {
     "Trainer": "dptune.trainer_protocol",
     "FunctionTrainer": "dptune.trainer_protocol",
     "trainer": "dptune.trainer_protocol",
-    "DpSgdTrainer": "dptune.dpsgd",
+    "DpSgdTrainer": "dptune.learners.dpsgd",
     "TuningConfigError": "dptune.errors",
     "ImpossibleBudgetError": "dptune.errors",
     "Space": "dptune.space",

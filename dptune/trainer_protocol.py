@@ -16,7 +16,7 @@ A trainer declares its privacy before it runs (``privacy(hparams)``) and trains 
   released (default: the payload as it is).
 * ``privacy_by_epoch(hparams)``: the privacy after each epoch, for the released curve.
 
-The DP-SGD trainer is ``dptune.dpsgd.DpSgdTrainer``.
+The DP-SGD trainer is ``dptune.learners.dpsgd.DpSgdTrainer``.
 """
 
 from __future__ import annotations

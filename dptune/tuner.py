@@ -19,8 +19,8 @@ the sequence of these named steps:
    retrained on resume.
 7. ``_release``: select, and release only the selected candidate (``DIR/release/``).
 
-Trainers: ``dptune.trainer_protocol`` (the protocol, ``FunctionTrainer``) and ``dptune.dpsgd``
-(``DpSgdTrainer``).
+Trainers: ``dptune.trainer_protocol`` (the protocol, ``FunctionTrainer``) and
+``dptune.learners`` (``DpSgdTrainer`` and the other candidate families).
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ def _drain(executor, trainer, jobs) -> float:
 
 def bench_overhead(n: int, seconds: float) -> dict:
     from dptune.executors import SequentialExecutor
-    from dptune.executors_ray import RayExecutor
+    from dptune.executors.ray import RayExecutor
 
     trainer = _short_trainer(seconds)
     hp = lambda i: {"x": float(i)}  # noqa: E731
@@ -102,10 +102,10 @@ def bench_overhead(n: int, seconds: float) -> dict:
 
 def bench_throughput(k: int, epochs: int) -> dict:
     from dptune import configs
-    from dptune.dpsgd import DpSgdTrainer
+    from dptune.cli.main import _worker_config, load_data, trainer_from_config
     from dptune.executors import SequentialExecutor
-    from dptune.executors_ray import RayExecutor
-    from dptune.main import _worker_config, load_data, trainer_from_config
+    from dptune.executors.ray import RayExecutor
+    from dptune.learners.dpsgd import DpSgdTrainer
 
     spec = importlib.util.spec_from_file_location("smoke_cfg", configs.path_of("smoke"))
     mod = importlib.util.module_from_spec(spec)

@@ -1,7 +1,7 @@
 """Privacy-utility curves: released test accuracy against the TOTAL epsilon (tuning included).
 
 For every total epsilon (default 1, 2, 3, 4, 8; delta from the config) and every repetition, three
-ways of spending the same budget on the same config are run through ``dptune.main.run_config``
+ways of spending the same budget on the same config are run through ``dptune.cli.main.run_config``
 (noise multiplier calibrated by dptune so that the total meets the budget):
 
 * ``dptune``: the config's private tuning (random stopping over its search space);
@@ -120,7 +120,7 @@ def method_config(cfg: dict[str, Any], method: str, epsilon: float) -> dict[str,
 
 def run_one(cfg: dict[str, Any]) -> dict[str, Any]:
     """One tuning run (OS entropy) -> released test accuracy, sigma, total epsilon, seconds."""
-    from dptune.main import run_config
+    from dptune.cli.main import run_config
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dptune-pu-") as work:

@@ -30,7 +30,7 @@ REPS = 3
 def run_one(args, model: str, eps: float, rep: int) -> dict:
     work = Path(args.out) / f"{model}-eps{eps:g}-rep{rep}"
     cmd = [
-        sys.executable, "-m", "dptune.main", f"--config={args.config}", f"--workdir={work}",
+        sys.executable, "-m", "dptune.cli.main", f"--config={args.config}", f"--workdir={work}",
         f"--config.train.model={model}", f"--config.privacy.epsilon={eps}",
         f"--config.ledger.path={work}.ledger.sqlite", "--noprogress",
     ]  # fmt: skip

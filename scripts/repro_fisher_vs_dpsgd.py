@@ -4,11 +4,11 @@ dptune (docs/reproductions/fisher-vs-dpsgd.md declares the settings; run once).
 
     nice -n 10 python scripts/repro_fisher_vs_dpsgd.py --out=runs/repro-a
 
-For each total epsilon: (1) DP-Fisher through ``dptune.tune`` (learners.fisher.FisherTrainer);
-(2) the DP-SGD CNN through the ``dptune`` command with the shipped ``smoke`` config, its epochs
-raised to 4, its score noise std set to 10 and its epsilon overridden. Same data split, same
-selection (random stopping, logarithmic, mean 2.5 candidates), delta = 1e-5, OS entropy.
-Writes ``results.json`` and ``fisher_vs_dpsgd.png`` to --out.
+For each total epsilon: (1) DP-Fisher through ``dptune.tune``
+(dptune.learners.fisher.FisherTrainer); (2) the DP-SGD CNN through the ``dptune`` command with the
+shipped ``smoke`` config, its epochs raised to 4, its score noise std set to 10 and its epsilon
+overridden. Same data split, same selection (random stopping, logarithmic, mean 2.5 candidates),
+delta = 1e-5, OS entropy. Writes ``results.json`` and ``fisher_vs_dpsgd.png`` to --out.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import numpy as np
 import dptune
 from dptune import space
 from dptune.data import MNIST_10K_DIR, MNIST_10K_NUM_TRAIN
-from learners.fisher import FisherTrainer
+from dptune.learners.fisher import FisherTrainer
 from selection import RandomStopping
 from trainers.data import load_dataset
 
@@ -84,7 +84,7 @@ def run_fisher(eps: float, workdir: Path, fashion: bool = False) -> dict:
 def run_dpsgd(eps: float, workdir: Path, ledger: Path) -> dict:
     t0 = time.time()
     cmd = [
-        sys.executable, "-m", "dptune.main", "--config=smoke", f"--workdir={workdir}",
+        sys.executable, "-m", "dptune.cli.main", "--config=smoke", f"--workdir={workdir}",
         f"--config.privacy.epsilon={eps}", f"--config.train.epochs={DPSGD_EPOCHS}",
         f"--config.ledger.path={ledger}", f"--config.train.score_noise_std={SCORE_NOISE_STD}",
         "--noprogress",

@@ -3,10 +3,11 @@ unlabelled data (docs/reproductions/public-data-amount.md declares the settings;
 
     nice -n 10 python scripts/repro_public_data.py --out=runs/repro-c
 
-For each dataset and each public pool size m, ``dptune.tune`` tunes ``learners.public_data``'s
-trainer (eta, pca_dim searched; the noise multiplier calibrated) at total (epsilon, delta) =
-(4, 1e-5), random stopping (logarithmic, mean 2.5), OS entropy. The public pool is the first m
-records of the test file (labels dropped); every m is evaluated on the same held-out test records.
+For each dataset and each public pool size m, ``dptune.tune`` tunes
+``dptune.learners.public_data``'s trainer (eta, pca_dim searched; the noise multiplier calibrated)
+at total (epsilon, delta) = (4, 1e-5), random stopping (logarithmic, mean 2.5), OS entropy. The
+public pool is the first m records of the test file (labels dropped); every m is evaluated on the
+same held-out test records.
 Writes ``results.json`` and ``public_data_amount.png`` to --out.
 """
 
@@ -22,7 +23,7 @@ import numpy as np
 import dptune
 from dptune import space
 from dptune.data import MNIST_10K_DIR, MNIST_10K_NUM_TRAIN
-from learners.public_data import PublicDataTrainer
+from dptune.learners.public_data import PublicDataTrainer
 from selection import RandomStopping
 from trainers.data import load_dataset
 

@@ -1,5 +1,5 @@
 """Chaudhuri & Vinterbo 2013's stability-based validation against random stopping, on the same
-candidates: logistic regression by output perturbation (`dptune.classical`) for k = 5
+candidates: logistic regression by output perturbation (`dptune.learners.classical`) for k = 5
 regularisation values, on a binary Fashion-MNIST task (tops vs rest, 49 pooled features, rows
 scaled to l2 norm <= 1; the project's per-record train/validation split; public test file).
 
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dptune import classical
+from dptune.learners import classical
 from selection import RandomStopping, StabilityValidation
 from selection.stability_validation import output_perturbation_stability
 

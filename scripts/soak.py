@@ -53,7 +53,7 @@ def _env() -> dict[str, str]:
 def command(workdir: Path, ledger: Path, seed: int, *extra: str) -> list[str]:
     """The smoke run through the real command line."""
     return [
-        sys.executable, "-m", "dptune.main", f"--config={SMOKE}", f"--workdir={workdir}",
+        sys.executable, "-m", "dptune.cli.main", f"--config={SMOKE}", f"--workdir={workdir}",
         f"--seed={seed}", "--noprogress", f"--config.ledger.path={ledger}", *extra,
     ]  # fmt: skip
 
@@ -207,7 +207,7 @@ def slow_save(params, path):
     flag.write_text("writing")
     time.sleep(600)
 r._save_orbax = slow_save
-from dptune.main import run
+from dptune.cli.main import run
 sys.argv[0] = "dptune"
 run()
 """

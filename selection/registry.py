@@ -1,5 +1,5 @@
 """One vocabulary of selection methods, used by the configs, the ``dptune`` command and
-``python -m dptune.account``.
+``dptune account``.
 
 Each entry names a method, the options it takes (from one shared set, :data:`OPTIONS`), and how to
 build it. Adding a method: write its class (and its theorem in ``selection/privacy.py``), then add
@@ -82,7 +82,7 @@ class MethodInfo:
       optional: options it may take.
       build: ``build(**options) -> SelectionMethod``.
       privacy_only: options that do not change its privacy, with the value used when only the
-        privacy transform is wanted (``python -m dptune.account``).
+        privacy transform is wanted (``dptune account``).
     """
 
     name: str

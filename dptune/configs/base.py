@@ -36,7 +36,7 @@ def get_config() -> config_dict.ConfigDict:
         clip_norm=space.log_uniform(0.1, 2.0),
         noise_multiplier="auto",
     )
-    # one vocabulary with `python -m dptune.account`: python -c "from selection import registry;
+    # one vocabulary with `dptune account`: python -c "from selection import registry;
     # print(registry.describe())"
     c.selection = dict(method="logarithmic")
     for name, (kind, _) in registry.OPTIONS.items():

@@ -22,7 +22,7 @@ for r in 0 1 2; do
 done
 for r in 1 2 3; do
   start=$SECONDS
-  python -m dptune.main --config=fashion_mnist \
+  python -m dptune --config=fashion_mnist \
       --workdir=/tmp/fmnist-scatter-eps3-r$r --config.data.dir=.carry/fashion-mnist \
       --config.ledger.path=/tmp/ledger-issue11.sqlite --config.ledger.budget_epsilon=9 \
       --config.ledger.budget_delta=3e-5 --noprogress > "$OUT/fmnist-scatter-eps3-r$r.log" 2>&1

@@ -1,0 +1,28 @@
+"""dptune's command lines: ``dptune`` (a tuning run from a config, ``dptune.cli.main``) and its
+subcommands, each in its own module so that one command's absl flags never mix with another's.
+
+    dptune --config=smoke --workdir=/tmp/dptune-smoke     # a private tuning run
+    dptune account --sampling_rate=0.004 --steps=7032 --noise_multiplier=1.1   # the accountant
+
+``dptune.cli.build`` turns a config into the library's objects (the one place that does).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+#: ``dptune NAME ...``: the subcommands and the module whose ``run()`` serves each.
+SUBCOMMANDS = {
+    "account": "dptune.cli.account",
+}
+
+
+def run() -> None:
+    """Console-script entry point (``dptune``): a subcommand, or a tuning run."""
+    if len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS:
+        name = sys.argv.pop(1)
+        sys.argv[0] = f"dptune {name}"
+        importlib.import_module(SUBCOMMANDS[name]).run()
+        return
+    importlib.import_module("dptune.cli.main").run()

@@ -1,0 +1,240 @@
+r"""Privacy of a DP-SGD tuning run: one (epsilon, delta) for everything released.
+
+Examples:
+
+  # One DP-SGD run (MNIST-like: 60000 examples, batch 256, 30 epochs = 7032 steps):
+  dptune account --sampling_rate=0.0042667 --noise_multiplier=1.1 --steps=7032
+
+  # Random stopping with Poisson(10) candidates, tightest route (PLD delta-hat):
+  dptune account --sampling_rate=0.0042667 --noise_multiplier=1.1 --steps=7032 \
+      --selection=poisson --mean_trials=10
+
+  # The noise multiplier for a total budget epsilon=3 with logarithmic random stopping:
+  dptune account --sampling_rate=0.0042667 --steps=7032 --selection=logarithmic \
+      --mean_trials=10 --target_epsilon=3 --json
+
+--selection: none (one run) or a selection method of ``selection.registry`` (the same names as
+``config.selection.method``): logarithmic / geometric / tnb (--shape) / poisson random stopping
+(Papernot & Steinke 2022, Thm 2 and 6; geometric = Liu & Talwar 2019, Thm 3.2, with --max_trials
+our bounds for the capped count, selection.privacy), thresholding (Liu & Talwar Alg. 1, Thm 3.1;
+--stop_probability), accuracy_first
+(--iat_epsilon, --max_trials: Ligett et al. 2017, Lemma 2.8; the total is the WORST CASE over the
+stopping level, eps_A + T eps, which is what a ledger is charged), sparse_vector (--noise_scale,
+--max_trials: Liu & Talwar 2019 §4.1; pure-DP candidates), stability_validation (--k,
+--validation_epsilon, --stability_delta: Chaudhuri & Vinterbo 2013, Thm 2; pure-DP candidates, e.g.
+--laplace_epsilon), best_of_k (--k, priced
+by composition). --accountant=rdp reproduces dp_accounting's RDP route exactly; the default 'auto'
+takes the tightest valid route.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+from absl import app, flags
+from dp_accounting import dp_event
+
+from dptune import accounting
+from selection import privacy as sp
+from selection import registry
+
+SELECTIONS = ("none", *registry.names())
+
+_SAMPLING_RATE = flags.DEFINE_float(
+    "sampling_rate", None, "Poisson sampling rate q in (0, 1] (expected batch size / examples)."
+)
+_NOISE = flags.DEFINE_float(
+    "noise_multiplier", None, "DP-SGD noise multiplier sigma > 0 (omit with --target_epsilon)."
+)
+_STEPS = flags.DEFINE_integer("steps", None, "Number of DP-SGD steps per candidate (>= 1).")
+_DELTA = flags.DEFINE_float("delta", 1e-5, "Total delta in (0, 1).")
+_SELECTION = flags.DEFINE_enum("selection", "none", SELECTIONS, "Selection method.")
+_OPTION_FLAGS = {
+    name: (flags.DEFINE_float if kind is float else flags.DEFINE_integer)(name, None, help_)
+    for name, (kind, help_) in registry.OPTIONS.items()
+    # the threshold's, the target percentile's and the score sensitivity's values do not change
+    # the privacy (the test's noise scales with the sensitivity)
+    # (and stability validation's beta: its exponential noise scales with it)
+    if name not in ("threshold", "target_percentile", "score_sensitivity", "stability_beta")
+}
+_SCORE = flags.DEFINE_float(
+    "score_noise_std",
+    None,
+    "Std (in counts) of the Gaussian noise on each candidate's validation count; omit when the "
+    "validation split is public.",
+)
+_ACCOUNTANT = flags.DEFINE_enum(
+    "accountant", "auto", accounting.ACCOUNTANTS, "auto (tightest valid route), pld or rdp."
+)
+_TARGET = flags.DEFINE_float(
+    "target_epsilon", None, "Total epsilon budget: calibrate --noise_multiplier to meet it."
+)
+_LAPLACE = flags.DEFINE_float(
+    "laplace_epsilon",
+    None,
+    "Instead of DP-SGD: every candidate is a pure epsilon-DP (Laplace) mechanism with this "
+    "epsilon (no --sampling_rate/--steps/--noise_multiplier). Needed by pure-DP-only selections "
+    "such as sparse_vector.",
+)
+_JSON = flags.DEFINE_bool("json", False, "Print one JSON object instead of text.")
+
+
+class InputError(ValueError):
+    """Invalid command-line input (the message names the flag and why)."""
+
+
+def make_transform(selection: str, **options):
+    """The ``selection.privacy`` transform of a ``--selection`` name and its options."""
+    if selection not in SELECTIONS:
+        raise InputError(f"--selection={selection} must be one of {', '.join(SELECTIONS)}.")
+    given = {k: v for k, v in options.items() if v is not None}
+    if selection == "none":
+        if given:
+            raise InputError(f"options {sorted(given)} do not apply to --selection=none.")
+        return sp.SingleRunPrivacy()
+    try:
+        return registry.build(selection, given, privacy_only=True).privacy
+    except registry.SelectionConfigError as e:
+        msg = str(e)
+        for name in registry.OPTIONS:  # name the flags as the user typed them
+            msg = msg.replace(f"{name}=", f"--{name}=")
+        raise InputError(msg) from None
+
+
+def _check_inputs() -> None:
+    if _LAPLACE.value is not None:
+        eps = _LAPLACE.value
+        if not (math.isfinite(eps) and eps > 0):
+            raise InputError(f"--laplace_epsilon={eps:g} must be a finite number > 0.")
+        given = [
+            n
+            for n, f in (
+                ("sampling_rate", _SAMPLING_RATE),
+                ("steps", _STEPS),
+                ("noise_multiplier", _NOISE),
+                ("target_epsilon", _TARGET),
+                ("score_noise_std", _SCORE),
+            )
+            if f.value is not None
+        ]
+        if given:
+            raise InputError(
+                "--laplace_epsilon describes the candidates completely; drop --"
+                + ", --".join(given)
+                + "."
+            )
+        return
+    q = _SAMPLING_RATE.value
+    if q is None:
+        raise InputError("--sampling_rate is required (expected batch size / training examples).")
+    if not (0 < q <= 1):
+        raise InputError(
+            f"--sampling_rate={q:g} must be in (0, 1]: it is the probability that an example is "
+            "in a step's Poisson-sampled batch."
+        )
+    if _STEPS.value is None:
+        raise InputError("--steps is required (DP-SGD steps per candidate).")
+    if _STEPS.value < 1:
+        raise InputError(f"--steps={_STEPS.value} must be an integer >= 1.")
+    if not (0 < _DELTA.value < 1):
+        raise InputError(
+            f"--delta={_DELTA.value:g} must be in (0, 1) (typically below 1/training examples)."
+        )
+    sigma, target = _NOISE.value, _TARGET.value
+    if sigma is None and target is None:
+        raise InputError("give --noise_multiplier, or --target_epsilon to calibrate it.")
+    if sigma is not None and target is not None:
+        raise InputError(
+            f"give either --noise_multiplier={sigma:g} or --target_epsilon={target:g}, not both: "
+            "--target_epsilon computes the noise multiplier."
+        )
+    if sigma is not None and not (math.isfinite(sigma) and sigma > 0):
+        raise InputError(
+            f"--noise_multiplier={sigma:g} must be a finite number > 0: with no noise DP-SGD is "
+            "not private."
+        )
+    if target is not None and not (math.isfinite(target) and target > 0):
+        raise InputError(f"--target_epsilon={target:g} must be a finite number > 0.")
+    score = _SCORE.value
+    if score is not None and not (math.isfinite(score) and score > 0):
+        raise InputError(f"--score_noise_std={score:g} must be a finite number > 0 (counts).")
+
+
+def _result() -> tuple[dict, str]:
+    _check_inputs()
+    transform = make_transform(
+        _SELECTION.value, **{name: flag.value for name, flag in _OPTION_FLAGS.items()}
+    )
+    q, steps, delta = _SAMPLING_RATE.value, _STEPS.value, _DELTA.value
+    out: dict = {"selection": _SELECTION.value}
+    text_extra = ""
+    if _LAPLACE.value is not None:
+        # A pure epsilon-DP candidate: a Laplace mechanism of scale 1/epsilon on a
+        # sensitivity-1 query (dptune.accounting.pure_epsilon reads it back as epsilon).
+        candidate = accounting.EventCandidate(
+            dp_event.LaplaceDpEvent(1.0 / _LAPLACE.value), label="Laplace mechanism"
+        )
+        statement = accounting.total_privacy(candidate, transform, delta, _ACCOUNTANT.value)
+        out["laplace_epsilon"] = _LAPLACE.value
+    elif _TARGET.value is not None:
+        cal = accounting.calibrate_noise(
+            q, steps, transform, _TARGET.value, delta, _ACCOUNTANT.value, _SCORE.value
+        )
+        statement = cal.statement
+        out.update(
+            noise_multiplier=cal.noise_multiplier,
+            target_epsilon=cal.target_epsilon,
+            untuned_noise_multiplier=cal.untuned_noise_multiplier,
+            naive_noise_multiplier=cal.naive_noise_multiplier,
+            naive_trials=cal.naive_trials,
+        )
+        text_extra = (
+            f"Noise multiplier for a total ({cal.target_epsilon:g}, {delta:g}) budget: "
+            f"{cal.noise_multiplier:.4f}\n"
+            f"  one untuned run would need {cal.untuned_noise_multiplier:.4f}"
+        )
+        if cal.naive_noise_multiplier is not None:
+            text_extra += (
+                f"; naive best-of-{cal.naive_trials} (composition) would need "
+                f"{cal.naive_noise_multiplier:.4f}"
+            )
+        text_extra += ".\n\n"
+    else:
+        candidate = accounting.DpSgdCandidate(q, steps, _NOISE.value, _SCORE.value)
+        statement = accounting.total_privacy(candidate, transform, delta, _ACCOUNTANT.value)
+        out["noise_multiplier"] = _NOISE.value
+    d = statement.to_dict()
+    out.update(
+        single_run_epsilon=d["single_run_epsilon"],
+        total_epsilon=d["total_epsilon"],
+        delta=d["delta"],
+        overhead=d["overhead"],
+        accountant=d["accountant"],
+        accountant_requested=_ACCOUNTANT.value,
+        method=d["method"],
+        theorem=d["theorem"],
+        sampling_rate=q,
+        steps=steps,
+        statement=d,
+    )
+    return out, text_extra + statement.to_text()
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        sys.exit(f"dptune.cli.account: error: unexpected arguments {argv[1:]} (flags only).")
+    try:
+        out, text = _result()
+    except ValueError as e:  # InputError and the library's own input checks
+        sys.exit(f"dptune.cli.account: error: {e}")
+    print(json.dumps(out) if _JSON.value else text)
+
+
+def run() -> None:
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

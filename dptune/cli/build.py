@@ -1,0 +1,297 @@
+"""From a config (ml_collections ``ConfigDict`` or a plain dict) to the library's objects: the one
+place the CLI, ``--dry_run``, the Ray workers and the scripts turn config fields into a dataset, a
+trainer, a selection method, an executor and a ``dptune.tune`` call.
+
+Everything here checks public inputs only (the config, file formats); a problem is a
+:class:`ConfigError` naming the field.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from dptune import space as space_mod
+from dptune.data import MNIST_10K_DIR, MNIST_10K_NUM_TRAIN
+from dptune.executors import make_executor
+from dptune.learners.dpsgd import DatasetNotFoundError, DpSgdTrainer, Hyperparams, load_dataset
+from dptune.ledger import default_ledger_path
+from dptune.plan import Budget, plan_privacy
+from dptune.tuner import tune
+from dptune.workdir_lock import workdir_lock
+from selection import registry
+
+log = logging.getLogger("dptune")
+
+DATASETS = ("mnist", "fashion_mnist", "cifar10", "synthetic")
+
+
+class ConfigError(ValueError):
+    """The config is malformed; nothing was loaded or trained."""
+
+
+def _get(cfg: Mapping[str, Any], path: str, default: Any = None) -> Any:
+    cur: Any = cfg
+    for part in path.split("."):
+        if not isinstance(cur, Mapping) or part not in cur:
+            return default
+        cur = cur[part]
+    return cur
+
+
+def _number(cfg: Mapping[str, Any], path: str, *, positive: bool = True) -> float:
+    x = _get(cfg, path)
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+        raise ConfigError(f"config.{path}={x!r} must be a finite number")
+    if positive and x <= 0:
+        raise ConfigError(f"config.{path}={x!r} must be > 0")
+    return float(x)
+
+
+def build_selection(cfg: Mapping[str, Any]) -> Any:
+    """The selection method named by ``config.selection`` (``selection.registry``'s vocabulary)."""
+    s = _get(cfg, "selection")
+    if not isinstance(s, Mapping) or "method" not in s:
+        raise ConfigError(
+            "config.selection.method is missing; choose one of " + ", ".join(registry.names())
+        )
+    if s["method"] not in registry.names():
+        raise ConfigError(
+            f"config.selection.method={s['method']!r} is unknown; choose one of "
+            + ", ".join(registry.names())
+        )
+    options, unused = registry.applicable(
+        s["method"], {k: v for k, v in s.items() if k != "method"}
+    )
+    if unused:
+        log.info("config.selection: %s not used by method %r", unused, s["method"])
+    try:
+        return registry.build(s["method"], options)
+    except registry.SelectionConfigError as e:
+        raise ConfigError(f"config.selection: {e}") from None
+
+
+def build_executor(cfg: Mapping[str, Any]) -> Any:
+    """The executor named by ``config.executor`` (``dptune.executors``)."""
+    ex = dict(_get(cfg, "executor", {}) or {})
+    kind = ex.pop("kind", "sequential")
+    group = ex.pop("group_size", 1)
+    try:
+        return make_executor(
+            kind, group_size=group, **{k: v for k, v in ex.items() if v is not None}
+        )
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"config.executor: {e}") from None
+
+
+def check_config(cfg: Mapping[str, Any]) -> None:
+    """Cheap checks of everything that needs no data (raises ConfigError naming the value)."""
+    name = _get(cfg, "data.name")
+    if name not in DATASETS:
+        raise ConfigError(
+            f"config.data.name={name!r} is not a known dataset; use one of {DATASETS}"
+        )
+    eps = _number(cfg, "privacy.epsilon")
+    delta = _number(cfg, "privacy.delta")
+    if not delta < 1:
+        raise ConfigError(f"config.privacy.delta={delta:g} must be < 1 (and below 1/n)")
+    budget_eps = _get(cfg, "ledger.budget_epsilon")
+    if budget_eps is not None and _number(cfg, "ledger.budget_epsilon") < eps:
+        raise ConfigError(
+            f"config.ledger.budget_epsilon={budget_eps:g} is below this run's epsilon={eps:g}: "
+            "the run could never fit the dataset's budget"
+        )
+    budget_delta = _get(cfg, "ledger.budget_delta")
+    if budget_delta is not None and _number(cfg, "ledger.budget_delta") < delta:
+        raise ConfigError(
+            f"config.ledger.budget_delta={budget_delta:g} is below this run's delta={delta:g}"
+        )
+    acc = _get(cfg, "privacy.accountant", "auto")
+    if acc not in ("auto", "rdp", "pld"):
+        raise ConfigError(f"config.privacy.accountant={acc!r} must be 'auto', 'rdp' or 'pld'")
+    adj = _get(cfg, "privacy.adjacency", "add_remove")
+    if adj not in ("add_remove", "replace_one"):
+        raise ConfigError(f"config.privacy.adjacency={adj!r} must be 'add_remove' or 'replace_one'")
+    nex = _get(cfg, "data.num_examples")
+    if nex is not None and (isinstance(nex, bool) or not isinstance(nex, int) or nex < 1):
+        raise ConfigError(
+            f"config.data.num_examples={nex!r} must be a positive integer (the public number of "
+            "records in the training file)"
+        )
+    vpub = _get(cfg, "data.validation_public", False)
+    if not isinstance(vpub, bool):
+        raise ConfigError(f"config.data.validation_public={vpub!r} must be True or False")
+    if vpub and not _get(cfg, "data.validation_dir"):
+        raise ConfigError(
+            "config.data.validation_public=True needs a separate validation set "
+            "(config.data.validation_dir): a split of the private training file is private"
+        )
+    group = _get(cfg, "executor.group_size", 1)
+    if isinstance(group, bool) or not isinstance(group, int) or group < 1:
+        raise ConfigError(f"config.executor.group_size={group!r} must be an integer >= 1")
+    build_executor(cfg)
+    vsize = _get(cfg, "data.validation_size", 5000)
+    if isinstance(vsize, bool) or not isinstance(vsize, int) or vsize < 1:
+        raise ConfigError(f"config.data.validation_size={vsize!r} must be an integer >= 1")
+    space = _get(cfg, "space")
+    if not isinstance(space, Mapping) or not space:
+        raise ConfigError("config.space is empty: declare the hyperparameters to search")
+    train = _get(cfg, "train", {})
+    overlap = set(train) & set(space)
+    if overlap:
+        raise ConfigError(
+            f"{sorted(overlap)} appear in both config.train and config.space; keep one"
+        )
+    known = {f for f in Hyperparams.__dataclass_fields__}
+    unknown = (set(train) | set(space)) - known
+    if unknown:
+        raise ConfigError(
+            f"unknown hyperparameters {sorted(unknown)}; DP-SGD knows {sorted(known)}"
+        )
+
+
+def run_config(
+    cfg: Mapping[str, Any],
+    workdir: str | Path,
+    *,
+    seed: int | None = None,
+    debug_nonprivate: bool = False,
+    progress: bool = True,
+    dry_run: bool = False,
+) -> Any:
+    """Runs one tuning job from a config dict (what the command does after parsing flags).
+
+    With ``dry_run`` it returns ``(space, statement)`` from ``dptune.plan_privacy`` instead:
+    checks and accounting only (public computations), no journal, no ledger, no training.
+    """
+    cfg = _plain(cfg)
+    check_config(cfg)
+    method = build_selection(cfg)
+    try:
+        space = space_mod.Space.from_config(cfg["space"])
+        budget = Budget(_number(cfg, "privacy.epsilon"), _number(cfg, "privacy.delta"))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    executor = None
+    if not dry_run:
+        executor = build_executor(cfg)
+    try:
+        return _run_built(
+            cfg, workdir, seed, debug_nonprivate, progress, dry_run, method, space, budget, executor
+        )
+    finally:
+        # Frees what the executor put in Ray and shuts down a local Ray this run started, also
+        # when a refusal (workdir in use, data not found, budget) comes before training.
+        if hasattr(executor, "close"):
+            executor.close()
+
+
+def _run_built(
+    cfg: dict[str, Any], workdir: str | Path, seed: int | None, debug_nonprivate: bool,
+    progress: bool, dry_run: bool, method: Any, space: Any, budget: Any, executor: Any,
+) -> Any:  # fmt: skip
+    """``run_config`` once its inputs are checked and its executor is built."""
+    if not dry_run:
+        # Ray: reach the cluster and check its resources before any data is loaded or trained.
+        if hasattr(executor, "connect"):
+            executor.connect()
+        # A workdir in use is refused before the (slow) data loading, not a minute later;
+        # tune() then holds the lock for the whole run (dptune/workdir_lock.py).
+        with workdir_lock(workdir):
+            pass
+    data = load_data(cfg)
+    trainer = DpSgdTrainer(data, cfg.get("train", {}), epoch_progress=progress)
+    if hasattr(executor, "connect"):
+        # Workers rebuild the trainer from the config (each loads the data once) and check they
+        # loaded the same records as this process.
+        trainer.remote_factory = functools.partial(trainer_from_config, _worker_config(cfg))
+        executor.expected_fingerprint = trainer.fingerprint
+    if dry_run:
+        return plan_privacy(
+            trainer,
+            space,
+            method,
+            budget,
+            accountant=str(_get(cfg, "privacy.accountant", "auto")),
+            seeded=seed is not None,
+            debug_nonprivate=debug_nonprivate,
+            adjacency=str(_get(cfg, "privacy.adjacency", "add_remove")),
+        )
+    ledger_cfg = cfg.get("ledger", {}) or {}
+    ledger_path = ledger_cfg.get("path") or None
+    if ledger_path is None and ledger_cfg.get("enabled", True):
+        ledger_path = default_ledger_path()
+    dataset_budget = None
+    if ledger_cfg.get("budget_epsilon") is not None:
+        dataset_budget = Budget(
+            float(ledger_cfg["budget_epsilon"]),
+            float(ledger_cfg.get("budget_delta") or budget.delta),
+        )
+    bound = dict(cfg)
+    bound["_flags"] = {"seed": seed, "debug_nonprivate": debug_nonprivate}
+    return tune(
+        trainer,
+        space,
+        method,
+        budget,
+        workdir=workdir,
+        seed=seed,
+        executor=executor,
+        accountant=str(_get(cfg, "privacy.accountant", "auto")),
+        ledger=ledger_path if ledger_cfg.get("enabled", True) else None,
+        dataset_budget=dataset_budget,
+        config=bound,
+        progress=progress,
+        debug_nonprivate=debug_nonprivate,
+        adjacency=str(_get(cfg, "privacy.adjacency", "add_remove")),
+    )
+
+
+def _worker_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """What a worker needs to rebuild the trainer: the data spec and the fixed DP-SGD settings."""
+    return {"data": dict(cfg["data"]), "train": dict(cfg.get("train", {}) or {})}
+
+
+def trainer_from_config(cfg: Mapping[str, Any]) -> Any:
+    """The DP-SGD trainer of ``cfg["data"]`` / ``cfg["train"]`` without console progress: what a
+    Ray worker builds once (``dptune.executors.ray``), loading the data from its spec."""
+    return DpSgdTrainer(load_data(cfg), cfg.get("train", {}), epoch_progress=False)
+
+
+def load_data(cfg: Mapping[str, Any]) -> Any:
+    """Loads ``config.data`` (public work: reading files is not a private computation)."""
+    d = cfg["data"]
+    data_dir = d.get("dir") or None
+    num_examples = d.get("num_examples")
+    if data_dir == "<shipped:mnist-10k>":
+        data_dir = str(MNIST_10K_DIR)
+        num_examples = num_examples or MNIST_10K_NUM_TRAIN
+    try:
+        return load_dataset(
+            d["name"],
+            data_dir=data_dir,
+            validation_size=int(d.get("validation_size", 5000)),
+            source=d.get("source", "auto"),
+            seed_split=int(d.get("split_seed") or 0),
+            num_examples=num_examples,
+            validation_dir=d.get("validation_dir") or None,
+            validation_public=bool(d.get("validation_public", False)),
+        )
+    except DatasetNotFoundError as e:
+        raise ConfigError(f"config.data: {e}") from None
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"config.data ({d['name']!r} from {data_dir!r}): {e}") from None
+
+
+def _plain(cfg: Any) -> Any:
+    if hasattr(cfg, "to_dict"):
+        cfg = cfg.to_dict()
+    if isinstance(cfg, Mapping):
+        return {k: _plain(v) for k, v in cfg.items()}
+    if isinstance(cfg, list):
+        return [_plain(v) for v in cfg]
+    return cfg

@@ -1,0 +1,154 @@
+"""The ``dptune`` command: one private tuning run from a config file.
+
+    dptune --config=smoke --workdir=/tmp/dptune-smoke
+    dptune --config=fashion_mnist --workdir=runs/fmnist \\
+        --config.data.dir=/data/fashion-mnist --config.selection.mean_trials=8
+    python -m dptune --config=configs/smoke.py --workdir=/tmp/dptune-smoke  # a config file
+
+``--config`` takes a shipped config's name (smoke, mnist, fashion_mnist, cifar10) or a path to a
+config file; ``--config.<field>=<value>`` overrides any field.
+
+Everything is checked before anything private runs: the config, the data, the budget (the noise
+multiplier is calibrated so the *total* epsilon, tuning included, meets it) and the dataset's
+ledger. Rerunning the same command with the same ``--workdir`` resumes a killed run (same plan,
+same seeds, finished candidates kept); a different config with that workdir is refused.
+
+What the console shows: a progress display with elapsed time and epochs of the candidate being
+trained, never the number of candidates or any score (the console may be the curator's, but logs
+get shared). ``DIR/release/`` is what may be published; ``DIR/private/`` is the curator's.
+``--debug_nonprivate`` prints every score and K and marks the statement NOT private.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from absl import app, flags
+from absl import logging as absl_logging
+from ml_collections import config_flags
+
+from dptune import configs
+from dptune.cli.build import ConfigError, run_config
+from dptune.errors import TuningConfigError
+from dptune.journal import ConfigChangedError
+from dptune.ledger import BudgetExceededError, LedgerBudgetMismatchError
+from dptune.space import SpaceError
+from dptune.workdir_lock import WorkdirLockedError
+from selection import registry
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "A shipped config (smoke, mnist, fashion_mnist, cifar10) or a config file."
+)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run folder: private/ (journal) and release/.")
+_SEED = flags.DEFINE_integer(
+    "seed", None, "Fixed seed (debugging); default OS entropy. The guarantee then needs it secret."
+)
+_DEBUG = flags.DEFINE_bool(
+    "debug_nonprivate", False, "Print every candidate's score and K; the run is then NOT private."
+)
+_PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress display on stderr.")
+_DRY_RUN = flags.DEFINE_bool(
+    "dry_run", False, "Only check the config and data and print the privacy plan; train nothing."
+)
+
+log = logging.getLogger("dptune")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if _CONFIG.value is None:
+        raise app.UsageError("--config=configs/<name>.py is required")
+    if not _WORKDIR.value:
+        raise app.UsageError("--workdir=DIR is required (private/ and release/ go there)")
+    _setup_logging()
+    try:
+        release = run_config(
+            _CONFIG.value,
+            _WORKDIR.value,
+            seed=_SEED.value,
+            debug_nonprivate=_DEBUG.value,
+            progress=_PROGRESS.value,
+            dry_run=_DRY_RUN.value,
+        )
+    except (
+        ConfigError,
+        SpaceError,
+        TuningConfigError,
+        BudgetExceededError,
+        LedgerBudgetMismatchError,
+        ConfigChangedError,
+        WorkdirLockedError,
+    ) as e:
+        print(f"dptune: refused: {e}", file=sys.stderr)
+        return 2
+    if _DRY_RUN.value:
+        space, statement = release
+        print(f"Dry run (nothing trained). Search space: {space.to_dict()}\n")
+        print(statement.to_text())
+        return 0
+    print(str(release))
+    print(f"\nRelease folder: {Path(_WORKDIR.value) / 'release'}")
+    return 0
+
+
+def _setup_logging() -> None:
+    """dptune's own messages at INFO on stderr; library chatter (orbax, dp_accounting's
+    convergence warnings during calibration) only at ERROR."""
+    absl_logging.set_verbosity(absl_logging.ERROR)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("dptune: %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+def _resolve_config_names(argv: list[str]) -> list[str]:
+    """``--config=NAME`` (a shipped config: smoke, mnist, fashion_mnist, cifar10) -> its file, so
+    the command works outside a checkout; paths are left alone."""
+    out = []
+    for arg in argv:
+        if arg.startswith("--config="):
+            value = arg[len("--config=") :]
+            name, sep, rest = value.partition(":")
+            if name in configs.NAMES and not Path(name).exists():
+                arg = f"--config={configs.path_of(name)}{sep}{rest}"
+        out.append(arg)
+    return out
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl's parsing, with every bad flag or config override reported in one line (exit 2)."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        print(f"dptune: refused: {e}", file=sys.stderr)
+        sys.exit(2)
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        # ml_collections raises these for an override of a field the config does not have
+        overrides = [a.split("=")[0] for a in argv if a.startswith("--config.")]
+        print(
+            f"dptune: refused: a config override names a field the config does not have or "
+            f"gives it a value of the wrong type ({type(e).__name__}: {e}); overrides given: "
+            f"{overrides}",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+
+
+def run() -> None:
+    """Console-script entry point (``dptune``)."""
+    sys.argv = _resolve_config_names(sys.argv)
+    # `dptune --help` documents this module's flags (absl shows the main module's key flags, and
+    # the console script's main module is the script, not this file).
+    for name in ("config", "workdir", "seed", "debug_nonprivate", "progress", "dry_run"):
+        flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
+    main_module = sys.modules["__main__"]
+    main_module.__doc__ = (__doc__ or "") + "\n" + registry.describe() + "\n"
+    app.run(lambda argv: sys.exit(main(argv)), flags_parser=_parse_flags)
+
+
+if __name__ == "__main__":
+    run()

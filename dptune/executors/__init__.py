@@ -1,0 +1,84 @@
+"""How candidates are trained: the executors, and ``make_executor`` with the one vocabulary of
+their names.
+
+* ``base``: ``Job``, the ``Executor`` protocol and ``train_one`` (the failure guard).
+* ``local``: ``SequentialExecutor`` (the default), ``VectorizedExecutor`` (``trainer.train_many``).
+* ``devices``: one candidate per local accelerator, or one at a time data-parallel over all.
+* ``ray``: one Ray task per candidate, on this machine or a cluster (the ``[ray]`` extra).
+
+The factory imports ``devices`` and ``ray`` only when asked for them (JAX / Ray are heavy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dptune.executors.base import Executor, Job, train_one
+from dptune.executors.local import SequentialExecutor, VectorizedExecutor
+
+__all__ = [
+    "KINDS",
+    "Executor",
+    "Job",
+    "SequentialExecutor",
+    "VectorizedExecutor",
+    "make_executor",
+    "train_one",
+]
+
+#: Names accepted by ``make_executor`` (``config.executor.kind``).
+KINDS = ("sequential", "vectorized", "devices", "ray")
+
+
+def make_executor(kind: str = "sequential", *, group_size: int = 1, **options: Any) -> Any:
+    """The executor ``kind`` (``config.executor``); ValueError naming the problem otherwise.
+
+    ``"ray"`` takes ``address``, ``cpus_per_candidate``, ``gpus_per_candidate``, ``max_retries``,
+    ``num_cpus`` (``dptune.executors.ray``; it raises a clear error if Ray is not installed);
+    ``"devices"`` takes ``devices`` (a count; default all of ``jax.devices()``) and
+    ``data_parallel`` (one candidate at a time over all of them; ``dptune.executors.devices``).
+    Options another kind does not use are refused."""
+    if kind == "ray":
+        from dptune.executors.ray import RayExecutor
+
+        ray_options = {"address", "cpus_per_candidate", "gpus_per_candidate", "max_retries"}
+        return RayExecutor(**_own_options(kind, options, ray_options | {"num_cpus"}))
+    if kind == "devices":
+        from dptune.executors.devices import DevicesExecutor
+
+        return DevicesExecutor(**_own_options(kind, options, {"devices", "data_parallel"}))
+    _own_options(kind, options, set())
+    if kind == "sequential":
+        if group_size != 1:
+            return VectorizedExecutor(group_size)  # the pre-0.2 spelling: group_size > 1
+        return SequentialExecutor()
+    if kind == "vectorized":
+        return VectorizedExecutor(group_size if group_size > 1 else 4)
+    raise ValueError(f"executor kind {kind!r} is unknown; choose one of {', '.join(KINDS)}")
+
+
+#: The base config's executor fields with their defaults: a kind that does not take one ignores it
+#: at its default (every kind receives every field of ``config.executor``).
+_BASE_DEFAULTS = {
+    "cpus_per_candidate": 1.0,
+    "gpus_per_candidate": 0.0,
+    "max_retries": 3,
+    "data_parallel": False,
+}
+
+
+def _own_options(kind: str, options: Mapping[str, Any], known: set[str]) -> dict[str, Any]:
+    """``options`` that ``kind`` takes (``known``); other kinds' fields are dropped at their base
+    defaults and refused otherwise (ValueError naming them)."""
+    own = {k: v for k, v in options.items() if k in known or _BASE_DEFAULTS.get(k, object()) != v}
+    _refuse_unknown(kind, own, known)
+    return own
+
+
+def _refuse_unknown(kind: str, options: Mapping[str, Any], known: set[str]) -> None:
+    unknown = set(options) - known
+    if unknown:
+        raise ValueError(
+            f"executor {kind!r} takes no options {sorted(unknown)} (it takes {sorted(known)})"
+        )

@@ -1,0 +1,100 @@
+"""The ``"devices"`` executor: candidates spread over the local accelerators of one host.
+
+Each candidate runs whole on one device (``jax.default_device``), in its own thread: JAX releases
+the GIL while a device computes, so K devices train K candidates at once. A candidate's result
+does not depend on which device ran it (same program, same key), so the release is the one
+``"sequential"`` gives for the same seed (``tests/test_executors_devices.py`` checks this on 4
+forced CPU devices).
+
+For candidates too large for one device, ``data_parallel=True`` trains them one at a time, each
+over ALL the devices (``trainers.parallel``: per-example clipping on each shard of a
+``jax.sharding.Mesh``, the clipped sums reduced across devices, the Gaussian noise added once with
+std ``noise_multiplier * clip_norm`` whatever the device count). The same key gives the same
+candidate as on one device, up to float summation order. A trainer trains data-parallel through
+its ``data_parallel(devices)`` hook (a context manager; ``dptune.learners.dpsgd.DpSgdTrainer`` has
+one); trainers without it run as on one device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+from collections.abc import Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from typing import Any
+
+from dptune.executors.base import Job, train_one
+
+
+class DevicesExecutor:
+    """One candidate per local device at a time (``config.executor.kind = "devices"``).
+
+    Args:
+      devices: how many of ``jax.local_devices()`` to use (default: all of them).
+      data_parallel: train one candidate at a time over all ``devices`` (data-parallel DP-SGD)
+        instead of one candidate per device.
+    """
+
+    def __init__(self, devices: int | None = None, data_parallel: bool = False) -> None:
+        import jax
+
+        local = jax.local_devices()
+        if devices is None:
+            devices = len(local)
+        if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+            raise ValueError(f"devices={devices!r} must be an integer >= 1")
+        if devices > len(local):
+            raise ValueError(
+                f"devices={devices} but this host has {len(local)} JAX devices "
+                f"({local[0].platform}); lower config.executor.devices"
+            )
+        if not isinstance(data_parallel, bool):
+            raise ValueError(f"data_parallel={data_parallel!r} must be True or False")
+        self.devices = list(local[:devices])
+        self.data_parallel = data_parallel
+        self.parallelism = 1 if data_parallel else len(self.devices)
+
+    def run(self, trainer: Any, jobs: Sequence[Job]) -> Iterator[tuple[int, float, Any]]:
+        """Trains ``jobs`` on the devices (each device runs one candidate at a time) and yields
+        ``(index, score, payload)`` as candidates finish."""
+        if self.data_parallel and len(self.devices) > 1:
+            # The trainer's hook (``DpSgdTrainer.data_parallel``) knows how to spread one
+            # candidate over the devices; a trainer without it trains as on one device.
+            hook = getattr(trainer, "data_parallel", None)
+            for job in jobs:
+                # Entered around the call only: a context set across a `yield` would stay set in
+                # the caller while this generator is suspended.
+                with hook(self.devices) if hook is not None else contextlib.nullcontext():
+                    score, payload = train_one(trainer, job)
+                yield job.index, score, payload
+            return
+        if len(self.devices) == 1 or len(jobs) == 1:
+            import jax
+
+            with jax.default_device(self.devices[0]):
+                for job in jobs:
+                    yield (job.index, *train_one(trainer, job))
+            return
+        free: queue.Queue = queue.Queue()
+        for d in self.devices:
+            free.put(d)
+
+        def one(job: Job) -> tuple[float, Any]:
+            import jax
+
+            device = free.get()
+            try:
+                # default_device is thread-local: this thread's arrays and jitted calls go there.
+                with jax.default_device(device):
+                    return train_one(trainer, job)
+            finally:
+                free.put(device)
+
+        with ThreadPoolExecutor(max_workers=len(self.devices)) as pool:
+            pending = {pool.submit(one, job): job.index for job in jobs}
+            while pending:
+                done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+                for fut in done:
+                    index = pending.pop(fut)
+                    score, payload = fut.result()
+                    yield index, float(score), payload

@@ -1,0 +1,239 @@
+"""The dptune command end to end on the shipped MNIST digits: release folder, SIGKILL + resume,
+and malformed configs refused before any private computation."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dptune.cli import build as cli
+from dptune.cli.build import ConfigError
+from dptune.space import SpaceError
+from dptune.tuner import TuningConfigError
+from tests.journal_rows import journal_rows
+from tests.paths import REPO
+
+ROOT = REPO
+SMOKE = str(ROOT / "configs" / "smoke.py")
+# A tiny version of the smoke run: 1 epoch per candidate, logarithmic K with mean 3; seed 9 draws
+# K = 3 (checked in test_resume), so a kill can land after the first candidate.
+# Groups of 2 exercise the executor's train_many path (trainers.loop.train_candidates).
+TINY = [
+    "--config.train.epochs=1",
+    "--config.selection.mean_trials=3",
+    "--config.executor.group_size=2",
+    "--seed=9",
+    "--noprogress",
+]
+
+
+def _run(workdir, ledger, *extra, wait=True):
+    cmd = [sys.executable, "-m", "dptune.cli.main", f"--config={SMOKE}", f"--workdir={workdir}"]
+    cmd += [*TINY, f"--config.ledger.path={ledger}", *extra]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    if not wait:
+        return subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """One uninterrupted tiny run (the end-to-end test and the resume test's reference)."""
+    work = tmp_path_factory.mktemp("ref")
+    proc = _run(work / "run", work / "ledger.sqlite")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return work / "run", proc
+
+
+def test_end_to_end_release_folder(reference):
+    run, proc = reference
+    rel = run / "release"
+    names = {p.name for p in rel.iterdir()}
+    assert {
+        "result.json",
+        "privacy.json",
+        "privacy.txt",
+        "epsilon.png",
+        "training_curve.png",
+    } <= names
+    assert (rel / "checkpoint").is_dir()
+    result = json.loads((rel / "result.json").read_text())
+    assert result["released"] is True
+    assert set(result["hparams"]) == {"learning_rate", "clip_norm", "noise_multiplier"}
+    assert 0.5 < result["test_accuracy"] <= 1.0  # one private epoch on 7,000 digits
+    privacy = json.loads((rel / "privacy.json").read_text())
+    assert privacy["total_epsilon"] <= 4.0 and privacy["delta"] == 1e-5
+    assert privacy["single_run_epsilon"] < privacy["total_epsilon"]
+    assert privacy["selection"]["mean"] == pytest.approx(3.0)
+    assert privacy["seeded"] is True
+    assert "secret" in (rel / "privacy.txt").read_text()
+    # nothing about the other candidates: not K, not their scores, in the release or the console
+    shown = " ".join(p.read_text() for p in rel.glob("*.json")) + (rel / "privacy.txt").read_text()
+    shown += proc.stdout + proc.stderr
+    with sqlite3.connect(run / "private" / "journal.sqlite") as db:
+        scores = [r[0] for r in db.execute("SELECT score FROM candidates ORDER BY idx")]
+    others = [x for x in scores if x != result["validation_score"]]
+    assert len(others) == 2
+    for x in others:
+        assert repr(x) not in shown and f"{x:.4g}" not in shown and f"{x:.3f}" not in shown
+    assert '"num_trials"' not in shown and "K=" not in shown
+    rows = journal_rows(run)
+    assert len(rows) == 3 and all(r[1] == "done" and r[2] == 1 for r in rows)
+    # the released training curve: public per-epoch quantities only (test split, epsilon so far)
+    curve = json.loads((rel / "training_curve.json").read_text())
+    assert [row["epoch"] for row in curve] == list(range(1, len(curve) + 1))
+    assert all(set(row) <= {"epoch", "epsilon_one_run", "test_accuracy"} for row in curve)
+    assert curve[-1]["test_accuracy"] == pytest.approx(result["test_accuracy"], abs=1e-6)
+    assert curve[-1]["epsilon_one_run"] == pytest.approx(privacy["single_run_epsilon"], rel=1e-3)
+    # the released checkpoint restores and reproduces the released test accuracy
+    from dptune.data import MNIST_10K_DIR
+    from dptune.release import load_params
+    from trainers.data import load_dataset
+    from trainers.evaluate import evaluate
+
+    data = load_dataset(
+        "mnist", str(MNIST_10K_DIR), validation_size=1000, source="idx", num_examples=8000
+    )
+    acc = evaluate(load_params(rel), "cnn26k", data.test_x, data.test_y)
+    assert acc == pytest.approx(result["test_accuracy"], abs=1e-6)
+
+
+@pytest.mark.slow  # a killed and a resumed CLI run (~65 s)
+def test_resume_after_sigkill_gives_same_release(reference, tmp_path):
+    ref_run, _ = reference
+    work, ledger = tmp_path / "run", tmp_path / "ledger.sqlite"
+    proc = _run(work, ledger, wait=False)
+    deadline = time.time() + 300
+    while time.time() < deadline:  # kill -9 once a candidate is done and the next one is running
+        rows = journal_rows(work)
+        if any(r[1] == "done" for r in rows) and any(r[1] == "running" for r in rows):
+            break
+        if proc.poll() is not None:
+            pytest.fail("the run ended before it could be killed: " + proc.stdout.read().decode())
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = journal_rows(work)
+    done_before = {r[0] for r in before if r[1] == "done"}
+    assert done_before and not (work / "release").exists()
+
+    again = _run(work, ledger)
+    assert again.returncode == 0, again.stdout + again.stderr
+    after = {r[0]: r for r in journal_rows(work)}
+    assert all(after[i][2] == 1 for i in done_before)  # finished candidates were not retrained
+    assert json.loads((work / "release" / "result.json").read_text()) == json.loads(
+        (ref_run / "release" / "result.json").read_text()
+    )
+    # charged once although started twice
+    with sqlite3.connect(ledger) as db:
+        assert db.execute("SELECT COUNT(*) FROM charges").fetchone()[0] == 1
+    # the same workdir with another config is refused
+    changed = _run(work, ledger, "--config.privacy.epsilon=3.5")
+    assert changed.returncode == 2 and "different config" in changed.stderr
+
+
+# --- malformed configs: refused with a clear message before any private computation --------------
+
+
+@pytest.fixture(scope="module")
+def smoke_data():
+    from dptune.data import MNIST_10K_DIR
+    from trainers.data import load_dataset
+
+    return load_dataset(
+        "mnist", str(MNIST_10K_DIR), validation_size=1000, source="idx", num_examples=8000
+    )
+
+
+def _smoke(**changes):
+    from ml_collections import config_dict
+
+    spec = __import__("importlib.util").util.spec_from_file_location("smoke_cfg", SMOKE)
+    mod = __import__("importlib.util").util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    cfg = cli._plain(mod.get_config())
+    for path, value in changes.items():
+        cur = cfg
+        *parents, last = path.split("__")
+        for p in parents:
+            cur = cur[p]
+        if value is _DELETE:
+            del cur[last]
+        else:
+            cur[last] = value.to_dict() if isinstance(value, config_dict.ConfigDict) else value
+    return cfg
+
+
+_DELETE = object()
+LOG_U = {"distribution": "log_uniform", "low": 0.5, "high": 2.0, "privacy": False}
+
+MALFORMED = [
+    (dict(privacy__epsilon=0.0), "epsilon"),
+    (dict(privacy__epsilon=-1.0), "epsilon"),
+    (dict(privacy__epsilon=float("nan")), "epsilon"),
+    (dict(privacy__delta=0.0), "delta"),
+    (dict(privacy__delta=1.5), "delta"),
+    (dict(privacy__delta=1e-3), "1/n"),
+    (dict(privacy__epsilon=0.01), "no noise multiplier meets"),
+    (dict(privacy__accountant="magic"), "accountant"),
+    (dict(data__name="imagenet"), "not a known dataset"),
+    (dict(data__name="cifar10", data__source="auto", data__dir=None), "config.data"),
+    (dict(data__dir="/nonexistent/mnist"), "config.data"),
+    (dict(data__validation_size=0), "validation_size"),
+    (dict(selection__mean_trials=0.5), "mean_trials"),
+    (dict(selection__mean_trials=0), "mean_trials"),
+    (dict(selection__method="grid"), "selection.method"),
+    (dict(selection__method="tnb"), "needs ['shape']"),
+    (dict(selection__method="thresholding"), "threshold"),
+    (dict(selection__method="non_private_best", selection__k=3), "not private"),
+    (dict(space={}), "empty"),
+    (dict(space={"learning_rate": 1.0, "noise_multiplier": "auto"}), "empty"),
+    (dict(space__learning_rate={**LOG_U, "low": -1.0}), "low > 0"),
+    (dict(space__dropout=LOG_U), "unknown hyperparameters"),
+    (dict(space__noise_multiplier={**LOG_U, "distribution": "uniform"}), "worst case"),
+    (dict(space__noise_multiplier=0.3), "budget"),
+    (dict(space__noise_multiplier=0.0), "noise_multiplier"),
+    (dict(train__batch_size=9000), "batch size"),
+    (dict(space__epochs=1), "both"),
+    (dict(train__model="resnet"), "model"),
+    (dict(executor__group_size=0), "group_size"),
+    (dict(ledger__budget_epsilon=1.0), "budget_epsilon"),
+]
+
+
+@pytest.mark.parametrize("changes, message", MALFORMED)
+def test_malformed_config_refused_before_private_computation(
+    changes, message, smoke_data, monkeypatch, tmp_path
+):
+    import trainers.loop
+
+    def forbidden(*a, **k):
+        raise AssertionError("private computation started")
+
+    monkeypatch.setattr(trainers.loop, "train_candidate", forbidden)
+    monkeypatch.setattr(trainers.loop, "train_candidates", forbidden)
+    if "data__name" not in changes and "data__dir" not in changes:
+        monkeypatch.setattr(cli, "load_data", lambda cfg: smoke_data)
+    cfg = _smoke(**changes, ledger__path=str(tmp_path / "ledger.sqlite"))
+    with pytest.raises((ConfigError, SpaceError, TuningConfigError)) as err:
+        cli.run_config(cfg, tmp_path / "run", progress=False)
+    assert message in str(err.value)
+    assert not (tmp_path / "run" / "private").exists()
+
+
+def test_dry_run_plans_without_private_computation(smoke_data, monkeypatch, tmp_path):
+    import trainers.loop
+
+    monkeypatch.setattr(trainers.loop, "train_candidates", None)  # any call would fail
+    monkeypatch.setattr(cli, "load_data", lambda cfg: smoke_data)
+    space, statement = cli.run_config(_smoke(), tmp_path / "run", dry_run=True, progress=False)
+    assert 3.9 < statement.total_epsilon <= 4.0
+    assert space.fields["noise_multiplier"] > 0.5  # calibrated, not "auto"
+    assert not (tmp_path / "run").exists()
