@@ -62,16 +62,20 @@ SPLIT_KEY = b"dptune/record-split/v1"
 
 
 def record_digests(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """sha256 of each record (its image bytes as float32 and its label as int32).
+    """sha256 of each record: its input's bytes (as float32 for floating-point inputs; as int64,
+    prefixed by the tag ``int64:``, for integer inputs such as token ids) and its label as int32.
 
     Returns an array of shape (n,) of 32-byte ``bytes`` objects (dtype object). A record's digest
     depends on that record alone: it is what the split and the ledger fingerprint are built from.
     """
-    x = np.ascontiguousarray(x, dtype=np.float32).reshape(len(x), -1)
+    integer = np.issubdtype(np.asarray(x).dtype, np.integer)
+    dtype = np.int64 if integer else np.float32
+    x = np.ascontiguousarray(x, dtype=dtype).reshape(len(x), -1)
     y = np.ascontiguousarray(y, dtype=np.int32)
     out = np.empty(len(x), dtype=object)
     for i in range(len(x)):
-        h = hashlib.sha256(x[i].tobytes())
+        h = hashlib.sha256(b"int64:" if integer else b"")
+        h.update(x[i].tobytes())
         h.update(y[i].tobytes())
         out[i] = h.digest()
     return out
@@ -105,11 +109,12 @@ class Dataset:
     """In-memory dataset split into train / validation / test.
 
     Attributes:
-      train_x, val_x, test_x: float32 arrays of shape (n, height, width, channels), values in [0,
-        1].
+      train_x, val_x, test_x: the inputs, (n, ...): float32 images (n, height, width, channels) in
+        [0, 1] from the loaders; any shape and dtype (float32 features, int32 token ids, ...) from
+        :meth:`from_arrays`.
       train_y, val_y, test_y: int32 arrays of shape (n,), values in [0, num_classes).
       num_classes: number of classes.
-      name: dataset name (one of ``NAMES``).
+      name: dataset name (one of ``NAMES``, or the user's name for :meth:`from_arrays`).
       public_num_train: the public nominal number of training examples: DP-SGD's sampling rate is
         ``batch_size / public_num_train`` and its step count ``epochs * ceil(public_num_train /
         batch_size)``, whatever the private arrays' length (which is never used for privacy).
@@ -156,9 +161,105 @@ class Dataset:
         return multiset_fingerprint(np.concatenate(parts))
 
     @property
-    def image_shape(self) -> tuple[int, int, int]:
-        """(height, width, channels) of one image."""
-        return tuple(self.train_x.shape[1:])  # type: ignore[return-value]
+    def image_shape(self) -> tuple[int, ...]:
+        """Shape of one example's input ((height, width, channels) for images)."""
+        return tuple(self.train_x.shape[1:])
+
+    @classmethod
+    def from_arrays(
+        cls,
+        x: np.ndarray,
+        y: np.ndarray,
+        *,
+        num_examples: int | None = None,
+        validation_fraction: float = 0.1,
+        x_test: np.ndarray | None = None,
+        y_test: np.ndarray | None = None,
+        public_validation: tuple[np.ndarray, np.ndarray] | None = None,
+        num_classes: int | None = None,
+        name: str = "arrays",
+        seed_split: int = 0,
+    ) -> Dataset:
+        """A dataset from in-memory arrays of any shape: images (n, h, w, c), tabular rows (n, d),
+        token ids (n, length), ...
+
+        The records of (x, y) are the private data. Each goes to validation by a keyed hash of the
+        record itself, with probability ``validation_fraction`` (``split_validation``: adding or
+        removing one record moves no other). Privacy uses public sizes only (docs/privacy-model.md):
+        DP-SGD's sampling rate and step count come from ``num_examples`` minus the expected
+        validation size, never from ``len(x)``.
+
+        Args:
+          x, y: inputs (n, ...) and integer labels (n,). Floating-point inputs are stored as
+            float32, integer inputs as int32.
+          num_examples: the PUBLIC number of records in (x, y), declared by you (required: the
+            length of the private arrays changes when one person is added or removed). Loading
+            refuses arrays more than 1% away from it (a guard against a wrong declaration).
+          validation_fraction: expected fraction of the records that go to the (private)
+            validation split, in [0, 1); ignored with ``public_validation``.
+          x_test, y_test: a public test split, only for reporting (not covered by the guarantee).
+          public_validation: (x_val, y_val), a validation set that is public and separate from
+            the private records; then (x, y) is not split, and candidates may be scored exactly.
+          num_classes: the number of classes (public). Default: from the public labels (test or
+            public validation), never from the private ones; required when there are none.
+          name: a label for reports and the ledger.
+          seed_split: public seed of the split hash.
+
+        Raises:
+          ValueError: no or a wrong ``num_examples``, mismatched shapes, labels that are not
+            integers in [0, num_classes), an impossible validation fraction, no way to know
+            ``num_classes``.
+        """
+        if num_examples is None:
+            raise ValueError(
+                "Dataset.from_arrays needs num_examples=<the public number of records in x>: "
+                "DP-SGD's sampling rate and step count must not depend on the private arrays' "
+                "length, which changes when one person is added or removed. Declare the size "
+                "you would publish (e.g. the size of the file as documented)"
+            )
+        x, y = _as_inputs(x, "x"), _as_labels(y, "y")
+        if len(x) != len(y):
+            raise ValueError(f"x has {len(x)} records but y has {len(y)} labels")
+        public_labels = [a for a in (y_test, None if public_validation is None else
+                                     public_validation[1]) if a is not None]  # fmt: skip
+        if num_classes is None:
+            if not public_labels or not any(len(a) for a in public_labels):
+                raise ValueError(
+                    "Dataset.from_arrays needs num_classes=... (public): with no public labels "
+                    "(x_test/y_test or public_validation) it cannot be read from the data "
+                    "without looking at the private labels"
+                )
+            num_classes = int(max(int(np.max(a)) for a in public_labels if len(a))) + 1
+        num_classes = int(num_classes)
+        if len(y) and (int(y.min()) < 0 or int(y.max()) >= num_classes):
+            raise ValueError(f"labels must be integers in [0, {num_classes}) (num_classes)")
+        if x_test is None:
+            if y_test is not None:
+                raise ValueError("y_test given without x_test")
+            x_test, y_test = np.zeros((0, *x.shape[1:]), x.dtype), np.zeros((0,), np.int32)
+        else:
+            x_test, y_test = _as_inputs(x_test, "x_test"), _as_labels(y_test, "y_test")
+            _same_record_shape(x, x_test, "x_test")
+        check_declared_size(len(x), num_examples, name)
+        if public_validation is not None:
+            val_x, val_y = _as_inputs(public_validation[0], "public_validation x"), _as_labels(
+                public_validation[1], "public_validation y"
+            )
+            _same_record_shape(x, val_x, "public_validation")
+            if not len(val_x):
+                raise ValueError("public_validation holds no records")
+            return cls(
+                train_x=x, train_y=y, val_x=val_x, val_y=val_y, test_x=x_test, test_y=y_test,
+                num_classes=num_classes, name=name, public_num_train=int(num_examples),
+                public_num_val=float(len(val_x)), validation_public=True,
+                split={"kind": "separate_files", "validation_public": True},
+            )  # fmt: skip
+        if not 0 <= validation_fraction < 1:
+            raise ValueError(f"validation_fraction={validation_fraction!r} must be in [0, 1)")
+        return split_validation(
+            x, y, x_test, y_test, num_classes, name, validation_fraction * num_examples,
+            seed_split, num_examples=num_examples,
+        )  # fmt: skip
 
     def describe_split(self) -> str:
         """One sentence for the privacy statement: how the validation split was formed."""
@@ -290,23 +391,24 @@ def split_validation(
     test_y: np.ndarray,
     num_classes: int,
     name: str,
-    validation_size: int,
+    validation_size: float,
     seed_split: int = 0,
     *,
     num_examples: int | None = None,
 ) -> Dataset:
     """Splits the training file by record: record i goes to validation iff its keyed hash is below
     ``validation_size / num_examples`` (``num_examples``: the public size of the file; default its
-    length, for data the caller made). Public sizes: ``num_examples - validation_size`` training and
-    ``validation_size`` validation records expected."""
+    length, for data the caller made). Public sizes: ``num_examples - validation_size`` training
+    (rounded down: ``int``) and ``validation_size`` validation records expected.
+    ``validation_size``: an integer, or any expected size (a float, ``fraction * num_examples``)."""
     declared = int(len(train_x) if num_examples is None else num_examples)
     if (
         isinstance(validation_size, bool)
-        or not isinstance(validation_size, (int, np.integer))
+        or not isinstance(validation_size, (int, np.integer, float))
         or not 0 <= validation_size < declared
     ):
         raise ValueError(
-            f"validation_size={validation_size!r} must be an integer >= 0 and smaller than the "
+            f"validation_size={validation_size!r} must be a number >= 0 and smaller than the "
             f"{declared} training examples"
         )
     fraction = validation_size / declared
@@ -321,7 +423,7 @@ def split_validation(
         test_y=test_y,
         num_classes=num_classes,
         name=name,
-        public_num_train=declared - int(validation_size),
+        public_num_train=int(declared - validation_size),
         public_num_val=float(validation_size),
         validation_public=False,
         split={
@@ -332,6 +434,32 @@ def split_validation(
             "num_examples": declared,
         },
     )
+
+
+def _as_inputs(x: np.ndarray, what: str) -> np.ndarray:
+    """Inputs as float32 (floating point) or int32 (integer ids), contiguous; at least 2-D."""
+    x = np.asarray(x)
+    if x.ndim < 2:
+        raise ValueError(f"{what} has shape {x.shape}: expected (records, ...) with a feature axis")
+    if np.issubdtype(x.dtype, np.floating) or x.dtype == bool:
+        return np.ascontiguousarray(x, dtype=np.float32)
+    if np.issubdtype(x.dtype, np.integer):
+        return np.ascontiguousarray(x, dtype=np.int32)
+    raise ValueError(f"{what} has dtype {x.dtype}: expected floating-point or integer inputs")
+
+
+def _as_labels(y: np.ndarray, what: str) -> np.ndarray:
+    y = np.asarray(y)
+    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+        raise ValueError(f"{what} must be integer class labels of shape (n,), got {y.dtype}{y.shape}")
+    return np.ascontiguousarray(y, dtype=np.int32)
+
+
+def _same_record_shape(x: np.ndarray, other: np.ndarray, what: str) -> None:
+    if other.shape[1:] != x.shape[1:] or other.dtype != x.dtype:
+        raise ValueError(
+            f"{what} records are {other.dtype}{other.shape[1:]}, but x's are {x.dtype}{x.shape[1:]}"
+        )
 
 
 def make_synthetic(

@@ -47,44 +47,78 @@ def clip_factors(sq_norms: jax.Array, mask: jax.Array, clip_norm: jax.Array) -> 
     return mask * (clip_norm / jnp.maximum(norms, clip_norm))
 
 
-def example_losses(apply_fn: Callable, params: Params, x: jax.Array, y: jax.Array) -> jax.Array:
-    """Loss of each example, (b,): the cross-entropy of x (b, h, w, c), or with augmentation
-    multiplicity the mean cross-entropy over the K augmented copies of x (b, K, h, w, c)."""
-    if x.ndim == 4:
-        return per_example_loss(apply_fn({"params": params}, x), y)
+def example_losses(
+    apply_fn: Callable,
+    params: Params,
+    x: jax.Array,
+    y: jax.Array,
+    loss: Callable | None = None,
+    copies: bool | None = None,
+) -> jax.Array:
+    """Loss of each example, (b,): ``loss(logits, labels)`` (default :func:`per_example_loss`) of x
+    (b, ...) of any shape and dtype; with ``copies`` (augmentation multiplicity), x is (b, K, ...)
+    and an example's loss is the mean over its K augmented copies. ``copies=None``: only 5-D
+    image batches (b, K, h, w, c) carry copies, the shipped image models' convention."""
+    loss = loss or per_example_loss
+    if copies is None:
+        copies = x.ndim == 5
+    if not copies:
+        return loss(apply_fn({"params": params}, x), y)
     b, k = x.shape[:2]
     logits = apply_fn({"params": params}, x.reshape(b * k, *x.shape[2:]))
-    return jnp.mean(per_example_loss(logits, jnp.repeat(y, k)).reshape(b, k), axis=1)
+    return jnp.mean(loss(logits, jnp.repeat(y, k, axis=0)).reshape(b, k), axis=1)
 
 
 def per_example_grads_naive(
-    apply_fn: Callable, params: Params, x: jax.Array, y: jax.Array
+    apply_fn: Callable,
+    params: Params,
+    x: jax.Array,
+    y: jax.Array,
+    loss: Callable | None = None,
+    copies: bool | None = None,
 ) -> Params:
     """Per-example gradients of :func:`example_losses`, each leaf with a leading batch axis, via
-    ``vmap(grad)``. With x of shape (b, K, h, w, c) the gradient of example i is the mean of the
-    gradients of its K augmented copies (augmentation multiplicity, De et al. 2022, §3.1)."""
+    ``vmap(grad)``. With ``copies`` (x of shape (b, K, ...)) the gradient of example i is the mean
+    of the gradients of its K augmented copies (augmentation multiplicity, De et al. 2022, §3.1)."""
+
+    if copies is None:
+        copies = x.ndim == 5
 
     def single(p, xi, yi):
-        return example_losses(apply_fn, p, xi[None], yi[None])[0]
+        return example_losses(apply_fn, p, xi[None], yi[None], loss, copies)[0]
 
     return jax.vmap(jax.grad(single), in_axes=(None, 0, 0))(params, x, y)
 
 
 def clipped_sum_naive(
-    apply_fn: Callable, params: Params, x: jax.Array, y: jax.Array, mask: jax.Array, clip_norm
+    apply_fn: Callable,
+    params: Params,
+    x: jax.Array,
+    y: jax.Array,
+    mask: jax.Array,
+    clip_norm,
+    loss: Callable | None = None,
+    copies: bool | None = None,
 ) -> tuple[Params, jax.Array, jax.Array]:
-    """Clipped gradient sum from ``vmap(grad)`` per-example gradients.
+    """Clipped gradient sum from ``vmap(grad)`` per-example gradients: correct for every model
+    whose examples do not interact (each example's gradient is computed on that example alone).
+
+    ``apply_fn(variables, x)``: a flax ``Module.apply`` (or the same signature). ``copies``:
+    whether x carries augmented copies (b, K, ...); None: only 5-D image batches (b, K, h, w, c)
+    do, the convention of the shipped image models.
 
     Returns (clipped sum pytree, sum of masked per-example losses, per-example gradient norms (b,)).
     """
-    grads = per_example_grads_naive(apply_fn, params, x, y)
+    if copies is None:
+        copies = x.ndim == 5
+    grads = per_example_grads_naive(apply_fn, params, x, y, loss, copies)
     sq = sum(
         jnp.sum(g.reshape(g.shape[0], -1) ** 2, axis=1) for g in jax.tree_util.tree_leaves(grads)
     )
     c = clip_factors(sq, mask, clip_norm)
     summed = jax.tree_util.tree_map(lambda g: jnp.tensordot(c, g, axes=1), grads)
-    loss = jnp.sum(mask * example_losses(apply_fn, params, x, y))
-    return summed, loss, jnp.sqrt(sq)
+    loss_sum = jnp.sum(mask * example_losses(apply_fn, params, x, y, loss, copies))
+    return summed, loss_sum, jnp.sqrt(sq)
 
 
 # --- book-keeping clipping for MnistCNN -----------------------------------------------------------

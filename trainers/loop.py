@@ -33,10 +33,10 @@ from trainers.spec import (
 )
 from trainers.step import (
     _eval_params,
-    default_grad_impl,
     default_microbatch_size,
     get_step_functions,
     make_optimizer,
+    resolve_grad_impl,
 )
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def _numpy_rng(key: jax.Array) -> np.random.Generator:
 
 
 def _check(hp: Hyperparams, data: Dataset) -> None:
-    spec = models.get_model(hp.model, data.num_classes)
+    spec = models.resolve(hp.model, data.num_classes)
     if spec.features == "scatter":
         from trainers import scatter
 
@@ -73,9 +73,22 @@ def _check(hp: Hyperparams, data: Dataset) -> None:
             )
     elif tuple(data.train_x.shape[1:]) != spec.input_shape:
         raise ValueError(
-            f"model {hp.model!r} expects images of shape {spec.input_shape}, but dataset "
+            f"model {spec.name!r} expects inputs of shape {spec.input_shape}, but dataset "
             f"{data.name!r} has "
             f"{tuple(data.train_x.shape[1:])}"
+        )
+    elif not spec.shipped and data.train_x.dtype != np.dtype(spec.input_dtype):
+        raise ValueError(
+            f"model {spec.name!r} was built for {spec.input_dtype} inputs, but dataset "
+            f"{data.name!r} holds {data.train_x.dtype}"
+        )
+    if hp.augmult > 0 and (
+        len(data.train_x.shape) != 4 or not np.issubdtype(data.train_x.dtype, np.floating)
+    ):
+        raise ValueError(
+            f"augmult={hp.augmult} augments images (crops and flips of (height, width, channels) "
+            f"float arrays), but the inputs have shape {tuple(data.train_x.shape[1:])} "
+            f"({data.train_x.dtype}): use augmult=0"
         )
     dpsgd_privacy(hp, data.public_num_train)  # raises if N < B
     if len(data.val_x) == 0 or data.public_num_val <= 0:
@@ -113,7 +126,8 @@ def train_candidate(
       progress: called after every epoch with {"event": "epoch", "candidate": 0, "epoch", "epochs",
         "step", "total_steps"} and, if ``progress_every`` > 0, every ``progress_every`` steps with
         event "step". The dicts hold no data-dependent values, so a progress bar can show them.
-      grad_impl: "bookkeeping" or "naive"; default :func:`default_grad_impl`.
+      grad_impl: "auto" (default: :func:`trainers.step.default_grad_impl`), "vmap", "ghost" or
+        "bookkeeping" (``trainers.step.GRAD_IMPLS``; "naive" = "vmap").
       on_epoch: called as on_epoch(candidate, epoch, params) after every epoch. The parameters are
         private (curator-only); meant for research scripts that plot test-accuracy curves.
 
@@ -174,7 +188,7 @@ def train_candidates(
         groups.setdefault(sig if vectorize else (i,), []).append(i)
     for members in groups.values():
         hp_m = hps[members[0]]
-        impl = grad_impl or default_grad_impl(hp_m.model, data.train_x.shape[1:], hp_m.augmult)
+        impl = resolve_grad_impl(hp_m.model, grad_impl, data.train_x.shape[1:], hp_m.augmult)
         gdata = model_data(data, hp_m.model)  # scattering features for the scatter models
         group = _train_group(
             [hps[i] for i in members], gdata, [keys[i] for i in members], members, progress,
@@ -218,7 +232,7 @@ def _train_group_unsafe(
         hp0.model, data.num_classes, hp0.optimizer, impl, hp0.augmult, ema, mesh
     )
     group = fns.group(k)
-    chunk = hp0.microbatch_size or default_microbatch_size(hp0.model, hp0.augmult)
+    chunk = hp0.microbatch_size or default_microbatch_size(hp0.model, hp0.augmult, impl)
     data_x, data_y = device_arrays(data)
     shards = 1
     if mesh is not None:

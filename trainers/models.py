@@ -11,10 +11,15 @@ maximum (ties have measure zero after tanh).
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from trainers.spec import MODEL_NAMES  # one list of model names, JAX-free
 
@@ -263,23 +268,56 @@ class ScatterCNN(nn.Module):
         return nn.Dense(self.num_classes, name="dense2")(x)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class ModelSpec:
-    """A model and the input shape it expects, (height, width, channels).
+    """A model, the input it reads, and (for a user's model) its loss and validation metric.
 
-    ``features``: None when the model reads the dataset's images; "scatter" when it reads their
-    scattering features (``trainers.scatter``; ``input_shape`` is then the features' shape and the
-    images must be 28x28x1).
+    Compared and hashed by identity: the compiled steps are cached per spec object
+    (``trainers.step``), and a flax Module's own equality compares its fields, which may be
+    unhashable or compare arrays. :func:`get_model` returns one spec object per (name, classes).
+
+    Attributes:
+      name: a shipped name (``MODEL_NAMES``) or a user model's label (e.g. its class name).
+      module: the flax (linen) Module, or None for an ``(init_fn, apply_fn)`` pair.
+      input_shape: shape of one example (without the batch axis): (height, width, channels) for
+        images, (features,) for tabular rows, (length,) for token ids, ...
+      features: None when the model reads the dataset's arrays; "scatter" when it reads the
+        images' scattering features (``trainers.scatter``; ``input_shape`` is then the features'
+        shape and the images must be 28x28x1).
+      input_dtype: dtype name of one example ("float32", "int32", ...).
+      init_fn, apply_fn: the pair for non-linen JAX code: ``init_fn(key, x) -> params`` for a
+        batch x of one example, ``apply_fn(params, x) -> outputs`` (b, ...).
+      loss: ``loss(outputs, labels) -> (b,)`` per-example losses; None: softmax cross-entropy on
+        integer labels.
+      metric: a ``trainers.evaluate.BoundedMetric`` scoring candidates; None: accuracy.
+      shipped: whether this is one of the shipped models (with their hand-tuned fast paths).
     """
 
     name: str
-    module: nn.Module
-    input_shape: tuple[int, int, int]
+    module: Any
+    input_shape: tuple[int, ...]
     features: str | None = None
+    input_dtype: str = "float32"
+    init_fn: Callable | None = None
+    apply_fn: Callable | None = None
+    loss: Callable | None = None
+    metric: Any = None
+    shipped: bool = True
+
+    def apply(self, variables: dict, x: jax.Array) -> jax.Array:
+        """Outputs for a batch x, flax-style: ``variables = {"params": params}``."""
+        if self.module is not None:
+            return self.module.apply(variables, x)
+        return self.apply_fn(variables["params"], x)
+
+    def example_input(self, batch: int = 1) -> jax.Array:
+        """Zeros shaped like ``batch`` examples (what parameters are initialised from)."""
+        return jnp.zeros((batch, *self.input_shape), self.input_dtype)
 
 
+@functools.lru_cache(maxsize=None)
 def get_model(name: str, num_classes: int = 10) -> ModelSpec:
-    """Returns the model called ``name`` (one of ``MODEL_NAMES``).
+    """Returns the model called ``name`` (one of ``MODEL_NAMES``); one spec object per arguments.
 
     "cnn52k" widens the 26k CNN to conv 32 / conv 48 / dense 32 (51,642 parameters): the
     ~52k-parameter comparison of the DP feature-selection paper's appendix A.1, whose exact widths
@@ -300,9 +338,151 @@ def get_model(name: str, num_classes: int = 10) -> ModelSpec:
     raise ValueError(f"unknown model {name!r}; expected one of {MODEL_NAMES}")
 
 
+def resolve(model: str | ModelSpec, num_classes: int = 10) -> ModelSpec:
+    """The spec of ``model``: a shipped name (with ``num_classes`` outputs) or a spec as it is."""
+    if isinstance(model, ModelSpec):
+        return model
+    return get_model(model, num_classes)
+
+
+#: Collections a user's module may have besides "params": "intermediates" is only written when
+#: the caller asks for it (``sow``), so applying the module with it immutable changes nothing.
+_HARMLESS_COLLECTIONS = ("params", "intermediates")
+
+
+def user_model(
+    model: Any,
+    input_shape: Sequence[int],
+    input_dtype: Any = "float32",
+    *,
+    loss: Callable | None = None,
+    metric: Any = None,
+    num_classes: int | None = None,
+    name: str | None = None,
+) -> ModelSpec:
+    """A user's model as a :class:`ModelSpec`, checked before anything trains.
+
+    Args:
+      model: a flax (linen) Module instance (unbound), or an ``(init_fn, apply_fn)`` pair.
+      input_shape, input_dtype: one example's shape and dtype (from the data).
+      loss: ``loss(outputs, labels) -> (b,)``; None: softmax cross-entropy on integer labels.
+      metric: a ``trainers.evaluate.BoundedMetric``; None: accuracy.
+      num_classes: with the default loss, the outputs must be (b, C) logits with C >=
+        num_classes.
+      name: a label for reports (default: the module's class name).
+
+    Raises:
+      ValueError: the model keeps state other than its parameters (e.g. ``nn.BatchNorm``'s
+        batch statistics: they mix the examples of a batch), needs an rng to run, mixes examples
+        (one example's output moves when another example changes), or its loss / metric is not
+        one value per example. The message names the layer or function and the fix. The checks
+        run on synthetic inputs (zeros, and random inputs for the mixing check), never on data.
+    """
+    input_shape = tuple(int(d) for d in input_shape)
+    dtype = np.dtype(input_dtype).name
+    if isinstance(model, ModelSpec):
+        return model
+    if isinstance(model, str):
+        return get_model(model, num_classes or 10)
+    if isinstance(model, nn.Module):
+        if model.scope is not None:
+            raise ValueError(f"model={type(model).__name__}: pass an unbound flax Module")
+        spec = ModelSpec(
+            name or type(model).__name__, model, input_shape, None, dtype, loss=loss,
+            metric=metric, shipped=False,
+        )  # fmt: skip
+    elif (
+        isinstance(model, tuple) and len(model) == 2 and all(callable(f) for f in model)
+    ):
+        init_fn, apply_fn = model
+        spec = ModelSpec(
+            name or getattr(apply_fn, "__name__", "apply_fn"), None, input_shape, None, dtype,
+            init_fn, apply_fn, loss, metric, shipped=False,
+        )  # fmt: skip
+    else:
+        raise TypeError(
+            f"model={model!r:.80}: expected a shipped model name {MODEL_NAMES}, a flax.linen "
+            "Module instance, or an (init_fn, apply_fn) pair"
+        )
+    _check_user_model(spec, num_classes)
+    return spec
+
+
+def _check_user_model(spec: ModelSpec, num_classes: int | None) -> None:
+    label = f"model {spec.name}"
+    x1 = spec.example_input(1)
+    try:
+        if spec.module is not None:
+            variables = spec.module.init(jax.random.PRNGKey(0), x1)
+        else:
+            variables = {"params": spec.init_fn(jax.random.PRNGKey(0), x1)}
+    except Exception as e:
+        raise ValueError(
+            f"{label} could not be initialised on an input of shape {x1.shape} ({x1.dtype}): "
+            f"{type(e).__name__}: {e}. dptune applies the model deterministically, without rngs "
+            "(set Dropout's deterministic=True)"
+        ) from None
+    for col, tree in variables.items():
+        if col in _HARMLESS_COLLECTIONS:
+            continue
+        flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(tree))
+        where = "/".join(next(iter(flat))[:-1]) if flat else "?"
+        raise ValueError(
+            f"{label}: layer {where!r} keeps state in the {col!r} collection (for example "
+            "nn.BatchNorm's batch statistics). DP-SGD needs each example's gradient to depend on "
+            "that example alone, and batch statistics mix the examples of a batch: use "
+            "nn.GroupNorm or nn.LayerNorm instead"
+        )
+    params = variables["params"]
+    rng = np.random.default_rng(0)
+    if np.issubdtype(np.dtype(spec.input_dtype), np.integer):
+        x = rng.integers(0, 2, size=(3, *spec.input_shape)).astype(spec.input_dtype)
+    else:
+        x = rng.standard_normal((3, *spec.input_shape)).astype(spec.input_dtype)
+    x2 = x.copy()
+    x2[0] = x[1] if np.issubdtype(x.dtype, np.integer) else -x[0]
+    try:
+        out = jax.jit(lambda p, x: spec.apply({"params": p}, x))
+        o1, o2 = np.asarray(out(params, x)), np.asarray(out(params, x2))
+    except Exception as e:
+        raise ValueError(
+            f"{label} failed on a batch of shape {x.shape}: {type(e).__name__}: {e}"
+        ) from None
+    if o1.ndim < 1 or o1.shape[0] != 3:
+        raise ValueError(f"{label}: outputs for a batch of 3 have shape {o1.shape}, not (3, ...)")
+    if not np.allclose(o1[1:], o2[1:], rtol=1e-5, atol=1e-6):
+        raise ValueError(
+            f"{label} mixes examples: one example's output changes when another example of the "
+            "batch changes (batch statistics, e.g. nn.BatchNorm in training mode). DP-SGD needs "
+            "per-example gradients: use nn.GroupNorm or nn.LayerNorm"
+        )
+    if spec.loss is None and num_classes is not None and (
+        o1.ndim != 2 or o1.shape[1] < num_classes
+    ):
+        raise ValueError(
+            f"{label}: outputs of shape {o1.shape[1:]} per example; the default loss (softmax "
+            f"cross-entropy) needs (num_classes,) = ({num_classes},) logits, or pass loss=..."
+        )
+    y = np.zeros((3,), np.int32)
+    for what, fn in (("loss", spec.loss), ("metric", getattr(spec.metric, "fn", None))):
+        if fn is None:
+            continue
+        try:
+            v = jax.eval_shape(fn, jax.ShapeDtypeStruct(o1.shape, o1.dtype), y)
+        except Exception as e:
+            raise ValueError(f"{what} failed on outputs of shape {o1.shape}: {e}") from None
+        if tuple(getattr(v, "shape", ())) != (3,):
+            raise ValueError(
+                f"{what}(outputs, labels) must return one value per example, shape (b,); for a "
+                f"batch of 3 it returned shape {getattr(v, 'shape', None)}"
+            )
+
+
 def init_params(spec: ModelSpec, key: jax.Array) -> dict:
-    """Initial parameters of ``spec`` (flax default initialisers) from a PRNG key."""
-    return spec.module.init(key, jnp.zeros((1, *spec.input_shape), jnp.float32))["params"]
+    """Initial parameters of ``spec`` (its initialisers) from a PRNG key."""
+    if spec.module is None:
+        return spec.init_fn(key, spec.example_input(1))
+    return spec.module.init(key, spec.example_input(1))["params"]
 
 
 def param_count(params) -> int:

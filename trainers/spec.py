@@ -40,8 +40,9 @@ class Hyperparams:
       optimizer: "sgd", "momentum" (heavy ball, optax.sgd with momentum) or "adam".
       momentum: momentum coefficient for "momentum" (in [0, 1)).
       model: one of ``MODEL_NAMES``: "cnn26k", "cnn52k", "cifar_cnn", "wrn16_4", or
-        "scatter_linear" / "scatter_cnn" (trained on the images' scattering features; privacy is
-        the same function of (B, epochs, sigma) whichever model is chosen).
+        "scatter_linear" / "scatter_cnn" (trained on the images' scattering features), or a
+        user's model as a ``trainers.models.ModelSpec`` (``trainers.models.user_model``). Privacy
+        is the same function of (B, epochs, sigma) whichever model is chosen.
       score_noise_std: std, in counts, of the Gaussian noise added to the number of correct
         validation predictions (default 10: private by default). None = exact score, allowed only
         on a validation set declared public and separate from the private data.
@@ -68,7 +69,7 @@ class Hyperparams:
     epochs: int = 5
     optimizer: str = "sgd"
     momentum: float = 0.9
-    model: str = "cnn26k"
+    model: Any = "cnn26k"
     score_noise_std: float | None = 10.0
     augmult: int = 0
     ema_decay: float | None = None
@@ -92,8 +93,11 @@ class Hyperparams:
             bad("optimizer", f"must be one of {OPTIMIZERS}")
         if not 0 <= self.momentum < 1:
             bad("momentum", "must be in [0, 1)")
-        if self.model not in MODEL_NAMES:
-            bad("model", f"must be one of {MODEL_NAMES}")
+        if isinstance(self.model, str):
+            if self.model not in MODEL_NAMES:
+                bad("model", f"must be one of {MODEL_NAMES} or a user's model")
+        elif not (hasattr(self.model, "input_shape") and hasattr(self.model, "apply")):
+            bad("model", "must be a shipped model name or a trainers.models.ModelSpec")
         if self.score_noise_std is not None and not (
             self.score_noise_std > 0 and math.isfinite(self.score_noise_std)
         ):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from typing import Any, NamedTuple
 
 import jax
@@ -83,11 +84,24 @@ def with_param_ema(inner: optax.GradientTransformation, decay: float):
 # --- compiled steps -------------------------------------------------------------------------------
 
 
-def default_grad_impl(model: str, image_shape: tuple[int, ...], augmult: int = 0) -> str:
-    """ "bookkeeping" (the fast path) for the 28x28x1 MnistCNN family without augmentation and for
-    the CIFAR CNN (with or without augmentation multiplicity) and for scatter_linear (closed-form
-    norms, ``dpsgd.clipped_sum_scatter_linear``); "naive" (vmap(grad)) otherwise, e.g. for
-    WRN-16-4, whose group norm and weight standardisation have no book-keeping path here."""
+#: Spellings of ``grad_impl``: "auto" (the fastest correct path), "vmap" (``vmap(grad)``, any
+#: model; "naive" is the old name), "ghost" (the generic ghost / book-keeping path of
+#: ``trainers.ghost`` for modules built from known layers), "bookkeeping" (a shipped model's
+#: hand-tuned path).
+GRAD_IMPLS = ("auto", "vmap", "ghost", "bookkeeping", "naive")
+
+log = logging.getLogger(__name__)
+
+
+def default_grad_impl(model: Any, image_shape: tuple[int, ...], augmult: int = 0) -> str:
+    """ "bookkeeping" (the hand-tuned fast path) for the 28x28x1 MnistCNN family without
+    augmentation and for the CIFAR CNN (with or without augmentation multiplicity) and for
+    scatter_linear (closed-form norms, ``dpsgd.clipped_sum_scatter_linear``); "naive"
+    (vmap(grad)) for the other shipped models, e.g. WRN-16-4, whose weight standardisation has no
+    fast path. A user's model: "ghost" when :func:`ghost_plan` accepts it, else "vmap"."""
+    if isinstance(model, models.ModelSpec) and not model.shipped:
+        return "ghost" if ghost_plan(model).supported else "vmap"
+    model = models.resolve(model).name
     shape = tuple(image_shape)
     if model in ("cnn26k", "cnn52k") and shape == (28, 28, 1) and augmult == 0:
         return "bookkeeping"
@@ -98,16 +112,69 @@ def default_grad_impl(model: str, image_shape: tuple[int, ...], augmult: int = 0
     return "naive"
 
 
+@functools.lru_cache(maxsize=64)
+def ghost_plan(spec: models.ModelSpec) -> Any:
+    """``trainers.ghost.analyze`` of a spec's module (cached per spec object). A module that
+    cannot take the ghost path is logged once, with the reason."""
+    from trainers import ghost
+
+    if spec.module is None:
+        plan = ghost.GhostPlan("an (init_fn, apply_fn) pair has no layers to intercept")
+    else:
+        params = jax.eval_shape(lambda: models.init_params(spec, jax.random.PRNGKey(0)))
+        params = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), params)
+        x = jax.ShapeDtypeStruct((3, *spec.input_shape), spec.input_dtype)
+        y = jax.ShapeDtypeStruct((3,), jnp.int32)
+        plan = ghost.analyze(spec.module, params, x, spec.loss or dpsgd.per_example_loss, y)
+    if not plan.supported:
+        log.warning(
+            "model %s: per-example clipping by vmap(grad) (correct for any model, slower): the "
+            "ghost path does not apply because %s",
+            spec.name,
+            plan.reason,
+        )
+    return plan
+
+
+def resolve_grad_impl(model: Any, grad_impl: str | None, image_shape, augmult: int = 0) -> str:
+    """The implementation a step will use: "bookkeeping", "ghost" or "vmap" (``grad_impl`` None
+    or "auto": :func:`default_grad_impl`). Raises ValueError for an unknown spelling, or "ghost"
+    forced on a module the ghost path does not cover (with the reason)."""
+    impl = "auto" if grad_impl is None else grad_impl
+    if impl not in GRAD_IMPLS:
+        raise ValueError(f"grad_impl={grad_impl!r}: expected one of {GRAD_IMPLS}")
+    if impl == "auto":
+        impl = default_grad_impl(model, image_shape, augmult)
+    if impl == "naive":
+        return "vmap"
+    if impl == "ghost":
+        spec = models.resolve(model)
+        plan = ghost_plan(spec)
+        if not plan.supported:
+            raise ValueError(f"grad_impl='ghost' does not apply to model {spec.name}: {plan.reason}")
+    return impl
+
+
 # Images (examples x augmented copies) per compiled chunk, by model. cnn26k: 256 was the fastest
 # chunk on XLA CPU (docs/performance.md). CIFAR models: bounded so that one chunk of the step fits
 # in well under 16 GB (peak memory measured by scripts/memory_dpsgd.py, docs/performance.md).
 _CHUNK_IMAGES = {"cnn26k": 256, "cnn52k": 256, "cifar_cnn": 256, "wrn16_4": 256}
 
+#: vmap(grad) materialises one gradient per example: a user model's chunk holds at most this many
+#: gradient floats (256 MiB in float32), whatever the expected batch size.
+VMAP_CHUNK_FLOATS = 2**26
 
-def default_microbatch_size(model: str, augmult: int = 0) -> int:
+
+def default_microbatch_size(model: Any, augmult: int = 0, grad_impl: str | None = None) -> int:
     """Examples per compiled chunk when ``Hyperparams.microbatch_size`` is None: the model's image
-    budget divided by the augmentation multiplicity, rounded down to a multiple of 8, at least 8."""
-    per_chunk = _CHUNK_IMAGES.get(model, 256) // max(1, augmult)
+    budget divided by the augmentation multiplicity, rounded down to a multiple of 8, at least 8.
+    A user's model on the vmap path: also at most ``VMAP_CHUNK_FLOATS`` / (parameters x copies)
+    examples, so that memory stays bounded."""
+    name = model if isinstance(model, str) else model.name
+    per_chunk = _CHUNK_IMAGES.get(name, 256) // max(1, augmult)
+    if isinstance(model, models.ModelSpec) and not model.shipped and grad_impl in ("vmap", "naive"):
+        shapes = jax.eval_shape(lambda: models.init_params(model, jax.random.PRNGKey(0)))
+        per_chunk = min(per_chunk, VMAP_CHUNK_FLOATS // max(1, models.param_count(shapes)))
     return max(8, per_chunk // 8 * 8)
 
 
@@ -184,19 +251,20 @@ class StepFunctions:
     """
 
     def __init__(
-        self, model: str, num_classes: int, optimizer: str, grad_impl: str, augmult: int = 0,
+        self, model: Any, num_classes: int, optimizer: str, grad_impl: str, augmult: int = 0,
         ema: bool = False, mesh: Any = None,
     ):  # fmt: skip
         tune_malloc()  # keeps the step's large temporaries mapped between steps (see runtime.py)
-        self.spec = models.get_model(model, num_classes)
+        self.spec = models.resolve(model, num_classes)
         self.grad_impl = grad_impl
         self.augmult = int(augmult)
         # Only the update rule matters here; numeric hyperparameters live in the optimiser state.
         self.optimizer = make_optimizer(
-            Hyperparams(optimizer=optimizer, model=model, ema_decay=0.5 if ema else None)
+            Hyperparams(optimizer=optimizer, ema_decay=0.5 if ema else None)
         )
         self.trace_count = 0
-        apply_fn = self.spec.module.apply
+        copies = self.augmult > 0
+        model = self.spec.name if self.spec.shipped else None
         if grad_impl == "bookkeeping":
             if model == "scatter_linear" and self.augmult == 0:
                 self._clipped_sum = dpsgd.clipped_sum_scatter_linear
@@ -206,13 +274,24 @@ class StepFunctions:
                 self._clipped_sum = dpsgd.clipped_sum_bookkeeping_cifar
             else:
                 raise ValueError(
-                    f"grad_impl='bookkeeping' is not implemented for model={model!r} with "
-                    f"augmult={augmult}; use 'naive'"
+                    f"grad_impl='bookkeeping' is not implemented for model={self.spec.name!r} "
+                    f"with augmult={augmult}; use 'vmap' (or 'ghost')"
                 )
-        elif grad_impl == "naive":
-            self._clipped_sum = functools.partial(dpsgd.clipped_sum_naive, apply_fn)
+        elif grad_impl in ("vmap", "naive"):
+            self._clipped_sum = functools.partial(
+                dpsgd.clipped_sum_naive, self.spec.apply, loss=self.spec.loss, copies=copies
+            )
+        elif grad_impl == "ghost":
+            from trainers import ghost
+
+            if self.spec.module is None:
+                raise ValueError("grad_impl='ghost' needs a flax Module, not an (init, apply) pair")
+            self._clipped_sum = functools.partial(
+                ghost.clipped_sum_ghost, self.spec.module, self.spec.loss or dpsgd.per_example_loss,
+                copies=copies,
+            )  # fmt: skip
         else:
-            raise ValueError(f"grad_impl={grad_impl!r}: expected 'bookkeeping' or 'naive'")
+            raise ValueError(f"grad_impl={grad_impl!r}: expected one of {GRAD_IMPLS[1:]}")
         self.mesh = mesh
         if mesh is not None:
             from trainers import parallel
@@ -277,12 +356,15 @@ class StepFunctions:
 
 
 def get_step_functions(
-    model: str, num_classes: int, optimizer: str, grad_impl: str, augmult: int = 0,
+    model: Any, num_classes: int, optimizer: str, grad_impl: str, augmult: int = 0,
     ema: bool = False, mesh: Any = None,
 ) -> StepFunctions:  # fmt: skip
     """Cached :class:`StepFunctions`, so that every candidate with the same structure reuses the
-    compiled step (the cache key is the full argument tuple, however the call spells it). With a
-    ``mesh`` (``trainers.parallel``), the clipped sums are computed data-parallel over it."""
+    compiled step (the cache key is the full argument tuple, however the call spells it; a user's
+    model is keyed by its ``ModelSpec`` object, compared by identity). With a ``mesh``
+    (``trainers.parallel``), the clipped sums are computed data-parallel over it."""
+    if grad_impl == "naive":
+        grad_impl = "vmap"
     return _cached_step_functions(
         model, int(num_classes), optimizer, grad_impl, int(augmult), bool(ema), mesh
     )

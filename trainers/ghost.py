@@ -1,0 +1,534 @@
+"""Per-example clipping for any Flax (linen) module built from known layers: ghost norms and
+book-keeping clipped sums, without per-example gradients where they are not needed.
+
+One batched forward and one backward pass give, for every call of a parametrised layer, its input
+``a`` (per example: T positions x d_in) and the gradient ``g`` of the summed loss with respect to its
+output (T x d_out). A zero "tap" is added to each layer's output; the gradient with respect to the
+taps is ``g`` (``nn.intercept_methods`` wraps the layers' calls, so the user's module is used as
+written). Example i's parameter gradient is a function of ``(a_i, g_i)`` alone:
+
+* ``nn.Dense`` / ``nn.DenseGeneral`` (on vectors or sequences, hence attention built from them,
+  e.g. ``nn.MultiHeadDotProductAttention``) and ``nn.Conv`` (after im2col: T output positions,
+  d_in = kernel volume x input channels): ``G_i = A_iᵀ G'_i``. Its squared norm is ``‖a_i‖²‖g_i‖²`` when T
+  = 1 (Goodfellow 2015), else either ``<A_i A_iᵀ, G'_i G'_iᵀ>`` (ghost norm, O(T²(d_in + d_out));
+  Li, Tramèr, Liang & Hashimoto 2022) or ``‖G_i‖²`` of the materialised per-example gradient
+  (O(T d_in d_out)), whichever costs less (Bu, Mao & Xu 2022, "mixed ghost clipping").
+* ``nn.Embed`` (token ids t_1..t_T): ``‖G_i‖² = Σ_{s,s'} [t_s = t_s'] <g_s, g_s'>`` (ghost).
+* ``nn.LayerNorm`` / ``nn.GroupNorm`` / ``nn.RMSNorm`` scale and bias: per-example gradients are
+  sums over positions of ``g * x̂`` and ``g``, formed directly.
+
+With the clip factors ``c_i = min(1, C / ‖G_i‖)`` known, every layer's clipped sum is one more
+contraction (``Σ_i c_i A_iᵀ G'_i = (c A)ᵀ G'``, or ``Σ_i c_i G_i`` of the materialised gradients):
+book-keeping (Bu, Wang, Zha & Karypis 2023), no second backward pass. A layer shared between calls
+(the same module called twice) has its calls' positions concatenated.
+
+Whether a module can take this path is decided by :func:`analyze` before anything trains, from the
+module and the input's shape alone (never from data): every parameter must be read only by a known
+layer's ``__call__`` (checked on the traced program: the module's own parameter inputs must be
+unused when the known layers read theirs from a separate copy), and every recorded input and output
+gradient must have one leading row per example that depends on that example alone (checked on a
+synthetic probe batch). Anything else takes the generic path (``vmap(grad)``,
+``trainers.dpsgd.clipped_sum_naive``), which is always correct.
+
+Shapes: x (b, ...) any dtype, y (b,) labels, mask (b,) float32 in {0, 1}; with ``copies`` x is (b,
+K, ...) and example i's loss is the mean over its K copies. The clipped sum has the parameters'
+pytree structure; masked examples contribute exactly zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
+from flax.linen.dtypes import promote_dtype as _flax_promote_dtype
+
+#: Layer types with a per-example gradient formula here (exact types: a subclass may change the
+#: computation, so it is treated as unknown).
+KNOWN_LAYERS: dict[type, str] = {
+    nn.Dense: "dense",
+    nn.DenseGeneral: "dense",
+    nn.Conv: "conv",
+    nn.Embed: "embed",
+    nn.LayerNorm: "norm",
+    nn.GroupNorm: "norm",
+    nn.RMSNorm: "norm",
+}
+
+
+class GhostUnsupported(Exception):
+    """The module cannot take the ghost path; the message says why (a layer path and a reason)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """One call of a known layer: where its parameters live, how to treat it, and the unbound
+    layer (its attributes)."""
+
+    path: tuple[str, ...]
+    kind: str
+    layer: nn.Module
+
+
+class _Recorder:
+    """Method interceptor: runs each known layer's ``__call__`` on parameters read from
+    ``params`` (a separate copy), records its input, and adds the next tap to its output."""
+
+    def __init__(self, params: Any, taps: list | None = None):
+        self.params = params
+        self.taps = taps
+        self.calls: list[_Call] = []
+        self.inputs: list[jax.Array] = []
+        self.outputs: list[jax.Array] = []
+        self.unsupported: list[str] = []
+        self._inside = False
+
+    def __call__(self, next_fun, args, kwargs, context):
+        m = context.module
+        kind = KNOWN_LAYERS.get(type(m))
+        if self._inside or kind is None or context.method_name == "setup":
+            return next_fun(*args, **kwargs)
+        path = tuple(m.path)
+        if context.method_name != "__call__":
+            self.unsupported.append(f"{'/'.join(path)}: method {context.method_name!r}")
+            return next_fun(*args, **kwargs)
+        if len(args) != 1 or kwargs:
+            self.unsupported.append(f"{'/'.join(path)}: called with extra arguments")
+            return next_fun(*args, **kwargs)
+        why = _layer_unsupported(kind, m, args[0])
+        if why:
+            self.unsupported.append(f"{'/'.join(path)}: {why}")
+            return next_fun(*args, **kwargs)
+        layer_params = _subtree(self.params, path)
+        if not layer_params:  # e.g. a LayerNorm without scale and bias: nothing to clip
+            return next_fun(*args, **kwargs)
+        x = args[0]
+        layer = m.clone(parent=None)
+        self._inside = True
+        try:
+            if kind == "norm":
+                off = {"use_scale": False}
+                if hasattr(layer, "use_bias"):
+                    off["use_bias"] = False
+                xhat = layer.clone(**off).apply({}, x)
+                y = xhat
+                if "scale" in layer_params:
+                    y = y * layer_params["scale"]
+                if "bias" in layer_params:
+                    y = y + layer_params["bias"]
+                y = y.astype(xhat.dtype)
+                recorded = xhat
+            else:
+                y = layer.apply({"params": layer_params}, x)
+                recorded = x
+        finally:
+            self._inside = False
+        if self.taps is not None:
+            y = y + self.taps[len(self.calls)]
+        self.calls.append(_Call(path, kind, layer))
+        self.inputs.append(recorded)
+        self.outputs.append(y)
+        return y
+
+
+def _layer_unsupported(kind: str, m: nn.Module, x: Any) -> str | None:
+    """Why this call of a known layer has no formula here (None if it has one)."""
+    if kind in ("dense", "conv", "embed") and m.promote_dtype is not _flax_promote_dtype:
+        return "a custom promote_dtype"
+    if kind == "dense" and (m.dot_general is not None or m.dot_general_cls is not None):
+        return "a custom dot_general"
+    if isinstance(m, nn.DenseGeneral):
+        if m.batch_dims not in ((), None):
+            return "batch_dims (parameters per batch entry)"
+        axis = (m.axis,) if isinstance(m.axis, int) else tuple(m.axis)
+        axis = tuple(a % x.ndim for a in axis)
+        if axis != tuple(range(x.ndim - len(axis), x.ndim)):
+            return f"axis={m.axis!r} (only trailing input axes, in order)"
+    if kind == "conv":
+        if m.conv_general_dilated is not None or m.conv_general_dilated_cls is not None:
+            return "a custom conv_general_dilated"
+        if m.feature_group_count != 1:
+            return "feature_group_count != 1 (grouped convolution)"
+        if m.mask is not None:
+            return "a kernel mask"
+        ks = (m.kernel_size,) if isinstance(m.kernel_size, int) else tuple(m.kernel_size)
+        if x.ndim != len(ks) + 2:
+            return f"input of rank {x.ndim} (one batch axis expected for a {len(ks)}-D conv)"
+    if kind == "norm":
+        if getattr(m, "axis_name", None) is not None:
+            return "axis_name (statistics across devices mix examples)"
+        fa = getattr(m, "feature_axes", -1)
+        if fa not in (-1, (-1,)) and fa != (x.ndim - 1,) and fa != x.ndim - 1:
+            return f"feature_axes={fa!r} (only the last axis is supported)"
+    if kind == "embed" and m.num_embeddings == 1:
+        return "num_embeddings == 1"
+    return None
+
+
+def _subtree(params: Any, path: tuple[str, ...]) -> Any:
+    node = params
+    for name in path:
+        if not hasattr(node, "get") or name not in node:
+            return None
+        node = node[name]
+    return node
+
+
+# --- per-layer per-example quantities ---------------------------------------------------------
+
+
+def _as_rows(a: jax.Array, b: int, last: int) -> jax.Array:
+    """(b * K, ..., last) or (b, ..., last) -> (b, positions, last)."""
+    return a.reshape(b, -1, last)
+
+
+def _conv_patches(layer: nn.Conv, x: jax.Array) -> jax.Array:
+    """im2col of ``layer``'s input: (n, *spatial, c) -> (n, P, K * c), the last axis ordered
+    (kernel position row-major, input channel) like the layer's kernel reshaped to (K * c, o)."""
+    ks = (layer.kernel_size,) if isinstance(layer.kernel_size, int) else tuple(layer.kernel_size)
+    nd = len(ks)
+
+    def bcast(v):
+        v = 1 if v is None else v
+        return (v,) * nd if isinstance(v, int) else tuple(v)
+
+    strides, in_dil, k_dil = bcast(layer.strides), bcast(layer.input_dilation), bcast(
+        layer.kernel_dilation
+    )
+    padding = nn.linear.canonicalize_padding(layer.padding, nd)
+    if padding in ("CIRCULAR", "REFLECT"):
+        dilated = [(k - 1) * d + 1 for k, d in zip(ks, k_dil, strict=True)]
+        pads = [(0, 0)] + [((k - 1) // 2, k // 2) for k in dilated] + [(0, 0)]
+        x = jnp.pad(x, pads, mode={"CIRCULAR": "wrap", "REFLECT": "reflect"}[padding])
+        padding = "VALID"
+    elif padding == "CAUSAL":
+        x = jnp.pad(x, [(0, 0), (k_dil[0] * (ks[0] - 1), 0), (0, 0)])
+        padding = "VALID"
+    n, c = x.shape[0], x.shape[-1]
+    if any(d != 1 for d in in_dil):
+        spatial = "".join("HWDXYZ"[i] for i in range(nd))
+        dn = (f"N{spatial}C", f"{spatial}IO", f"N{spatial}C")
+        p = jax.lax.conv_general_dilated_patches(
+            x, ks, strides, padding, lhs_dilation=in_dil, rhs_dilation=k_dil,
+            dimension_numbers=dn, precision=jax.lax.Precision.HIGHEST,
+        )  # fmt: skip
+        # features ordered (channel, kernel positions): reorder to (kernel positions, channel)
+        k = int(np.prod(ks))
+        return p.reshape(n, -1, c, k).swapaxes(-1, -2).reshape(n, -1, k * c)
+    in_spatial = x.shape[1:-1]
+    dilated = tuple((k - 1) * d + 1 for k, d in zip(ks, k_dil, strict=True))
+    if isinstance(padding, str):
+        pads = jax.lax.padtype_to_pads(in_spatial, dilated, strides, padding)
+    else:
+        pads = padding
+    x = jnp.pad(x, [(0, 0), *[tuple(p) for p in pads], (0, 0)])
+    padded = x.shape[1:-1]
+    out = tuple((p - d) // s + 1 for p, d, s in zip(padded, dilated, strides, strict=True))
+    slices = []
+    for offset in np.ndindex(*ks):
+        start = (0, *(o * d for o, d in zip(offset, k_dil, strict=True)), 0)
+        limit = (
+            n,
+            *(st + (o - 1) * s + 1 for st, o, s in zip(start[1:-1], out, strides, strict=True)),
+            c,
+        )
+        slices.append(jax.lax.slice(x, start, limit, (1, *strides, 1)))
+    return jnp.stack(slices, axis=-2).reshape(n, int(np.prod(out)), len(slices) * c)
+
+
+def _sq(a: jax.Array) -> jax.Array:
+    return jnp.sum(a.reshape(a.shape[0], -1) ** 2, axis=1)
+
+
+class _MatmulLayer:
+    """Per-example gradient of ``A_iᵀ G'_i`` (+ bias ``Σ_t g``): squared norms now, the clipped sum
+    once the clip factors are known; the form (rank-1, ghost or materialised) is chosen by cost."""
+
+    def __init__(self, a: jax.Array, g: jax.Array, has_bias: bool):
+        self.a, self.g, self.has_bias = a, g.astype(jnp.result_type(g, a)), has_bias
+        self.a = self.a.astype(self.g.dtype)
+        t, d_in, d_out = a.shape[1], a.shape[2], g.shape[2]
+        if t == 1:
+            self.form = "rank1"
+        elif t * t * (d_in + d_out) < t * d_in * d_out:
+            self.form = "ghost"
+        else:
+            self.form = "materialise"
+
+    def sq_norms(self) -> jax.Array:
+        a, g = self.a, self.g
+        if self.form == "rank1":
+            sq = jnp.sum(a[:, 0] ** 2, axis=1) * jnp.sum(g[:, 0] ** 2, axis=1)
+        elif self.form == "ghost":
+            sq = jnp.sum(
+                jnp.einsum("bti,bsi->bts", a, a) * jnp.einsum("bto,bso->bts", g, g), axis=(1, 2)
+            )
+        else:
+            # gradient as the first operand: ~2x faster on XLA CPU (cpu-dpsgd-performance note)
+            self.w = jnp.einsum("bto,bti->boi", g, a)
+            sq = _sq(self.w)
+        if self.has_bias:
+            self.bias = jnp.sum(g, axis=1)
+            sq = sq + _sq(self.bias)
+        return sq
+
+    def clipped(self, c: jax.Array) -> tuple[jax.Array, jax.Array | None]:
+        """(kernel sum (d_in, d_out), bias sum (d_out,) or None)."""
+        if self.form == "materialise":
+            kernel = jnp.einsum("b,boi->io", c, self.w)
+        else:
+            kernel = jnp.einsum("bti,bto->io", self.a * c[:, None, None], self.g)
+        bias = c @ self.bias if self.has_bias else None
+        return kernel, bias
+
+
+def _layer_terms(kind: str, calls: list[_Call], ins: list, gs: list, params: Any, b: int):
+    """Squared per-example norms (b,) of one layer (all its calls) and a function from the clip
+    factors to its clipped-sum subtree."""
+    layer = calls[0].layer
+    if kind in ("dense", "conv"):
+        kernel = params["kernel"]
+        # output features: the last axis, or DenseGeneral's `features` axes
+        n_out = len(layer.features) if isinstance(layer, nn.DenseGeneral) and not isinstance(
+            layer.features, int
+        ) else 1
+        d_out = int(np.prod(kernel.shape[kernel.ndim - n_out :]))
+        if kind == "conv":
+            ins = [_conv_patches(call.layer, a) for call, a in zip(calls, ins, strict=True)]
+        d_in = int(np.prod(kernel.shape[: kernel.ndim - n_out]))
+        a = jnp.concatenate([_as_rows(x, b, d_in) for x in ins], axis=1)
+        g = jnp.concatenate([_as_rows(x, b, d_out) for x in gs], axis=1)
+        mm = _MatmulLayer(a, g, "bias" in params)
+        sq = mm.sq_norms()
+
+        def clipped(c):
+            k, bias = mm.clipped(c)
+            out = {"kernel": k.reshape(kernel.shape).astype(kernel.dtype)}
+            if bias is not None:
+                out["bias"] = bias.reshape(params["bias"].shape).astype(params["bias"].dtype)
+            return out
+
+        return sq, clipped
+    if kind == "embed":
+        table = params["embedding"]
+        ids = jnp.concatenate([x.reshape(b, -1) for x in ins], axis=1)  # (b, T)
+        g = jnp.concatenate([_as_rows(x, b, table.shape[1]) for x in gs], axis=1).astype(
+            table.dtype
+        )
+        same = ids[:, :, None] == ids[:, None, :]
+        sq = jnp.sum(jnp.where(same, jnp.einsum("bsd,btd->bst", g, g), 0.0), axis=(1, 2))
+
+        def clipped(c):
+            rows = (g * c[:, None, None]).reshape(-1, table.shape[1])
+            return {"embedding": jnp.zeros_like(table).at[ids.reshape(-1)].add(rows)}
+
+        return sq, clipped
+    # normalisation layers: elementwise scale and bias on the last axis
+    d = gs[0].shape[-1]
+    xhat = jnp.concatenate([_as_rows(x, b, d) for x in ins], axis=1)
+    g = jnp.concatenate([_as_rows(x, b, d) for x in gs], axis=1)
+    per = {}
+    if "scale" in params:
+        per["scale"] = jnp.sum(g * xhat, axis=1)
+    if "bias" in params:
+        per["bias"] = jnp.sum(g, axis=1)
+    del layer
+    sq = sum(_sq(v) for v in per.values())
+
+    def clipped(c):
+        return {k: (c @ v).astype(params[k].dtype) for k, v in per.items()}
+
+    return sq, clipped
+
+
+# --- analysis and the clipped sum -------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class GhostPlan:
+    """The outcome of :func:`analyze` for one module and input shape: ``reason`` is None when the
+    ghost path applies, else why not (a layer path and what is unknown about it). ``layers``:
+    (path, kind, number of calls) of every known layer, for reports."""
+
+    reason: str | None
+    layers: tuple[tuple[tuple[str, ...], str, int], ...] = ()
+
+    @property
+    def supported(self) -> bool:
+        return self.reason is None
+
+
+def _record(module: nn.Module, params: Any, x: jax.Array, taps: list | None = None):
+    """Runs ``module`` with the known layers intercepted; returns (output, recorder). The module's
+    own parameter argument is ``params`` too (its known layers read the recorder's copy)."""
+    rec = _Recorder(params, taps)
+    with nn.intercept_methods(rec):
+        out = module.apply({"params": params}, x)
+    return out, rec
+
+
+def analyze(
+    module: nn.Module,
+    params: Any,
+    x_example: jax.ShapeDtypeStruct | jax.Array,
+    loss_fn: Callable,
+    y_example: jax.ShapeDtypeStruct | jax.Array,
+) -> GhostPlan:
+    """Decides whether ``module`` can take the ghost path for inputs shaped like ``x_example``
+    (leading axis: examples). Data-independent: it traces the program and runs it once on a
+    synthetic batch (random inputs, label 0), never on the user's data.
+
+    Checks, in order: every known-layer call has a formula (:data:`KNOWN_LAYERS`, supported
+    attributes); the module reads no parameter outside those calls (its parameter inputs are
+    unused in the traced program when the known layers read a separate copy); each recorded
+    layer input and output gradient has one leading row per example, which moves only when that
+    example moves (a synthetic batch of 3, example 0 replaced).
+    """
+    x_shape = tuple(x_example.shape[1:])
+    x_dtype = x_example.dtype
+    try:
+        abstract = jax.tree_util.tree_map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), params)
+        b = 3
+        xs = jax.ShapeDtypeStruct((b, *x_shape), x_dtype)
+
+        def forward(outer, inner, x):
+            rec = _Recorder(inner)
+            with nn.intercept_methods(rec):
+                out = module.apply({"params": outer}, x)
+            forward.rec = rec
+            return out
+
+        closed = jax.make_jaxpr(forward)(abstract, abstract, xs)
+        rec = forward.rec
+        if rec.unsupported:
+            return GhostPlan(f"unsupported layer call {rec.unsupported[0]}")
+        n_outer = len(jax.tree_util.tree_leaves(abstract))
+        outer_vars = {id(v): i for i, v in enumerate(closed.jaxpr.invars[:n_outer])}
+        used = set()
+        for eqn in closed.jaxpr.eqns:
+            used.update(id(v) for v in eqn.invars)
+        used.update(id(v) for v in closed.jaxpr.outvars)
+        paths = [jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+        read = [paths[i] for vid, i in outer_vars.items() if vid in used]
+        if read:
+            return GhostPlan(
+                f"parameter {read[0]} is used outside the known layers "
+                f"({', '.join(sorted(set(KNOWN_LAYERS.values())))})"
+            )
+        layers: dict[tuple[str, ...], list] = {}
+        for call in rec.calls:
+            layers.setdefault(call.path, [call.kind, 0])[1] += 1
+        summary = tuple((p, k, n) for p, (k, n) in layers.items())
+        why = _probe_rows(module, params, x_shape, x_dtype, loss_fn, y_example)
+        if why:
+            return GhostPlan(why, summary)
+        return GhostPlan(None, summary)
+    except Exception as e:  # tracing failed under interception (lifted transforms, ...)
+        return GhostPlan(f"the module could not be traced with its layers intercepted ({e!r:.200})")
+
+
+def _probe_batch(x_shape, x_dtype, b: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if np.issubdtype(np.dtype(x_dtype), np.integer):
+        return rng.integers(0, 2, size=(b, *x_shape)).astype(x_dtype)
+    return rng.standard_normal((b, *x_shape)).astype(x_dtype)
+
+
+def _probe_rows(module, params, x_shape, x_dtype, loss_fn, y_example) -> str | None:
+    """None if every recorded input and output gradient is per example (row i moves only with
+    example i) on a synthetic batch; else what is not."""
+    b = 3
+    y = jnp.zeros((b, *tuple(y_example.shape[1:])), y_example.dtype)
+
+    @jax.jit
+    def rows(x):
+        shapes = jax.eval_shape(lambda p, x: _record(module, p, x)[1].outputs, params, x)
+        taps = [jnp.zeros(s.shape, s.dtype) for s in shapes]
+
+        def total(taps):
+            out, rec = _record(module, params, x, taps)
+            return jnp.sum(loss_fn(out, y)), (rec.inputs, out)
+
+        g, (ins, out) = jax.grad(total, has_aux=True)(taps)
+        return ins, g, out
+
+    x0 = _probe_batch(x_shape, x_dtype, b, 0)
+    x1 = x0.copy()
+    x1[0] = _probe_batch(x_shape, x_dtype, 1, 1)[0]
+    ins0, g0, out0 = rows(jnp.asarray(x0))
+    ins1, g1, out1 = rows(jnp.asarray(x1))
+    if not np.allclose(np.asarray(out0)[1:], np.asarray(out1)[1:], rtol=1e-5, atol=1e-6):
+        return "the output of one example depends on the others (the model mixes examples)"
+    for what, before, after in (("input", ins0, ins1), ("output gradient", g0, g1)):
+        for i, (u, v) in enumerate(zip(before, after, strict=True)):
+            u, v = np.asarray(u), np.asarray(v)
+            if u.ndim == 0 or u.shape[0] != b:
+                return f"layer call {i}'s {what} has no leading example axis (shape {u.shape})"
+            if not np.allclose(u[1:], v[1:], rtol=1e-5, atol=1e-6):
+                return f"layer call {i}'s {what} rows are not per example (the layout mixes them)"
+    return None
+
+
+def clipped_sum_ghost(
+    module: nn.Module,
+    loss_fn: Callable,
+    params: Any,
+    x: jax.Array,
+    y: jax.Array,
+    mask: jax.Array,
+    clip_norm,
+    copies: bool = False,
+) -> tuple[Any, jax.Array, jax.Array]:
+    """Clipped per-example gradient sum for a module that :func:`analyze` accepted.
+
+    Same contract and return value as ``trainers.dpsgd.clipped_sum_naive``: (clipped sum pytree,
+    sum of masked per-example losses, per-example gradient norms (b,)). ``loss_fn(logits, labels)
+    -> (n,)`` per-example losses; with ``copies``, x is (b, K, ...) and example i's loss is the mean
+    over its K copies.
+    """
+    from trainers.dpsgd import clip_factors  # one definition of the clip factor
+
+    b = x.shape[0]
+    if copies:
+        k = x.shape[1]
+        xf, yf = x.reshape(b * k, *x.shape[2:]), jnp.repeat(y, k, axis=0)
+    else:
+        k, xf, yf = 1, x, y
+    shapes = jax.eval_shape(lambda p, x: _record(module, p, x)[1].outputs, params, xf)
+    calls = []
+
+    def total(taps):
+        out, rec = _record(module, params, xf, taps)
+        calls[:] = rec.calls
+        losses = loss_fn(out, yf)
+        if copies:
+            losses = jnp.mean(losses.reshape(b, k), axis=1)
+        return jnp.sum(losses), (losses, rec.inputs)
+
+    taps = [jnp.zeros(s.shape, s.dtype) for s in shapes]
+    gs, (losses, ins) = jax.grad(total, has_aux=True)(taps)
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for i, call in enumerate(calls):
+        groups.setdefault(call.path, []).append(i)
+    sq = jnp.zeros((b,), jnp.float32)
+    finishers = []
+    for path, idx in groups.items():
+        layer_params = _subtree(params, path)
+        s, fin = _layer_terms(
+            calls[idx[0]].kind, [calls[i] for i in idx], [ins[i] for i in idx],
+            [gs[i] for i in idx], layer_params, b,
+        )  # fmt: skip
+        sq = sq + s.astype(jnp.float32)
+        finishers.append((path, fin))
+    c = clip_factors(sq, mask, clip_norm)
+    flat = {k_: jnp.zeros_like(v) for k_, v in traverse_util.flatten_dict(params).items()}
+    for path, fin in finishers:
+        for name, value in fin(c.astype(jnp.float32)).items():
+            flat[(*path, name)] = value
+    summed = traverse_util.unflatten_dict(flat)
+    return summed, jnp.sum(mask * losses), jnp.sqrt(sq)
