@@ -70,6 +70,11 @@ class Release:
     # The curator's view (number of candidates, all scores): never printed, never in release/.
     private: Any = field(default=None, repr=False, compare=False)
 
+    @property
+    def params(self) -> Any:
+        """The released model's parameters (``payload["params"]``), or None."""
+        return self.payload.get("params") if isinstance(self.payload, dict) else None
+
     def result_json(self) -> dict[str, Any]:
         if not self.released:
             return {"released": False}
@@ -184,12 +189,52 @@ def read_release(folder: str | os.PathLike) -> Release:
     )
 
 
-def load_params(folder: str | os.PathLike) -> Any:
-    """Restores the released model's parameters from ``folder/checkpoint`` (orbax)."""
+def load_params(folder: str | os.PathLike, like: Any = None) -> Any:
+    """Restores the released model's parameters from ``folder/checkpoint`` (orbax).
+
+    ``like``: optional parameters (or ``jax.eval_shape`` of them, e.g. of ``module.init``) whose
+    tree structure, shapes and dtypes the restored parameters must have; orbax refuses a
+    checkpoint that does not match. Default: nested dicts of arrays, as ``module.apply({"params":
+    ...})`` takes them.
+    """
     import orbax.checkpoint as ocp
 
+    path = Path(folder).absolute() / "checkpoint"
     with ocp.StandardCheckpointer() as ckpt:
-        return ckpt.restore(Path(folder).absolute() / "checkpoint")
+        if like is None:
+            return ckpt.restore(path)
+        import jax
+
+        target = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), like)
+        return ckpt.restore(path, target)
+
+
+def load_release(path: str | os.PathLike, like: Any = None) -> Release:
+    """The release of a finished run, model included: ``path`` is the run's workdir or its
+    ``release/`` folder.
+
+    Returns a :class:`Release` with ``hparams`` (the selected candidate's hyperparameters,
+    calibrated noise included), ``params`` (the parameters restored from the orbax checkpoint, in
+    the structure of ``like`` when given, e.g. ``jax.eval_shape(module.init, key, x)["params"]``;
+    use them as ``module.apply({"params": release.params}, x)``), the privacy statement
+    (``privacy`` as JSON, ``privacy_text`` in words), ``validation_score`` and ``test_accuracy``.
+    A run that released nothing returns ``released=False`` and no parameters.
+    """
+    folder = Path(path)
+    if not (folder / RESULT_FILE).is_file() and (folder / "release" / RESULT_FILE).is_file():
+        folder = folder / "release"
+    if not (folder / RESULT_FILE).is_file():
+        raise FileNotFoundError(
+            f"{str(path)!r} holds no release: pass a tuning run's workdir or its release/ folder"
+        )
+    release = read_release(folder)
+    if release.released:
+        if (folder / "checkpoint").is_dir():
+            release.payload = {"params": load_params(folder, like)}
+        elif (folder / "payload.pkl").is_file():
+            with open(folder / "payload.pkl", "rb") as f:
+                release.payload = pickle.load(f)
+    return release
 
 
 def _save_orbax(params: Any, path: Path) -> None:

@@ -23,13 +23,12 @@ import numpy as np
 from trainers import models, parallel
 from trainers.data import Dataset
 from trainers.evaluate import device_arrays, model_data, validation_score
-from trainers.sampling import PoissonSampler
 from trainers.spec import (
     FAILURE_SCORE,
     CandidateResult,
+    DpSgdSchedule,
     Hyperparams,
     dpsgd_privacy,
-    steps_per_epoch,
 )
 from trainers.step import (
     _eval_params,
@@ -243,22 +242,13 @@ def _train_group_unsafe(
     # Privacy parameters from the PUBLIC nominal size: q = B / N_public and the step count; the
     # sampler then includes each of the actual records with probability q (Poisson sampling does
     # not need the actual size to be public, the accountant's q does).
-    plan = dpsgd_privacy(hp0, data.public_num_train)
+    schedule = DpSgdSchedule.from_hyperparams(hp0, data.public_num_train)
     n_train = len(data.train_x)
-    spe = steps_per_epoch(hp0.batch_size, data.public_num_train)
-    total_steps = plan.steps
+    spe = schedule.steps_per_epoch
+    total_steps = schedule.steps
 
     subkeys = [jax.random.split(key, 4) for key in keys]  # init, sampling, noise, score
-    samplers = [
-        PoissonSampler(
-            n_train,
-            hp0.batch_size,
-            _numpy_rng(sk[1]),
-            sampling_rate=plan.sampling_rate,
-            max_chunk=chunk,
-        )
-        for sk in subkeys
-    ]
+    samplers = [schedule.sampler(n_train, _numpy_rng(sk[1]), max_chunk=chunk) for sk in subkeys]
     params = group.stack([models.init_params(fns.spec, sk[0]) for sk in subkeys])
     opt_states = group.stack(
         [make_optimizer(hp).init(group.row(params, c)) for c, hp in enumerate(hps)]

@@ -128,6 +128,75 @@ def steps_per_epoch(batch_size: int, num_train: int) -> int:
     return max(1, math.ceil(num_train / batch_size))
 
 
+@dataclasses.dataclass(frozen=True)
+class DpSgdSchedule:
+    """The sampling schedule of one DP-SGD run, from PUBLIC numbers only: q = B / N and
+    ``epochs * ceil(N / B)`` Poisson steps. The training loop (``trainers.loop``) samples its
+    batches through it and the accountant's declaration comes from :meth:`privacy`, so the two
+    cannot disagree; a user's own loop uses the same object (``docs/your_model.md``).
+
+    Attributes:
+      num_examples: N, the PUBLIC nominal number of training records (``Dataset.public_num_train``),
+        never ``len()`` of the private arrays.
+      batch_size: B, the expected batch size.
+      epochs: passes over the data.
+    """
+
+    num_examples: int
+    batch_size: int
+    epochs: int
+
+    def __post_init__(self):
+        for name in ("num_examples", "batch_size", "epochs"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or int(v) != v or v < 1:
+                raise ValueError(f"DpSgdSchedule.{name}={v!r} must be a positive integer")
+        if self.num_examples < self.batch_size:
+            raise ValueError(
+                f"num_train={self.num_examples} is smaller than the expected batch size "
+                f"{self.batch_size}"
+            )
+
+    @classmethod
+    def from_hyperparams(cls, hp: Hyperparams, num_examples: int) -> DpSgdSchedule:
+        return cls(int(num_examples), int(hp.batch_size), int(hp.epochs))
+
+    @property
+    def sampling_rate(self) -> float:
+        """q = B / N: each record joins a step's batch independently with this probability."""
+        return self.batch_size / self.num_examples
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return steps_per_epoch(self.batch_size, self.num_examples)
+
+    @property
+    def steps(self) -> int:
+        return self.epochs * self.steps_per_epoch
+
+    def privacy(self, noise_multiplier: float) -> DpSgdPrivacy:
+        """``steps`` Poisson-subsampled Gaussian mechanisms at rate q with this noise multiplier."""
+        return DpSgdPrivacy(self.sampling_rate, self.steps, float(noise_multiplier))
+
+    def sampler(self, num_records: int, rng: Any, max_chunk: int = 256) -> Any:
+        """A ``trainers.sampling.PoissonSampler`` over the ``num_records`` records actually held
+        (each included with probability q, the accountant's rate), with chunks of at most
+        ``max_chunk`` slots. ``rng``: a numpy Generator seeded from secret entropy."""
+        from trainers.sampling import PoissonSampler  # scipy: only when sampling
+
+        return PoissonSampler(
+            num_records, self.batch_size, rng, sampling_rate=self.sampling_rate,
+            max_chunk=max_chunk,
+        )  # fmt: skip
+
+    def batches(self, num_records: int, rng: Any, max_chunk: int = 256):
+        """The run's ``steps`` Poisson batches, each as a list of (idx int32, mask float32)
+        chunks of fixed sizes (padding: index 0, mask 0), so a jitted step never recompiles."""
+        sampler = self.sampler(num_records, rng, max_chunk)
+        for _ in range(self.steps):
+            yield sampler.chunks(sampler.sample())
+
+
 def dpsgd_privacy(hp: Hyperparams, num_train: int) -> DpSgdPrivacy:
     """The DP-SGD parameters of a candidate: the single source of truth.
 
@@ -135,15 +204,7 @@ def dpsgd_privacy(hp: Hyperparams, num_train: int) -> DpSgdPrivacy:
     ``len()`` of the private arrays, whose length changes when one person is added or removed.
     q = B / N (Poisson sampling rate), steps = epochs * ceil(N / B), sigma = noise_multiplier.
     """
-    if num_train < hp.batch_size:
-        raise ValueError(
-            f"num_train={num_train} is smaller than the expected batch size {hp.batch_size}"
-        )
-    return DpSgdPrivacy(
-        sampling_rate=hp.batch_size / num_train,
-        steps=hp.epochs * steps_per_epoch(hp.batch_size, num_train),
-        noise_multiplier=float(hp.noise_multiplier),
-    )
+    return DpSgdSchedule.from_hyperparams(hp, num_train).privacy(hp.noise_multiplier)
 
 
 @dataclasses.dataclass(eq=False)
