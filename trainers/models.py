@@ -439,8 +439,11 @@ def _check_user_model(spec: ModelSpec, num_classes: int | None) -> None:
         x = rng.integers(0, 2, size=(3, *spec.input_shape)).astype(spec.input_dtype)
     else:
         x = rng.standard_normal((3, *spec.input_shape)).astype(spec.input_dtype)
-    x2 = x.copy()
-    x2[0] = x[1] if np.issubdtype(x.dtype, np.integer) else -x[0]
+    x2 = x.copy()  # example 0 replaced by another input: the others' outputs must not move
+    if np.issubdtype(x.dtype, np.integer):
+        x2[0] = 1 - x[0]
+    else:
+        x2[0] = rng.standard_normal(spec.input_shape).astype(x.dtype)
     try:
         out = jax.jit(lambda p, x: spec.apply({"params": p}, x))
         o1, o2 = np.asarray(out(params, x)), np.asarray(out(params, x2))

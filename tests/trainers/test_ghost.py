@@ -1,0 +1,302 @@
+"""The generic ghost / book-keeping clipped sum (trainers.ghost) against vmap(grad), as compiled:
+per layer type, on randomly composed small modules, and the sensitivity bound; which modules it
+accepts and which fall back."""
+
+from __future__ import annotations
+
+import logging
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from trainers import dpsgd, ghost, models, step
+
+B = 5
+
+
+def _loss(logits, y):
+    return optax.softmax_cross_entropy_with_integer_labels(logits, y)
+
+
+def _inputs(shape, dtype, seed, b=B, vocab=7):
+    rng = np.random.default_rng(seed)
+    if np.issubdtype(np.dtype(dtype), np.integer):
+        x = rng.integers(0, vocab, size=(b, *shape)).astype(dtype)
+    else:
+        x = rng.standard_normal((b, *shape)).astype(dtype)
+    return x, rng.integers(0, 3, size=b).astype(np.int32)
+
+
+def _rel_err(a, b):
+    """Largest difference relative to the largest magnitude, per leaf; max over leaves."""
+    errs = jax.tree_util.tree_map(
+        lambda u, v: float(jnp.max(jnp.abs(u - v)) / jnp.maximum(jnp.max(jnp.abs(v)), 1e-30)), a, b
+    )
+    return max(jax.tree_util.tree_leaves(errs))
+
+
+def _global_rel_err(a, b):
+    """Largest difference relative to the largest magnitude of the whole sum: a leaf whose true
+    value is ~0 (e.g. behind a 2-feature LayerNorm, ill-conditioned) is all rounding."""
+    diff = max(float(jnp.max(jnp.abs(u - v))) for u, v in zip(
+        jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True))  # fmt: skip
+    scale = max(float(jnp.max(jnp.abs(v))) for v in jax.tree_util.tree_leaves(b))
+    return diff / max(scale, 1e-30)
+
+
+def _both(module, x, y, seed=0):
+    """The plan (structural checks only: the probe is tested below), the jitted ghost and
+    vmap(grad) clipped sums (mask and clip traced), params."""
+    params = module.init(jax.random.PRNGKey(seed), x[:1])["params"]
+    plan = ghost.analyze(
+        module, params, jax.ShapeDtypeStruct(x.shape, x.dtype), _loss,
+        jax.ShapeDtypeStruct(y.shape, y.dtype), probe=False,
+    )  # fmt: skip
+    fast = jax.jit(lambda p, m, c: ghost.clipped_sum_ghost(module, _loss, p, x, y, m, c))
+    ref = jax.jit(lambda p, m, c: dpsgd.clipped_sum_naive(module.apply, p, x, y, m, c, _loss))
+    return plan, fast, ref, params
+
+
+class _Head(nn.Module):
+    """body, then mean over any positions, then a 3-class Dense head."""
+
+    body: nn.Module
+
+    @nn.compact
+    def __call__(self, x):
+        h = self.body(x)
+        if h.ndim > 2:
+            h = h.reshape(h.shape[0], -1, h.shape[-1]).mean(axis=1)
+        return nn.Dense(3)(jnp.tanh(h))
+
+
+class _NormAfterDense(nn.Module):
+    norm: nn.Module
+
+    @nn.compact
+    def __call__(self, x):
+        return self.norm(nn.Dense(8)(x))
+
+
+LAYERS = {
+    "dense_vector": (nn.Dense(6), (4,), np.float32),
+    "dense_sequence": (nn.Dense(6), (5, 4), np.float32),
+    "dense_general": (nn.DenseGeneral((2, 3)), (5, 4), np.float32),
+    "conv_same_stride2": (nn.Conv(4, (3, 3), strides=2), (7, 7, 2), np.float32),
+    "conv_valid_dilated": (nn.Conv(3, (2, 2), padding="VALID", kernel_dilation=2), (6, 6, 2),
+                           np.float32),  # fmt: skip
+    "conv_1d_causal": (nn.Conv(4, (3,), padding="CAUSAL"), (8, 3), np.float32),
+    "conv_circular": (nn.Conv(3, (3, 3), padding="CIRCULAR"), (5, 5, 2), np.float32),
+    "conv_input_dilation": (nn.Conv(3, (2, 2), padding=((1, 0), (0, 1)), input_dilation=2), (4, 4, 2), np.float32),
+    "conv_no_bias": (nn.Conv(3, (3, 3), use_bias=False), (5, 5, 1), np.float32),
+    "embed": (nn.Embed(7, 6), (5,), np.int32),
+    "layernorm": (_NormAfterDense(nn.LayerNorm()), (5, 4), np.float32),
+    "groupnorm": (_NormAfterDense(nn.GroupNorm(num_groups=2)), (5, 4), np.float32),
+    "rmsnorm": (_NormAfterDense(nn.RMSNorm()), (4,), np.float32),
+    "attention": (nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=4), (5, 4),
+                  np.float32),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_each_layer_type_matches_vmap_grad(name):
+    """Per layer type, with about half the examples clipped and one masked: the ghost sum equals
+    vmap(grad)'s to f32 precision, and so do the loss sum and the per-example norms."""
+    body, shape, dtype = LAYERS[name]
+    module = _Head(body)
+    x, y = _inputs(shape, dtype, seed=1)
+    mask = np.ones(B, np.float32)
+    mask[-1] = 0
+    plan, fast_fn, ref_fn, params = _both(module, x, y)
+    assert plan.supported, plan.reason
+    clip = jnp.float32(np.median(np.asarray(ref_fn(params, mask, 1.0)[2])))
+    fast, fast_loss, fast_norms = fast_fn(params, mask, clip)
+    ref, ref_loss, ref_norms = ref_fn(params, mask, clip)
+    assert _rel_err(fast, ref) <= 2e-5
+    np.testing.assert_allclose(float(fast_loss), float(ref_loss), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(fast_norms), np.asarray(ref_norms), rtol=2e-5)
+
+
+def test_shared_layer_and_both_ghost_and_materialised_forms():
+    """A Dense called twice (its calls' positions concatenated) and sequence lengths on both sides
+    of the ghost-vs-materialise cost rule."""
+
+    class Shared(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            d = nn.Dense(8, name="shared")
+            return nn.Dense(3)(jnp.tanh(d(x)).mean(1) + jnp.tanh(d(2 * x)).mean(1))
+
+    # two calls of T positions: 2T positions per example for the shared layer
+    for t, d_in, form in ((2, 32, "ghost"), (12, 2, "materialise")):
+        assert ghost.matmul_form(2 * t, d_in, 8) == form
+        x, y = _inputs((t, d_in), np.float32, seed=t)
+        plan, fast, ref, params = _both(Shared(), x, y)
+        assert plan.supported and dict((p[0], n) for p, _, n in plan.layers)["shared"] == 2
+        mask = np.ones(B, np.float32)
+        assert _rel_err(fast(params, mask, 0.5)[0], ref(params, mask, 0.5)[0]) <= 2e-5
+
+
+# --- randomly composed modules -------------------------------------------------------------------
+
+
+class _Composed(nn.Module):
+    """A stack described by ``spec``: (kind, width) pairs over a (T, d) float sequence, or over
+    (h, w, c) images for convs; then the head."""
+
+    spec: tuple
+    image: bool
+
+    @nn.compact
+    def __call__(self, x):
+        for kind, width in self.spec:
+            if kind == "dense":
+                x = jnp.tanh(nn.Dense(width)(x))
+            elif kind == "conv":
+                x = jnp.tanh(nn.Conv(width, (2, 2), padding="SAME" if width % 2 else "VALID")(x))
+            elif kind == "layernorm":
+                x = nn.LayerNorm()(x)
+            elif kind == "groupnorm":
+                x = nn.GroupNorm(num_groups=1)(x)
+            elif kind == "residual":
+                x = x + nn.Dense(x.shape[-1])(x)
+        x = x.reshape(x.shape[0], -1, x.shape[-1]).mean(axis=1)
+        return nn.Dense(3)(x)
+
+
+_MODULES = dict(
+    image=st.booleans(),
+    spec=st.lists(
+        st.tuples(
+            st.sampled_from(["dense", "conv", "layernorm", "groupnorm", "residual"]),
+            st.integers(2, 5),
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+    clip=st.sampled_from([1e-3, 0.3, 100.0]),
+    seed=st.integers(0, 2**16),
+)
+
+
+def _check_random_module(image, spec, clip, seed):
+    spec = tuple((k, w) for k, w in spec if image or k != "conv")
+    shape = (4, 4, 2) if image else (3, 4)
+    module = _Composed(spec, image)
+    x, y = _inputs(shape, np.float32, seed=seed)
+    mask = np.ones(B, np.float32)
+    plan, fast, ref, params = _both(module, x, y, seed)
+    assert plan.supported, plan.reason
+    full = fast(params, mask, clip)[0]
+    assert _global_rel_err(full, ref(params, mask, clip)[0]) <= 2e-5
+    removed = mask.copy()
+    removed[seed % B] = 0
+    moved = jax.tree_util.tree_map(lambda a, b: a - b, full, fast(params, removed, clip)[0])
+    norm = float(jnp.sqrt(sum(jnp.sum(v**2) for v in jax.tree_util.tree_leaves(moved))))
+    assert norm <= clip * (1 + 1e-5)
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(**_MODULES)
+def test_random_modules_match_vmap_grad_and_bound_the_sensitivity(image, spec, clip, seed):
+    """Property: for small random architectures, the ghost sum equals vmap(grad)'s to f32
+    precision, and removing one example (masking it) moves the clipped sum by at most C. (Three
+    fixed draws here; the slow twin draws 30.)"""
+    _check_random_module(image, spec, clip, seed)
+
+
+@pytest.mark.slow
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(**_MODULES)
+def test_random_modules_match_vmap_grad_many(image, spec, clip, seed):
+    _check_random_module(image, spec, clip, seed)
+
+
+# --- what takes the ghost path and what falls back -----------------------------------------------
+
+
+def _plan(module, shape=(4,), dtype=np.float32):
+    x, y = _inputs(shape, dtype, seed=0, b=3)
+    params = module.init(jax.random.PRNGKey(0), x[:1])["params"]
+    return ghost.analyze(
+        module, params, jax.ShapeDtypeStruct(x.shape, x.dtype), _loss,
+        jax.ShapeDtypeStruct(y.shape, y.dtype),
+    )  # fmt: skip
+
+
+def test_parameters_outside_known_layers_fall_back_with_the_parameter_named():
+    class Custom(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            w = self.param("gain", nn.initializers.ones, (x.shape[-1],))
+            return nn.Dense(3)(x * w)
+
+    class Tied(nn.Module):  # weight tying through Embed.attend
+        @nn.compact
+        def __call__(self, x):
+            e = nn.Embed(7, 4)
+            return e.attend(e(x).mean(1))
+
+    plan = _plan(Custom())
+    assert not plan.supported and "'gain'" in plan.reason
+    plan = _plan(Tied(), (3,), np.int32)
+    assert not plan.supported and "attend" in plan.reason
+
+
+def test_layouts_that_mix_examples_fall_back():
+    class Reversed(nn.Module):  # the Dense sees the batch in reverse order: rows not per example
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(3)(x[::-1])[::-1]
+
+    class Mixing(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(3)(x - x.mean(axis=0))
+
+    assert "not per example" in _plan(Reversed()).reason
+    assert "mixes examples" in _plan(Mixing()).reason
+
+
+def test_auto_falls_back_once_with_a_log_and_forced_ghost_is_refused(caplog):
+    class Custom(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return x @ self.param("w", nn.initializers.lecun_normal(), (4, 3))
+
+    spec = models.user_model(Custom(), (4,), "float32")
+    with caplog.at_level(logging.WARNING):
+        assert step.resolve_grad_impl(spec, "auto", (4,)) == "vmap"
+        assert step.resolve_grad_impl(spec, None, (4,)) == "vmap"
+    assert sum("vmap(grad)" in r.message for r in caplog.records) == 1  # said once
+    with pytest.raises(ValueError, match="grad_impl='ghost' does not apply.*'w'"):
+        step.resolve_grad_impl(spec, "ghost", (4,))
+    assert step.resolve_grad_impl(spec, "naive", (4,)) == "vmap"  # the old spelling
+
+
+def test_batchnorm_and_other_state_are_refused_with_the_layer_named():
+    class WithBN(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.Dense(4)(x)
+            return nn.Dense(3)(nn.BatchNorm(use_running_average=False, name="bn")(x))
+
+    with pytest.raises(ValueError, match="layer 'bn'.*batch_stats.*GroupNorm or nn.LayerNorm"):
+        models.user_model(WithBN(), (4,), "float32")
+
+    class MixesWithoutState(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(3)(x / jnp.linalg.norm(x, axis=0))
+
+    with pytest.raises(ValueError, match="mixes examples"):
+        models.user_model(MixesWithoutState(), (4,), "float32")
+
+    with pytest.raises(ValueError, match="one value per example"):
+        models.user_model(nn.Dense(3), (4,), "float32", loss=lambda o, y: jnp.mean(o))
