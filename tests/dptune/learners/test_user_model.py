@@ -1,0 +1,130 @@
+"""A user's Flax module and arrays through dptune.DpSgdTrainer: the same privacy route, checks,
+ledger and release as a shipped model; refusals before anything private runs; load_release."""
+
+from __future__ import annotations
+
+import json
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dptune
+from dptune import space
+from dptune.errors import TuningConfigError
+from selection import RandomStopping
+
+
+class MLP(nn.Module):
+    hidden: int = 16
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(3)(jnp.tanh(nn.Dense(self.hidden)(x)))
+
+
+def _data(n=1200, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n + 200, 6))
+    y = np.argmax(x @ rng.standard_normal((6, 3)), axis=1)
+    return dptune.Dataset.from_arrays(
+        x[:n], y[:n], num_examples=n, x_test=x[n:], y_test=y[n:], validation_fraction=0.2
+    )
+
+
+SPACE = {"learning_rate": space.log_uniform(0.3, 3.0), "noise_multiplier": "auto"}
+
+
+def test_user_module_gets_the_same_privacy_statement_and_ledger_id_as_a_shipped_model():
+    data = _data()
+    base = dict(batch_size=60, epochs=2)
+    user = dptune.DpSgdTrainer(data, model=MLP(), base=base, epoch_progress=False)
+    shipped = dptune.DpSgdTrainer(data, base={**base, "model": "cnn26k"}, epoch_progress=False)
+    plans = [
+        dptune.make_privacy_plan(t, dptune.Space(SPACE), RandomStopping.logarithmic(mean=3),
+                                 dptune.Budget(3.0, 1e-5))  # fmt: skip
+        for t in (user, shipped)
+    ]
+    assert plans[0].statement.to_dict() == plans[1].statement.to_dict()
+    assert user.fingerprint == shipped.fingerprint
+    assert user.privacy({"noise_multiplier": 1.0, "learning_rate": 1.0}) == shipped.privacy(
+        {"noise_multiplier": 1.0, "learning_rate": 1.0}
+    )
+    described = user.describe()
+    json.dumps(described)  # the journal binds it: JSON-safe, no object addresses
+    assert described["base"]["model"]["params"]["['Dense_1']['kernel']"] == [6, 16]
+    assert described == dptune.DpSgdTrainer(data, model=MLP(), base=base).describe()
+
+
+def test_per_candidate_check_refuses_an_unaccounted_noise_multiplier_for_a_user_module():
+    data = _data(600)
+
+    class Leaky(dptune.DpSgdTrainer):  # less noise for large learning rates: must be noticed
+        def privacy(self, hparams):
+            sigma = 0.3 if hparams["learning_rate"] > 1.0 else hparams["noise_multiplier"]
+            return super().privacy({**hparams, "noise_multiplier": sigma})
+
+    trainer = Leaky(data, model=MLP(), base=dict(batch_size=50, epochs=1), epoch_progress=False)
+    with pytest.raises(TuningConfigError, match="learning_rate"):
+        dptune.tune(
+            trainer,
+            dptune.Space(dict(learning_rate=space.log_uniform(0.5, 2.0), noise_multiplier=2.0)),
+            RandomStopping.logarithmic(mean=3),
+            (50.0, 1e-5),
+            seed=0,
+            progress=False,
+        )
+
+
+def test_user_mistakes_are_one_line_refusals():
+    data = _data(300)
+
+    class WithBN(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(3)(nn.BatchNorm(use_running_average=False)(nn.Dense(4)(x)))
+
+    with pytest.raises(TuningConfigError, match="BatchNorm_0.*GroupNorm or nn.LayerNorm"):
+        dptune.DpSgdTrainer(data, model=WithBN())
+    with pytest.raises(TuningConfigError, match=r"dptune.Metric\(fn, lo=0.0, hi=1.0\)"):
+        dptune.DpSgdTrainer(data, model=MLP(), metric=lambda out, y: out[:, 0])
+    with pytest.raises(TuningConfigError, match="given twice"):
+        dptune.DpSgdTrainer(data, model=MLP(), base={"model": "cnn26k"})
+    with pytest.raises(TuningConfigError, match=r"needs \(num_classes,\) = \(3,\) logits"):
+        dptune.DpSgdTrainer(data, model=nn.Dense(2))
+
+    class Custom(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return x @ self.param("w", nn.initializers.lecun_normal(), (6, 3))
+
+    with pytest.raises(TuningConfigError, match="grad_impl='ghost' does not apply.*'w'"):
+        dptune.DpSgdTrainer(data, model=Custom(), grad_impl="ghost")
+    assert dptune.DpSgdTrainer(data, model=Custom()).grad_impl == "auto"  # vmap: fine
+
+
+def test_tuned_user_module_releases_and_loads_back(tmp_path):
+    data = _data()
+    trainer = dptune.DpSgdTrainer(
+        data, model=MLP(), base=dict(batch_size=60, epochs=2), epoch_progress=False
+    )
+    release = dptune.tune(
+        trainer, SPACE, RandomStopping.logarithmic(mean=2), (4.0, 1e-5), workdir=tmp_path,
+        seed=1, progress=False,
+    )  # fmt: skip
+    assert release.released and release.privacy["total_epsilon"] <= 4.0
+    loaded = dptune.load_release(tmp_path)  # the workdir; its release/ folder works too
+    assert loaded.hparams == release.hparams
+    assert loaded.privacy_text == dptune.load_release(tmp_path / "release").privacy_text
+    like = jax.eval_shape(MLP().init, jax.random.PRNGKey(0), jnp.zeros((1, 6)))["params"]
+    typed = dptune.load_release(tmp_path, like=like)
+    logits = MLP().apply({"params": typed.params}, data.test_x)
+    accuracy = float(np.mean(np.argmax(logits, axis=1) == data.test_y))
+    assert accuracy == pytest.approx(release.test_accuracy, abs=1e-6)
+    for a, b in zip(jax.tree_util.tree_leaves(loaded.params),
+                    jax.tree_util.tree_leaves(release.payload["params"]), strict=True):  # fmt: skip
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(FileNotFoundError, match="holds no release"):
+        dptune.load_release(tmp_path / "private")
