@@ -304,6 +304,9 @@ class ModelSpec:
     metric: Any = None
     shipped: bool = True
 
+    def __repr__(self) -> str:
+        return f"ModelSpec({self.name!r}, input {self.input_dtype}{self.input_shape})"
+
     def apply(self, variables: dict, x: jax.Array) -> jax.Array:
         """Outputs for a batch x, flax-style: ``variables = {"params": params}``."""
         if self.module is not None:
