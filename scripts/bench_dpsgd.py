@@ -23,6 +23,19 @@ Rows:
     python scripts/bench_dpsgd.py --quick    # < 1 minute, fewer rows and rounds
     python scripts/bench_dpsgd.py --json     # ... and one JSON object as the last line
     python scripts/bench_dpsgd.py --cifar    # the CIFAR row set (CIFAR CNN, batch 256)
+    python scripts/bench_dpsgd.py --user     # user models through the automatic path
+
+User-model row set (--user; ``user_rows``): models written as a user would, through the automatic
+per-example clipping of a user's model (``trainers.ghost`` when it applies), batch 256 unless said:
+  user_cnn_auto        cnn26k's architecture with plain nn.Conv / nn.max_pool / nn.Dense, dptune's
+                       automatic path (the ghost / book-keeping path here)
+  cnn26k_handtuned     the shipped cnn26k's hand-tuned book-keeping step
+  user_cnn_vmap        the user CNN with vmap(grad) per-example gradients (the generic path)
+  user_cnn_jaxprivacy  jax_privacy 2.0's clipped_grad on the same module (needs jax_privacy)
+  user_cnn_nonprivate  the user CNN's non-private step
+  text_auto / text_nonprivate        the text example's one-block transformer on 24 token ids
+  tabular_auto / tabular_nonprivate  the tabular example's MLP on 30 features, batch 64
+  (all DP rows: clipped sum + noise + SGD update in one jitted step, fixed batch)
 
 CIFAR row set (--cifar): the 550,570-parameter tanh CIFAR CNN on 32x32x3 inputs, batch 256:
   cifar_nonprivate     its non-private step (flax, optax SGD)
@@ -192,6 +205,153 @@ def jax_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
 
         rows[vname] = (run_vmap, k * BATCH)
         rows[sname] = (run_seq, k * BATCH)
+    return rows
+
+
+def user_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
+    """The user-model row set (see the module docstring): name -> (one step, examples per step)."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from trainers import dpsgd, models, step
+    from trainers.runtime import tune_malloc
+    from trainers.spec import Hyperparams
+
+    tune_malloc()
+    rows: dict[str, tuple[Callable[[], object], int]] = {}
+    state: dict[str, object] = {}
+    rng = np.random.default_rng(0)
+    key = jax.random.PRNGKey(1)
+    clip, sigma = jnp.float32(CLIP), jnp.float32(SIGMA)
+
+    class UserCNN(nn.Module):  # cnn26k as a user writes it: flax layers, nn.max_pool
+        @nn.compact
+        def __call__(self, x):
+            x = jnp.tanh(nn.Conv(16, (8, 8), strides=2, padding="SAME")(x))
+            x = nn.max_pool(x, (2, 2), strides=(1, 1))
+            x = jnp.tanh(nn.Conv(32, (4, 4), strides=2, padding="VALID")(x))
+            x = nn.max_pool(x, (2, 2), strides=(1, 1))
+            x = jnp.tanh(nn.Dense(32)(x.reshape(x.shape[0], -1)))
+            return nn.Dense(10)(x)
+
+    class TinyTransformer(nn.Module):  # examples/user_text_classifier.py
+        @nn.compact
+        def __call__(self, ids):
+            h = nn.Embed(64, 32)(ids)
+            h = h + nn.MultiHeadDotProductAttention(num_heads=2)(nn.LayerNorm()(h))
+            h = h + nn.Dense(32)(nn.gelu(nn.Dense(64)(nn.LayerNorm()(h))))
+            return nn.Dense(2)(jnp.mean(nn.LayerNorm()(h), axis=1))
+
+    class TabularMLP(nn.Module):  # examples/user_tabular.py
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(2)(nn.tanh(nn.Dense(16)(nn.LayerNorm()(x))))
+
+    def task(name, module, x, y, classes, batch):
+        """DP rows through StepFunctions (as trainers.loop runs them) for `impls`, plus the
+        module's non-private step; returns (spec, data, params0, fixed batch)."""
+        spec = models.user_model(module, x.shape[1:], x.dtype, num_classes=classes)
+        data_x, data_y = jax.device_put(x), jax.device_put(y)
+        params0 = models.init_params(spec, jax.random.PRNGKey(0))
+        idx = np.sort(rng.choice(len(x), batch, replace=False)).astype(np.int32)
+        opt = optax.sgd(LR)
+
+        @jax.jit
+        def nonprivate(params, opt_state, idx):
+            xb, yb = data_x[idx], data_y[idx]
+
+            def loss(p):
+                return dpsgd.per_example_loss(spec.apply({"params": p}, xb), yb).mean()
+
+            value, grads = jax.value_and_grad(loss)(params)
+            updates, opt_state = opt.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state, value
+
+        state[f"{name}_nonprivate"] = (params0, opt.init(params0))
+
+        def run_nonprivate(row=f"{name}_nonprivate"):
+            p, o, v = nonprivate(*state[row], idx)
+            state[row] = (p, o)
+            return v
+
+        return spec, (data_x, data_y), params0, idx, (run_nonprivate, batch)
+
+    def dp_row(row, model, impl, data, params0, idx, batch):
+        fns = step.get_step_functions(model, 10, "sgd", impl)
+        hp = Hyperparams(learning_rate=LR, clip_norm=CLIP, noise_multiplier=SIGMA)
+        zeros = jax.tree_util.tree_map(jnp.zeros_like, params0)
+        ones = np.ones(batch, np.float32)
+        state[row] = (params0, make_optimizer(hp).init(params0), 0)
+
+        def run():
+            p, o, i = state[row]
+            p, o, loss = fns.step(
+                p, o, zeros, jnp.float32(0), *data, idx, ones, key, jnp.int32(i), clip, sigma,
+                jnp.float32(batch),
+            )  # fmt: skip
+            state[row] = (p, o, i + 1)
+            return loss
+
+        rows[row] = (run, batch)
+
+    from trainers.step import make_optimizer
+
+    images = rng.uniform(0, 1, (N_TRAIN // 4, 28, 28, 1)).astype(np.float32)
+    labels = rng.integers(0, 10, len(images)).astype(np.int32)
+    spec, data, params0, idx, nonpriv = task("user_cnn", UserCNN(), images, labels, 10, BATCH)
+    auto = step.resolve_grad_impl(spec, "auto", spec.input_shape)
+    dp_row("user_cnn_auto", spec, auto, data, params0, idx, BATCH)
+    shipped = models.init_params(models.get_model("cnn26k"), jax.random.PRNGKey(0))
+    dp_row("cnn26k_handtuned", "cnn26k", "bookkeeping", data, shipped, idx, BATCH)
+    dp_row("user_cnn_vmap", spec, "vmap", data, params0, idx, BATCH)
+    try:
+        from jax_privacy import clipped_grad  # optional: jax_privacy 2.0
+    except ImportError:
+        clipped_grad = None
+    if clipped_grad is not None:
+
+        def example_loss(p, x, y):  # called on one example with its batch axis kept
+            return dpsgd.per_example_loss(spec.apply({"params": p}, x), y).sum()
+
+        grad_fn = clipped_grad(example_loss, l2_clip_norm=CLIP, batch_argnums=(1, 2))
+        opt = optax.sgd(LR)
+
+        @jax.jit
+        def jp_step(params, opt_state, i, idx):
+            g = grad_fn(params, data[0][idx], data[1][idx])
+            g = dpsgd.add_noise(g, jax.random.fold_in(key, i), sigma, clip)
+            g = jax.tree_util.tree_map(lambda v: v / BATCH, g)
+            updates, opt_state = opt.update(g, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+        state["jp"] = (params0, opt.init(params0), 0)
+
+        def run_jp():
+            p, o, i = state["jp"]
+            p, o = jp_step(p, o, jnp.int32(i), idx)
+            state["jp"] = (p, o, i + 1)
+            return p
+
+        rows["user_cnn_jaxprivacy"] = (run_jp, BATCH)
+    rows["user_cnn_nonprivate"] = nonpriv
+    if quick:
+        return rows
+    tokens = rng.integers(0, 64, (6000, 24)).astype(np.int32)
+    spec, data, params0, idx, nonpriv = task(
+        "text", TinyTransformer(), tokens, rng.integers(0, 2, 6000).astype(np.int32), 2, BATCH
+    )
+    dp_row("text_auto", spec, step.resolve_grad_impl(spec, "auto", spec.input_shape), data,
+           params0, idx, BATCH)  # fmt: skip
+    rows["text_nonprivate"] = nonpriv
+    table = rng.standard_normal((500, 30)).astype(np.float32)
+    spec, data, params0, idx, nonpriv = task(
+        "tabular", TabularMLP(), table, rng.integers(0, 2, 500).astype(np.int32), 2, 64
+    )
+    dp_row("tabular_auto", spec, step.resolve_grad_impl(spec, "auto", spec.input_shape), data,
+           params0, idx, 64)  # fmt: skip
+    rows["tabular_nonprivate"] = nonpriv
     return rows
 
 
@@ -428,6 +588,11 @@ def main():
         help="the CIFAR row set instead (CIFAR CNN: fast DP, naive DP, non-private; no PyTorch)",
     )  # fmt: skip
     parser.add_argument(
+        "--user", action="store_true",
+        help="the user-model row set instead (automatic clipping path vs hand-tuned, vmap(grad), "
+        "jax_privacy and non-private; no PyTorch)",
+    )  # fmt: skip
+    parser.add_argument(
         "--torch-threads", default="1,2",
         help="comma-separated torch.set_num_threads values, one worker each (0: torch default)",
     )  # fmt: skip
@@ -441,9 +606,12 @@ def main():
     steps = args.steps or (4 if args.quick else 10)
 
     t0 = time.perf_counter()
-    no_torch = args.no_torch or args.cifar
+    no_torch = args.no_torch or args.cifar or args.user
     workers = [] if no_torch else [TorchRows(int(t)) for t in args.torch_threads.split(",")]
-    rows = cifar_rows(args.quick) if args.cifar else jax_rows(args.quick)
+    if args.user:
+        rows = user_rows(args.quick)
+    else:
+        rows = cifar_rows(args.quick) if args.cifar else jax_rows(args.quick)
     for fn, _ in rows.values():  # compile and warm up
         for _ in range(2):
             _block(fn())
@@ -481,6 +649,12 @@ def main():
         "cifar dp_fast / cifar dp_naive": ("cifar_dp_fast", "cifar_dp_naive", 1.5),
         "cifar dp_fast / cifar nonprivate": ("cifar_dp_fast", "cifar_nonprivate", 0.6),
         "cifar dp_fast augmult 4 / dp_fast": ("cifar_dp_fast_augmult4", "cifar_dp_fast", None),
+        "user_cnn auto / cnn26k hand-tuned": ("user_cnn_auto", "cnn26k_handtuned", 0.8),
+        "user_cnn auto / user_cnn vmap(grad)": ("user_cnn_auto", "user_cnn_vmap", 1.5),
+        "user_cnn auto / jax_privacy clipped_grad": ("user_cnn_auto", "user_cnn_jaxprivacy", 1.5),
+        "user_cnn auto / user_cnn nonprivate": ("user_cnn_auto", "user_cnn_nonprivate", None),
+        "text auto / text nonprivate": ("text_auto", "text_nonprivate", None),
+        "tabular auto / tabular nonprivate": ("tabular_auto", "tabular_nonprivate", None),
     }
     for w in workers:  # one set of PyTorch ratios per thread count
         t = w.suffix

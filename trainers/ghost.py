@@ -12,7 +12,8 @@ written). Example i's parameter gradient is a function of ``(a_i, g_i)`` alone:
   d_in = kernel volume x input channels): ``G_i = A_iᵀ G'_i``. Its squared norm is ``‖a_i‖²‖g_i‖²`` when T
   = 1 (Goodfellow 2015), else either ``<A_i A_iᵀ, G'_i G'_iᵀ>`` (ghost norm, O(T²(d_in + d_out));
   Li, Tramèr, Liang & Hashimoto 2022) or ``‖G_i‖²`` of the materialised per-example gradient
-  (O(T d_in d_out)), whichever costs less (Bu, Mao & Xu 2022, "mixed ghost clipping").
+  (O(T d_in d_out)), chosen per layer (:func:`matmul_form`; Bu, Mao & Xu 2022, "mixed ghost
+  clipping").
 * ``nn.Embed`` (token ids t_1..t_T): ``‖G_i‖² = Σ_{s,s'} [t_s = t_s'] <g_s, g_s'>`` (ghost).
 * ``nn.LayerNorm`` / ``nn.GroupNorm`` / ``nn.RMSNorm`` scale and bias: per-example gradients are
   sums over positions of ``g * x̂`` and ``g``, formed directly.
@@ -38,6 +39,7 @@ pytree structure; masked examples contribute exactly zero.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -187,9 +189,16 @@ def _as_rows(a: jax.Array, b: int, last: int) -> jax.Array:
     return a.reshape(b, -1, last)
 
 
-def _conv_patches(layer: nn.Conv, x: jax.Array) -> jax.Array:
-    """im2col of ``layer``'s input: (n, *spatial, c) -> (n, P, K * c), the last axis ordered
-    (kernel position row-major, input channel) like the layer's kernel reshaped to (K * c, o)."""
+def _conv_patches(
+    layer: nn.Conv, x: jax.Array, allow_s2d: bool = True
+) -> tuple[jax.Array, Callable]:
+    """im2col of ``layer``'s input: (n, *spatial, c) -> (n, P, K * c), and the map from a
+    (K * c, o) matrix in the patches' feature order to the layer's kernel shape.
+
+    A square 2-D convolution whose kernel size is a multiple of its stride (> 1) uses
+    space-to-depth plus contiguous slices (``trainers.dpsgd.im2col_s2d``, the layout of the
+    hand-tuned cnn26k path, measured faster on XLA CPU than strided slices); otherwise strided
+    slices, features ordered (kernel position row-major, input channel) like the kernel itself."""
     ks = (layer.kernel_size,) if isinstance(layer.kernel_size, int) else tuple(layer.kernel_size)
     nd = len(ks)
 
@@ -210,6 +219,11 @@ def _conv_patches(layer: nn.Conv, x: jax.Array) -> jax.Array:
         x = jnp.pad(x, [(0, 0), (k_dil[0] * (ks[0] - 1), 0), (0, 0)])
         padding = "VALID"
     n, c = x.shape[0], x.shape[-1]
+    o = layer.features
+
+    def as_kernel(flat):
+        return flat.reshape(*ks, c, o)
+
     if any(d != 1 for d in in_dil):
         spatial = "".join("HWDXYZ"[i] for i in range(nd))
         dn = (f"N{spatial}C", f"{spatial}IO", f"N{spatial}C")
@@ -219,13 +233,26 @@ def _conv_patches(layer: nn.Conv, x: jax.Array) -> jax.Array:
         )  # fmt: skip
         # features ordered (channel, kernel positions): reorder to (kernel positions, channel)
         k = int(np.prod(ks))
-        return p.reshape(n, -1, c, k).swapaxes(-1, -2).reshape(n, -1, k * c)
+        return p.reshape(n, -1, c, k).swapaxes(-1, -2).reshape(n, -1, k * c), as_kernel
     in_spatial = x.shape[1:-1]
     dilated = tuple((k - 1) * d + 1 for k, d in zip(ks, k_dil, strict=True))
     if isinstance(padding, str):
         pads = jax.lax.padtype_to_pads(in_spatial, dilated, strides, padding)
     else:
         pads = padding
+    pads = [tuple(int(v) for v in p) for p in pads]
+    if (
+        allow_s2d and nd == 2 and ks[0] == ks[1] and strides[0] == strides[1] > 1 and ks[0] % strides[0] == 0
+        and k_dil == (1, 1) and in_spatial[0] == in_spatial[1] and pads[0] == pads[1]
+    ):  # fmt: skip
+        from trainers.dpsgd import im2col_s2d, kernel_from_s2d
+
+        k, st = ks[0], strides[0]
+        out_hw = (in_spatial[0] + sum(pads[0]) - k) // st + 1
+        if (out_hw - 1) * st + k - pads[0][0] <= in_spatial[0] + pads[0][1]:
+            return im2col_s2d(x, k, st, pads[0][0], out_hw), lambda flat: kernel_from_s2d(
+                flat, k, st, c
+            )
     x = jnp.pad(x, [(0, 0), *[tuple(p) for p in pads], (0, 0)])
     padded = x.shape[1:-1]
     out = tuple((p - d) // s + 1 for p, d, s in zip(padded, dilated, strides, strict=True))
@@ -238,20 +265,32 @@ def _conv_patches(layer: nn.Conv, x: jax.Array) -> jax.Array:
             c,
         )
         slices.append(jax.lax.slice(x, start, limit, (1, *strides, 1)))
-    return jnp.stack(slices, axis=-2).reshape(n, int(np.prod(out)), len(slices) * c)
+    return jnp.stack(slices, axis=-2).reshape(n, int(np.prod(out)), len(slices) * c), as_kernel
 
 
 def _sq(a: jax.Array) -> jax.Array:
     return jnp.sum(a.reshape(a.shape[0], -1) ** 2, axis=1)
 
 
-def matmul_form(t: int, d_in: int, d_out: int) -> str:
-    """How a Dense/conv layer's per-example norms are computed for T positions per example:
-    "rank1" (T = 1), "ghost" (Gram matrices, O(T²(d_in + d_out)) per example) or "materialise"
-    (the per-example gradient, O(T d_in d_out)): the cheaper in multiply-adds (Bu, Mao & Xu 2022)."""
+#: Largest materialised per-example gradient of one layer, in floats over a chunk (256 MiB in
+#: float32): below it the per-example gradients are formed, above it ghost norms are used.
+MATERIALISE_FLOATS = 2**26
+
+
+def matmul_form(t: int, d_in: int, d_out: int, b: int = 1) -> str:
+    """How a Dense/conv layer's per-example norms are computed for T positions per example and b
+    examples in a chunk: "rank1" (T = 1: ‖a‖²‖g‖²), "materialise" (form each example's gradient,
+    O(T d_in d_out) per example, then the clipped sum is a cheap O(d_in d_out) weighted sum) or
+    "ghost" (Gram matrices, O(T²(d_in + d_out)) per example, then the clipped sum is an
+    O(T d_in d_out) contraction). Counting both steps, materialising never costs more
+    multiply-adds than ghost norms unless d_in d_out > T²(d_in + d_out), so it is used whenever
+    its memory (b d_in d_out floats) fits ``MATERIALISE_FLOATS``; beyond that the form with the
+    smaller per-example memory, T² against d_in d_out (Bu, Mao & Xu 2022, mixed ghost clipping)."""
     if t == 1:
         return "rank1"
-    return "ghost" if t * (d_in + d_out) < d_in * d_out else "materialise"
+    if b * d_in * d_out <= MATERIALISE_FLOATS:
+        return "materialise"
+    return "ghost" if t * t < d_in * d_out else "materialise"
 
 
 class _MatmulLayer:
@@ -261,7 +300,7 @@ class _MatmulLayer:
     def __init__(self, a: jax.Array, g: jax.Array, has_bias: bool):
         self.a, self.g, self.has_bias = a, g.astype(jnp.result_type(g, a)), has_bias
         self.a = self.a.astype(self.g.dtype)
-        self.form = matmul_form(a.shape[1], a.shape[2], g.shape[2])
+        self.form = matmul_form(a.shape[1], a.shape[2], g.shape[2], a.shape[0])
 
     def sq_norms(self) -> jax.Array:
         a, g = self.a, self.g
@@ -301,8 +340,15 @@ def _layer_terms(kind: str, calls: list[_Call], ins: list, gs: list, params: Any
             layer.features, int
         ) else 1
         d_out = int(np.prod(kernel.shape[kernel.ndim - n_out :]))
+        to_kernel = None
         if kind == "conv":
-            ins = [_conv_patches(call.layer, a) for call, a in zip(calls, ins, strict=True)]
+            # one feature order for every call of a shared layer: space-to-depth for one call only
+            unfolded = [
+                _conv_patches(call.layer, a, allow_s2d=len(calls) == 1)
+                for call, a in zip(calls, ins, strict=True)
+            ]
+            ins = [u[0] for u in unfolded]
+            to_kernel = unfolded[0][1]
         d_in = int(np.prod(kernel.shape[: kernel.ndim - n_out]))
         a = jnp.concatenate([_as_rows(x, b, d_in) for x in ins], axis=1)
         g = jnp.concatenate([_as_rows(x, b, d_out) for x in gs], axis=1)
@@ -311,7 +357,8 @@ def _layer_terms(kind: str, calls: list[_Call], ins: list, gs: list, params: Any
 
         def clipped(c):
             k, bias = mm.clipped(c)
-            out = {"kernel": k.reshape(kernel.shape).astype(kernel.dtype)}
+            k = to_kernel(k) if to_kernel is not None else k.reshape(kernel.shape)
+            out = {"kernel": k.astype(kernel.dtype)}
             if bias is not None:
                 out["bias"] = bias.reshape(params["bias"].shape).astype(params["bias"].dtype)
             return out
@@ -347,6 +394,130 @@ def _layer_terms(kind: str, calls: list[_Call], ins: list, gs: list, params: Any
         return {k: (c @ v).astype(params[k].dtype) for k, v in per.items()}
 
     return sq, clipped
+
+
+# --- max-pools with an elementwise gradient ----------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _slice_pool(window: tuple, strides: tuple, padding: tuple) -> Callable:
+    """``reduce_window`` max as the maximum of strided slices, with a custom gradient that goes to
+    the first maximal element of each window in row-major order (XLA's select-and-scatter rule), so
+    its values and gradients are those of ``nn.max_pool``. On XLA CPU the select-and-scatter
+    gradient of a small-window max took most of a DP step (``cpu-dpsgd-performance`` note); this
+    gradient is a few elementwise selects and pads."""
+    offsets = list(np.ndindex(*window))
+
+    def padded(x):
+        return jnp.pad(x, padding, constant_values=-jnp.inf)
+
+    def windows(xp, out_shape):
+        for off in offsets:
+            limit = tuple(o + (n - 1) * s + 1 for o, n, s in zip(off, out_shape, strides, strict=True))
+            yield off, jax.lax.slice(xp, off, limit, strides)
+
+    def out_shape_of(x):
+        size = [n + lo + hi for n, (lo, hi) in zip(x.shape, padding, strict=True)]
+        return tuple((p - w) // s + 1 for p, w, s in zip(size, window, strides, strict=True))
+
+    @jax.custom_vjp
+    def pool(x):
+        y = None
+        for _, part in windows(padded(x), out_shape_of(x)):
+            y = part if y is None else jnp.maximum(y, part)
+        return y
+
+    def fwd(x):
+        y = pool(x)
+        return y, (x, y)
+
+    def bwd(res, g):
+        x, y = res
+        xp = padded(x)
+        taken = jnp.zeros(y.shape, bool)
+        grad = jnp.zeros(xp.shape, g.dtype)
+        for off, part in windows(xp, y.shape):
+            hit = (part == y) & ~taken
+            taken = taken | hit
+            pads = [(o, p - o - (n - 1) * s - 1, s - 1)
+                    for o, p, n, s in zip(off, xp.shape, y.shape, strides, strict=True)]  # fmt: skip
+            grad = grad + jax.lax.pad(jnp.where(hit, g, 0).astype(g.dtype), 0.0, pads)
+        inner = tuple(slice(lo, lo + n) for (lo, _), n in zip(padding, x.shape, strict=True))
+        return (grad[inner],)
+
+    pool.defvjp(fwd, bwd)
+    return pool
+
+
+def _fast_pool_eqn(eqn) -> Callable | None:
+    """The slice form for a ``reduce_window_max`` equation it covers (float, no dilation)."""
+    if eqn.primitive.name != "reduce_window_max":
+        return None
+    p = eqn.params
+    if any(d != 1 for d in (*p["base_dilation"], *p["window_dilation"])):
+        return None
+    if not jnp.issubdtype(eqn.invars[0].aval.dtype, jnp.floating):
+        return None
+    if int(np.prod(p["window_dimensions"])) > 16:  # large windows: keep XLA's reduction
+        return None
+    return _slice_pool(
+        tuple(p["window_dimensions"]), tuple(p["window_strides"]),
+        tuple(tuple(q) for q in p["padding"]),
+    )  # fmt: skip
+
+
+def _eval_with_fast_pools(jaxpr, consts, *args) -> list:
+    """``jax.core.eval_jaxpr`` with :func:`_slice_pool` for the max-pools (also inside nested
+    ``jit`` calls); every other equation is bound as it was traced."""
+    from jax.extend.core import Literal
+
+    env: dict = {}
+
+    def read(v):
+        return v.val if isinstance(v, Literal) else env[v]
+
+    for v, c in zip(jaxpr.constvars, consts, strict=True):
+        env[v] = c
+    for v, a in zip(jaxpr.invars, args, strict=True):
+        env[v] = a
+    for eqn in jaxpr.eqns:
+        invals = [read(v) for v in eqn.invars]
+        fast = _fast_pool_eqn(eqn)
+        if fast is not None:
+            outvals = [fast(invals[0])]
+        elif eqn.primitive.name in ("pjit", "jit") and _has_pool(eqn.params["jaxpr"].jaxpr):
+            inner = eqn.params["jaxpr"]
+            outvals = _eval_with_fast_pools(inner.jaxpr, inner.consts, *invals)
+        else:
+            with eqn.ctx.manager:
+                ans = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
+            outvals = ans if eqn.primitive.multiple_results else [ans]
+        for v, val in zip(eqn.outvars, outvals, strict=True):
+            env[v] = val
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _has_pool(jaxpr) -> bool:
+    for eqn in jaxpr.eqns:
+        if _fast_pool_eqn(eqn) is not None:
+            return True
+        if eqn.primitive.name in ("pjit", "jit") and _has_pool(eqn.params["jaxpr"].jaxpr):
+            return True
+    return False
+
+
+def with_fast_pools(fun: Callable) -> Callable:
+    """``fun`` with its small-window max-pools (``nn.max_pool``) computed by :func:`_slice_pool`:
+    the same values and gradients, a faster backward pass on XLA CPU."""
+
+    def run(*args):
+        closed, shapes = jax.make_jaxpr(fun, return_shape=True)(*args)
+        if not _has_pool(closed.jaxpr):
+            return fun(*args)
+        out = _eval_with_fast_pools(closed.jaxpr, closed.consts, *jax.tree_util.tree_leaves(args))
+        return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(shapes), out)
+
+    return run
 
 
 # --- analysis and the clipped sum -------------------------------------------------------------
@@ -507,16 +678,23 @@ def clipped_sum_ghost(
     shapes = jax.eval_shape(lambda p, x: _record(module, p, x)[1].outputs, params, xf)
     calls = []
 
-    def total(taps):
+    def forward(params, taps):
         out, rec = _record(module, params, xf, taps)
         calls[:] = rec.calls
+        return out, rec.inputs
+
+    fast_forward = with_fast_pools(forward)
+
+    def total(taps):
+        out, inputs = fast_forward(params, taps)
         losses = loss_fn(out, yf)
         if copies:
             losses = jnp.mean(losses.reshape(b, k), axis=1)
-        return jnp.sum(losses), (losses, rec.inputs)
+        return jnp.sum(losses), (losses, inputs)
 
     taps = [jnp.zeros(s.shape, s.dtype) for s in shapes]
     gs, (losses, ins) = jax.grad(total, has_aux=True)(taps)
+    del forward
     groups: dict[tuple[str, ...], list[int]] = {}
     for i, call in enumerate(calls):
         groups.setdefault(call.path, []).append(i)

@@ -89,6 +89,7 @@ LAYERS = {
     "dense_sequence": (nn.Dense(6), (5, 4), np.float32),
     "dense_general": (nn.DenseGeneral((2, 3)), (5, 4), np.float32),
     "conv_same_stride2": (nn.Conv(4, (3, 3), strides=2), (7, 7, 2), np.float32),
+    "conv_space_to_depth": (nn.Conv(3, (4, 4), strides=2), (9, 9, 2), np.float32),
     "conv_valid_dilated": (nn.Conv(3, (2, 2), padding="VALID", kernel_dilation=2), (6, 6, 2),
                            np.float32),  # fmt: skip
     "conv_1d_causal": (nn.Conv(4, (3,), padding="CAUSAL"), (8, 3), np.float32),
@@ -104,10 +105,21 @@ LAYERS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(LAYERS))
-def test_each_layer_type_matches_vmap_grad(name):
+#: Layers on sequences or images, also run with ghost norms forced (no per-example gradient).
+GHOST_FORMS = ["dense_sequence", "dense_general", "conv_same_stride2", "conv_space_to_depth",
+               "attention"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "name", sorted(LAYERS) + [f"{n}:ghost_norms" for n in GHOST_FORMS]
+)
+def test_each_layer_type_matches_vmap_grad(name, monkeypatch):
     """Per layer type, with about half the examples clipped and one masked: the ghost sum equals
-    vmap(grad)'s to f32 precision, and so do the loss sum and the per-example norms."""
+    vmap(grad)'s to f32 precision, and so do the loss sum and the per-example norms. ":ghost_norms":
+    Gram-matrix norms and the book-keeping contraction instead of materialised gradients."""
+    name, _, form = name.partition(":")
+    if form:
+        monkeypatch.setattr(ghost, "MATERIALISE_FLOATS", 0)
     body, shape, dtype = LAYERS[name]
     module = _Head(body)
     x, y = _inputs(shape, dtype, seed=1)
@@ -123,9 +135,11 @@ def test_each_layer_type_matches_vmap_grad(name):
     np.testing.assert_allclose(np.asarray(fast_norms), np.asarray(ref_norms), rtol=2e-5)
 
 
-def test_shared_layer_and_both_ghost_and_materialised_forms():
-    """A Dense called twice (its calls' positions concatenated) and sequence lengths on both sides
-    of the ghost-vs-materialise cost rule."""
+@pytest.mark.parametrize("budget", [0, 2**26])  # ghost norms forced, or forms by the rule
+def test_shared_layer_and_both_ghost_and_materialised_forms(budget, monkeypatch):
+    """A Dense called twice (its calls' positions concatenated), through ghost norms and through
+    materialised per-example gradients."""
+    monkeypatch.setattr(ghost, "MATERIALISE_FLOATS", budget)
 
     class Shared(nn.Module):
         @nn.compact
@@ -133,14 +147,44 @@ def test_shared_layer_and_both_ghost_and_materialised_forms():
             d = nn.Dense(8, name="shared")
             return nn.Dense(3)(jnp.tanh(d(x)).mean(1) + jnp.tanh(d(2 * x)).mean(1))
 
-    # two calls of T positions: 2T positions per example for the shared layer
-    for t, d_in, form in ((2, 32, "ghost"), (12, 2, "materialise")):
-        assert ghost.matmul_form(2 * t, d_in, 8) == form
-        x, y = _inputs((t, d_in), np.float32, seed=t)
-        plan, fast, ref, params = _both(Shared(), x, y)
-        assert plan.supported and dict((p[0], n) for p, _, n in plan.layers)["shared"] == 2
-        mask = np.ones(B, np.float32)
-        assert _rel_err(fast(params, mask, 0.5)[0], ref(params, mask, 0.5)[0]) <= 2e-5
+    # two calls of T = 2 positions: 4 positions per example for the shared layer
+    assert ghost.matmul_form(4, 32, 8, B) == ("ghost" if budget == 0 else "materialise")
+    x, y = _inputs((2, 32), np.float32, seed=2)
+    plan, fast, ref, params = _both(Shared(), x, y)
+    assert plan.supported and dict((p[0], n) for p, _, n in plan.layers)["shared"] == 2
+    mask = np.ones(B, np.float32)
+    assert _rel_err(fast(params, mask, 0.5)[0], ref(params, mask, 0.5)[0]) <= 2e-5
+
+
+class UserCNN(nn.Module):
+    """cnn26k's architecture as a user writes it: nn.Conv, nn.max_pool (its gradient through
+    ``ghost.with_fast_pools``), nn.Dense; the benchmark's user model (scripts/bench_dpsgd.py)."""
+
+    @nn.compact
+    def __call__(self, x):
+        x = nn.max_pool(jnp.tanh(nn.Conv(16, (8, 8), strides=2, padding="SAME")(x)), (2, 2),
+                        strides=(1, 1))  # fmt: skip
+        x = nn.max_pool(jnp.tanh(nn.Conv(32, (4, 4), strides=2, padding="VALID")(x)), (2, 2),
+                        strides=(1, 1))  # fmt: skip
+        return nn.Dense(10)(jnp.tanh(nn.Dense(32)(x.reshape(x.shape[0], -1))))
+
+
+def test_user_cnn_at_full_size_matches_vmap_grad_as_compiled():
+    """The compiled step's chunk sum at the real shape (28x28x1, the shapes where an XLA CPU
+    miscompilation of slice-based im2col + slice max-pools was once seen:
+    cpu-dpsgd-performance note) equals vmap(grad)'s, with half the examples clipped."""
+    spec = models.user_model(UserCNN(), (28, 28, 1), "float32")
+    fns = step.get_step_functions(spec, 10, "sgd", "ghost")
+    params = models.init_params(spec, jax.random.PRNGKey(3))
+    rng = np.random.default_rng(4)
+    x = rng.uniform(0, 1, size=(16, 28, 28, 1)).astype(np.float32)
+    y = rng.integers(0, 10, size=16).astype(np.int32)
+    mask = np.ones(16, np.float32)
+    mask[-2:] = 0
+    ref = jax.jit(lambda p, c: dpsgd.clipped_sum_naive(spec.apply, p, x, y, mask, c))
+    clip = jnp.float32(np.median(np.asarray(ref(params, 1.0)[2])[:-2]))
+    fast, _ = fns.chunk_sum(params, x, y, np.arange(16, dtype=np.int32), mask, clip)
+    assert _rel_err(fast, ref(params, clip)[0]) <= 1e-5
 
 
 # --- randomly composed modules -------------------------------------------------------------------
