@@ -21,11 +21,19 @@ from dptune.errors import TuningConfigError
 from dptune.progress import epoch_bar
 from dptune.trainer_protocol import DatasetTrainer, ReleaseView
 from trainers import loop, parallel
+from trainers.data import NAMES as DATASETS
 from trainers.data import Dataset, DatasetNotFoundError, load_dataset
 from trainers.evaluate import evaluate
-from trainers.spec import Hyperparams, dpsgd_privacy, steps_per_epoch
+from trainers.spec import MODEL_NAMES, Hyperparams, dpsgd_privacy, steps_per_epoch
 
-__all__ = ["DatasetNotFoundError", "DpSgdTrainer", "Hyperparams", "load_dataset"]
+__all__ = [
+    "DATASETS",
+    "MODEL_NAMES",
+    "DatasetNotFoundError",
+    "DpSgdTrainer",
+    "Hyperparams",
+    "load_dataset",
+]
 
 log = logging.getLogger("dptune")
 
