@@ -28,9 +28,10 @@ from dptune.progress import epoch_bar
 from dptune.trainer_protocol import DatasetTrainer, ReleaseView
 from trainers import loop, models, parallel
 from trainers import step as step_lib
+from trainers.data import NAMES as DATASETS
 from trainers.data import Dataset, DatasetNotFoundError, load_dataset
 from trainers.evaluate import BoundedMetric, evaluate
-from trainers.spec import DpSgdSchedule, Hyperparams, steps_per_epoch
+from trainers.spec import MODEL_NAMES, DpSgdSchedule, Hyperparams, steps_per_epoch
 from trainers.spec import dpsgd_privacy as _hp_privacy
 from trainers.userloop import add_noise, clipped_grad_sum
 
@@ -38,6 +39,8 @@ from trainers.userloop import add_noise, clipped_grad_sum
 Metric = BoundedMetric
 
 __all__ = [
+    "DATASETS",
+    "MODEL_NAMES",
     "Dataset",
     "DatasetNotFoundError",
     "DpSgdSchedule",
