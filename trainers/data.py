@@ -24,6 +24,11 @@ import numpy as np
 
 NAMES = ("mnist", "fashion_mnist", "cifar10", "synthetic")
 SOURCES = ("auto", "tfds", "idx", "cifar_pickle", "synthetic")
+#: Sources of a user's own arrays (``Dataset.from_arrays``): an ``.npz`` file (``read_npz``) or a
+#: loader function ``pkg.module:function`` that returns them.
+ARRAY_SOURCES = ("npz", "loader")
+#: Keys of a user's arrays (npz file or loader dict); the test split is optional.
+ARRAY_KEYS = ("x_train", "y_train", "x_test", "y_test")
 
 # IDX file names of the MNIST layout; "-" or "." before "idx" both occur in the wild.
 _IDX_FILES = {
@@ -434,6 +439,28 @@ def split_validation(
             "num_examples": declared,
         },
     )
+
+
+def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` file with keys ``x_train``, ``y_train`` and optionally ``x_test``,
+    ``y_test`` (``numpy.savez``). Raises DatasetNotFoundError / ValueError naming what is wrong."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise DatasetNotFoundError(f"no npz file at {str(path)!r}")
+    with np.load(path, allow_pickle=False) as f:
+        arrays = {k: np.asarray(f[k]) for k in f.files}
+    return check_arrays(arrays, str(path))
+
+
+def check_arrays(arrays: dict, where: str) -> dict[str, np.ndarray]:
+    """``arrays`` restricted to ``ARRAY_KEYS``: x_train and y_train required, x_test and y_test
+    together or not at all."""
+    missing = [k for k in ("x_train", "y_train") if k not in arrays]
+    if missing:
+        raise ValueError(f"{where} lacks {missing} (keys: {sorted(arrays)}; expected {ARRAY_KEYS})")
+    if ("x_test" in arrays) != ("y_test" in arrays):
+        raise ValueError(f"{where}: give both x_test and y_test, or neither")
+    return {k: np.asarray(arrays[k]) for k in ARRAY_KEYS if k in arrays}
 
 
 def _as_inputs(x: np.ndarray, what: str) -> np.ndarray:

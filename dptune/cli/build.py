@@ -9,8 +9,11 @@ Everything here checks public inputs only (the config, file formats); a problem 
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import math
+import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,16 @@ from dptune.accounting import ACCOUNTANTS
 from dptune.accounting.events import ADJACENCIES
 from dptune.data import MNIST_10K_DIR, MNIST_10K_NUM_TRAIN
 from dptune.executors import make_executor
-from dptune.learners.dpsgd import DATASETS, DatasetNotFoundError, load_dataset
+from dptune.learners.dpsgd import (
+    ARRAY_SOURCES,
+    DATASETS,
+    MODEL_NAMES,
+    Dataset,
+    DatasetNotFoundError,
+    check_user_arrays,
+    load_dataset,
+    read_npz,
+)
 from dptune.ledger import default_ledger_path
 from dptune.plan import Budget, plan_privacy
 from dptune.tuner import tune
@@ -89,13 +101,81 @@ def build_executor(cfg: Mapping[str, Any]) -> Any:
         raise ConfigError(f"config.executor: {e}") from None
 
 
+def user_arrays(cfg: Mapping[str, Any]) -> str | None:
+    """"npz" or "loader" when ``config.data`` names the user's own arrays, else None."""
+    if _get(cfg, "data.loader"):
+        return "loader"
+    return "npz" if _get(cfg, "data.source") == "npz" else None
+
+
+def import_object(spec: Any, field: str) -> Any:
+    """The object named ``"pkg.module:attribute"`` (a user's factory or loader), importable from
+    ``sys.path`` or the current folder (as ``python -m`` would find it)."""
+    if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
+        raise ConfigError(f"config.{field}={spec!r} must be 'pkg.module:name'")
+    module, attribute = spec.split(":")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        obj = importlib.import_module(module)
+        for part in attribute.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"config.{field}={spec!r} cannot be imported: {e}") from None
+    if not callable(obj):
+        raise ConfigError(f"config.{field}={spec!r} is not callable")
+    return obj
+
+
+def _check_user_data(cfg: Mapping[str, Any], kind: str) -> None:
+    if kind == "npz" and not _get(cfg, "data.path"):
+        raise ConfigError("config.data.source='npz' needs config.data.path=<file.npz>")
+    if kind == "loader":
+        spec = _get(cfg, "data.loader")
+        if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
+            raise ConfigError(f"config.data.loader={spec!r} must be 'pkg.module:function'")
+    nex = _get(cfg, "data.num_examples")
+    if nex is None:
+        raise ConfigError(
+            "config.data.num_examples is required for your own data: the public number of records "
+            "in it (sampling rates and step counts must not depend on the private arrays' length)"
+        )
+    vsize = _get(cfg, "data.validation_size", 5000)
+    if isinstance(nex, int) and isinstance(vsize, int) and not vsize < nex:
+        raise ConfigError(
+            f"config.data.validation_size={vsize} must be smaller than config.data.num_examples="
+            f"{nex} (it is the expected number of records in the validation split)"
+        )
+    if _get(cfg, "data.validation_dir"):
+        raise ConfigError(
+            "config.data.validation_dir is for IDX datasets; with your own arrays, split them "
+            "by record (config.data.validation_size) or use the library's public_validation"
+        )
+    ncl = _get(cfg, "data.num_classes")
+    if ncl is not None and (isinstance(ncl, bool) or not isinstance(ncl, int) or ncl < 1):
+        raise ConfigError(f"config.data.num_classes={ncl!r} must be a positive integer")
+
+
 def check_config(cfg: Mapping[str, Any]) -> None:
     """Cheap checks of everything that needs no data (raises ConfigError naming the value)."""
     name = _get(cfg, "data.name")
-    if name not in DATASETS:
+    kind = user_arrays(cfg)
+    if kind is not None:
+        _check_user_data(cfg, kind)
+    elif name not in DATASETS:
         raise ConfigError(
-            f"config.data.name={name!r} is not a known dataset; use one of {DATASETS}"
+            f"config.data.name={name!r} is not a known dataset; use one of {DATASETS}, or your "
+            f"own arrays (config.data.source in {ARRAY_SOURCES[:1]} or config.data.loader)"
         )
+    model = _get(cfg, "model")
+    if model is not None:
+        if _get(cfg, "trainer", "dpsgd") != "dpsgd":
+            raise ConfigError("config.model is a DP-SGD model: it needs config.trainer='dpsgd'")
+        if ":" not in str(model) and model not in MODEL_NAMES:
+            raise ConfigError(
+                f"config.model={model!r} must be 'pkg.module:factory' (your Flax module) or a "
+                f"shipped model, one of {MODEL_NAMES}"
+            )
     eps = _number(cfg, "privacy.epsilon")
     delta = _number(cfg, "privacy.delta")
     if not delta < 1:
@@ -273,18 +353,38 @@ def build_trainer(cfg: Mapping[str, Any], data: Any, *, progress: bool = False) 
     as its fixed hyperparameters and ``config.learner`` as its own options."""
     info = learner_info(cfg)
     options = {k: v for k, v in dict(cfg.get("learner", {}) or {}).items() if v is not None}
+    base = dict(cfg.get("train", {}) or {})
     if info.name == "dpsgd":
         options["epoch_progress"] = progress
+        model = cfg.get("model")
+        if model is not None:
+            base.pop("model", None)  # config.model replaces config.train.model
+            options["model"] = build_model(model, data)
     try:
-        return learners.build(info.name, data, cfg.get("train", {}), **options)
+        return learners.build(info.name, data, base, **options)
     except ValueError as e:
         raise ConfigError(f"config.learner: {e}") from None
+
+
+def build_model(spec: str, data: Any) -> Any:
+    """``config.model``: a shipped name as it is, or ``factory(num_classes=...)`` of
+    ``"pkg.module:factory"`` (a flax Module; its input shape comes from the data)."""
+    if ":" not in spec:
+        return spec
+    factory = import_object(spec, "model")
+    try:
+        return factory(num_classes=data.num_classes)
+    except Exception as e:  # the user's code: any error becomes one line naming the field
+        raise ConfigError(
+            f"config.model={spec!r}: factory(num_classes={data.num_classes}) failed: "
+            f"{type(e).__name__}: {e}"
+        ) from None
 
 
 def _worker_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """What a worker needs to rebuild the trainer: the data spec, the learner and its fixed
     settings."""
-    keys = ("data", "train", "trainer", "learner")
+    keys = ("data", "train", "trainer", "learner", "model")
     return {k: (dict(cfg[k]) if isinstance(cfg[k], Mapping) else cfg[k]) for k in keys if k in cfg}
 
 
@@ -294,8 +394,46 @@ def trainer_from_config(cfg: Mapping[str, Any]) -> Any:
     return build_trainer(cfg, load_data(cfg), progress=False)
 
 
+def load_user_arrays(cfg: Mapping[str, Any]) -> Any:
+    """``config.data`` as the user's own arrays: an npz file or a loader's return value, split per
+    record (``Dataset.from_arrays``) with the declared public size."""
+    d = cfg["data"]
+    kind = user_arrays(cfg)
+    try:
+        if kind == "npz":
+            arrays = read_npz(d["path"])
+        else:
+            out = import_object(d["loader"], "data.loader")()
+            if isinstance(out, Mapping):
+                arrays = dict(out)
+            elif isinstance(out, (tuple, list)) and len(out) in (2, 4):
+                arrays = dict(zip(("x_train", "y_train", "x_test", "y_test"), out, strict=False))
+            else:
+                raise ValueError(
+                    "the loader must return a dict with keys x_train, y_train (x_test, y_test) or "
+                    "a tuple (x_train, y_train[, x_test, y_test])"
+                )
+            arrays = check_user_arrays(arrays, f"config.data.loader={d['loader']!r}")
+        num = int(d["num_examples"])
+        return Dataset.from_arrays(
+            arrays["x_train"], arrays["y_train"], num_examples=num,
+            validation_fraction=int(d.get("validation_size", 5000)) / num,
+            x_test=arrays.get("x_test"), y_test=arrays.get("y_test"),
+            num_classes=d.get("num_classes"), name=str(d.get("name") or kind),
+            seed_split=int(d.get("split_seed") or 0),
+        )  # fmt: skip
+    except ConfigError:
+        raise
+    except DatasetNotFoundError as e:
+        raise ConfigError(f"config.data: {e}") from None
+    except Exception as e:  # a user's loader or file: one line naming the field
+        raise ConfigError(f"config.data ({kind}): {type(e).__name__}: {e}") from None
+
+
 def load_data(cfg: Mapping[str, Any]) -> Any:
     """Loads ``config.data`` (public work: reading files is not a private computation)."""
+    if user_arrays(cfg) is not None:
+        return load_user_arrays(cfg)
     d = cfg["data"]
     data_dir = d.get("dir") or None
     num_examples = d.get("num_examples")

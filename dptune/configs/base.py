@@ -24,11 +24,23 @@ def get_config() -> config_dict.ConfigDict:
     c.data.num_examples = config_dict.placeholder(int)
     c.data.validation_dir = config_dict.placeholder(str)  # a separate validation set (IDX train-*)
     c.data.validation_public = False  # True only for a separate, public validation set
+    # your own arrays (docs/your_model.md): source="npz" reads data.path (keys x_train, y_train,
+    # optional x_test, y_test); data.loader="pkg.module:function" returns them (a dict with those
+    # keys or a tuple in that order). data.num_examples is then required (public), data.name is
+    # a label, data.validation_size the expected validation count, data.num_classes public
+    c.data.path = config_dict.placeholder(str)
+    c.data.loader = config_dict.placeholder(str)
+    c.data.num_classes = config_dict.placeholder(int)
     # the candidate family (dptune.learners.LEARNERS: dpsgd, fisher, public_data); its fixed
     # hyperparameters are config.train, its own options config.learner
     c.trainer = "dpsgd"
+    # your own model for dpsgd: "pkg.module:factory", called as factory(num_classes=...) and
+    # returning a flax.linen Module (input shape from the data); None: config.train.model
+    c.model = config_dict.placeholder(str)
     c.learner = config_dict.ConfigDict()
     c.learner.num_public = config_dict.placeholder(int)  # public_data: records of the public pool
+    # dpsgd: per-example clipping, "auto" (default), "ghost" or "vmap" (docs/your_model.md)
+    c.learner.grad_impl = config_dict.placeholder(str)
     c.train = dict(
         model="cnn26k", batch_size=256, epochs=10, optimizer="momentum", momentum=0.9,
         score_noise_std=10.0,  # Gaussian noise (in counts) on the number of correct val predictions

@@ -54,8 +54,8 @@ LEARNERS: dict[str, LearnerInfo] = {
             "dpsgd",
             "dptune.learners.dpsgd",
             "DpSgdTrainer",
-            "DP-SGD (JAX/Flax/Optax)",
-            options=("epoch_progress", "test_curve"),
+            "DP-SGD (JAX/Flax/Optax), shipped models or your own Flax module",
+            options=("epoch_progress", "test_curve", "model", "loss", "metric", "grad_impl"),
         ),
         LearnerInfo(
             "fisher",

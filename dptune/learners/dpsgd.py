@@ -28,8 +28,9 @@ from dptune.progress import epoch_bar
 from dptune.trainer_protocol import DatasetTrainer, ReleaseView
 from trainers import loop, models, parallel
 from trainers import step as step_lib
+from trainers.data import ARRAY_SOURCES, Dataset, DatasetNotFoundError, load_dataset, read_npz
 from trainers.data import NAMES as DATASETS
-from trainers.data import Dataset, DatasetNotFoundError, load_dataset
+from trainers.data import check_arrays as check_user_arrays
 from trainers.evaluate import BoundedMetric, evaluate
 from trainers.spec import MODEL_NAMES, DpSgdSchedule, Hyperparams, steps_per_epoch
 from trainers.spec import dpsgd_privacy as _hp_privacy
@@ -39,6 +40,7 @@ from trainers.userloop import add_noise, clipped_grad_sum
 Metric = BoundedMetric
 
 __all__ = [
+    "ARRAY_SOURCES",
     "DATASETS",
     "MODEL_NAMES",
     "Dataset",
@@ -48,9 +50,11 @@ __all__ = [
     "Hyperparams",
     "Metric",
     "add_noise",
+    "check_user_arrays",
     "clipped_grad_sum",
     "dpsgd_privacy",
     "load_dataset",
+    "read_npz",
 ]
 
 log = logging.getLogger("dptune")

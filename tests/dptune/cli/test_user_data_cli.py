@@ -1,0 +1,88 @@
+"""Your own model and arrays from a config: --config.model=pkg.module:factory, data from an npz
+file or a loader function; refusals name the field and charge nothing."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from dptune.cli.build import ConfigError, load_data, run_config
+from dptune.configs import user
+
+MODULE = '''
+import flax.linen as nn
+import jax.numpy as jnp
+import numpy as np
+
+
+class MLP(nn.Module):
+    num_classes: int
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(self.num_classes)(jnp.tanh(nn.Dense(8)(x)))
+
+
+def make_mlp(num_classes):
+    return MLP(num_classes)
+
+
+def load():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((700, 5)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int32)
+    return {"x_train": x[:600], "y_train": y[:600], "x_test": x[600:], "y_test": y[600:]}
+'''
+
+
+@pytest.fixture
+def pkg(tmp_path, monkeypatch):
+    (tmp_path / "user_pkg_mod.py").write_text(MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    sys.modules.pop("user_pkg_mod", None)
+
+
+def _cfg(tmp_path, **data):
+    c = user.get_config().to_dict()
+    c["model"] = "user_pkg_mod:make_mlp"
+    c["data"].update(num_examples=600, validation_size=100, **data)
+    c["train"].update(epochs=1, batch_size=50)
+    c["selection"]["mean_trials"] = 2.0
+    c["ledger"]["path"] = str(tmp_path / "ledger.sqlite")
+    return c
+
+
+def test_npz_data_and_factory_model_tune_end_to_end(pkg):
+    import user_pkg_mod
+
+    a = user_pkg_mod.load()
+    np.savez(pkg / "d.npz", **a)
+    release = run_config(_cfg(pkg, source="npz", path=str(pkg / "d.npz")), pkg / "w",
+                         seed=0, progress=False)  # fmt: skip
+    assert release.privacy["total_epsilon"] <= 3.0
+    assert (pkg / "w" / "release" / "result.json").is_file()
+
+
+def test_loader_data_dry_run_and_refusals(pkg):
+    space, statement = run_config(_cfg(pkg, loader="user_pkg_mod:load"), pkg / "w", dry_run=True)
+    assert statement.total_epsilon <= 3.0
+    data = load_data(_cfg(pkg, loader="user_pkg_mod:load"))
+    assert data.public_num_train == 500 and data.num_classes == 2 and len(data.test_x) == 100
+    bad = _cfg(pkg, source="npz", path=str(pkg / "d.npz"))
+    bad["data"]["num_examples"] = None
+    with pytest.raises(ConfigError, match="num_examples is required for your own data"):
+        run_config(bad, pkg / "w", dry_run=True)
+    with pytest.raises(ConfigError, match="needs config.data.path"):
+        run_config(_cfg(pkg, source="npz"), pkg / "w", dry_run=True)
+    with pytest.raises(ConfigError, match="no npz file"):
+        load_data(_cfg(pkg, source="npz", path=str(pkg / "missing.npz")))
+    wrong = _cfg(pkg, loader="user_pkg_mod:load")
+    wrong["model"] = "user_pkg_mod:nothere"
+    with pytest.raises(ConfigError, match="config.model='user_pkg_mod:nothere' cannot be imported"):
+        run_config(wrong, pkg / "w", dry_run=True)
+    wrong["model"] = "resnet"
+    with pytest.raises(ConfigError, match="pkg.module:factory"):
+        run_config(wrong, pkg / "w", dry_run=True)
