@@ -247,8 +247,9 @@ class Dataset:
             _same_record_shape(x, x_test, "x_test")
         check_declared_size(len(x), num_examples, name)
         if public_validation is not None:
-            val_x, val_y = _as_inputs(public_validation[0], "public_validation x"), _as_labels(
-                public_validation[1], "public_validation y"
+            val_x, val_y = (
+                _as_inputs(public_validation[0], "public_validation x"),
+                _as_labels(public_validation[1], "public_validation y"),
             )
             _same_record_shape(x, val_x, "public_validation")
             if not len(val_x):
@@ -478,7 +479,9 @@ def _as_inputs(x: np.ndarray, what: str) -> np.ndarray:
 def _as_labels(y: np.ndarray, what: str) -> np.ndarray:
     y = np.asarray(y)
     if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
-        raise ValueError(f"{what} must be integer class labels of shape (n,), got {y.dtype}{y.shape}")
+        raise ValueError(
+            f"{what} must be integer class labels of shape (n,), got {y.dtype}{y.shape}"
+        )
     return np.ascontiguousarray(y, dtype=np.int32)
 
 

@@ -1,19 +1,20 @@
 """Per-example clipping for any Flax (linen) module built from known layers: ghost norms and
 book-keeping clipped sums, without per-example gradients where they are not needed.
 
-One batched forward and one backward pass give, for every call of a parametrised layer, its input
-``a`` (per example: T positions x d_in) and the gradient ``g`` of the summed loss with respect to its
-output (T x d_out). A zero "tap" is added to each layer's output; the gradient with respect to the
-taps is ``g`` (``nn.intercept_methods`` wraps the layers' calls, so the user's module is used as
-written). Example i's parameter gradient is a function of ``(a_i, g_i)`` alone:
+One batched forward and one backward pass give, for every call of a parametrised layer, its
+input ``a`` (per example: T positions x d_in) and the gradient ``g`` of the summed loss with
+respect to its output (T x d_out). A zero "tap" is added to each layer's output; the gradient
+with respect to the taps is ``g`` (``nn.intercept_methods`` wraps the layers' calls, so the
+user's module is used as written). Example i's parameter gradient is a function of ``(a_i, g_i)``
+alone:
 
 * ``nn.Dense`` / ``nn.DenseGeneral`` (on vectors or sequences, hence attention built from them,
   e.g. ``nn.MultiHeadDotProductAttention``) and ``nn.Conv`` (after im2col: T output positions,
-  d_in = kernel volume x input channels): ``G_i = A_iᵀ G'_i``. Its squared norm is ``‖a_i‖²‖g_i‖²`` when T
-  = 1 (Goodfellow 2015), else either ``<A_i A_iᵀ, G'_i G'_iᵀ>`` (ghost norm, O(T²(d_in + d_out));
-  Li, Tramèr, Liang & Hashimoto 2022) or ``‖G_i‖²`` of the materialised per-example gradient
-  (O(T d_in d_out)), chosen per layer (:func:`matmul_form`; Bu, Mao & Xu 2022, "mixed ghost
-  clipping").
+  d_in = kernel volume x input channels): ``G_i = A_iᵀ G'_i``. Its squared norm is
+  ``‖a_i‖²‖g_i‖²`` when T = 1 (Goodfellow 2015), else either ``<A_i A_iᵀ, G'_i G'_iᵀ>`` (ghost
+  norm, O(T²(d_in + d_out)); Li, Tramèr, Liang & Hashimoto 2022) or ``‖G_i‖²`` of the
+  materialised per-example gradient (O(T d_in d_out)), chosen per layer (:func:`matmul_form`;
+  Bu, Mao & Xu 2022, "mixed ghost clipping").
 * ``nn.Embed`` (token ids t_1..t_T): ``‖G_i‖² = Σ_{s,s'} [t_s = t_s'] <g_s, g_s'>`` (ghost).
 * ``nn.LayerNorm`` / ``nn.GroupNorm`` / ``nn.RMSNorm`` scale and bias: per-example gradients are
   sums over positions of ``g * x̂`` and ``g``, formed directly.
@@ -21,7 +22,9 @@ written). Example i's parameter gradient is a function of ``(a_i, g_i)`` alone:
 With the clip factors ``c_i = min(1, C / ‖G_i‖)`` known, every layer's clipped sum is one more
 contraction (``Σ_i c_i A_iᵀ G'_i = (c A)ᵀ G'``, or ``Σ_i c_i G_i`` of the materialised gradients):
 book-keeping (Bu, Wang, Zha & Karypis 2023), no second backward pass. A layer shared between calls
-(the same module called twice) has its calls' positions concatenated.
+(the same module called twice) has its calls' positions concatenated. Small-window max-pools
+(``nn.max_pool``) are evaluated as maxima of slices with XLA's first-maximum gradient
+(:func:`with_fast_pools`): the same values and gradients, without XLA CPU's slow select-and-scatter.
 
 Whether a module can take this path is decided by :func:`analyze` before anything trains, from the
 module and the input's shape alone (never from data): every parameter must be read only by a known
@@ -206,8 +209,10 @@ def _conv_patches(
         v = 1 if v is None else v
         return (v,) * nd if isinstance(v, int) else tuple(v)
 
-    strides, in_dil, k_dil = bcast(layer.strides), bcast(layer.input_dilation), bcast(
-        layer.kernel_dilation
+    strides, in_dil, k_dil = (
+        bcast(layer.strides),
+        bcast(layer.input_dilation),
+        bcast(layer.kernel_dilation),
     )
     padding = nn.linear.canonicalize_padding(layer.padding, nd)
     if padding in ("CIRCULAR", "REFLECT"):
@@ -242,8 +247,9 @@ def _conv_patches(
         pads = padding
     pads = [tuple(int(v) for v in p) for p in pads]
     if (
-        allow_s2d and nd == 2 and ks[0] == ks[1] and strides[0] == strides[1] > 1 and ks[0] % strides[0] == 0
-        and k_dil == (1, 1) and in_spatial[0] == in_spatial[1] and pads[0] == pads[1]
+        allow_s2d and nd == 2 and ks[0] == ks[1] and strides[0] == strides[1] > 1
+        and ks[0] % strides[0] == 0 and k_dil == (1, 1)
+        and in_spatial[0] == in_spatial[1] and pads[0] == pads[1]
     ):  # fmt: skip
         from trainers.dpsgd import im2col_s2d, kernel_from_s2d
 
@@ -336,9 +342,11 @@ def _layer_terms(kind: str, calls: list[_Call], ins: list, gs: list, params: Any
     if kind in ("dense", "conv"):
         kernel = params["kernel"]
         # output features: the last axis, or DenseGeneral's `features` axes
-        n_out = len(layer.features) if isinstance(layer, nn.DenseGeneral) and not isinstance(
-            layer.features, int
-        ) else 1
+        n_out = (
+            len(layer.features)
+            if isinstance(layer, nn.DenseGeneral) and not isinstance(layer.features, int)
+            else 1
+        )
         d_out = int(np.prod(kernel.shape[kernel.ndim - n_out :]))
         to_kernel = None
         if kind == "conv":
@@ -399,7 +407,7 @@ def _layer_terms(kind: str, calls: list[_Call], ins: list, gs: list, params: Any
 # --- max-pools with an elementwise gradient ----------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _slice_pool(window: tuple, strides: tuple, padding: tuple) -> Callable:
     """``reduce_window`` max as the maximum of strided slices, with a custom gradient that goes to
     the first maximal element of each window in row-major order (XLA's select-and-scatter rule), so
@@ -413,7 +421,9 @@ def _slice_pool(window: tuple, strides: tuple, padding: tuple) -> Callable:
 
     def windows(xp, out_shape):
         for off in offsets:
-            limit = tuple(o + (n - 1) * s + 1 for o, n, s in zip(off, out_shape, strides, strict=True))
+            limit = tuple(
+                o + (n - 1) * s + 1 for o, n, s in zip(off, out_shape, strides, strict=True)
+            )
             yield off, jax.lax.slice(xp, off, limit, strides)
 
     def out_shape_of(x):
@@ -439,8 +449,10 @@ def _slice_pool(window: tuple, strides: tuple, padding: tuple) -> Callable:
         for off, part in windows(xp, y.shape):
             hit = (part == y) & ~taken
             taken = taken | hit
-            pads = [(o, p - o - (n - 1) * s - 1, s - 1)
-                    for o, p, n, s in zip(off, xp.shape, y.shape, strides, strict=True)]  # fmt: skip
+            pads = [
+                (o, p - o - (n - 1) * s - 1, s - 1)
+                for o, p, n, s in zip(off, xp.shape, y.shape, strides, strict=True)
+            ]
             grad = grad + jax.lax.pad(jnp.where(hit, g, 0).astype(g.dtype), 0.0, pads)
         inner = tuple(slice(lo, lo + n) for (lo, _), n in zip(padding, x.shape, strict=True))
         return (grad[inner],)
@@ -589,7 +601,9 @@ def analyze(
         for eqn in closed.jaxpr.eqns:
             used.update(id(v) for v in eqn.invars)
         used.update(id(v) for v in closed.jaxpr.outvars)
-        paths = [jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+        paths = [
+            jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_flatten_with_path(params)[0]
+        ]
         read = [paths[i] for vid, i in outer_vars.items() if vid in used]
         if read:
             return GhostPlan(

@@ -72,7 +72,8 @@ def _check(hp: Hyperparams, data: Dataset) -> None:
             )
     elif tuple(data.train_x.shape[1:]) != spec.input_shape:
         raise ValueError(
-            f"model {spec.name!r} expects inputs of shape {spec.input_shape}, but dataset "
+            f"model {spec.name!r} expects {'images' if spec.shipped else 'inputs'} of shape "
+            f"{spec.input_shape}, but dataset "
             f"{data.name!r} has "
             f"{tuple(data.train_x.shape[1:])}"
         )

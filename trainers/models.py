@@ -318,7 +318,7 @@ class ModelSpec:
         return jnp.zeros((batch, *self.input_shape), self.input_dtype)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def get_model(name: str, num_classes: int = 10) -> ModelSpec:
     """Returns the model called ``name`` (one of ``MODEL_NAMES``); one spec object per arguments.
 
@@ -394,9 +394,7 @@ def user_model(
             name or type(model).__name__, model, input_shape, None, dtype, loss=loss,
             metric=metric, shipped=False,
         )  # fmt: skip
-    elif (
-        isinstance(model, tuple) and len(model) == 2 and all(callable(f) for f in model)
-    ):
+    elif isinstance(model, tuple) and len(model) == 2 and all(callable(f) for f in model):
         init_fn, apply_fn = model
         spec = ModelSpec(
             name or getattr(apply_fn, "__name__", "apply_fn"), None, input_shape, None, dtype,
@@ -462,8 +460,10 @@ def _check_user_model(spec: ModelSpec, num_classes: int | None) -> None:
             "batch changes (batch statistics, e.g. nn.BatchNorm in training mode). DP-SGD needs "
             "per-example gradients: use nn.GroupNorm or nn.LayerNorm"
         )
-    if spec.loss is None and num_classes is not None and (
-        o1.ndim != 2 or o1.shape[1] < num_classes
+    if (
+        spec.loss is None
+        and num_classes is not None
+        and (o1.ndim != 2 or o1.shape[1] < num_classes)
     ):
         raise ValueError(
             f"{label}: outputs of shape {o1.shape[1:]} per example; the default loss (softmax "

@@ -151,7 +151,9 @@ def resolve_grad_impl(model: Any, grad_impl: str | None, image_shape, augmult: i
         spec = models.resolve(model)
         plan = ghost_plan(spec)
         if not plan.supported:
-            raise ValueError(f"grad_impl='ghost' does not apply to model {spec.name}: {plan.reason}")
+            raise ValueError(
+                f"grad_impl='ghost' does not apply to model {spec.name}: {plan.reason}"
+            )
     return impl
 
 

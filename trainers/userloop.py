@@ -87,7 +87,7 @@ class clipped_grad_sum:  # noqa: N801 - used like a function: clipped_grad_sum(m
         return impl, compiled
 
     def impl(self, x: Any) -> str:
-        """"ghost" or "vmap": the path used for inputs shaped like ``x`` (a batch)."""
+        """ "ghost" or "vmap": the path used for inputs shaped like ``x`` (a batch)."""
         return self._resolve(x)[0]
 
     def __call__(self, params: Any, x: Any, y: Any, mask: Any, clip_norm: Any) -> tuple[Any, Any]:

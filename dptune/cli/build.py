@@ -102,7 +102,7 @@ def build_executor(cfg: Mapping[str, Any]) -> Any:
 
 
 def user_arrays(cfg: Mapping[str, Any]) -> str | None:
-    """"npz" or "loader" when ``config.data`` names the user's own arrays, else None."""
+    """ "npz" or "loader" when ``config.data`` names the user's own arrays, else None."""
     if _get(cfg, "data.loader"):
         return "loader"
     return "npz" if _get(cfg, "data.source") == "npz" else None

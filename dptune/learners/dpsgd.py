@@ -333,9 +333,9 @@ def describe_model(spec: Any) -> dict[str, Any]:
     flat = jax.tree_util.tree_flatten_with_path(shapes)[0]
     out: dict[str, Any] = {
         "name": spec.name,
-        "class": qualname(type(spec.module)) if spec.module is not None else qualname(
-            spec.apply_fn
-        ),
+        "class": qualname(type(spec.module))
+        if spec.module is not None
+        else qualname(spec.apply_fn),
         "input": [list(spec.input_shape), spec.input_dtype],
         "params": {jax.tree_util.keystr(k): list(v.shape) for k, v in flat},
     }

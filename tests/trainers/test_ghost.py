@@ -90,18 +90,28 @@ LAYERS = {
     "dense_general": (nn.DenseGeneral((2, 3)), (5, 4), np.float32),
     "conv_same_stride2": (nn.Conv(4, (3, 3), strides=2), (7, 7, 2), np.float32),
     "conv_space_to_depth": (nn.Conv(3, (4, 4), strides=2), (9, 9, 2), np.float32),
-    "conv_valid_dilated": (nn.Conv(3, (2, 2), padding="VALID", kernel_dilation=2), (6, 6, 2),
-                           np.float32),  # fmt: skip
+    "conv_valid_dilated": (
+        nn.Conv(3, (2, 2), padding="VALID", kernel_dilation=2),
+        (6, 6, 2),
+        np.float32,
+    ),  # fmt: skip
     "conv_1d_causal": (nn.Conv(4, (3,), padding="CAUSAL"), (8, 3), np.float32),
     "conv_circular": (nn.Conv(3, (3, 3), padding="CIRCULAR"), (5, 5, 2), np.float32),
-    "conv_input_dilation": (nn.Conv(3, (2, 2), padding=((1, 0), (0, 1)), input_dilation=2), (4, 4, 2), np.float32),
+    "conv_input_dilation": (
+        nn.Conv(3, (2, 2), padding=((1, 0), (0, 1)), input_dilation=2),
+        (4, 4, 2),
+        np.float32,
+    ),
     "conv_no_bias": (nn.Conv(3, (3, 3), use_bias=False), (5, 5, 1), np.float32),
     "embed": (nn.Embed(7, 6), (5,), np.int32),
     "layernorm": (_NormAfterDense(nn.LayerNorm()), (5, 4), np.float32),
     "groupnorm": (_NormAfterDense(nn.GroupNorm(num_groups=2)), (5, 4), np.float32),
     "rmsnorm": (_NormAfterDense(nn.RMSNorm()), (4,), np.float32),
-    "attention": (nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=4), (5, 4),
-                  np.float32),  # fmt: skip
+    "attention": (
+        nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=4),
+        (5, 4),
+        np.float32,
+    ),  # fmt: skip
 }
 
 
@@ -110,9 +120,7 @@ GHOST_FORMS = ["dense_sequence", "dense_general", "conv_same_stride2", "conv_spa
                "attention"]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "name", sorted(LAYERS) + [f"{n}:ghost_norms" for n in GHOST_FORMS]
-)
+@pytest.mark.parametrize("name", sorted(LAYERS) + [f"{n}:ghost_norms" for n in GHOST_FORMS])
 def test_each_layer_type_matches_vmap_grad(name, monkeypatch):
     """Per layer type, with about half the examples clipped and one masked: the ghost sum equals
     vmap(grad)'s to f32 precision, and so do the loss sum and the per-example norms. ":ghost_norms":

@@ -11,7 +11,7 @@ import pytest
 from dptune.cli.build import ConfigError, load_data, run_config
 from dptune.configs import user
 
-MODULE = '''
+MODULE = """
 import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
@@ -34,7 +34,7 @@ def load():
     x = rng.standard_normal((700, 5)).astype(np.float32)
     y = (x[:, 0] > 0).astype(np.int32)
     return {"x_train": x[:600], "y_train": y[:600], "x_test": x[600:], "y_test": y[600:]}
-'''
+"""
 
 
 @pytest.fixture

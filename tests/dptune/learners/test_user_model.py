@@ -43,8 +43,9 @@ def test_user_module_gets_the_same_privacy_statement_and_ledger_id_as_a_shipped_
     user = dptune.DpSgdTrainer(data, model=MLP(), base=base, epoch_progress=False)
     shipped = dptune.DpSgdTrainer(data, base={**base, "model": "cnn26k"}, epoch_progress=False)
     plans = [
-        dptune.make_privacy_plan(t, dptune.Space(SPACE), RandomStopping.logarithmic(mean=3),
-                                 dptune.Budget(3.0, 1e-5))  # fmt: skip
+        dptune.make_privacy_plan(
+            t, dptune.Space(SPACE), RandomStopping.logarithmic(mean=3), dptune.Budget(3.0, 1e-5)
+        )  # fmt: skip
         for t in (user, shipped)
     ]
     assert plans[0].statement.to_dict() == plans[1].statement.to_dict()
