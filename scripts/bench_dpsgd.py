@@ -312,15 +312,16 @@ def user_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
         clipped_grad = None
     if clipped_grad is not None:
 
-        def example_loss(p, x, y):  # called on one example with its batch axis kept
+        def example_loss(p, x, y, spec=spec):  # one example, its batch axis kept
             return dpsgd.per_example_loss(spec.apply({"params": p}, x), y).sum()
 
         grad_fn = clipped_grad(example_loss, l2_clip_norm=CLIP, batch_argnums=(1, 2))
         opt = optax.sgd(LR)
+        cnn_data = data  # `data` is rebound below; the jitted step traces at its first call
 
         @jax.jit
         def jp_step(params, opt_state, i, idx):
-            g = grad_fn(params, data[0][idx], data[1][idx])
+            g = grad_fn(params, cnn_data[0][idx], cnn_data[1][idx])
             g = dpsgd.add_noise(g, jax.random.fold_in(key, i), sigma, clip)
             g = jax.tree_util.tree_map(lambda v: v / BATCH, g)
             updates, opt_state = opt.update(g, opt_state, params)
