@@ -264,7 +264,7 @@ def test_random_modules_match_vmap_grad_and_bound_the_sensitivity(image, spec, c
 
 
 @pytest.mark.slow
-@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(**_MODULES)
 def test_random_modules_match_vmap_grad_many(image, spec, clip, seed):
     _check_random_module(image, spec, clip, seed)
