@@ -317,7 +317,8 @@ def user_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
 
         grad_fn = clipped_grad(example_loss, l2_clip_norm=CLIP, batch_argnums=(1, 2))
         opt = optax.sgd(LR)
-        cnn_data = data  # `data` is rebound below; the jitted step traces at its first call
+        # `data` and `idx` are rebound below (text, tabular rows): bind the CNN's own here
+        cnn_data, cnn_idx = data, idx
 
         @jax.jit
         def jp_step(params, opt_state, i, idx):
@@ -331,7 +332,7 @@ def user_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
 
         def run_jp():
             p, o, i = state["jp"]
-            p, o = jp_step(p, o, jnp.int32(i), idx)
+            p, o = jp_step(p, o, jnp.int32(i), cnn_idx)
             state["jp"] = (p, o, i + 1)
             return p
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from trainers import loop, models
+from trainers import step as step_lib
 from trainers.data import Dataset, record_digests
 from trainers.evaluate import BoundedMetric, metric_unit_sum, validation_score
 from trainers.spec import DpSgdSchedule, Hyperparams, dpsgd_privacy
@@ -180,3 +181,23 @@ def test_own_loop_pieces_match_the_loop_declaration():
     noisy = add_noise(zero, jax.random.PRNGKey(0), 2.0, 0.5, expected_batch_size=4.0)
     leaf = np.asarray(noisy["Dense_1"]["kernel"])
     assert abs(leaf.std() / (2.0 * 0.5 / 4.0) - 1) < 0.3
+
+
+def test_init_apply_pair_trains_on_the_vmap_path():
+    """Non-linen JAX code: an (init_fn, apply_fn) pair takes the generic path, said by the plan."""
+
+    def init_fn(key, x):
+        return {"w": 0.1 * jax.random.normal(key, (x.shape[-1], 3)), "b": jnp.zeros(3)}
+
+    def apply_fn(params, x):
+        return x @ params["w"] + params["b"]
+
+    x, y = _tabular(400)
+    d = Dataset.from_arrays(x, y, num_examples=400, num_classes=3)
+    spec = models.user_model((init_fn, apply_fn), d.image_shape, d.train_x.dtype, num_classes=3)
+    assert step_lib.resolve_grad_impl(spec, "auto", d.image_shape) == "vmap"
+    with pytest.raises(ValueError, match="grad_impl='ghost' does not apply"):
+        step_lib.resolve_grad_impl(spec, "ghost", d.image_shape)
+    hp = Hyperparams(model=spec, batch_size=64, epochs=2, learning_rate=1.0, noise_multiplier=0.5)
+    r = loop.train_candidate(hp, d, jax.random.PRNGKey(0))
+    assert not r.failed and set(r.params) == {"w", "b"} and np.isfinite(r.validation_score)
