@@ -89,8 +89,8 @@ def report_markdown(release: Any, files: set[str]) -> str:
         lines.append("- [`epsilon.png`](epsilon.png): where the total epsilon comes from.")
     if "training_curve.png" in files:
         lines.append(
-            "- [`training_curve.png`](training_curve.png): the released model's test accuracy "
-            "and epsilon so far, per epoch."
+            "- [`training_curve.png`](training_curve.png): the released model's epsilon so far "
+            "(and test accuracy, when test curves were asked for), per epoch."
         )
     lines += [
         "",

@@ -22,6 +22,7 @@ get shared). ``DIR/release/`` is what may be published; ``DIR/private/`` is the 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from dptune import configs
 from dptune.cli.build import ConfigError, run_config
 from dptune.errors import TuningConfigError
 from dptune.journal import ConfigChangedError
+from dptune.learners.dpsgd import COMPILATION_CACHE_ENV, use_compilation_cache
 from dptune.ledger import BudgetExceededError, LedgerBudgetMismatchError
 from dptune.space import SpaceError
 from dptune.workdir_lock import WorkdirLockedError
@@ -52,6 +54,12 @@ _PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress display on stde
 _DRY_RUN = flags.DEFINE_bool(
     "dry_run", False, "Only check the config and data and print the privacy plan; train nothing."
 )
+_CACHE = flags.DEFINE_string(
+    "compilation_cache", None,
+    "Folder of JAX's persistent compilation cache (a second run, a resumed run and Ray workers "
+    f"skip compiling); 'off' disables it. Default: ${COMPILATION_CACHE_ENV} or "
+    "~/.cache/dptune/jax.",
+)  # fmt: skip
 
 log = logging.getLogger("dptune")
 
@@ -65,6 +73,9 @@ def main(argv: list[str]) -> int:
         raise app.UsageError("--workdir=DIR is required (private/ and release/ go there)")
     _setup_logging()
     try:
+        # Set once, before anything compiles; the environment carries it to workers (Ray).
+        folder = use_compilation_cache(_CACHE.value)
+        os.environ[COMPILATION_CACHE_ENV] = folder or "off"
         release = run_config(
             _CONFIG.value,
             _WORKDIR.value,
@@ -143,7 +154,15 @@ def run() -> None:
     sys.argv = _resolve_config_names(sys.argv)
     # `dptune --help` documents this module's flags (absl shows the main module's key flags, and
     # the console script's main module is the script, not this file).
-    for name in ("config", "workdir", "seed", "debug_nonprivate", "progress", "dry_run"):
+    for name in (
+        "config",
+        "workdir",
+        "seed",
+        "debug_nonprivate",
+        "progress",
+        "dry_run",
+        "compilation_cache",
+    ):
         flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
     main_module = sys.modules["__main__"]
     main_module.__doc__ = (__doc__ or "") + "\n" + registry.describe() + "\n"
