@@ -99,9 +99,7 @@ def _tiny_run(tmp_path, monkeypatch, **trainer_kw):
     return rel, tr, calls, hooks
 
 
-def test_candidates_never_read_the_test_split_and_the_curve_privacy_travels(
-    tmp_path, monkeypatch
-):
+def test_candidates_skip_the_test_split_and_their_privacy_travels(tmp_path, monkeypatch):
     rel, tr, calls, hooks = _tiny_run(tmp_path, monkeypatch)
     assert rel.released
     assert hooks == [None, None, None]  # no per-epoch callback: nothing but the validation score
