@@ -9,6 +9,7 @@ split and its (noisy) validation score -- never its exact training losses.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -23,7 +24,7 @@ from dptune.accounting.events import DpSgdCandidate
 from dptune.errors import TuningConfigError
 from dptune.progress import epoch_bar
 from dptune.trainer_protocol import DatasetTrainer, ReleaseView
-from trainers import loop, parallel, runtime
+from trainers import loop, parallel, probe, runtime
 from trainers.data import Dataset, DatasetNotFoundError, load_dataset
 from trainers.evaluate import evaluate
 from trainers.spec import Hyperparams, dpsgd_privacy
@@ -80,6 +81,8 @@ def use_compilation_cache(setting: str | os.PathLike | bool | None = None) -> st
     if setting is None:
         current = jax.config.jax_compilation_cache_dir
         if _cache_decided or current is not None:
+            if not _cache_decided:  # a folder the user gave JAX: the probe's results go there too
+                probe.set_cache_file(Path(current) / "vectorize_probe.json")
             _cache_decided = True
             return current
         setting = os.environ.get(COMPILATION_CACHE_ENV) or True
@@ -91,7 +94,10 @@ def use_compilation_cache(setting: str | os.PathLike | bool | None = None) -> st
         folder = setting or None
     _cache_decided = True
     try:
-        return runtime.enable_compilation_cache(folder)
+        folder = runtime.enable_compilation_cache(folder)
+        # The vectorised-or-sequential probe's results live beside the compiled steps.
+        probe.set_cache_file(None if folder is None else Path(folder) / "vectorize_probe.json")
+        return folder
     except OSError as e:
         if explicit:
             raise TuningConfigError(
@@ -185,11 +191,18 @@ class DpSgdTrainer(DatasetTrainer):
         candidate scores NaN.
 
         Each payload holds the parameters, the per-epoch rows of ``CandidateResult.history``
-        (private: exact training losses) and ``privacy_by_epoch``, the accounting candidate of
-        the training up to each of those epochs (a public function of the hyperparameters and
-        the step count), so the release reads the curve's privacy from the result."""
+        (private: exact training losses), ``privacy_by_epoch``, the accounting candidate of the
+        training up to each of those epochs (a public function of the hyperparameters and the
+        step count), so the release reads the curve's privacy from the result, and
+        ``execution``: whether structurally identical candidates were trained vectorised, as a
+        short measurement on this device chose (``trainers.probe``; journaled with the payload,
+        never printed: whether a call had two candidates to vectorise depends on K)."""
         use_compilation_cache(self.compilation_cache)
         hps = [self.hyperparams(h) for h in hparams]
+        choice = probe.choose_for(hps, self.data.num_classes, self.data.train_x.shape[1:])
+        execution: dict[str, Any] = {"vectorized": bool(choice and choice.vectorize)}
+        if choice is not None:
+            execution.update(probe=dataclasses.asdict(choice), reason=choice.describe())
         # The full 64 bits of a threefry key, drawn from the candidate's (OS-entropy) generator:
         # the DP noise must not be guessable from a small seed space.
         keys = [r.integers(0, 2**32, size=2, dtype=np.uint32) for r in rngs]
@@ -204,8 +217,9 @@ class DpSgdTrainer(DatasetTrainer):
         with_curve = self.test_curve and len(self.data.test_y) > 0
         with epoch_bar(self.epoch_progress, sum(hp.epochs for hp in hps)) as progress:
             results = loop.train_candidates(
-                hps, self.data, keys, progress=progress, on_epoch=on_epoch if with_curve else None
-            )
+                hps, self.data, keys, progress=progress, on_epoch=on_epoch if with_curve else None,
+                vectorize=execution["vectorized"],
+            )  # fmt: skip
         out = []
         for i, r in enumerate(results):
             if r.failed:
@@ -222,6 +236,7 @@ class DpSgdTrainer(DatasetTrainer):
                 "privacy_by_epoch": [
                     self._privacy(hps[i], h["steps"]) for h in history if "steps" in h
                 ],
+                "execution": execution,
             }
             out.append((float(r.validation_score), payload))
         return out

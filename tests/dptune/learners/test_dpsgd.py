@@ -71,7 +71,7 @@ def test_a_cache_jax_was_given_is_kept(tmp_path):
     assert not (tmp_path / "xdg").exists()
 
 
-def _tiny_run(tmp_path, monkeypatch, **trainer_kw):
+def _tiny_run(tmp_path, monkeypatch, executor=None, **trainer_kw):
     """Three one-epoch candidates on a tiny synthetic set; returns (release, trainer, evaluate
     calls, on_epoch hooks passed to the loop)."""
     calls, hooks = [], []
@@ -94,7 +94,7 @@ def _tiny_run(tmp_path, monkeypatch, **trainer_kw):
     )
     rel = dptune.tune(
         tr, dict(learning_rate=space.choice(0.3, 1.0), noise_multiplier=2.0), BestOfK(3),
-        (50.0, 1e-5), seed=3, workdir=tmp_path, progress=False,
+        (50.0, 1e-5), seed=3, workdir=tmp_path, progress=False, executor=executor,
     )  # fmt: skip
     return rel, tr, calls, hooks
 
@@ -140,3 +140,28 @@ def test_payload_carries_privacy_by_epoch(monkeypatch):
     view = tr.release_view({}, payload)
     assert list(view.privacy_by_epoch) == payload["privacy_by_epoch"]
     assert [set(h) for h in view.history] == [{"epoch"}] * 2  # exact losses stay private
+
+
+def test_the_vectorisation_choice_is_journaled_not_released(tmp_path, monkeypatch):
+    """Groups of 2 (VectorizedExecutor): the probe (here: a stand-in measurement finding vmap
+    slower) decides, and each candidate's journaled payload says what was chosen and why; the
+    release holds none of it."""
+
+    from dptune.executors import VectorizedExecutor
+    from dptune.journal import Journal
+    from trainers import probe
+
+    monkeypatch.setattr(probe, "_memo", {})
+    monkeypatch.setattr(probe, "_cache_file", None)
+    monkeypatch.setattr(probe, "_time_steps", lambda *a: (2.0, 1.0))
+    rel, _, _, hooks = _tiny_run(tmp_path, monkeypatch, executor=VectorizedExecutor(2))
+    assert len(hooks) == 2  # two calls of train_many: a group of 2, then the third candidate
+    with Journal(tmp_path / "private") as j:
+        execs = [j.read_payload(r.index)["execution"] for r in j.candidates()]
+    assert execs[0] == execs[1] and execs[0]["vectorized"] is False
+    assert execs[0]["probe"]["vmapped_s"] == 2.0 and execs[0]["probe"]["source"] == "probe"
+    assert "one after another" in execs[0]["reason"]
+    assert execs[2] == {"vectorized": False}  # alone: nothing to decide
+    texts = [p for p in (tmp_path / "release").glob("*.*") if p.suffix != ".png"]
+    shown = " ".join(p.read_text() for p in texts)
+    assert "vectorized" not in shown and "one after another" not in shown
