@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from dptune.accounting import ACCOUNTANTS
 from dptune.errors import ImpossibleBudgetError, TuningConfigError
 from dptune.executors import Job, make_executor
 from dptune.journal import JOURNAL_FILE, Journal, MemoryJournal
@@ -202,8 +203,10 @@ def tune(
 def _check_arguments(group_size, accountant, seed, debug_nonprivate, ledger) -> None:
     if not isinstance(group_size, int) or group_size < 1:
         raise TuningConfigError(f"group_size={group_size!r} must be an integer >= 1")
-    if accountant not in ("auto", "rdp", "pld"):
-        raise TuningConfigError(f"accountant={accountant!r} must be 'auto', 'rdp' or 'pld'")
+    if accountant not in ACCOUNTANTS:
+        raise TuningConfigError(
+            f"accountant={accountant!r} is unknown; choose one of {', '.join(ACCOUNTANTS)}"
+        )
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise TuningConfigError(f"seed={seed!r} must be a non-negative integer or None")
     if debug_nonprivate and ledger is not None:

@@ -5,7 +5,7 @@
         --config.data.dir=/data/fashion-mnist --config.selection.mean_trials=8
     python -m dptune --config=configs/smoke.py --workdir=/tmp/dptune-smoke  # a config file
 
-``--config`` takes a shipped config's name (smoke, mnist, fashion_mnist, cifar10) or a path to a
+``--config`` takes a shipped config's name (listed below; ``dptune/configs/``) or a path to a
 config file; ``--config.<field>=<value>`` overrides any field.
 
 Everything is checked before anything private runs: the config, the data, the budget (the noise
@@ -31,6 +31,7 @@ from absl import logging as absl_logging
 from ml_collections import config_flags
 
 from dptune import configs
+from dptune.cli import vocabulary
 from dptune.cli.build import ConfigError, run_config
 from dptune.errors import TuningConfigError
 from dptune.journal import ConfigChangedError
@@ -41,7 +42,7 @@ from dptune.workdir_lock import WorkdirLockedError
 from selection import registry
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "A shipped config (smoke, mnist, fashion_mnist, cifar10) or a config file."
+    "config", None, "A shipped config's name (see the list above) or a config file."
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder: private/ (journal) and release/.")
 _SEED = flags.DEFINE_integer(
@@ -117,7 +118,7 @@ def _setup_logging() -> None:
 
 
 def _resolve_config_names(argv: list[str]) -> list[str]:
-    """``--config=NAME`` (a shipped config: smoke, mnist, fashion_mnist, cifar10) -> its file, so
+    """``--config=NAME`` (a shipped config, ``dptune.configs.NAMES``) -> its file, so
     the command works outside a checkout; paths are left alone."""
     out = []
     for arg in argv:
@@ -165,7 +166,9 @@ def run() -> None:
     ):
         flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
     main_module = sys.modules["__main__"]
-    main_module.__doc__ = (__doc__ or "") + "\n" + registry.describe() + "\n"
+    main_module.__doc__ = (
+        (__doc__ or "") + "\n" + vocabulary.describe() + "\n\n" + registry.describe() + "\n"
+    )
     app.run(lambda argv: sys.exit(main(argv)), flags_parser=_parse_flags)
 
 

@@ -25,12 +25,15 @@ from dptune.errors import TuningConfigError
 from dptune.progress import epoch_bar
 from dptune.trainer_protocol import DatasetTrainer, ReleaseView
 from trainers import loop, parallel, probe, runtime
+from trainers.data import NAMES as DATASETS
 from trainers.data import Dataset, DatasetNotFoundError, load_dataset
 from trainers.evaluate import evaluate
-from trainers.spec import Hyperparams, dpsgd_privacy
+from trainers.spec import MODEL_NAMES, Hyperparams, dpsgd_privacy
 
 __all__ = [
     "COMPILATION_CACHE_ENV",
+    "DATASETS",
+    "MODEL_NAMES",
     "DatasetNotFoundError",
     "DpSgdTrainer",
     "Hyperparams",
