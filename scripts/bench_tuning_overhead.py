@@ -5,8 +5,9 @@ One round: (a) a whole tuning run (``dptune.tune`` on a shipped config with a fi
 calibration, journal, ledger, candidates, selection, release folder) in a fresh workdir, timed
 per step; (b) each of its candidates trained alone with the same hyperparameters and key through
 ``trainers.loop.train_candidates`` (what a user pays to train those models outside dptune). A
-warm-up candidate first compiles the step, so neither side pays compilation. Ratios are of
-medians over the rounds.
+warm-up candidate first compiles the step, so neither side pays compilation; the accountant's
+caches are cleared before each round, so every plan is computed as in a new process. Ratios are
+of medians over the rounds.
 
     python scripts/bench_tuning_overhead.py                     # smoke config, 3 rounds
     python scripts/bench_tuning_overhead.py --epochs 5 --rounds 5 --json
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     import dptune
     from dptune import tuner
+    from dptune.accounting import epsilon as accounting_epsilon
     from dptune.cli import build
     from dptune.journal import Journal
     from dptune.space import Space
@@ -90,6 +92,8 @@ def main(argv: list[str] | None = None) -> dict:
     rows: list[dict[str, float]] = []
     k = None
     for _ in range(args.rounds):
+        # Every round's accounting starts cold, as in a new process (its caches are per process).
+        accounting_epsilon.clear_caches()
         parts: dict[str, float] = {}
         with tempfile.TemporaryDirectory() as work:
             with (
