@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from trainers import models, parallel
+from trainers import audit, models, parallel
 from trainers.data import Dataset
 from trainers.evaluate import device_arrays, model_data, validation_score
 from trainers.sampling import PoissonSampler
@@ -283,9 +283,10 @@ def _train_group_unsafe(
                     jnp.int32(j),
                 )  # fmt: skip
             idx, mask = group.chunk(chunked, 0)
+            # audit.noise_step(step) is step itself outside `dptune audit --break=noise_reused`.
             params, opt_states, loss = group.step(
-                params, opt_states, gsum, loss, data_x, data_y, idx, mask, noise_keys, step_arr,
-                clip, sigma, expected_b,
+                params, opt_states, gsum, loss, data_x, data_y, idx, mask, noise_keys,
+                jnp.int32(audit.noise_step(step)), clip, sigma, expected_b,
             )  # fmt: skip
             loss_sum = loss_sum + loss
             step += 1
