@@ -81,7 +81,8 @@ def gradient_canary_spec(base: ModelSpec) -> ModelSpec:
             f"gradient canaries need a model that reads images; {base.name!r} reads "
             f"{base.features} features"
         )
-    return ModelSpec(base.name + AUDIT_MODEL_SUFFIX, GradientCanaries(base.module), base.input_shape)
+    name = base.name + AUDIT_MODEL_SUFFIX
+    return ModelSpec(name, GradientCanaries(base.module), base.input_shape)
 
 
 def canary_block(params: dict) -> np.ndarray:

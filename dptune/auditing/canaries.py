@@ -15,7 +15,7 @@ import numpy as np
 #: Canary kinds: white-box gradient canaries, black-box input canaries, validation-score canaries.
 KINDS = ("gradient", "input", "score")
 
-#: spawn_key of the audit's generators (apart from those of ``dptune.tune``, which use (0,), (1, i)).
+#: spawn_key of the audit's generators (``dptune.tune`` uses (0,) and (1, i)).
 _COINS_KEY = (0xA0D17, 0)
 _DESIGN_KEY = (0xA0D17, 1)
 

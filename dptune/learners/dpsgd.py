@@ -336,7 +336,8 @@ class AuditDpSgdTrainer(DpSgdTrainer):
                 )
             if self.fault == "exact_score" and math.isfinite(score):
                 spec = models.get_model(self.hyperparams(hparams[i]).model, self.data.num_classes)
-                _, conf = audit.per_record(payload["params"], spec, self.data.val_x, self.data.val_y)
+                val_x, val_y = self.data.val_x, self.data.val_y
+                _, conf = audit.per_record(payload["params"], spec, val_x, val_y)
                 out[i] = (math.fsum(conf) / float(self.data.public_num_val), payload)
         return out
 
@@ -375,9 +376,7 @@ class AuditDpSgdTrainer(DpSgdTrainer):
         _, real = audit.per_record(
             params, spec, self.data.val_x[real_val], self.data.val_y[real_val]
         )
-        target = float(release.validation_score) * float(self.data.public_num_val) - math.fsum(
-            real
-        )
+        target = float(release.validation_score) * float(self.data.public_num_val) - math.fsum(real)
         return {"decoded": decode_subset_sum(target, conf)}
 
     def check_adjacency(self, adjacency: str) -> None:
