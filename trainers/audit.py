@@ -38,7 +38,7 @@ from trainers.models import ModelSpec
 from trainers.spec import AUDIT_MODEL_SUFFIX
 
 #: Size of the gradient-canary parameter block: the most gradient canaries one audit can insert.
-GRADIENT_CANARY_SLOTS = 1024
+GRADIENT_CANARY_SLOTS = 4096
 #: Norm of a gradient canary's per-example gradient before clipping. Far above any clipping norm in
 #: use, so clipping always binds on a canary and a missing clip shows.
 GAIN = 100.0

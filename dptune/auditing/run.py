@@ -59,7 +59,7 @@ BREAKS = ("no_clipping", "noise_reused", "no_noise", "exact_score")
 #: What is audited: the whole tuning run as released, or one candidate's training.
 WHATS = ("tuning", "training")
 #: Default number of canaries per kind (score canaries are decoded by subset sum: at most 24).
-DEFAULT_CANARIES = {"gradient": 1000, "input": 1000, "score": 20}
+DEFAULT_CANARIES = {"gradient": 2000, "input": 1000, "score": 20}
 
 AUDIT_JSON = "audit.json"
 AUDIT_MD = "audit.md"
@@ -143,6 +143,11 @@ class AuditResult:
             ("audited", f"{self.what} ({control})"),
         ]
         table = "\n".join(f"| {k} | {v} |" for k, v in rows)
+        if self.ceiling <= self.stated_epsilon:
+            verdict += (
+                f" The ceiling {self.ceiling:.4g} is not above the stated epsilon: with "
+                f"{self.canaries} canaries this audit could not have shown a violation (use more)."
+            )
         return (
             "# Privacy audit (dptune audit)\n\n"
             "Steinke, Nasr & Jagielski 2023, one training run (Cor. 5.4): a lower bound on the "
@@ -227,11 +232,12 @@ def audit(
             raise TuningConfigError("break=exact_score is audited with score canaries: kind=score")
         kind = "score"
     workdir = None if workdir is None else Path(workdir)
-    done = _finished(workdir)
+    kind, m = _kind_and_size(trainer, canaries, kind)
+    done = _finished(workdir, dict(canaries=m, kind=kind, what=what, break_=break_))
     if done is not None:
         log.info("this audit already finished; its result is in %s", workdir / AUDIT_JSON)
         return done
-    design, kind, score = _design(trainer, canaries, kind, score, seed, workdir)
+    design, score = _design(trainer, canaries, kind, m, score, seed, workdir)
     included = _coins(design, seed, workdir)
     inner = _with_canaries(trainer, design, included, break_, score)
     audited = _AuditTrainer(inner, break_, space, design, what)
@@ -267,6 +273,12 @@ def audit(
         guesses=int(best[2]), correct=int(best[3]), rule=str(best[1]), ceiling=float(ceiling),
         rules=int(rules), released=bool(release.released), included=int(included.sum()),
     )  # fmt: skip
+    if result.released and result.ceiling <= stated:
+        log.warning(
+            "the audit's ceiling %.4g is not above the stated epsilon %.4g: with %d canaries it "
+            "could not have shown a violation; use more canaries",
+            result.ceiling, stated, len(design),
+        )  # fmt: skip
     if workdir is not None:
         (workdir / AUDIT_MD).write_text(result.to_markdown())
         _write_json(workdir / AUDIT_JSON, {"status": "done", **result.to_dict()})
@@ -276,8 +288,9 @@ def audit(
 # --- the steps -----------------------------------------------------------------------------------
 
 
-def _finished(workdir: Path | None) -> AuditResult | None:
-    """A finished audit's result; refuses a workdir that holds a tuning run (not an audit)."""
+def _finished(workdir: Path | None, asked: Mapping[str, Any]) -> AuditResult | None:
+    """A finished audit's result (refused if it was asked with other settings); refuses a workdir
+    that holds a tuning run (not an audit)."""
     if workdir is None:
         return None
     marker = workdir / AUDIT_JSON
@@ -289,51 +302,64 @@ def _finished(workdir: Path | None) -> AuditResult | None:
             )
         return None
     d = json.loads(marker.read_text())
-    return AuditResult.from_dict(d) if d.get("status") == "done" else None
+    if d.get("status") != "done":
+        return None
+    result = AuditResult.from_dict(d)
+    if any(getattr(result, k) != v for k, v in asked.items()):
+        raise TuningConfigError(
+            f"{workdir} holds a finished audit with other settings ({AUDIT_JSON}); use a new folder"
+        )
+    return result
 
 
-def _design(trainer, canaries, kind, score, seed, workdir) -> tuple[Canaries, str, Any]:
-    """The canaries (read back from ``DIR/private/`` on resume), their kind and the scorer."""
-    stored = None if workdir is None else workdir / "private" / _CANARIES_FILE
+def _kind_and_size(trainer: Any, canaries: Any, kind: str | None) -> tuple[str, int]:
+    """The canaries' kind and number m, from the arguments and the trainer's defaults."""
     if isinstance(canaries, tuple):
-        if len(canaries) != 2:
+        if len(canaries) != 2 or len(canaries[0]) != len(canaries[1]):
             raise TuningConfigError("canaries=(x, y): the canary records' inputs and labels")
         kind = kind or "input"
         if kind != "input" and not hasattr(trainer, "with_canaries"):
             raise TuningConfigError(f"kind={kind!r} needs a trainer that designs its canaries")
-        design = Canaries(kind, np.asarray(canaries[0]), np.asarray(canaries[1]))
-    else:
-        if not hasattr(trainer, "audit_canaries"):
-            raise TuningConfigError(
-                "this trainer does not design canaries: pass canaries=(x, y), records to add to "
-                "its training data, and score=fn(payload, x, y) -> membership scores"
-            )
-        kind = kind or "gradient"
-        if kind not in KINDS:
-            raise TuningConfigError(f"kind={kind!r} must be one of {KINDS}")
-        m = DEFAULT_CANARIES[kind] if canaries is None else canaries
-        if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
-            raise TuningConfigError(f"canaries={canaries!r} must be a positive integer")
-        if stored is not None and stored.exists():
-            design = None  # read back below: the design drawn when this audit started
-        else:
-            try:
-                design = trainer.audit_canaries(kind, int(m), design_rng(seed))
-            except ValueError as e:
-                raise TuningConfigError(f"canaries: {e}") from None
+        return kind, len(canaries[1])
+    if not hasattr(trainer, "audit_canaries"):
+        raise TuningConfigError(
+            "this trainer does not design canaries: pass canaries=(x, y), records to add to its "
+            "training data, and score=fn(payload, x, y) -> membership scores"
+        )
+    kind = kind or "gradient"
+    if kind not in KINDS:
+        raise TuningConfigError(f"kind={kind!r} must be one of {KINDS}")
+    m = DEFAULT_CANARIES[kind] if canaries is None else canaries
+    if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
+        raise TuningConfigError(f"canaries={canaries!r} must be a positive integer")
+    return kind, int(m)
+
+
+def _design(trainer, canaries, kind, m, score, seed, workdir) -> tuple[Canaries, Any]:
+    """The canaries (read back from ``DIR/private/`` on resume) and the scorer."""
+    stored = None if workdir is None else workdir / "private" / _CANARIES_FILE
     if stored is not None and stored.exists():
         with np.load(stored) as f:
-            saved = Canaries(str(f["kind"]), f["x"], f["y"])
-        if design is not None and saved.digest() != design.digest():
+            design = Canaries(str(f["kind"]), f["x"], f["y"])
+        given = None
+        if isinstance(canaries, tuple):
+            given = Canaries(kind, np.asarray(canaries[0]), np.asarray(canaries[1])).digest()
+        if design.kind != kind or len(design) != m or given not in (None, design.digest()):
             raise TuningConfigError(
                 f"{workdir} holds an audit with other canaries; use a new folder"
             )
-        design = saved
+    elif isinstance(canaries, tuple):
+        design = Canaries(kind, np.asarray(canaries[0]), np.asarray(canaries[1]))
+    else:
+        try:
+            design = trainer.audit_canaries(kind, m, design_rng(seed))
+        except ValueError as e:
+            raise TuningConfigError(f"canaries: {e}") from None
     if score is None and not hasattr(trainer, "with_canaries"):
         raise TuningConfigError(
             "score=fn(payload, x, y) is needed: this trainer does not score canaries itself"
         )
-    return design, kind, score
+    return design, score
 
 
 def _coins(design: Canaries, seed: int | None, workdir: Path | None) -> np.ndarray:
