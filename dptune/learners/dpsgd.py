@@ -331,9 +331,8 @@ class AuditDpSgdTrainer(DpSgdTrainer):
             out = super().train_many(hparams, rngs)
         for i, (score, payload) in enumerate(out):
             if self.canaries.kind == "gradient":
-                payload["canary_trace"] = np.stack(self._trace.get(i, [])).reshape(
-                    -1, audit.GRADIENT_CANARY_SLOTS
-                )
+                trace = self._trace.get(i) or [np.zeros((0, audit.GRADIENT_CANARY_SLOTS))]
+                payload["canary_trace"] = np.vstack(trace)
             if self.fault == "exact_score" and math.isfinite(score):
                 spec = models.get_model(self.hyperparams(hparams[i]).model, self.data.num_classes)
                 val_x, val_y = self.data.val_x, self.data.val_y

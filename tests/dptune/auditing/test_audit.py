@@ -74,6 +74,12 @@ def test_tuning_run_workdir_ledger_and_resume(data, tmp_path):
     assert "included" not in (work / "audit.md").read_text()
     again = _audit(trainer, data, what="tuning", workdir=work, ledger=ledger)
     assert again == result
+    # killed after the release but before the audit's own files: the rerun scores the release
+    # folder's payload (the same coins, read back from private/) and charges nothing more
+    (work / "audit.json").write_text(json.dumps({**saved, "status": "running"}))
+    assert _audit(trainer, data, what="tuning", workdir=work, ledger=ledger) == result
+    with Ledger(ledger) as led:
+        assert led._db.execute("SELECT COUNT(*) FROM charges").fetchone()[0] == 1
 
 
 def test_refusals(data, tmp_path):
