@@ -293,11 +293,10 @@ class AuditDpSgdTrainer(DpSgdTrainer):
         data = trainer.data
         shape = tuple(data.train_x.shape[1:])
         if kind == "gradient":
-            model = trainer.hyperparams({}).model
-            if models.get_model(model, data.num_classes).features is not None:
+            if len(shape) != 3:
                 raise TuningConfigError(
-                    f"gradient canaries need a model that reads images; {model!r} reads features: "
-                    "audit it with --kind=input"
+                    f"gradient canaries are images (a marker pixel); this data's records have "
+                    f"shape {shape}: audit it with --kind=input"
                 )
             x, y = audit.gradient_canary_records(m, shape, data)
         elif kind in ("input", "score"):
@@ -314,8 +313,15 @@ class AuditDpSgdTrainer(DpSgdTrainer):
         return Canaries(kind, x, y)
 
     def hyperparams(self, hparams: Mapping[str, Any]) -> Any:
+        """The parent's hyperparameters; with gradient canaries, its model wrapped by
+        ``trainers.audit.GradientCanaries`` (refused for a model that reads features)."""
         hp = super().hyperparams(hparams)
         if self.canaries.kind == "gradient" and not hp.model.endswith(AUDIT_MODEL_SUFFIX):
+            if models.get_model(hp.model, self.data.num_classes).features is not None:
+                raise TuningConfigError(
+                    f"gradient canaries need a model that reads images; {hp.model!r} reads "
+                    "features: audit it with --kind=input"
+                )
             hp = dataclasses.replace(hp, model=hp.model + AUDIT_MODEL_SUFFIX)
         return hp
 

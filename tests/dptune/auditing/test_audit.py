@@ -113,3 +113,19 @@ def test_coins_are_fair_and_from_os_entropy():
     assert not np.array_equal(a, b)  # OS entropy: two audits never share their coins
     assert abs(a.mean() - 0.5) < 0.05
     assert np.array_equal(draw_inclusion(50, 7), draw_inclusion(50, 7))
+
+
+def test_dpsgd_gradient_canaries_refuse_a_feature_model():
+    """Refused while planning, before anything trains: the marker pixel of a gradient canary
+    would not survive the scattering transform."""
+    from dptune.learners.dpsgd import DpSgdTrainer
+    from trainers.data import make_synthetic
+
+    data = make_synthetic(num_train=300, num_test=10, validation_size=50)
+    trainer = DpSgdTrainer(data, dict(epochs=1, batch_size=64, model="scatter_linear"))
+    space = dict(learning_rate=sp.log_uniform(1.0, 2.0), noise_multiplier="auto")
+    with pytest.raises(TuningConfigError, match="reads features"):
+        dptune.audit(
+            trainer, space, RandomStopping.logarithmic(2.0), (1.0, 1e-3), canaries=16,
+            progress=False,
+        )  # fmt: skip
