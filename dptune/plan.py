@@ -101,6 +101,17 @@ class PrivacyPlan:
         return float(total_privacy(cand, None, self.delta, "auto").total_epsilon)
 
 
+def _accounted(candidate: Any, adjacency: str) -> Any:
+    """A declared candidate under the run's adjacency; a candidate that has no form under it (a
+    user event with no known replace-one sensitivity) is one TuningConfigError line."""
+    try:
+        return with_adjacency(candidate, adjacency)
+    except ValueError as e:
+        raise TuningConfigError(
+            f"the trainer's privacy declaration under {adjacency}: {e}"
+        ) from None
+
+
 def _statement(cands: Sequence[Any], transform: Any, budget: Budget, accountant: str, seeded: bool):
     try:
         return total_privacy(cands, transform, budget.delta, accountant, seeded=seeded)
@@ -210,7 +221,7 @@ def make_privacy_plan(
         hp = dict(hp)
         if auto:
             hp[field] = 1.0 if value is None else value
-        return with_adjacency(as_candidate(trainer.privacy(hp)), adjacency)
+        return _accounted(as_candidate(trainer.privacy(hp)), adjacency)
 
     # 2. every field the declared privacy depends on
     known = set(getattr(trainer, "privacy_fields", ())) - set(autos)
@@ -296,7 +307,7 @@ def check_candidates(trainer: Any, plan: PrivacyPlan, drawn: Sequence[Mapping[st
     """
 
     def candidate(hp: Mapping[str, Any]) -> Any:
-        return with_adjacency(as_candidate(trainer.privacy(plan.hparams(hp))), plan.adjacency)
+        return _accounted(as_candidate(trainer.privacy(plan.hparams(hp))), plan.adjacency)
 
     accounted = set(plan.candidates)
     covered: dict[Any, bool] = {}

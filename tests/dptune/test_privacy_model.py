@@ -271,16 +271,23 @@ def test_replace_one_dpsgd_equals_dp_accounting():
 
 def test_replace_one_random_stopping_equals_dp_accounting():
     """A candidate dp_accounting's RDP accountant supports under REPLACE_ONE (sampling without
-    replacement): our random-stopping total = its RepeatAndSelectDpEvent total."""
-    event = dp_event.SelfComposedDpEvent(
-        dp_event.SampledWithoutReplacementDpEvent(60000, 256, dp_event.GaussianDpEvent(1.1)), 2000
-    )
-    cand = EventCandidate(event, adjacency="replace_one")
+    replacement): our random-stopping total = its RepeatAndSelectDpEvent total. dptune's one
+    replace-one rule (issue 25: noise multipliers are over the add/remove sensitivity, which a
+    replacement doubles, as dp_accounting's PLD accountant reads a Gaussian) halves the sigma
+    that dp_accounting's RDP accountant reads as over the replace-one sensitivity."""
+
+    def event(sigma):
+        return dp_event.SelfComposedDpEvent(
+            dp_event.SampledWithoutReplacementDpEvent(60000, 256, dp_event.GaussianDpEvent(sigma)),
+            2000,
+        )
+
+    cand = EventCandidate(event(1.1), adjacency="replace_one")
     ours = accounting.total_privacy(cand, RandomStoppingPrivacy.from_mean(10, 0.0), 1e-5, "rdp")
     acc = rdp_privacy_accountant.RdpAccountant(
         list(accounting.DEFAULT_ORDERS), neighboring_relation=REPLACE_ONE
     )
-    acc.compose(dp_event.RepeatAndSelectDpEvent(event, 10, 0.0))
+    acc.compose(dp_event.RepeatAndSelectDpEvent(event(0.55), 10, 0.0))
     assert ours.total_epsilon == pytest.approx(acc.get_epsilon(1e-5), rel=1e-6)
 
 
