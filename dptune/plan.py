@@ -297,22 +297,34 @@ def plan_privacy(trainer: Any, space: Any, selection: Any, budget: Any, **kwargs
     return Space({**plan.space.to_dict(), **plan.calibrated}), plan.statement
 
 
-def check_candidates(trainer: Any, plan: PrivacyPlan, drawn: Sequence[Mapping[str, Any]]) -> None:
+def declared_candidate(trainer: Any, plan: PrivacyPlan, drawn: Mapping[str, Any]) -> Any:
+    """The trainer's declared privacy of the drawn candidate ``drawn`` (calibrated values filled
+    in), as an accounting candidate, before the run's adjacency is applied."""
+    return as_candidate(trainer.privacy(plan.hparams(drawn)))
+
+
+def check_candidates(
+    trainer: Any, plan: PrivacyPlan, drawn: Sequence[Mapping[str, Any]]
+) -> list[Any]:
     """Every drawn candidate's declared privacy must be covered by what the statement accounted.
 
     Covered: equal to an accounted candidate, or adding it to the accounted set leaves the total
     epsilon (same theorem, route and delta) no larger than stated -- then the theorem applied to
     the enlarged worst case proves the stated bound for it too. Otherwise TuningConfigError, naming
     the fields that make the difference, before any candidate touches data.
+
+    Returns each drawn candidate's declaration as checked (:func:`declared_candidate`), in order:
+    what each candidate must still declare when it trains (:func:`check_unchanged`).
     """
 
     def candidate(hp: Mapping[str, Any]) -> Any:
-        return _accounted(as_candidate(trainer.privacy(plan.hparams(hp))), plan.adjacency)
+        return _accounted(declared_candidate(trainer, plan, hp), plan.adjacency)
 
     accounted = set(plan.candidates)
     covered: dict[Any, bool] = {}
-    for hp in drawn:
-        cand = candidate(hp)
+    declared = [declared_candidate(trainer, plan, hp) for hp in drawn]
+    for hp, raw in zip(drawn, declared, strict=True):
+        cand = _accounted(raw, plan.adjacency)
         if cand in accounted:
             continue
         if cand not in covered:
@@ -334,3 +346,21 @@ def check_candidates(trainer: Any, plan: PrivacyPlan, drawn: Sequence[Mapping[st
                 "them privacy-relevant (space.choice(..., privacy=True)) so the accountant takes "
                 "their worst case. Nothing was trained"
             )
+    return declared
+
+
+def check_unchanged(
+    trainer: Any, plan: PrivacyPlan, drawn: Mapping[str, Any], checked: Any
+) -> None:
+    """Before a candidate trains: its declaration now must be the one ``check_candidates``
+    accounted (a trainer's privacy must be a pure function of its hyperparameters; a declaration
+    that reads a counter, the clock or any state could otherwise train a candidate the statement
+    does not cover). TuningConfigError otherwise: the candidate does not train."""
+    now = declared_candidate(trainer, plan, drawn)
+    if now != checked:
+        raise TuningConfigError(
+            f"the trainer's declared privacy for hyperparameters {dict(drawn)} changed after "
+            f"accounting ({checked!r} was accounted, {now!r} is declared now): privacy(hparams) "
+            "must be a pure function of the hyperparameters (no state, counter or clock). The "
+            "candidate was not trained; fix the trainer and start a new workdir"
+        )

@@ -49,6 +49,7 @@ from dptune.plan import (
     PrivacyPlan,
     as_budget,
     check_candidates,
+    check_unchanged,
     make_privacy_plan,
     plan_privacy,
 )
@@ -174,7 +175,17 @@ def tune(
             log.info("this run already finished; its release is in %s", release_dir)
             return read_release(release_dir)
         run_id, sel_plan = _draw_plan(journal, plan, selection, seed)
-        check_candidates(trainer, plan, [r.hparams for r in journal.candidates()])
+        drawn = journal.candidates()
+        checked = dict(
+            zip(
+                (r.index for r in drawn),
+                check_candidates(trainer, plan, [r.hparams for r in drawn]),
+                strict=True,
+            )
+        )
+        if hasattr(trainer, "bind_accounted"):
+            # the event a trainer reports is compared with what was accounted, not a fresh call
+            trainer.bind_accounted([(plan.hparams(r.hparams), checked[r.index]) for r in drawn])
         if ledger is not None:
             _charge_ledger(
                 ledger, trainer, plan, run_id, budget, dataset_budget, fingerprint, workdir
@@ -183,8 +194,9 @@ def tune(
         records = {r.index: r for r in journal.candidates()}
         payloads: dict[int, Any] = {}
         scores = _run_candidates(
-            trainer, selection, sel_plan, plan, records, journal, payloads, executor, progress
-        )
+            trainer, selection, sel_plan, plan, records, journal, payloads, executor, progress,
+            checked,
+        )  # fmt: skip
         private = _Private(num_trials=sel_plan.num_trials, scores=list(scores), run_id=run_id)
         release = _release(trainer, selection, sel_plan, plan, budget, records, payloads, journal)
         release.private = private
@@ -320,10 +332,12 @@ def _run_candidates(
     payloads: dict[int, Any],
     executor: Any,
     progress: bool,
+    checked: Mapping[int, Any],
 ) -> list[float]:
     """Trains candidates until the selection is done; returns the scores prefix (index order).
 
-    The executor gets the next ``executor.parallelism`` unfinished candidates; each result is
+    The executor gets the next ``executor.parallelism`` unfinished candidates, each first checked
+    to declare what was accounted for it (``checked``: ``check_unchanged``); each result is
     journaled as it comes back (score NaN = failure), so a kill loses at most the candidates in
     flight, which a rerun trains again with the same seeds."""
 
@@ -342,6 +356,8 @@ def _run_candidates(
             todo = [
                 i for i in range(len(scores), sel_plan.num_trials) if records[i].status != "done"
             ][: max(1, int(executor.parallelism))]
+            for i in todo:
+                check_unchanged(trainer, plan, records[i].hparams, checked[i])
             for i in todo:
                 journal.mark_running(i)
             jobs = [Job(i, records[i].seed, plan.hparams(records[i].hparams)) for i in todo]

@@ -67,6 +67,29 @@ OPTIONS: dict[str, tuple[type, str]] = {
 }
 
 
+#: What a candidate's score is, as its trainer declares it (``score_kind``; issue 25). Each method
+#: says which kinds its theorem takes (``SelectionMethod.takes``) and a mismatch is refused before
+#: anything trains.
+SCORE_KINDS: dict[str, str] = {
+    "covered": "covered by the candidate's own declared privacy: a noisy statistic of the private "
+    "data whose noise is accounted in the candidate's privacy, or any statistic of public data",
+    "exact": "an exact statistic of the private data (e.g. accuracy on a private validation "
+    "split), not covered by the candidate's privacy",
+    "percentile": "the exact percentile P[Q_i(D) >= tau] of a pure eps-DP candidate Q_i (Liu & "
+    "Talwar 2019, Sec. 4.1's percentile oracle), not covered by the candidate's privacy",
+}
+
+#: What of the selected candidate a release may hold (``SelectionMethod.publishes``): only what
+#: the method's theorem covers.
+PUBLISHABLE: dict[str, str] = {
+    "payload": "the selected candidate's hyperparameters and payload (the model), and what is "
+    "computed from them and public data only (test accuracy, the public per-epoch curve)",
+    "score": "the selected candidate's score, as the selection saw it",
+    "index": "the selected candidate's position in the run (it bounds the number of candidates "
+    "from below), and what depends on it (the ex-post privacy loss)",
+}
+
+
 class SelectionConfigError(ValueError):
     """A method name or its options are invalid; the message names the option."""
 
