@@ -11,6 +11,7 @@ twice. Every number comes from ``dptune.accounting`` (which applies ``selection.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -155,6 +156,43 @@ def _privacy_dependent_fields(space: Space, candidate_of: Callable[[dict], Any])
     return found
 
 
+def _check_whole_support(
+    space: Space, grid: Sequence[Mapping[str, Any]], candidate_of: Callable[[dict], Any]
+) -> None:
+    """Every candidate a finite space can draw declares its accounted candidate.
+
+    The selection theorems hold for one mechanism repeated: "draw hyperparameters from the space,
+    then train", whose privacy is the worst case over the whole support of the space (docs/
+    privacy-model.md, "Every candidate is what was accounted"), not over the points one run
+    happens to draw. The accountant enumerated the privacy-relevant fields with every other field
+    at ``space.example()``; when all searched fields are finite and their product is at most
+    ``MAX_PRIVACY_GRID``, every point of the space is checked to declare what its accounted twin
+    (same privacy-relevant values) declares. Larger or continuous spaces are checked one field at
+    a time (``_privacy_dependent_fields``) and at every drawn point (``check_candidates``).
+    """
+    others = [n for n in space.searched if n not in space.privacy_relevant]
+    dists = [space.fields[n] for n in others]
+    if not others or not all(isinstance(d, (space_mod.Choice, space_mod.Integer)) for d in dists):
+        return
+    supports = [d.support() for d in dists]
+    if math.prod(len(s) for s in supports) * len(grid) > space_mod.MAX_PRIVACY_GRID:
+        return
+    base = space.example()
+    for combo in grid:
+        twin = candidate_of({**base, **combo})
+        for values in itertools.product(*supports):
+            point = dict(zip(others, values, strict=True))
+            if candidate_of({**base, **combo, **point}) != twin:
+                changed = sorted(n for n in others if point[n] != base[n])
+                raise TuningConfigError(
+                    "a candidate this space can draw is not covered by the accounted candidates: "
+                    f"the trainer's declared privacy changes with {changed + sorted(combo)} "
+                    "jointly, which a one-field-at-a-time probe cannot see; declare them "
+                    "privacy-relevant (space.choice(..., privacy=True)) so the accountant takes "
+                    "their worst case. Nothing was trained"
+                )
+
+
 def make_privacy_plan(
     trainer: Any,
     space: Space | Mapping[str, Any],
@@ -266,6 +304,7 @@ def make_privacy_plan(
     else:
         cands = candidates(None)
         statement = _statement(cands, transform, budget, accountant, seeded)
+    _check_whole_support(space, grid, lambda hp: candidate_of(hp, calibrated.get(field)))
     notes = tuple(trainer.privacy_notes()) if hasattr(trainer, "privacy_notes") else ()
     statement = dataclasses.replace(
         statement, notes=tuple(statement.notes) + notes, private=not debug_nonprivate
@@ -308,10 +347,13 @@ def check_candidates(
 ) -> list[Any]:
     """Every drawn candidate's declared privacy must be covered by what the statement accounted.
 
-    Covered: equal to an accounted candidate, or adding it to the accounted set leaves the total
-    epsilon (same theorem, route and delta) no larger than stated -- then the theorem applied to
-    the enlarged worst case proves the stated bound for it too. Otherwise TuningConfigError, naming
-    the fields that make the difference, before any candidate touches data.
+    Covered: it declares exactly what its accounted twin declares (the candidate of the same
+    privacy-relevant values, every other field at ``space.example()``). Then every drawn candidate
+    is one of the accounted ones, and the set is covered jointly by the worst case the statement
+    took. A drawn candidate that declares anything else -- even a less lossy one -- shows that the
+    declaration depends on fields the accountant did not enumerate, so points of the space this
+    run did not draw may be uncovered: TuningConfigError, naming the fields that make the
+    difference, before any candidate touches data (issue 25, item 6).
 
     Returns each drawn candidate's declaration as checked (:func:`declared_candidate`), in order:
     what each candidate must still declare when it trains (:func:`check_unchanged`).
@@ -321,19 +363,17 @@ def check_candidates(
         return _accounted(declared_candidate(trainer, plan, hp), plan.adjacency)
 
     accounted = set(plan.candidates)
-    covered: dict[Any, bool] = {}
+    example = plan.space.example()
+    twins: dict[tuple, Any] = {}
     declared = [declared_candidate(trainer, plan, hp) for hp in drawn]
     for hp, raw in zip(drawn, declared, strict=True):
         cand = _accounted(raw, plan.adjacency)
-        if cand in accounted:
-            continue
-        if cand not in covered:
-            st = total_privacy(
-                [*plan.candidates, cand], plan.transform, plan.delta, plan.accountant
+        key = tuple(repr(hp.get(n)) for n in plan.privacy_fields)
+        if key not in twins:
+            twins[key] = candidate(
+                {**example, **{n: hp[n] for n in plan.privacy_fields if n in hp}}
             )
-            covered[cand] = st.total_epsilon <= plan.statement.total_epsilon * (1 + 1e-9)
-        if not covered[cand]:
-            example = plan.space.example()
+        if cand != twins[key] or cand not in accounted:
             culprits = [
                 name
                 for name in plan.space.searched
