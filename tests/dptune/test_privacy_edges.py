@@ -179,3 +179,66 @@ def test_a_heterogeneous_dpsgd_space_is_covered_jointly_at_the_calibrated_noise(
     total = rdp._compute_rdp_repeat_and_select(orders, worst, 4.0, 0.0)
     expected = rdp.compute_epsilon(orders, total, 1e-6)[0]
     assert plan.statement.total_epsilon == pytest.approx(expected, rel=1e-9)
+
+
+# ------------------------------------------------------------------------------------------------
+# item 8: the curator's files are owner-only
+
+
+def _mode(path) -> int:
+    import stat
+
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def _toy_trainer(trained: list | None = None) -> FunctionTrainer:
+    def train(hp, rng):
+        if trained is not None:
+            trained.append(hp)
+        return float(rng.uniform()), {"w": np.ones(3)}
+
+    return FunctionTrainer(
+        train,
+        lambda hp: dp_event.GaussianDpEvent(5.0),
+        num_examples=N,
+        fingerprint="toy",
+        score_kind="covered",
+    )
+
+
+def test_private_folder_journal_and_ledger_are_owner_only_after_a_run(tmp_path):
+    import os
+
+    old = os.umask(0o022)  # a common default: world-readable files and folders
+    try:
+        ledger = tmp_path / "ledgers" / "ledger.sqlite"
+        dptune.tune(
+            _toy_trainer(), SPACE, RandomStopping.logarithmic(mean=3), (3.0, 1e-5), seed=2,
+            workdir=tmp_path / "run", ledger=ledger, progress=False,
+        )  # fmt: skip
+    finally:
+        os.umask(old)
+    private = tmp_path / "run" / "private"
+    assert _mode(private) == 0o700
+    files = [p for p in private.rglob("*") if p.is_file()]
+    assert any(p.name == "journal.sqlite" for p in files)
+    assert any(p.suffix == ".msgpack" for p in files)  # the candidates' payloads
+    assert {p.name: _mode(p) for p in files} == {p.name: 0o600 for p in files}
+    assert all(_mode(p) == 0o700 for p in private.rglob("*") if p.is_dir())
+    assert _mode(ledger.parent) == 0o700
+    assert all(_mode(p) == 0o600 for p in ledger.parent.iterdir())
+    release = tmp_path / "run" / "release"  # the release is for publishing: the umask decides
+    assert _mode(release) == 0o755 and _mode(release / "result.json") == 0o644
+
+
+def test_an_existing_private_folder_readable_by_others_is_refused(tmp_path):
+    private = tmp_path / "run" / "private"
+    private.mkdir(parents=True)
+    private.chmod(0o755)
+    trained: list = []
+    with pytest.raises(TuningConfigError, match="chmod 700"):
+        dptune.tune(
+            _toy_trainer(trained), SPACE, RandomStopping.logarithmic(mean=3), (3.0, 1e-5),
+            seed=2, workdir=tmp_path / "run", progress=False,
+        )  # fmt: skip
+    assert trained == []
