@@ -83,6 +83,11 @@ class DpSgdTrainer(DatasetTrainer):
         self.epoch_progress = epoch_progress
 
     def _privacy(self, hp: Hyperparams, epochs: int | None = None) -> DpSgdCandidate:
+        if self.data.public_num_val <= 0:  # public: refused before anything is accounted
+            raise TuningConfigError(
+                "the dataset has no validation set (validation_size=0): candidates cannot be "
+                "scored; set config.data.validation_size > 0 or supply a validation_dir"
+            )
         if hp.score_noise_std is None and not self.data.validation_public:
             raise TuningConfigError(
                 "score_noise_std=None (an exact validation score) needs a validation set declared "

@@ -242,3 +242,68 @@ def test_an_existing_private_folder_readable_by_others_is_refused(tmp_path):
             seed=2, workdir=tmp_path / "run", progress=False,
         )  # fmt: skip
     assert trained == []
+
+
+# ------------------------------------------------------------------------------------------------
+# item 5: refusals decided on public quantities only
+
+
+def test_the_declared_size_guard_treats_boundary_neighbours_alike(caplog):
+    """1,010 records declared as 1,000 are within the 1 % guard; 1,011 (one more person) are not.
+    Both must load with the same public sizes: a refusal of one of them would release whether the
+    private file holds more than 1 % more records than declared."""
+    import logging
+
+    from trainers.data import _synthetic_arrays, check_declared_size, split_validation
+
+    x, y, tx, ty, _ = _synthetic_arrays(1011, 10)
+    loaded = []
+    with caplog.at_level(logging.WARNING):
+        for n in (1010, 1011):
+            check_declared_size(n, 1000, "synthetic")
+            d = split_validation(x[:n], y[:n], tx, ty, 10, "synthetic", 100, num_examples=1000)
+            loaded.append((d.public_num_train, d.public_num_val))
+    assert loaded[0] == loaded[1] == (900, 100.0)
+    assert "1011" in caplog.text  # the curator is told, on the console (never in the release)
+
+
+def test_an_empty_private_validation_split_scores_like_its_neighbour():
+    """The per-record split may leave a private validation split empty (its neighbour holds one
+    record). Both are scored the same way: a noisy count divided by the PUBLIC expected size.
+    Refusing the empty one would make every candidate fail on one neighbour only."""
+    import dataclasses
+
+    import jax
+
+    from trainers import models
+    from trainers.evaluate import validation_score
+    from trainers.loop import _check
+    from trainers.spec import Hyperparams
+
+    d = make_synthetic_small()
+    one = dataclasses.replace(d, val_x=d.val_x[:1], val_y=d.val_y[:1])
+    empty = dataclasses.replace(d, val_x=d.val_x[:0], val_y=d.val_y[:0])
+    hp = Hyperparams(batch_size=50, epochs=1, noise_multiplier=1.0, score_noise_std=5.0)
+    params = models.init_params(models.get_model(hp.model), jax.random.PRNGKey(0))
+    scores = []
+    for data in (one, empty):
+        _check(hp, data)  # no refusal
+        scores.append(validation_score(hp, params, data, jax.random.PRNGKey(1)))
+    # same noise (same key): the scores differ by the one record's correct count / public size
+    assert abs(scores[0] - scores[1]) in (0.0, pytest.approx(1 / d.public_num_val))
+
+
+def make_synthetic_small():
+    from trainers.data import make_synthetic
+
+    return make_synthetic(num_train=300, num_test=20, validation_size=50)
+
+
+def test_no_validation_at_all_is_a_public_refusal_before_accounting():
+    from dptune.learners.dpsgd import DpSgdTrainer
+    from trainers.data import make_synthetic
+
+    d = make_synthetic(num_train=300, num_test=20, validation_size=0)
+    assert d.public_num_val == 0
+    with pytest.raises(TuningConfigError, match="validation_size"):
+        DpSgdTrainer(d).privacy(dict(batch_size=50, epochs=1, noise_multiplier=1.0))
