@@ -26,6 +26,7 @@ from dptune.accounting.events import ADJACENCIES, with_adjacency
 from dptune.errors import ImpossibleBudgetError, TuningConfigError
 from dptune.space import Space, SpaceError
 from dptune.trainer_protocol import as_candidate
+from selection.registry import SCORE_KINDS
 
 log = logging.getLogger("dptune")
 
@@ -100,6 +101,36 @@ class PrivacyPlan:
         curve (a public function of public hyperparameters)."""
         cand = with_adjacency(as_candidate(candidate), self.adjacency)
         return float(total_privacy(cand, None, self.delta, "auto").total_epsilon)
+
+
+def _check_score_kind(trainer: Any, selection: Any, debug_nonprivate: bool) -> None:
+    """The trainer's score must be a kind the method's theorem takes (issue 25): e.g. random
+    stopping needs scores covered by the candidates' privacy, sparse vector the exact percentile
+    of a pure-DP candidate. A trainer that declares nothing is taken to return an exact score
+    (the safe default: a wrong "exact" only refuses, a wrong "covered" makes the statement
+    false)."""
+    kind = getattr(trainer, "score_kind", "exact")
+    if kind not in SCORE_KINDS:
+        raise TuningConfigError(
+            f"the trainer's score_kind={kind!r} must be one of {', '.join(SCORE_KINDS)}"
+        )
+    takes = tuple(getattr(selection, "takes", ("covered",)))
+    if kind in takes or debug_nonprivate:
+        return
+    name = getattr(selection.privacy, "name", type(selection).__name__)
+    hint = (
+        "if the score is a noisy statistic whose noise the trainer's privacy declares, or is "
+        "computed on public data, declare score_kind='covered' (FunctionTrainer(..., "
+        "score_kind='covered') or @dptune.trainer(..., score_kind='covered'))"
+        if "covered" in takes
+        else f"use a trainer whose score is {' or '.join(takes)}"
+    )
+    raise TuningConfigError(
+        f"selection {name} is proved for {' or '.join(takes)} scores ("
+        + "; ".join(SCORE_KINDS[k] for k in takes)
+        + f"), but the trainer declares score_kind={kind!r} ({SCORE_KINDS[kind]}): {hint}, or "
+        "choose a method that takes this kind (docs/privacy-model.md). Nothing was trained"
+    )
 
 
 def _accounted(candidate: Any, adjacency: str) -> Any:
@@ -234,6 +265,7 @@ def make_privacy_plan(
                 f"selection={selection!r} has no {attr!r}: pass a selection method such as "
                 "selection.RandomStopping(...)"
             )
+    _check_score_kind(trainer, selection, debug_nonprivate)
     n = getattr(trainer, "num_examples", None)
     if n is not None and budget.delta >= 1.0 / n:
         raise TuningConfigError(

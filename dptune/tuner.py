@@ -54,7 +54,7 @@ from dptune.plan import (
     plan_privacy,
 )
 from dptune.progress import tuning_bar
-from dptune.release import Release, read_release, write_release
+from dptune.release import Release, public_curve, read_release, write_release
 from dptune.space import Space
 from dptune.trainer_protocol import FunctionTrainer, Trainer, release_view, trainer
 from dptune.workdir_lock import holds_workdir_lock
@@ -384,11 +384,13 @@ def _release(trainer, selection, sel_plan, plan, budget, records, payloads, jour
         if records[i].status == "done"
     ]
     index = selection.select(sel_plan, scores)
+    # What the selection's theorem covers (issue 25): the score only where it is covered.
+    published = tuple(getattr(selection, "publishes", ("payload",)))
     privacy = plan.statement.to_dict()
     privacy.update(budget_epsilon=budget.epsilon, budget_delta=budget.delta)
     text = plan.statement.to_text()
     ex_post = getattr(selection, "ex_post_epsilon", None)
-    if ex_post is not None and plan.statement.accountant == "pure":
+    if ex_post is not None and plan.statement.accountant == "pure" and "index" in published:
         # Ex-post privacy (Ligett et al. 2017, Lemma 2.8; pure-DP candidates only, their Remark
         # 2.9): reported next to the worst case above, which is what the budget and ledger hold.
         privacy["ex_post_epsilon"] = float(ex_post(plan.statement.single_run_epsilon, index))
@@ -397,7 +399,7 @@ def _release(trainer, selection, sel_plan, plan, budget, records, payloads, jour
             "(Ligett et al. 2017, Lemma 2.8); charged: the worst case above."
         )
     if index is None:
-        return Release(False, None, None, None, privacy, text)
+        return Release(False, None, None, None, privacy, text, published=published)
     hp = plan.hparams(records[index].hparams)
     payload = payloads[index] if index in payloads else journal.read_payload(index)
     view = release_view(trainer, hp, payload)
@@ -408,9 +410,10 @@ def _release(trainer, selection, sel_plan, plan, budget, records, payloads, jour
             {"epoch": e, "epsilon_one_run": plan.single_run_epsilon(c), **rows.get(e, {})}
             for e, c in enumerate(trainer.privacy_by_epoch(hp), start=1)
         ]
+    score = float(scores[index]) if "score" in published else None
     return Release(
-        True, hp, float(scores[index]), view.test_accuracy, privacy, text, payload=view.payload,
-        curve=curve,
+        True, hp, score, view.test_accuracy, privacy, text, payload=view.payload,
+        curve=public_curve(curve), published=published,
     )  # fmt: skip
 
 

@@ -224,6 +224,7 @@ def _make(fn, privacy, n_train: int, name: str) -> FunctionTrainer:
         name=name,
         privacy_fields=("noise_multiplier",),
         calibrated_field="noise_multiplier",
+        score_kind="covered",  # the Laplace-noised validation count is a parallel branch
     )
 
 

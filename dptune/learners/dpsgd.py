@@ -67,6 +67,9 @@ class DpSgdTrainer(DatasetTrainer):
 
     privacy_fields = DPSGD_PRIVACY_FIELDS
     calibrated_field = "noise_multiplier"
+    #: the validation count + Gaussian noise accounted in its privacy (or, on a separate public
+    #: validation set, an exact score of public data): covered either way
+    score_kind = "covered"
 
     def __init__(
         self,

@@ -238,6 +238,8 @@ class FisherTrainer(DatasetTrainer):
 
     privacy_fields = FISHER_PRIVACY_FIELDS
     calibrated_field = "noise_multiplier"
+    #: noisy validation count accounted in its privacy (or exact on public validation data)
+    score_kind = "covered"
 
     def __init__(self, data: Any, base: Mapping[str, Any] | None = None) -> None:
         self.data = data

@@ -305,6 +305,8 @@ class PublicDataTrainer(DatasetTrainer):
 
     privacy_fields = PUBLIC_DATA_PRIVACY_FIELDS
     calibrated_field = "noise_multiplier"
+    #: noisy validation count accounted in its privacy (or exact on public validation data)
+    score_kind = "covered"
 
     def __init__(
         self,

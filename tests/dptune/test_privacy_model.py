@@ -83,7 +83,7 @@ def test_data_far_from_its_declared_size_is_warned_not_refused(caplog):
 
 
 def _gaussian_trainer(calls: list):
-    @dptune.trainer(privacy=lambda hp: dp_event.GaussianDpEvent(hp["sigma"]))
+    @dptune.trainer(privacy=lambda hp: dp_event.GaussianDpEvent(hp["sigma"]), score_kind="covered")
     def train(hp, rng):
         calls.append(hp)
         return float(rng.uniform()), None
@@ -138,7 +138,8 @@ def test_a_drawn_candidate_not_covered_by_the_statement_stops_the_run_before_tra
     calls: list = []
 
     @dptune.trainer(
-        privacy=lambda hp: dp_event.GaussianDpEvent(0.5 if hp["a"] == hp["b"] == 1 else 5.0)
+        privacy=lambda hp: dp_event.GaussianDpEvent(0.5 if hp["a"] == hp["b"] == 1 else 5.0),
+        score_kind="covered",
     )
     def train(hp, rng):
         calls.append(hp)
