@@ -189,7 +189,7 @@ def _privacy_dependent_fields(space: Space, candidate_of: Callable[[dict], Any])
 
 def _check_whole_support(
     space: Space, grid: Sequence[Mapping[str, Any]], candidate_of: Callable[[dict], Any]
-) -> None:
+) -> bool:
     """Every candidate a finite space can draw declares its accounted candidate.
 
     The selection theorems hold for one mechanism repeated: "draw hyperparameters from the space,
@@ -200,14 +200,17 @@ def _check_whole_support(
     ``MAX_PRIVACY_GRID``, every point of the space is checked to declare what its accounted twin
     (same privacy-relevant values) declares. Larger or continuous spaces are checked one field at
     a time (``_privacy_dependent_fields``) and at every drawn point (``check_candidates``).
+    Returns whether the whole space was checked.
     """
     others = [n for n in space.searched if n not in space.privacy_relevant]
     dists = [space.fields[n] for n in others]
-    if not others or not all(isinstance(d, (space_mod.Choice, space_mod.Integer)) for d in dists):
-        return
+    if not others:
+        return True  # the accounted grid is the whole space
+    if not all(isinstance(d, (space_mod.Choice, space_mod.Integer)) for d in dists):
+        return False
     supports = [d.support() for d in dists]
     if math.prod(len(s) for s in supports) * len(grid) > space_mod.MAX_PRIVACY_GRID:
-        return
+        return False
     base = space.example()
     for combo in grid:
         twin = candidate_of({**base, **combo})
@@ -222,6 +225,76 @@ def _check_whole_support(
                     "privacy-relevant (space.choice(..., privacy=True)) so the accountant takes "
                     "their worst case. Nothing was trained"
                 )
+    return True
+
+
+def _default_trainer_word(trainer: Any) -> list[str]:
+    """What a trainer that says nothing about itself is taken to do."""
+    kind = getattr(trainer, "score_kind", "exact")
+    return [
+        f"{type(trainer).__name__}: its training does what privacy(hparams) declares for each "
+        "candidate (clipping, noise, sampling, any split into the declared parallel parts)",
+        f"its score is score_kind={kind!r}: {SCORE_KINDS.get(kind, '?')}",
+    ]
+
+
+def _basis(
+    trainer: Any,
+    selection: Any,
+    space: Space,
+    cands: Sequence[Any],
+    adjacency: str,
+    whole_space: bool,
+) -> dict[str, tuple[str, ...]]:
+    """What the statement rests on (issue 25, item 9): the assumptions that apply to this run
+    (``dptune.assumptions``), what dptune checked, what it takes on the trainer's word, and what
+    the release holds. Built-in trainers say what their code guarantees (``privacy_checks``);
+    others say what they declare (``taken_on_word``)."""
+    kind = getattr(trainer, "score_kind", "exact")
+    takes = tuple(getattr(selection, "takes", ("covered",)))
+    published = tuple(getattr(selection, "publishes", ("payload",)))
+    name = getattr(selection.privacy, "name", type(selection).__name__)
+    fields = list(space.privacy_relevant)
+    checked = [
+        f"every candidate the space can draw is covered: the {len(set(cands))} accounted "
+        f"setting(s) enumerate the privacy-relevant fields {fields}; "
+        + (
+            "the whole (finite) space was checked point by point"
+            if whole_space
+            else "the other fields were probed one at a time"
+        )
+        + "; each drawn candidate must declare its accounted setting, again just before it "
+        "trains",
+        f"the score kind {kind!r} is one {name} is proved for; the release holds "
+        f"{' + '.join(published)} only",
+    ]
+    checked += list(getattr(trainer, "privacy_checks", lambda: [])())
+    if hasattr(trainer, "taken_on_word"):
+        word = list(trainer.taken_on_word())
+    elif hasattr(trainer, "privacy_checks"):
+        word = []
+    else:
+        word = _default_trainer_word(trainer)
+    assumptions = ["neighbours"]
+    data = getattr(trainer, "data", None)
+    if data is not None or getattr(trainer, "num_examples", None) is not None:
+        assumptions.append("public-sizes")
+    if any(len(c.branches()) > 1 for c in cands) or adjacency == "replace_one":
+        assumptions.append("per-record-split")
+    assumptions += ["pure-declaration", "declaration-matches-code", "score-kind"]
+    if set(takes) - {"covered"} and selection.privacy.is_private:
+        assumptions.append("method-constants")
+    assumptions += ["public-inputs", "hidden-private-folder", "secret-randomness", "failures"]
+    if hasattr(trainer, "release_view"):
+        assumptions.append("public-test-split")
+    if data is not None and getattr(data, "validation_public", False):
+        assumptions.append("public-validation")
+    return {
+        "assumptions": tuple(assumptions),
+        "checked": tuple(checked),
+        "trainer_word": tuple(word),
+        "published": published,
+    }
 
 
 def make_privacy_plan(
@@ -336,10 +409,13 @@ def make_privacy_plan(
     else:
         cands = candidates(None)
         statement = _statement(cands, transform, budget, accountant, seeded)
-    _check_whole_support(space, grid, lambda hp: candidate_of(hp, calibrated.get(field)))
+    whole = _check_whole_support(space, grid, lambda hp: candidate_of(hp, calibrated.get(field)))
     notes = tuple(trainer.privacy_notes()) if hasattr(trainer, "privacy_notes") else ()
     statement = dataclasses.replace(
-        statement, notes=tuple(statement.notes) + notes, private=not debug_nonprivate
+        statement,
+        notes=tuple(statement.notes) + notes,
+        private=not debug_nonprivate,
+        **_basis(trainer, selection, space, cands, adjacency, whole),
     )
     if not debug_nonprivate and statement.total_epsilon > budget.epsilon * (1 + 1e-9):
         raise ImpossibleBudgetError(

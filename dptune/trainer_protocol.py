@@ -15,6 +15,12 @@ A trainer declares its privacy before it runs (``privacy(hparams)``) and trains 
 * ``release_view(hparams, payload) -> ReleaseView``: what of the selected candidate may be
   released (default: the payload as it is).
 * ``privacy_by_epoch(hparams)``: the privacy after each epoch, for the released curve.
+* ``score_kind``: what the score is (``selection.registry.SCORE_KINDS``; default ``"exact"``).
+* ``privacy_checks()``: sentences for the statement: what dptune's own code guarantees for this
+  trainer (the built-in learners).
+* ``taken_on_word()``: sentences for the statement: what it takes on the trainer's word (its
+  declarations). A trainer with neither hook is described as a user's trainer.
+* ``bind_accounted(pairs)``: the accounted declaration of every candidate it will train.
 
 The DP-SGD trainer is ``dptune.learners.dpsgd.DpSgdTrainer``.
 """
@@ -193,6 +199,23 @@ class FunctionTrainer:
                     f"for hparams {dict(hparams)}: the accountant charged the accounted one"
                 )
         return float(out[0]), out[1]
+
+    def taken_on_word(self) -> list[str]:
+        """What the statement takes on this trainer's word (dptune cannot look inside ``fn``)."""
+        out = [
+            f"{self.name}: its training does what privacy(hparams) declares for each candidate -- "
+            "its clipping, noise and sampling, and a split into the declared parallel parts that "
+            "puts each record in one part by that record alone (FunctionTrainer(privacy=...))",
+            f"its score is score_kind={self.score_kind!r}: {SCORE_KINDS[self.score_kind]} "
+            "(FunctionTrainer(score_kind=...))",
+            "it fails (raises, scores NaN) only as a function of its private output",
+        ]
+        if self.num_examples is not None:
+            out.append(
+                f"num_examples={self.num_examples} is the public size of its private data "
+                "(FunctionTrainer(num_examples=...))"
+            )
+        return out
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "function", "name": self.name, "num_examples": self.num_examples}

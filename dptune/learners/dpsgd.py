@@ -200,6 +200,18 @@ class DpSgdTrainer(DatasetTrainer):
             f"{self.num_examples}, not the private data's length.",
         ]
 
+    def privacy_checks(self) -> list[str]:
+        """What dptune's own code guarantees for these candidates (the statement's "Checked by
+        dptune")."""
+        return [
+            "DP-SGD is dptune's own code (trainers/): per-example clipping to clip_norm, Poisson "
+            f"sampling at q = batch_size / {self.num_examples} (the public size), Gaussian noise "
+            "of std noise_multiplier x clip_norm once per step, and the validation count plus "
+            "Gaussian noise over the public expected validation size (tests/trainers)",
+            "the validation split is per record (a keyed hash of each record) or a separate file "
+            "(trainers.data)",
+        ]
+
     def check_adjacency(self, adjacency: str) -> None:
         """Replace-one needs a fixed, public dataset size: the loaded file must hold exactly the
         declared number of records."""

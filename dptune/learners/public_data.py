@@ -359,6 +359,14 @@ class PublicDataTrainer(DatasetTrainer):
             "other records of the test file.",
         ]
 
+    def privacy_checks(self) -> list[str]:
+        """What dptune's own code guarantees (the statement's "Checked by dptune")."""
+        return [
+            "the public-data learner is dptune's own code (dptune/learners/public_data.py): "
+            "regularised ERM perturbed by the Gaussian mechanism at the stability radius (tests/"
+            "dptune/learners), and the noisy validation count on the per-record split"
+        ]
+
     def check_adjacency(self, adjacency: str) -> None:
         if adjacency != "add_remove":
             raise TuningConfigError("the public-data learner's stability is for add/remove only")

@@ -481,3 +481,69 @@ def test_the_release_of_an_exact_score_method_holds_no_score(index, tmp_path):
     # the selection library's own result: Selection.score is what may be published
     sel = method.run(lambda i, rng: (score, i), rng=0)
     assert sel.released and sel.score is None and sel.private.scores[sel.index] == score
+
+
+# ------------------------------------------------------------------------------------------------
+# item 9: the statement says what dptune checked and what it takes on the trainer's word
+
+
+def test_the_statement_separates_what_dptune_checked_from_the_trainers_word(tmp_path):
+    """The same DP-SGD candidate declared by a user's function (which may clip, noise or split
+    nothing) and by dptune's own DP-SGD trainer: the totals agree, the statements must not."""
+    import re
+
+    from dptune.accounting.events import DpSgdCandidate
+    from dptune.assumptions import ASSUMPTIONS
+    from dptune.learners.dpsgd import DpSgdTrainer
+    from tests.paths import REPO
+    from trainers.data import make_synthetic
+
+    data = make_synthetic(num_train=600, num_test=20, validation_size=100)
+    builtin = DpSgdTrainer(data, dict(batch_size=50, epochs=1, score_noise_std=10.0))
+    q, steps = 50 / 500, 10
+    user = FunctionTrainer(
+        lambda hp, rng: (0.5, None),
+        lambda hp: DpSgdCandidate(q, steps, hp["noise_multiplier"], 10.0),
+        num_examples=500,
+        score_kind="covered",
+        name="my_train",
+    )
+    sp = dptune.Space(dict(learning_rate=space.log_uniform(0.1, 1.0), noise_multiplier=2.0))
+    method = RandomStopping.logarithmic(mean=3)
+    _, mine = dptune.plan_privacy(builtin, sp, method, dptune.Budget(20.0, 1e-5))
+    _, theirs = dptune.plan_privacy(user, sp, method, dptune.Budget(20.0, 1e-5))
+    assert mine.total_epsilon == pytest.approx(theirs.total_epsilon, rel=1e-9)
+    ours_text, user_text = mine.to_text(), theirs.to_text()
+    assert ours_text != user_text
+    # the user's trainer: the declarations are named, and how to check them
+    assert "Taken on the trainer's word" in user_text
+    assert "my_train" in user_text and "score_kind='covered'" in user_text
+    assert "dptune audit" in user_text
+    assert not any("per-example clipping" in s for s in theirs.checked)
+    # dptune's DP-SGD: its own code, nothing about the mechanism taken on anyone's word
+    assert any("per-example clipping" in s for s in mine.checked)
+    assert not mine.trainer_word
+    # the assumptions are named, and each one is explained in docs/privacy-model.md
+    doc = (REPO / "docs" / "privacy-model.md").read_text()
+    headings = set(re.findall(r"^### `([a-z-]+)`", doc, re.M))
+    assert headings == set(ASSUMPTIONS)
+    for st in (mine, theirs):
+        assert set(st.assumptions) <= set(ASSUMPTIONS) and "neighbours" in st.assumptions
+        assert all(f"`{a}`" in st.to_text() for a in st.assumptions)
+    assert "per-record-split" in mine.assumptions and "public-sizes" in mine.assumptions
+    # and privacy.txt of a run names them
+    release = dptune.tune(user, sp, method, (20.0, 1e-5), seed=0, workdir=tmp_path, progress=False)
+    text = (tmp_path / "release" / "privacy.txt").read_text()
+    assert "Assumptions" in text and all(f"`{a}`" in text for a in theirs.assumptions)
+    assert release.privacy["trainer_word"] and release.privacy["assumptions"]
+
+
+def test_the_privacy_model_table_is_the_registry():
+    """docs/privacy-model.md's table of what each method takes and publishes is the registry's."""
+    from selection import registry
+    from tests.paths import REPO
+
+    doc = (REPO / "docs" / "privacy-model.md").read_text()
+    for info in registry.METHODS.values():
+        row = f"| `{info.name}` | {', '.join(info.takes)} | {', '.join(info.publishes)} |"
+        assert row in doc, row
