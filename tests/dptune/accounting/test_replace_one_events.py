@@ -126,7 +126,9 @@ def test_a_trainer_declaring_an_event_with_no_replace_one_form_is_one_line():
     from dptune.errors import TuningConfigError
     from selection import RandomStopping
 
-    trainer = dptune.trainer(privacy=dp_event.ZCDpEvent(0.1))(lambda hp, rng: (0.5, None))
+    trainer = dptune.trainer(privacy=dp_event.ZCDpEvent(0.1), score_kind="covered")(
+        lambda hp, rng: (0.5, None)
+    )
     with pytest.raises(TuningConfigError, match="replace-one sensitivity"):
         dptune.plan_privacy(
             trainer,
