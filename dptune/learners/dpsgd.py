@@ -78,6 +78,9 @@ class DpSgdTrainer(DatasetTrainer):
 
     privacy_fields = DPSGD_PRIVACY_FIELDS
     calibrated_field = "noise_multiplier"
+    #: the validation count + Gaussian noise accounted in its privacy (or, on a separate public
+    #: validation set, an exact score of public data): covered either way
+    score_kind = "covered"
 
     def __init__(
         self,
@@ -94,6 +97,11 @@ class DpSgdTrainer(DatasetTrainer):
         self.epoch_progress = epoch_progress
 
     def _privacy(self, hp: Hyperparams, epochs: int | None = None) -> DpSgdCandidate:
+        if self.data.public_num_val <= 0:  # public: refused before anything is accounted
+            raise TuningConfigError(
+                "the dataset has no validation set (validation_size=0): candidates cannot be "
+                "scored; set config.data.validation_size > 0 or supply a validation_dir"
+            )
         if hp.score_noise_std is None and not self.data.validation_public:
             raise TuningConfigError(
                 "score_noise_std=None (an exact validation score) needs a validation set declared "
@@ -216,6 +224,18 @@ class DpSgdTrainer(DatasetTrainer):
             self.data.describe_split() + ".",
             f"Sampling rates and step counts use the public nominal training size "
             f"{self.num_examples}, not the private data's length.",
+        ]
+
+    def privacy_checks(self) -> list[str]:
+        """What dptune's own code guarantees for these candidates (the statement's "Checked by
+        dptune")."""
+        return [
+            "DP-SGD is dptune's own code (trainers/): per-example clipping to clip_norm, Poisson "
+            f"sampling at q = batch_size / {self.num_examples} (the public size), Gaussian noise "
+            "of std noise_multiplier x clip_norm once per step, and the validation count plus "
+            "Gaussian noise over the public expected validation size (tests/trainers)",
+            "the validation split is per record (a keyed hash of each record) or a separate file "
+            "(trainers.data)",
         ]
 
     def check_adjacency(self, adjacency: str) -> None:
