@@ -29,7 +29,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from dptune import configs
+from dptune import configs, strategies
 from dptune.cli.build import ConfigError, run_config
 from dptune.errors import TuningConfigError
 from dptune.journal import ConfigChangedError
@@ -146,7 +146,9 @@ def run() -> None:
     for name in ("config", "workdir", "seed", "debug_nonprivate", "progress", "dry_run"):
         flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
     main_module = sys.modules["__main__"]
-    main_module.__doc__ = (__doc__ or "") + "\n" + registry.describe() + "\n"
+    main_module.__doc__ = (
+        (__doc__ or "") + "\n" + registry.describe() + "\n\n" + strategies.describe() + "\n"
+    )
     app.run(lambda argv: sys.exit(main(argv)), flags_parser=_parse_flags)
 
 
