@@ -84,6 +84,13 @@ def main() -> None:
             run("recipe_clip", learning_rate=lr, clip_norm=c, **big)
         run("recipe_epochs", learning_rate=16.0, clip_norm=0.1, **{**big, "epochs": 20})
         return
+    if args.phase == 5:
+        # Phase 4's best product was its smallest (lr 1 at C 0.1): find where it turns down.
+        log3 = RandomStoppingPrivacy.from_mean(3.0, 0.0)
+        big = dict(model="scatter_linear", batch_size=1043, epochs=40, transform=log3)
+        for lr in (0.25, 0.5):
+            run("recipe_lr", learning_rate=lr, clip_norm=0.1, **big)
+        return
     if args.phase == 3:
         # The 26k CNN was measured only at its published centre in phase 1: check that its
         # deficit is not just a poor learning rate.
