@@ -15,11 +15,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from dptune import learners, strategies
 from dptune import space as space_mod
-from dptune import strategies
+from dptune.accounting import ACCOUNTANTS
+from dptune.accounting.events import ADJACENCIES
 from dptune.data import MNIST_10K_DIR, MNIST_10K_NUM_TRAIN
 from dptune.executors import make_executor
-from dptune.learners.dpsgd import DatasetNotFoundError, DpSgdTrainer, Hyperparams, load_dataset
+from dptune.learners.dpsgd import DATASETS, DatasetNotFoundError, load_dataset
 from dptune.ledger import default_ledger_path
 from dptune.plan import Budget, plan_privacy
 from dptune.subsampled import plan_subsampled, tune_subsampled
@@ -28,8 +30,6 @@ from dptune.workdir_lock import workdir_lock
 from selection import registry
 
 log = logging.getLogger("dptune")
-
-DATASETS = ("mnist", "fashion_mnist", "cifar10", "synthetic")
 
 
 class ConfigError(ValueError):
@@ -113,11 +113,15 @@ def check_config(cfg: Mapping[str, Any]) -> None:
             f"config.ledger.budget_delta={budget_delta:g} is below this run's delta={delta:g}"
         )
     acc = _get(cfg, "privacy.accountant", "auto")
-    if acc not in ("auto", "rdp", "pld"):
-        raise ConfigError(f"config.privacy.accountant={acc!r} must be 'auto', 'rdp' or 'pld'")
+    if acc not in ACCOUNTANTS:
+        raise ConfigError(
+            f"config.privacy.accountant={acc!r} is unknown; choose one of {', '.join(ACCOUNTANTS)}"
+        )
     adj = _get(cfg, "privacy.adjacency", "add_remove")
-    if adj not in ("add_remove", "replace_one"):
-        raise ConfigError(f"config.privacy.adjacency={adj!r} must be 'add_remove' or 'replace_one'")
+    if adj not in ADJACENCIES:
+        raise ConfigError(
+            f"config.privacy.adjacency={adj!r} is unknown; choose one of {', '.join(ADJACENCIES)}"
+        )
     nex = _get(cfg, "data.num_examples")
     if nex is not None and (isinstance(nex, bool) or not isinstance(nex, int) or nex < 1):
         raise ConfigError(
@@ -159,12 +163,24 @@ def check_config(cfg: Mapping[str, Any]) -> None:
         raise ConfigError(
             f"{sorted(overlap)} appear in both config.train and config.space; keep one"
         )
-    known = {f for f in Hyperparams.__dataclass_fields__}
+    info = learner_info(cfg)
+    trainer_cls = info.trainer_class()
+    known = set(trainer_cls.hyperparams_class.__dataclass_fields__)
     unknown = (set(train) | set(space)) - known
     if unknown:
         raise ConfigError(
-            f"unknown hyperparameters {sorted(unknown)}; DP-SGD knows {sorted(known)}"
+            f"unknown hyperparameters {sorted(unknown)} for config.trainer={info.name!r}; "
+            f"{trainer_cls.kind} knows {sorted(known)}"
         )
+
+
+def learner_info(cfg: Mapping[str, Any]) -> learners.LearnerInfo:
+    """The candidate family of ``config.trainer`` (``dptune.learners.LEARNERS``; default DP-SGD)."""
+    name = _get(cfg, "trainer", "dpsgd")
+    try:
+        return learners.get(name)
+    except ValueError as e:
+        raise ConfigError(f"config.trainer: {e}") from None
 
 
 def run_config(
@@ -217,7 +233,7 @@ def _run_built(
         with workdir_lock(workdir):
             pass
     data = load_data(cfg)
-    trainer = DpSgdTrainer(data, cfg.get("train", {}), epoch_progress=progress)
+    trainer = build_trainer(cfg, data, progress=progress)
     if hasattr(executor, "connect"):
         # Workers rebuild the trainer from the config (each loads the data once) and check they
         # loaded the same records as this process.
@@ -314,15 +330,30 @@ def _run_subsampled(
     )  # fmt: skip
 
 
+def build_trainer(cfg: Mapping[str, Any], data: Any, *, progress: bool = False) -> Any:
+    """The trainer of ``config.trainer`` (default ``"dpsgd"``) on ``data``, with ``config.train``
+    as its fixed hyperparameters and ``config.learner`` as its own options."""
+    info = learner_info(cfg)
+    options = {k: v for k, v in dict(cfg.get("learner", {}) or {}).items() if v is not None}
+    if info.name == "dpsgd":
+        options["epoch_progress"] = progress
+    try:
+        return learners.build(info.name, data, cfg.get("train", {}), **options)
+    except ValueError as e:
+        raise ConfigError(f"config.learner: {e}") from None
+
+
 def _worker_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """What a worker needs to rebuild the trainer: the data spec and the fixed DP-SGD settings."""
-    return {"data": dict(cfg["data"]), "train": dict(cfg.get("train", {}) or {})}
+    """What a worker needs to rebuild the trainer: the data spec, the learner and its fixed
+    settings."""
+    keys = ("data", "train", "trainer", "learner")
+    return {k: (dict(cfg[k]) if isinstance(cfg[k], Mapping) else cfg[k]) for k in keys if k in cfg}
 
 
 def trainer_from_config(cfg: Mapping[str, Any]) -> Any:
-    """The DP-SGD trainer of ``cfg["data"]`` / ``cfg["train"]`` without console progress: what a
-    Ray worker builds once (``dptune.executors.ray``), loading the data from its spec."""
-    return DpSgdTrainer(load_data(cfg), cfg.get("train", {}), epoch_progress=False)
+    """The trainer of ``cfg`` without console progress: what a Ray worker builds once
+    (``dptune.executors.ray``), loading the data from its spec."""
+    return build_trainer(cfg, load_data(cfg), progress=False)
 
 
 def load_data(cfg: Mapping[str, Any]) -> Any:

@@ -5,7 +5,7 @@
         --config.data.dir=/data/fashion-mnist --config.selection.mean_trials=8
     python -m dptune --config=configs/smoke.py --workdir=/tmp/dptune-smoke  # a config file
 
-``--config`` takes a shipped config's name (smoke, mnist, fashion_mnist, cifar10) or a path to a
+``--config`` takes a shipped config's name (listed below; ``dptune/configs/``) or a path to a
 config file; ``--config.<field>=<value>`` overrides any field.
 
 Everything is checked before anything private runs: the config, the data, the budget (the noise
@@ -26,11 +26,12 @@ import sys
 from pathlib import Path
 
 from absl import app, flags
-from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from dptune import configs, strategies
+from dptune import strategies
+from dptune.cli import vocabulary
 from dptune.cli.build import ConfigError, run_config
+from dptune.cli.common import parse_flags, resolve_config_names, setup_logging
 from dptune.errors import TuningConfigError
 from dptune.journal import ConfigChangedError
 from dptune.ledger import BudgetExceededError, LedgerBudgetMismatchError
@@ -39,7 +40,7 @@ from dptune.workdir_lock import WorkdirLockedError
 from selection import registry
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "A shipped config (smoke, mnist, fashion_mnist, cifar10) or a config file."
+    "config", None, "A shipped config's name (see the list above) or a config file."
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run folder: private/ (journal) and release/.")
 _SEED = flags.DEFINE_integer(
@@ -63,7 +64,7 @@ def main(argv: list[str]) -> int:
         raise app.UsageError("--config=configs/<name>.py is required")
     if not _WORKDIR.value:
         raise app.UsageError("--workdir=DIR is required (private/ and release/ go there)")
-    _setup_logging()
+    setup_logging()
     try:
         release = run_config(
             _CONFIG.value,
@@ -94,62 +95,25 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _setup_logging() -> None:
-    """dptune's own messages at INFO on stderr; library chatter (orbax, dp_accounting's
-    convergence warnings during calibration) only at ERROR."""
-    absl_logging.set_verbosity(absl_logging.ERROR)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("dptune: %(message)s"))
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    log.propagate = False
-
-
-def _resolve_config_names(argv: list[str]) -> list[str]:
-    """``--config=NAME`` (a shipped config: smoke, mnist, fashion_mnist, cifar10) -> its file, so
-    the command works outside a checkout; paths are left alone."""
-    out = []
-    for arg in argv:
-        if arg.startswith("--config="):
-            value = arg[len("--config=") :]
-            name, sep, rest = value.partition(":")
-            if name in configs.NAMES and not Path(name).exists():
-                arg = f"--config={configs.path_of(name)}{sep}{rest}"
-        out.append(arg)
-    return out
-
-
-def _parse_flags(argv: list[str]) -> list[str]:
-    """absl's parsing, with every bad flag or config override reported in one line (exit 2)."""
-    try:
-        return flags.FLAGS(argv)
-    except flags.Error as e:
-        print(f"dptune: refused: {e}", file=sys.stderr)
-        sys.exit(2)
-    except (AttributeError, KeyError, TypeError, ValueError) as e:
-        # ml_collections raises these for an override of a field the config does not have
-        overrides = [a.split("=")[0] for a in argv if a.startswith("--config.")]
-        print(
-            f"dptune: refused: a config override names a field the config does not have or "
-            f"gives it a value of the wrong type ({type(e).__name__}: {e}); overrides given: "
-            f"{overrides}",
-            file=sys.stderr,
-        )
-        sys.exit(2)
-
-
 def run() -> None:
     """Console-script entry point (``dptune``)."""
-    sys.argv = _resolve_config_names(sys.argv)
+    sys.argv = resolve_config_names(sys.argv)
     # `dptune --help` documents this module's flags (absl shows the main module's key flags, and
     # the console script's main module is the script, not this file).
     for name in ("config", "workdir", "seed", "debug_nonprivate", "progress", "dry_run"):
         flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
     main_module = sys.modules["__main__"]
     main_module.__doc__ = (
-        (__doc__ or "") + "\n" + registry.describe() + "\n\n" + strategies.describe() + "\n"
+        (__doc__ or "")
+        + "\n"
+        + vocabulary.describe()
+        + "\n\n"
+        + registry.describe()
+        + "\n\n"
+        + strategies.describe()
+        + "\n"
     )
-    app.run(lambda argv: sys.exit(main(argv)), flags_parser=_parse_flags)
+    app.run(lambda argv: sys.exit(main(argv)), flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

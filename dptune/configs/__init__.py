@@ -18,8 +18,9 @@ from pathlib import Path
 #: Folder of the shipped config files.
 CONFIG_DIR = Path(__file__).resolve().parent
 
-#: Names accepted by ``dptune --config=NAME``.
-NAMES = ("smoke", "mnist", "fashion_mnist", "cifar10")
+#: Names accepted by ``dptune --config=NAME``: every config file of this folder (``base`` holds the
+#: defaults and is not a run of its own). Adding a file adds a name.
+NAMES = tuple(sorted(p.stem for p in CONFIG_DIR.glob("*.py") if p.stem not in ("__init__", "base")))
 
 
 def path_of(name: str) -> Path:

@@ -25,6 +25,11 @@ def get_config() -> config_dict.ConfigDict:
     c.data.num_examples = config_dict.placeholder(int)
     c.data.validation_dir = config_dict.placeholder(str)  # a separate validation set (IDX train-*)
     c.data.validation_public = False  # True only for a separate, public validation set
+    # the candidate family (dptune.learners.LEARNERS: dpsgd, fisher, public_data); its fixed
+    # hyperparameters are config.train, its own options config.learner
+    c.trainer = "dpsgd"
+    c.learner = config_dict.ConfigDict()
+    c.learner.num_public = config_dict.placeholder(int)  # public_data: records of the public pool
     c.train = dict(
         model="cnn26k", batch_size=256, epochs=10, optimizer="momentum", momentum=0.9,
         score_noise_std=10.0,  # Gaussian noise (in counts) on the number of correct val predictions

@@ -26,13 +26,13 @@ multipliers sigma_1, sigma_2, sigma_2; their adaptive composition is one ``dp_ac
 ``ComposedDpEvent`` (accounted by PLD or RDP like every dptune candidate). The hyperparameters
 ``noise_multiplier`` (s, calibrated by dptune's ``"auto"``) and ``selection_fraction`` (f) set
 ``sigma_1 = s / sqrt(f)``, ``sigma_2 = s / sqrt((1 - f) / 2)``: since a composition of Gaussian
-mechanisms with multipliers sigma_i is exactly the Gaussian mechanism with multiplier
-``(sum_i sigma_i^-2)^-1/2`` (Dong, Roth & Su 2019, "Gaussian Differential Privacy", Cor. 3.3:
-mu_i-GDP compose to sqrt(sum mu_i^2)-GDP, mu_i = 1 / sigma_i), the whole candidate costs exactly one
-Gaussian mechanism of multiplier s, whatever the split f. ``tests/test_learners_fisher.py`` checks
-dptune's accounting of the composed event against that closed form (the analytic Gaussian
-mechanism, Balle & Wang 2018, Thm 8, solved with scipy) and checks every released statistic's
-sensitivity on real data.
+mechanisms with multipliers sigma_i is exactly the Gaussian mechanism with multiplier ``(sum_i
+sigma_i^-2)^-1/2`` (Dong, Roth & Su 2019, "Gaussian Differential Privacy", Cor. 3.3: mu_i-GDP
+compose to sqrt(sum mu_i^2)-GDP, mu_i = 1 / sigma_i), the whole candidate costs exactly one Gaussian
+mechanism of multiplier s, whatever the split f. ``tests/dptune/learners/test_fisher.py`` checks
+dptune's accounting of the composed event against that closed form (the analytic Gaussian mechanism,
+Balle & Wang 2018, Thm 8, solved with scipy) and checks every released statistic's sensitivity on
+real data.
 
 The validation score is a noisy count on the per-record validation split (Gaussian, sensitivity 1),
 in parallel with training (McSherry 2009, Thm 4), exactly as for DP-SGD candidates.
@@ -238,6 +238,8 @@ class FisherTrainer(DatasetTrainer):
 
     privacy_fields = FISHER_PRIVACY_FIELDS
     calibrated_field = "noise_multiplier"
+    #: noisy validation count accounted in its privacy (or exact on public validation data)
+    score_kind = "covered"
 
     def __init__(self, data: Any, base: Mapping[str, Any] | None = None) -> None:
         self.data = data
@@ -281,6 +283,14 @@ class FisherTrainer(DatasetTrainer):
             "DP-Fisher: stage 1 (feature ranking) and stage 2 (class sums, second moment) are "
             "Gaussian mechanisms on clipped records; together one Gaussian mechanism of the "
             "calibrated noise multiplier (Dong, Roth & Su 2019, Cor. 3.3).",
+        ]
+
+    def privacy_checks(self) -> list[str]:
+        """What dptune's own code guarantees (the statement's "Checked by dptune")."""
+        return [
+            "DP-Fisher is dptune's own code (dptune/learners/fisher.py): Gaussian mechanisms on "
+            "clipped records with data-independent sensitivities (checked on real data in "
+            "tests/dptune/learners), and the noisy validation count on the per-record split"
         ]
 
     def check_adjacency(self, adjacency: str) -> None:

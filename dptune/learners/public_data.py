@@ -130,10 +130,10 @@ def public_pool(data: Any, num_public: int, test_from: int | None = None) -> Pub
     ``test_from`` (default ``num_public``; a fixed value keeps one test set across pool sizes)
     stay for evaluation.
 
-    The pool never depends on the private data (the paper's public samples are independent of
-    D): it is not filtered against the private records, because a filter would make the public set,
-    and so the mechanism, a function of D. That no public image is also a private record is an
-    audit of the shipped files (:func:`shared_images`, ``tests/test_learners_public_data.py``).
+    The pool never depends on the private data (the paper's public samples are independent of D): it
+    is not filtered against the private records, because a filter would make the public set, and so
+    the mechanism, a function of D. That no public image is also a private record is an audit of the
+    shipped files (:func:`shared_images`, ``tests/dptune/learners/test_public_data.py``).
     """
     n_test = len(data.test_x)
     test_from = num_public if test_from is None else int(test_from)
@@ -305,6 +305,8 @@ class PublicDataTrainer(DatasetTrainer):
 
     privacy_fields = PUBLIC_DATA_PRIVACY_FIELDS
     calibrated_field = "noise_multiplier"
+    #: noisy validation count accounted in its privacy (or exact on public validation data)
+    score_kind = "covered"
 
     def __init__(
         self,
@@ -355,6 +357,14 @@ class PublicDataTrainer(DatasetTrainer):
             f"Public unlabelled data: the {len(self.pool.x)} records of the {self.pool.source}, "
             "declared public and independent of the private data; test accuracy is measured on "
             "other records of the test file.",
+        ]
+
+    def privacy_checks(self) -> list[str]:
+        """What dptune's own code guarantees (the statement's "Checked by dptune")."""
+        return [
+            "the public-data learner is dptune's own code (dptune/learners/public_data.py): "
+            "regularised ERM perturbed by the Gaussian mechanism at the stability radius (tests/"
+            "dptune/learners), and the noisy validation count on the per-record split"
         ]
 
     def check_adjacency(self, adjacency: str) -> None:

@@ -37,6 +37,7 @@ def make_trainer(toy):
         lambda hp: DpSgdCandidate(0.01, 500, hp["noise_multiplier"]),
         num_examples=N,
         fingerprint="toy-data",
+        score_kind="covered",
     )
 
 
@@ -164,7 +165,9 @@ def test_user_event_mismatch_is_caught():
     def fn(hp, rng):
         return 0.5, None, DpSgdCandidate(0.5, 1, 0.5)  # not what was declared
 
-    tr = FunctionTrainer(fn, lambda hp: DpSgdCandidate(0.01, 500, hp["noise_multiplier"]), N)
+    tr = FunctionTrainer(
+        fn, lambda hp: DpSgdCandidate(0.01, 500, hp["noise_multiplier"]), N, score_kind="covered"
+    )
     rel = dptune.tune(tr, SPACE, RandomStopping.logarithmic(2), (2.0, 1e-5), seed=1)
     # the mismatch raises inside the candidate, which counts as a failure (never aborts)
     assert all(math.isnan(s) for s in rel.private.scores)
@@ -199,7 +202,10 @@ def test_debug_nonprivate_prints_scores_and_voids_the_statement(capsys):
 def test_privacy_relevant_choice_is_accounted_at_its_worst_case():
     """A space drawing steps from {200, 500} is charged as the 500-step run (uniform bound)."""
     tr = FunctionTrainer(
-        Toy(), lambda hp: DpSgdCandidate(0.01, hp["steps"], hp["noise_multiplier"]), N
+        Toy(),
+        lambda hp: DpSgdCandidate(0.01, hp["steps"], hp["noise_multiplier"]),
+        N,
+        score_kind="covered",
     )
     sel = RandomStopping.logarithmic(4)
 

@@ -1,0 +1,38 @@
+"""Every list of names dptune accepts, gathered from the one registry that holds each: what
+``dptune --help`` prints and what the docs test checks the docs against.
+
+Each registry lives with what it names (the configs folder, ``trainers.data``, ``trainers.spec``,
+``dptune.learners``, ``selection.registry``, ``dptune.accounting``, ``dptune.executors``,
+``dptune.strategies``); this
+module only reads them.
+"""
+
+from __future__ import annotations
+
+from dptune import configs, learners, strategies
+from dptune.accounting import ACCOUNTANTS
+from dptune.accounting.events import ADJACENCIES
+from dptune.executors import KINDS
+from dptune.learners.dpsgd import DATASETS, MODEL_NAMES
+from selection import registry
+
+
+def vocabulary() -> dict[str, tuple[str, ...]]:
+    """``{kind: names}`` for configs, datasets, models, trainers (learners), selection methods,
+    accountants, adjacencies, executors and tuning strategies."""
+    return {
+        "configs": configs.NAMES,
+        "datasets": tuple(DATASETS),
+        "models": tuple(MODEL_NAMES),
+        "trainers": learners.names(),
+        "selection methods": tuple(registry.names()),
+        "accountants": tuple(ACCOUNTANTS),
+        "adjacencies": tuple(ADJACENCIES),
+        "executors": tuple(KINDS),
+        "strategies": strategies.names(),
+    }
+
+
+def describe() -> str:
+    """The vocabulary as text, one line per kind (``dptune --help``)."""
+    return "\n".join(f"{kind}: {', '.join(names)}" for kind, names in vocabulary().items())
