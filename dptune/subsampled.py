@@ -200,6 +200,22 @@ def plan_subsampled(
             f"{budget.epsilon:g}, delta={budget.delta:g}) after a tuning phase of epsilon "
             f"{tuning_epsilon:g}: lower strategy.tuning_epsilon or raise the budget ({e})"
         ) from None
+    # What the statement rests on: the tuning phase's basis (``make_privacy_plan``), plus what
+    # this strategy's code guarantees.
+    basis = tuning_plan.statement
+    statement = dataclasses.replace(
+        statement,
+        assumptions=basis.assumptions,
+        checked=tuple(basis.checked)
+        + (
+            "the tuning subset is drawn per record: a keyed hash of each record and its copy "
+            "number under a secret 32-byte key (trainers.data.record_subset_mask), so adding or "
+            "removing a record changes only its own membership (Poisson subsampling)",
+            "the final run's setting is one the statement accounted, checked before it trains",
+        ),
+        trainer_word=basis.trainer_word,
+        published=basis.published,
+    )
     if statement.total_epsilon > budget.epsilon * (1 + 1e-9):
         raise ImpossibleBudgetError(
             f"the run would cost epsilon={statement.total_epsilon:.4g} > budget {budget.epsilon:g}"
