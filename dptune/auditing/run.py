@@ -44,6 +44,7 @@ from dptune.auditing.canaries import KINDS, Canaries, design_rng, draw_inclusion
 from dptune.auditing.guesses import evaluate
 from dptune.errors import TuningConfigError
 from dptune.journal import JOURNAL_FILE
+from dptune.owner_only import open_new, private_folder
 from dptune.plan import AUTO, as_budget, make_privacy_plan
 from dptune.release import Release, load_params
 from dptune.space import Space
@@ -370,9 +371,11 @@ def _coins(design: Canaries, seed: int | None, workdir: Path | None) -> np.ndarr
             return np.asarray(f["included"], bool)
     included = draw_inclusion(len(design), seed)
     if stored is not None:
-        stored.parent.mkdir(parents=True, exist_ok=True)
+        # The coins are the curator's, like the journal: an owner-only folder and file.
+        private_folder(stored.parent, "the audit's private folder")
         tmp = stored.with_name(stored.name + ".tmp.npz")
-        np.savez(tmp, kind=design.kind, x=design.x, y=design.y, included=included)
+        with open_new(tmp) as f:
+            np.savez(f, kind=design.kind, x=design.x, y=design.y, included=included)
         os.replace(tmp, stored)
     return included
 

@@ -96,7 +96,9 @@ def test_refusals(data, tmp_path):
         dptune.audit(
             trainer, canaries=(cx, cy), score=ut.margin_score, break_="noise_reused", **run
         )
-    no_kwarg = dptune.trainer(privacy=trainer.privacy_fn)(lambda hp, rng: (0.0, None))
+    no_kwarg = dptune.trainer(privacy=trainer.privacy_fn, score_kind="covered")(
+        lambda hp, rng: (0.0, None)
+    )
     with pytest.raises(TuningConfigError, match="canaries=\\(x, y\\)"):
         dptune.audit(no_kwarg, canaries=(cx, cy), score=ut.margin_score, **run)
     # a tuning run's folder is never reused for an audit
