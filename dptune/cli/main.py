@@ -28,6 +28,7 @@ from pathlib import Path
 from absl import app, flags
 from ml_collections import config_flags
 
+from dptune import strategies
 from dptune.cli import vocabulary
 from dptune.cli.build import ConfigError, run_config
 from dptune.cli.common import parse_flags, resolve_config_names, setup_logging
@@ -103,7 +104,14 @@ def run() -> None:
         flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
     main_module = sys.modules["__main__"]
     main_module.__doc__ = (
-        (__doc__ or "") + "\n" + vocabulary.describe() + "\n\n" + registry.describe() + "\n"
+        (__doc__ or "")
+        + "\n"
+        + vocabulary.describe()
+        + "\n\n"
+        + registry.describe()
+        + "\n\n"
+        + strategies.describe()
+        + "\n"
     )
     app.run(lambda argv: sys.exit(main(argv)), flags_parser=parse_flags)
 

@@ -26,7 +26,7 @@ from dptune.progress import epoch_bar
 from dptune.trainer_protocol import DatasetTrainer, ReleaseView
 from trainers import audit, loop, models, parallel
 from trainers.data import NAMES as DATASETS
-from trainers.data import Dataset, DatasetNotFoundError, load_dataset
+from trainers.data import Dataset, DatasetNotFoundError, load_dataset, subset_dataset
 from trainers.evaluate import evaluate
 from trainers.spec import (
     AUDIT_MODEL_SUFFIX,
@@ -95,6 +95,30 @@ class DpSgdTrainer(DatasetTrainer):
         # The PUBLIC nominal training size (declared or published), never len() of private arrays.
         self.num_examples = int(data.public_num_train)
         self.epoch_progress = epoch_progress
+
+    #: Every candidate's expected batch size is multiplied by this (rounded, at least 1): 1 on the
+    #: full data; ``fraction`` on a subset (``subset``), so a candidate on the subset keeps the
+    #: full run's sampling rate and number of steps.
+    batch_scale: float = 1.0
+
+    def hyperparams(self, hparams: Mapping[str, Any]) -> Hyperparams:
+        hp = super().hyperparams(hparams)
+        if self.batch_scale != 1.0:
+            hp = dataclasses.replace(hp, batch_size=max(1, round(hp.batch_size * self.batch_scale)))
+        return hp
+
+    def subset(self, fraction: float, key: bytes) -> DpSgdTrainer:
+        """This trainer on a per-record Poisson subset of the private records (rate ``fraction``,
+        secret ``key``: ``trainers.data.subset_dataset``), for subsampled tuning
+        (``dptune.subsampled``). Public sizes are scaled by ``fraction``, and so is every
+        candidate's expected batch: a candidate on the subset runs the same schedule (sampling
+        rate B / N, epochs, steps) on fewer records. No per-epoch test curve (its candidates are
+        never released)."""
+        out = DpSgdTrainer(
+            subset_dataset(self.data, fraction, key), self.base, self.epoch_progress, False
+        )
+        out.batch_scale = self.batch_scale * float(fraction)
+        return out
 
     def _privacy(self, hp: Hyperparams, epochs: int | None = None) -> DpSgdCandidate:
         if self.data.public_num_val <= 0:  # public: refused before anything is accounted
