@@ -75,7 +75,8 @@ def noisy_update(w, grads, key, lr, clip, sigma):
     }
 
 
-@dptune.trainer(privacy=privacy, num_examples=N_PUBLIC)
+# score_kind="covered": the score below is a noisy count whose noise `privacy` declares
+@dptune.trainer(privacy=privacy, num_examples=N_PUBLIC, score_kind="covered")
 def train(hp: dict, rng: np.random.Generator):
     w = {"W": jnp.zeros((784, 10)), "b": jnp.zeros(10)}
     # All 64 bits of a threefry key from the candidate's generator: the noise must not be guessable.
