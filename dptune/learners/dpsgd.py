@@ -13,7 +13,6 @@ import dataclasses
 import logging
 import math
 import os
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import numpy as np
 from dptune.accounting.events import DpSgdCandidate
 from dptune.auditing.canaries import Canaries
 from dptune.auditing.decode import decode_subset_sum
+from dptune.cachedir import COMPILATION_CACHE_ENV, OFF_WORDS, cache_root
 from dptune.errors import TuningConfigError
 from dptune.progress import epoch_bar
 from dptune.trainer_protocol import DatasetTrainer, ReleaseView
@@ -57,24 +57,13 @@ log = logging.getLogger("dptune")
 DPSGD_PRIVACY_FIELDS = ("noise_multiplier", "batch_size", "epochs", "score_noise_std")
 
 
-#: Environment variable: the folder of JAX's compilation cache, or "off" (default: on, in
-#: :func:`default_compilation_cache_dir`).
-COMPILATION_CACHE_ENV = "DPTUNE_COMPILATION_CACHE"
-_OFF_WORDS = ("off", "false", "no", "none", "0")
 _cache_decided = False
 
 
 def default_compilation_cache_dir() -> Path:
-    """The user's cache folder for dptune's compiled steps: ``$XDG_CACHE_HOME/dptune/jax``
-    (``~/.cache/dptune/jax``; ``~/Library/Caches/dptune/jax`` on macOS,
-    ``%LOCALAPPDATA%\\dptune\\jax`` on Windows)."""
-    if sys.platform == "darwin":
-        base = Path.home() / "Library" / "Caches"
-    elif os.name == "nt" and os.environ.get("LOCALAPPDATA"):
-        base = Path(os.environ["LOCALAPPDATA"])
-    else:
-        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "dptune" / "jax"
+    """The user's cache folder for dptune's compiled steps: ``dptune.cachedir.cache_root()/jax``
+    (``~/.cache/dptune/jax`` unless ``$DPTUNE_CACHE`` or ``$XDG_CACHE_HOME`` say otherwise)."""
+    return cache_root() / "jax"
 
 
 def use_compilation_cache(setting: str | os.PathLike | bool | None = None) -> str | None:
@@ -98,7 +87,7 @@ def use_compilation_cache(setting: str | os.PathLike | bool | None = None) -> st
             _cache_decided = True
             return current
         setting = os.environ.get(COMPILATION_CACHE_ENV) or True
-    if isinstance(setting, str) and setting.strip().lower() in _OFF_WORDS:
+    if isinstance(setting, str) and setting.strip().lower() in OFF_WORDS:
         setting = False
     if setting is True or setting == "":
         folder: Any = default_compilation_cache_dir()
