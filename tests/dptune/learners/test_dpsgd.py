@@ -29,7 +29,7 @@ jax.jit(lambda x: jnp.tanh(x) @ x.T + 1.0)(jnp.ones((64, 64))).block_until_ready
 
 
 def _probe(tmp_path, setting="None", **env_extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DPTUNE_COMP", "JAX_COMP"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DPTUNE_C", "JAX_COMP"))}
     env.update(XDG_CACHE_HOME=str(tmp_path / "xdg"), JAX_PLATFORMS="cpu", **env_extra)
     out = subprocess.run(
         [sys.executable, "-c", CACHE_PROBE.format(setting=setting)],
