@@ -2,6 +2,7 @@
 for a GPU table cannot rot): every row times, reports its compiled memory, jax_privacy's clipped
 sum agrees with dptune's, and the K-candidate rows are there."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -11,7 +12,8 @@ import pytest
 
 from tests.paths import REPO
 
-pytest.importorskip("jax_privacy")
+# jax_privacy is in the `bench` extra; without it the suite runs without its rows.
+HAVE_JAX_PRIVACY = importlib.util.find_spec("jax_privacy") is not None
 
 
 def _suite(*extra):
@@ -28,13 +30,14 @@ def _suite(*extra):
 def _check(table, models, ks):
     rows = {r["name"]: r for r in table["rows"]}
     for m in models:
-        expected = {"nonprivate", "dp", "naive", "jax_privacy"}
+        expected = {"nonprivate", "dp", "naive"} | ({"jax_privacy"} if HAVE_JAX_PRIVACY else set())
         if m != "user_cnn":
             expected |= {f"k{k}_{how}" for k in ks for how in ("vmap", "seq")}
         assert {n.split("/", 1)[1] for n in rows if n.startswith(f"{m}/")} == expected
-        # the same clipping: jax_privacy's clipped sum is dptune's (float32 rounding)
-        assert table["clipped_sum_agreement"][m] < 1e-5
-        assert f"{m}: dp / jax_privacy" in table["ratios"]
+        if HAVE_JAX_PRIVACY:
+            # the same clipping: jax_privacy's clipped sum is dptune's (float32 rounding)
+            assert table["clipped_sum_agreement"][m] < 1e-5
+            assert f"{m}: dp / jax_privacy" in table["ratios"]
     assert all(r["examples_per_s"] > 0 for r in rows.values())
     assert all(r["peak_mib"] > 0 for r in rows.values())  # XLA's buffer assignment, per row
 
