@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dptune.owner_only import create_file, open_new, private_folder
+
 JOURNAL_FILE = "journal.sqlite"
 
 _SCHEMA = """
@@ -65,9 +67,9 @@ class Journal:
     """SQLite journal of one tuning run in the ``private/`` folder (created if missing)."""
 
     def __init__(self, private_dir: str | os.PathLike) -> None:
-        self.dir = Path(private_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.dir / JOURNAL_FILE
+        # Owner-only (0700, files 0600): it holds K and every score (dptune.owner_only).
+        self.dir = private_folder(private_dir)
+        self.path = create_file(self.dir / JOURNAL_FILE)
         # isolation_level=None: we issue BEGIN/COMMIT ourselves so every write is one explicit
         # transaction.
         self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
@@ -190,9 +192,10 @@ class Journal:
     def write_payload(self, index: int, data: bytes) -> Path:
         """Writes a candidate's payload atomically (temp file + rename) and returns its path."""
         path = self.payload_path(index)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.parent.is_dir():
+            private_folder(path.parent)
         tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
+        with open_new(tmp) as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

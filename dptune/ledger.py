@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dptune.owner_only import create_file, private_folder
+
 #: Relative slack for float sums when comparing against a budget (1e-9 of the budget).
 _REL_TOL = 1e-9
 
@@ -73,7 +75,10 @@ class Ledger:
 
     def __init__(self, path: str | os.PathLike | None = None) -> None:
         self.path = Path(path) if path is not None else default_ledger_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # The curator's file (fingerprints and spends): a new folder is 0700, the file 0600.
+        if not self.path.parent.is_dir():
+            private_folder(self.path.parent, "the ledger's folder")
+        create_file(self.path)
         self._db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
         self._db.execute("PRAGMA busy_timeout = 60000")
         for stmt in _SCHEMA:

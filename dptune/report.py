@@ -36,13 +36,18 @@ def report_markdown(release: Any, files: set[str]) -> str:
         lines += [
             "## What was released",
             "",
-            "One trained model (`checkpoint/`), chosen privately among candidates trained with "
-            "differentially private SGD on the private training split.",
+            "One trained model (`checkpoint/`), chosen privately among private candidates "
+            "trained on the private training split.",
             "",
             f"- **Test accuracy** (public test split, reported only, never used to choose): "
             f"{_pct(release.test_accuracy)}",
-            f"- Validation score the selection saw (noisy when the validation split is private): "
-            f"{_pct(release.validation_score)}",
+        ]
+        if "score" in getattr(release, "published", ("payload", "score")):
+            lines.append(
+                "- Validation score the selection saw (noisy when the validation split is "
+                f"private): {_pct(release.validation_score)}"
+            )
+        lines += [
             "",
             "| hyperparameter | value |",
             "|---|---|",
@@ -89,8 +94,8 @@ def report_markdown(release: Any, files: set[str]) -> str:
         lines.append("- [`epsilon.png`](epsilon.png): where the total epsilon comes from.")
     if "training_curve.png" in files:
         lines.append(
-            "- [`training_curve.png`](training_curve.png): the released model's test accuracy "
-            "and epsilon so far, per epoch."
+            "- [`training_curve.png`](training_curve.png): the released model's epsilon so far "
+            "(and test accuracy, when test curves were asked for), per epoch."
         )
     lines += [
         "",

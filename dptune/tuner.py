@@ -49,11 +49,12 @@ from dptune.plan import (
     PrivacyPlan,
     as_budget,
     check_candidates,
+    check_unchanged,
     make_privacy_plan,
     plan_privacy,
 )
 from dptune.progress import tuning_bar
-from dptune.release import Release, read_release, write_release
+from dptune.release import Release, public_curve, read_release, write_release
 from dptune.space import Space
 from dptune.trainer_protocol import FunctionTrainer, Trainer, release_view, trainer
 from dptune.workdir_lock import holds_workdir_lock
@@ -174,7 +175,17 @@ def tune(
             log.info("this run already finished; its release is in %s", release_dir)
             return read_release(release_dir)
         run_id, sel_plan = _draw_plan(journal, plan, selection, seed)
-        check_candidates(trainer, plan, [r.hparams for r in journal.candidates()])
+        drawn = journal.candidates()
+        checked = dict(
+            zip(
+                (r.index for r in drawn),
+                check_candidates(trainer, plan, [r.hparams for r in drawn]),
+                strict=True,
+            )
+        )
+        if hasattr(trainer, "bind_accounted"):
+            # the event a trainer reports is compared with what was accounted, not a fresh call
+            trainer.bind_accounted([(plan.hparams(r.hparams), checked[r.index]) for r in drawn])
         if ledger is not None:
             _charge_ledger(
                 ledger, trainer, plan, run_id, budget, dataset_budget, fingerprint, workdir
@@ -183,8 +194,9 @@ def tune(
         records = {r.index: r for r in journal.candidates()}
         payloads: dict[int, Any] = {}
         scores = _run_candidates(
-            trainer, selection, sel_plan, plan, records, journal, payloads, executor, progress
-        )
+            trainer, selection, sel_plan, plan, records, journal, payloads, executor, progress,
+            checked,
+        )  # fmt: skip
         private = _Private(num_trials=sel_plan.num_trials, scores=list(scores), run_id=run_id)
         release = _release(trainer, selection, sel_plan, plan, budget, records, payloads, journal)
         release.private = private
@@ -320,10 +332,12 @@ def _run_candidates(
     payloads: dict[int, Any],
     executor: Any,
     progress: bool,
+    checked: Mapping[int, Any],
 ) -> list[float]:
     """Trains candidates until the selection is done; returns the scores prefix (index order).
 
-    The executor gets the next ``executor.parallelism`` unfinished candidates; each result is
+    The executor gets the next ``executor.parallelism`` unfinished candidates, each first checked
+    to declare what was accounted for it (``checked``: ``check_unchanged``); each result is
     journaled as it comes back (score NaN = failure), so a kill loses at most the candidates in
     flight, which a rerun trains again with the same seeds."""
 
@@ -343,6 +357,8 @@ def _run_candidates(
                 i for i in range(len(scores), sel_plan.num_trials) if records[i].status != "done"
             ][: max(1, int(executor.parallelism))]
             for i in todo:
+                check_unchanged(trainer, plan, records[i].hparams, checked[i])
+            for i in todo:
                 journal.mark_running(i)
             jobs = [Job(i, records[i].seed, plan.hparams(records[i].hparams)) for i in todo]
             t0 = time.time()
@@ -361,18 +377,21 @@ def _run_candidates(
 
 def _release(trainer, selection, sel_plan, plan, budget, records, payloads, journal) -> Release:
     """The selected candidate's release (or nothing): its hyperparameters, what its trainer says
-    may be released of it, its score, and the statement; the curve's epsilon comes from the plan."""
+    may be released of it, its score, and the statement; the curve's epsilon is the privacy its
+    training produced per epoch, at the plan's delta and adjacency."""
     scores = [
         float("nan") if records[i].failed else float(records[i].score)
         for i in range(sel_plan.num_trials)
         if records[i].status == "done"
     ]
     index = selection.select(sel_plan, scores)
+    # What the selection's theorem covers (issue 25): the score only where it is covered.
+    published = tuple(getattr(selection, "publishes", ("payload",)))
     privacy = plan.statement.to_dict()
     privacy.update(budget_epsilon=budget.epsilon, budget_delta=budget.delta)
     text = plan.statement.to_text()
     ex_post = getattr(selection, "ex_post_epsilon", None)
-    if ex_post is not None and plan.statement.accountant == "pure":
+    if ex_post is not None and plan.statement.accountant == "pure" and "index" in published:
         # Ex-post privacy (Ligett et al. 2017, Lemma 2.8; pure-DP candidates only, their Remark
         # 2.9): reported next to the worst case above, which is what the budget and ledger hold.
         privacy["ex_post_epsilon"] = float(ex_post(plan.statement.single_run_epsilon, index))
@@ -381,20 +400,29 @@ def _release(trainer, selection, sel_plan, plan, budget, records, payloads, jour
             "(Ligett et al. 2017, Lemma 2.8); charged: the worst case above."
         )
     if index is None:
-        return Release(False, None, None, None, privacy, text)
+        return Release(False, None, None, None, privacy, text, published=published)
     hp = plan.hparams(records[index].hparams)
     payload = payloads[index] if index in payloads else journal.read_payload(index)
     view = release_view(trainer, hp, payload)
+    # The curve's privacy travelled with the candidate's result (what its training spent up to
+    # each epoch); only the conversion to epsilon at the plan's delta happens here.
+    spent = list(view.privacy_by_epoch)
+    rows = list(view.history) or [{"epoch": e} for e in range(1, len(spent) + 1)]
     curve = None
-    if hasattr(trainer, "privacy_by_epoch"):
-        rows = {r["epoch"]: r for r in view.history}
+    if spent and len(spent) == len(rows):
         curve = [
-            {"epoch": e, "epsilon_one_run": plan.single_run_epsilon(c), **rows.get(e, {})}
-            for e, c in enumerate(trainer.privacy_by_epoch(hp), start=1)
+            {"epoch": row.get("epoch", e), "epsilon_one_run": plan.single_run_epsilon(c), **row}
+            for e, (row, c) in enumerate(zip(rows, spent, strict=True), start=1)
         ]
+    elif spent:
+        log.warning(
+            "no training curve: the trainer gave %d per-epoch privacy values for %d rows",
+            len(spent), len(rows),
+        )  # fmt: skip
+    score = float(scores[index]) if "score" in published else None
     return Release(
-        True, hp, float(scores[index]), view.test_accuracy, privacy, text, payload=view.payload,
-        curve=curve,
+        True, hp, score, view.test_accuracy, privacy, text, payload=view.payload,
+        curve=public_curve(curve), published=published,
     )  # fmt: skip
 
 

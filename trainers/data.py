@@ -15,12 +15,15 @@ import dataclasses
 import gzip
 import hashlib
 import importlib.util
+import logging
 import os
 import pickle
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 NAMES = ("mnist", "fashion_mnist", "cifar10", "synthetic")
 SOURCES = ("auto", "tfds", "idx", "cifar_pickle", "synthetic")
@@ -57,9 +60,9 @@ class DatasetNotFoundError(FileNotFoundError):
 PUBLISHED_TRAIN_SIZES: dict[str, int] = {"mnist": 60000, "fashion_mnist": 60000, "cifar10": 50000}
 
 #: Largest relative difference between the loaded and the declared number of training records
-#: before loading is refused: a guard against declaring the wrong size (e.g. the 10k MNIST subset
-#: as "mnist"), not a privacy mechanism (the guarantee holds whatever the loaded size; see
-#: docs/privacy-model.md).
+#: before loading warns: a guard against declaring the wrong size (e.g. the 10k MNIST subset as
+#: "mnist"), not a privacy mechanism (the guarantee holds whatever the loaded size; see
+#: docs/privacy-model.md). A warning, never a refusal: the loaded size is private.
 SIZE_TOLERANCE = 0.01
 
 #: Public key of the per-record split hash (fixed; changing it is a new split of the same people).
@@ -98,6 +101,40 @@ def record_split_uniforms(digests: np.ndarray, seed_split: int = 0) -> np.ndarra
         word = int.from_bytes(hashlib.blake2b(d, key=key, digest_size=8).digest(), "big")
         u[i] = word / 2.0**64
     return u
+
+
+def record_subset_mask(digests: np.ndarray, fraction: float, key: bytes) -> np.ndarray:
+    """Poisson subsampling by record: True for the records in a random subset with rate
+    ``fraction``, drawn per record from a SECRET ``key`` (e.g. 32 bytes of OS entropy).
+
+    Record i is in the subset iff BLAKE2b(key; its digest, c) / 2^64 < ``fraction``, where c
+    counts the earlier records with the same digest (identical records are distinct people, so
+    each copy gets its own draw: the first copy's draw is never shared with a second). Adding or
+    removing one record therefore changes only that record's membership (removing one of several
+    identical copies removes the last copy's draw; the copies are interchangeable). With the key
+    secret and modelled as a random function, memberships are independent Bernoulli(``fraction``)
+    draws: the Poisson subsampling that privacy amplification by subsampling assumes (Balle,
+    Barthe & Gaboardi 2018, Thm 8).
+
+    Args:
+      digests: ``record_digests`` of the records, shape (n,).
+      fraction: the subsampling rate, in (0, 1].
+      key: the secret key (bytes, 16 to 64 long: BLAKE2b's key limit is 64).
+    Returns:
+      A bool array of shape (n,).
+    """
+    if not (isinstance(fraction, (int, float)) and 0 < fraction <= 1):
+        raise ValueError(f"fraction={fraction!r} must be in (0, 1]")
+    if not isinstance(key, bytes) or not 16 <= len(key) <= 64:
+        raise ValueError("key must be 16 to 64 secret bytes")
+    seen: dict[bytes, int] = {}
+    out = np.empty(len(digests), dtype=bool)
+    for i, d in enumerate(digests):
+        c = seen.get(d, 0)
+        seen[d] = c + 1
+        h = hashlib.blake2b(d + c.to_bytes(8, "big"), key=key, digest_size=8).digest()
+        out[i] = int.from_bytes(h, "big") / 2.0**64 < fraction
+    return out
 
 
 def multiset_fingerprint(digests: Sequence[bytes]) -> str:
@@ -289,6 +326,30 @@ class Dataset:
         )
 
 
+def subset_dataset(data: Dataset, fraction: float, key: bytes) -> Dataset:
+    """The records of ``data`` in a per-record Poisson subset (``record_subset_mask`` over the
+    training and validation records together, each keeping its split), with public sizes scaled
+    by ``fraction`` (expected sizes: public, whatever the subset's actual length). The public test
+    split is kept whole (it is only for reporting).
+    """
+    digests = record_digests(
+        np.concatenate([data.train_x, data.val_x]), np.concatenate([data.train_y, data.val_y])
+    )
+    mask = record_subset_mask(digests, fraction, key)
+    n_train = len(data.train_x)
+    keep_train, keep_val = mask[:n_train], mask[n_train:]
+    return dataclasses.replace(
+        data,
+        train_x=np.ascontiguousarray(data.train_x[keep_train]),
+        train_y=np.ascontiguousarray(data.train_y[keep_train]),
+        val_x=np.ascontiguousarray(data.val_x[keep_val]),
+        val_y=np.ascontiguousarray(data.val_y[keep_val]),
+        public_num_train=max(1, round(fraction * data.public_num_train)),
+        public_num_val=fraction * data.public_num_val,
+        split={**data.split, "subset_fraction": float(fraction)},
+    )
+
+
 def load_dataset(
     name: str,
     data_dir: str | os.PathLike | None = None,
@@ -316,7 +377,7 @@ def load_dataset(
       seed_split: public seed of the split hash (a different seed is a different split of the same
         people; the ledger charges both to one budget).
       num_examples: the public number of records in the training file (default
-        ``PUBLISHED_TRAIN_SIZES[name]``); loading fails if the file holds more than
+        ``PUBLISHED_TRAIN_SIZES[name]``); loading warns if the file holds more than
         ``SIZE_TOLERANCE`` more or fewer.
       validation_dir: an IDX folder whose ``train-*`` files hold a separately supplied validation
         set; then the training file is not split and the statement says so.
@@ -325,8 +386,8 @@ def load_dataset(
 
     Raises:
       DatasetNotFoundError: the data is not there; the message says how to point at local files.
-      ValueError: an unknown name/source, an impossible validation size, a size far from the
-        declared one, or ``validation_public`` without a separate validation set.
+      ValueError: an unknown name/source, an impossible validation size, or
+        ``validation_public`` without a separate validation set.
     """
     if name not in NAMES:
         raise ValueError(f"unknown dataset name {name!r}; expected one of {NAMES}")
@@ -378,15 +439,22 @@ def load_dataset(
 
 
 def check_declared_size(actual: int, declared: int, name: str) -> None:
-    """Refuses data whose record count is far from the declared public size (a mistake guard)."""
+    """Warns (on the curator's console) when the record count is far from the declared public
+    size: a guard against declaring the wrong size. Never a refusal: whether the private file
+    holds more than ``SIZE_TOLERANCE`` more or fewer records than declared depends on the private
+    data, and a refusal of one neighbour but not the other would release it (issue 25). The
+    guarantee uses only the declared size."""
     if isinstance(declared, bool) or not isinstance(declared, (int, np.integer)) or declared < 1:
         raise ValueError(f"num_examples={declared!r} must be a positive integer")
     if abs(actual - declared) > SIZE_TOLERANCE * declared:
-        raise ValueError(
-            f"the {name!r} training file holds {actual} records, far from the declared public "
-            f"size {declared} (more than {SIZE_TOLERANCE:.0%} off). Sampling rates and step counts "
-            "come from the declared size, so declare the right one (num_examples=..., config "
-            "data.num_examples) for this file"
+        log.warning(
+            "the %r training file holds %d records, far from the declared public size %d (more "
+            "than %.0f%% off). Sampling rates and step counts come from the declared size: if it "
+            "is wrong, declare the right one (num_examples=..., config data.num_examples)",
+            name,
+            actual,
+            declared,
+            100 * SIZE_TOLERANCE,
         )
 
 

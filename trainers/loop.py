@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from trainers import models, parallel
+from trainers import audit, models, parallel, probe
 from trainers.data import Dataset
 from trainers.evaluate import device_arrays, model_data, validation_score
 from trainers.spec import (
@@ -91,7 +91,10 @@ def _check(hp: Hyperparams, data: Dataset) -> None:
             f"({data.train_x.dtype}): use augmult=0"
         )
     dpsgd_privacy(hp, data.public_num_train)  # raises if N < B
-    if len(data.val_x) == 0 or data.public_num_val <= 0:
+    # Decided on public quantities only (issue 25): the expected validation size, and the length
+    # of a validation set declared public. A private split that happens to be empty is scored
+    # like its neighbour with one record (a noisy count of 0 over the public size).
+    if data.public_num_val <= 0 or (data.validation_public and len(data.val_x) == 0):
         raise ValueError(
             "the dataset has no validation examples (validation_size=0): nothing to score"
         )
@@ -155,10 +158,10 @@ def train_candidates(
     """Trains K candidates; results in the order of ``hps``.
 
     ``vectorize=None`` (auto) trains structurally identical candidates (same model, optimiser, batch
-    size, epochs) together with ``vmap`` on accelerators and one after another on CPU, where vmap
-    was measured slower (``docs/performance.md``). Each candidate keeps its own key, so results do
-    not depend on the grouping (up to float rounding). Progress dicts carry the candidate's index in
-    "candidate".
+    size, epochs) together with ``vmap`` where a short measurement on this device found it faster
+    (``trainers.probe``: on the project's CPUs it was slower), else one after another. Each
+    candidate keeps its own key, so results do not depend on the grouping (up to float rounding).
+    Progress dicts carry the candidate's index in "candidate".
 
     ``mesh`` (default: the one set by ``trainers.parallel.data_parallel``, if any): train each
     candidate data-parallel over its devices, one candidate at a time (``trainers.parallel``); the
@@ -176,8 +179,10 @@ def train_candidates(
         raise ValueError(f"got {len(hps)} hyperparameter sets but {len(keys)} keys")
     for hp in hps:
         _check(hp, data)
-    if vectorize is None:
-        vectorize = jax.default_backend() != "cpu"
+    if vectorize is None:  # measured per model and device (trainers.probe), not by platform name
+        shape = data.train_x.shape[1:]
+        choice = probe.choose_for(hps, data.num_classes, shape, grad_impl=grad_impl)
+        vectorize = choice is not None and choice.vectorize
     results: list[CandidateResult | None] = [None] * len(hps)
     groups: dict[tuple, list[int]] = {}
     for i, hp in enumerate(hps):
@@ -288,9 +293,10 @@ def _train_group_unsafe(
                     jnp.int32(j),
                 )  # fmt: skip
             idx, mask = group.chunk(chunked, 0)
+            # audit.noise_step(step) is step itself outside `dptune audit --break=noise_reused`.
             params, opt_states, loss = group.step(
-                params, opt_states, gsum, loss, data_x, data_y, idx, mask, noise_keys, step_arr,
-                clip, sigma, expected_b,
+                params, opt_states, gsum, loss, data_x, data_y, idx, mask, noise_keys,
+                jnp.int32(audit.noise_step(step)), clip, sigma, expected_b,
             )  # fmt: skip
             loss_sum = loss_sum + loss
             step += 1

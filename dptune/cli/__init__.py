@@ -3,6 +3,7 @@ subcommands, each in its own module so that one command's absl flags never mix w
 
     dptune --config=smoke --workdir=/tmp/dptune-smoke     # a private tuning run
     dptune account --sampling_rate=0.004 --steps=7032 --noise_multiplier=1.1   # the accountant
+    dptune audit --config=smoke --workdir=/tmp/dptune-audit   # an empirical privacy audit
 
 ``dptune.cli.build`` turns a config into the library's objects (the one place that does).
 """
@@ -15,6 +16,7 @@ import sys
 #: ``dptune NAME ...``: the subcommands and the module whose ``run()`` serves each.
 SUBCOMMANDS = {
     "account": "dptune.cli.account",
+    "audit": "dptune.cli.audit",
 }
 
 

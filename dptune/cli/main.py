@@ -22,18 +22,20 @@ get shared). ``DIR/release/`` is what may be published; ``DIR/private/`` is the 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
 from absl import app, flags
-from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from dptune import configs
+from dptune import strategies
 from dptune.cli import vocabulary
 from dptune.cli.build import ConfigError, run_config
+from dptune.cli.common import parse_flags, resolve_config_names, setup_logging
 from dptune.errors import TuningConfigError
 from dptune.journal import ConfigChangedError
+from dptune.learners.dpsgd import COMPILATION_CACHE_ENV, use_compilation_cache
 from dptune.ledger import BudgetExceededError, LedgerBudgetMismatchError
 from dptune.space import SpaceError
 from dptune.workdir_lock import WorkdirLockedError
@@ -53,6 +55,12 @@ _PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress display on stde
 _DRY_RUN = flags.DEFINE_bool(
     "dry_run", False, "Only check the config and data and print the privacy plan; train nothing."
 )
+_CACHE = flags.DEFINE_string(
+    "compilation_cache", None,
+    "Folder of JAX's persistent compilation cache (a second run, a resumed run and Ray workers "
+    f"skip compiling); 'off' disables it. Default: ${COMPILATION_CACHE_ENV} or "
+    "~/.cache/dptune/jax.",
+)  # fmt: skip
 
 log = logging.getLogger("dptune")
 
@@ -64,8 +72,11 @@ def main(argv: list[str]) -> int:
         raise app.UsageError("--config=configs/<name>.py is required")
     if not _WORKDIR.value:
         raise app.UsageError("--workdir=DIR is required (private/ and release/ go there)")
-    _setup_logging()
+    setup_logging()
     try:
+        # Set once, before anything compiles; the environment carries it to workers (Ray).
+        folder = use_compilation_cache(_CACHE.value)
+        os.environ[COMPILATION_CACHE_ENV] = folder or "off"
         release = run_config(
             _CONFIG.value,
             _WORKDIR.value,
@@ -95,62 +106,33 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _setup_logging() -> None:
-    """dptune's own messages at INFO on stderr; library chatter (orbax, dp_accounting's
-    convergence warnings during calibration) only at ERROR."""
-    absl_logging.set_verbosity(absl_logging.ERROR)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("dptune: %(message)s"))
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    log.propagate = False
-
-
-def _resolve_config_names(argv: list[str]) -> list[str]:
-    """``--config=NAME`` (a shipped config, ``dptune.configs.NAMES``) -> its file, so
-    the command works outside a checkout; paths are left alone."""
-    out = []
-    for arg in argv:
-        if arg.startswith("--config="):
-            value = arg[len("--config=") :]
-            name, sep, rest = value.partition(":")
-            if name in configs.NAMES and not Path(name).exists():
-                arg = f"--config={configs.path_of(name)}{sep}{rest}"
-        out.append(arg)
-    return out
-
-
-def _parse_flags(argv: list[str]) -> list[str]:
-    """absl's parsing, with every bad flag or config override reported in one line (exit 2)."""
-    try:
-        return flags.FLAGS(argv)
-    except flags.Error as e:
-        print(f"dptune: refused: {e}", file=sys.stderr)
-        sys.exit(2)
-    except (AttributeError, KeyError, TypeError, ValueError) as e:
-        # ml_collections raises these for an override of a field the config does not have
-        overrides = [a.split("=")[0] for a in argv if a.startswith("--config.")]
-        print(
-            f"dptune: refused: a config override names a field the config does not have or "
-            f"gives it a value of the wrong type ({type(e).__name__}: {e}); overrides given: "
-            f"{overrides}",
-            file=sys.stderr,
-        )
-        sys.exit(2)
-
-
 def run() -> None:
     """Console-script entry point (``dptune``)."""
-    sys.argv = _resolve_config_names(sys.argv)
+    sys.argv = resolve_config_names(sys.argv)
     # `dptune --help` documents this module's flags (absl shows the main module's key flags, and
     # the console script's main module is the script, not this file).
-    for name in ("config", "workdir", "seed", "debug_nonprivate", "progress", "dry_run"):
+    for name in (
+        "config",
+        "workdir",
+        "seed",
+        "debug_nonprivate",
+        "progress",
+        "dry_run",
+        "compilation_cache",
+    ):
         flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
     main_module = sys.modules["__main__"]
     main_module.__doc__ = (
-        (__doc__ or "") + "\n" + vocabulary.describe() + "\n\n" + registry.describe() + "\n"
+        (__doc__ or "")
+        + "\n"
+        + vocabulary.describe()
+        + "\n\n"
+        + registry.describe()
+        + "\n\n"
+        + strategies.describe()
+        + "\n"
     )
-    app.run(lambda argv: sys.exit(main(argv)), flags_parser=_parse_flags)
+    app.run(lambda argv: sys.exit(main(argv)), flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

@@ -15,24 +15,38 @@ their own training loop (``docs/your_model.md``): ``Dataset``, ``Metric``, ``DpS
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
 from dptune.accounting.events import DpSgdCandidate
+from dptune.auditing.canaries import Canaries
+from dptune.auditing.decode import decode_subset_sum
+from dptune.cachedir import COMPILATION_CACHE_ENV, OFF_WORDS, cache_root
 from dptune.errors import TuningConfigError
 from dptune.progress import epoch_bar
 from dptune.trainer_protocol import DatasetTrainer, ReleaseView
-from trainers import loop, models, parallel
+from trainers import audit, loop, models, parallel, probe, runtime
 from trainers import step as step_lib
-from trainers.data import ARRAY_SOURCES, Dataset, DatasetNotFoundError, load_dataset, read_npz
+from trainers.data import (
+    ARRAY_SOURCES,
+    Dataset,
+    DatasetNotFoundError,
+    load_dataset,
+    read_npz,
+    subset_dataset,
+)
 from trainers.data import NAMES as DATASETS
 from trainers.data import check_arrays as check_user_arrays
 from trainers.evaluate import BoundedMetric, evaluate
-from trainers.spec import MODEL_NAMES, DpSgdSchedule, Hyperparams, steps_per_epoch
+from trainers.spec import AUDIT_MODEL_SUFFIX, MODEL_NAMES, DpSgdSchedule, Hyperparams
 from trainers.spec import dpsgd_privacy as _hp_privacy
 from trainers.userloop import add_noise, clipped_grad_sum
 
@@ -41,6 +55,8 @@ Metric = BoundedMetric
 
 __all__ = [
     "ARRAY_SOURCES",
+    "COMPILATION_CACHE_ENV",
+    "AuditDpSgdTrainer",
     "DATASETS",
     "MODEL_NAMES",
     "Dataset",
@@ -52,15 +68,69 @@ __all__ = [
     "add_noise",
     "check_user_arrays",
     "clipped_grad_sum",
+    "default_compilation_cache_dir",
     "dpsgd_privacy",
     "load_dataset",
     "read_npz",
+    "use_compilation_cache",
 ]
 
 log = logging.getLogger("dptune")
 
 #: Hyperparameters that enter a DP-SGD candidate's DpEvent.
 DPSGD_PRIVACY_FIELDS = ("noise_multiplier", "batch_size", "epochs", "score_noise_std")
+
+
+_cache_decided = False
+
+
+def default_compilation_cache_dir() -> Path:
+    """The user's cache folder for dptune's compiled steps: ``dptune.cachedir.cache_root()/jax``
+    (``~/.cache/dptune/jax`` unless ``$DPTUNE_CACHE`` or ``$XDG_CACHE_HOME`` say otherwise)."""
+    return cache_root() / "jax"
+
+
+def use_compilation_cache(setting: str | os.PathLike | bool | None = None) -> str | None:
+    """Turns JAX's persistent compilation cache on (warm starts: a second run, a resumed run and
+    a Ray worker load the compiled steps instead of compiling them) or off; returns its folder or
+    None (``trainers.runtime.enable_compilation_cache``).
+
+    Args:
+      setting: None (automatic: the first decision in this process stands; else a folder the
+        user already gave JAX, e.g. ``JAX_COMPILATION_CACHE_DIR``; else
+        ``$DPTUNE_COMPILATION_CACHE``; else :func:`default_compilation_cache_dir`), True (the
+        default folder), False or "off" (no cache), or a folder ("" is the default folder).
+    """
+    global _cache_decided
+    explicit = setting is not None
+    if setting is None:
+        current = jax.config.jax_compilation_cache_dir
+        if _cache_decided or current is not None:
+            if not _cache_decided:  # a folder the user gave JAX: the probe's results go there too
+                probe.set_cache_file(Path(current) / "vectorize_probe.json")
+            _cache_decided = True
+            return current
+        setting = os.environ.get(COMPILATION_CACHE_ENV) or True
+    if isinstance(setting, str) and setting.strip().lower() in OFF_WORDS:
+        setting = False
+    if setting is True or setting == "":
+        folder: Any = default_compilation_cache_dir()
+    else:
+        folder = setting or None
+    _cache_decided = True
+    try:
+        folder = runtime.enable_compilation_cache(folder)
+        # The vectorised-or-sequential probe's results live beside the compiled steps.
+        probe.set_cache_file(None if folder is None else Path(folder) / "vectorize_probe.json")
+        return folder
+    except OSError as e:
+        if explicit:
+            raise TuningConfigError(
+                f"compilation cache folder {folder}: {e}; give a writable folder or 'off'"
+            ) from None
+        # A cache is a convenience: a read-only home must not stop a private run.
+        log.warning("no compilation cache (%s): every run compiles from scratch", e)
+        return None
 
 
 def dpsgd_candidate(privacy: Any, score_noise_std: float | None) -> DpSgdCandidate:
@@ -85,15 +155,23 @@ def dpsgd_privacy(
 class DpSgdTrainer(DatasetTrainer):
     """This project's DP-SGD trainer (``trainers.loop``) on an in-memory dataset.
 
+    A candidate computes what the selection consumes (its noisy validation score) and the
+    per-epoch privacy of its training (which travels in its payload to the release); the test
+    split is evaluated once, for the released candidate (``release_view``).
+
     Args:
       data: a ``trainers.data.Dataset`` (e.g. ``dptune.Dataset.from_arrays(x, y,
         num_examples=...)``).
       base: default hyperparameters (``trainers.spec.Hyperparams`` fields) that the space's values
         override.
       epoch_progress: whether to show a per-epoch tqdm bar (the curator's console only).
-      test_curve: evaluate every candidate on the public test split after each epoch, so that the
-        released candidate's training curve shows its test accuracy (costs one test-set pass per
-        epoch).
+      test_curve: the curator's view, on request: evaluate EVERY candidate on the public test split
+        after each epoch (one test-set pass per candidate and epoch) and keep the curves in their
+        payloads (``DIR/private/``); the released candidate's curve then shows its test accuracy
+        per epoch. Off by default: selection never reads the test split.
+      compilation_cache: JAX's persistent compilation cache (:func:`use_compilation_cache`): None
+        (automatic: on, in the user's cache folder, unless already decided or
+        ``$DPTUNE_COMPILATION_CACHE=off``), False (off) or a folder.
       model: a shipped model name (``trainers.spec.MODEL_NAMES``), a ``flax.linen.Module``
         instance, or an ``(init_fn, apply_fn)`` pair (``init_fn(key, x) -> params``,
         ``apply_fn(params, x) -> outputs``); the input shape and dtype come from ``data``. Default:
@@ -113,13 +191,17 @@ class DpSgdTrainer(DatasetTrainer):
 
     privacy_fields = DPSGD_PRIVACY_FIELDS
     calibrated_field = "noise_multiplier"
+    #: the validation count + Gaussian noise accounted in its privacy (or, on a separate public
+    #: validation set, an exact score of public data): covered either way
+    score_kind = "covered"
 
     def __init__(
         self,
         data: Dataset,
         base: Mapping[str, Any] | None = None,
         epoch_progress: bool = True,
-        test_curve: bool = True,
+        test_curve: bool = False,
+        compilation_cache: str | os.PathLike | bool | None = None,
         *,
         model: Any = None,
         loss: Any = None,
@@ -132,6 +214,7 @@ class DpSgdTrainer(DatasetTrainer):
         # The PUBLIC nominal training size (declared or published), never len() of private arrays.
         self.num_examples = int(data.public_num_train)
         self.epoch_progress = epoch_progress
+        self.compilation_cache = compilation_cache
         if grad_impl not in step_lib.GRAD_IMPLS:
             raise TuningConfigError(
                 f"grad_impl={grad_impl!r} must be one of {step_lib.GRAD_IMPLS[:3]}"
@@ -179,7 +262,37 @@ class DpSgdTrainer(DatasetTrainer):
         except (TypeError, ValueError) as e:
             raise TuningConfigError(str(e)) from None
 
-    def _privacy(self, hp: Hyperparams, epochs: int | None = None) -> DpSgdCandidate:
+    #: Every candidate's expected batch size is multiplied by this (rounded, at least 1): 1 on the
+    #: full data; ``fraction`` on a subset (``subset``), so a candidate on the subset keeps the
+    #: full run's sampling rate and number of steps.
+    batch_scale: float = 1.0
+
+    def hyperparams(self, hparams: Mapping[str, Any]) -> Hyperparams:
+        hp = super().hyperparams(hparams)
+        if self.batch_scale != 1.0:
+            hp = dataclasses.replace(hp, batch_size=max(1, round(hp.batch_size * self.batch_scale)))
+        return hp
+
+    def subset(self, fraction: float, key: bytes) -> DpSgdTrainer:
+        """This trainer on a per-record Poisson subset of the private records (rate ``fraction``,
+        secret ``key``: ``trainers.data.subset_dataset``), for subsampled tuning
+        (``dptune.subsampled``). Public sizes are scaled by ``fraction``, and so is every
+        candidate's expected batch: a candidate on the subset runs the same schedule (sampling
+        rate B / N, epochs, steps) on fewer records. No per-epoch test curve (its candidates are
+        never released)."""
+        out = DpSgdTrainer(
+            subset_dataset(self.data, fraction, key), self.base, self.epoch_progress, False,
+            self.compilation_cache, grad_impl=self.grad_impl,
+        )  # fmt: skip
+        out.batch_scale = self.batch_scale * float(fraction)
+        return out
+
+    def _privacy(self, hp: Hyperparams, steps: int | None = None) -> DpSgdCandidate:
+        if self.data.public_num_val <= 0:  # public: refused before anything is accounted
+            raise TuningConfigError(
+                "the dataset has no validation set (validation_size=0): candidates cannot be "
+                "scored; set config.data.validation_size > 0 or supply a validation_dir"
+            )
         if hp.score_noise_std is None and not self.data.validation_public:
             raise TuningConfigError(
                 "score_noise_std=None (an exact validation score) needs a validation set declared "
@@ -192,20 +305,14 @@ class DpSgdTrainer(DatasetTrainer):
             privacy = _hp_privacy(hp, self.num_examples)
         except ValueError as e:
             raise TuningConfigError(f"invalid DP-SGD setting: {e}") from None
-        if epochs is not None:
-            steps = epochs * steps_per_epoch(hp.batch_size, self.num_examples)
-            privacy = type(privacy)(privacy.sampling_rate, steps, privacy.noise_multiplier)
+        if steps is not None:
+            privacy = type(privacy)(privacy.sampling_rate, int(steps), privacy.noise_multiplier)
         return dpsgd_candidate(privacy, hp.score_noise_std)
 
     def privacy(self, hparams: Mapping[str, Any]) -> DpSgdCandidate:
         """The candidate's privacy: ``steps`` Poisson-subsampled Gaussian steps at q = B / N_public
         and, in parallel, the noisy validation count."""
         return self._privacy(self.hyperparams(hparams))
-
-    def privacy_by_epoch(self, hparams: Mapping[str, Any]) -> list[DpSgdCandidate]:
-        """The privacy of the candidate's training up to each epoch (the last is ``privacy``)."""
-        hp = self.hyperparams(hparams)
-        return [self._privacy(hp, e) for e in range(1, hp.epochs + 1)]
 
     def __call__(self, hparams: Mapping[str, Any], rng: np.random.Generator) -> tuple[float, Any]:
         return self.train_many([hparams], [rng])[0]
@@ -214,25 +321,46 @@ class DpSgdTrainer(DatasetTrainer):
         self, hparams: Sequence[Mapping[str, Any]], rngs: Sequence[np.random.Generator]
     ) -> list[tuple[float, Any]]:
         """Trains len(hparams) candidates at once (``trainers.loop.train_candidates``); a failed
-        candidate scores NaN."""
+        candidate scores NaN.
+
+        Each payload holds the parameters, the per-epoch rows of ``CandidateResult.history``
+        (private: exact training losses), ``privacy_by_epoch``, the accounting candidate of the
+        training up to each of those epochs (a public function of the hyperparameters and the
+        step count), so the release reads the curve's privacy from the result, and
+        ``execution``: whether structurally identical candidates were trained vectorised, as a
+        short measurement on this device chose (``trainers.probe``; journaled with the payload,
+        never printed: whether a call had two candidates to vectorise depends on K)."""
+        use_compilation_cache(self.compilation_cache)
         hps = [self.hyperparams(h) for h in hparams]
+        impl = None if self.grad_impl == "auto" else self.grad_impl
+        choice = probe.choose_for(
+            hps, self.data.num_classes, self.data.train_x.shape[1:], grad_impl=impl
+        )
+        execution: dict[str, Any] = {"vectorized": bool(choice and choice.vectorize)}
+        if choice is not None:
+            execution.update(probe=dataclasses.asdict(choice), reason=choice.describe())
         # The full 64 bits of a threefry key, drawn from the candidate's (OS-entropy) generator:
         # the DP noise must not be guessable from a small seed space.
         keys = [r.integers(0, 2**32, size=2, dtype=np.uint32) for r in rngs]
-        # Per-epoch accuracy on the public test split: part of the released candidate's training
-        # curve; the other candidates' curves stay in private/ like the rest.
+        # Per-epoch accuracy on the public test split, only on request (the curator's view).
         test_curve: dict[int, dict[int, float]] = {}
 
         def on_epoch(i: int, epoch: int, params: Any) -> None:
-            if self.test_curve and len(self.data.test_y):
+            self.epoch_hook(i, epoch, params)
+            if with_curve:
                 test_curve.setdefault(i, {})[epoch] = float(
                     evaluate(params, hps[i].model, self.data.test_x, self.data.test_y)
                 )
 
+        with_curve = self.test_curve and len(self.data.test_y) > 0
+        # The per-epoch callback only where something reads the parameters after each epoch (test
+        # curves on request, a subclass's epoch_hook such as the audit's); else none.
+        hooked = type(self).epoch_hook is not DpSgdTrainer.epoch_hook
         with epoch_bar(self.epoch_progress, sum(hp.epochs for hp in hps)) as progress:
             results = loop.train_candidates(
-                hps, self.data, keys, progress=progress, on_epoch=on_epoch,
-                grad_impl=self.grad_impl,
+                hps, self.data, keys, progress=progress,
+                on_epoch=on_epoch if with_curve or hooked else None,
+                vectorize=execution["vectorized"], grad_impl=self.grad_impl,
             )  # fmt: skip
         out = []
         for i, r in enumerate(results):
@@ -240,18 +368,34 @@ class DpSgdTrainer(DatasetTrainer):
                 # The curator's console: which error, not which score (a failure is data-dependent).
                 log.warning("a candidate failed: %s", (r.error or "non-finite parameters")[:200])
             curve = test_curve.get(i, {})
+            history = [
+                {**h, **({"test_accuracy": curve[h["epoch"]]} if h.get("epoch") in curve else {})}
+                for h in r.history
+            ]
             payload = {
                 "params": jax.tree_util.tree_map(np.asarray, r.params),
-                "history": [
-                    {
-                        **h,
-                        **({"test_accuracy": curve[h["epoch"]]} if h.get("epoch") in curve else {}),
-                    }
-                    for h in r.history
+                "history": history,
+                "privacy_by_epoch": [
+                    self._privacy(hps[i], h["steps"]) for h in history if "steps" in h
                 ],
+                "execution": execution,
             }
             out.append((float(r.validation_score), payload))
         return out
+
+    def epoch_hook(self, index: int, epoch: int, params: Any) -> None:
+        """Called with candidate ``index``'s (private) parameters after each epoch of
+        ``train_many``; nothing here (the audit's subclass reads its canaries there)."""
+
+    def audit_canaries(self, kind: str, m: int, rng: np.random.Generator) -> Canaries:
+        """m canaries of ``kind`` for ``dptune audit`` (``AuditDpSgdTrainer``)."""
+        return AuditDpSgdTrainer.design(self, kind, m, rng)
+
+    def with_canaries(
+        self, canaries: Canaries, included: np.ndarray, fault: str | None = None
+    ) -> AuditDpSgdTrainer:
+        """This trainer on its data plus the ``included`` canaries, for ``dptune audit``."""
+        return AuditDpSgdTrainer(self, canaries, included, fault)
 
     def data_parallel(self, devices: Sequence[Any]) -> Any:
         """Context manager under which each candidate trains data-parallel over ``devices``
@@ -260,26 +404,31 @@ class DpSgdTrainer(DatasetTrainer):
         return parallel.data_parallel(parallel.data_mesh(list(devices)))
 
     def release_view(self, hparams: Mapping[str, Any], payload: Any) -> ReleaseView:
-        """The parameters, the public per-epoch rows (``test_*`` on the public test split,
-        ``noisy_*`` privatised) and the final test accuracy; the exact training losses stay in
-        ``DIR/private/``: they are a non-private function of the data."""
+        """The parameters, the public per-epoch rows (``test_*`` on the public test split when the
+        curator asked for test curves, ``noisy_*`` privatised), their privacy so far, and the
+        test accuracy (one pass over the test split, for the released candidate only); the
+        exact training losses stay in ``DIR/private/``: they are a non-private function of the
+        data."""
         if not isinstance(payload, Mapping) or payload.get("params") is None:
             return ReleaseView(None)
+        use_compilation_cache(self.compilation_cache)
+        public = ("test_", "noisy_")
         history = [
-            {
-                "epoch": h["epoch"],
-                **{k: v for k, v in h.items() if k.startswith(("test_", "noisy_"))},
-            }
+            {"epoch": h["epoch"], **{k: v for k, v in h.items() if k.startswith(public)}}
             for h in payload.get("history", [])
             if "epoch" in h
         ]
+        privacy = list(payload.get("privacy_by_epoch", ()))
         test_acc = history[-1].get("test_accuracy") if history else None
         if test_acc is None and len(self.data.test_y):
             hp = self.hyperparams(hparams)
             test_acc = float(
                 evaluate(payload["params"], hp.model, self.data.test_x, self.data.test_y)
             )
-        return ReleaseView({"params": payload["params"]}, test_acc, history)
+        return ReleaseView(
+            {"params": payload["params"]}, test_acc, history,
+            privacy_by_epoch=privacy if len(privacy) == len(history) else (),
+        )  # fmt: skip
 
     def privacy_notes(self) -> list[str]:
         """Sentences for the privacy statement: how the validation split was formed, and which
@@ -288,6 +437,18 @@ class DpSgdTrainer(DatasetTrainer):
             self.data.describe_split() + ".",
             f"Sampling rates and step counts use the public nominal training size "
             f"{self.num_examples}, not the private data's length.",
+        ]
+
+    def privacy_checks(self) -> list[str]:
+        """What dptune's own code guarantees for these candidates (the statement's "Checked by
+        dptune")."""
+        return [
+            "DP-SGD is dptune's own code (trainers/): per-example clipping to clip_norm, Poisson "
+            f"sampling at q = batch_size / {self.num_examples} (the public size), Gaussian noise "
+            "of std noise_multiplier x clip_norm once per step, and the validation count plus "
+            "Gaussian noise over the public expected validation size (tests/trainers)",
+            "the validation split is per record (a keyed hash of each record) or a separate file "
+            "(trainers.data)",
         ]
 
     def check_adjacency(self, adjacency: str) -> None:
@@ -345,3 +506,158 @@ def describe_model(spec: Any) -> dict[str, Any]:
         m = spec.metric
         out["metric"] = {"fn": qualname(m.fn), "lo": float(m.lo), "hi": float(m.hi)}
     return out
+
+
+class AuditDpSgdTrainer(DpSgdTrainer):
+    """A DP-SGD trainer on its parent's data plus the included canaries (``dptune audit``).
+
+    Its privacy declaration is the parent's (same public sizes, same hyperparameters): what the
+    audit checks is whether training lives up to it. ``gradient`` canaries train the parent's model
+    wrapped by ``trainers.audit.GradientCanaries`` (its canary block after every epoch goes into
+    the released parameters as ``canary_trace``); ``input`` canaries join the training split and
+    ``score`` canaries the validation split. ``fault``: a deliberate break for a negative control,
+    ``"noise_reused"`` (``trainers.audit.fault``) or ``"exact_score"`` (the released score is the
+    exact sum of the validation records' probabilities of their labels over the public validation
+    size, instead of the noisy accuracy).
+    """
+
+    #: Faults this trainer can inject (others are hyperparameter rewrites, ``dptune.auditing``).
+    FAULTS = ("noise_reused", "exact_score")
+
+    def __init__(
+        self, parent: DpSgdTrainer, canaries: Canaries, included: np.ndarray, fault: str | None
+    ) -> None:
+        if fault is not None and fault not in self.FAULTS:
+            raise TuningConfigError(f"fault={fault!r}: DP-SGD injects only {self.FAULTS}")
+        included = np.asarray(included, bool)
+        if included.shape != (len(canaries),):
+            raise ValueError(f"included has shape {included.shape}, not ({len(canaries)},)")
+        data = parent.data
+        x, y = canaries.subset(included)
+        if canaries.kind == "score":
+            data = dataclasses.replace(
+                data,
+                val_x=np.concatenate([data.val_x, x.astype(data.val_x.dtype)]),
+                val_y=np.concatenate([data.val_y, y.astype(data.val_y.dtype)]),
+            )
+        else:
+            data = dataclasses.replace(
+                data,
+                train_x=np.concatenate([data.train_x, x.astype(data.train_x.dtype)]),
+                train_y=np.concatenate([data.train_y, y.astype(data.train_y.dtype)]),
+            )
+        super().__init__(
+            data, parent.base, parent.epoch_progress, parent.test_curve,
+            parent.compilation_cache, grad_impl=parent.grad_impl,
+        )  # fmt: skip
+        self.parent = parent
+        self.canaries = canaries
+        self.fault = fault
+        self.num_real_val = len(parent.data.val_y)
+        self._trace: dict[int, list[np.ndarray]] = {}
+
+    @staticmethod
+    def design(trainer: DpSgdTrainer, kind: str, m: int, rng: np.random.Generator) -> Canaries:
+        """m canaries of ``kind`` placed by the dataset's own per-record split: gradient and input
+        canaries in the training split, score canaries in the validation split."""
+        data = trainer.data
+        shape = tuple(data.train_x.shape[1:])
+        if kind == "gradient":
+            if len(shape) != 3:
+                raise TuningConfigError(
+                    f"gradient canaries are images (a marker pixel); this data's records have "
+                    f"shape {shape}: audit it with --kind=input"
+                )
+            x, y = audit.gradient_canary_records(m, shape, data)
+        elif kind in ("input", "score"):
+            if kind == "score" and data.split.get("kind") != "record_hash":
+                raise TuningConfigError(
+                    "score canaries are placed in the validation split by its per-record hash; "
+                    "this dataset's validation set is separate: audit it with --kind=gradient"
+                )
+            x, y = audit.input_canary_records(
+                m, shape, data.num_classes, data, rng, validation=kind == "score"
+            )
+        else:
+            raise TuningConfigError(f"kind={kind!r}: DP-SGD canaries are gradient, input or score")
+        return Canaries(kind, x, y)
+
+    def hyperparams(self, hparams: Mapping[str, Any]) -> Any:
+        """The parent's hyperparameters; with gradient canaries, its model wrapped by
+        ``trainers.audit.GradientCanaries`` (refused for a model that reads features)."""
+        hp = super().hyperparams(hparams)
+        if self.canaries.kind == "gradient" and not str(hp.model).endswith(AUDIT_MODEL_SUFFIX):
+            if not isinstance(hp.model, str):
+                raise TuningConfigError(
+                    "gradient canaries wrap a shipped image model; audit your own model with "
+                    "--kind=input"
+                )
+            if models.get_model(hp.model, self.data.num_classes).features is not None:
+                raise TuningConfigError(
+                    f"gradient canaries need a model that reads images; {hp.model!r} reads "
+                    "features: audit it with --kind=input"
+                )
+            hp = dataclasses.replace(hp, model=hp.model + AUDIT_MODEL_SUFFIX)
+        return hp
+
+    def epoch_hook(self, index: int, epoch: int, params: Any) -> None:
+        if self.canaries.kind == "gradient":
+            self._trace.setdefault(index, []).append(audit.canary_block(params))
+
+    def train_many(
+        self, hparams: Sequence[Mapping[str, Any]], rngs: Sequence[np.random.Generator]
+    ) -> list[tuple[float, Any]]:
+        self._trace = {}
+        with audit.fault(self.fault if self.fault in audit.FAULTS else None):
+            out = super().train_many(hparams, rngs)
+        for i, (score, payload) in enumerate(out):
+            if self.canaries.kind == "gradient":
+                trace = self._trace.get(i) or [np.zeros((0, audit.GRADIENT_CANARY_SLOTS))]
+                payload["canary_trace"] = np.vstack(trace)
+            if self.fault == "exact_score" and math.isfinite(score):
+                spec = models.resolve(self.hyperparams(hparams[i]).model, self.data.num_classes)
+                val_x, val_y = self.data.val_x, self.data.val_y
+                _, conf = audit.per_record(payload["params"], spec, val_x, val_y)
+                out[i] = (math.fsum(conf) / float(self.data.public_num_val), payload)
+        return out
+
+    def release_view(self, hparams: Mapping[str, Any], payload: Any) -> ReleaseView:
+        """The parent's view; with gradient canaries the parameters also carry ``canary_trace``
+        (the canary block after each epoch: a function of the iterates, which DP-SGD's guarantee
+        covers)."""
+        view = super().release_view(hparams, payload)
+        if self.canaries.kind == "gradient" and view.payload is not None:
+            params = {**view.payload["params"], "canary_trace": payload["canary_trace"]}
+            view = dataclasses.replace(view, payload={"params": params})
+        return view
+
+    def canary_scores(self, release: Any) -> dict[str, np.ndarray]:
+        """Per-canary statistics of the released candidate, higher = more likely included.
+
+        * gradient: ``displacement`` = -w[j] at the end (w starts at 0 and moves by -lr C / B per
+          sampling of an included canary, plus noise); ``dispersion`` = standard deviation over
+          epochs of w[j]'s per-epoch increments (0 for an excluded canary when the noise repeats).
+        * input: ``loss`` = minus the canary's cross-entropy under the released parameters.
+        * score: ``decoded`` = +1 / -1 / 0 from the released score read as an exact sum
+          (``dptune.auditing.decode``).
+        """
+        m = len(self.canaries)
+        params = release.payload["params"]
+        if self.canaries.kind == "gradient":
+            trace = np.asarray(params["canary_trace"], np.float64)[:, :m]
+            final = audit.canary_block(params)[:m]
+            steps = np.diff(np.vstack([np.zeros((1, m)), trace]), axis=0)
+            return {"displacement": -final, "dispersion": steps.std(axis=0)}
+        spec = models.resolve(self.hyperparams(release.hparams).model, self.data.num_classes)
+        losses, conf = audit.per_record(params, spec, self.canaries.x, self.canaries.y)
+        if self.canaries.kind == "input":
+            return {"loss": -losses}
+        real_val = slice(0, self.num_real_val)
+        _, real = audit.per_record(
+            params, spec, self.data.val_x[real_val], self.data.val_y[real_val]
+        )
+        target = float(release.validation_score) * float(self.data.public_num_val) - math.fsum(real)
+        return {"decoded": decode_subset_sum(target, conf)}
+
+    def check_adjacency(self, adjacency: str) -> None:
+        self.parent.check_adjacency(adjacency)

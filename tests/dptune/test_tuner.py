@@ -12,6 +12,7 @@ from dptune.journal import ConfigChangedError
 from dptune.ledger import BudgetExceededError, Ledger
 from dptune.tuner import FunctionTrainer, ImpossibleBudgetError, TuningConfigError
 from selection import RandomStopping, Thresholding
+from tests.release_whitelist import check_release_whitelist
 
 N = 10_000  # the toy's "dataset size": delta must be < 1/N
 
@@ -37,6 +38,7 @@ def make_trainer(toy):
         lambda hp: DpSgdCandidate(0.01, 500, hp["noise_multiplier"]),
         num_examples=N,
         fingerprint="toy-data",
+        score_kind="covered",
     )
 
 
@@ -95,8 +97,16 @@ def test_release_folder_and_resume_after_crash(tmp_path):
     privacy = json.loads((work / "release" / "privacy.json").read_text())
     assert set(privacy) >= {"total_epsilon", "delta", "single_run_epsilon", "selection"}
     assert privacy["total_epsilon"] <= 2.0
-    text = " ".join(p.read_text(errors="ignore") for p in (work / "release").glob("*.json"))
-    assert "num_trials" not in text and "scores" not in text
+    # nothing of K or the other candidates: every key of every release file is whitelisted
+    check_release_whitelist(work / "release")
+
+    def keys(x):
+        if isinstance(x, dict):
+            return set(x) | set().union(*(keys(v) for v in x.values()))
+        return set().union(*(keys(v) for v in x)) if isinstance(x, list) else set()
+
+    for f in (work / "release").glob("*.json"):
+        assert not {"num_trials", "scores", "k"} & keys(json.loads(f.read_text())), f.name
 
     # a finished run called again returns its release without training
     again = Toy()
@@ -164,7 +174,9 @@ def test_user_event_mismatch_is_caught():
     def fn(hp, rng):
         return 0.5, None, DpSgdCandidate(0.5, 1, 0.5)  # not what was declared
 
-    tr = FunctionTrainer(fn, lambda hp: DpSgdCandidate(0.01, 500, hp["noise_multiplier"]), N)
+    tr = FunctionTrainer(
+        fn, lambda hp: DpSgdCandidate(0.01, 500, hp["noise_multiplier"]), N, score_kind="covered"
+    )
     rel = dptune.tune(tr, SPACE, RandomStopping.logarithmic(2), (2.0, 1e-5), seed=1)
     # the mismatch raises inside the candidate, which counts as a failure (never aborts)
     assert all(math.isnan(s) for s in rel.private.scores)
@@ -199,7 +211,10 @@ def test_debug_nonprivate_prints_scores_and_voids_the_statement(capsys):
 def test_privacy_relevant_choice_is_accounted_at_its_worst_case():
     """A space drawing steps from {200, 500} is charged as the 500-step run (uniform bound)."""
     tr = FunctionTrainer(
-        Toy(), lambda hp: DpSgdCandidate(0.01, hp["steps"], hp["noise_multiplier"]), N
+        Toy(),
+        lambda hp: DpSgdCandidate(0.01, hp["steps"], hp["noise_multiplier"]),
+        N,
+        score_kind="covered",
     )
     sel = RandomStopping.logarithmic(4)
 
