@@ -442,7 +442,7 @@ class DpSgdTrainer(DatasetTrainer):
     def privacy_checks(self) -> list[str]:
         """What dptune's own code guarantees for these candidates (the statement's "Checked by
         dptune")."""
-        return [
+        checks = [
             "DP-SGD is dptune's own code (trainers/): per-example clipping to clip_norm, Poisson "
             f"sampling at q = batch_size / {self.num_examples} (the public size), Gaussian noise "
             "of std noise_multiplier x clip_norm once per step, and the validation count plus "
@@ -450,6 +450,20 @@ class DpSgdTrainer(DatasetTrainer):
             "the validation split is per record (a keyed hash of each record) or a separate file "
             "(trainers.data)",
         ]
+        if isinstance(self.model, models.ModelSpec) and not self.model.shipped:
+            metric = self.model.metric
+            checks.append(
+                f"the model ({self.model.name}) is the user's; dptune checked it before training "
+                "(no state besides its parameters; one example's outputs do not move with another "
+                "example's, on synthetic inputs) and clips its per-example gradients itself"
+                + (
+                    ""
+                    if metric is None
+                    else f"; its validation metric is clipped to [{metric.lo:g}, {metric.hi:g}] "
+                    "and rescaled to [0, 1] per record, so the noisy sum has sensitivity 1"
+                )
+            )
+        return checks
 
     def check_adjacency(self, adjacency: str) -> None:
         """Replace-one needs a fixed, public dataset size: the loaded file must hold exactly the
