@@ -235,8 +235,9 @@ class Dataset:
           x, y: inputs (n, ...) and integer labels (n,). Floating-point inputs are stored as
             float32, integer inputs as int32.
           num_examples: the PUBLIC number of records in (x, y), declared by you (required: the
-            length of the private arrays changes when one person is added or removed). Loading
-            refuses arrays more than 1% away from it (a guard against a wrong declaration).
+            length of the private arrays changes when one person is added or removed). Arrays
+            more than 1% away from it get a warning on the curator's console (a guard against a
+            wrong declaration; never a refusal, which would depend on the private data).
           validation_fraction: expected fraction of the records that go to the (private)
             validation split, in [0, 1); ignored with ``public_validation``.
           x_test, y_test: a public test split, only for reporting (not covered by the guarantee).
@@ -247,10 +248,14 @@ class Dataset:
           name: a label for reports and the ledger.
           seed_split: public seed of the split hash.
 
+        Records whose label is outside [0, num_classes) are dropped, each on its own (a
+        per-record rule: whether one record is kept never depends on the others), with a warning
+        on the curator's console; refusing the whole dataset instead would depend on the private
+        records.
+
         Raises:
-          ValueError: no or a wrong ``num_examples``, mismatched shapes, labels that are not
-            integers in [0, num_classes), an impossible validation fraction, no way to know
-            ``num_classes``.
+          ValueError: no or a malformed ``num_examples``, mismatched shapes or dtypes, labels that
+            are not integers, an impossible validation fraction, no way to know ``num_classes``.
         """
         if num_examples is None:
             raise ValueError(
@@ -273,8 +278,24 @@ class Dataset:
                 )
             num_classes = int(max(int(np.max(a)) for a in public_labels if len(a))) + 1
         num_classes = int(num_classes)
-        if len(y) and (int(y.min()) < 0 or int(y.max()) >= num_classes):
-            raise ValueError(f"labels must be integers in [0, {num_classes}) (num_classes)")
+        valid = (y >= 0) & (y < num_classes)
+        if not valid.all():
+            log.warning(
+                "%d records of %r have a label outside [0, %d) (num_classes): they are left out",
+                int((~valid).sum()), name, num_classes,
+            )  # fmt: skip
+            x, y = x[valid], y[valid]
+        public = [("y_test", y_test)]
+        if public_validation is not None:
+            public.append(("public_validation labels", public_validation[1]))
+        for what, labels in public:  # public labels: checking them reveals nothing private
+            labels = None if labels is None else np.asarray(labels)
+            if (
+                labels is not None
+                and len(labels)
+                and not (labels.min() >= 0 and labels.max() < num_classes)
+            ):
+                raise ValueError(f"{what} must be integers in [0, {num_classes}) (num_classes)")
         if x_test is None:
             if y_test is not None:
                 raise ValueError("y_test given without x_test")

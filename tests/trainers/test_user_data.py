@@ -4,6 +4,8 @@ the own-loop pieces (schedule, clipped_grad_sum, add_noise)."""
 
 from __future__ import annotations
 
+import logging
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -24,12 +26,13 @@ def _tabular(n=600, d=6, classes=3, seed=0):
     return x, np.argmax(x @ rng.standard_normal((d, classes)), axis=1)
 
 
-def test_from_arrays_needs_a_declared_size_and_splits_per_record():
+def test_from_arrays_needs_a_declared_size_and_splits_per_record(caplog):
     x, y = _tabular()
     with pytest.raises(ValueError, match="num_examples=<the public number of records"):
         Dataset.from_arrays(x, y, num_classes=3)
-    with pytest.raises(ValueError, match="declared public size 1000"):
-        Dataset.from_arrays(x, y, num_examples=1000, num_classes=3)
+    with caplog.at_level(logging.WARNING):  # a warning, never a refusal (it would be private)
+        far = Dataset.from_arrays(x, y, num_examples=1000, num_classes=3)
+    assert "declared public size 1000" in caplog.text and far.public_num_train == 900
     with pytest.raises(ValueError, match="num_classes=...*public"):
         Dataset.from_arrays(x, y, num_examples=600)  # never read from the private labels
     d = Dataset.from_arrays(x, y, num_examples=600, validation_fraction=0.2, num_classes=3)
@@ -58,8 +61,14 @@ def test_from_arrays_public_validation_and_integer_tokens():
     # integer inputs hash as integers: ids beyond float32's exact range stay distinct records
     big = np.array([[2**24], [2**24 + 1]])
     assert len(set(record_digests(big, np.zeros(2, int)))) == 2
-    with pytest.raises(ValueError, match="labels must be integers in"):
-        Dataset.from_arrays(tokens, y + 5, num_examples=300, num_classes=2)
+    # a private record with a label out of range is left out on its own (never a refusal)
+    bad_y = y.copy()
+    bad_y[:3] = 7
+    kept = Dataset.from_arrays(tokens, bad_y, num_examples=300, num_classes=2)
+    assert len(kept.train_x) + len(kept.val_x) == 297 and kept.public_num_train == 270
+    with pytest.raises(ValueError, match="y_test must be integers in"):  # public labels
+        Dataset.from_arrays(tokens, y, num_examples=300, x_test=tokens[:5], y_test=y[:5] + 5,
+                            num_classes=2)  # fmt: skip
 
 
 class _Text(nn.Module):
