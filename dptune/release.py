@@ -8,8 +8,11 @@ cover the selected output alone, and revealing K would turn random stopping back
 Files (``DIR/release/``):
 
 * ``result.json``: ``released``, ``hparams``, ``validation_score``, ``test_accuracy``
-  (or ``released: false``).
-* ``privacy.json`` / ``privacy.txt``: the privacy statement (machine- and human-readable).
+  (or ``released: false`` and its ``reason``: ``none_selected``, a legitimate private outcome, or
+  ``no_candidate_succeeded``: the selected candidate failed, so every candidate did, and no model
+  is released).
+* ``privacy.json`` / ``privacy.txt``: the privacy statement (machine- and human-readable);
+  ``privacy.txt`` opens with a one-line headline whose epsilon is rounded *up*.
 * ``checkpoint/``: the released model's parameters (orbax), or ``payload.pkl`` for payloads that
   are not array pytrees (user trainers).
 * ``training_curve.json`` / ``training_curve.png`` (the selected candidate's public per-epoch
@@ -37,6 +40,12 @@ RESULT_FILE = "result.json"
 PRIVACY_JSON = "privacy.json"
 PRIVACY_TXT = "privacy.txt"
 
+#: ``Release.outcome`` values: a candidate was released; the selection chose none (a legitimate
+#: private answer); the selected candidate failed (every candidate failed: no model released).
+RELEASED = "released"
+NONE_SELECTED = "none_selected"
+NO_CANDIDATE_SUCCEEDED = "no_candidate_succeeded"
+
 
 @dataclass
 class Release:
@@ -56,6 +65,9 @@ class Release:
       curve: per-epoch public quantities of the selected candidate (epsilon so far, metrics on
         public or privatised data), for the training-curve plot; None if the trainer has none.
       path: the release folder, if one was written.
+      outcome: ``"released"``, ``"none_selected"`` or ``"no_candidate_succeeded"`` (default:
+        from ``released``).
+      trainer_name: what trained the candidates (the report names it), e.g. "DP-SGD".
     """
 
     released: bool
@@ -67,12 +79,18 @@ class Release:
     payload: Any = field(default=None, repr=False)
     curve: list[dict[str, Any]] | None = field(default=None, repr=False)
     path: Path | None = None
+    outcome: str = ""
+    trainer_name: str | None = None
     # The curator's view (number of candidates, all scores): never printed, never in release/.
     private: Any = field(default=None, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        if not self.outcome:
+            self.outcome = RELEASED if self.released else NONE_SELECTED
+
     def result_json(self) -> dict[str, Any]:
         if not self.released:
-            return {"released": False}
+            return {"released": False, "reason": self.outcome}
         return {
             "released": True,
             "hparams": self.hparams,
@@ -88,15 +106,51 @@ class Release:
             f"total_epsilon={eps}, delta={self.privacy.get('delta')}, path={self.path})"
         )
 
+    @property
+    def headline(self) -> str:
+        """One line: the run's (epsilon, delta), epsilon rounded up (``headline``)."""
+        return headline(self.privacy)
+
     def __str__(self) -> str:
-        if not self.released:
+        if self.outcome == NO_CANDIDATE_SUCCEEDED:
+            head = (
+                "Nothing released: no candidate succeeded (every candidate failed; "
+                "`dptune inspect WORKDIR` shows why)."
+            )
+        elif not self.released:
             head = "Nothing released (no candidate selected: a legitimate private outcome)."
         else:
             hp = ", ".join(f"{k}={_fmt(v)}" for k, v in (self.hparams or {}).items())
             head = f"Released: {hp}\n  validation score {_fmt(self.validation_score)}"
             if self.test_accuracy is not None:
                 head += f", test accuracy {_fmt(self.test_accuracy)}"
-        return f"{head}\n{self.privacy_text}"
+        return f"{head}\n{self.headline}\n\n{self.privacy_text}"
+
+
+def headline(privacy: dict[str, Any]) -> str:
+    """``Everything released ... is (eps, delta)-differentially private``, epsilon rounded *up*
+    to 3 significant digits (rounding down would overstate the guarantee); the exact value is in
+    the statement below it and in privacy.json."""
+    eps, delta = privacy.get("total_epsilon"), privacy.get("delta")
+    if not isinstance(eps, (int, float)) or not math.isfinite(eps):
+        return "Privacy: no finite guarantee (see the statement below)."
+    text = (
+        f"Everything released by this run, tuning included, is ({_round_up(float(eps))}, "
+        f"{float(delta):.3g})-differentially private"
+    )
+    if privacy.get("private") is False:
+        text += " -- NOT: this was a non-private debug run"
+    return text + "."
+
+
+def _round_up(x: float, digits: int = 3) -> str:
+    """``x`` rounded up to ``digits`` significant digits, as text (3.99871 -> "4", 1.2301 ->
+    "1.24")."""
+    if x <= 0:
+        return f"{x:.{digits}g}"
+    scale = 10.0 ** (digits - 1 - math.floor(math.log10(x)))
+    up = math.ceil(x * scale - 1e-9) / scale
+    return f"{up:.{digits}g}"
 
 
 def write_release(release: Release, folder: str | os.PathLike) -> Path:
@@ -114,7 +168,7 @@ def write_release(release: Release, folder: str | os.PathLike) -> Path:
     tmp.mkdir(parents=True)
     _write_json(tmp / RESULT_FILE, release.result_json())
     _write_json(tmp / PRIVACY_JSON, release.privacy)
-    (tmp / PRIVACY_TXT).write_text(release.privacy_text.rstrip() + "\n")
+    (tmp / PRIVACY_TXT).write_text(release.headline + "\n\n" + release.privacy_text.rstrip() + "\n")
     plots.epsilon_breakdown(release.privacy, tmp / "epsilon.png")
     if release.released:
         payload = release.payload
@@ -173,14 +227,18 @@ def read_release(folder: str | os.PathLike) -> Release:
     """Reads a release folder written by :func:`write_release` (the model stays on disk)."""
     folder = Path(folder)
     result = json.loads((folder / RESULT_FILE).read_text())
+    privacy = json.loads((folder / PRIVACY_JSON).read_text())
+    text = (folder / PRIVACY_TXT).read_text()
+    head = headline(privacy) + "\n\n"
     return Release(
         released=bool(result.get("released")),
         hparams=result.get("hparams"),
         validation_score=result.get("validation_score"),
         test_accuracy=result.get("test_accuracy"),
-        privacy=json.loads((folder / PRIVACY_JSON).read_text()),
-        privacy_text=(folder / PRIVACY_TXT).read_text(),
+        privacy=privacy,
+        privacy_text=text[len(head) :] if text.startswith(head) else text,
         path=folder,
+        outcome=str(result.get("reason") or ""),
     )
 
 

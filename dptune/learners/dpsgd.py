@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
 from dptune.accounting.events import DpSgdCandidate
-from dptune.errors import TuningConfigError
+from dptune.errors import CandidateFailure, TuningConfigError
 from dptune.progress import epoch_bar
-from dptune.trainer_protocol import DatasetTrainer, ReleaseView
+from dptune.trainer_protocol import DatasetTrainer, ReleaseView, source_digest
 from trainers import loop, parallel
 from trainers.data import NAMES as DATASETS
 from trainers.data import Dataset, DatasetNotFoundError, load_dataset
@@ -47,6 +48,13 @@ def dpsgd_candidate(privacy: Any, score_noise_std: float | None) -> DpSgdCandida
         return DpSgdCandidate.from_dpsgd_privacy(privacy, score_noise_std=score_noise_std)
     except ValueError as e:
         raise TuningConfigError(str(e)) from None
+
+
+def _failure(result: Any) -> CandidateFailure:
+    """A failed ``trainers.spec.CandidateResult`` as the journal's failure record."""
+    error = result.error or "NonFiniteParameters: the parameters became non-finite"
+    kind, _, message = error.partition(": ")
+    return CandidateFailure(kind, message, result.traceback or "")
 
 
 class DpSgdTrainer(DatasetTrainer):
@@ -136,11 +144,14 @@ class DpSgdTrainer(DatasetTrainer):
             results = loop.train_candidates(
                 hps, self.data, keys, progress=progress, on_epoch=on_epoch
             )
-        out = []
+        out: list[tuple[float, Any]] = []
         for i, r in enumerate(results):
             if r.failed:
                 # The curator's console: which error, not which score (a failure is data-dependent).
-                log.warning("a candidate failed: %s", (r.error or "non-finite parameters")[:200])
+                failure = _failure(r)
+                log.warning("a candidate failed: %s", failure.summary())
+                out.append((float("nan"), failure))
+                continue
             curve = test_curve.get(i, {})
             payload = {
                 "params": jax.tree_util.tree_map(np.asarray, r.params),
@@ -154,6 +165,11 @@ class DpSgdTrainer(DatasetTrainer):
             }
             out.append((float(r.validation_score), payload))
         return out
+
+    def code_digest(self) -> str:
+        """This module and the ``trainers`` package's sources (the DP-SGD engine)."""
+        package = Path(loop.__file__).parent
+        return source_digest(files=[Path(__file__), *sorted(package.glob("*.py"))])
 
     def data_parallel(self, devices: Sequence[Any]) -> Any:
         """Context manager under which each candidate trains data-parallel over ``devices``

@@ -39,7 +39,7 @@ def run(workdir):
     tr = FunctionTrainer(train, lambda hp: DpSgdCandidate(0.01, 200, 1.5), 10_000)
     sp = dict(learning_rate=space.log_uniform(0.01, 10.0), noise_multiplier=1.5)
     return dptune.tune(tr, sp, RandomStopping.logarithmic(3), (20.0, 1e-5), seed=5,
-                       workdir=workdir, progress=False)
+                       workdir=workdir, progress=False, ledger=None)
 """
 
 # Killed while the checkpoint is half written: the orbax save writes a partial file, says so,
