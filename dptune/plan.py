@@ -22,6 +22,7 @@ import numpy as np
 from dptune import space as space_mod
 from dptune.accounting import calibrate, total_privacy
 from dptune.accounting.events import ADJACENCIES, with_adjacency
+from dptune.accounting.quiet import quiet_accounting
 from dptune.errors import ImpossibleBudgetError, TuningConfigError
 from dptune.space import Space, SpaceError
 from dptune.trainer_protocol import as_candidate
@@ -151,6 +152,7 @@ def _privacy_dependent_fields(space: Space, candidate_of: Callable[[dict], Any])
     return found
 
 
+@quiet_accounting
 def make_privacy_plan(
     trainer: Any,
     space: Space | Mapping[str, Any],
@@ -309,6 +311,7 @@ def plan_privacy(trainer: Any, space: Any, selection: Any, budget: Any, **kwargs
     return Space({**plan.space.to_dict(), **plan.calibrated}), plan.statement
 
 
+@quiet_accounting
 def check_candidates(trainer: Any, plan: PrivacyPlan, drawn: Sequence[Mapping[str, Any]]) -> None:
     """Every drawn candidate's declared privacy must be covered by what the statement accounted.
 

@@ -236,7 +236,7 @@ def read_release(folder: str | os.PathLike) -> Release:
         validation_score=result.get("validation_score"),
         test_accuracy=result.get("test_accuracy"),
         privacy=privacy,
-        privacy_text=text[len(head) :] if text.startswith(head) else text,
+        privacy_text=(text[len(head) :] if text.startswith(head) else text).rstrip("\n"),
         path=folder,
         outcome=str(result.get("reason") or ""),
     )
@@ -259,6 +259,10 @@ def _save_orbax(params: Any, path: Path) -> None:
     with ocp.StandardCheckpointer() as ckpt:
         ckpt.save(path.absolute(), params)
         ckpt.wait_until_finished()
+    # orbax notes the absolute folder it committed to (informational; only the file's presence is
+    # read back): keep the release free of absolute paths, so it can be moved or copied.
+    for note in path.rglob("commit_success.txt"):
+        note.write_text(note.read_text().replace(str(path.absolute()), path.name))
 
 
 def _is_array_tree(tree: Any) -> bool:

@@ -43,6 +43,7 @@ import numpy as np
 import dptune
 from dptune.accounting import ACCOUNTANTS
 from dptune.accounting.events import ADJACENCIES
+from dptune.accounting.quiet import quiet_accounting
 from dptune.errors import (
     CandidateFailure,
     ImpossibleBudgetError,
@@ -118,6 +119,7 @@ class _Private:
         return "<private: see DIR/private/>"
 
 
+@quiet_accounting
 def tune(
     trainer: Any,
     space: Space | Mapping[str, Any],
@@ -218,6 +220,7 @@ class Preflight:
     resuming: bool
 
 
+@quiet_accounting
 def preflight(
     trainer: Any,
     space: Space | Mapping[str, Any],
@@ -551,10 +554,13 @@ def _charge_ledger(pre: Preflight, trainer: Any, run_id: str) -> None:
             workdir=str(pre.workdir or ""),
         )
     if spend.registered:
-        log.warning(
+        # A budget the run states is explicit: INFO. One taken from the run itself: a WARNING,
+        # since it fixes the dataset's lifetime budget.
+        log.log(
+            logging.INFO if dsb is not None else logging.WARNING,
             "ledger %s: dataset %s (%s) had no lifetime budget; registered (epsilon=%g, "
-            "delta=%g) %s. Every later run on it must fit in what is left; set it explicitly "
-            "with `dptune ledger --dataset=%s --budget_epsilon=E --budget_delta=D`",
+            "delta=%g) %s. Every later run on it must fit in what is left; change it with "
+            "`dptune ledger --dataset=%s --budget_epsilon=E --budget_delta=D`",
             pre.ledger, spend.name or "?", pre.fingerprint[:12], spend.budget_epsilon,
             spend.budget_delta,
             "as this run states it" if dsb is not None else "from this run's own budget",

@@ -9,32 +9,46 @@
 config file; ``--config.<field>=<value>`` overrides any field.
 
 Everything is checked before anything private runs: the config, the data, the budget (the noise
-multiplier is calibrated so the *total* epsilon, tuning included, meets it) and the dataset's
-ledger. Rerunning the same command with the same ``--workdir`` resumes a killed run (same plan,
-same seeds, finished candidates kept); a different config with that workdir is refused.
+multiplier is calibrated so the *total* epsilon, tuning included, meets it), the workdir and the
+dataset's ledger. A problem is one line starting with ``dptune:`` and exit code 2, nothing charged
+(docs/errors.md lists every exit code). Rerunning the same command with the same ``--workdir``
+resumes a killed or interrupted run (same plan, same seeds, finished candidates kept); a
+different config, or edited trainer code, with that workdir is refused.
 
 What the console shows: a progress display with elapsed time and epochs of the candidate being
 trained, never the number of candidates or any score (the console may be the curator's, but logs
-get shared). ``DIR/release/`` is what may be published; ``DIR/private/`` is the curator's.
-``--debug_nonprivate`` prints every score and K and marks the statement NOT private.
+get shared); ``--verbosity`` (``-v``) sets how much dptune logs (-1: warnings only, 0: the
+default, 1: debug). ``DIR/release/`` is what may be published; ``DIR/private/`` is the curator's
+(``dptune inspect DIR`` shows it). ``--debug_nonprivate`` prints every score and K and marks the
+statement NOT private.
 """
 
 from __future__ import annotations
 
+import difflib
 import logging
+import shlex
+import signal
 import sys
+import tempfile
+import traceback
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from absl import app, flags
+from absl import flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
 from dptune import configs
-from dptune.cli import vocabulary
+from dptune.accounting.quiet import summarised_accounting_warnings
+from dptune.cli import exits, vocabulary
 from dptune.cli.build import ConfigError, run_config
 from dptune.errors import TuningConfigError
-from dptune.journal import ConfigChangedError
+from dptune.journal import JOURNAL_FILE, ConfigChangedError
+from dptune.learners.dpsgd import DatasetNotFoundError
 from dptune.ledger import BudgetExceededError, LedgerBudgetMismatchError
+from dptune.release import NO_CANDIDATE_SUCCEEDED
 from dptune.space import SpaceError
 from dptune.workdir_lock import WorkdirLockedError
 from selection import registry
@@ -54,103 +68,338 @@ _DRY_RUN = flags.DEFINE_bool(
     "dry_run", False, "Only check the config and data and print the privacy plan; train nothing."
 )
 
+#: This module's own flags (``dptune --help`` lists them).
+_OWN_FLAGS = ("config", "workdir", "seed", "debug_nonprivate", "progress", "dry_run")
+
+#: Errors that are the user's to fix, raised before any private computation: one line, exit 2.
+REFUSALS = (
+    ConfigError,
+    SpaceError,
+    TuningConfigError,
+    BudgetExceededError,
+    LedgerBudgetMismatchError,
+    ConfigChangedError,
+    WorkdirLockedError,
+    DatasetNotFoundError,
+)
+
+_HELP_FLAGS = ("-h", "--help", "-help", "-?", "--helpshort", "--helpfull")
+
 log = logging.getLogger("dptune")
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if _CONFIG.value is None:
-        raise app.UsageError("--config=configs/<name>.py is required")
-    if not _WORKDIR.value:
-        raise app.UsageError("--workdir=DIR is required (private/ and release/ go there)")
-    _setup_logging()
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C's KeyboardInterrupt so the run stops the same way."""
+
+
+def cli(argv: Sequence[str]) -> int:
+    """The ``dptune`` command in this process: ``argv`` as in ``sys.argv``; returns the exit code
+    (``dptune.cli.exits``). Prints no traceback: a refusal is one ``dptune: refused:`` line."""
+    argv = list(argv)
+    typed = list(argv)  # as the user typed it: the resume command repeats it
+    if any(a in _HELP_FLAGS for a in argv[1:]):
+        print(usage())
+        return exits.OK
     try:
-        release = run_config(
-            _CONFIG.value,
-            _WORKDIR.value,
-            seed=_SEED.value,
-            debug_nonprivate=_DEBUG.value,
-            progress=_PROGRESS.value,
-            dry_run=_DRY_RUN.value,
-        )
-    except (
-        ConfigError,
-        SpaceError,
-        TuningConfigError,
-        BudgetExceededError,
-        LedgerBudgetMismatchError,
-        ConfigChangedError,
-        WorkdirLockedError,
-    ) as e:
-        print(f"dptune: refused: {e}", file=sys.stderr)
-        return 2
-    if _DRY_RUN.value:
-        space, statement = release
-        print(f"Dry run (nothing trained). Search space: {space.to_dict()}\n")
-        print(statement.to_text())
-        return 0
-    print(str(release))
-    print(f"\nRelease folder: {Path(_WORKDIR.value) / 'release'}")
-    return 0
-
-
-def _setup_logging() -> None:
-    """dptune's own messages at INFO on stderr; library chatter (orbax, dp_accounting's
-    convergence warnings during calibration) only at ERROR."""
-    absl_logging.set_verbosity(absl_logging.ERROR)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("dptune: %(message)s"))
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    log.propagate = False
-
-
-def _resolve_config_names(argv: list[str]) -> list[str]:
-    """``--config=NAME`` (a shipped config, ``dptune.configs.NAMES``) -> its file, so
-    the command works outside a checkout; paths are left alone."""
-    out = []
-    for arg in argv:
-        if arg.startswith("--config="):
-            value = arg[len("--config=") :]
-            name, sep, rest = value.partition(":")
-            if name in configs.NAMES and not Path(name).exists():
-                arg = f"--config={configs.path_of(name)}{sep}{rest}"
-        out.append(arg)
-    return out
-
-
-def _parse_flags(argv: list[str]) -> list[str]:
-    """absl's parsing, with every bad flag or config override reported in one line (exit 2)."""
+        argv = normalise_argv(argv)
+    except ConfigError as e:
+        return exits.refuse(e)
+    rest, error = _parse_flags(argv)
+    if error is not None:
+        return exits.refuse(error)
+    previous = _install_sigterm()
     try:
-        return flags.FLAGS(argv)
+        return _main(rest, argv, typed)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _parse_flags(argv: list[str]) -> tuple[list[str], str | None]:
+    """absl's parsing of ``argv`` (in-process safe: the config's override flags of an earlier
+    parse are removed first): ``(the arguments that are not flags, None)``, or ``([], the
+    refusal text)``."""
+    fv = flags.FLAGS
+    for name in list(fv):
+        if name.startswith("config."):
+            delattr(fv, name)
+    fv.unparse_flags()
+    saved = sys.argv
+    sys.argv = argv  # ml_collections reads the overrides from sys.argv
+    try:
+        rest = fv(argv)[1:]
     except flags.Error as e:
-        print(f"dptune: refused: {e}", file=sys.stderr)
-        sys.exit(2)
+        return [], str(e)
     except (AttributeError, KeyError, TypeError, ValueError) as e:
         # ml_collections raises these for an override of a field the config does not have
         overrides = [a.split("=")[0] for a in argv if a.startswith("--config.")]
+        return [], (
+            f"a config override names a field the config does not have or gives it a value of "
+            f"the wrong type ({type(e).__name__}: {e}); overrides given: {overrides}"
+        )
+    except Exception as e:  # noqa: BLE001 - a config file that fails to load while parsing
+        return [], _config_load_error(argv, e)
+    finally:
+        sys.argv = saved
+    return rest, None
+
+
+def _config_load_error(argv: Sequence[str], e: BaseException) -> str:
+    given = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), "?")
+    detail = " ".join(str(e).split())
+    if "No such file" in detail:
+        detail = "no such file"
+    return (
+        f"--config={given} could not be loaded ({type(e).__name__}: {detail[:300]}): fix the "
+        f"file, or use a shipped config ({', '.join(configs.NAMES)})"
+    )
+
+
+def _main(rest: list[str], argv: list[str], typed: list[str]) -> int:
+    if rest:
+        return exits.refuse(
+            f"unexpected arguments {rest}: every setting is a flag (--name=value); "
+            "`dptune --help` lists them"
+        )
+    try:
+        config = _CONFIG.value
+    except Exception as e:  # noqa: BLE001 - config_flags defers load errors to the first access
+        return exits.refuse(_config_load_error(argv, e))
+    if config is None:
+        return exits.refuse(
+            f"--config=NAME is required: a shipped config ({', '.join(configs.NAMES)}) or a "
+            "config file"
+        )
+    if not _WORKDIR.value:
+        return exits.refuse("--workdir=DIR is required (private/ and release/ go there)")
+    setup_logging()
+    workdir = Path(_WORKDIR.value)
+    try:
+        with summarised_accounting_warnings():
+            release = run_config(
+                config,
+                workdir,
+                seed=_SEED.value,
+                debug_nonprivate=_DEBUG.value,
+                progress=_PROGRESS.value,
+                dry_run=_DRY_RUN.value,
+            )
+    except REFUSALS as e:
+        return exits.refuse(e)
+    except KeyboardInterrupt as e:
+        return _interrupted(e, workdir, typed)
+    except Exception as e:  # noqa: BLE001 - a bug: one line here, the traceback in a file
+        return _internal_error(e, workdir, typed)
+    if _DRY_RUN.value:
+        _print_dry_run(release)
+        return exits.OK
+    print(str(release))
+    print(f"\nRelease folder: {workdir / 'release'}")
+    if release.outcome == NO_CANDIDATE_SUCCEEDED:
         print(
-            f"dptune: refused: a config override names a field the config does not have or "
-            f"gives it a value of the wrong type ({type(e).__name__}: {e}); overrides given: "
-            f"{overrides}",
+            "dptune: no candidate succeeded: nothing was released (release/ says so). The "
+            "candidates touched the data, so this run's (epsilon, delta) stays charged to the "
+            f"dataset. `dptune inspect {workdir}` shows why each failed.",
             file=sys.stderr,
         )
-        sys.exit(2)
+        return exits.NO_CANDIDATE_SUCCEEDED
+    return exits.OK
+
+
+def _print_dry_run(dry: Any) -> None:
+    print(f"Dry run (nothing trained). Search space: {dry.space.to_dict()}\n")
+    print(dry.statement.to_text())
+    pre = dry.preflight
+    if pre.ledger is None:
+        print("\nLedger: none (config.ledger.enabled=False): this run would be charged nowhere.")
+        return
+    s = pre.spend
+    how = (
+        "has no lifetime budget yet; the run would register "
+        if s.registered
+        else "has the lifetime budget "
+    )
+    print(
+        f"\nLedger {pre.ledger}: dataset {pre.fingerprint} {how}(epsilon={s.budget_epsilon:g}, "
+        f"delta={s.budget_delta:g}); after this run it would have spent epsilon="
+        f"{s.spent_epsilon:.4g}. Set a budget with `dptune ledger "
+        f"--dataset={pre.fingerprint[:12]} --budget_epsilon=E --budget_delta=D`."
+    )
+
+
+def _interrupted(e: KeyboardInterrupt, workdir: Path, argv: Sequence[str]) -> int:
+    """The one line after Ctrl-C / SIGTERM: what was saved, and the command that resumes."""
+    signame = "SIGTERM" if isinstance(e, Terminated) else "SIGINT"
+    journal = workdir / "private" / JOURNAL_FILE
+    if journal.exists():
+        saved = (
+            f"saved in {workdir / 'private'}: the run's plan, seeds and every finished candidate "
+            "(a candidate in training starts again with its own seed; a resume is not charged "
+            "again)"
+        )
+    else:
+        saved = "nothing was trained, saved or charged yet"
+    print(
+        f"dptune: interrupted ({signame}); {saved}. Resume with: {resume_command(argv)}",
+        file=sys.stderr,
+    )
+    return exits.TERMINATED if isinstance(e, Terminated) else exits.INTERRUPTED
+
+
+def _internal_error(e: Exception, workdir: Path, argv: Sequence[str]) -> int:
+    """An unexpected error: the traceback goes to a file (private/, the curator's), one line
+    here; the journal is intact, so rerunning the command resumes."""
+    text = traceback.format_exc()
+    private = workdir / "private"
+    try:
+        if private.is_dir():
+            path = private / "error.log"
+            with open(path, "a") as f:
+                f.write(text + "\n")
+        else:
+            fd, name = tempfile.mkstemp(prefix="dptune-error-", suffix=".log")
+            with open(fd, "w") as f:
+                f.write(text)
+            path = Path(name)
+    except OSError:
+        path = None
+    if absl_logging.get_verbosity() >= 1:
+        print(text, file=sys.stderr)
+    where = f"the traceback is in {path}" if path else "the traceback could not be saved"
+    print(
+        f"dptune: error: unexpected {type(e).__name__}: {exits.one_line(e)[:300]} ({where}; a bug "
+        f"in dptune or in the trainer). The journal is intact: `{resume_command(argv)}` resumes "
+        "once it is fixed",
+        file=sys.stderr,
+    )
+    return exits.INTERNAL
+
+
+def resume_command(argv: Sequence[str]) -> str:
+    """The command line that reruns ``argv`` (as the user typed it) as ``dptune ...``."""
+    return shlex.join(["dptune", *argv[1:]])
+
+
+def _install_sigterm() -> Any:
+    """SIGTERM stops the run like Ctrl-C (after the current step, one line); returns the previous
+    handler (None when this is not the main thread: signals cannot be set there)."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        return None
+
+
+class _Stderr(logging.StreamHandler):
+    """A handler writing to whatever ``sys.stderr`` is at the time (tests capture it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
+_HANDLER = _Stderr()
+_HANDLER.setFormatter(logging.Formatter("dptune: %(message)s"))
+
+
+def setup_logging() -> None:
+    """dptune's messages on stderr at the level of absl's ``--verbosity`` (-v): INFO by default,
+    -1 warnings only, >= 1 debug; other libraries' chatter (orbax, jax) only at ERROR unless
+    ``--verbosity`` >= 1."""
+    fv = flags.FLAGS
+    chosen = fv["verbosity"].present if "verbosity" in fv else False
+    verbosity = absl_logging.get_verbosity() if chosen else 0
+    level = (
+        logging.DEBUG
+        if verbosity >= 1
+        else logging.INFO
+        if verbosity == 0
+        else logging.WARNING
+        if verbosity == -1
+        else logging.ERROR
+    )
+    absl_logging.set_verbosity(absl_logging.DEBUG if verbosity >= 1 else absl_logging.ERROR)
+    if _HANDLER not in log.handlers:
+        log.addHandler(_HANDLER)
+    log.setLevel(level)
+    log.propagate = False
+
+
+def normalise_argv(argv: Sequence[str]) -> list[str]:
+    """``--config NAME`` -> ``--config=NAME``, and a shipped config's name -> its file (so the
+    command works outside a checkout). Refuses (ConfigError) a config that is no file, a folder,
+    or a name that a local file shadows."""
+    out: list[str] = [argv[0]] if argv else ["dptune"]
+    args = list(argv[1:])
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ("--config", "-config"):
+            if i + 1 >= len(args):
+                raise ConfigError("--config needs a value: --config=NAME or --config=FILE")
+            arg = f"--config={args[i + 1]}"
+            i += 1
+        if arg.startswith("-config="):
+            arg = "-" + arg
+        if arg.startswith("--config="):
+            arg = "--config=" + _resolve_config(arg[len("--config=") :])
+        out.append(arg)
+        i += 1
+    return out
+
+
+def _resolve_config(value: str) -> str:
+    """A shipped config's name -> its file; a path is checked (a file) and kept."""
+    name, sep, rest = value.partition(":")
+    path = Path(name).expanduser()
+    shipped = ", ".join(configs.NAMES)
+    if name in configs.NAMES:
+        if path.is_file():
+            raise ConfigError(
+                f"--config={name} is ambiguous: {name!r} is a shipped config and a file here; "
+                f"write --config=./{name} for the file, or rename it"
+            )
+        return f"{configs.path_of(name)}{sep}{rest}"
+    if path.is_dir():
+        raise ConfigError(
+            f"--config={name} is a folder, not a config file: give a .py file or a shipped "
+            f"config ({shipped})"
+        )
+    if not path.is_file():
+        close = difflib.get_close_matches(name, configs.NAMES, n=1)
+        hint = f" (did you mean --config={close[0]}?)" if close else ""
+        raise ConfigError(f"--config={name}: no such config file{hint}; shipped configs: {shipped}")
+    return value
+
+
+def usage() -> str:
+    """``dptune --help``: this docstring, the vocabulary and the flags."""
+    own = "\n".join(
+        f"  --{name}: {flags.FLAGS[name].help}"
+        + (f" (default: {flags.FLAGS[name].default!r})" if name != "config" else "")
+        for name in _OWN_FLAGS
+    )
+    return (
+        (__doc__ or "")
+        + "\nFlags:\n"
+        + own
+        + "\n  --config.<field>=<value>: override one field of the config"
+        + "\n  --verbosity=N (-v N): how much dptune logs (-1 warnings only, 0 default, 1 debug)"
+        + "\n\nSubcommands: dptune account (the accountant), dptune inspect WORKDIR (the "
+        "curator's view of a run), dptune ledger (datasets, budgets, spends).\n\n"
+        + vocabulary.describe()
+        + "\n\n"
+        + registry.describe()
+        + "\n"
+    )
 
 
 def run() -> None:
     """Console-script entry point (``dptune``)."""
-    sys.argv = _resolve_config_names(sys.argv)
-    # `dptune --help` documents this module's flags (absl shows the main module's key flags, and
-    # the console script's main module is the script, not this file).
-    for name in ("config", "workdir", "seed", "debug_nonprivate", "progress", "dry_run"):
-        flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
-    main_module = sys.modules["__main__"]
-    main_module.__doc__ = (
-        (__doc__ or "") + "\n" + vocabulary.describe() + "\n\n" + registry.describe() + "\n"
-    )
-    app.run(lambda argv: sys.exit(main(argv)), flags_parser=_parse_flags)
+    sys.exit(cli(sys.argv))
 
 
 if __name__ == "__main__":

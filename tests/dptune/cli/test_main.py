@@ -233,7 +233,8 @@ def test_dry_run_plans_without_private_computation(smoke_data, monkeypatch, tmp_
 
     monkeypatch.setattr(trainers.loop, "train_candidates", None)  # any call would fail
     monkeypatch.setattr(cli, "load_data", lambda cfg: smoke_data)
-    space, statement = cli.run_config(_smoke(), tmp_path / "run", dry_run=True, progress=False)
+    dry = cli.run_config(_smoke(), tmp_path / "run", dry_run=True, progress=False)
+    space, statement = dry.space, dry.statement
     assert 3.9 < statement.total_epsilon <= 4.0
     assert space.fields["noise_multiplier"] > 0.5  # calibrated, not "auto"
     assert not (tmp_path / "run").exists()
