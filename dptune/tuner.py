@@ -315,7 +315,17 @@ def _tune_checked(pre: Preflight, trainer, selection, executor, seed, progress, 
                 pre.workdir,
             )
         if hasattr(trainer, "curator_view"):
-            journal.set("curator_view", trainer.curator_view())
+            view = trainer.curator_view()
+            journal.set("curator_view", view)
+            if view:
+                # No count here (the console's log may be shared): the curator's view has them.
+                log.warning(
+                    "the loader dropped malformed private records (%s), each judged on its own "
+                    "(the guarantee is unchanged: docs/privacy-model.md); `dptune inspect %s` "
+                    "shows how many",
+                    ", ".join(sorted(view)).replace("_", " "),
+                    pre.workdir or "WORKDIR",
+                )
         run_id, sel_plan = _draw_plan(journal, plan, selection, seed)
         check_candidates(trainer, plan, [r.hparams for r in journal.candidates()])
         if pre.ledger is not None:

@@ -260,8 +260,8 @@ def load_dataset(
         declared = PUBLISHED_TRAIN_SIZES[name] if num_examples is None else num_examples
     check_public_split(test_x, test_y, num_classes, f"the {name!r} test split")
     test_y = np.asarray(test_y).astype(np.int32)
+    check_declared_size(len(train_x), declared, name)  # the file's records, as declared
     train_x, train_y, dropped = drop_invalid_records(train_x, train_y, num_classes)
-    check_declared_size(len(train_x), declared, name)
     if validation_dir is not None:
         val_x, val_y, _, _ = _load_idx(_require_dir(name, validation_dir), test_files=False)
         val_x, val_y, val_dropped = drop_invalid_records(val_x, val_y, num_classes)

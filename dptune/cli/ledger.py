@@ -99,11 +99,12 @@ def _list(led: Ledger) -> None:
         )
 
 
-def _resolve(led: Ledger, allow_new: bool) -> str:
+def _resolve(led: Ledger | None, allow_new: bool) -> str:
+    """The dataset id ``--dataset`` names (``led`` None: the ledger does not exist yet)."""
     given = (_DATASET.value or "").strip().lower()
     if not given:
         raise ValueError("--dataset=ID is required to set a budget (`dptune ledger` lists ids)")
-    fp = led.resolve(given)
+    fp = None if led is None else led.resolve(given)
     if fp is not None:
         return fp
     if allow_new and _FULL_ID.match(given):
@@ -142,8 +143,12 @@ def _set(path: Path) -> int:
         raise ValueError(f"--budget_epsilon={eps!r} must be a finite number > 0")
     if not 0 < delta < 1:
         raise ValueError(f"--budget_delta={delta!r} must be in (0, 1)")
+    if path.exists():  # resolved before anything is written: a refusal leaves the file as it was
+        with Ledger(path, readonly=True) as led:
+            fp = _resolve(led, allow_new=True)
+    else:
+        fp = _resolve(None, allow_new=True)
     with Ledger(path) as led:
-        fp = _resolve(led, allow_new=True)
         before = led.spend(fp)
         after = led.set_budget(fp, eps, delta, _NAME.value)
     was = (

@@ -124,6 +124,9 @@ def _parse_flags(argv: list[str]) -> tuple[list[str], str | None]:
         if name.startswith("config."):
             delattr(fv, name)
     fv.unparse_flags()
+    # ml_collections loads the file as module "config_config" into the entry sys.modules keeps:
+    # a second parse in this process must not run a new file in the old file's namespace.
+    sys.modules.pop("config_config", None)
     saved = sys.argv
     sys.argv = argv  # ml_collections reads the overrides from sys.argv
     try:
@@ -131,8 +134,11 @@ def _parse_flags(argv: list[str]) -> tuple[list[str], str | None]:
     except flags.Error as e:
         return [], str(e)
     except (AttributeError, KeyError, TypeError, ValueError) as e:
-        # ml_collections raises these for an override of a field the config does not have
+        # ml_collections raises these for an override of a field the config does not have; with
+        # no override given, it is the config file that failed to load
         overrides = [a.split("=")[0] for a in argv if a.startswith("--config.")]
+        if not overrides:
+            return [], _config_load_error(argv, e)
         return [], (
             f"a config override names a field the config does not have or gives it a value of "
             f"the wrong type ({type(e).__name__}: {e}); overrides given: {overrides}"
