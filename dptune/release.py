@@ -22,7 +22,7 @@ Files (``DIR/release/``):
 
 The folder is written to ``release.tmp/`` (fsynced) and renamed into place: it is complete or
 absent, whatever moment the process is killed at, and a rerun of a killed run writes it again
-(``tests/test_reliability_release.py``, ``scripts/soak.py``).
+(``tests/dptune/test_release.py``, ``scripts/soak.py``).
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@
 
 The case: q = 256/60000, sigma = 1.1, 7032 steps, delta = 1e-5, ten candidates expected, exact
 (public) validation score. "auto" is the tightest valid route (``dptune.accounting``), "RDP"
-dp_accounting's RDP route; "x one run" divides the auto total by one untuned run's auto epsilon;
-the last column calibrates the noise multiplier so that the whole run is (3, 1e-5)-DP.
-``tests/test_reliability_numbers.py`` checks the table's epsilon columns against :func:`rows`.
+dp_accounting's RDP route; "x one run" divides the auto total by one untuned run's auto epsilon; the
+last column calibrates the noise multiplier so that the whole run is (3, 1e-5)-DP.
+``tests/dptune/accounting/test_published_numbers.py`` checks the table's epsilon columns against
+:func:`rows`.
 """
 
 from __future__ import annotations

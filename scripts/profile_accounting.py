@@ -1,6 +1,6 @@
 """Total epsilon of random stopping at the README setting: auto without and with the profile route.
 
-The profile route is ``selection.privacy.ProfileSelectionBound`` fed with the candidate's PLD.
+The profile route is ``selection.profiles.ProfileSelectionBound`` fed with the candidate's PLD.
 
     python scripts/profile_accounting.py            # q = 256/60000, sigma = 1.1, 7032 steps, 1e-5
     python scripts/profile_accounting.py --mean 100

@@ -2,7 +2,7 @@
 
     python scripts/selection_audit.py
 
-Runs the audits of ``tests/test_selection_audit.py`` (the same functions, seeds and numbers of
+Runs the audits of ``tests/selection/test_audit.py`` (the same functions, seeds and numbers of
 runs: deterministic) and prints, for each honest method, the Clopper-Pearson lower confidence bound
 on its largest log probability ratio, the point estimate and the theorem's bound, and for each
 deliberately broken variant the lower bound that exceeds the epsilon it claims. The test asserts

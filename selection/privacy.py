@@ -25,38 +25,9 @@ References (theorem numbers as in these versions):
 * [M17] Mironov, "Rényi Differential Privacy", CSF 2017.
 * [vEH14] van Erven & Harremoës, "Rényi Divergence and Kullback-Leibler Divergence", IEEE T-IT 2014.
 
-What was checked, and how (see also ``docs/selection.md``):
-
-* PS Thm 2 / Thm 6 (RDP of random stopping): implemented the way dp_accounting 0.6.0
-  ``rdp_privacy_accountant._compute_rdp_repeat_and_select`` does, and tested to agree with it to
-  ~1e-12 given the same gamma (dp_accounting solves gamma only to 1e-9 and then uses the requested
-  mean in log(E[K]); we use gamma to ~1e-13 and the exact E[K] of D_{eta,gamma}).
-* Every RDP and pure-DP bound here is tested to dominate the exact Rényi divergences / likelihood
-  ratios of the selection's output for binary-score candidates, and an empirical audit
-  (``tests/test_selection_audit.py``) checks the pure-DP multiples on Laplace candidates.
-* PS Cor. 3 ((2 + eta) eps pure DP): the lambda, lambda_hat -> inf limit of Thm 2, checked
-  numerically against our own ``rdp`` at large orders and against dp_accounting (3.0 eps for eta =
-  1, 2.0 eps for eta = 0).
-* LT Thm 3.1(b) (thresholding, 2 eps + eps0): the statement is quoted from the project's notes
-  (which cite OpenDP's documentation and proof); the local text extraction of LT lost the formulas
-  but confirms the structure: "Let T be any integer such that [cap condition]", part (b) "If Q is
-  [eps1]-DP, then the output is [.]-DP", the proof's AM-GM step "recall that T is an integer, and [T
-  >= 1 + 1/(e gamma)]", and that T = inf with eps0 = 0 is allowed. The inversion eps0 = 2 exp(-gamma
-  T) of T >= ln(2/eps0)/gamma is ours (exact algebra).
-* PS App. C, Cor. 16 (thresholding RDP): quoted from the project's notes (OpenDP's transcription);
-  UNVERIFIED against the PS paper itself, which is not in the project's paper folder. Applying it
-  with Q(S) >= gamma, and the use of RDP monotonicity in the order [vEH14, Thm 3] to bound
-  D_{alpha-1} by the next grid order, are ours.
-* LT Thm 3.4 (hard-capped random stopping, approx DP) and Thm 3.5 (the same with eps-DP
-  candidates): their constants are not legible in the local extraction, and the stored HTML
-  rendering (ar5iv) returns only its opening, so neither could be checked against the paper; NEITHER
-  IS USED. (An earlier version implemented the recalled form of Thm 3.4, (3 eps1 + 3 sqrt(2
-  delta1), sqrt(2 delta1) T + delta2), labelled UNVERIFIED; it was removed.) The capped procedure's
-  statements are OURS instead: the pgf weight-bonus bounds `profile_pure_dp` / `profile_approx_dp`
-  (min with composition of T runs) and its privacy profile `HardCappedRandomStoppingProfile`,
-  checked against the exact enumeration of ``tests/test_selection_capped_enumeration.py``
-  (multi-level toy candidates reach 4.25 eps where the pure bound says 4.49 eps at eps 0.1, gamma
-  0.02, T 5).
+The privacy-profile bounds that ``profile_bound()`` returns live in ``selection.profiles``. How
+each theorem was checked (independent implementations, exact enumeration, audits, and what could
+not be checked against the paper) is in ``docs/selection.md``, "What was verified, and how".
 """
 
 from __future__ import annotations
@@ -67,7 +38,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from selection.checks import (
+    check_cap,
+    check_curve,
+    check_delta,
+    check_epsilon,
+    monotone_envelope,
+)
 from selection.counts import TruncatedNegativeBinomial
+from selection.profiles import (
+    HardCappedRandomStoppingProfile,
+    PoissonStoppingProfile,
+    ProfileSelectionBound,
+    RandomStoppingProfile,
+    profile_approx_dp,
+    profile_pure_dp,
+)
 
 __all__ = [
     "PrivacyTransform",
@@ -81,76 +67,7 @@ __all__ = [
     "StabilityValidationPrivacy",
     "SingleRunPrivacy",
     "NotPrivate",
-    "CandidateProfile",
-    "ProfileSelectionBound",
-    "RandomStoppingProfile",
-    "PoissonStoppingProfile",
-    "HardCappedRandomStoppingProfile",
-    "profile_pure_dp",
-    "profile_approx_dp",
 ]
-
-
-# --------------------------------------------------------------------------------------------------
-# input checks shared by all transforms
-
-
-def _check_epsilon(epsilon: float, name: str = "epsilon") -> float:
-    epsilon = float(epsilon)
-    if not (epsilon >= 0.0) or math.isnan(epsilon):
-        raise ValueError(f"{name} must be >= 0 (a candidate's DP epsilon), got {epsilon}")
-    return epsilon
-
-
-def _check_cap(gamma: float, max_trials: int) -> tuple[float, int]:
-    """(gamma, T) of a capped geometric count: gamma in (0, 1], T an integer >= 1."""
-    g = float(gamma)
-    if not (0.0 < g <= 1.0):
-        raise ValueError(f"gamma (stop probability) must be in (0, 1], got {gamma}")
-    if int(max_trials) != max_trials or max_trials < 1:
-        raise ValueError(f"max_trials must be an integer >= 1, got {max_trials}")
-    return g, int(max_trials)
-
-
-def _check_delta(delta: float, name: str = "delta") -> float:
-    delta = float(delta)
-    if not (0.0 <= delta <= 1.0):
-        raise ValueError(f"{name} must be in [0, 1], got {delta}")
-    return delta
-
-
-def _check_curve(orders: Sequence[float], rdp: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
-    """Validate an RDP curve: orders >= 1 (1 = KL), rdp >= 0 (inf allowed), same length, 1-D."""
-    o = np.asarray(orders, dtype=np.float64)
-    r = np.asarray(rdp, dtype=np.float64)
-    if o.ndim != 1 or r.ndim != 1:
-        raise ValueError(f"orders and rdp must be 1-D, got shapes {o.shape} and {r.shape}")
-    if o.shape != r.shape:
-        raise ValueError(f"orders and rdp must have the same length, got {o.size} and {r.size}")
-    if o.size == 0:
-        raise ValueError("orders must not be empty")
-    if not np.all(np.isfinite(o) & (o >= 1.0)):
-        # The theorems hold for finite orders; an infinite one also makes Cor. 16's (a-2)/(a-1)
-        # NaN, which dp_accounting's compute_epsilon would report as epsilon 0.
-        bad = o[~(np.isfinite(o) & (o >= 1.0))][0]
-        raise ValueError(f"every Renyi order must be a finite number >= 1, got {bad!r}")
-    if np.any(np.isnan(r)) or np.any(r < 0.0):
-        raise ValueError("every RDP value must be >= 0 (inf allowed), got a negative or NaN value")
-    return o, r
-
-
-def _monotone_envelope(orders: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """out[i] = min over orders[j] >= orders[i] of values[j].
-
-    Valid because the Rényi divergence is non-decreasing in the order [vEH14, Thm 3], so a bound at
-    a higher order bounds every lower order. The same envelope as dp_accounting 0.6.0 (a minimum
-    involves no rounding, so results agree bit for bit), computed as a suffix minimum over sorted
-    orders; ties in the order see each other through ``searchsorted(side="left")``.
-    """
-    order_idx = np.argsort(orders, kind="stable")
-    sorted_orders = orders[order_idx]
-    suffix_min = np.minimum.accumulate(values[order_idx][::-1])[::-1]
-    return suffix_min[np.searchsorted(sorted_orders, orders, side="left")]
 
 
 class PrivacyTransform:
@@ -273,7 +190,7 @@ class RandomStoppingPrivacy(PrivacyTransform):
     def pure_dp(self, epsilon: float) -> float:
         # PS Cor. 3: eps-DP candidates => ((2 + eta) eps)-DP selection (lambda, lambda_hat -> inf in
         # Thm 2).
-        return (2.0 + self.shape) * _check_epsilon(epsilon)
+        return (2.0 + self.shape) * check_epsilon(epsilon)
 
     def rdp(
         self,
@@ -283,7 +200,7 @@ class RandomStoppingPrivacy(PrivacyTransform):
         delta_for_epsilon: Callable[[float], float] | None = None,
     ) -> np.ndarray:
         del delta_for_epsilon  # Thm 2 needs only the RDP curve
-        o, r = _check_curve(orders, rdp)
+        o, r = check_curve(orders, rdp)
         eta, log_mean = self.shape, math.log(self.mean)
         # PS Thm 2, the lambda_hat terms: (1 - 1/lambda_hat) eps_hat + log(1/gamma)/lambda_hat,
         # minimised over the grid. At lambda_hat = 1 the first term is 0 * eps_hat; an infinite
@@ -295,7 +212,7 @@ class RandomStoppingPrivacy(PrivacyTransform):
         out = np.full(o.shape, np.inf)
         above_one = o > 1.0  # Thm 2 needs lambda > 1
         out[above_one] = r[above_one] + log_mean / (o[above_one] - 1.0) + c
-        return _monotone_envelope(o, out)
+        return monotone_envelope(o, out)
 
 
 @dataclass(frozen=True)
@@ -358,7 +275,7 @@ class PoissonStoppingPrivacy(PrivacyTransform):
                 "the single candidate's delta as a function of epsilon "
                 "(e.g. dp_accounting.rdp.compute_delta or a PLD)"
             )
-        o, r = _check_curve(orders, rdp)
+        o, r = check_curve(orders, rdp)
         out = np.full(o.shape, np.inf)
         for i, order in enumerate(o):
             if order <= 1.0:
@@ -381,7 +298,7 @@ class HardCappedRandomStoppingPrivacy(PrivacyTransform):
     candidates have been tried, the best of them is released. K = min(G, T), G ~ Geometric(gamma).
 
     Every statement here is OURS (derived in this module, tested against exact enumeration of the
-    capped procedure in ``tests/test_selection_capped_enumeration.py``), not Liu & Talwar's Thm 3.4
+    capped procedure in ``tests/selection/test_capped_enumeration.py``), not Liu & Talwar's Thm 3.4
     / 3.5, whose constants could not be read (module docstring):
 
     * pure DP: ``min(eps + b_max, T eps)`` (`profile_pure_dp` on the capped count's pgf weights;
@@ -399,7 +316,7 @@ class HardCappedRandomStoppingPrivacy(PrivacyTransform):
     max_trials: int
 
     def __post_init__(self) -> None:
-        gamma, cap = _check_cap(self.gamma, self.max_trials)
+        gamma, cap = check_cap(self.gamma, self.max_trials)
         object.__setattr__(self, "gamma", gamma)
         object.__setattr__(self, "max_trials", cap)
 
@@ -422,11 +339,11 @@ class HardCappedRandomStoppingPrivacy(PrivacyTransform):
         return HardCappedRandomStoppingProfile(self.gamma, self.max_trials)
 
     def pure_dp(self, epsilon: float) -> float:
-        eps = _check_epsilon(epsilon)
+        eps = check_epsilon(epsilon)
         return min(profile_pure_dp(self.profile_bound(), eps), self.max_trials * eps)
 
     def approx_dp(self, epsilon: float, delta: float) -> tuple[float, float]:
-        eps1, delta1 = _check_epsilon(epsilon), _check_delta(delta)
+        eps1, delta1 = check_epsilon(epsilon), check_delta(delta)
         eps_a, delta_a = profile_approx_dp(self.profile_bound(), eps1, delta1)
         t = self.max_trials
         if t * eps1 < eps_a:  # basic composition of the at most T runs
@@ -513,7 +430,7 @@ class ThresholdingPrivacy(PrivacyTransform):
 
     def pure_dp(self, epsilon: float) -> float:
         # LT Thm 3.1(b): 2 eps1 + eps0.
-        return 2.0 * _check_epsilon(epsilon) + self.eps0
+        return 2.0 * check_epsilon(epsilon) + self.eps0
 
     def rdp(
         self,
@@ -529,7 +446,7 @@ class ThresholdingPrivacy(PrivacyTransform):
                 "(PS App. C, Cor. 16 covers the uncapped "
                 "Alg. 1); use max_trials=None or pure_dp"
             )
-        o, r = _check_curve(orders, rdp)
+        o, r = check_curve(orders, rdp)
         log_inv_q = -math.log(self.gamma)
         out = np.full(o.shape, np.inf)
         for i, a in enumerate(o):
@@ -541,7 +458,7 @@ class ThresholdingPrivacy(PrivacyTransform):
             coef = (a - 2.0) / (a - 1.0)
             reverse = 0.0 if coef == 0.0 else coef * r[j]  # avoid 0 * inf at a = 2
             out[i] = r[i] + reverse + 2.0 * log_inv_q / (a - 1.0)
-        return _monotone_envelope(o, out)
+        return monotone_envelope(o, out)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -611,12 +528,12 @@ class PercentileSparseVectorPrivacy(PrivacyTransform):
 
     def index_epsilon(self, epsilon: float) -> float:
         """eps' of the stopping index alone: AboveThreshold with Delta = 2 eps, 4 eps / beta."""
-        return 4.0 * _check_epsilon(epsilon) / self.noise_scale
+        return 4.0 * check_epsilon(epsilon) / self.noise_scale
 
     def pure_dp(self, epsilon: float) -> float:
         # AboveThreshold [DR Thm 3.23] on logits (Delta = 2 eps, LT §4.1) + one eps-DP sample
         # of the selected candidate [DR Thm 3.16].
-        return self.index_epsilon(epsilon) + _check_epsilon(epsilon)
+        return self.index_epsilon(epsilon) + check_epsilon(epsilon)
 
 
 @dataclass(frozen=True)
@@ -706,7 +623,7 @@ class AccuracyFirstPrivacy(PrivacyTransform):
 
         ``epsilon``: for ``"independent"``, each candidate's eps; for ``"noise_reduction"``, the
         realised level's eps_t (with ``level=None``: eps_T)."""
-        eps = _check_epsilon(epsilon)
+        eps = check_epsilon(epsilon)
         if level is not None and not (0 <= int(level) < self.num_levels):
             raise ValueError(f"level must be in [0, {self.num_levels}), got {level}")
         if self.sequence == "noise_reduction":
@@ -731,7 +648,7 @@ class AccuracyFirstPrivacy(PrivacyTransform):
                 f"{self.name}: noise reduction (Ligett et al. 2017, Thm 2.7) is stated for pure "
                 "eps-DP only; give the last level's eps to pure_dp"
             )
-        _, r = _check_curve(orders, rdp)
+        _, r = check_curve(orders, rdp)
         # composition of T candidates [M17 Prop. 1] + the eps_A-DP test at every order
         return self.num_levels * r + self.iat_epsilon
 
@@ -823,14 +740,14 @@ class StabilityValidationPrivacy(PrivacyTransform):
                 f"{self.name}: with stability_delta > 0 {self.theorem} gives (eps, delta); use "
                 "approx_dp(epsilon, 0)"
             )
-        return _check_epsilon(epsilon) + self.validation_epsilon
+        return check_epsilon(epsilon) + self.validation_epsilon
 
     def approx_dp(self, epsilon: float, delta: float) -> tuple[float, float]:
-        if _check_delta(delta) > 0.0:
+        if check_delta(delta) > 0.0:
             raise NotImplementedError(
                 f"{self.name}: Chaudhuri & Vinterbo 2013, Thm 2 assumes alpha1-DP (pure) training"
             )
-        return _check_epsilon(epsilon) + self.validation_epsilon, self.delta
+        return check_epsilon(epsilon) + self.validation_epsilon, self.delta
 
     def utility_gap(self, beta: float, failure_probability: float) -> float:
         """Thm 3: with probability >= 1 - failure_probability (and stability), the released
@@ -877,7 +794,7 @@ class BestOfKPrivacy(PrivacyTransform):
         return {"k": self.k}
 
     def pure_dp(self, epsilon: float) -> float:
-        return self.k * _check_epsilon(epsilon)
+        return self.k * check_epsilon(epsilon)
 
     def rdp(
         self,
@@ -887,11 +804,11 @@ class BestOfKPrivacy(PrivacyTransform):
         delta_for_epsilon: Callable[[float], float] | None = None,
     ) -> np.ndarray:
         del delta_for_epsilon
-        _, r = _check_curve(orders, rdp)
+        _, r = check_curve(orders, rdp)
         return self.k * r
 
     def approx_dp(self, epsilon: float, delta: float) -> tuple[float, float]:
-        return self.k * _check_epsilon(epsilon), min(1.0, self.k * _check_delta(delta))
+        return self.k * check_epsilon(epsilon), min(1.0, self.k * check_delta(delta))
 
 
 @dataclass(frozen=True)
@@ -910,7 +827,7 @@ class SingleRunPrivacy(PrivacyTransform):
         return {}
 
     def pure_dp(self, epsilon: float) -> float:
-        return _check_epsilon(epsilon)
+        return check_epsilon(epsilon)
 
     def rdp(
         self,
@@ -920,11 +837,11 @@ class SingleRunPrivacy(PrivacyTransform):
         delta_for_epsilon: Callable[[float], float] | None = None,
     ) -> np.ndarray:
         del delta_for_epsilon
-        _, r = _check_curve(orders, rdp)
+        _, r = check_curve(orders, rdp)
         return r.copy()
 
     def approx_dp(self, epsilon: float, delta: float) -> tuple[float, float]:
-        return _check_epsilon(epsilon), _check_delta(delta)
+        return check_epsilon(epsilon), check_delta(delta)
 
 
 @dataclass(frozen=True)
@@ -954,7 +871,7 @@ class NotPrivate(PrivacyTransform):
         return {}
 
     def pure_dp(self, epsilon: float) -> float:
-        _check_epsilon(epsilon)
+        check_epsilon(epsilon)
         return math.inf
 
     def rdp(
@@ -965,453 +882,10 @@ class NotPrivate(PrivacyTransform):
         delta_for_epsilon: Callable[[float], float] | None = None,
     ) -> np.ndarray:
         del delta_for_epsilon
-        o, _ = _check_curve(orders, rdp)
+        o, _ = check_curve(orders, rdp)
         return np.full(o.shape, np.inf)
 
     def approx_dp(self, epsilon: float, delta: float) -> tuple[float, float]:
-        _check_epsilon(epsilon)
-        _check_delta(delta)
+        check_epsilon(epsilon)
+        check_delta(delta)
         return math.inf, 1.0
-
-
-# --------------------------------------------------------------------------------------------------
-# privacy profiles (delta(eps)) of random stopping: Koskela, Redberg & Wang 2024
-
-
-@dataclass(frozen=True, eq=False)
-class CandidateProfile:
-    """One candidate's privacy profile on a grid: ``deltas[i]`` bounds BOTH hockey-stick
-    divergences ``H_{e^eps}(Q(X)||Q(Y))`` and ``H_{e^eps}(Q(Y)||Q(X))`` at ``eps = epsilons[i]``,
-    for every pair of neighbours (X, Y).
-
-    A pessimistic PLD's ``get_delta_for_epsilon`` (the max over the add and the remove direction) is
-    such a bound; so is an exact enumeration. Between grid points the profile is read at the grid
-    point below (delta is non-increasing in eps, so that is an upper bound); beyond the last point
-    the last value is used (again an upper bound). On construction the deltas are replaced by their
-    running maximum from the right (an upper bound that is non-increasing) and clipped to [0, 1].
-
-    Attributes:
-      epsilons: 1-d float64, strictly increasing, ``epsilons[0] == 0``.
-      deltas: 1-d float64, same length.
-    """
-
-    epsilons: np.ndarray
-    deltas: np.ndarray
-
-    def __post_init__(self) -> None:
-        e = np.asarray(self.epsilons, dtype=np.float64)
-        d = np.asarray(self.deltas, dtype=np.float64)
-        if e.ndim != 1 or d.shape != e.shape or e.size < 2:
-            raise ValueError(
-                f"epsilons and deltas must be 1-d of the same length >= 2, got {e.shape}, {d.shape}"
-            )
-        if e[0] != 0.0 or not np.all(np.diff(e) > 0) or not np.all(np.isfinite(e)):
-            raise ValueError("epsilons must be finite, strictly increasing and start at 0")
-        if np.any(np.isnan(d)):
-            raise ValueError("deltas must not be NaN")
-        d = np.clip(np.maximum.accumulate(d[::-1])[::-1], 0.0, 1.0)
-        e.setflags(write=False)
-        d.setflags(write=False)
-        object.__setattr__(self, "epsilons", e)
-        object.__setattr__(self, "deltas", d)
-
-    def delta(self, epsilon: np.ndarray | float) -> np.ndarray:
-        """An upper bound on the profile at any real ``epsilon`` (elementwise).
-
-        For eps < 0: ``H_{e^eps}(P||Q) = 1 - e^eps + e^eps H_{e^-eps}(Q||P)`` (take complements of
-        the optimal set), and both directions are bounded by the grid.
-        """
-        eps = np.atleast_1d(np.asarray(epsilon, dtype=np.float64))
-        mag = np.abs(eps)
-        idx = np.searchsorted(self.epsilons, mag, side="right") - 1  # grid point <= |eps|
-        at = self.deltas[idx]
-        out = np.where(eps >= 0.0, at, 1.0 - np.exp(eps) * (1.0 - at))
-        return np.clip(out, 0.0, 1.0)
-
-    def survival_lower_bound(self, s: np.ndarray) -> np.ndarray:
-        """L(s): the smallest Q(X)(B) for an event B with Q(Y)(B) = s, given the profile.
-
-        From Q(Y)(B) <= e^eps Q(X)(B) + delta(eps) and, for the complement, 1 - Q(X)(B) <= e^eps
-        (1 - Q(Y)(B)) + delta(eps), at every grid eps: L(s) = max(0, max_eps e^-eps (s -
-        delta(eps)), max_eps 1 - e^eps (1 - s) - delta(eps)). Non-decreasing in s; a valid lower
-        bound because every grid delta is an upper bound.
-        """
-        s = np.asarray(s, dtype=np.float64)[:, None]
-        e, d = self.epsilons[None, :], self.deltas[None, :]
-        direct = np.max(np.exp(-e) * (s - d), axis=1)
-        complement = np.max(1.0 - np.exp(e) * (1.0 - s) - d, axis=1)
-        return np.maximum(0.0, np.maximum(direct, complement))
-
-
-#: Grid of survival probabilities s = P[score >= x] on which the profile bound is evaluated:
-#: 0, then log-spaced from 1e-14 to 1 (the best candidates, s near 0, carry the largest weights).
-_SURVIVAL_GRID = np.unique(np.concatenate([[0.0], np.logspace(-14.0, 0.0, 3000)]))
-
-#: Number of bins of the log-weight ratio ("bonus") in `ProfileSelectionBound`.
-_BONUS_BINS = 1000
-
-
-class ProfileSelectionBound:
-    """Privacy profile of "best of K candidates", K ~ a count with pgf phi (interface).
-
-    The argument follows Koskela, Redberg & Wang 2024 ("Privacy Profiles for Private Selection",
-    ICML 2024, arXiv:2402.06701, [KRW]): the tuned mechanism's output density is ``phi'(F_X(x))
-    q_X(x)`` with ``F_X(x) = P[Q(X) < x]`` (the pgf representation of best-of-K that [KRW] build
-    on), and its hockey-stick divergence is bounded from the candidate's privacy profile alone.
-    The bound itself (the bonus binning below) is OUR derivation: the paper's text was not
-    available to us when this was written (only its abstract), so no theorem number of [KRW] is
-    claimed for it; it is proved here and tested against exact enumeration
-    (``tests/test_selection_profiles.py``).
-
-    **Bound (ours).** Break ties by an independent uniform (post-processing), so scores are
-    atomless. Write S_X(x) = P[Q(X) >= x], w(s) = phi'(1 - s), and for one output x the bonus b(x)
-    = log w(S_X(x)) - log w(S_Y(x)). Then the hockey-stick integrand is exactly ``w(S_X) [q_X -
-    e^{eps - b} q_Y]_+``. Every event {Q >= x} obeys the profile, so S_X >= L(S_Y)
-    (`CandidateProfile.survival_lower_bound`); w is non-increasing in s, so an output whose bonus
-    exceeds b has S_X >= t_min(b) := inf{t : log w(t) - log w(s_max(t)) > b}, s_max(t) = sup{s :
-    L(s) <= t}, and weight w(S_X) <= c(b) := w(t_min(b)). Bin the bonus at 0 = b_0 < b_1 < ... <
-    b_n = b_max (the largest feasible bonus) and put c_0 = E[K] = w(0), c_j = c(b_{j-1}). With A_j
-    the mass of ``[q_X - e^{eps - b_j} q_Y]_+`` over outputs in bins 0..j (at most delta_Q(eps -
-    b_j), since thresholds only fall with j), Abel summation gives
-
-        delta_A(eps) <= sum_j (c_j - c_{j+1}) delta_Q(eps - b_j),   c_{n+1} = 0.     (*)
-
-    K = 0 releases a data-independent "nothing", which adds nothing for eps >= 0. Every grid
-    quantity is rounded in the safe direction (see `_bonus_table`). Checks: K = 1 always (w = 1)
-    gives delta_A = delta_Q exactly; eps-DP candidates give ((2 + eta) eps, 0) at most for the
-    truncated negative binomial, the pure-DP multiple of Papernot & Steinke 2022, Cor. 3.
-
-    Subclasses give ``log_weight(s) = log phi'(1 - s)`` and ``mean``.
-    """
-
-    name: str
-    theorem: str
-    mean: float
-
-    def log_weight(self, s: np.ndarray) -> np.ndarray:
-        """log phi'(1 - s) for survival probabilities s in [0, 1] (non-increasing in s)."""
-        raise NotImplementedError
-
-    def _bonus_table(self, profile: CandidateProfile) -> tuple[np.ndarray, np.ndarray]:
-        """(b, c): bonus bin edges b_0..b_n and weights c_0..c_n of (*) (independent of eps).
-
-        On the grid t_0 < t_1 < ...: s_max(t_k) is over-estimated by the first grid s with L(s) >
-        t_k (L is continuous and non-decreasing), and the bonus of any output with S_X in [t_{k-1},
-        t_k] is at most log w(t_{k-1}) - log w(s_max(t_k)); hence t_min(b) >= t_{k-1} for the
-        first k whose running maximum of these bounds exceeds b, and c(b) <= w(t_{k-1}).
-        """
-        t = _SURVIVAL_GRID
-        lower = profile.survival_lower_bound(t)
-        k = np.searchsorted(lower, t, side="right")  # first grid s with L(s) > t
-        s_max = t[np.minimum(k, t.size - 1)]
-        lw_t = self.log_weight(t)
-        bound = np.full(t.shape, -np.inf)
-        bound[1:] = lw_t[:-1] - self.log_weight(s_max[1:])
-        running = np.maximum.accumulate(bound)
-        b_max = max(float(running[-1]), 0.0)
-        b = np.linspace(0.0, b_max, _BONUS_BINS + 1)
-        first = np.searchsorted(running, b[:-1], side="right")  # first k with running > b
-        c = np.empty(b.shape)
-        c[0] = math.exp(float(self.log_weight(np.zeros(1))[0]))  # w(0) = phi'(1) = E[K]
-        c[1:] = np.exp(lw_t[np.maximum(first - 1, 0)])
-        # c is non-increasing by construction (t_min grows with b); the running minimum only
-        # guards against rounding in exp/log, and lowering no c_j below a true weight bound
-        # would be invalid, so assert instead of silently fixing.
-        if np.any(np.diff(c) > 1e-12 * c[0]):
-            raise AssertionError("bonus weights are not non-increasing")
-        return b, np.minimum.accumulate(c)
-
-    def delta(self, epsilon: float, profile: CandidateProfile) -> float:
-        """Upper bound (*) on delta of the whole selection at ``epsilon`` >= 0."""
-        return float(self.deltas(np.atleast_1d(epsilon), profile)[0])
-
-    def deltas(self, epsilons: np.ndarray, profile: CandidateProfile) -> np.ndarray:
-        """(*) at each of ``epsilons`` (1-d, each >= 0), sharing one bonus table."""
-        eps = np.asarray(epsilons, dtype=np.float64)
-        if np.any(eps < 0) or np.any(np.isnan(eps)):
-            raise ValueError("epsilon must be >= 0")
-        b, c = self._bonus_table(profile)
-        dc = c - np.append(c[1:], 0.0)
-        dq = profile.delta((eps[:, None] - b[None, :]).ravel()).reshape(eps.size, b.size)
-        return np.minimum(1.0, dq @ dc)
-
-    def epsilon(self, delta: float, profile: CandidateProfile, *, rtol: float = 1e-4) -> float:
-        """Smallest eps (within ``rtol``, rounded up) with (*) <= ``delta``; inf if none <= 1e3."""
-        delta = _check_delta(delta)
-        b, c = self._bonus_table(profile)
-        dc = c - np.append(c[1:], 0.0)
-
-        def bound(e: float) -> float:
-            return float(profile.delta(e - b) @ dc)
-
-        lo, hi = 0.0, max(1.0, float(profile.epsilons[-1]) + float(b[-1]))
-        if bound(lo) <= delta:
-            return 0.0
-        while bound(hi) > delta:
-            lo, hi = hi, 2.0 * hi
-            if hi > 1e3:
-                return math.inf
-        while hi - lo > rtol * hi:
-            mid = 0.5 * (lo + hi)
-            if bound(mid) <= delta:
-                hi = mid
-            else:
-                lo = mid
-        return hi
-
-
-@dataclass(frozen=True)
-class RandomStoppingProfile(ProfileSelectionBound):
-    """Profile bound (*) of `ProfileSelectionBound` for K ~ D_{eta,gamma} (PS Def. 1).
-
-    phi'(1 - s) = E[K] (1 + s (1 - gamma)/gamma)^-(eta + 1): the pgf of D_{eta,gamma} is phi(z) =
-    ((1 - (1 - gamma) z)^-eta - 1)/(gamma^-eta - 1) (eta != 0) or log(1 - (1 - gamma) z)/log(gamma)
-    (eta = 0), so phi'(z) is proportional to (1 - (1 - gamma) z)^-(eta + 1) = (gamma + (1 - gamma)
-    s)^-(eta + 1), normalised by phi'(1) = E[K].
-    """
-
-    shape: float
-    gamma: float
-
-    def __post_init__(self) -> None:
-        count = TruncatedNegativeBinomial(self.shape, self.gamma)  # validates
-        object.__setattr__(self, "shape", count.shape)
-        object.__setattr__(self, "gamma", count.gamma)
-
-    @property
-    def mean(self) -> float:  # type: ignore[override]
-        return TruncatedNegativeBinomial(self.shape, self.gamma).mean
-
-    @property
-    def name(self) -> str:  # type: ignore[override]
-        return f"random_stopping/{TruncatedNegativeBinomial(self.shape, self.gamma).name}/profile"
-
-    @property
-    def theorem(self) -> str:  # type: ignore[override]
-        return (
-            "privacy-profile bound for best-of-K (pgf representation of Koskela, Redberg & Wang "
-            f"2024, arXiv:2402.06701; bound (*) derived in selection.privacy), truncated negative "
-            f"binomial eta={self.shape:g}"
-        )
-
-    def log_weight(self, s: np.ndarray) -> np.ndarray:
-        s = np.asarray(s, dtype=np.float64)
-        ratio = (1.0 - self.gamma) / self.gamma
-        return math.log(self.mean) - (1.0 + self.shape) * np.log1p(s * ratio)
-
-
-@dataclass(frozen=True)
-class PoissonStoppingProfile(ProfileSelectionBound):
-    """Profile bound (*) of `ProfileSelectionBound` for K ~ Poisson(mean), K = 0 releasing nothing.
-
-    phi(z) = exp(mean (z - 1)), so phi'(1 - s) = mean exp(-mean s).
-    """
-
-    mean: float
-
-    def __post_init__(self) -> None:
-        mean = float(self.mean)
-        if not (math.isfinite(mean) and mean > 0.0):
-            raise ValueError(f"Poisson mean must be a finite number > 0, got {self.mean}")
-        object.__setattr__(self, "mean", mean)
-
-    @property
-    def name(self) -> str:  # type: ignore[override]
-        return "random_stopping/poisson/profile"
-
-    @property
-    def theorem(self) -> str:  # type: ignore[override]
-        return (
-            "privacy-profile bound for best-of-K (pgf representation of Koskela, Redberg & Wang "
-            "2024, arXiv:2402.06701; bound (*) derived in selection.privacy), Poisson count"
-        )
-
-    def log_weight(self, s: np.ndarray) -> np.ndarray:
-        return math.log(self.mean) - self.mean * np.asarray(s, dtype=np.float64)
-
-
-#: Number of terms of phi'(z) summed at once in `HardCappedRandomStoppingProfile.log_weight`.
-_CAP_CHUNK = 2048
-#: Caps up to this are summed term by term; above it the closed form is used if gamma is at least
-#: `_CAP_CLOSED_MIN_GAMMA` (its cancellation error is then below ~2e-12 relative).
-_CAP_DIRECT_MAX = 64
-_CAP_CLOSED_MIN_GAMMA = 1e-3
-
-
-@dataclass(frozen=True)
-class HardCappedRandomStoppingProfile(ProfileSelectionBound):
-    """Profile bound (*) of `ProfileSelectionBound` for K = min(G, T), G ~ Geometric(gamma) on
-    {1, 2, ...} (LT Alg. 2 with a hard cap of T candidates).
-
-    P[K = k] = gamma (1 - gamma)^(k - 1) for k < T and P[K = T] = (1 - gamma)^(T - 1), so with
-    r = 1 - gamma and z = 1 - s:
-
-        phi'(z) = sum_{k=1}^{T-1} k gamma r^(k-1) z^(k-1) + T r^(T-1) z^(T-1),
-
-    a polynomial with positive coefficients, non-decreasing in z (the only property (*) uses).
-    Small caps (or tiny gamma) are summed term by term in log space; larger ones use the closed
-    form, whose cancellation is bounded there (`_log_weight_closed`). E[K] = phi'(1) = (1 -
-    r^T)/gamma.
-    """
-
-    gamma: float
-    max_trials: int
-
-    def __post_init__(self) -> None:
-        gamma, cap = _check_cap(self.gamma, self.max_trials)
-        object.__setattr__(self, "gamma", gamma)
-        object.__setattr__(self, "max_trials", cap)
-
-    @property
-    def mean(self) -> float:  # type: ignore[override]
-        return -math.expm1(self.max_trials * math.log1p(-self.gamma)) / self.gamma
-
-    @property
-    def name(self) -> str:  # type: ignore[override]
-        return "random_stopping/geometric_capped/profile"
-
-    @property
-    def theorem(self) -> str:  # type: ignore[override]
-        return (
-            "privacy-profile bound for best-of-K (pgf representation of Koskela, Redberg & Wang "
-            "2024, arXiv:2402.06701; bound (*) derived in selection.privacy), geometric count "
-            f"capped at T={self.max_trials}"
-        )
-
-    def log_weight(self, s: np.ndarray) -> np.ndarray:
-        s = np.asarray(s, dtype=np.float64)
-        t, gamma = self.max_trials, self.gamma
-        if t > _CAP_DIRECT_MAX and _CAP_CLOSED_MIN_GAMMA <= gamma < 1.0:
-            return self._log_weight_closed(s)
-        return self._log_weight_sum(s)
-
-    def _log_weight_closed(self, s: np.ndarray) -> np.ndarray:
-        """phi'(z) = gamma (1 - T u^(T-1) + (T-1) u^T)/(1 - u)^2 + T r^(T-1) z^(T-1), u = r z.
-
-        1 - u = gamma + r s >= gamma, so the numerator (which cancels like T^2 (1 - u)^2 / 2 when
-        T (1 - u) is small) loses at most ~1e-16 / (T gamma^2) relative: used only for T > 64 and
-        gamma >= 1e-3 (at most ~2e-12), where summing T terms per point would be slow.
-        """
-        t, gamma = self.max_trials, self.gamma
-        r = 1.0 - gamma
-        z = 1.0 - np.clip(s, 0.0, 1.0)
-        u = r * z
-        one_minus_u = gamma + r * np.clip(s, 0.0, 1.0)
-        with np.errstate(divide="ignore", under="ignore"):
-            log_u = np.log(u)
-            head = 1.0 - t * np.exp((t - 1) * log_u) + (t - 1) * np.exp(t * log_u)
-            tail = t * np.exp((t - 1) * (math.log(r) + np.log(z)))
-        return np.log(gamma * head / one_minus_u**2 + tail)
-
-    def _log_weight_sum(self, s: np.ndarray) -> np.ndarray:
-        """phi'(1 - s) summed term by term in log space (any T and gamma)."""
-        t, gamma = self.max_trials, self.gamma
-        with np.errstate(divide="ignore"):  # -inf at s = 1: only the k = 1 term remains
-            log_z = np.log1p(-np.clip(s, 0.0, 1.0))
-        log_r = math.log1p(-gamma) if gamma < 1.0 else -math.inf
-        acc = np.full(s.shape, -np.inf)
-        for start in range(1, t + 1, _CAP_CHUNK):
-            k = np.arange(start, min(t, start + _CAP_CHUNK - 1) + 1, dtype=np.float64)
-            # coefficient of z^(k-1): k gamma r^(k-1) for k < T, T r^(T-1) for k = T
-            with np.errstate(invalid="ignore"):  # 0 * -inf in the branch np.where drops
-                log_coef = np.log(k) + np.where(k < t, math.log(gamma), 0.0)
-                log_coef = log_coef + np.where(k > 1, (k - 1) * log_r, 0.0)
-                power = np.where(k[None, :] > 1, (k[None, :] - 1) * log_z[..., None], 0.0)
-            acc = np.logaddexp(acc, _logsumexp_last(log_coef[None, :] + power))
-        return acc.reshape(s.shape)
-
-
-def _logsumexp_last(a: np.ndarray) -> np.ndarray:
-    """log(sum(exp(a), axis=-1)) with -inf entries allowed."""
-    top = np.max(a, axis=-1)
-    safe = np.where(np.isfinite(top), top, 0.0)
-    with np.errstate(divide="ignore"):
-        return safe + np.log(np.sum(np.exp(a - safe[..., None]), axis=-1))
-
-
-def _max_bonus(bound: ProfileSelectionBound, epsilon: float, delta: float, rtol: float) -> float:
-    """An upper bound, within ``rtol * epsilon``, on b_max = sup_s log w(L(s)) - log w(s) for
-    (epsilon, delta)-DP candidates, L(s) = max(0, e^-eps (s - delta), 1 - e^eps (1 - s) - delta).
-
-    Branch and bound on s: on [lo, hi], log w(L(s)) - log w(s) <= log w(L(lo)) - log w(hi) (L
-    non-decreasing, w non-increasing); intervals whose bound exceeds the best value seen by more
-    than ``rtol * eps`` (at least 1e-9) are halved until none is left (or 60 rounds, or 1e5 of
-    them), and the largest remaining bound is returned.
-    """
-    with np.errstate(over="ignore"):
-        e_lo, e_hi = np.exp(-epsilon), np.exp(epsilon)  # e_hi = inf for eps > ~709
-
-    def lower(s: np.ndarray) -> np.ndarray:
-        with np.errstate(invalid="ignore"):  # inf * 0 at s = 1 is replaced below
-            complement = np.where(s >= 1.0, 1.0 - delta, 1.0 - e_hi * (1.0 - s) - delta)
-        return np.clip(np.maximum(e_lo * (s - delta), complement), 0.0, 1.0)
-
-    def lw(s: np.ndarray) -> np.ndarray:
-        return np.asarray(bound.log_weight(np.asarray(s, dtype=np.float64)), dtype=np.float64)
-
-    # log-spaced towards both ends, where w changes fastest relative to s
-    near_one = 1.0 - np.logspace(-16.0, -0.5, 2049)
-    edges = np.unique(np.concatenate([[0.0], np.logspace(-16.0, 0.0, 4097), near_one]))
-    lo, hi = edges[:-1], edges[1:]
-    best = float(np.max(lw(lower(edges)) - lw(edges)))
-    tol = max(rtol * epsilon, 1e-9)
-    upper = best
-    for _ in range(60):
-        u = lw(lower(lo)) - lw(hi)
-        keep = u > best + tol
-        upper = max(best, float(np.max(u)))
-        # Stop when nothing is left to refine, or before the intervals outgrow memory: `upper`
-        # is a valid bound at every round, only less tight.
-        if not np.any(keep) or np.count_nonzero(keep) > 100_000:
-            break
-        lo, hi = lo[keep], hi[keep]
-        mid = np.where(lo > 0.0, np.sqrt(lo * hi), 0.5 * hi)
-        best = max(best, float(np.max(lw(lower(mid)) - lw(mid))))
-        lo, hi = np.concatenate([lo, mid]), np.concatenate([mid, hi])
-    if not math.isfinite(upper):  # never a NaN total: an unknown bound is no bound
-        return math.inf
-    return max(upper, 0.0)
-
-
-def profile_pure_dp(bound: ProfileSelectionBound, epsilon: float, *, rtol: float = 1e-4) -> float:
-    """Total pure epsilon of ``bound``'s selection over ``epsilon``-DP candidates (ours).
-
-    In the pgf representation of `ProfileSelectionBound` the tuned output density is ``w(S_X(x))
-    q_X(x)``, so its ratio between neighbours X, Y is at most e^eps e^{b(x)} with bonus b(x) = log
-    w(S_X(x)) - log w(S_Y(x)). For eps-DP candidates every event obeys e^-eps P_Y <= P_X, for it
-    and its complement: S_X >= L(S_Y), L(s) = max(e^-eps s, 1 - e^eps (1 - s)); w is
-    non-increasing, so the selection is (eps + b_max, 0)-DP with
-
-        b_max = sup_{s in [0, 1]} log w(L(s)) - log w(s)
-
-    (for the uncapped truncated negative binomial this gives at most (2 + eta) eps, PS Cor. 3),
-    bounded rigorously by branch and bound (`_max_bonus`), within ``rtol * eps`` of b_max.
-    """
-    epsilon = _check_epsilon(epsilon)
-    if epsilon == 0.0:
-        return 0.0
-    return epsilon + _max_bonus(bound, epsilon, 0.0, rtol)
-
-
-def profile_approx_dp(
-    bound: ProfileSelectionBound, epsilon: float, delta: float, *, rtol: float = 1e-4
-) -> tuple[float, float]:
-    """(eps + b_max, E[K] delta): the selection over (``epsilon``, ``delta``)-DP candidates (ours).
-
-    Every event B of an (eps, delta)-DP candidate obeys P_Y(B) <= e^eps P_X(B) + delta, for B and
-    its complement, so S_X >= L(S_Y) with L(s) = max(0, e^-eps (s - delta), 1 - e^eps (1 - s) -
-    delta), and every output's bonus b(x) = log w(S_X(x)) - log w(S_Y(x)) is at most b_max = sup_s
-    log w(L(s)) - log w(s). At eps_A = eps + b_max, in the notation of `ProfileSelectionBound`:
-
-        [w(S_X) q_X - e^{eps_A} w(S_Y) q_Y]_+ = w(S_X) [q_X - e^{eps_A - b(x)} q_Y]_+
-                                             <= w(0) [q_X - e^{eps} q_Y]_+,
-
-    (w <= w(0) = E[K]; eps_A - b(x) >= eps), and the candidate's hockey-stick divergence at eps is
-    at most delta: the selection is (eps + b_max, E[K] delta)-DP. With delta = 0 this is
-    `profile_pure_dp`.
-    """
-    epsilon, delta = _check_epsilon(epsilon), float(delta)
-    if not (0.0 <= delta <= 1.0):
-        raise ValueError(f"delta must be in [0, 1], got {delta}")
-    b = _max_bonus(bound, epsilon, delta, rtol)
-    return epsilon + b, min(1.0, bound.mean * delta)

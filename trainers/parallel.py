@@ -14,8 +14,8 @@ to float summation order), so the privacy of a step is exactly the single-device
 al. 2016, Alg. 1: sensitivity C of the clipped sum, Gaussian mechanism with multiplier sigma).
 
 Shapes: x (b, h, w, c), y (b,), mask (b,) with b divisible by the number of devices on the axis;
-``tests/test_executors_devices.py`` checks the reduction against one device (4 forced CPU devices)
-and the noise's std statistically.
+``tests/dptune/executors/test_devices.py`` checks the reduction against one device (4 forced CPU
+devices) and the noise's std statistically.
 
 The training loop (``trainers.loop``) trains a candidate this way while a mesh is set with
 :func:`data_parallel` (the ``"devices"`` executor with ``data_parallel=True`` does so): its chunks

@@ -37,7 +37,8 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from dptune.accounting import epsilon as single
 from dptune.accounting.events import Candidate, adjacency_of, as_candidates, pure_epsilon
 from dptune.accounting.statement import PrivacyStatement
-from selection.privacy import BestOfKPrivacy, CandidateProfile, SingleRunPrivacy
+from selection.privacy import BestOfKPrivacy, SingleRunPrivacy
+from selection.profiles import CandidateProfile
 
 __all__ = [
     "ACCOUNTANTS",

@@ -1,10 +1,10 @@
 """The ``"devices"`` executor: candidates spread over the local accelerators of one host.
 
 Each candidate runs whole on one device (``jax.default_device``), in its own thread: JAX releases
-the GIL while a device computes, so K devices train K candidates at once. A candidate's result
-does not depend on which device ran it (same program, same key), so the release is the one
-``"sequential"`` gives for the same seed (``tests/test_executors_devices.py`` checks this on 4
-forced CPU devices).
+the GIL while a device computes, so K devices train K candidates at once. A candidate's result does
+not depend on which device ran it (same program, same key), so the release is the one
+``"sequential"`` gives for the same seed (``tests/dptune/executors/test_devices.py`` checks this on
+4 forced CPU devices).
 
 For candidates too large for one device, ``data_parallel=True`` trains them one at a time, each
 over ALL the devices (``trainers.parallel``: per-example clipping on each shard of a

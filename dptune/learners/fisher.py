@@ -26,13 +26,13 @@ multipliers sigma_1, sigma_2, sigma_2; their adaptive composition is one ``dp_ac
 ``ComposedDpEvent`` (accounted by PLD or RDP like every dptune candidate). The hyperparameters
 ``noise_multiplier`` (s, calibrated by dptune's ``"auto"``) and ``selection_fraction`` (f) set
 ``sigma_1 = s / sqrt(f)``, ``sigma_2 = s / sqrt((1 - f) / 2)``: since a composition of Gaussian
-mechanisms with multipliers sigma_i is exactly the Gaussian mechanism with multiplier
-``(sum_i sigma_i^-2)^-1/2`` (Dong, Roth & Su 2019, "Gaussian Differential Privacy", Cor. 3.3:
-mu_i-GDP compose to sqrt(sum mu_i^2)-GDP, mu_i = 1 / sigma_i), the whole candidate costs exactly one
-Gaussian mechanism of multiplier s, whatever the split f. ``tests/test_learners_fisher.py`` checks
-dptune's accounting of the composed event against that closed form (the analytic Gaussian
-mechanism, Balle & Wang 2018, Thm 8, solved with scipy) and checks every released statistic's
-sensitivity on real data.
+mechanisms with multipliers sigma_i is exactly the Gaussian mechanism with multiplier ``(sum_i
+sigma_i^-2)^-1/2`` (Dong, Roth & Su 2019, "Gaussian Differential Privacy", Cor. 3.3: mu_i-GDP
+compose to sqrt(sum mu_i^2)-GDP, mu_i = 1 / sigma_i), the whole candidate costs exactly one Gaussian
+mechanism of multiplier s, whatever the split f. ``tests/dptune/learners/test_fisher.py`` checks
+dptune's accounting of the composed event against that closed form (the analytic Gaussian mechanism,
+Balle & Wang 2018, Thm 8, solved with scipy) and checks every released statistic's sensitivity on
+real data.
 
 The validation score is a noisy count on the per-record validation split (Gaussian, sensitivity 1),
 in parallel with training (McSherry 2009, Thm 4), exactly as for DP-SGD candidates.

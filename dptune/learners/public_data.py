@@ -130,10 +130,10 @@ def public_pool(data: Any, num_public: int, test_from: int | None = None) -> Pub
     ``test_from`` (default ``num_public``; a fixed value keeps one test set across pool sizes)
     stay for evaluation.
 
-    The pool never depends on the private data (the paper's public samples are independent of
-    D): it is not filtered against the private records, because a filter would make the public set,
-    and so the mechanism, a function of D. That no public image is also a private record is an
-    audit of the shipped files (:func:`shared_images`, ``tests/test_learners_public_data.py``).
+    The pool never depends on the private data (the paper's public samples are independent of D): it
+    is not filtered against the private records, because a filter would make the public set, and so
+    the mechanism, a function of D. That no public image is also a private record is an audit of the
+    shipped files (:func:`shared_images`, ``tests/dptune/learners/test_public_data.py``).
     """
     n_test = len(data.test_x)
     test_from = num_public if test_from is None else int(test_from)

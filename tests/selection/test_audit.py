@@ -237,7 +237,7 @@ HONEST = {
     ),
     "geometric/binary": (RandomStopping.geometric(10), binary_candidates(0.05), BINARY_EDGES),
     "logarithmic/binary": (RandomStopping.logarithmic(10), binary_candidates(0.05), BINARY_EDGES),
-    # hard cap far below 1/gamma: the bound is ours (selection.privacy.profile_pure_dp), 4.16 eps
+    # hard cap far below 1/gamma: the bound is ours (selection.profiles.profile_pure_dp), 4.16 eps
     "geometric_capped(50, T=5)/laplace": (
         RandomStopping.geometric(50, max_trials=5),
         laplace_candidates,

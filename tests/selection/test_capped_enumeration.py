@@ -30,7 +30,7 @@ import math
 import numpy as np
 import pytest
 
-from selection import RandomStopping
+from selection import RandomStopping, profiles
 from selection import privacy as sp
 
 
@@ -182,14 +182,14 @@ def test_capped_pure_dp_rejects_a_smaller_constant():
 def test_capped_bound_tends_to_the_uncapped_one():
     """A cap far beyond 1/gamma changes nothing: the capped pgf weights (and so the bound) equal
     the uncapped geometric's, and both stay within PS Cor. 3's 3 eps."""
-    capped = sp.profile_pure_dp(sp.HardCappedRandomStoppingProfile(0.1, 2000), 1.0)
-    uncapped = sp.profile_pure_dp(sp.RandomStoppingProfile(1.0, 0.1), 1.0)
+    capped = profiles.profile_pure_dp(profiles.HardCappedRandomStoppingProfile(0.1, 2000), 1.0)
+    uncapped = profiles.profile_pure_dp(profiles.RandomStoppingProfile(1.0, 0.1), 1.0)
     assert capped == pytest.approx(uncapped, rel=1e-6)
     assert 2.0 < uncapped <= 3.0
     s = np.array([0.0, 1e-6, 0.3, 0.9, 1.0])
     assert np.allclose(
-        sp.HardCappedRandomStoppingProfile(0.1, 2000).log_weight(s),
-        sp.RandomStoppingProfile(1.0, 0.1).log_weight(s),
+        profiles.HardCappedRandomStoppingProfile(0.1, 2000).log_weight(s),
+        profiles.RandomStoppingProfile(1.0, 0.1).log_weight(s),
         rtol=1e-10,
         atol=1e-12,
     )
@@ -202,11 +202,11 @@ def test_capped_weights_are_the_capped_pgf_derivative():
     k = np.arange(1, cap + 1)
     for s in (0.0, 0.25, 0.8, 1.0):
         direct = float(np.sum(k * weights * (1.0 - s) ** (k - 1)))
-        got = float(
-            np.exp(sp.HardCappedRandomStoppingProfile(gamma, cap).log_weight(np.array([s]))[0])
-        )
+        capped = profiles.HardCappedRandomStoppingProfile(gamma, cap)
+        got = float(np.exp(capped.log_weight(np.array([s]))[0]))
         assert got == pytest.approx(direct, rel=1e-12)
-    assert sp.HardCappedRandomStoppingProfile(gamma, cap).mean == pytest.approx(float(k @ weights))
+    mean = profiles.HardCappedRandomStoppingProfile(gamma, cap).mean
+    assert mean == pytest.approx(float(k @ weights))
 
 
 def _hockey_stick(p: np.ndarray, q: np.ndarray, eps: float) -> float:

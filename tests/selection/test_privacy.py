@@ -20,6 +20,7 @@ from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
 from selection import privacy as sp
+from selection.checks import monotone_envelope
 from selection.counts import TruncatedNegativeBinomial
 
 ORDERS = np.asarray(rdp_lib.DEFAULT_RDP_ORDERS, dtype=np.float64)
@@ -321,8 +322,8 @@ def test_thresholding_rdp_formula_and_limit():
 
 
 def test_hard_capped_random_stopping_statements():
-    """Our bounds (selection.privacy.profile_pure_dp / profile_approx_dp), not LT Thm 3.4/3.5:
-    the exact enumeration they are checked against is tests/test_selection_capped_enumeration.py."""
+    """Our bounds (selection.profiles.profile_pure_dp / profile_approx_dp), not LT Thm 3.4/3.5:
+    the exact enumeration they are checked against is tests/selection/test_capped_enumeration.py."""
     transform = sp.HardCappedRandomStoppingPrivacy(gamma=0.1, max_trials=120)
     assert "UNVERIFIED" not in transform.theorem and "3.4" not in transform.theorem
     assert transform.params() == {"gamma": 0.1, "max_trials": 120}
@@ -442,4 +443,4 @@ def test_monotone_envelope_handles_unsorted_orders_and_ties():
         values = rng.random(n)
         values[rng.random(n) < 0.2] = np.inf
         expected = [min(values[j] for j in range(n) if orders[i] <= orders[j]) for i in range(n)]
-        np.testing.assert_array_equal(sp._monotone_envelope(orders, values), expected)
+        np.testing.assert_array_equal(monotone_envelope(orders, values), expected)

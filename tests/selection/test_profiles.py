@@ -1,4 +1,4 @@
-"""Privacy-profile (delta(eps)) bounds of random stopping (`sp.ProfileSelectionBound`).
+"""Privacy-profile (delta(eps)) bounds of random stopping (`profiles.ProfileSelectionBound`).
 
 Independent references:
 
@@ -26,6 +26,7 @@ from dp_accounting.pld import privacy_loss_distribution
 from dptune import accounting
 from dptune.accounting import totals
 from selection import privacy as sp
+from selection import profiles
 from selection.counts import Poisson, TruncatedNegativeBinomial
 
 # ----------------------------------------------------------------------------------- enumeration
@@ -70,7 +71,7 @@ COUNTS = {
 }
 
 
-def _bound_of(count) -> sp.ProfileSelectionBound:
+def _bound_of(count) -> profiles.ProfileSelectionBound:
     if isinstance(count, Poisson):
         return sp.PoissonStoppingPrivacy(count.mean).profile_bound()
     return sp.RandomStoppingPrivacy(count.shape, count.gamma).profile_bound()
@@ -104,7 +105,7 @@ def test_bound_dominates_exact_tuned_profile_on_toy_candidates(name):
     checked = 0
     for p, q in _toy_pairs(rng):
         grid = np.linspace(0.0, 1.05 * np.max(np.abs(np.log(p / q))), 400)
-        profile = sp.CandidateProfile(grid, _profile(p, q, grid))
+        profile = profiles.CandidateProfile(grid, _profile(p, q, grid))
         bounds = bound.deltas(epsilons, profile)
         orders = [rng.permutation(p.size), np.argsort(np.log(p / q))]
         orders += [_adversarial_order(p, q, s) for s in (0.2, 0.5)]
@@ -124,8 +125,8 @@ def test_one_candidate_always_is_exact(shape):
     rng = np.random.default_rng(3)
     p, q = next(_toy_pairs(rng))
     grid = np.linspace(0.0, 1.0, 101)
-    profile = sp.CandidateProfile(grid, _profile(p, q, grid))
-    bound = sp.RandomStoppingProfile(shape, 1.0)
+    profile = profiles.CandidateProfile(grid, _profile(p, q, grid))
+    bound = profiles.RandomStoppingProfile(shape, 1.0)
     assert bound.mean == 1.0
     for i in range(0, 101, 10):
         exact = _exact_tuned_delta(TruncatedNegativeBinomial(shape, 1.0), p, q, grid[i])
@@ -141,7 +142,7 @@ def test_pure_dp_candidates_give_at_most_the_papernot_steinke_multiple(shape):
     q = np.array([0.2 * math.exp(-eps0), 0.3, 0.0])
     q[2] = 1.0 - q[:2].sum()
     grid = np.linspace(0.0, 2.0, 1001)
-    profile = sp.CandidateProfile(grid, _profile(p, q, grid))
+    profile = profiles.CandidateProfile(grid, _profile(p, q, grid))
     assert profile.delta(eps0 + 1e-9)[0] == 0.0
     count = TruncatedNegativeBinomial.from_mean(10.0, shape)
     bound = _bound_of(count)
@@ -174,7 +175,7 @@ def test_bound_dominates_exact_tuned_profile_on_reordered_pld_pair(name):
     px, py = _pld_pair(pld)
     grid = np.linspace(0.0, 4.0, 800)
     # The pair's own profile (exact), not the PLD's, so the comparison is self-contained.
-    profile = sp.CandidateProfile(grid, _profile(px, py, grid))
+    profile = profiles.CandidateProfile(grid, _profile(px, py, grid))
     count = COUNTS[name]
     bound = _bound_of(count)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -257,17 +258,17 @@ def test_readme_setting_poisson_keeps_the_tighter_thm6_route():
 
 def test_candidate_profile_validates_and_is_monotone():
     with pytest.raises(ValueError, match="start at 0"):
-        sp.CandidateProfile([0.1, 0.2], [0.1, 0.0])
+        profiles.CandidateProfile([0.1, 0.2], [0.1, 0.0])
     with pytest.raises(ValueError, match="1-d"):
-        sp.CandidateProfile([0.0], [0.1])
-    prof = sp.CandidateProfile([0.0, 1.0, 2.0], [0.5, 0.6, -1e-15])
+        profiles.CandidateProfile([0.0], [0.1])
+    prof = profiles.CandidateProfile([0.0, 1.0, 2.0], [0.5, 0.6, -1e-15])
     np.testing.assert_array_equal(prof.deltas, [0.6, 0.6, 0.0])  # running max from the right
     # read at the grid point below; negative eps through the complement identity
     assert prof.delta(1.5)[0] == 0.6
     assert prof.delta(-1.0)[0] == pytest.approx(1.0 - math.exp(-1.0) * 0.4)
     with pytest.raises(ValueError, match="epsilon must be >= 0"):
-        sp.PoissonStoppingProfile(3.0).delta(-0.1, prof)
+        profiles.PoissonStoppingProfile(3.0).delta(-0.1, prof)
     with pytest.raises(ValueError, match="Poisson mean"):
-        sp.PoissonStoppingProfile(0.0)
+        profiles.PoissonStoppingProfile(0.0)
     with pytest.raises(NotImplementedError, match="profile"):
         sp.ThresholdingPrivacy(0.1).profile_bound()

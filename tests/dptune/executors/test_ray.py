@@ -4,8 +4,9 @@ nothing private left in Ray, and bad input refused before anything private runs.
 
 Skipped without Ray (``pip install -e '.[ray]'``); ``kind=ray`` without Ray installed, and the
 executor seam itself (out-of-order results, a lost executor then a resume), are tested without Ray
-in ``tests/test_executors.py``. The end-to-end runs of the smoke config are ``slow`` (several
-minutes on 2 shared cores); the fast tests cover the same executor code with a cheap trainer.
+in ``tests/dptune/executors/test_local.py``. The end-to-end runs of the smoke config are ``slow``
+(several minutes on 2 shared cores); the fast tests cover the same executor code with a cheap
+trainer.
 """
 
 from __future__ import annotations
