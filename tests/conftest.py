@@ -11,10 +11,8 @@ developer's own ``~/.dptune/ledger.sqlite`` or see another test's spends.
 from __future__ import annotations
 
 import os
-from pathlib import Path
-
-import os
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -36,17 +34,12 @@ def _own_ledger(tmp_path_factory, monkeypatch):
 
 def pytest_configure(config):
     # tune() and the command charge the curator's default ledger ($DPTUNE_LEDGER, else
-    # ~/.dptune/ledger.sqlite): never the real one from a test (module-scoped fixtures included).
+    # ~/.dptune/ledger.sqlite): never the real one, also from module-scoped fixtures (they run
+    # before the per-test variable above is set).
     if "DPTUNE_LEDGER" not in os.environ:
         os.environ["DPTUNE_LEDGER"] = os.path.join(
             tempfile.mkdtemp(prefix="dptune-test-ledger-"), "ledger.sqlite"
         )
-
-
-@pytest.fixture(autouse=True)
-def _own_ledger(tmp_path_factory, monkeypatch):
-    """Each test's default ledger is its own, so runs of different tests never share a budget."""
-    monkeypatch.setenv("DPTUNE_LEDGER", str(tmp_path_factory.mktemp("ledger") / "ledger.sqlite"))
 
 
 @pytest.fixture(scope="module")
