@@ -321,3 +321,31 @@ def test_cli_config_defaults_are_private_and_name_the_adjacency(tmp_path):
     _, st = run_config(cfg, tmp_path / "b", dry_run=True)
     assert st.adjacency == "replace_one" and st.total_epsilon <= 4.0 + 1e-9
     assert "replacing one example" in st.to_text()
+
+
+def test_training_samples_at_the_accounted_rate_not_at_len_train(monkeypatch):
+    """What trains is what was accounted: the loop's Poisson sampler gets q = B / N_public, the
+    rate in the declared privacy, not B / len(private arrays) (here 399 of 500 public records are
+    loaded). A loop that used len() would pass every other test and fail this one."""
+    import trainers.loop
+
+    d = make_synthetic(num_train=600, num_test=50, validation_size=100)
+    fewer = dataclasses.replace(d, train_x=d.train_x[:399], train_y=d.train_y[:399])
+    hp = dict(batch_size=50, epochs=1, learning_rate=1.0, noise_multiplier=1.0, clip_norm=1.0)
+    trainer = DpSgdTrainer(fewer, epoch_progress=False, test_curve=False)
+    seen = []
+
+    class Spy(trainers.loop.PoissonSampler):
+        def __init__(self, n, batch_size, rng, *, sampling_rate=None, **kw):
+            seen.append((n, sampling_rate))
+            raise _Stop  # recorded: no need to compile and train
+
+    monkeypatch.setattr(trainers.loop, "PoissonSampler", Spy)
+    score, payload = trainer(hp, np.random.default_rng(0))
+    assert math.isnan(score) and payload.type == "_Stop"  # the spy's stop, journaled as a failure
+    accounted = trainer.privacy(hp).sampling_rate
+    assert seen == [(399, accounted)] and accounted == 50 / 500 != 50 / 399
+
+
+class _Stop(Exception):
+    pass
