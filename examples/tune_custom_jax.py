@@ -75,7 +75,8 @@ def noisy_update(w, grads, key, lr, clip, sigma):
     }
 
 
-@dptune.trainer(privacy=privacy, num_examples=N_PUBLIC)
+# The dataset's id in the budget ledger (tune() charges $DPTUNE_LEDGER / ~/.dptune/ledger.sqlite).
+@dptune.trainer(privacy=privacy, num_examples=N_PUBLIC, fingerprint=data.fingerprint())
 def train(hp: dict, rng: np.random.Generator):
     w = {"W": jnp.zeros((784, 10)), "b": jnp.zeros(10)}
     # All 64 bits of a threefry key from the candidate's generator: the noise must not be guessable.

@@ -630,6 +630,36 @@ def test_a_failing_trainers_traceback_is_readable_through_inspect(env, monkeypat
     assert "diverged" not in released and "FloatingPointError" not in released
 
 
+@pytest.mark.parametrize(
+    "error, traceback, kind",
+    [
+        (
+            "FloatingPointError: diverged",
+            "Traceback (most recent call last): ...",
+            "FloatingPointError",
+        ),
+        (None, None, "NonFiniteParameters"),
+    ],  # fmt: skip
+    ids=["raised", "non-finite"],
+)
+def test_dpsgd_failures_carry_their_reason(monkeypatch, error, traceback, kind):
+    """DP-SGD's loop reports a failed candidate (an exception, or non-finite parameters) in its
+    result; the trainer hands the reason on as the journal's failure record, not a payload."""
+    import trainers.loop
+    from dptune.errors import CandidateFailure
+    from dptune.learners.dpsgd import DpSgdTrainer
+    from trainers.data import make_synthetic
+    from trainers.spec import CandidateResult
+
+    failed = CandidateResult(None, float("nan"), [], True, error, traceback)
+    monkeypatch.setattr(trainers.loop, "train_candidates", lambda hps, *a, **k: [failed] * len(hps))
+    trainer = DpSgdTrainer(make_synthetic(num_train=300, num_test=10, validation_size=50),
+                           epoch_progress=False)  # fmt: skip
+    score, payload = trainer({"noise_multiplier": 1.0, "batch_size": 50}, np.random.default_rng(0))
+    assert math.isnan(score) and isinstance(payload, CandidateFailure)
+    assert payload.type == kind and payload.traceback == (traceback or "")
+
+
 INSPECT_CASES = [
     (["inspect"], "one WORKDIR"),
     (["inspect", "nowhere"], "holds no run"),
