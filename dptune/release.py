@@ -180,7 +180,9 @@ def write_release(release: Release, folder: str | os.PathLike) -> Path:
                 pickle.dump(payload, f)
         if release.curve:
             _write_json(tmp / "training_curve.json", release.curve)
-            plots.training_curve(release.curve, tmp / "training_curve.png")
+            plots.training_curve(
+                release.curve, tmp / "training_curve.png", release.privacy.get("total_epsilon")
+            )
     from dptune.report import write_report
 
     write_report(release, tmp)  # report.md: a one-page summary linking the plots above

@@ -110,7 +110,8 @@ def report_markdown(release: Any, files: set[str]) -> str:
     if "training_curve.png" in files:
         lines.append(
             "- [`training_curve.png`](training_curve.png): the released model's test accuracy "
-            "and epsilon so far, per epoch."
+            "per epoch, and the epsilon of its one training run so far (the dashed line is the "
+            "total above, tuning included)."
         )
     lines += [
         "",
