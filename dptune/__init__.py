@@ -24,6 +24,8 @@ _EXPORTS = {
     "DpSgdTrainer": "dptune.learners.dpsgd",
     "TuningConfigError": "dptune.errors",
     "ImpossibleBudgetError": "dptune.errors",
+    "StateError": "dptune.errors",
+    "CandidateFailure": "dptune.errors",
     "Space": "dptune.space",
     "Release": "dptune.release",
     "read_release": "dptune.release",

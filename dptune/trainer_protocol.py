@@ -18,6 +18,8 @@ A trainer declares its privacy before it runs (``privacy(hparams)``) and trains 
 * ``code_digest()``: a digest of the code that trains the candidates (default: see
   :func:`code_digest`); a workdir is bound to it, so that an edited trainer never resumes, or
   returns the release of, a run of the old code.
+* ``check_inputs(hparams)``: refuse (TuningConfigError), before any private computation, a
+  candidate the trainer would refuse when it starts (checks of the data's public schema).
 * ``curator_view()``: JSON-safe facts for the curator's view of a run (``dptune inspect``), e.g.
   how many records the loader dropped; never released.
 

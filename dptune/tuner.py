@@ -52,7 +52,7 @@ from dptune.errors import (
 )
 from dptune.executors import Job, make_executor
 from dptune.journal import JOURNAL_FILE, Journal, MemoryJournal
-from dptune.ledger import Ledger, default_ledger_path
+from dptune.ledger import BudgetExceededError, Ledger, Spend, default_ledger_path
 from dptune.plan import (
     AUTO,
     MAX_PLANNED_TRIALS,
@@ -179,6 +179,9 @@ def tune(
       ConfigChangedError, WorkdirLockedError: refused before any private computation, nothing
       charged.
     """
+    # The cheap checks first, so that a refused call creates nothing (not even the workdir).
+    check_run_arguments(group_size, accountant, seed, debug_nonprivate, ledger, adjacency)
+    as_budget(budget)
     check_workdir(workdir)
     # One run per workdir, for the whole run (dptune/workdir_lock.py); the checks read the
     # workdir's journal under the lock, so no other run can be writing it.
@@ -285,6 +288,8 @@ def preflight(
         trainer, space, selection, budget, accountant=accountant, seeded=seed is not None,
         debug_nonprivate=debug_nonprivate, adjacency=adjacency,
     )  # fmt: skip
+    if hasattr(trainer, "check_inputs"):  # the data's schema against a candidate's settings
+        trainer.check_inputs(plan.hparams(plan.space.example()))
     dsb = as_budget(dataset_budget) if dataset_budget is not None else None
     spend = None
     if ledger_path is not None and not finished:  # a finished run returns its release: no charge
@@ -465,19 +470,22 @@ def _check_ledger(path: Path, fp: str, run_id: str | None, plan: PrivacyPlan, ds
     empty ledger it would create."""
     st = plan.statement
     eps, delta = float(st.total_epsilon), float(st.delta)
+    parent = next((p for p in path.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise StateError(
+            f"the ledger {path} cannot be created: {parent} is a file; point config.ledger.path "
+            "(ledger= in Python) elsewhere"
+        )
     if not path.exists():
-        from dptune.ledger import BudgetExceededError
-
-        b = dsb or Budget(eps, delta)
-        if eps > b.epsilon * (1 + 1e-9) or delta > b.delta * (1 + 1e-9):
+        # The empty ledger this run would create: it registers the stated budget, or its own.
+        b_eps, b_delta = (eps, delta) if dsb is None else (dsb.epsilon, dsb.delta)
+        if eps > b_eps * (1 + 1e-9) or delta > b_delta * (1 + 1e-9):
             raise BudgetExceededError(
                 f"refused before any private computation: this run costs (epsilon={eps:.4g}, "
-                f"delta={delta:.3g}) but the dataset's stated budget is (epsilon={b.epsilon:.4g}, "
-                f"delta={b.delta:.3g}); ledger: {path}"
+                f"delta={delta:.3g}) but the dataset's stated budget is (epsilon={b_eps:.4g}, "
+                f"delta={b_delta:.3g}); ledger: {path}"
             )
-        from dptune.ledger import Spend
-
-        return Spend(fp, b.epsilon, b.delta, eps, delta, 1, True, name)
+        return Spend(fp, b_eps, b_delta, eps, delta, 1, True, name)
     with Ledger(path, readonly=True) as led:
         return led.check(
             fp, run_id, eps, delta,

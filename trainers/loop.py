@@ -92,6 +92,13 @@ def _check(hp: Hyperparams, data: Dataset) -> None:
         )
 
 
+def check_inputs(hp: Hyperparams, data: Dataset) -> None:
+    """The checks ``train_candidates`` makes before training (model vs image shape, the sizes,
+    the score's noise), for a caller that wants them before any private computation: they read
+    the data's public schema and sizes only. Raises ValueError."""
+    _check(hp, data)
+
+
 def train_candidate(
     hp: Hyperparams,
     data: Dataset,

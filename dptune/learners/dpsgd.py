@@ -166,6 +166,14 @@ class DpSgdTrainer(DatasetTrainer):
             out.append((float(r.validation_score), payload))
         return out
 
+    def check_inputs(self, hparams: Mapping[str, Any]) -> None:
+        """Refuses, before any private computation, a candidate the loop would refuse when it
+        starts (e.g. a model whose input shape is not the images'): public schema only."""
+        try:
+            loop.check_inputs(self.hyperparams(hparams), self.data)
+        except ValueError as e:
+            raise TuningConfigError(str(e)) from None
+
     def code_digest(self) -> str:
         """This module and the ``trainers`` package's sources (the DP-SGD engine)."""
         package = Path(loop.__file__).parent

@@ -112,6 +112,7 @@ def test_user_trainer_is_accounted_over_every_field_its_privacy_depends_on():
         (20.0, 1e-5),
         seed=1,
         progress=False,
+        ledger=None,
     )
     assert release.privacy["total_epsilon"] == pytest.approx(tightest, rel=1e-3)
     calls.clear()
@@ -123,6 +124,7 @@ def test_user_trainer_is_accounted_over_every_field_its_privacy_depends_on():
             (3.0, 1e-5),
             seed=1,
             progress=False,
+            ledger=None,
         )
     assert calls == []
 
@@ -148,6 +150,7 @@ def test_a_drawn_candidate_not_covered_by_the_statement_stops_the_run_before_tra
             (3.0, 1e-5),
             seed=3,
             progress=False,
+            ledger=None,
         )
     assert calls == []
 
@@ -318,7 +321,7 @@ def test_cli_config_defaults_are_private_and_name_the_adjacency(tmp_path):
         run_config(cfg, tmp_path / "a", dry_run=True)
     cfg = smoke.get_config().to_dict()
     cfg["privacy"]["adjacency"] = "replace_one"
-    _, st = run_config(cfg, tmp_path / "b", dry_run=True)
+    st = run_config(cfg, tmp_path / "b", dry_run=True).statement
     assert st.adjacency == "replace_one" and st.total_epsilon <= 4.0 + 1e-9
     assert "replacing one example" in st.to_text()
 

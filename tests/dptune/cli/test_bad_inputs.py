@@ -774,6 +774,39 @@ def test_library_refuses_like_the_command(tmp_path, monkeypatch, kwargs, fragmen
     assert not default_ledger.exists()
 
 
+def test_a_fixed_trainer_is_not_handed_its_old_failed_release(tmp_path):
+    """A user's trainer failed every candidate; they fix the function and rerun with the same
+    workdir: refused (the workdir is bound to the code), not the old "no candidate succeeded"."""
+
+    def broken(hp, rng):
+        raise RuntimeError("typo in my trainer")
+
+    def fixed(hp, rng):
+        return -abs(math.log(hp["learning_rate"] / 0.3)), {}
+
+    def trainer(fn):
+        return FunctionTrainer(fn, lambda hp: DpSgdCandidate(0.01, 200, hp["noise_multiplier"]),
+                               10_000, "toy-data")  # fmt: skip
+
+    args = (SPACE, BestOfK(2), (2.0, 1e-5))
+    kw = dict(seed=1, workdir=tmp_path / "run", progress=False, ledger=None)
+    assert dptune.tune(trainer(broken), *args, **kw).outcome == "no_candidate_succeeded"
+    with pytest.raises(REFUSALS, match="other code"):
+        dptune.tune(trainer(fixed), *args, **kw)
+    assert dptune.tune(trainer(fixed), *args, **{**kw, "workdir": tmp_path / "new"}).released
+
+
+def test_a_model_that_does_not_fit_the_images_is_refused_before_training(env):
+    """The data's schema is public: a model whose input shape is not the images' is refused with
+    the other settings, not discovered by every candidate failing (and the run charged)."""
+    for dry in ([], ["--dry_run"]):
+        r = env.run("--config=smoke", f"--workdir={env.work}", "--noprogress",
+                    f"--config.ledger.path={env.ledger}", "--config.train.model=cifar_cnn", *dry,
+                    bare=True)  # fmt: skip
+        refused(r, "expects images of shape")
+        assert env.ledger_state() is None and not (env.work / "private").exists()
+
+
 def test_library_and_command_refuse_with_the_same_words(env):
     r = env.run("--seed=-1")
     with pytest.raises(REFUSALS) as err:
