@@ -14,6 +14,8 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "tune": "dptune.tuner",
+    "audit": "dptune.auditing.run",
+    "AuditResult": "dptune.auditing.run",
     "plan_privacy": "dptune.plan",
     "make_privacy_plan": "dptune.plan",
     "PrivacyPlan": "dptune.plan",

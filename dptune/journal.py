@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from dptune.errors import CandidateFailure, CodeChangedError, StateError
+from dptune.owner_only import create_file, open_new, private_folder
 from dptune.state_files import open_state_db
 
 JOURNAL_FILE = "journal.sqlite"
@@ -97,12 +98,13 @@ class Journal:
         self.dir = Path(private_dir)
         self.path = self.dir / JOURNAL_FILE
         if not readonly:
-            self.dir.mkdir(parents=True, exist_ok=True)
+            # Owner-only (0700, files 0600): it holds K and every score (dptune.owner_only).
+            self.dir = private_folder(private_dir)
         # isolation_level=None: we issue BEGIN/COMMIT ourselves so every write is one explicit
         # transaction.
         self._db = open_state_db(
             self.path, kind="journal", tables=_TABLES, optional=_OPTIONAL_TABLES,
-            fix=_fix(self.dir), readonly=readonly,
+            fix=_fix(self.dir), readonly=readonly, make_file=create_file,
         )  # fmt: skip
         self.readonly = readonly
         if readonly:
@@ -280,9 +282,10 @@ class Journal:
     def write_payload(self, index: int, data: bytes) -> Path:
         """Writes a candidate's payload atomically (temp file + rename) and returns its path."""
         path = self.payload_path(index)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.parent.is_dir():
+            private_folder(path.parent)
         tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
+        with open_new(tmp) as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

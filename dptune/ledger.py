@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dptune.owner_only import create_file, private_folder
 from dptune.state_files import open_state_db
 
 #: Relative slack for float sums when comparing against a budget (1e-9 of the budget).
@@ -101,9 +102,12 @@ class Ledger:
 
     def __init__(self, path: str | os.PathLike | None = None, *, readonly: bool = False) -> None:
         self.path = Path(path) if path is not None else default_ledger_path()
+        if not readonly and not self.path.parent.is_dir():
+            # The curator's file (fingerprints and spends): a new folder is 0700, the file 0600.
+            private_folder(self.path.parent, "the ledger's folder")
         self._db = open_state_db(
             self.path, kind="ledger", tables=_TABLES, fix=_fix(self.path), readonly=readonly,
-            timeout=60.0,
+            timeout=60.0, make_file=create_file,
         )  # fmt: skip
         self._db.execute("PRAGMA busy_timeout = 60000")
         if not readonly:

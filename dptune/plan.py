@@ -11,6 +11,7 @@ twice. Every number comes from ``dptune.accounting`` (which applies ``selection.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -26,6 +27,7 @@ from dptune.accounting.quiet import quiet_accounting
 from dptune.errors import ImpossibleBudgetError, TuningConfigError
 from dptune.space import Space, SpaceError
 from dptune.trainer_protocol import as_candidate
+from selection.registry import SCORE_KINDS
 
 log = logging.getLogger("dptune")
 
@@ -109,6 +111,47 @@ class PrivacyPlan:
         return float(total_privacy(cand, None, self.delta, "auto").total_epsilon)
 
 
+def _check_score_kind(trainer: Any, selection: Any, debug_nonprivate: bool) -> None:
+    """The trainer's score must be a kind the method's theorem takes (issue 25): e.g. random
+    stopping needs scores covered by the candidates' privacy, sparse vector the exact percentile
+    of a pure-DP candidate. A trainer that declares nothing is taken to return an exact score
+    (the safe default: a wrong "exact" only refuses, a wrong "covered" makes the statement
+    false)."""
+    kind = getattr(trainer, "score_kind", "exact")
+    if kind not in SCORE_KINDS:
+        raise TuningConfigError(
+            f"the trainer's score_kind={kind!r} must be one of {', '.join(SCORE_KINDS)}"
+        )
+    takes = tuple(getattr(selection, "takes", ("covered",)))
+    if kind in takes or debug_nonprivate:
+        return
+    name = getattr(selection.privacy, "name", type(selection).__name__)
+    hint = (
+        "if the score is a noisy statistic whose noise the trainer's privacy declares, or is "
+        "computed on public data, declare score_kind='covered' (FunctionTrainer(..., "
+        "score_kind='covered') or @dptune.trainer(..., score_kind='covered'))"
+        if "covered" in takes
+        else f"use a trainer whose score is {' or '.join(takes)}"
+    )
+    raise TuningConfigError(
+        f"selection {name} is proved for {' or '.join(takes)} scores ("
+        + "; ".join(SCORE_KINDS[k] for k in takes)
+        + f"), but the trainer declares score_kind={kind!r} ({SCORE_KINDS[kind]}): {hint}, or "
+        "choose a method that takes this kind (docs/privacy-model.md). Nothing was trained"
+    )
+
+
+def _accounted(candidate: Any, adjacency: str) -> Any:
+    """A declared candidate under the run's adjacency; a candidate that has no form under it (a
+    user event with no known replace-one sensitivity) is one TuningConfigError line."""
+    try:
+        return with_adjacency(candidate, adjacency)
+    except ValueError as e:
+        raise TuningConfigError(
+            f"the trainer's privacy declaration under {adjacency}: {e}"
+        ) from None
+
+
 def _statement(cands: Sequence[Any], transform: Any, budget: Budget, accountant: str, seeded: bool):
     try:
         return total_privacy(cands, transform, budget.delta, accountant, seeded=seeded)
@@ -150,6 +193,116 @@ def _privacy_dependent_fields(space: Space, candidate_of: Callable[[dict], Any])
         ):
             found.append(name)
     return found
+
+
+def _check_whole_support(
+    space: Space, grid: Sequence[Mapping[str, Any]], candidate_of: Callable[[dict], Any]
+) -> bool:
+    """Every candidate a finite space can draw declares its accounted candidate.
+
+    The selection theorems hold for one mechanism repeated: "draw hyperparameters from the space,
+    then train", whose privacy is the worst case over the whole support of the space (docs/
+    privacy-model.md, "Every candidate is what was accounted"), not over the points one run
+    happens to draw. The accountant enumerated the privacy-relevant fields with every other field
+    at ``space.example()``; when all searched fields are finite and their product is at most
+    ``MAX_PRIVACY_GRID``, every point of the space is checked to declare what its accounted twin
+    (same privacy-relevant values) declares. Larger or continuous spaces are checked one field at
+    a time (``_privacy_dependent_fields``) and at every drawn point (``check_candidates``).
+    Returns whether the whole space was checked.
+    """
+    others = [n for n in space.searched if n not in space.privacy_relevant]
+    dists = [space.fields[n] for n in others]
+    if not others:
+        return True  # the accounted grid is the whole space
+    if not all(isinstance(d, (space_mod.Choice, space_mod.Integer)) for d in dists):
+        return False
+    supports = [d.support() for d in dists]
+    if math.prod(len(s) for s in supports) * len(grid) > space_mod.MAX_PRIVACY_GRID:
+        return False
+    base = space.example()
+    for combo in grid:
+        twin = candidate_of({**base, **combo})
+        for values in itertools.product(*supports):
+            point = dict(zip(others, values, strict=True))
+            if candidate_of({**base, **combo, **point}) != twin:
+                changed = sorted(n for n in others if point[n] != base[n])
+                raise TuningConfigError(
+                    "a candidate this space can draw is not covered by the accounted candidates: "
+                    f"the trainer's declared privacy changes with {changed + sorted(combo)} "
+                    "jointly, which a one-field-at-a-time probe cannot see; declare them "
+                    "privacy-relevant (space.choice(..., privacy=True)) so the accountant takes "
+                    "their worst case. Nothing was trained"
+                )
+    return True
+
+
+def _default_trainer_word(trainer: Any) -> list[str]:
+    """What a trainer that says nothing about itself is taken to do."""
+    kind = getattr(trainer, "score_kind", "exact")
+    return [
+        f"{type(trainer).__name__}: its training does what privacy(hparams) declares for each "
+        "candidate (clipping, noise, sampling, any split into the declared parallel parts)",
+        f"its score is score_kind={kind!r}: {SCORE_KINDS.get(kind, '?')}",
+    ]
+
+
+def _basis(
+    trainer: Any,
+    selection: Any,
+    space: Space,
+    cands: Sequence[Any],
+    adjacency: str,
+    whole_space: bool,
+) -> dict[str, tuple[str, ...]]:
+    """What the statement rests on (issue 25, item 9): the assumptions that apply to this run
+    (``dptune.assumptions``), what dptune checked, what it takes on the trainer's word, and what
+    the release holds. Built-in trainers say what their code guarantees (``privacy_checks``);
+    others say what they declare (``taken_on_word``)."""
+    kind = getattr(trainer, "score_kind", "exact")
+    takes = tuple(getattr(selection, "takes", ("covered",)))
+    published = tuple(getattr(selection, "publishes", ("payload",)))
+    name = getattr(selection.privacy, "name", type(selection).__name__)
+    fields = list(space.privacy_relevant)
+    checked = [
+        f"every candidate the space can draw is covered: the {len(set(cands))} accounted "
+        f"setting(s) enumerate the privacy-relevant fields {fields}; "
+        + (
+            "the whole (finite) space was checked point by point"
+            if whole_space
+            else "the other fields were probed one at a time"
+        )
+        + "; each drawn candidate must declare its accounted setting, again just before it "
+        "trains",
+        f"the score kind {kind!r} is one {name} is proved for; the release holds "
+        f"{' + '.join(published)} only",
+    ]
+    checked += list(getattr(trainer, "privacy_checks", lambda: [])())
+    if hasattr(trainer, "taken_on_word"):
+        word = list(trainer.taken_on_word())
+    elif hasattr(trainer, "privacy_checks"):
+        word = []
+    else:
+        word = _default_trainer_word(trainer)
+    assumptions = ["neighbours"]
+    data = getattr(trainer, "data", None)
+    if data is not None or getattr(trainer, "num_examples", None) is not None:
+        assumptions.append("public-sizes")
+    if any(len(c.branches()) > 1 for c in cands) or adjacency == "replace_one":
+        assumptions.append("per-record-split")
+    assumptions += ["pure-declaration", "declaration-matches-code", "score-kind"]
+    if set(takes) - {"covered"} and selection.privacy.is_private:
+        assumptions.append("method-constants")
+    assumptions += ["public-inputs", "hidden-private-folder", "secret-randomness", "failures"]
+    if hasattr(trainer, "release_view"):
+        assumptions.append("public-test-split")
+    if data is not None and getattr(data, "validation_public", False):
+        assumptions.append("public-validation")
+    return {
+        "assumptions": tuple(assumptions),
+        "checked": tuple(checked),
+        "trainer_word": tuple(word),
+        "published": published,
+    }
 
 
 @quiet_accounting
@@ -195,6 +348,7 @@ def make_privacy_plan(
                 "selection.RandomStopping(...)"
             )
     check_selection_size(selection)
+    _check_score_kind(trainer, selection, debug_nonprivate)
     n = getattr(trainer, "num_examples", None)
     if n is not None and budget.delta >= 1.0 / n:
         raise TuningConfigError(
@@ -220,7 +374,7 @@ def make_privacy_plan(
         hp = dict(hp)
         if auto:
             hp[field] = 1.0 if value is None else value
-        return with_adjacency(as_candidate(trainer.privacy(hp)), adjacency)
+        return _accounted(as_candidate(trainer.privacy(hp)), adjacency)
 
     # 2. every field the declared privacy depends on
     known = set(getattr(trainer, "privacy_fields", ())) - set(autos)
@@ -265,9 +419,13 @@ def make_privacy_plan(
     else:
         cands = candidates(None)
         statement = _statement(cands, transform, budget, accountant, seeded)
+    whole = _check_whole_support(space, grid, lambda hp: candidate_of(hp, calibrated.get(field)))
     notes = tuple(trainer.privacy_notes()) if hasattr(trainer, "privacy_notes") else ()
     statement = dataclasses.replace(
-        statement, notes=tuple(statement.notes) + notes, private=not debug_nonprivate
+        statement,
+        notes=tuple(statement.notes) + notes,
+        private=not debug_nonprivate,
+        **_basis(trainer, selection, space, cands, adjacency, whole),
     )
     if not debug_nonprivate and statement.total_epsilon > budget.epsilon * (1 + 1e-9):
         raise ImpossibleBudgetError(
@@ -311,32 +469,44 @@ def plan_privacy(trainer: Any, space: Any, selection: Any, budget: Any, **kwargs
     return Space({**plan.space.to_dict(), **plan.calibrated}), plan.statement
 
 
-@quiet_accounting
-def check_candidates(trainer: Any, plan: PrivacyPlan, drawn: Sequence[Mapping[str, Any]]) -> None:
+def declared_candidate(trainer: Any, plan: PrivacyPlan, drawn: Mapping[str, Any]) -> Any:
+    """The trainer's declared privacy of the drawn candidate ``drawn`` (calibrated values filled
+    in), as an accounting candidate, before the run's adjacency is applied."""
+    return as_candidate(trainer.privacy(plan.hparams(drawn)))
+
+
+def check_candidates(
+    trainer: Any, plan: PrivacyPlan, drawn: Sequence[Mapping[str, Any]]
+) -> list[Any]:
     """Every drawn candidate's declared privacy must be covered by what the statement accounted.
 
-    Covered: equal to an accounted candidate, or adding it to the accounted set leaves the total
-    epsilon (same theorem, route and delta) no larger than stated -- then the theorem applied to
-    the enlarged worst case proves the stated bound for it too. Otherwise TuningConfigError, naming
-    the fields that make the difference, before any candidate touches data.
+    Covered: it declares exactly what its accounted twin declares (the candidate of the same
+    privacy-relevant values, every other field at ``space.example()``). Then every drawn candidate
+    is one of the accounted ones, and the set is covered jointly by the worst case the statement
+    took. A drawn candidate that declares anything else -- even a less lossy one -- shows that the
+    declaration depends on fields the accountant did not enumerate, so points of the space this
+    run did not draw may be uncovered: TuningConfigError, naming the fields that make the
+    difference, before any candidate touches data (issue 25, item 6).
+
+    Returns each drawn candidate's declaration as checked (:func:`declared_candidate`), in order:
+    what each candidate must still declare when it trains (:func:`check_unchanged`).
     """
 
     def candidate(hp: Mapping[str, Any]) -> Any:
-        return with_adjacency(as_candidate(trainer.privacy(plan.hparams(hp))), plan.adjacency)
+        return _accounted(declared_candidate(trainer, plan, hp), plan.adjacency)
 
     accounted = set(plan.candidates)
-    covered: dict[Any, bool] = {}
-    for hp in drawn:
-        cand = candidate(hp)
-        if cand in accounted:
-            continue
-        if cand not in covered:
-            st = total_privacy(
-                [*plan.candidates, cand], plan.transform, plan.delta, plan.accountant
+    example = plan.space.example()
+    twins: dict[tuple, Any] = {}
+    declared = [declared_candidate(trainer, plan, hp) for hp in drawn]
+    for hp, raw in zip(drawn, declared, strict=True):
+        cand = _accounted(raw, plan.adjacency)
+        key = tuple(repr(hp.get(n)) for n in plan.privacy_fields)
+        if key not in twins:
+            twins[key] = candidate(
+                {**example, **{n: hp[n] for n in plan.privacy_fields if n in hp}}
             )
-            covered[cand] = st.total_epsilon <= plan.statement.total_epsilon * (1 + 1e-9)
-        if not covered[cand]:
-            example = plan.space.example()
+        if cand != twins[key] or cand not in accounted:
             culprits = [
                 name
                 for name in plan.space.searched
@@ -349,3 +519,21 @@ def check_candidates(trainer: Any, plan: PrivacyPlan, drawn: Sequence[Mapping[st
                 "them privacy-relevant (space.choice(..., privacy=True)) so the accountant takes "
                 "their worst case. Nothing was trained"
             )
+    return declared
+
+
+def check_unchanged(
+    trainer: Any, plan: PrivacyPlan, drawn: Mapping[str, Any], checked: Any
+) -> None:
+    """Before a candidate trains: its declaration now must be the one ``check_candidates``
+    accounted (a trainer's privacy must be a pure function of its hyperparameters; a declaration
+    that reads a counter, the clock or any state could otherwise train a candidate the statement
+    does not cover). TuningConfigError otherwise: the candidate does not train."""
+    now = declared_candidate(trainer, plan, drawn)
+    if now != checked:
+        raise TuningConfigError(
+            f"the trainer's declared privacy for hyperparameters {dict(drawn)} changed after "
+            f"accounting ({checked!r} was accounted, {now!r} is declared now): privacy(hparams) "
+            "must be a pure function of the hyperparameters (no state, counter or clock). The "
+            "candidate was not trained; fix the trainer and start a new workdir"
+        )

@@ -7,10 +7,10 @@ cover the selected output alone, and revealing K would turn random stopping back
 
 Files (``DIR/release/``):
 
-* ``result.json``: ``released``, ``hparams``, ``validation_score``, ``test_accuracy``
-  (or ``released: false`` and its ``reason``: ``none_selected``, a legitimate private outcome, or
-  ``no_candidate_succeeded``: the selected candidate failed, so every candidate did, and no model
-  is released).
+* ``result.json``: ``released``, ``hparams``, ``validation_score`` (only where the selection's
+  theorem covers the score), ``test_accuracy`` (or ``released: false`` and its ``reason``:
+  ``none_selected``, a legitimate private outcome, or ``no_candidate_succeeded``: the selected
+  candidate failed, so every candidate did, and no model is released).
 * ``privacy.json`` / ``privacy.txt``: the privacy statement (machine- and human-readable);
   ``privacy.txt`` opens with a one-line headline whose epsilon is rounded *up*.
 * ``checkpoint/``: the released model's parameters (orbax), or ``payload.pkl`` for payloads that
@@ -28,6 +28,7 @@ absent, whatever moment the process is killed at, and a rerun of a killed run wr
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import pickle
@@ -35,6 +36,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("dptune")
 
 RESULT_FILE = "result.json"
 PRIVACY_JSON = "privacy.json"
@@ -45,6 +48,60 @@ PRIVACY_TXT = "privacy.txt"
 RELEASED = "released"
 NONE_SELECTED = "none_selected"
 NO_CANDIDATE_SUCCEEDED = "no_candidate_succeeded"
+
+# The release whitelist (issue 25): every file a release folder may hold and every key its JSON
+# files may hold. ``write_release`` refuses anything else, and tests/dptune/test_privacy_edges.py
+# holds a literal copy, so that a key is added only by someone who checked that the theorem
+# covers it. What of the selected candidate appears is further limited by the selection method
+# (``SelectionMethod.publishes``: ``validation_score`` only where the theorem covers the score).
+
+#: Files (and the ``checkpoint/`` folder) of a release.
+RELEASE_FILES = frozenset(
+    {
+        RESULT_FILE, PRIVACY_JSON, PRIVACY_TXT, "report.md", "epsilon.png",
+        "training_curve.json", "training_curve.png", "payload.pkl", "checkpoint",
+    }
+)  # fmt: skip
+#: Keys of ``result.json``.
+RESULT_KEYS = frozenset(
+    {"released", "hparams", "validation_score", "test_accuracy", "reason"}
+)  # "reason" (of released: false): a function of the selected output alone (none selected, or
+#    the selected candidate failed, which the selections' order makes "every one failed")
+#: Keys of ``privacy.json`` (the statement, the budget and Accuracy First's ex-post loss).
+PRIVACY_KEYS = frozenset(
+    {
+        "total_epsilon", "delta", "single_run_epsilon", "single_run_delta", "overhead", "method",
+        "theorem", "accountant", "route", "rdp_order", "seeded", "private", "adjacency", "notes",
+        "selection", "candidates", "budget_epsilon", "budget_delta", "ex_post_epsilon",
+        "assumptions", "checked", "trainer_word", "published",
+    }
+)  # fmt: skip
+#: Keys of a ``training_curve.json`` row, besides metrics named ``test_*`` (public test split) and
+#: ``noisy_*`` (privatised).
+CURVE_KEYS = frozenset({"epoch", "epsilon_one_run"})
+_CURVE_PREFIXES = ("test_", "noisy_")
+
+
+def public_curve(rows: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """The curve rows with only whitelisted keys (a trainer's release view may hand back more,
+    e.g. an exact training loss: dropped, and the curator told)."""
+    if rows is None:
+        return None
+    out = []
+    for row in rows:
+        dropped = sorted(
+            k for k in row if k not in CURVE_KEYS and not k.startswith(_CURVE_PREFIXES)
+        )
+        if dropped:
+            log.warning("the training curve's %s are not released (not public quantities)", dropped)
+        out.append({k: v for k, v in row.items() if k not in dropped})
+    return out
+
+
+def _check_keys(what: str, keys: Any, allowed: frozenset) -> None:
+    extra = sorted(set(keys) - allowed)
+    if extra:  # a dptune bug, never a user's: refuse to publish it
+        raise ValueError(f"{what} would release {extra}, which are not on the release whitelist")
 
 
 @dataclass
@@ -68,6 +125,8 @@ class Release:
       outcome: ``"released"``, ``"none_selected"`` or ``"no_candidate_succeeded"`` (default:
         from ``released``).
       trainer_name: what trained the candidates (the report names it), e.g. "DP-SGD".
+      published: what of the selected candidate the selection's theorem covers
+        (``SelectionMethod.publishes``); ``validation_score`` is released only with ``"score"``.
     """
 
     released: bool
@@ -83,6 +142,7 @@ class Release:
     trainer_name: str | None = None
     # The curator's view (number of candidates, all scores): never printed, never in release/.
     private: Any = field(default=None, repr=False, compare=False)
+    published: tuple[str, ...] = ("payload", "score")
 
     def __post_init__(self) -> None:
         if not self.outcome:
@@ -91,12 +151,14 @@ class Release:
     def result_json(self) -> dict[str, Any]:
         if not self.released:
             return {"released": False, "reason": self.outcome}
-        return {
+        out = {
             "released": True,
             "hparams": self.hparams,
-            "validation_score": _finite_or_none(self.validation_score),
             "test_accuracy": _finite_or_none(self.test_accuracy),
         }
+        if "score" in self.published:
+            out["validation_score"] = _finite_or_none(self.validation_score)
+        return out
 
     def __repr__(self) -> str:
         eps = self.privacy.get("total_epsilon")
@@ -121,9 +183,11 @@ class Release:
             head = "Nothing released (no candidate selected: a legitimate private outcome)."
         else:
             hp = ", ".join(f"{k}={_fmt(v)}" for k, v in (self.hparams or {}).items())
-            head = f"Released: {hp}\n  validation score {_fmt(self.validation_score)}"
+            head = f"Released: {hp}"
+            if self.validation_score is not None:
+                head += f"\n  validation score {_fmt(self.validation_score)}"
             if self.test_accuracy is not None:
-                head += f", test accuracy {_fmt(self.test_accuracy)}"
+                head += f"\n  test accuracy {_fmt(self.test_accuracy)}"
         return f"{head}\n{self.headline}\n\n{self.privacy_text}"
 
 
@@ -166,7 +230,10 @@ def write_release(release: Release, folder: str | os.PathLike) -> Path:
         if leftover.exists():
             shutil.rmtree(leftover)
     tmp.mkdir(parents=True)
-    _write_json(tmp / RESULT_FILE, release.result_json())
+    result = release.result_json()
+    _check_keys(RESULT_FILE, result, RESULT_KEYS)
+    _check_keys(PRIVACY_JSON, release.privacy, PRIVACY_KEYS)
+    _write_json(tmp / RESULT_FILE, result)
     _write_json(tmp / PRIVACY_JSON, release.privacy)
     (tmp / PRIVACY_TXT).write_text(release.headline + "\n\n" + release.privacy_text.rstrip() + "\n")
     plots.epsilon_breakdown(release.privacy, tmp / "epsilon.png")
@@ -178,14 +245,18 @@ def write_release(release: Release, folder: str | os.PathLike) -> Path:
         elif payload is not None:
             with open(tmp / "payload.pkl", "wb") as f:
                 pickle.dump(payload, f)
-        if release.curve:
-            _write_json(tmp / "training_curve.json", release.curve)
+        curve = public_curve(release.curve)
+        if curve:
+            _write_json(tmp / "training_curve.json", curve)
             plots.training_curve(
-                release.curve, tmp / "training_curve.png", release.privacy.get("total_epsilon")
+                curve, tmp / "training_curve.png", release.privacy.get("total_epsilon")
             )
     from dptune.report import write_report
 
     write_report(release, tmp)  # report.md: a one-page summary linking the plots above
+    unknown = sorted(p.name for p in tmp.iterdir() if p.name not in RELEASE_FILES)
+    if unknown:
+        raise ValueError(f"the release would hold {unknown}, which are not on the whitelist")
     _fsync_tree(tmp)  # the files are on disk before the rename makes them the release
     if folder.exists():
         # Renamed away, not deleted in place: a kill during a deletion would leave half a release.
@@ -232,6 +303,9 @@ def read_release(folder: str | os.PathLike) -> Release:
     privacy = json.loads((folder / PRIVACY_JSON).read_text())
     text = (folder / PRIVACY_TXT).read_text()
     head = headline(privacy) + "\n\n"
+    published = privacy.get("published")
+    if published is None:  # a release written before the field existed
+        published = ("payload", "score") if "validation_score" in result else ("payload",)
     return Release(
         released=bool(result.get("released")),
         hparams=result.get("hparams"),
@@ -241,6 +315,7 @@ def read_release(folder: str | os.PathLike) -> Release:
         privacy_text=(text[len(head) :] if text.startswith(head) else text).rstrip("\n"),
         path=folder,
         outcome=str(result.get("reason") or ""),
+        published=tuple(published),
     )
 
 

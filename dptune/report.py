@@ -52,8 +52,13 @@ def report_markdown(release: Any, files: set[str]) -> str:
             "",
             f"- **Test accuracy** (public test split, reported only, never used to choose): "
             f"{_pct(release.test_accuracy)}",
-            f"- Validation score the selection saw (noisy when the validation split is private): "
-            f"{_pct(release.validation_score)}",
+        ]
+        if "score" in getattr(release, "published", ("payload", "score")):
+            lines.append(
+                "- Validation score the selection saw (noisy when the validation split is "
+                f"private): {_pct(release.validation_score)}"
+            )
+        lines += [
             "",
             "| hyperparameter | value |",
             "|---|---|",

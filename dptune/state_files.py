@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from dptune.errors import StateError
@@ -29,6 +29,7 @@ def open_state_db(
     create: bool = True,
     readonly: bool = False,
     timeout: float = 30.0,
+    make_file: Callable[[Path], object] | None = None,
 ) -> sqlite3.Connection:
     """A connection to the ``kind`` file at ``path`` after checking it is one dptune wrote.
 
@@ -43,6 +44,10 @@ def open_state_db(
       create: create the file if missing (else a missing file is a StateError).
       readonly: open it read-only (``dptune inspect``, ``--dry_run``): nothing is ever written.
       timeout: SQLite's busy timeout, in seconds.
+      make_file: called with the path before SQLite opens it (unless ``readonly``), once the
+        existing file, if any, passed the checks: e.g. ``dptune.owner_only.create_file``, which
+        creates a missing file with mode 0600 (an empty file SQLite then fills) and reports an
+        existing one that others can read.
     Raises:
       StateError: the path is a folder, or the file is empty, not SQLite, corrupt or foreign.
     """
@@ -55,6 +60,8 @@ def open_state_db(
         raise StateError(f"there is no {kind} at {path}. {fix}")
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
+    if make_file is not None and not readonly:
+        make_file(path)  # creates a missing file; may report an existing one's mode
     try:
         if readonly:
             db = sqlite3.connect(

@@ -15,6 +15,12 @@ A trainer declares its privacy before it runs (``privacy(hparams)``) and trains 
 * ``release_view(hparams, payload) -> ReleaseView``: what of the selected candidate may be
   released (default: the payload as it is).
 * ``privacy_by_epoch(hparams)``: the privacy after each epoch, for the released curve.
+* ``score_kind``: what the score is (``selection.registry.SCORE_KINDS``; default ``"exact"``).
+* ``privacy_checks()``: sentences for the statement: what dptune's own code guarantees for this
+  trainer (the built-in learners).
+* ``taken_on_word()``: sentences for the statement: what it takes on the trainer's word (its
+  declarations). A trainer with neither hook is described as a user's trainer.
+* ``bind_accounted(pairs)``: the accounted declaration of every candidate it will train.
 * ``code_digest()``: a digest of the code that trains the candidates (default: see
   :func:`code_digest`); a workdir is bound to it, so that an edited trainer never resumes, or
   returns the release of, a run of the old code.
@@ -34,8 +40,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -44,6 +51,7 @@ import numpy as np
 
 from dptune.accounting.events import as_candidates
 from dptune.errors import CandidateFailure, TuningConfigError
+from selection.registry import SCORE_KINDS
 
 
 def as_candidate(x: Any) -> Any:
@@ -193,21 +201,35 @@ class DatasetTrainer:
             raise TuningConfigError(f"invalid {self.kind} hyperparameters {merged}: {e}") from None
 
 
+def _hparams_key(hparams: Mapping[str, Any]) -> str:
+    """A candidate's hyperparameters as a lookup key (JSON, sorted keys)."""
+    return json.dumps(dict(hparams), sort_keys=True, default=repr)
+
+
 @dataclass
 class FunctionTrainer:
     """Wraps a user's training function as a trainer.
 
     Args:
       fn: ``fn(hparams: dict, rng: numpy.random.Generator) -> (score, payload)``; it may return
-        ``(score, payload, event)`` too, and the event must then equal the declared one (the
-        accountant charged the declared event before training).
+        ``(score, payload, event)`` too, and the event must then equal the declared one that the
+        tuner accounted for these hyperparameters (``bind_accounted``; the accountant charged it
+        before training).
       privacy: the candidate's privacy: a ``DpEvent`` / accounting candidate, or a function of the
         hyperparameters returning one (e.g. building a DP-SGD event from ``noise_multiplier``).
+        It must be a pure function of the hyperparameters (no state, counter, clock or data):
+        dptune accounts it before the run and checks it again before each candidate trains.
       num_examples: size of the private dataset (checks delta < 1/n), if known.
       fingerprint: an id of the private dataset for the budget ledger, if one is used.
       privacy_fields: fields known to change the declared privacy. Others that do are found by
         probing ``privacy`` (``dptune.plan``), so this is a speed-up, not a safety requirement.
       calibrated_field: the field whose ``"auto"`` value the tuner calibrates.
+      score_kind: what ``fn``'s score is (``selection.registry.SCORE_KINDS``): ``"covered"`` (a
+        noisy statistic of the private data whose noise is part of ``privacy``, or a statistic of
+        public data), ``"exact"`` (an exact statistic of the private data) or ``"percentile"``.
+        Default ``"exact"``: dptune cannot look inside ``fn``, and a wrong ``"exact"`` only makes
+        a method refuse or keep the score out of the release, while a wrong ``"covered"`` makes
+        the statement false (docs/privacy-model.md).
     """
 
     fn: Callable[..., tuple]
@@ -219,9 +241,24 @@ class FunctionTrainer:
     privacy_fields: tuple[str, ...] = ("noise_multiplier",)
     #: the field that ``"auto"`` in a space calibrates to the budget
     calibrated_field: str = "noise_multiplier"
+    #: what the score is (see Args); "exact" unless the user says otherwise
+    score_kind: str = "exact"
+    #: the accounted declaration of each candidate the tuner will train (``bind_accounted``)
+    _accounted: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.score_kind not in SCORE_KINDS:
+            raise TuningConfigError(
+                f"score_kind={self.score_kind!r} must be one of {', '.join(SCORE_KINDS)}"
+            )
 
     def privacy(self, hparams: Mapping[str, Any]) -> Any:
         return self.privacy_fn(hparams) if callable(self.privacy_fn) else self.privacy_fn
+
+    def bind_accounted(self, pairs: Iterable[tuple[Mapping[str, Any], Any]]) -> None:
+        """``(hparams, declared privacy)`` of every candidate the accountant covered: the event
+        ``fn`` returns is compared with these, never with a fresh call of ``privacy``."""
+        self._accounted = {_hparams_key(hp): as_candidate(c) for hp, c in pairs}
 
     def __call__(self, hparams: Mapping[str, Any], rng: np.random.Generator) -> tuple[float, Any]:
         out = self.fn(dict(hparams), rng)
@@ -231,32 +268,61 @@ class FunctionTrainer:
                 f"{out!r:.80}"
             )
         if len(out) == 3:
-            declared = as_candidate(self.privacy(hparams))
+            declared = self._accounted.get(_hparams_key(hparams))
+            if declared is None:  # called outside dptune.tune: nothing was accounted
+                declared = as_candidate(self.privacy(hparams))
             if as_candidate(out[2]) != declared:
                 raise RuntimeError(
-                    f"{self.name} returned the DpEvent {out[2]!r} but declared {declared!r} for "
-                    f"hparams {dict(hparams)}: the accountant charged the declared one"
+                    f"{self.name} returned the DpEvent {out[2]!r} but {declared!r} was accounted "
+                    f"for hparams {dict(hparams)}: the accountant charged the accounted one"
                 )
         return float(out[0]), out[1]
+
+    def taken_on_word(self) -> list[str]:
+        """What the statement takes on this trainer's word (dptune cannot look inside ``fn``)."""
+        out = [
+            f"{self.name}: its training does what privacy(hparams) declares for each candidate -- "
+            "its clipping, noise and sampling, and a split into the declared parallel parts that "
+            "puts each record in one part by that record alone (FunctionTrainer(privacy=...))",
+            f"its score is score_kind={self.score_kind!r}: {SCORE_KINDS[self.score_kind]} "
+            "(FunctionTrainer(score_kind=...))",
+            "it fails (raises, scores NaN) only as a function of its private output",
+        ]
+        if self.num_examples is not None:
+            out.append(
+                f"num_examples={self.num_examples} is the public size of its private data "
+                "(FunctionTrainer(num_examples=...))"
+            )
+        return out
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "function", "name": self.name, "num_examples": self.num_examples}
 
 
 def trainer(
-    privacy: Any, *, num_examples: int | None = None, fingerprint: str | None = None
+    privacy: Any,
+    *,
+    num_examples: int | None = None,
+    fingerprint: str | None = None,
+    score_kind: str = "exact",
 ) -> Callable[[Callable], FunctionTrainer]:
     """Decorator form of :class:`FunctionTrainer`::
 
-    @dptune.trainer(privacy=lambda hp: make_event(hp["noise_multiplier"]), num_examples=n)
+    @dptune.trainer(privacy=lambda hp: make_event(hp["noise_multiplier"]), num_examples=n,
+                    score_kind="covered")
     def train(hparams, rng):
         ...
-        return accuracy, params
+        return noisy_accuracy, params
     """
 
     def wrap(fn: Callable) -> FunctionTrainer:
         return FunctionTrainer(
-            fn, privacy, num_examples, fingerprint, getattr(fn, "__name__", "user function")
+            fn,
+            privacy,
+            num_examples,
+            fingerprint,
+            getattr(fn, "__name__", "user function"),
+            score_kind=score_kind,
         )
 
     return wrap

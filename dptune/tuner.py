@@ -60,11 +60,18 @@ from dptune.plan import (
     PrivacyPlan,
     as_budget,
     check_candidates,
+    check_unchanged,
     make_privacy_plan,
     plan_privacy,
 )
 from dptune.progress import tuning_bar
-from dptune.release import NO_CANDIDATE_SUCCEEDED, Release, read_release, write_release
+from dptune.release import (
+    NO_CANDIDATE_SUCCEEDED,
+    Release,
+    public_curve,
+    read_release,
+    write_release,
+)
 from dptune.space import Space
 from dptune.trainer_protocol import (
     FunctionTrainer,
@@ -332,15 +339,26 @@ def _tune_checked(pre: Preflight, trainer, selection, executor, seed, progress, 
                     pre.workdir or "WORKDIR",
                 )
         run_id, sel_plan = _draw_plan(journal, plan, selection, seed)
-        check_candidates(trainer, plan, [r.hparams for r in journal.candidates()])
+        drawn = journal.candidates()
+        checked = dict(
+            zip(
+                (r.index for r in drawn),
+                check_candidates(trainer, plan, [r.hparams for r in drawn]),
+                strict=True,
+            )
+        )
+        if hasattr(trainer, "bind_accounted"):
+            # the event a trainer reports is compared with what was accounted, not a fresh call
+            trainer.bind_accounted([(plan.hparams(r.hparams), checked[r.index]) for r in drawn])
         if pre.ledger is not None:
             _charge_ledger(pre, trainer, run_id)
         journal.set_once("started_at", time.time())
         records = {r.index: r for r in journal.candidates()}
         payloads: dict[int, Any] = {}
         scores = _run_candidates(
-            trainer, selection, sel_plan, plan, records, journal, payloads, executor, progress
-        )
+            trainer, selection, sel_plan, plan, records, journal, payloads, executor, progress,
+            checked,
+        )  # fmt: skip
         private = _Private(num_trials=sel_plan.num_trials, scores=list(scores), run_id=run_id)
         release = _release(
             trainer, selection, sel_plan, plan, pre.budget, records, payloads, journal
@@ -604,10 +622,12 @@ def _run_candidates(
     payloads: dict[int, Any],
     executor: Any,
     progress: bool,
+    checked: Mapping[int, Any],
 ) -> list[float]:
     """Trains candidates until the selection is done; returns the scores prefix (index order).
 
-    The executor gets the next ``executor.parallelism`` unfinished candidates; each result is
+    The executor gets the next ``executor.parallelism`` unfinished candidates, each first checked
+    to declare what was accounted for it (``checked``: ``check_unchanged``); each result is
     journaled as it comes back (score NaN = failure), so a kill loses at most the candidates in
     flight, which a rerun trains again with the same seeds."""
 
@@ -626,6 +646,8 @@ def _run_candidates(
             todo = [
                 i for i in range(len(scores), sel_plan.num_trials) if records[i].status != "done"
             ][: max(1, int(executor.parallelism))]
+            for i in todo:
+                check_unchanged(trainer, plan, records[i].hparams, checked[i])
             for i in todo:
                 journal.mark_running(i)
             jobs = [Job(i, records[i].seed, plan.hparams(records[i].hparams)) for i in todo]
@@ -657,11 +679,13 @@ def _release(trainer, selection, sel_plan, plan, budget, records, payloads, jour
         if records[i].status == "done"
     ]
     index = selection.select(sel_plan, scores)
+    # What the selection's theorem covers (issue 25): the score only where it is covered.
+    published = tuple(getattr(selection, "publishes", ("payload",)))
     privacy = plan.statement.to_dict()
     privacy.update(budget_epsilon=budget.epsilon, budget_delta=budget.delta)
     text = plan.statement.to_text()
     ex_post = getattr(selection, "ex_post_epsilon", None)
-    if ex_post is not None and plan.statement.accountant == "pure":
+    if ex_post is not None and plan.statement.accountant == "pure" and "index" in published:
         # Ex-post privacy (Ligett et al. 2017, Lemma 2.8; pure-DP candidates only, their Remark
         # 2.9): reported next to the worst case above, which is what the budget and ledger hold.
         privacy["ex_post_epsilon"] = float(ex_post(plan.statement.single_run_epsilon, index))
@@ -670,13 +694,16 @@ def _release(trainer, selection, sel_plan, plan, budget, records, payloads, jour
             "(Ligett et al. 2017, Lemma 2.8); charged: the worst case above."
         )
     if index is None:
-        return Release(False, None, None, None, privacy, text, trainer_name=_trainer_name(trainer))
+        return Release(
+            False, None, None, None, privacy, text, published=published,
+            trainer_name=_trainer_name(trainer),
+        )  # fmt: skip
     if records[index].failed:
         # The selected candidate failed: the selections rank a failure below every score, so
         # every candidate failed (a function of the selected output: post-processing). No model.
         return Release(
             False, None, None, None, privacy, text, outcome=NO_CANDIDATE_SUCCEEDED,
-            trainer_name=_trainer_name(trainer),
+            published=published, trainer_name=_trainer_name(trainer),
         )  # fmt: skip
     hp = plan.hparams(records[index].hparams)
     payload = payloads[index] if index in payloads else journal.read_payload(index)
@@ -688,9 +715,10 @@ def _release(trainer, selection, sel_plan, plan, budget, records, payloads, jour
             {"epoch": e, "epsilon_one_run": plan.single_run_epsilon(c), **rows.get(e, {})}
             for e, c in enumerate(trainer.privacy_by_epoch(hp), start=1)
         ]
+    score = float(scores[index]) if "score" in published else None
     return Release(
-        True, hp, float(scores[index]), view.test_accuracy, privacy, text, payload=view.payload,
-        curve=curve, trainer_name=_trainer_name(trainer),
+        True, hp, score, view.test_accuracy, privacy, text, payload=view.payload,
+        curve=public_curve(curve), published=published, trainer_name=_trainer_name(trainer),
     )  # fmt: skip
 
 

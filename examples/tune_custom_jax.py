@@ -75,8 +75,11 @@ def noisy_update(w, grads, key, lr, clip, sigma):
     }
 
 
-# The dataset's id in the budget ledger (tune() charges $DPTUNE_LEDGER / ~/.dptune/ledger.sqlite).
-@dptune.trainer(privacy=privacy, num_examples=N_PUBLIC, fingerprint=data.fingerprint())
+# score_kind="covered": the score below is a noisy count whose noise `privacy` declares; the
+# fingerprint is the dataset's id in the budget ledger (tune() charges the default ledger)
+@dptune.trainer(
+    privacy=privacy, num_examples=N_PUBLIC, score_kind="covered", fingerprint=data.fingerprint()
+)
 def train(hp: dict, rng: np.random.Generator):
     w = {"W": jnp.zeros((784, 10)), "b": jnp.zeros(10)}
     # All 64 bits of a threefry key from the candidate's generator: the noise must not be guessable.

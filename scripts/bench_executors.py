@@ -60,6 +60,7 @@ def _short_trainer(seconds: float):
         lambda hp: DpSgdCandidate(0.01, 100, 1.0),
         num_examples=10_000,
         fingerprint="bench",
+        score_kind="covered",
     )
 
 

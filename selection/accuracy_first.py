@@ -292,6 +292,10 @@ class AccuracyFirst(SelectionMethod):
 
     method_name = "accuracy_first"
     plan_class = AccuracyFirstPlan
+    #: IAT takes exact scores of known sensitivity (covered ones are post-processing of the
+    #: composed candidates); the charge covers the hypotheses and the stopping index, not scores
+    takes = ("exact", "covered")
+    publishes = ("payload", "index")
 
     def __init__(
         self, threshold: float, score_sensitivity: float, iat_epsilon: float, max_trials: int

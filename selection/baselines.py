@@ -44,6 +44,8 @@ class BestOfK(_FixedK):
     """Release the best of exactly k candidates; privacy by composition (k eps, k delta, k RDP)."""
 
     method_name = "best_of_k"
+    #: composition of k runs covers every output, the position of the best included
+    publishes = ("payload", "score", "index")
 
     @property
     def privacy(self) -> PrivacyTransform:
@@ -59,6 +61,8 @@ class NonPrivateBest(_FixedK):
 
     method_name = "not_private"
     is_private = False
+    takes = ("covered", "exact", "percentile")  # no guarantee to keep
+    publishes = ("payload", "score", "index")
 
     def __init__(self, k: int = 10) -> None:
         super().__init__(k)

@@ -56,11 +56,27 @@ class _CallCandidate:
 
 
 class SelectionMethod:
-    """Base class: subclasses implement `plan`, `select`, `done`, `privacy` and `_batch_limit`."""
+    """Base class: subclasses implement `plan`, `select`, `done`, `privacy` and `_batch_limit`.
+
+    Each method declares (issue 25; the vocabularies are ``selection.registry.SCORE_KINDS`` and
+    ``selection.registry.PUBLISHABLE``):
+
+    * ``takes``: the kinds of candidate score its theorem is proved for; a trainer whose declared
+      ``score_kind`` is not among them is refused before anything trains.
+    * ``publishes``: what of the selected candidate its theorem covers, hence what a release (and
+      `Selection`) may hold: ``"payload"``, ``"score"``, ``"index"``.
+
+    The defaults are the safe ones for a method that declares nothing: scores covered by the
+    candidates' privacy, and only the payload released.
+    """
 
     #: Method name stored in plans and checked by select/done.
     method_name: str = ""
     plan_class = Plan
+    #: score kinds the theorem takes (``selection.registry.SCORE_KINDS``)
+    takes: tuple[str, ...] = ("covered",)
+    #: what of the selected candidate the theorem covers (``selection.registry.PUBLISHABLE``)
+    publishes: tuple[str, ...] = ("payload",)
 
     def plan(self, rng: np.random.Generator | int | None = None) -> Plan:
         raise NotImplementedError
@@ -123,13 +139,18 @@ class SelectionMethod:
         private = SelectionPrivate(plan.num_trials, len(scores), list(scores), index)
         if index is None:
             return Selection(False, None, None, None, private)
-        return Selection(True, scores[index], payloads[index], index, private)
+        # Only what the theorem covers is public: the score of an index-only method (an exact
+        # private statistic) stays in ``private``.
+        score = scores[index] if "score" in self.publishes else None
+        return Selection(True, score, payloads[index], index, private)
 
 
 class BestOfPlanned(SelectionMethod):
     """Methods that train exactly the plan's ``num_trials`` candidates and release the best
     (random stopping with K drawn up front, best-of-k with K fixed): their ``done`` and
-    ``select``."""
+    ``select``. Their theorems cover the selected candidate's whole output, score included."""
+
+    publishes = ("payload", "score")
 
     def done(self, plan: Plan, scores: Sequence[float]) -> bool:
         self._check_plan(plan)

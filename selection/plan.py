@@ -101,8 +101,11 @@ class SelectionPrivate:
 class Selection:
     """The release of a selection: whether a candidate is released, its score and payload.
 
-    ``index`` (the released candidate's position, which reveals that at least ``index + 1``
-    candidates were tried) and ``private`` are kept for the curator and hidden from ``repr``.
+    ``score`` is None unless the method's theorem covers it (``SelectionMethod.publishes``: not
+    for sparse vector, Accuracy First and stability-based validation, whose scores are exact
+    private statistics; the curator finds it in ``private.scores``). ``index`` (the released
+    candidate's position, which reveals that at least ``index + 1`` candidates were tried) and
+    ``private`` are kept for the curator and hidden from ``repr``.
     """
 
     released: bool

@@ -392,7 +392,8 @@ def _max_bonus(bound: ProfileSelectionBound, epsilon: float, delta: float, rtol:
     Branch and bound on s: on [lo, hi], log w(L(s)) - log w(s) <= log w(L(lo)) - log w(hi) (L
     non-decreasing, w non-increasing); intervals whose bound exceeds the best value seen by more
     than ``rtol * eps`` (at least 1e-9) are halved until none is left (or 60 rounds, or 1e5 of
-    them), and the largest remaining bound is returned.
+    them). Returned: the largest bound of every interval ever dropped or still open, so the result
+    is >= b_max (rounded up, never down: issue 25) and <= best value seen + ``rtol * eps``.
     """
     with np.errstate(over="ignore"):
         e_lo, e_hi = np.exp(-epsilon), np.exp(epsilon)  # e_hi = inf for eps > ~709
@@ -412,10 +413,13 @@ def _max_bonus(bound: ProfileSelectionBound, epsilon: float, delta: float, rtol:
     best = float(np.max(lw(lower(edges)) - lw(edges)))
     tol = max(rtol * epsilon, 1e-9)
     upper = best
+    dropped = -math.inf  # largest bound of the intervals dropped so far (issue 25: round up)
     for _ in range(60):
         u = lw(lower(lo)) - lw(hi)
         keep = u > best + tol
-        upper = max(best, float(np.max(u)))
+        if not np.all(keep):
+            dropped = max(dropped, float(np.max(u[~keep])))
+        upper = max(best, dropped, float(np.max(u)))
         # Stop when nothing is left to refine, or before the intervals outgrow memory: `upper`
         # is a valid bound at every round, only less tight.
         if not np.any(keep) or np.count_nonzero(keep) > 100_000:

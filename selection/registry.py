@@ -67,6 +67,29 @@ OPTIONS: dict[str, tuple[type, str]] = {
 }
 
 
+#: What a candidate's score is, as its trainer declares it (``score_kind``; issue 25). Each method
+#: says which kinds its theorem takes (``SelectionMethod.takes``) and a mismatch is refused before
+#: anything trains.
+SCORE_KINDS: dict[str, str] = {
+    "covered": "covered by the candidate's own declared privacy: a noisy statistic of the private "
+    "data whose noise is accounted in the candidate's privacy, or any statistic of public data",
+    "exact": "an exact statistic of the private data (e.g. accuracy on a private validation "
+    "split), not covered by the candidate's privacy",
+    "percentile": "the exact percentile P[Q_i(D) >= tau] of a pure eps-DP candidate Q_i (Liu & "
+    "Talwar 2019, Sec. 4.1's percentile oracle), not covered by the candidate's privacy",
+}
+
+#: What of the selected candidate a release may hold (``SelectionMethod.publishes``): only what
+#: the method's theorem covers.
+PUBLISHABLE: dict[str, str] = {
+    "payload": "the selected candidate's hyperparameters and payload (the model), and what is "
+    "computed from them and public data only (test accuracy, the public per-epoch curve)",
+    "score": "the selected candidate's score, as the selection saw it",
+    "index": "the selected candidate's position in the run (it bounds the number of candidates "
+    "from below), and what depends on it (the ex-post privacy loss)",
+}
+
+
 class SelectionConfigError(ValueError):
     """A method name or its options are invalid; the message names the option."""
 
@@ -83,6 +106,9 @@ class MethodInfo:
       build: ``build(**options) -> SelectionMethod``.
       privacy_only: options that do not change its privacy, with the value used when only the
         privacy transform is wanted (``dptune account``).
+      method_class: the class ``build`` returns; its ``takes`` (score kinds its theorem is proved
+        for, ``SCORE_KINDS``) and ``publishes`` (what of the selected candidate a release may
+        hold, ``PUBLISHABLE``) are this entry's :attr:`takes` and :attr:`publishes`.
     """
 
     name: str
@@ -91,11 +117,26 @@ class MethodInfo:
     optional: tuple[str, ...]
     build: Callable[..., SelectionMethod]
     privacy_only: Mapping[str, Any] = None  # type: ignore[assignment]
+    method_class: type[SelectionMethod] = SelectionMethod
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "privacy_only", dict(self.privacy_only or {}))
         for o in (*self.required, *self.optional):
             assert o in OPTIONS, f"{self.name}: unknown option {o!r}; add it to OPTIONS"
+        for kind in self.takes:
+            assert kind in SCORE_KINDS, f"{self.name}: unknown score kind {kind!r}"
+        for what in self.publishes:
+            assert what in PUBLISHABLE, f"{self.name}: unknown publishable {what!r}"
+
+    @property
+    def takes(self) -> tuple[str, ...]:
+        """Score kinds the method's theorem takes (``SelectionMethod.takes``)."""
+        return tuple(self.method_class.takes)
+
+    @property
+    def publishes(self) -> tuple[str, ...]:
+        """What of the selected candidate a release may hold (``SelectionMethod.publishes``)."""
+        return tuple(self.method_class.publishes)
 
 
 METHODS: dict[str, MethodInfo] = {}
@@ -125,6 +166,7 @@ register(
         ("mean_trials",),
         (),
         lambda mean_trials: RandomStopping.logarithmic(_mean(mean_trials)),
+        method_class=RandomStopping,
     )
 )
 register(
@@ -136,6 +178,7 @@ register(
         lambda mean_trials, max_trials=None: RandomStopping.geometric(
             _mean(mean_trials), max_trials
         ),
+        method_class=RandomStopping,
     )
 )
 
@@ -158,6 +201,7 @@ register(
         lambda mean_trials, shape: RandomStopping.truncated_negative_binomial(
             _mean(mean_trials), _shape(shape)
         ),
+        method_class=RandomStopping,
     )
 )
 register(
@@ -167,6 +211,7 @@ register(
         ("mean_trials",),
         (),
         lambda mean_trials: RandomStopping.poisson(_mean(mean_trials)),
+        method_class=RandomStopping,
     )
 )
 register(
@@ -179,6 +224,7 @@ register(
             threshold, stop_probability, max_trials
         ),
         privacy_only={"threshold": 0.0},
+        method_class=Thresholding,
     )
 )
 register(
@@ -192,6 +238,7 @@ register(
             target_percentile, noise_scale, max_trials
         ),
         privacy_only={"target_percentile": 0.5},
+        method_class=PercentileSparseVector,
     )
 )
 register(
@@ -205,6 +252,7 @@ register(
             threshold, score_sensitivity, iat_epsilon, max_trials
         ),
         privacy_only={"threshold": 0.0, "score_sensitivity": 1.0},
+        method_class=AccuracyFirst,
     )
 )
 register(
@@ -218,6 +266,7 @@ register(
             StabilityValidation.from_beta(k, validation_epsilon, stability_beta, stability_delta)
         ),
         privacy_only={"stability_beta": 1.0},
+        method_class=StabilityValidation,
     )
 )
 register(
@@ -227,6 +276,7 @@ register(
         ("k",),
         (),
         lambda k: BestOfK(k),
+        method_class=BestOfK,
     )
 )
 register(
@@ -236,6 +286,7 @@ register(
         ("k",),
         (),
         lambda k: NonPrivateBest(k),
+        method_class=NonPrivateBest,
     )
 )
 
@@ -307,6 +358,9 @@ def describe() -> str:
     lines = ["Selection methods:"]
     for info in METHODS.values():
         opts = ", ".join([*info.required, *(f"[{o}]" for o in info.optional)])
-        lines.append(f"  {info.name} ({opts}): {info.summary}")
+        lines.append(
+            f"  {info.name} ({opts}): {info.summary}; takes {'/'.join(info.takes)} scores, "
+            f"releases {' + '.join(info.publishes)}"
+        )
     lines.append("Options: " + "; ".join(f"{k}: {v[1]}" for k, v in OPTIONS.items()))
     return "\n".join(lines)

@@ -68,6 +68,10 @@ class PercentileSparseVector(SelectionMethod):
 
     method_name = "sparse_vector"
     plan_class = SparseVectorPlan
+    #: the analysis needs the exact percentile of a pure eps-DP candidate, and covers the index
+    #: and the payload (one sample of Q_i), never the percentile itself
+    takes = ("percentile",)
+    publishes = ("payload", "index")
 
     def __init__(self, target_percentile: float, noise_scale: float, max_trials: int) -> None:
         target = float(target_percentile)

@@ -87,6 +87,10 @@ class StabilityValidation(SelectionMethod):
 
     method_name = "stability_validation"
     plan_class = StabilityPlan
+    #: Thm 2 takes exact stable scores (the user's beta vouches for their stability) and covers
+    #: i* and h_{i*}, not the scores
+    takes = ("exact", "covered")
+    publishes = ("payload", "index")
 
     def __init__(
         self,

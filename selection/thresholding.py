@@ -37,6 +37,8 @@ class Thresholding(SelectionMethod):
     """
 
     method_name = "thresholding"
+    #: LT Thm 3.1 covers the released candidate's output, its score included
+    publishes = ("payload", "score")
 
     def __init__(
         self, threshold: float, stop_probability: float, max_trials: int | None = None

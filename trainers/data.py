@@ -22,6 +22,7 @@ import dataclasses
 import gzip
 import hashlib
 import importlib.util
+import logging
 import os
 import pickle
 import zlib
@@ -29,6 +30,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 NAMES = ("mnist", "fashion_mnist", "cifar10", "synthetic")
 SOURCES = ("auto", "tfds", "idx", "cifar_pickle", "synthetic")
@@ -60,9 +63,9 @@ class DatasetNotFoundError(FileNotFoundError):
 PUBLISHED_TRAIN_SIZES: dict[str, int] = {"mnist": 60000, "fashion_mnist": 60000, "cifar10": 50000}
 
 #: Largest relative difference between the loaded and the declared number of training records
-#: before loading is refused: a guard against declaring the wrong size (e.g. the 10k MNIST subset
-#: as "mnist"), not a privacy mechanism (the guarantee holds whatever the loaded size; see
-#: docs/privacy-model.md).
+#: before loading warns: a guard against declaring the wrong size (e.g. the 10k MNIST subset as
+#: "mnist"), not a privacy mechanism (the guarantee holds whatever the loaded size; see
+#: docs/privacy-model.md). A warning, never a refusal: the loaded size is private.
 SIZE_TOLERANCE = 0.01
 
 #: Public key of the per-record split hash (fixed; changing it is a new split of the same people).
@@ -220,7 +223,7 @@ def load_dataset(
       seed_split: public seed of the split hash (a different seed is a different split of the same
         people; the ledger charges both to one budget).
       num_examples: the public number of records in the training file (default
-        ``PUBLISHED_TRAIN_SIZES[name]``); loading fails if the file holds more than
+        ``PUBLISHED_TRAIN_SIZES[name]``); loading warns if the file holds more than
         ``SIZE_TOLERANCE`` more or fewer.
       validation_dir: an IDX folder whose ``train-*`` files hold a separately supplied validation
         set; then the training file is not split and the statement says so.
@@ -229,8 +232,8 @@ def load_dataset(
 
     Raises:
       DatasetNotFoundError: the data is not there; the message says how to point at local files.
-      ValueError: an unknown name/source, an impossible validation size, a size far from the
-        declared one, or ``validation_public`` without a separate validation set.
+      ValueError: an unknown name/source, an impossible validation size, or
+        ``validation_public`` without a separate validation set.
     """
     if name not in NAMES:
         raise ValueError(f"unknown dataset name {name!r}; expected one of {NAMES}")
@@ -363,15 +366,22 @@ def check_public_split(x: np.ndarray, y: np.ndarray, num_classes: int, what: str
 
 
 def check_declared_size(actual: int, declared: int, name: str) -> None:
-    """Refuses data whose record count is far from the declared public size (a mistake guard)."""
+    """Warns (on the curator's console) when the record count is far from the declared public
+    size: a guard against declaring the wrong size. Never a refusal: whether the private file
+    holds more than ``SIZE_TOLERANCE`` more or fewer records than declared depends on the private
+    data, and a refusal of one neighbour but not the other would release it (issue 25). The
+    guarantee uses only the declared size."""
     if isinstance(declared, bool) or not isinstance(declared, (int, np.integer)) or declared < 1:
         raise ValueError(f"num_examples={declared!r} must be a positive integer")
     if abs(actual - declared) > SIZE_TOLERANCE * declared:
-        raise ValueError(
-            f"the {name!r} training file holds {actual} records, far from the declared public "
-            f"size {declared} (more than {SIZE_TOLERANCE:.0%} off). Sampling rates and step counts "
-            "come from the declared size, so declare the right one (num_examples=..., config "
-            "data.num_examples) for this file"
+        log.warning(
+            "the %r training file holds %d records, far from the declared public size %d (more "
+            "than %.0f%% off). Sampling rates and step counts come from the declared size: if it "
+            "is wrong, declare the right one (num_examples=..., config data.num_examples)",
+            name,
+            actual,
+            declared,
+            100 * SIZE_TOLERANCE,
         )
 
 

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from trainers import models, parallel
+from trainers import audit, models, parallel
 from trainers.data import Dataset
 from trainers.evaluate import device_arrays, model_data, validation_score
 from trainers.sampling import PoissonSampler
@@ -79,7 +79,10 @@ def _check(hp: Hyperparams, data: Dataset) -> None:
             f"{tuple(data.train_x.shape[1:])}"
         )
     dpsgd_privacy(hp, data.public_num_train)  # raises if N < B
-    if len(data.val_x) == 0 or data.public_num_val <= 0:
+    # Decided on public quantities only (issue 25): the expected validation size, and the length
+    # of a validation set declared public. A private split that happens to be empty is scored
+    # like its neighbour with one record (a noisy count of 0 over the public size).
+    if data.public_num_val <= 0 or (data.validation_public and len(data.val_x) == 0):
         raise ValueError(
             "the dataset has no validation examples (validation_size=0): nothing to score"
         )
@@ -295,9 +298,10 @@ def _train_group_unsafe(
                     jnp.int32(j),
                 )  # fmt: skip
             idx, mask = group.chunk(chunked, 0)
+            # audit.noise_step(step) is step itself outside `dptune audit --break=noise_reused`.
             params, opt_states, loss = group.step(
-                params, opt_states, gsum, loss, data_x, data_y, idx, mask, noise_keys, step_arr,
-                clip, sigma, expected_b,
+                params, opt_states, gsum, loss, data_x, data_y, idx, mask, noise_keys,
+                jnp.int32(audit.noise_step(step)), clip, sigma, expected_b,
             )  # fmt: skip
             loss_sum = loss_sum + loss
             step += 1

@@ -25,6 +25,9 @@ FAILURE_SCORE = float("nan")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 #: Model names of ``trainers.models.get_model``.
 MODEL_NAMES = ("cnn26k", "cnn52k", "cifar_cnn", "wrn16_4", "scatter_linear", "scatter_cnn")
+#: ``NAME + AUDIT_MODEL_SUFFIX``: model NAME with the gradient canaries of ``dptune audit``
+#: (``trainers.audit``); never a model to release.
+AUDIT_MODEL_SUFFIX = "+gradient_canaries"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +95,7 @@ class Hyperparams:
             bad("optimizer", f"must be one of {OPTIMIZERS}")
         if not 0 <= self.momentum < 1:
             bad("momentum", "must be in [0, 1)")
-        if self.model not in MODEL_NAMES:
+        if self.model.removesuffix(AUDIT_MODEL_SUFFIX) not in MODEL_NAMES:
             bad("model", f"must be one of {MODEL_NAMES}")
         if self.score_noise_std is not None and not (
             self.score_noise_std > 0 and math.isfinite(self.score_noise_std)

@@ -32,6 +32,7 @@ from dptune.accounting.events import (
     ReplaceOneDpEvent,
     as_candidates,
     dominating_dpsgd_candidate,
+    doubled_sensitivity,
     pareto_candidates,
 )
 
@@ -114,32 +115,55 @@ def _event_rdp(event: dp_event.DpEvent, orders: tuple[float, ...]) -> np.ndarray
 
 
 def _replace_one_rdp(event: dp_event.DpEvent, orders: tuple[float, ...]) -> np.ndarray:
-    """RDP curve of ``event`` under replace-one adjacency.
+    """RDP curve of ``event`` (described under add/remove) under replace-one adjacency, by the
+    one rule of ``dptune.accounting.events`` (issue 25): the query moves by up to twice the
+    add/remove sensitivity.
 
-    dp_accounting's ``RdpAccountant(neighboring_relation=REPLACE_ONE)`` where it supports the
-    event. Otherwise (the Poisson-subsampled Gaussian, i.e. DP-SGD) a replacement is a removal
-    followed by an addition, and Mironov 2017 ("Renyi Differential Privacy"), Prop. 11 (weak
-    triangle inequality, p = q = 2) bounds it from the add/remove curve eps(.):
+    * Gaussian(sigma), Laplace(b): the exact add/remove RDP of Gaussian(sigma / 2), Laplace(b / 2)
+      (what dp_accounting's PLD accountant computes for a Gaussian under ``REPLACE_ONE``; its RDP
+      accountant would keep the shift at 1).
+    * Sampling without replacement (defined under replace-one only): dp_accounting's
+      ``REPLACE_ONE`` RDP (Wang, Balle & Kasiviswanathan 2019, Thm 27) of the event with its
+      Gaussian's sigma halved.
+    * The Poisson-subsampled Gaussian (DP-SGD): a replacement is a removal followed by an addition,
+      and Mironov 2017 ("Renyi Differential Privacy"), Prop. 11 (weak triangle inequality, p = q =
+      2) bounds it from the add/remove curve eps(.):
 
-        D_a(P || R) <= (a - 1/2) / (a - 1) * eps(2a) + eps(2a - 1).
+          D_a(P || R) <= (a - 1/2) / (a - 1) * eps(2a) + eps(2a - 1).
 
-    (Valid but loose, about twice the add/remove curve; the PLD route is exact up to
-    discretisation and the accountant's ``auto`` takes the tighter.)
+      (Valid but loose, about twice the add/remove curve; the PLD route is exact up to
+      discretisation and the accountant's ``auto`` takes the tighter.)
+    * Compositions: the sum of their parts' curves (RDP composition for one neighbouring pair);
+      the triangle bound is linear in eps(.), so summing it per part equals applying it to the sum.
+
+    Raises ``UnsupportedEventError`` for any other event.
     """
-    try:
+    a = np.asarray(orders, dtype=np.float64)
+    if isinstance(event, dp_event.NoOpDpEvent):
+        return np.zeros_like(a)
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return sum((_replace_one_rdp(e, orders) for e in event.events), np.zeros_like(a))
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return event.count * _replace_one_rdp(event.event, orders)
+    if isinstance(event, (dp_event.GaussianDpEvent, dp_event.LaplaceDpEvent)):
+        accountant = rdp_privacy_accountant.RdpAccountant(list(orders))
+        accountant.compose(doubled_sensitivity(event))
+        return np.array(accountant.rdp, dtype=np.float64)
+    if isinstance(event, dp_event.SampledWithoutReplacementDpEvent):
         accountant = rdp_privacy_accountant.RdpAccountant(
             list(orders), neighboring_relation=_REPLACE_ONE
         )
-        accountant.compose(event)
+        accountant.compose(doubled_sensitivity(event))
         return np.array(accountant.rdp, dtype=np.float64)
-    except privacy_accountant_lib.UnsupportedEventError:
-        pass
-    a = np.asarray(orders, dtype=np.float64)
-    accountant = rdp_privacy_accountant.RdpAccountant(list(np.concatenate([2 * a, 2 * a - 1])))
-    accountant.compose(event)
-    both = np.array(accountant.rdp, dtype=np.float64)
-    eps_2a, eps_2a_1 = both[: len(a)], both[len(a) :]
-    return (a - 0.5) / (a - 1.0) * eps_2a + eps_2a_1
+    if isinstance(event, dp_event.PoissonSampledDpEvent):
+        accountant = rdp_privacy_accountant.RdpAccountant(list(np.concatenate([2 * a, 2 * a - 1])))
+        accountant.compose(event)
+        both = np.array(accountant.rdp, dtype=np.float64)
+        eps_2a, eps_2a_1 = both[: len(a)], both[len(a) :]
+        return (a - 0.5) / (a - 1.0) * eps_2a + eps_2a_1
+    raise privacy_accountant_lib.UnsupportedEventError(
+        f"no replace-one RDP for {type(event).__name__} (dptune.accounting.events)"
+    )
 
 
 def _branches(candidates: Sequence[Candidate]) -> list[dp_event.DpEvent]:

@@ -16,6 +16,19 @@ accountant (``epsilon``) evaluates under dp_accounting's ``REPLACE_ONE`` relatio
 replace-one the two examples may fall in different splits (one leaves training, the other joins
 validation), so the training and the score branches then compose
 (see :meth:`DpSgdCandidate.branches`).
+
+The replace-one rule (one rule on every route; issue 25). Every event describes its mechanism
+under add/remove: a noise multiplier is the noise over the add/remove sensitivity (the bound on
+one example's contribution). A replacement removes one example and adds another, so it moves the
+query by up to twice that: dp_accounting's PLD accountant reads a ``GaussianDpEvent`` this way
+under ``REPLACE_ONE`` (its privacy loss shifts by 2 x sensitivity; ``REPLACE_SPECIAL`` is the
+add/remove loss), and so does every dptune route: a Gaussian(sigma) or Laplace(b) is accounted as
+an add/remove Gaussian(sigma / 2) or Laplace(b / 2) (exact), sampling without replacement by
+dp_accounting's ``REPLACE_ONE`` RDP with the Gaussian's sigma halved, and a Poisson-subsampled
+Gaussian by dp_accounting's ``REPLACE_ONE`` PLD (or Mironov 2017, Prop. 11 from its add/remove RDP
+curve). Other events (``REPLACE_ONE_EVENTS`` lists the supported ones) have no known replace-one
+sensitivity here and are refused. dp_accounting's own RDP accountant keeps the shift at 1 under
+``REPLACE_ONE`` for a plain Gaussian, so it is never asked for one.
 """
 
 from __future__ import annotations
@@ -31,13 +44,16 @@ from dp_accounting import dp_event
 
 __all__ = [
     "ADJACENCIES",
+    "REPLACE_ONE_EVENTS",
     "ReplaceOneDpEvent",
     "Candidate",
     "CandidateLike",
     "DpSgdCandidate",
     "EventCandidate",
     "as_candidates",
+    "check_replace_one_event",
     "dominating_dpsgd_candidate",
+    "doubled_sensitivity",
     "pareto_candidates",
     "pure_epsilon",
 ]
@@ -45,6 +61,65 @@ __all__ = [
 
 #: Neighbouring relations: add/remove one example (default) or replace one example.
 ADJACENCIES = ("add_remove", "replace_one")
+
+
+#: Event types a user candidate may be built from under replace-one (the rule in the module
+#: docstring); compositions of them too.
+REPLACE_ONE_EVENTS = (
+    dp_event.NoOpDpEvent,
+    dp_event.GaussianDpEvent,
+    dp_event.LaplaceDpEvent,
+    dp_event.PoissonSampledDpEvent,
+    dp_event.SampledWithoutReplacementDpEvent,
+    dp_event.ComposedDpEvent,
+    dp_event.SelfComposedDpEvent,
+)
+
+
+def check_replace_one_event(event: dp_event.DpEvent) -> None:
+    """ValueError unless every part of ``event`` has a replace-one form under the module's rule:
+    Gaussian, Laplace and no-op events, Poisson-subsampled or without-replacement-sampled
+    Gaussians, and compositions of these."""
+    if isinstance(event, dp_event.ComposedDpEvent):
+        for e in event.events:
+            check_replace_one_event(e)
+        return
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        check_replace_one_event(event.event)
+        return
+    if isinstance(
+        event, (dp_event.PoissonSampledDpEvent, dp_event.SampledWithoutReplacementDpEvent)
+    ) and not isinstance(event.event, dp_event.GaussianDpEvent):
+        raise ValueError(
+            f"replace-one adjacency: a sampled {type(event.event).__name__} has no replace-one "
+            "form in dptune (only sampled Gaussians); describe the candidate under add_remove"
+        )
+    if not isinstance(event, REPLACE_ONE_EVENTS):
+        raise ValueError(
+            f"replace-one adjacency: {type(event).__name__} has no known replace-one sensitivity "
+            "(dptune doubles the add/remove sensitivity of Gaussian and Laplace events; see "
+            "dptune.accounting.events): describe the candidate with those events, or use "
+            "adjacency='add_remove'"
+        )
+
+
+def doubled_sensitivity(event: dp_event.DpEvent) -> dp_event.DpEvent:
+    """``event`` with every Gaussian's and Laplace's noise multiplier halved: its replace-one form
+    under the module's rule (the query moves by up to twice the add/remove sensitivity).
+    Sampling events keep their sampling; their inner Gaussian is halved too."""
+    if isinstance(event, dp_event.GaussianDpEvent):
+        return dp_event.GaussianDpEvent(event.noise_multiplier / 2.0)
+    if isinstance(event, dp_event.LaplaceDpEvent):
+        return dp_event.LaplaceDpEvent(event.noise_multiplier / 2.0)
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return dp_event.ComposedDpEvent(tuple(doubled_sensitivity(e) for e in event.events))
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return dp_event.SelfComposedDpEvent(doubled_sensitivity(event.event), event.count)
+    if isinstance(event, dp_event.SampledWithoutReplacementDpEvent):
+        return dp_event.SampledWithoutReplacementDpEvent(
+            event.source_dataset_size, event.sample_size, doubled_sensitivity(event.event)
+        )
+    return event
 
 
 def check_adjacency(adjacency: str) -> str:
@@ -220,6 +295,8 @@ class EventCandidate:
                 "replace-one adjacency with parallel branches is not supported for user "
                 "DpEvents: describe the candidate as one event"
             )
+        if self.adjacency == "replace_one":
+            check_replace_one_event(self.event)
 
     def branches(self) -> tuple[dp_event.DpEvent, ...]:
         if self.adjacency == "replace_one":
@@ -393,6 +470,9 @@ def pure_epsilon(event: dp_event.DpEvent) -> float | None:
     """
     if isinstance(event, dp_event.NoOpDpEvent):
         return 0.0
+    if isinstance(event, ReplaceOneDpEvent):
+        # the replace-one rule (module docstring): Laplace(b) -> Laplace(b / 2)
+        return pure_epsilon(doubled_sensitivity(event.event))
     if isinstance(event, dp_event.LaplaceDpEvent):
         return math.inf if event.noise_multiplier == 0 else 1.0 / event.noise_multiplier
     if isinstance(event, dp_event.SelfComposedDpEvent):

@@ -35,6 +35,20 @@ def _json_safe(x: Any) -> Any:
     return x
 
 
+_PUBLISHED_WORDS = {
+    "payload": "its hyperparameters and model (and what they give on public data)",
+    "score": "its score",
+    "index": "its position in the run",
+}
+
+
+def _published(what: tuple[str, ...]) -> str:
+    words = [_PUBLISHED_WORDS.get(w, w) for w in what]
+    if "score" not in what:
+        words.append("not its score (the theorem does not cover it)")
+    return "; ".join(words)
+
+
 def _fmt(x: float) -> str:
     return "infinite" if not math.isfinite(x) else f"{x:.4g}"
 
@@ -63,6 +77,13 @@ class PrivacyStatement:
       notes: further caveats, one sentence each.
       adjacency: the neighbouring relation the guarantee is stated for: "add_remove" (one example
         added or removed) or "replace_one" (one example replaced; the dataset size is public).
+      assumptions: names of the assumptions the statement rests on (``dptune.assumptions``,
+        explained in docs/privacy-model.md).
+      checked: what dptune checked or guarantees by its own code, one sentence each.
+      trainer_word: what the statement takes on the trainer's word (its declarations), one
+        sentence each; empty for dptune's own trainers.
+      published: what of the selected candidate the release holds (``selection.registry.
+        PUBLISHABLE``): only what the selection's theorem covers.
     """
 
     total_epsilon: float
@@ -80,6 +101,10 @@ class PrivacyStatement:
     private: bool = True
     notes: tuple[str, ...] = ()
     adjacency: str = "add_remove"
+    assumptions: tuple[str, ...] = ()
+    checked: tuple[str, ...] = ()
+    trainer_word: tuple[str, ...] = ()
+    published: tuple[str, ...] = ()
 
     @property
     def overhead(self) -> float:
@@ -116,6 +141,13 @@ class PrivacyStatement:
             "selection": dict(self.selection),
             "candidates": [dict(c) for c in self.candidates],
         }
+        if self.assumptions or self.checked or self.trainer_word or self.published:
+            d.update(
+                assumptions=list(self.assumptions),
+                checked=list(self.checked),
+                trainer_word=list(self.trainer_word),
+                published=list(self.published),
+            )
         return _json_safe(d)
 
     def to_json(self, **kwargs: Any) -> str:
@@ -138,7 +170,7 @@ class PrivacyStatement:
                     + (
                         " (composed with training: a replacement can touch both splits)"
                         if c.get("adjacency") == "replace_one"
-                        else " (per-record split: parallel composition)"
+                        else " (parallel composition with training: needs a per-record split)"
                     )
                 )
                 lines.append(
@@ -178,4 +210,21 @@ class PrivacyStatement:
         if notes:
             lines.append("")
             lines += [f"Note: {n}" for n in notes]
+        if self.checked:
+            lines += ["", "Checked by dptune:"] + [f"  - {s}" for s in self.checked]
+        if self.trainer_word:
+            lines += [
+                "",
+                "Taken on the trainer's word (dptune cannot see inside it; check it "
+                "empirically with `dptune audit`):",
+            ] + [f"  - {s}" for s in self.trainer_word]
+        if self.published:
+            lines += ["", f"Released of the selected candidate: {_published(self.published)}."]
+        if self.assumptions:
+            lines += [
+                "",
+                "Assumptions (docs/privacy-model.md): "
+                + ", ".join(f"`{a}`" for a in self.assumptions)
+                + ".",
+            ]
         return "\n".join(lines)

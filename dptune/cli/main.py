@@ -25,7 +25,6 @@ statement NOT private.
 
 from __future__ import annotations
 
-import difflib
 import logging
 import shlex
 import signal
@@ -44,6 +43,7 @@ from dptune import configs
 from dptune.accounting.quiet import summarised_accounting_warnings
 from dptune.cli import exits, vocabulary
 from dptune.cli.build import ConfigError, run_config
+from dptune.cli.common import ArgumentError, normalise_argv, setup_logging
 from dptune.errors import TuningConfigError
 from dptune.journal import JOURNAL_FILE, ConfigChangedError
 from dptune.learners.dpsgd import DatasetNotFoundError
@@ -102,7 +102,7 @@ def cli(argv: Sequence[str]) -> int:
         return exits.OK
     try:
         argv = normalise_argv(argv)
-    except ConfigError as e:
+    except ArgumentError as e:
         return exits.refuse(e)
     rest, error = _parse_flags(argv)
     if error is not None:
@@ -297,88 +297,6 @@ def _install_sigterm() -> Any:
         return signal.signal(signal.SIGTERM, handler)
     except ValueError:  # not the main thread
         return None
-
-
-class _Stderr(logging.StreamHandler):
-    """A handler writing to whatever ``sys.stderr`` is at the time (tests capture it)."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.stream = sys.stderr
-        super().emit(record)
-
-
-_HANDLER = _Stderr()
-_HANDLER.setFormatter(logging.Formatter("dptune: %(message)s"))
-
-
-def setup_logging() -> None:
-    """dptune's messages on stderr at the level of absl's ``--verbosity`` (-v): INFO by default,
-    -1 warnings only, >= 1 debug; other libraries' chatter (orbax, jax) only at ERROR unless
-    ``--verbosity`` >= 1."""
-    fv = flags.FLAGS
-    chosen = fv["verbosity"].present if "verbosity" in fv else False
-    verbosity = absl_logging.get_verbosity() if chosen else 0
-    level = (
-        logging.DEBUG
-        if verbosity >= 1
-        else logging.INFO
-        if verbosity == 0
-        else logging.WARNING
-        if verbosity == -1
-        else logging.ERROR
-    )
-    absl_logging.set_verbosity(absl_logging.DEBUG if verbosity >= 1 else absl_logging.ERROR)
-    if _HANDLER not in log.handlers:
-        log.addHandler(_HANDLER)
-    log.setLevel(level)
-    log.propagate = False
-
-
-def normalise_argv(argv: Sequence[str]) -> list[str]:
-    """``--config NAME`` -> ``--config=NAME``, and a shipped config's name -> its file (so the
-    command works outside a checkout). Refuses (ConfigError) a config that is no file, a folder,
-    or a name that a local file shadows."""
-    out: list[str] = [argv[0]] if argv else ["dptune"]
-    args = list(argv[1:])
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg in ("--config", "-config"):
-            if i + 1 >= len(args):
-                raise ConfigError("--config needs a value: --config=NAME or --config=FILE")
-            arg = f"--config={args[i + 1]}"
-            i += 1
-        if arg.startswith("-config="):
-            arg = "-" + arg
-        if arg.startswith("--config="):
-            arg = "--config=" + _resolve_config(arg[len("--config=") :])
-        out.append(arg)
-        i += 1
-    return out
-
-
-def _resolve_config(value: str) -> str:
-    """A shipped config's name -> its file; a path is checked (a file) and kept."""
-    name, sep, rest = value.partition(":")
-    path = Path(name).expanduser()
-    shipped = ", ".join(configs.NAMES)
-    if name in configs.NAMES:
-        if path.is_file():
-            raise ConfigError(
-                f"--config={name} is ambiguous: {name!r} is a shipped config and a file here; "
-                f"write --config=./{name} for the file, or rename it"
-            )
-        return f"{configs.path_of(name)}{sep}{rest}"
-    if path.is_dir():
-        raise ConfigError(
-            f"--config={name} is a folder, not a config file: give a .py file or a shipped "
-            f"config ({shipped})"
-        )
-    if not path.is_file():
-        close = difflib.get_close_matches(name, configs.NAMES, n=1)
-        hint = f" (did you mean --config={close[0]}?)" if close else ""
-        raise ConfigError(f"--config={name}: no such config file{hint}; shipped configs: {shipped}")
-    return value
 
 
 def usage() -> str:

@@ -203,6 +203,17 @@ class _Trainer(FunctionTrainer):
     def check_adjacency(self, adjacency: str) -> None:
         _refuse_replace_one(adjacency)
 
+    def privacy_checks(self) -> list[str]:
+        """dptune's own learner: nothing is taken on a user's word."""
+        return [
+            f"{self.name} is dptune's own code (dptune/learners/classical.py): noise calibrated "
+            "to the stated sensitivities of clipped records (tests/dptune/learners), and a "
+            "Laplace-noised validation count on a disjoint validation split"
+        ]
+
+    def taken_on_word(self) -> list[str]:
+        return []
+
 
 def _privacy_of(label: str, score_noise_multiplier: float, mechanism: str = "laplace"):
     """``hp -> EventCandidate``: the training mechanism (Laplace or Gaussian with the drawn
@@ -236,6 +247,7 @@ def _make(fn, privacy, n_train: int, name: str, data: tuple) -> FunctionTrainer:
         name=name,
         privacy_fields=("noise_multiplier",),
         calibrated_field="noise_multiplier",
+        score_kind="covered",  # the Laplace-noised validation count is a parallel branch
     )
 
 

@@ -36,7 +36,9 @@ def train(hp, rng):
     return -abs(math.log(hp["learning_rate"] / 0.3)), {"params": {"dense": {"kernel": w}}}
 
 def run(workdir):
-    tr = FunctionTrainer(train, lambda hp: DpSgdCandidate(0.01, 200, 1.5), 10_000)
+    tr = FunctionTrainer(
+        train, lambda hp: DpSgdCandidate(0.01, 200, 1.5), 10_000, score_kind="covered"
+    )
     sp = dict(learning_rate=space.log_uniform(0.01, 10.0), noise_multiplier=1.5)
     return dptune.tune(tr, sp, RandomStopping.logarithmic(3), (20.0, 1e-5), seed=5,
                        workdir=workdir, progress=False, ledger=None)

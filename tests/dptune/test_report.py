@@ -20,7 +20,7 @@ def _toy(hp, rng):
 def test_report_restates_the_release_and_links_existing_plots(tmp_path):
     trainer = FunctionTrainer(
         _toy, lambda hp: DpSgdCandidate(0.01, 500, hp["noise_multiplier"]), num_examples=10_000,
-        fingerprint="toy",
+        fingerprint="toy", score_kind="covered",
     )  # fmt: skip
     sp = dict(learning_rate=space.log_uniform(0.01, 10.0), noise_multiplier="auto")
     rel = dptune.tune(trainer, sp, RandomStopping.logarithmic(6), (2.0, 1e-5), seed=9,

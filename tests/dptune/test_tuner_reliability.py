@@ -39,7 +39,12 @@ class Toy:
 
 
 def trainer(toy):
-    return FunctionTrainer(toy, lambda hp: DpSgdCandidate(0.01, 200, hp["noise_multiplier"]), N)
+    return FunctionTrainer(
+        toy,
+        lambda hp: DpSgdCandidate(0.01, 200, hp["noise_multiplier"]),
+        N,
+        score_kind="covered",
+    )
 
 
 def release_files(workdir):

@@ -60,7 +60,9 @@ def _trainer(calls):
         calls.append(hp)
         return -abs(math.log(hp["learning_rate"] / 0.3)), {"lr": hp["learning_rate"]}
 
-    return FunctionTrainer(train, lambda hp: DpSgdCandidate(0.01, 200, 1.5), 10_000, "toy")
+    return FunctionTrainer(
+        train, lambda hp: DpSgdCandidate(0.01, 200, 1.5), 10_000, "toy", score_kind="covered"
+    )
 
 
 SPACE = dict(learning_rate=space.log_uniform(0.01, 10.0), noise_multiplier=1.5)
@@ -111,7 +113,9 @@ def test_lock_is_held_for_the_whole_run(tmp_path):
         assert "WorkdirLockedError" in r.stderr, r.stderr
         return 0.0, {}
 
-    tr = FunctionTrainer(train, lambda hp: DpSgdCandidate(0.01, 200, 1.5), 10_000)
+    tr = FunctionTrainer(
+        train, lambda hp: DpSgdCandidate(0.01, 200, 1.5), 10_000, score_kind="covered"
+    )
     dptune.tune(tr, SPACE, BestOfK(1), (20.0, 1e-5), seed=2, workdir=work, ledger=None)
     assert outcomes == [1]
 

@@ -75,7 +75,7 @@ def test_library_first_run_says_it_fixed_the_datasets_budget(tmp_path, caplog):
         return -abs(hp["learning_rate"] - 0.3), {}
 
     tr = FunctionTrainer(train, lambda hp: DpSgdCandidate(0.01, 200, hp["noise_multiplier"]),
-                         10_000, "my-data")  # fmt: skip
+                         10_000, "my-data", score_kind="covered")  # fmt: skip
     sp = dict(learning_rate=space.log_uniform(0.01, 1.0), noise_multiplier="auto")
     with caplog.at_level(logging.INFO, logger="dptune"):
         dptune.tune(tr, sp, BestOfK(2), (2.0, 1e-5), seed=1, ledger=tmp_path / "l.sqlite",

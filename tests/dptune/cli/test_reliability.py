@@ -189,7 +189,9 @@ def test_thresholding_resume_in_process(tmp_path):
         return score, {"params": {"w": rng.standard_normal(3)}}
 
     def run(workdir):
-        tr = FunctionTrainer(train, lambda hp: DpSgdCandidate(0.01, 200, 1.5), 10_000)
+        tr = FunctionTrainer(
+            train, lambda hp: DpSgdCandidate(0.01, 200, 1.5), 10_000, score_kind="covered"
+        )
         sp = dict(learning_rate=space.log_uniform(0.01, 10.0), noise_multiplier=1.5)
         sel = Thresholding(threshold=-0.3, stop_probability=0.1)
         return dptune.tune(tr, sp, sel, (30.0, 1e-5), seed=1, workdir=workdir, ledger=None)

@@ -144,7 +144,8 @@ SCRIPT = textwrap.dedent(
     rel = {}
     for name, ex in [("sequential", SequentialExecutor()), ("devices", DevicesExecutor())]:
         ran_on.clear()
-        r = dptune.tune(FunctionTrainer(fn, priv, num_examples=10_000, fingerprint="t"),
+        r = dptune.tune(FunctionTrainer(fn, priv, num_examples=10_000, fingerprint="t",
+                                        score_kind="covered"),
                         {"lr": log_uniform(0.1, 1.0), "noise_multiplier": 3.0},
                         RandomStopping.logarithmic(6), (8.0, 1e-5), seed=5, executor=ex,
                         progress=False, ledger=None)

@@ -51,6 +51,7 @@ def _trainer(toy):
         lambda hp: DpSgdCandidate(0.01, 500, hp["noise_multiplier"]),
         num_examples=10_000,
         fingerprint="toy-data",
+        score_kind="covered",
     )
 
 

@@ -75,7 +75,9 @@ def _privacy(hp):
 
 
 def _trainer(fn=_score):
-    return FunctionTrainer(fn, _privacy, num_examples=10_000, fingerprint="toy")
+    return FunctionTrainer(
+        fn, _privacy, num_examples=10_000, fingerprint="toy", score_kind="covered"
+    )
 
 
 SPACE = {"x": log_uniform(0.01, 1.0), "noise_multiplier": "auto"}

@@ -1,0 +1,141 @@
+"""The auditor's guesses: from per-canary statistics to "in" / "out" / abstain, and the bound.
+
+A guessing rule is fixed before the run (it depends only on m and the statistics' names). Several
+rules may be tried on one run; the bound then uses significance beta / (number of rules), so that
+the largest of their bounds still exceeds the true epsilon with probability <= beta (a union
+bound over the rules: each rule's p-value is valid on its own, Steinke, Nasr & Jagielski 2023,
+Cor. 5.4, whatever function of the run's output the guesses are).
+
+Statistics (higher = more likely included):
+
+* rank rules: guess "in" for the ``k_in`` highest values and "out" for the ``k_out`` lowest (ties
+  broken by canary index, which is independent of the inclusion coins), abstain on the rest;
+  ``k_in + k_out`` in {m/8, m/4, m/2}, one-sided (all "in") or two-sided (half each);
+* sign rules (``decoded``): "in" where the value is > 0, "out" where < 0, abstain at 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from dptune.auditing.bound import ceiling, epsilon_lower_bound
+
+#: How each statistic is guessed from: "two_sided" (one- and two-sided rank rules), "one_sided"
+#: (high values only: a statistic that is exactly 0 for every excluded canary of a broken run but
+#: also for some included ones), "sign" (already a decoded in/out/abstain vector).
+FAMILIES = {
+    "displacement": "two_sided",
+    "dispersion": "one_sided",
+    "loss": "two_sided",
+    "decoded": "sign",
+    "score": "two_sided",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """Guess "in" for the ``k_in`` highest values of ``statistic`` and "out" for the ``k_out``
+    lowest, or (``sign``) by the sign of each value."""
+
+    statistic: str
+    k_in: int = 0
+    k_out: int = 0
+    sign: bool = False
+
+    @property
+    def name(self) -> str:
+        if self.sign:
+            return f"{self.statistic}: sign"
+        return f"{self.statistic}: top {self.k_in} in, bottom {self.k_out} out"
+
+    def max_guesses(self, m: int) -> int:
+        return m if self.sign else self.k_in + self.k_out
+
+    def guesses(self, values: np.ndarray) -> np.ndarray:
+        """+1 ("in"), -1 ("out") or 0 (abstain) for each canary; NaN values abstain."""
+        values = np.asarray(values, dtype=np.float64)
+        out = np.zeros(len(values), np.int8)
+        ok = np.flatnonzero(np.isfinite(values))
+        if self.sign:
+            out[ok] = np.sign(values[ok]).astype(np.int8)
+            return out
+        # lexsort: last key first; ties go to the lower canary index.
+        high = ok[np.lexsort((ok, -values[ok]))]
+        low = ok[np.lexsort((ok, values[ok]))]
+        out[high[: self.k_in]] = 1
+        out[low[: self.k_out]] = -1
+        return out
+
+
+def rules_for(statistics: Sequence[str], m: int) -> list[Rule]:
+    """The rules tried on statistics with these names and m canaries (public: fixed before the
+    run)."""
+    sizes = sorted({max(1, m // 8), max(1, m // 4), max(1, m // 2)})
+    rules: list[Rule] = []
+    for stat in statistics:
+        family = FAMILIES.get(stat, "two_sided")
+        if family == "sign":
+            rules.append(Rule(stat, sign=True))
+            continue
+        for k in sizes:
+            rules.append(Rule(stat, k, 0))
+            if family == "two_sided" and k >= 2:
+                rules.append(Rule(stat, k - k // 2, k // 2))
+    return rules
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """The best rule's bound. ``ceiling``: the largest bound any of the rules could have shown
+    (every guess right) at the same significance."""
+
+    epsilon_lower_bound: float
+    rule: str
+    guesses: int
+    correct: int
+    ceiling: float
+    rules: int
+    significance: float
+
+
+def evaluate(
+    statistics: Mapping[str, np.ndarray],
+    included: np.ndarray,
+    delta: float,
+    confidence: float = 0.95,
+    rules: Sequence[Rule] | None = None,
+) -> Outcome:
+    """The audit's lower bound from per-canary ``statistics`` and the true inclusion coins.
+
+    Args:
+      statistics: name -> (m,) values, higher = more likely included.
+      included: (m,) bool, which canaries were in the training data.
+      delta: the stated delta.
+      confidence: 1 - beta; every rule is tested at beta / len(rules).
+      rules: default :func:`rules_for` on the statistics' names.
+    """
+    included = np.asarray(included, bool)
+    m = len(included)
+    if rules is None:
+        rules = rules_for(list(statistics), m)
+    if not rules:
+        raise ValueError("no guessing rule: the trainer returned no canary statistic")
+    beta = (1.0 - confidence) / len(rules)
+    best = None
+    top = 0.0
+    for rule in rules:
+        values = np.asarray(statistics[rule.statistic], dtype=np.float64)
+        if values.shape != (m,):
+            raise ValueError(f"statistic {rule.statistic!r} has shape {values.shape}, not ({m},)")
+        g = rule.guesses(values)
+        r = int(np.count_nonzero(g))
+        v = int(np.sum((g == 1) & included) + np.sum((g == -1) & ~included))
+        eps = epsilon_lower_bound(m, r, v, delta, beta) if r else 0.0
+        if best is None or eps > best[0]:
+            best = (eps, rule.name, r, v)
+        top = max(top, ceiling(m, rule.max_guesses(m), delta, beta))
+    assert best is not None
+    return Outcome(best[0], best[1], best[2], best[3], top, len(rules), beta)

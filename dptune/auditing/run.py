@@ -1,0 +1,525 @@
+"""``dptune.audit``: an empirical privacy audit of a tuning run (or of one candidate's training),
+next to the epsilon that run states.
+
+The steps, in order (the order is part of the audit's validity):
+
+1. Design m canaries (public) and draw which are included, each with probability 1/2 from the
+   operating system's entropy (``dptune.auditing.canaries``); both are kept in
+   ``DIR/private/audit_canaries.npz`` so a killed audit resumes with the same coins.
+2. Build the audited trainer: the given one on its data plus the included canaries
+   (``trainer.with_canaries``), with a deliberate break if one was asked for (negative controls:
+   ``BREAKS``). Its privacy declaration is the unbroken one: the audit checks training against it.
+3. Run ``dptune.tune`` as a user would (``what="tuning"``), or one candidate at the tuning's noise
+   (``what="training"``): canaries go through every candidate's training, the selection and the
+   release. The ledger charges an *audit* entry (the canaries make it a different dataset), never
+   the dataset's budget; the statement's notes say it is an audit.
+4. Score every canary on the released candidate, guess, and convert the guesses into a lower bound
+   on epsilon at the stated delta (``dptune.auditing.guesses``, ``dptune.auditing.bound``).
+5. Write ``DIR/audit.json`` and ``DIR/audit.md``.
+
+What the number means: if the run (as implemented) were (epsilon, delta)-DP with epsilon below the
+lower bound, an outcome this extreme would have had probability < 1 - confidence. A bound above
+the stated epsilon says the implementation does not meet its statement; a bound below it proves
+nothing (docs/audit.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import inspect
+import json
+import logging
+import math
+import os
+import pickle
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dptune.auditing.canaries import KINDS, Canaries, design_rng, draw_inclusion
+from dptune.auditing.guesses import evaluate
+from dptune.errors import TuningConfigError
+from dptune.journal import JOURNAL_FILE
+from dptune.owner_only import open_new, private_folder
+from dptune.plan import AUTO, as_budget, make_privacy_plan
+from dptune.release import Release, load_params
+from dptune.space import Space
+from dptune.trainer_protocol import FunctionTrainer
+from dptune.tuner import tune
+
+__all__ = ["AUDIT_JSON", "AUDIT_MD", "BREAKS", "WHATS", "AuditResult", "audit"]
+
+log = logging.getLogger("dptune")
+
+#: Negative controls: deliberate breaks that must make the bound exceed the stated epsilon.
+BREAKS = ("no_clipping", "noise_reused", "no_noise", "exact_score")
+#: What is audited: the whole tuning run as released, or one candidate's training.
+WHATS = ("tuning", "training")
+#: Default number of canaries per kind (score canaries are decoded by subset sum: at most 24).
+DEFAULT_CANARIES = {"gradient": 2000, "input": 1000, "score": 20}
+
+AUDIT_JSON = "audit.json"
+AUDIT_MD = "audit.md"
+_CANARIES_FILE = "audit_canaries.npz"
+#: ``no_clipping``: the clipping norm is multiplied and the noise multiplier divided by this, so
+#: the noise keeps its std sigma * C while no per-example gradient is clipped.
+UNCLIPPED = 1.0e6
+
+AUDIT_NOTE = (
+    "AUDIT RUN (dptune audit): canaries were added to the private data; this is not a release of "
+    "the dataset and must never be published as one."
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditResult:
+    """An audit's outcome.
+
+    Attributes:
+      stated_epsilon, delta: what the audited run states (its total, tuning included, for
+        ``what="tuning"``; the one candidate's for ``"training"``).
+      epsilon_lower_bound: the empirical lower bound at ``confidence``.
+      confidence: 1 - beta, over every guessing rule tried together.
+      canaries: m; ``kind``: gradient / input / score; ``what``; ``break_``: the negative control,
+        or None for an ordinary audit.
+      guesses, correct: the best rule's guesses made and right; ``rule``: which rule.
+      ceiling: the largest bound these m canaries and rules could show (every guess right).
+      rules: how many guessing rules were tried (the confidence is split among them).
+      released: whether a candidate was released (nothing to score otherwise).
+      included: how many canaries were included (the coins themselves stay private).
+    """
+
+    stated_epsilon: float
+    delta: float
+    epsilon_lower_bound: float
+    confidence: float
+    canaries: int
+    kind: str
+    what: str
+    break_: str | None
+    guesses: int
+    correct: int
+    rule: str
+    ceiling: float
+    rules: int
+    released: bool
+    included: int
+
+    @property
+    def exceeds(self) -> bool:
+        """Whether the bound exceeds the stated epsilon: the run does not meet its statement."""
+        return self.epsilon_lower_bound > self.stated_epsilon
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["break"] = d.pop("break_")
+        d["exceeds_stated_epsilon"] = self.exceeds
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> AuditResult:
+        d = {k: v for k, v in d.items() if k not in ("exceeds_stated_epsilon", "status")}
+        d["break_"] = d.pop("break", None)
+        return cls(**d)
+
+    def to_markdown(self) -> str:
+        control = f"negative control `--break={self.break_}`" if self.break_ else "no break"
+        verdict = (
+            "**exceeds the stated epsilon: the run does not meet its privacy statement.**"
+            if self.exceeds
+            else "is below the stated epsilon: this audit found no violation (which proves "
+            "nothing: a lower bound is not a proof of privacy)."
+        )
+        rows = [
+            ("stated epsilon (delta)", f"{self.stated_epsilon:.4g} ({self.delta:g})"),
+            ("empirical lower bound on epsilon", f"{self.epsilon_lower_bound:.4g}"),
+            ("confidence", f"{self.confidence:g} (over {self.rules} guessing rules)"),
+            ("canaries (m), kind", f"{self.canaries}, {self.kind}"),
+            ("guesses made / correct", f"{self.guesses} / {self.correct} ({self.rule})"),
+            ("ceiling (every guess right)", f"{self.ceiling:.4g}"),
+            ("audited", f"{self.what} ({control})"),
+        ]
+        table = "\n".join(f"| {k} | {v} |" for k, v in rows)
+        if self.ceiling <= self.stated_epsilon:
+            verdict += (
+                f" The ceiling {self.ceiling:.4g} is not above the stated epsilon: with "
+                f"{self.canaries} canaries this audit could not have shown a violation (use more)."
+            )
+        return (
+            "# Privacy audit (dptune audit)\n\n"
+            "Steinke, Nasr & Jagielski 2023, one training run (Cor. 5.4): a lower bound on the "
+            "epsilon of the run as implemented, at the stated delta.\n\n"
+            f"| | |\n|---|---|\n{table}\n\nThe lower bound {verdict}\n"
+        )
+
+    def __str__(self) -> str:
+        return (
+            f"audit ({self.what}, {self.kind} canaries, m={self.canaries}"
+            f"{', break=' + self.break_ if self.break_ else ''}): stated epsilon "
+            f"{self.stated_epsilon:.4g} at delta {self.delta:g}; empirical lower bound "
+            f"{self.epsilon_lower_bound:.4g} at confidence {self.confidence:g} "
+            f"({self.correct}/{self.guesses} guesses right; ceiling {self.ceiling:.4g})"
+            + ("  <-- EXCEEDS the stated epsilon" if self.exceeds else "")
+        )
+
+
+def audit(
+    trainer: Any,
+    space: Space | Mapping[str, Any],
+    selection: Any,
+    budget: Any,
+    *,
+    canaries: int | tuple[np.ndarray, np.ndarray] | None = None,
+    kind: str | None = None,
+    what: str = "tuning",
+    break_: str | None = None,
+    score: Callable[[Any, np.ndarray, np.ndarray], np.ndarray] | None = None,
+    confidence: float = 0.95,
+    workdir: str | os.PathLike | None = None,
+    seed: int | None = None,
+    ledger: Any = None,
+    accountant: str = "auto",
+    adjacency: str = "add_remove",
+    progress: bool = True,
+    config: Mapping[str, Any] | None = None,
+) -> AuditResult:
+    """Audits a tuning run (or one candidate) empirically: its epsilon lower bound next to the
+    epsilon it states.
+
+    Args:
+      trainer, space, selection, budget: as for ``dptune.tune``.
+      canaries: m, the number of canaries the trainer designs (``trainer.audit_canaries``; default
+        ``DEFAULT_CANARIES[kind]``), or the canary records ``(x, y)`` themselves. A
+        ``@dptune.trainer`` function is audited with records ``(x, y)`` and ``score``: its function
+        must take a keyword argument ``canaries=(x, y)``, the records to add to its training data.
+      kind: "gradient" (white-box: DP-SGD's step; the default for DP-SGD), "input" (black-box:
+        out-of-distribution images scored by their loss) or "score" (validation canaries read from
+        the released score; forced by ``break_="exact_score"``).
+      what: "tuning" (the whole run as released) or "training" (one candidate at the tuning's
+        noise, stated at one candidate's epsilon).
+      break_: a negative control from ``BREAKS`` (the run is then NOT private): "no_noise",
+        "no_clipping" (noise std unchanged, nothing clipped), "noise_reused" (the same noise every
+        step), "exact_score" (the score released exactly).
+      score: ``score(payload, x, y) -> (m,)`` membership scores (higher = included) of records on a
+        released payload, for trainers that do not score canaries themselves.
+      confidence: 1 - beta of the bound (default 0.95).
+      workdir: the audit's own folder (``DIR/audit.json``, ``DIR/audit.md``, ``DIR/private/``,
+        ``DIR/release/``); never a tuning run's folder.
+      seed: fixes the canaries, their coins and the run (tests only; default OS entropy).
+      ledger: a ledger or its path: the run is charged to an audit entry of its own.
+      accountant, adjacency, progress: as for ``dptune.tune``.
+      config: what the journal binds the workdir to (the CLI passes the config).
+    Returns:
+      The :class:`AuditResult` (also written to ``DIR/audit.json`` and ``DIR/audit.md``).
+    """
+    budget = as_budget(budget)
+    if not 0 < confidence < 1:
+        raise TuningConfigError(f"confidence={confidence!r} must be in (0, 1)")
+    if what not in WHATS:
+        raise TuningConfigError(f"what={what!r} must be one of {WHATS}")
+    if break_ is not None and break_ not in BREAKS:
+        raise TuningConfigError(f"break={break_!r} must be one of {BREAKS}")
+    if not isinstance(space, Space):
+        try:
+            space = Space.from_config(space)
+        except ValueError as e:
+            raise TuningConfigError(str(e)) from None
+    if break_ == "exact_score":
+        if kind not in (None, "score"):
+            raise TuningConfigError("break=exact_score is audited with score canaries: kind=score")
+        kind = "score"
+    workdir = None if workdir is None else Path(workdir)
+    kind, m = _kind_and_size(trainer, canaries, kind)
+    done = _finished(workdir, dict(canaries=m, kind=kind, what=what, break_=break_))
+    if done is not None:
+        log.info("this audit already finished; its result is in %s", workdir / AUDIT_JSON)
+        return done
+    design, score = _design(trainer, canaries, kind, m, score, seed, workdir)
+    included = _coins(design, seed, workdir)
+    inner = _with_canaries(trainer, design, included, break_, score)
+    audited = _AuditTrainer(inner, break_, space, design, what)
+    if what == "training":
+        space, selection = _one_candidate(audited, space, selection, budget, accountant, seed,
+                                          adjacency)  # fmt: skip
+    if workdir is not None:
+        _write_json(workdir / AUDIT_JSON, {"status": "running", **audited.audit_info})
+    fingerprint = "audit-" + hashlib.sha256(
+        f"{getattr(trainer, 'fingerprint', None)}/{design.digest()}/{included.tobytes().hex()}"
+        .encode()
+    ).hexdigest()  # fmt: skip
+    run_config = None
+    if config is not None:
+        run_config = {**dict(config), "_audit": audited.audit_info}
+    release = tune(
+        audited, space, selection, budget, workdir=workdir, seed=seed, accountant=accountant,
+        ledger=ledger, fingerprint=fingerprint, config=run_config, progress=progress,
+        adjacency=adjacency,
+    )  # fmt: skip
+    stated = float(release.privacy["total_epsilon"])
+    delta = float(release.privacy["delta"])
+    if release.released:
+        statistics = _statistics(inner, release, design, score)
+        outcome = evaluate(statistics, included, delta, confidence)
+        best = (outcome.epsilon_lower_bound, outcome.rule, outcome.guesses, outcome.correct)
+        ceiling, rules = outcome.ceiling, outcome.rules
+    else:
+        best, ceiling, rules = (0.0, "nothing released: no canary scored", 0, 0), 0.0, 0
+    result = AuditResult(
+        stated_epsilon=stated, delta=delta, epsilon_lower_bound=float(best[0]),
+        confidence=confidence, canaries=len(design), kind=kind, what=what, break_=break_,
+        guesses=int(best[2]), correct=int(best[3]), rule=str(best[1]), ceiling=float(ceiling),
+        rules=int(rules), released=bool(release.released), included=int(included.sum()),
+    )  # fmt: skip
+    if result.released and result.ceiling <= stated:
+        log.warning(
+            "the audit's ceiling %.4g is not above the stated epsilon %.4g: with %d canaries it "
+            "could not have shown a violation; use more canaries",
+            result.ceiling, stated, len(design),
+        )  # fmt: skip
+    if workdir is not None:
+        (workdir / AUDIT_MD).write_text(result.to_markdown())
+        _write_json(workdir / AUDIT_JSON, {"status": "done", **result.to_dict()})
+    return result
+
+
+# --- the steps -----------------------------------------------------------------------------------
+
+
+def _finished(workdir: Path | None, asked: Mapping[str, Any]) -> AuditResult | None:
+    """A finished audit's result (refused if it was asked with other settings); refuses a workdir
+    that holds a tuning run (not an audit)."""
+    if workdir is None:
+        return None
+    marker = workdir / AUDIT_JSON
+    if not marker.exists():
+        if (workdir / "private" / JOURNAL_FILE).exists():
+            raise TuningConfigError(
+                f"{workdir} holds a tuning run, not an audit: an audit needs a folder of its own "
+                "(its canaries must never reach a real release)"
+            )
+        return None
+    d = json.loads(marker.read_text())
+    if d.get("status") != "done":
+        return None
+    result = AuditResult.from_dict(d)
+    if any(getattr(result, k) != v for k, v in asked.items()):
+        raise TuningConfigError(
+            f"{workdir} holds a finished audit with other settings ({AUDIT_JSON}); use a new folder"
+        )
+    return result
+
+
+def _kind_and_size(trainer: Any, canaries: Any, kind: str | None) -> tuple[str, int]:
+    """The canaries' kind and number m, from the arguments and the trainer's defaults."""
+    if isinstance(canaries, tuple):
+        if len(canaries) != 2 or len(canaries[0]) != len(canaries[1]):
+            raise TuningConfigError("canaries=(x, y): the canary records' inputs and labels")
+        kind = kind or "input"
+        if kind != "input" and not hasattr(trainer, "with_canaries"):
+            raise TuningConfigError(f"kind={kind!r} needs a trainer that designs its canaries")
+        return kind, len(canaries[1])
+    if not hasattr(trainer, "audit_canaries"):
+        raise TuningConfigError(
+            "this trainer does not design canaries: pass canaries=(x, y), records to add to its "
+            "training data, and score=fn(payload, x, y) -> membership scores"
+        )
+    kind = kind or "gradient"
+    if kind not in KINDS:
+        raise TuningConfigError(f"kind={kind!r} must be one of {KINDS}")
+    m = DEFAULT_CANARIES[kind] if canaries is None else canaries
+    if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
+        raise TuningConfigError(f"canaries={canaries!r} must be a positive integer")
+    return kind, int(m)
+
+
+def _design(trainer, canaries, kind, m, score, seed, workdir) -> tuple[Canaries, Any]:
+    """The canaries (read back from ``DIR/private/`` on resume) and the scorer."""
+    stored = None if workdir is None else workdir / "private" / _CANARIES_FILE
+    if stored is not None and stored.exists():
+        with np.load(stored) as f:
+            design = Canaries(str(f["kind"]), f["x"], f["y"])
+        given = None
+        if isinstance(canaries, tuple):
+            given = Canaries(kind, np.asarray(canaries[0]), np.asarray(canaries[1])).digest()
+        if design.kind != kind or len(design) != m or given not in (None, design.digest()):
+            raise TuningConfigError(
+                f"{workdir} holds an audit with other canaries; use a new folder"
+            )
+    elif isinstance(canaries, tuple):
+        design = Canaries(kind, np.asarray(canaries[0]), np.asarray(canaries[1]))
+    else:
+        try:
+            design = trainer.audit_canaries(kind, m, design_rng(seed))
+        except ValueError as e:
+            raise TuningConfigError(f"canaries: {e}") from None
+    if score is None and not hasattr(trainer, "with_canaries"):
+        raise TuningConfigError(
+            "score=fn(payload, x, y) is needed: this trainer does not score canaries itself"
+        )
+    return design, score
+
+
+def _coins(design: Canaries, seed: int | None, workdir: Path | None) -> np.ndarray:
+    """Which canaries are included: drawn once, kept private in ``DIR/private/``."""
+    stored = None if workdir is None else workdir / "private" / _CANARIES_FILE
+    if stored is not None and stored.exists():
+        with np.load(stored) as f:
+            return np.asarray(f["included"], bool)
+    included = draw_inclusion(len(design), seed)
+    if stored is not None:
+        # The coins are the curator's, like the journal: an owner-only folder and file.
+        private_folder(stored.parent, "the audit's private folder")
+        tmp = stored.with_name(stored.name + ".tmp.npz")
+        with open_new(tmp) as f:
+            np.savez(f, kind=design.kind, x=design.x, y=design.y, included=included)
+        os.replace(tmp, stored)
+    return included
+
+
+def _with_canaries(trainer, design, included, break_, score) -> Any:
+    """The trainer on its data plus the included canaries (and an engine fault if asked)."""
+    fault = break_ if break_ in ("noise_reused", "exact_score") else None
+    if hasattr(trainer, "with_canaries"):
+        try:
+            return trainer.with_canaries(design, included, fault)
+        except ValueError as e:
+            raise TuningConfigError(f"canaries: {e}") from None
+    if fault is not None:
+        raise TuningConfigError(f"break={break_!r} needs a trainer that can inject it (DP-SGD)")
+    if not isinstance(trainer, FunctionTrainer):
+        raise TuningConfigError(
+            f"{type(trainer).__name__} cannot take canaries: give it with_canaries(...) or use a "
+            "@dptune.trainer function that takes canaries=(x, y)"
+        )
+    if "canaries" not in inspect.signature(trainer.fn).parameters:
+        raise TuningConfigError(
+            f"{trainer.name} must take a keyword argument canaries=(x, y) (records to add to its "
+            "training data) to be audited"
+        )
+    x, y = design.subset(included)
+    return dataclasses.replace(trainer, fn=functools.partial(trainer.fn, canaries=(x, y)))
+
+
+def _one_candidate(audited, space, selection, budget, accountant, seed, adjacency):
+    """``what="training"``: the tuning's calibrated values, fixed, and one candidate."""
+    from selection import BestOfK
+
+    plan = make_privacy_plan(
+        audited, space, selection, budget, accountant=accountant, seeded=seed is not None,
+        adjacency=adjacency,
+    )  # fmt: skip
+    fields = {k: plan.calibrated.get(k, v) for k, v in space.fields.items()}
+    if any(v == AUTO for v in fields.values()):  # pragma: no cover - calibrated above
+        raise TuningConfigError("a field is still 'auto' after calibration")
+    return Space(fields, privacy_fields=set(space.privacy_fields)), BestOfK(1)
+
+
+def _statistics(inner, release: Release, design: Canaries, score) -> dict[str, np.ndarray]:
+    """Per-canary statistics of the released candidate (higher = more likely included)."""
+    if release.payload is None and release.path is not None:
+        # A resumed audit whose tuning had finished: the release folder holds the payload.
+        path = Path(release.path)
+        if (path / "checkpoint").exists():
+            payload: Any = {"params": load_params(path)}
+        else:
+            with open(path / "payload.pkl", "rb") as f:
+                payload = pickle.load(f)
+        release = dataclasses.replace(release, payload=payload)
+    if score is not None:
+        values = np.asarray(score(release.payload, design.x, design.y), dtype=np.float64)
+        return {"score": values.reshape(len(design))}
+    return inner.canary_scores(release)
+
+
+class _AuditTrainer:
+    """The audited trainer: the canary-holding trainer with the unbroken privacy declaration,
+    the hyperparameter breaks (``no_noise``, ``no_clipping``) applied at training time only, and
+    the audit's note in the statement. Other hooks are the inner trainer's."""
+
+    def __init__(self, inner: Any, break_: str | None, space: Space, design: Canaries, what: str):
+        self.inner = inner
+        self.break_ = break_
+        rewritten = {"no_noise": ("noise_multiplier",), "no_clipping": ("noise_multiplier",
+                     "clip_norm")}.get(break_ or "", ())  # fmt: skip
+        for name in rewritten:
+            if name not in space.fields and name not in _dataclass_fields(inner):
+                raise TuningConfigError(
+                    f"break={break_!r} rewrites the hyperparameter {name!r}, which this trainer "
+                    "does not have"
+                )
+        self.audit_info = {
+            "canaries": len(design), "kind": design.kind, "what": what, "break": break_,
+            "design": design.digest(),
+        }  # fmt: skip
+        if hasattr(inner, "train_many"):
+            self.train_many = self._train_many
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def privacy(self, hparams: Mapping[str, Any]) -> Any:
+        return self.inner.privacy(hparams)
+
+    def __call__(self, hparams: Mapping[str, Any], rng: np.random.Generator) -> Any:
+        return self.inner(self._broken(hparams), rng)
+
+    def _train_many(self, hparams, rngs) -> Any:
+        return self.inner.train_many([self._broken(h) for h in hparams], rngs)
+
+    def privacy_notes(self) -> list[str]:
+        notes = list(self.inner.privacy_notes()) if hasattr(self.inner, "privacy_notes") else []
+        if self.break_:
+            notes.append(
+                f"NEGATIVE CONTROL --break={self.break_}: training deliberately does not match "
+                "this statement."
+            )
+        return notes + [AUDIT_NOTE]
+
+    def describe(self) -> dict[str, Any]:
+        inner = getattr(self.inner, "describe", lambda: {"kind": type(self.inner).__name__})()
+        return {**inner, "audit": self.audit_info}
+
+    def _broken(self, hparams: Mapping[str, Any]) -> dict[str, Any]:
+        hp = dict(hparams)
+        if self.break_ == "no_noise":
+            hp["noise_multiplier"] = 0.0
+        elif self.break_ == "no_clipping":
+            clip = _field(self.inner, hp, "clip_norm")
+            sigma = _field(self.inner, hp, "noise_multiplier")
+            hp["clip_norm"] = clip * UNCLIPPED
+            hp["noise_multiplier"] = sigma / UNCLIPPED
+        return hp
+
+
+def _dataclass_fields(trainer: Any) -> set[str]:
+    cls = getattr(trainer, "hyperparams_class", None)
+    return set(getattr(cls, "__dataclass_fields__", {}))
+
+
+def _field(trainer: Any, hp: Mapping[str, Any], name: str) -> float:
+    """The value ``name`` takes in training (from the trainer's fixed hyperparameters if the
+    drawn ones do not hold it)."""
+    if name in hp:
+        return float(hp[name])
+    return float(getattr(trainer.hyperparams(hp), name))
+
+
+def _write_json(path: Path, obj: Mapping[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(dict(obj), indent=2, sort_keys=True, default=_json) + "\n")
+    os.replace(tmp, path)
+
+
+def _json(x: Any) -> Any:
+    if hasattr(x, "item"):
+        return x.item()
+    if isinstance(x, float) and not math.isfinite(x):  # pragma: no cover
+        return str(x)
+    raise TypeError(f"not JSON-serialisable: {type(x).__name__}")
