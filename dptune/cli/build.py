@@ -93,8 +93,9 @@ def build_executor(cfg: Mapping[str, Any]) -> Any:
         raise ConfigError(f"config.executor: {e}") from None
 
 
-#: Sections whose keys are free: hyperparameters (checked against the trainer's own fields).
-_FREE_SECTIONS = ("space", "train")
+#: Sections whose keys are free: hyperparameters (checked against the trainer's own fields) and
+#: the learner's own options (checked by ``dptune.learners.build``).
+_FREE_SECTIONS = ("space", "train", "learner")
 
 
 def _check_known_fields(cfg: Mapping[str, Any]) -> None:

@@ -313,7 +313,8 @@ def usage() -> str:
         + "\n  --config.<field>=<value>: override one field of the config"
         + "\n  --verbosity=N (-v N): how much dptune logs (-1 warnings only, 0 default, 1 debug)"
         + "\n\nSubcommands: dptune account (the accountant), dptune inspect WORKDIR (the "
-        "curator's view of a run), dptune ledger (datasets, budgets, spends).\n\n"
+        "curator's view of a run), dptune ledger (datasets, budgets, spends), dptune audit (an "
+        "empirical privacy audit).\n\n"
         + vocabulary.describe()
         + "\n\n"
         + registry.describe()
