@@ -14,6 +14,8 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "tune": "dptune.tuner",
+    "tune_subsampled": "dptune.subsampled",
+    "plan_subsampled": "dptune.subsampled",
     "audit": "dptune.auditing.run",
     "AuditResult": "dptune.auditing.run",
     "plan_privacy": "dptune.plan",

@@ -114,9 +114,9 @@ def report_markdown(release: Any, files: set[str]) -> str:
         lines.append("- [`epsilon.png`](epsilon.png): where the total epsilon comes from.")
     if "training_curve.png" in files:
         lines.append(
-            "- [`training_curve.png`](training_curve.png): the released model's test accuracy "
-            "per epoch, and the epsilon of its one training run so far (the dashed line is the "
-            "total above, tuning included)."
+            "- [`training_curve.png`](training_curve.png): the released model's epsilon of its "
+            "one training run so far (the dashed line is the total above, tuning included), and "
+            "its test accuracy when test curves were asked for, per epoch."
         )
     lines += [
         "",

@@ -13,8 +13,8 @@ A trainer declares its privacy before it runs (``privacy(hparams)``) and trains 
 * ``privacy_notes()``: sentences for the statement (e.g. how the validation split was made).
 * ``check_adjacency(adjacency)``: refuse an adjacency the data does not support.
 * ``release_view(hparams, payload) -> ReleaseView``: what of the selected candidate may be
-  released (default: the payload as it is).
-* ``privacy_by_epoch(hparams)``: the privacy after each epoch, for the released curve.
+  released (default: the payload as it is), with the per-epoch privacy its training produced
+  (the released curve's epsilon so far).
 * ``score_kind``: what the score is (``selection.registry.SCORE_KINDS``; default ``"exact"``).
 * ``privacy_checks()``: sentences for the statement: what dptune's own code guarantees for this
   trainer (the built-in learners).
@@ -145,11 +145,16 @@ class ReleaseView:
       payload: the released payload (e.g. the model's parameters; never exact training losses).
       test_accuracy: accuracy on a public test split, if the trainer measured one.
       history: per-epoch public rows (metrics on public or privatised data), oldest first.
+      privacy_by_epoch: the privacy of the training up to each row of ``history`` (accounting
+        candidates, as ``Trainer.privacy`` declares them; the last is the whole run), carried
+        with the candidate's result; the release turns them into the curve's epsilon so far.
+        Empty: no curve.
     """
 
     payload: Any
     test_accuracy: float | None = None
     history: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
+    privacy_by_epoch: Sequence[Any] = field(default_factory=tuple)
 
 
 def release_view(trainer: Any, hparams: Mapping[str, Any], payload: Any) -> ReleaseView:

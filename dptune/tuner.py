@@ -672,7 +672,8 @@ def _run_candidates(
 
 def _release(trainer, selection, sel_plan, plan, budget, records, payloads, journal) -> Release:
     """The selected candidate's release (or nothing): its hyperparameters, what its trainer says
-    may be released of it, its score, and the statement; the curve's epsilon comes from the plan."""
+    may be released of it, its score, and the statement; the curve's epsilon is the privacy its
+    training produced per epoch, at the plan's delta and adjacency."""
     scores = [
         float("nan") if records[i].failed else float(records[i].score)
         for i in range(sel_plan.num_trials)
@@ -708,13 +709,21 @@ def _release(trainer, selection, sel_plan, plan, budget, records, payloads, jour
     hp = plan.hparams(records[index].hparams)
     payload = payloads[index] if index in payloads else journal.read_payload(index)
     view = release_view(trainer, hp, payload)
+    # The curve's privacy travelled with the candidate's result (what its training spent up to
+    # each epoch); only the conversion to epsilon at the plan's delta happens here.
+    spent = list(view.privacy_by_epoch)
+    rows = list(view.history) or [{"epoch": e} for e in range(1, len(spent) + 1)]
     curve = None
-    if hasattr(trainer, "privacy_by_epoch"):
-        rows = {r["epoch"]: r for r in view.history}
+    if spent and len(spent) == len(rows):
         curve = [
-            {"epoch": e, "epsilon_one_run": plan.single_run_epsilon(c), **rows.get(e, {})}
-            for e, c in enumerate(trainer.privacy_by_epoch(hp), start=1)
+            {"epoch": row.get("epoch", e), "epsilon_one_run": plan.single_run_epsilon(c), **row}
+            for e, (row, c) in enumerate(zip(rows, spent, strict=True), start=1)
         ]
+    elif spent:
+        log.warning(
+            "no training curve: the trainer gave %d per-epoch privacy values for %d rows",
+            len(spent), len(rows),
+        )  # fmt: skip
     score = float(scores[index]) if "score" in published else None
     return Release(
         True, hp, score, view.test_accuracy, privacy, text, payload=view.payload,

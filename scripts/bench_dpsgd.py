@@ -151,6 +151,9 @@ def jax_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
     rows["dptune_dp_poisson"] = (run_poisson, BATCH)
     if not quick:
         dp_row("naive", "jax_dp_naive")
+    if _have_jax_privacy():
+        jp_step, _, jp_state = jax_privacy_step(spec.module.apply, params0, data_x, data_y, BATCH)
+        rows["jax_privacy_dp"] = (_stateful_row(jp_step, params0, jp_state, fixed_idx), BATCH)
 
     for k in (4,) if quick else (4, 8):
         keys = jnp.stack([jax.random.PRNGKey(10 + i) for i in range(k)])
@@ -193,6 +196,61 @@ def jax_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
         rows[vname] = (run_vmap, k * BATCH)
         rows[sname] = (run_seq, k * BATCH)
     return rows
+
+
+def jax_privacy_step(apply_fn, params0, data_x, data_y, batch: int):
+    """jax_privacy 2.0's documented DP-SGD pipeline for a flax ``apply_fn`` (its Flax and JAX
+    examples): ``jax_privacy.clipped_grad`` (per-example clipping to CLIP, summed), its
+    ``noise_addition.gaussian_privatizer`` (std SIGMA x the clipped sum's add/remove sensitivity)
+    chained with optax (division by the expected batch size, SGD). Returns ``(step, state)``:
+    ``step(params, opt_state, idx) -> (params, opt_state, loss sum)``, jitted."""
+    import dp_accounting
+    import jax
+    import jax_privacy
+    import optax
+    from jax_privacy import noise_addition
+
+    from trainers import dpsgd
+
+    def loss(params, x, y):  # one example (jax_privacy keeps a batch axis of 1)
+        return dpsgd.per_example_loss(apply_fn({"params": params}, x), y).sum()
+
+    grad_fn = jax_privacy.clipped_grad(
+        loss, l2_clip_norm=CLIP, batch_argnums=(1, 2), return_values=True
+    )
+    sensitivity = grad_fn.sensitivity(dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    tx = optax.chain(
+        noise_addition.gaussian_privatizer(stddev=SIGMA * sensitivity, prng_key=3),
+        optax.scale(1.0 / batch),
+        optax.sgd(LR),
+    )
+
+    @jax.jit
+    def step(params, opt_state, idx):
+        grads, aux = grad_fn(params, data_x[idx], data_y[idx])
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, aux.values.sum()
+
+    return step, grad_fn, tx.init(params0)
+
+
+def _have_jax_privacy() -> bool:
+    try:
+        import jax_privacy  # noqa: F401  (optional: the `bench` extra)
+    except ImportError:
+        return False
+    return True
+
+
+def _stateful_row(step, params0, opt_state0, idx):
+    """A row calling ``step(params, opt_state, idx)`` on its own running state."""
+    state = [params0, opt_state0]
+
+    def run():
+        state[0], state[1], loss = step(state[0], state[1], idx)
+        return loss
+
+    return run
 
 
 CIFAR_N = 10000  # device-resident CIFAR-shaped training set for the gathers (size does not matter)
@@ -264,6 +322,9 @@ def cifar_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
 
     dp_row("bookkeeping", "cifar_dp_fast")
     dp_row("naive", "cifar_dp_naive")
+    if _have_jax_privacy():
+        jp_step, _, jp_state = jax_privacy_step(spec.module.apply, params0, data_x, data_y, BATCH)
+        rows["cifar_jax_privacy"] = (_stateful_row(jp_step, params0, jp_state, idx), BATCH)
     if not quick:
         dp_row("bookkeeping", "cifar_dp_fast_augmult4", 4)
     return rows
@@ -371,21 +432,25 @@ def _block(out):
 
 def torch_worker(threads: int) -> None:
     """Serves the PyTorch rows over stdin/stdout: 'names' -> JSON {name: examples per step};
-    '<name> <steps>' -> seconds per step (after two untimed warm-up calls at start)."""
+    '<name> <steps> <warmup>' -> seconds per step, after ``warmup`` untimed calls (the row waited
+    while the others ran: its caches and thread pool are cold again)."""
     import torch
 
     if threads > 0:
         torch.set_num_threads(threads)
+    torch.set_num_interop_threads(1)
     rows = torch_rows()
     for fn, _ in rows.values():
-        fn()
-        fn()
+        for _ in range(3):
+            fn()
     for line in sys.stdin:
         cmd = line.split()
         if cmd[0] == "names":
             print(json.dumps({k: v[1] for k, v in rows.items()}), flush=True)
         else:
             fn = rows[cmd[0]][0]
+            for _ in range(int(cmd[2]) if len(cmd) > 2 else 0):
+                fn()
             start = time.perf_counter()
             for _ in range(int(cmd[1])):
                 fn()
@@ -397,23 +462,321 @@ class TorchRows:
 
     def __init__(self, threads: int):
         self.suffix = f"_t{threads}"
+        # Idle OpenMP threads sleep instead of spinning: on a shared machine spinning threads
+        # fight the other process for the cores (the rows collapsed 5-10x under load).
+        env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ}
         self.proc = subprocess.Popen(
             [sys.executable, __file__, f"--torch-worker={threads}"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            env=env,
         )  # fmt: skip
         self.proc.stdin.write("names\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         self.names = {k + self.suffix: v for k, v in (json.loads(line) if line else {}).items()}
 
-    def time(self, name: str, steps: int) -> float:
-        self.proc.stdin.write(f"{name.removesuffix(self.suffix)} {steps}\n")
+    def time(self, name: str, steps: int, warmup: int = 1) -> float:
+        self.proc.stdin.write(f"{name.removesuffix(self.suffix)} {steps} {warmup}\n")
         self.proc.stdin.flush()
         return float(self.proc.stdout.readline())
 
     def close(self):
         self.proc.stdin.close()
         self.proc.wait(timeout=60)
+
+
+# --- the accelerator suite (--suite=accelerator) --------------------------------------------------
+
+ACCEL_MODELS = ("cnn26k", "cifar_cnn", "wrn16_4", "user_cnn")
+ACCEL_KS = (2, 4, 8)
+MiB = 2.0**20
+
+
+def _user_cnn_spec():
+    """A user-written model: cnn26k's architecture in plain flax (nn.Conv, nn.max_pool), none of
+    the shipped model's hand-tuned layers, trained through dptune's generic vmap(grad) path.
+    TODO(issue 22): the generic fast path for user models (``--suite=user``) replaces this row's
+    clipping once it lands on main."""
+    import flax.linen as nn
+    import jax.numpy as jnp
+
+    from trainers import models
+
+    class UserCnn(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = jnp.tanh(nn.Conv(16, (8, 8), strides=2, padding="SAME")(x))
+            x = nn.max_pool(x, (2, 2), strides=(1, 1))
+            x = jnp.tanh(nn.Conv(32, (4, 4), strides=2, padding="VALID")(x))
+            x = nn.max_pool(x, (2, 2), strides=(1, 1))
+            x = jnp.tanh(nn.Dense(32)(x.reshape((x.shape[0], -1))))
+            return nn.Dense(10)(x)
+
+    return models.ModelSpec("user_cnn", UserCnn(), (28, 28, 1))
+
+
+def _memory_mib(jitted, *args, resident: int = 0) -> float:
+    """Peak memory of one call of ``jitted`` from XLA's buffer assignment (arguments +
+    temporaries + outputs - aliased), MiB, less ``resident`` bytes (the device-resident training
+    set a step takes as an argument; the other rows close over it, and XLA then does not count
+    it); NaN where the backend does not report it."""
+    try:
+        m = jitted.lower(*args).compile().memory_analysis()
+    except Exception:  # noqa: BLE001 - a report, never a reason to stop the table
+        return float("nan")
+    if m is None:
+        return float("nan")
+    total = m.argument_size_in_bytes + m.temp_size_in_bytes + m.output_size_in_bytes
+    return (total - m.alias_size_in_bytes - resident) / MiB
+
+
+def accelerator_rows(models_: tuple[str, ...], batch: int, ks: tuple[int, ...], n_train: int):
+    """For each model: dptune's DP step, its non-private step, the naive vmap(grad) DP step,
+    jax_privacy 2.0's pipeline, and K candidates vmapped vs one after another, on the default
+    device. Returns ``(rows, memory, checks)``: name -> (run one step, examples per step), name ->
+    compiled peak MiB, model -> max relative difference of jax_privacy's clipped sum from
+    dptune's (same parameters and batch)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from trainers import dpsgd, models
+    from trainers.runtime import tune_malloc
+    from trainers.spec import Hyperparams
+    from trainers.step import default_grad_impl, get_step_functions, make_optimizer
+
+    tune_malloc()
+    rows: dict[str, tuple[Callable[[], object], int]] = {}
+    memory: dict[str, float] = {}
+    checks: dict[str, float] = {}
+    rng = np.random.default_rng(0)
+    hp = Hyperparams(learning_rate=LR, clip_norm=CLIP, noise_multiplier=SIGMA)
+
+    def add_model(name: str) -> None:  # one call per model: its closures bind its values
+        spec = _user_cnn_spec() if name == "user_cnn" else models.get_model(name)
+        shape = spec.input_shape
+        data_x = jax.device_put(rng.uniform(0, 1, (n_train, *shape)).astype(np.float32))
+        data_y = jax.device_put(rng.integers(0, 10, n_train).astype(np.int32))
+        # One compiled initialisation (flax's eager one compiles every op on its own).
+        init = jax.jit(lambda key: models.init_params(spec, key))
+        params0 = init(jax.random.PRNGKey(0))
+        idx = np.sort(rng.choice(n_train, batch, replace=False)).astype(np.int32)
+        ones = np.ones(batch, np.float32)
+        key, b = jax.random.PRNGKey(1), jnp.float32(batch)
+        clip, sigma = jnp.float32(CLIP), jnp.float32(SIGMA)
+        zeros = jax.tree_util.tree_map(jnp.zeros_like, params0)
+        apply_fn = spec.module.apply
+        resident = data_x.nbytes + data_y.nbytes
+
+        opt = optax.sgd(LR)
+
+        @jax.jit
+        def nonprivate(params, opt_state, idx):
+            def loss(p):
+                return dpsgd.per_example_loss(apply_fn({"params": p}, data_x[idx]), data_y[idx])
+
+            value, grads = jax.value_and_grad(lambda p: loss(p).mean())(params)
+            updates, opt_state = opt.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state, value
+
+        rows[f"{name}/nonprivate"] = (_stateful_row(nonprivate, params0, opt.init(params0), idx),
+                                      batch)  # fmt: skip
+        memory[f"{name}/nonprivate"] = _memory_mib(nonprivate, params0, opt.init(params0), idx)
+
+        def generic_step(clipped_sum):
+            """dptune's DP step around a clipped-sum function (the user model's path)."""
+            dp_opt = make_optimizer(hp)
+
+            @jax.jit
+            def step(params, opt_state, idx):
+                gsum, loss, _ = clipped_sum(params, data_x[idx], data_y[idx], ones, clip)
+                noisy = dpsgd.add_noise(gsum, key, sigma, clip)
+                grads = jax.tree_util.tree_map(lambda g: g / b, noisy)
+                updates, opt_state = dp_opt.update(grads, opt_state, params)
+                return optax.apply_updates(params, updates), opt_state, loss
+
+            return step, dp_opt.init(params0)
+
+        impls = {"dp": "naive" if name == "user_cnn" else default_grad_impl(name, shape),
+                 "naive": "naive"}  # fmt: skip
+        fns_by_impl = {}
+        for row, impl in impls.items():
+            if name == "user_cnn":
+                fns_by_impl[impl] = None
+                step, st = generic_step(
+                    lambda p, x, y, m, c: dpsgd.clipped_sum_naive(apply_fn, p, x, y, m, c)
+                )
+                rows[f"{name}/{row}"] = (_stateful_row(step, params0, st, idx), batch)
+                memory[f"{name}/{row}"] = _memory_mib(step, params0, st, idx)
+                continue
+            fns = fns_by_impl[impl] = get_step_functions(name, 10, "sgd", impl)
+            args = (zeros, jnp.float32(0), data_x, data_y, idx, ones, key, jnp.int32(0), clip,
+                    sigma, b)  # fmt: skip
+
+            def fused(params, opt_state, idx, fns=fns):
+                return fns.step(params, opt_state, zeros, jnp.float32(0), data_x, data_y, idx,
+                                ones, key, jnp.int32(0), clip, sigma, b)  # fmt: skip
+
+            st = make_optimizer(hp).init(params0)
+            rows[f"{name}/{row}"] = (_stateful_row(fused, params0, st, idx), batch)
+            memory[f"{name}/{row}"] = _memory_mib(fns.step, params0, st, *args, resident=resident)
+        if _have_jax_privacy():
+            jp_step, jp_grad, jp_state = jax_privacy_step(apply_fn, params0, data_x, data_y, batch)
+            rows[f"{name}/jax_privacy"] = (_stateful_row(jp_step, params0, jp_state, idx), batch)
+            memory[f"{name}/jax_privacy"] = _memory_mib(jp_step, params0, jp_state, idx)
+            # Same clipped sum as dptune's (the DP row's clipping) on the same batch.
+            if fns_by_impl.get(impls["dp"]) is not None:
+                ours = fns_by_impl[impls["dp"]].chunk_sum(params0, data_x, data_y, idx, ones, clip)
+            else:
+                naive = jax.jit(
+                    lambda p, x, y: dpsgd.clipped_sum_naive(apply_fn, p, x, y, ones, clip)
+                )
+                ours = naive(params0, data_x[idx], data_y[idx])
+            theirs = jax.jit(jp_grad)(params0, data_x[idx], data_y[idx])[0]
+            diff = jax.tree_util.tree_map(
+                lambda a, t: float(jnp.max(jnp.abs(a - t)) / (jnp.max(jnp.abs(t)) + 1e-30)),
+                ours[0], theirs,
+            )  # fmt: skip
+            checks[name] = max(jax.tree_util.tree_leaves(diff))
+        fns = fns_by_impl.get(impls["dp"])
+        if fns is None:  # the user model: no vmapped K-candidate step on this path
+            return
+        for k in ks:
+            kparams = [init(jax.random.PRNGKey(20 + i)) for i in range(k)]
+            kopts = [make_optimizer(hp).init(p) for p in kparams]
+            group = fns.group(k)
+            kstate = [group.stack(kparams), group.stack(kopts)]
+            kargs = dict(
+                gsum=group.stack([zeros] * k), loss=group.stack([jnp.float32(0)] * k),
+                keys=group.stack([jax.random.PRNGKey(10 + i) for i in range(k)]),
+                clip=group.stack([clip] * k), sigma=group.stack([sigma] * k),
+                chunk=group.chunk([[(idx, ones)]] * k, 0),
+            )  # fmt: skip
+
+            def run_vmap(group=group, kstate=kstate, kargs=kargs):
+                a = kargs
+                kstate[0], kstate[1], loss = group.step(
+                    kstate[0], kstate[1], a["gsum"], a["loss"], data_x, data_y, *a["chunk"],
+                    a["keys"], jnp.int32(0), a["clip"], a["sigma"], b,
+                )  # fmt: skip
+                return loss
+
+            seq_state = [list(kparams), list(kopts)]
+
+            def run_seq(seq_state=seq_state, k=k):
+                out = None
+                for c in range(k):
+                    seq_state[0][c], seq_state[1][c], out = fns.step(
+                        seq_state[0][c], seq_state[1][c], zeros, jnp.float32(0), data_x, data_y,
+                        idx, ones, key, jnp.int32(0), clip, sigma, b,
+                    )  # fmt: skip
+                return out
+
+            rows[f"{name}/k{k}_vmap"] = (run_vmap, k * batch)
+            rows[f"{name}/k{k}_seq"] = (run_seq, k * batch)
+            memory[f"{name}/k{k}_vmap"] = _memory_mib(
+                group.step, kstate[0], kstate[1], kargs["gsum"], kargs["loss"], data_x, data_y,
+                *kargs["chunk"], kargs["keys"], jnp.int32(0), kargs["clip"], kargs["sigma"], b,
+                resident=resident,
+            )  # fmt: skip
+            memory[f"{name}/k{k}_seq"] = memory[f"{name}/dp"]
+
+    for name in models_:
+        add_model(name)
+    return rows, memory, checks
+
+
+def accelerator_main(args) -> None:
+    """--suite=accelerator: one interleaved run over every model's rows on the default device."""
+    import jax
+
+    from dptune.learners.dpsgd import use_compilation_cache
+
+    # dptune's default (or $DPTUNE_COMPILATION_CACHE / JAX's own setting): the memory analysis
+    # compiles each step a second time, which the cache turns into a read.
+    use_compilation_cache()
+
+    tiny = args.tiny
+    models_ = tuple(args.models.split(",")) if args.models else ACCEL_MODELS
+    ks = tuple(int(k) for k in args.ks.split(",")) if args.ks else ((2,) if tiny else ACCEL_KS)
+    batch = args.batch or (8 if tiny else BATCH)
+    n_train = 64 if tiny else 4096
+    rounds = args.rounds or (1 if tiny else 5)
+    steps = args.steps or (1 if tiny else 5)
+    t0 = time.perf_counter()
+    rows, memory, checks = accelerator_rows(models_, batch, ks, n_train)
+    workers = []
+    if not (args.no_torch or tiny) and "cnn26k" in models_:
+        workers = [TorchRows(0)]  # torch's default threads (or its GPU when torch sees one)
+    for fn, _ in rows.values():  # compile and warm up
+        for _ in range(2):
+            _block(fn())
+    owner = {}
+    for w in workers:
+        for tname, per_step in w.names.items():
+            rows[f"cnn26k/{tname}"] = (None, per_step)
+            owner[f"cnn26k/{tname}"] = w
+    setup_s = time.perf_counter() - t0
+    times: dict[str, list[float]] = {name: [] for name in rows}
+    for _ in range(rounds):
+        for name, (fn, _) in rows.items():
+            if fn is None:
+                tname = name.split("/", 1)[1]
+                times[name].append(owner[name].time(tname, steps, args.warmup))
+                continue
+            for _ in range(args.warmup):
+                _block(fn())
+            start = time.perf_counter()
+            for _ in range(steps):
+                out = fn()
+            _block(out)
+            times[name].append((time.perf_counter() - start) / steps)
+    for w in workers:
+        w.close()
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    eps = {name: rows[name][1] / med[name] for name in rows}
+    dev = jax.devices()[0]
+    stats = dev.memory_stats() or {}
+    print(f"device: {dev.platform} {dev.device_kind}; host {_cpu_name()}, {os.cpu_count()} cores; "
+          f"jax {jax.__version__}; batch {batch}; {rounds} rounds x {steps} steps; "
+          f"setup+compile {setup_s:.0f} s")  # fmt: skip
+    if "peak_bytes_in_use" in stats:
+        print(f"peak device memory of the whole run: {stats['peak_bytes_in_use'] / MiB:.0f} MiB")
+    print(f"{'row':26s} {'ms/step':>9s} {'examples/s':>11s} {'peak MiB':>9s}")
+    for name in rows:
+        mem = memory.get(name, float("nan"))
+        print(f"{name:26s} {1e3 * med[name]:9.2f} {eps[name]:11.0f} {mem:9.1f}")
+    ratios = {}
+    for m in models_:
+        pairs = {"dp / nonprivate": ("dp", "nonprivate", None),
+                 "dp / naive vmap(grad)": ("dp", "naive", None),
+                 "dp / jax_privacy": ("dp", "jax_privacy", 1.5)}  # fmt: skip
+        for k in ks:
+            pairs[f"k{k} vmapped / sequential"] = (f"k{k}_vmap", f"k{k}_seq", None)
+        for w in workers if m == "cnn26k" else ():
+            pairs[f"dp / torch_func_dp{w.suffix}"] = ("dp", f"torch_func_dp{w.suffix}", None)
+            pairs[f"dp / opacus_dp{w.suffix}"] = ("dp", f"opacus_dp{w.suffix}", None)
+        for label, (a, b_, target) in pairs.items():
+            a, b_ = f"{m}/{a}", f"{m}/{b_}"
+            if a in eps and b_ in eps:
+                ratios[f"{m}: {label}"] = {"ratio": eps[a] / eps[b_], "target": target}
+    print(f"{'ratio (examples/s)':44s} {'value':>6s}  target")
+    for label, r in ratios.items():
+        flag = "" if r["target"] is None else ("  ok" if r["ratio"] >= r["target"] else "  MISSED")
+        tgt = "" if r["target"] is None else f">= {r['target']:.1f}"
+        print(f"{label:44s} {r['ratio']:6.2f}  {tgt}{flag}")
+    for m, d in checks.items():
+        print(f"{m}: jax_privacy's clipped sum vs dptune's: max relative difference {d:.1e}")
+    if args.json:
+        print(json.dumps({
+            "suite": "accelerator", "device": f"{dev.platform} {dev.device_kind}",
+            "jax": jax.__version__, "batch": batch, "rounds": rounds, "steps": steps,
+            "rows": [{"name": n, "examples_per_s": eps[n], "ms_per_step": 1e3 * med[n],
+                      "peak_mib": memory.get(n)} for n in rows],
+            "ratios": {k: v["ratio"] for k, v in ratios.items()},
+            "clipped_sum_agreement": checks,
+            "peak_device_mib": stats.get("peak_bytes_in_use", 0) / MiB or None,
+        }))  # fmt: skip
 
 
 def main():
@@ -424,6 +787,10 @@ def main():
     parser.add_argument("--steps", type=int, default=None, help="timed steps per row per round")
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch rows")
     parser.add_argument(
+        "--warmup", type=int, default=1,
+        help="untimed calls of a row before its timed steps in every round (caches, thread pools)",
+    )  # fmt: skip
+    parser.add_argument(
         "--cifar", action="store_true",
         help="the CIFAR row set instead (CIFAR CNN: fast DP, naive DP, non-private; no PyTorch)",
     )  # fmt: skip
@@ -431,12 +798,24 @@ def main():
         "--torch-threads", default="1,2",
         help="comma-separated torch.set_num_threads values, one worker each (0: torch default)",
     )  # fmt: skip
+    parser.add_argument(
+        "--suite", choices=("cpu", "accelerator"), default="cpu",
+        help="cpu: the default table (cnn26k or --cifar); accelerator: every model (cnn26k, CIFAR "
+        "CNN, WRN-16-4, a user-written CNN) with jax_privacy, memory and K=2,4,8 candidates on "
+        "the default device",
+    )  # fmt: skip
+    parser.add_argument("--tiny", action="store_true", help="accelerator suite: tiny sizes (tests)")
+    parser.add_argument("--models", default=None, help="accelerator suite: comma-separated models")
+    parser.add_argument("--ks", default=None, help="accelerator suite: candidates K, e.g. 2,4,8")
+    parser.add_argument("--batch", type=int, default=None, help="accelerator suite: batch size")
     parser.add_argument("--torch-worker", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick and args.torch_threads == "1,2":
         args.torch_threads = "0"  # torch's default thread count only
     if args.torch_worker is not None:
         return torch_worker(args.torch_worker)
+    if args.suite == "accelerator":
+        return accelerator_main(args)
     rounds = args.rounds or (3 if args.quick else 7)
     steps = args.steps or (4 if args.quick else 10)
 
@@ -459,8 +838,10 @@ def main():
     for _ in range(rounds):
         for name, (fn, _) in rows.items():
             if fn is None:  # a PyTorch row, timed in its worker while this process waits
-                times[name].append(owner[name].time(name, steps))
+                times[name].append(owner[name].time(name, steps, args.warmup))
                 continue
+            for _ in range(args.warmup):
+                _block(fn())
             start = time.perf_counter()
             for _ in range(steps):
                 out = fn()
@@ -478,7 +859,9 @@ def main():
         "dp_fixed / jax_dp_naive": ("dptune_dp_fixed", "jax_dp_naive", None),
         "k4 vmap / seq": ("dptune_k4_vmap", "dptune_k4_seq", None),
         "k8 vmap / seq": ("dptune_k8_vmap", "dptune_k8_seq", None),
+        "dp_fixed / jax_privacy_dp": ("dptune_dp_fixed", "jax_privacy_dp", 1.5),
         "cifar dp_fast / cifar dp_naive": ("cifar_dp_fast", "cifar_dp_naive", 1.5),
+        "cifar dp_fast / cifar jax_privacy": ("cifar_dp_fast", "cifar_jax_privacy", 1.5),
         "cifar dp_fast / cifar nonprivate": ("cifar_dp_fast", "cifar_nonprivate", 0.6),
         "cifar dp_fast augmult 4 / dp_fast": ("cifar_dp_fast_augmult4", "cifar_dp_fast", None),
     }

@@ -1,9 +1,11 @@
 """Settings and fixtures shared by the whole test suite.
 
-Before any test module imports JAX, the suite turns on JAX's persistent compilation cache (a
-folder under the user's cache directory, or ``$DPTUNE_TEST_JAX_CACHE``): the subprocess tests, the
-xdist workers and the next run of the suite reuse compiled steps instead of compiling them again
-(compilation was about 40 % of the suite's time). ``DPTUNE_TEST_JAX_CACHE=off`` turns it off.
+Before any test module imports JAX, the suite points dptune's cache (``$DPTUNE_CACHE``: JAX's
+persistent compilation cache, remembered calibrations, scattering features) at a folder of its own,
+``~/.cache/dptune-tests`` or ``$DPTUNE_TEST_CACHE``: the subprocess tests, the xdist workers and
+the next run of the suite reuse compiled steps and calibrations instead of redoing them
+(compilation was about 40 % of the suite's time), and the user's own cache is never written.
+``DPTUNE_TEST_CACHE=off`` runs the suite cold (a fresh empty cache, warm starts off).
 Every test also gets its own ledger file (``$DPTUNE_LEDGER``), so no test can charge the
 developer's own ``~/.dptune/ledger.sqlite`` or see another test's spends.
 """
@@ -16,13 +18,18 @@ from pathlib import Path
 
 import pytest
 
-_cache = os.environ.get("DPTUNE_TEST_JAX_CACHE") or str(
-    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dptune" / "jax-tests"
+_cache = os.environ.get("DPTUNE_TEST_CACHE") or str(
+    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dptune-tests"
 )
-if _cache != "off":
-    # Environment variables, not jax.config: subprocesses (the CLI tests) inherit them.
-    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _cache)
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+if _cache == "off":
+    os.environ["DPTUNE_COMPILATION_CACHE"] = "off"  # no compiled steps, no calibration memo
+    os.environ["DPTUNE_CACHE"] = tempfile.mkdtemp(prefix="dptune-test-cache-")
+else:
+    # Environment variables, not jax.config: subprocesses (the CLI tests) inherit them. The
+    # suite's own folder, never the user's dptune cache.
+    os.environ.setdefault("DPTUNE_CACHE", _cache)
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path(_cache) / "jax"))
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 

@@ -102,6 +102,40 @@ def record_split_uniforms(digests: np.ndarray, seed_split: int = 0) -> np.ndarra
     return u
 
 
+def record_subset_mask(digests: np.ndarray, fraction: float, key: bytes) -> np.ndarray:
+    """Poisson subsampling by record: True for the records in a random subset with rate
+    ``fraction``, drawn per record from a SECRET ``key`` (e.g. 32 bytes of OS entropy).
+
+    Record i is in the subset iff BLAKE2b(key; its digest, c) / 2^64 < ``fraction``, where c
+    counts the earlier records with the same digest (identical records are distinct people, so
+    each copy gets its own draw: the first copy's draw is never shared with a second). Adding or
+    removing one record therefore changes only that record's membership (removing one of several
+    identical copies removes the last copy's draw; the copies are interchangeable). With the key
+    secret and modelled as a random function, memberships are independent Bernoulli(``fraction``)
+    draws: the Poisson subsampling that privacy amplification by subsampling assumes (Balle,
+    Barthe & Gaboardi 2018, Thm 8).
+
+    Args:
+      digests: ``record_digests`` of the records, shape (n,).
+      fraction: the subsampling rate, in (0, 1].
+      key: the secret key (bytes, 16 to 64 long: BLAKE2b's key limit is 64).
+    Returns:
+      A bool array of shape (n,).
+    """
+    if not (isinstance(fraction, (int, float)) and 0 < fraction <= 1):
+        raise ValueError(f"fraction={fraction!r} must be in (0, 1]")
+    if not isinstance(key, bytes) or not 16 <= len(key) <= 64:
+        raise ValueError("key must be 16 to 64 secret bytes")
+    seen: dict[bytes, int] = {}
+    out = np.empty(len(digests), dtype=bool)
+    for i, d in enumerate(digests):
+        c = seen.get(d, 0)
+        seen[d] = c + 1
+        h = hashlib.blake2b(d + c.to_bytes(8, "big"), key=key, digest_size=8).digest()
+        out[i] = int.from_bytes(h, "big") / 2.0**64 < fraction
+    return out
+
+
 def multiset_fingerprint(digests: Sequence[bytes]) -> str:
     """sha256 (hex) of the sorted record digests: the records as a multiset, independent of their
     order and of any split (the ledger's dataset id)."""
@@ -194,6 +228,30 @@ class Dataset:
             f"Dataset(name={self.name!r}, train={self.train_x.shape}, val={self.val_x.shape}, "
             f"test={self.test_x.shape}, num_classes={self.num_classes})"
         )
+
+
+def subset_dataset(data: Dataset, fraction: float, key: bytes) -> Dataset:
+    """The records of ``data`` in a per-record Poisson subset (``record_subset_mask`` over the
+    training and validation records together, each keeping its split), with public sizes scaled
+    by ``fraction`` (expected sizes: public, whatever the subset's actual length). The public test
+    split is kept whole (it is only for reporting).
+    """
+    digests = record_digests(
+        np.concatenate([data.train_x, data.val_x]), np.concatenate([data.train_y, data.val_y])
+    )
+    mask = record_subset_mask(digests, fraction, key)
+    n_train = len(data.train_x)
+    keep_train, keep_val = mask[:n_train], mask[n_train:]
+    return dataclasses.replace(
+        data,
+        train_x=np.ascontiguousarray(data.train_x[keep_train]),
+        train_y=np.ascontiguousarray(data.train_y[keep_train]),
+        val_x=np.ascontiguousarray(data.val_x[keep_val]),
+        val_y=np.ascontiguousarray(data.val_y[keep_val]),
+        public_num_train=max(1, round(fraction * data.public_num_train)),
+        public_num_val=fraction * data.public_num_val,
+        split={**data.split, "subset_fraction": float(fraction)},
+    )
 
 
 def load_dataset(

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from trainers import audit, models, parallel
+from trainers import audit, models, parallel, probe
 from trainers.data import Dataset
 from trainers.evaluate import device_arrays, model_data, validation_score
 from trainers.sampling import PoissonSampler
@@ -152,10 +152,10 @@ def train_candidates(
     """Trains K candidates; results in the order of ``hps``.
 
     ``vectorize=None`` (auto) trains structurally identical candidates (same model, optimiser, batch
-    size, epochs) together with ``vmap`` on accelerators and one after another on CPU, where vmap
-    was measured slower (``docs/performance.md``). Each candidate keeps its own key, so results do
-    not depend on the grouping (up to float rounding). Progress dicts carry the candidate's index in
-    "candidate".
+    size, epochs) together with ``vmap`` where a short measurement on this device found it faster
+    (``trainers.probe``: on the project's CPUs it was slower), else one after another. Each
+    candidate keeps its own key, so results do not depend on the grouping (up to float rounding).
+    Progress dicts carry the candidate's index in "candidate".
 
     ``mesh`` (default: the one set by ``trainers.parallel.data_parallel``, if any): train each
     candidate data-parallel over its devices, one candidate at a time (``trainers.parallel``); the
@@ -173,8 +173,10 @@ def train_candidates(
         raise ValueError(f"got {len(hps)} hyperparameter sets but {len(keys)} keys")
     for hp in hps:
         _check(hp, data)
-    if vectorize is None:
-        vectorize = jax.default_backend() != "cpu"
+    if vectorize is None:  # measured per model and device (trainers.probe), not by platform name
+        shape = data.train_x.shape[1:]
+        choice = probe.choose_for(hps, data.num_classes, shape, grad_impl=grad_impl)
+        vectorize = choice is not None and choice.vectorize
     results: list[CandidateResult | None] = [None] * len(hps)
     groups: dict[tuple, list[int]] = {}
     for i, hp in enumerate(hps):

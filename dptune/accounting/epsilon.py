@@ -227,6 +227,20 @@ def _is_dpsgd_step(event: dp_event.DpEvent) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
+def _step_pld(noise_multiplier: float, sampling_prob: float, discretization: float, relation=None):
+    """The PLD of one Poisson-subsampled Gaussian step, as ``PLDAccountant`` builds it. Cached:
+    building it costs 0.3-0.7 s, composing it ``steps`` times 0.1-0.2 s, and runs of different
+    lengths (a candidate after each epoch, the released curve) share it."""
+    kwargs = {} if relation is None else {"neighboring_relation": relation}
+    return privacy_loss_distribution.from_gaussian_mechanism(
+        noise_multiplier,
+        sampling_prob=sampling_prob,
+        value_discretization_interval=discretization,
+        **kwargs,
+    )
+
+
+@functools.lru_cache(maxsize=256)
 def _event_pld(event: dp_event.DpEvent, discretization: float):
     """A PLD of ``event`` (pessimistic, add and remove directions), as dp_accounting builds it.
 
@@ -243,10 +257,8 @@ def _event_pld(event: dp_event.DpEvent, discretization: float):
         if isinstance(inner, dp_event.SelfComposedDpEvent) and _is_dpsgd_step(inner.event):
             return _Pld(_event_pld(inner, discretization).pld.self_compose(event.count))
         if _is_dpsgd_step(inner) and inner.sampling_probability > 0:
-            base = privacy_loss_distribution.from_gaussian_mechanism(
-                inner.event.noise_multiplier,
-                sampling_prob=inner.sampling_probability,
-                value_discretization_interval=discretization,
+            base = _step_pld(
+                inner.event.noise_multiplier, inner.sampling_probability, discretization
             )
             return _Pld(base.self_compose(event.count))
     accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=discretization)
@@ -262,11 +274,8 @@ def _event_pld_relation(event: dp_event.DpEvent, discretization: float, relation
             base = _event_pld_relation(inner, discretization, relation).pld
             return _Pld(base.self_compose(event.count))
         if _is_dpsgd_step(inner) and inner.sampling_probability > 0:
-            base = privacy_loss_distribution.from_gaussian_mechanism(
-                inner.event.noise_multiplier,
-                sampling_prob=inner.sampling_probability,
-                value_discretization_interval=discretization,
-                neighboring_relation=relation,
+            base = _step_pld(
+                inner.event.noise_multiplier, inner.sampling_probability, discretization, relation
             )
             return _Pld(base.self_compose(event.count))
     accountant = pld_privacy_accountant.PLDAccountant(
@@ -371,5 +380,6 @@ def clear_caches() -> None:
     """Forgets the cached RDP curves, PLDs and PLD deltas (benchmarks time cold calls)."""
     _event_rdp.cache_clear()
     _event_pld.cache_clear()
+    _step_pld.cache_clear()
     _event_pld_delta.cache_clear()
     _event_pld_profile.cache_clear()

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dptune import learners
+from dptune import learners, strategies
 from dptune import space as space_mod
 from dptune.accounting import ACCOUNTANTS
 from dptune.accounting.events import ADJACENCIES
@@ -27,7 +27,9 @@ from dptune.data import MNIST_10K_DIR, MNIST_10K_NUM_TRAIN
 from dptune.errors import TuningConfigError
 from dptune.executors import make_executor
 from dptune.learners.dpsgd import DATASETS, DatasetNotFoundError, load_dataset
+from dptune.ledger import default_ledger_path
 from dptune.plan import AUTO, Budget, check_selection_size
+from dptune.subsampled import plan_subsampled, tune_subsampled
 from dptune.tuner import DEFAULT_LEDGER, check_run_arguments, check_workdir, preflight, tune
 from dptune.workdir_lock import workdir_lock
 from selection import registry
@@ -194,6 +196,17 @@ def check_config(cfg: Mapping[str, Any]) -> None:
             "config.data.validation_public=True needs a separate validation set "
             "(config.data.validation_dir): a split of the private training file is private"
         )
+    strategy = dict(_get(cfg, "strategy", {}) or {})
+    try:
+        strategies.check(strategy.pop("name", "full"), strategy, eps)
+    except strategies.StrategyConfigError as e:
+        raise ConfigError(str(e)) from None
+    if _get(cfg, "strategy.name", "full") == "subsampled" and (_get(cfg, "executor.kind") == "ray"):
+        raise ConfigError(
+            "config.executor.kind='ray' is not supported with config.strategy.name='subsampled' "
+            "(the workers would load all the data, not the subset): use 'sequential', "
+            "'vectorized' or 'devices'"
+        )
     group = _get(cfg, "executor.group_size", 1)
     if isinstance(group, bool) or not isinstance(group, int) or group < 1:
         raise ConfigError(f"config.executor.group_size={group!r} must be an integer >= 1")
@@ -347,6 +360,12 @@ def _run_built(
         # loaded the same records as this process.
         trainer.remote_factory = functools.partial(trainer_from_config, _worker_config(cfg))
         executor.expected_fingerprint = trainer.fingerprint
+    strategy = dict(_get(cfg, "strategy", {}) or {})
+    if strategy.get("name", "full") == "subsampled":
+        return _run_subsampled(
+            cfg, workdir, seed, debug_nonprivate, progress, dry_run, checked.method,
+            checked.space, checked.budget, executor, trainer, strategy,
+        )  # fmt: skip
     common = dict(
         workdir=workdir, seed=seed, accountant=checked.accountant, ledger=checked.ledger,
         dataset_budget=checked.dataset_budget, debug_nonprivate=debug_nonprivate,
@@ -381,6 +400,49 @@ def _binding(
     bound["_data"] = {"fingerprint": fingerprint}
     bound["_flags"] = {"seed": seed, "debug_nonprivate": debug_nonprivate}
     return bound
+
+
+def _ledger_args(cfg: Mapping[str, Any], budget: Any) -> tuple[Any, Any]:
+    """(ledger path or None, the dataset's budget or None) of ``config.ledger``."""
+    ledger_cfg = cfg.get("ledger", {}) or {}
+    if not ledger_cfg.get("enabled", True):
+        return None, None
+    path = ledger_cfg.get("path") or default_ledger_path()
+    dataset_budget = None
+    if ledger_cfg.get("budget_epsilon") is not None:
+        dataset_budget = Budget(
+            float(ledger_cfg["budget_epsilon"]),
+            float(ledger_cfg.get("budget_delta") or budget.delta),
+        )
+    return path, dataset_budget
+
+
+def _run_subsampled(
+    cfg: dict[str, Any], workdir: str | Path, seed: int | None, debug_nonprivate: bool,
+    progress: bool, dry_run: bool, method: Any, space: Any, budget: Any, executor: Any,
+    trainer: Any, strategy: Mapping[str, Any],
+) -> Any:  # fmt: skip
+    """Strategy ``subsampled`` (``dptune.subsampled``): the dry run's plan, or the run."""
+    if debug_nonprivate:
+        raise ConfigError(
+            "--debug_nonprivate is not supported with config.strategy.name='subsampled'"
+        )
+    kw = dict(
+        fraction=float(strategy["fraction"]),
+        tuning_epsilon=float(strategy["tuning_epsilon"]),
+        accountant=str(_get(cfg, "privacy.accountant", "auto")),
+        adjacency=str(_get(cfg, "privacy.adjacency", "add_remove")),
+    )
+    if dry_run:
+        plan = plan_subsampled(trainer, space, method, budget, seeded=seed is not None, **kw)
+        final = space_mod.Space({**plan.tuning_plan.space.to_dict(), **plan.calibrated})
+        return DryRun(final, plan.statement, None)
+    ledger, dataset_budget = _ledger_args(cfg, budget)
+    bound = _binding(cfg, trainer, seed, debug_nonprivate)
+    return tune_subsampled(
+        trainer, space, method, budget, workdir=workdir, seed=seed, executor=executor,
+        ledger=ledger, dataset_budget=dataset_budget, config=bound, progress=progress, **kw,
+    )  # fmt: skip
 
 
 def build_trainer(cfg: Mapping[str, Any], data: Any, *, progress: bool = False) -> Any:

@@ -26,6 +26,7 @@ statement NOT private.
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 import signal
 import sys
@@ -39,14 +40,18 @@ from absl import flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from dptune import configs
+from dptune import configs, strategies
 from dptune.accounting.quiet import summarised_accounting_warnings
 from dptune.cli import exits, vocabulary
 from dptune.cli.build import ConfigError, run_config
 from dptune.cli.common import ArgumentError, normalise_argv, setup_logging
 from dptune.errors import TuningConfigError
 from dptune.journal import JOURNAL_FILE, ConfigChangedError
-from dptune.learners.dpsgd import DatasetNotFoundError
+from dptune.learners.dpsgd import (
+    COMPILATION_CACHE_ENV,
+    DatasetNotFoundError,
+    use_compilation_cache,
+)
 from dptune.ledger import BudgetExceededError, LedgerBudgetMismatchError
 from dptune.release import NO_CANDIDATE_SUCCEEDED
 from dptune.space import SpaceError
@@ -67,9 +72,17 @@ _PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress display on stde
 _DRY_RUN = flags.DEFINE_bool(
     "dry_run", False, "Only check the config and data and print the privacy plan; train nothing."
 )
+_CACHE = flags.DEFINE_string(
+    "compilation_cache", None,
+    "Folder of JAX's persistent compilation cache (a second run, a resumed run and Ray workers "
+    f"skip compiling); 'off' disables it. Default: ${COMPILATION_CACHE_ENV} or "
+    "~/.cache/dptune/jax.",
+)  # fmt: skip
 
 #: This module's own flags (``dptune --help`` lists them).
-_OWN_FLAGS = ("config", "workdir", "seed", "debug_nonprivate", "progress", "dry_run")
+_OWN_FLAGS = (
+    "config", "workdir", "seed", "debug_nonprivate", "progress", "dry_run", "compilation_cache",
+)  # fmt: skip
 
 #: Errors that are the user's to fix, raised before any private computation: one line, exit 2.
 REFUSALS = (
@@ -181,6 +194,9 @@ def _main(rest: list[str], argv: list[str], typed: list[str]) -> int:
     setup_logging()
     workdir = Path(_WORKDIR.value)
     try:
+        # Set once, before anything compiles; the environment carries it to workers (Ray).
+        folder = use_compilation_cache(_CACHE.value)
+        os.environ[COMPILATION_CACHE_ENV] = folder or "off"
         with summarised_accounting_warnings():
             release = run_config(
                 config,
@@ -216,6 +232,8 @@ def _print_dry_run(dry: Any) -> None:
     print(f"Dry run (nothing trained). Search space: {dry.space.to_dict()}\n")
     print(dry.statement.to_text())
     pre = dry.preflight
+    if pre is None:  # a strategy with its own plan (config.strategy)
+        return
     if pre.ledger is None:
         print("\nLedger: none (config.ledger.enabled=False): this run would be charged nowhere.")
         return
@@ -318,6 +336,8 @@ def usage() -> str:
         + vocabulary.describe()
         + "\n\n"
         + registry.describe()
+        + "\n\n"
+        + strategies.describe()
         + "\n"
     )
 

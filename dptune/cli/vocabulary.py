@@ -2,13 +2,14 @@
 ``dptune --help`` prints and what the docs test checks the docs against.
 
 Each registry lives with what it names (the configs folder, ``trainers.data``, ``trainers.spec``,
-``dptune.learners``, ``selection.registry``, ``dptune.accounting``, ``dptune.executors``); this
+``dptune.learners``, ``selection.registry``, ``dptune.accounting``, ``dptune.executors``,
+``dptune.strategies``); this
 module only reads them.
 """
 
 from __future__ import annotations
 
-from dptune import configs, learners
+from dptune import configs, learners, strategies
 from dptune.accounting import ACCOUNTANTS
 from dptune.accounting.events import ADJACENCIES
 from dptune.executors import KINDS
@@ -18,7 +19,7 @@ from selection import registry
 
 def vocabulary() -> dict[str, tuple[str, ...]]:
     """``{kind: names}`` for configs, datasets, models, trainers (learners), selection methods,
-    accountants, adjacencies and executors."""
+    accountants, adjacencies, executors and tuning strategies."""
     return {
         "configs": configs.NAMES,
         "datasets": tuple(DATASETS),
@@ -28,6 +29,7 @@ def vocabulary() -> dict[str, tuple[str, ...]]:
         "accountants": tuple(ACCOUNTANTS),
         "adjacencies": tuple(ADJACENCIES),
         "executors": tuple(KINDS),
+        "strategies": strategies.names(),
     }
 
 

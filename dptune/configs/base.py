@@ -3,7 +3,8 @@
 Sections: ``data`` (what to load; docs/privacy-model.md for the split and the public sizes),
 ``train`` (fixed DP-SGD settings, ``trainers`` ``Hyperparams`` fields), ``space`` (what is searched;
 ``noise_multiplier="auto"`` calibrates the noise so the TOTAL meets the budget), ``selection``
-(a method of ``selection.registry`` and its options), ``privacy`` (the total budget of the run,
+(a method of ``selection.registry`` and its options), ``strategy`` (``dptune.strategies``: how
+candidates use the data), ``privacy`` (the total budget of the run,
 tuning included), ``ledger`` (the dataset's budget over all runs) and ``executor``.
 """
 
@@ -47,6 +48,12 @@ def get_config() -> config_dict.ConfigDict:
     for name, (kind, _) in registry.OPTIONS.items():
         c.selection[name] = config_dict.placeholder(kind)
     c.selection.mean_trials = 8.0
+    # how candidates use the data (dptune.strategies): "full" (every candidate on all the data) or
+    # "subsampled" (candidates on a per-record Poisson subset of rate `fraction` with the tuning
+    # budget `tuning_epsilon`, the selection retrained once on all the data; docs/tuning.md)
+    c.strategy = dict(name="full")
+    c.strategy.fraction = config_dict.placeholder(float)
+    c.strategy.tuning_epsilon = config_dict.placeholder(float)
     c.privacy = dict(epsilon=3.0, delta=1e-5, accountant="auto")
     c.privacy.adjacency = "add_remove"  # or "replace_one" (fixed, public dataset size)
     c.ledger = dict(enabled=True)

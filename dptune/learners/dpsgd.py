@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,35 +23,90 @@ import numpy as np
 from dptune.accounting.events import DpSgdCandidate
 from dptune.auditing.canaries import Canaries
 from dptune.auditing.decode import decode_subset_sum
+from dptune.cachedir import COMPILATION_CACHE_ENV, OFF_WORDS, cache_root
 from dptune.errors import CandidateFailure, TuningConfigError
 from dptune.progress import epoch_bar
 from dptune.trainer_protocol import DatasetTrainer, ReleaseView, source_digest
-from trainers import audit, loop, models, parallel
+from trainers import audit, loop, models, parallel, probe, runtime
 from trainers.data import NAMES as DATASETS
-from trainers.data import Dataset, DatasetNotFoundError, load_dataset
+from trainers.data import Dataset, DatasetNotFoundError, load_dataset, subset_dataset
 from trainers.evaluate import evaluate
 from trainers.spec import (
     AUDIT_MODEL_SUFFIX,
     MODEL_NAMES,
     Hyperparams,
     dpsgd_privacy,
-    steps_per_epoch,
 )
 
 __all__ = [
+    "COMPILATION_CACHE_ENV",
     "AuditDpSgdTrainer",
     "DATASETS",
     "MODEL_NAMES",
     "DatasetNotFoundError",
     "DpSgdTrainer",
     "Hyperparams",
+    "default_compilation_cache_dir",
     "load_dataset",
+    "use_compilation_cache",
 ]
 
 log = logging.getLogger("dptune")
 
 #: Hyperparameters that enter a DP-SGD candidate's DpEvent.
 DPSGD_PRIVACY_FIELDS = ("noise_multiplier", "batch_size", "epochs", "score_noise_std")
+
+
+_cache_decided = False
+
+
+def default_compilation_cache_dir() -> Path:
+    """The user's cache folder for dptune's compiled steps: ``dptune.cachedir.cache_root()/jax``
+    (``~/.cache/dptune/jax`` unless ``$DPTUNE_CACHE`` or ``$XDG_CACHE_HOME`` say otherwise)."""
+    return cache_root() / "jax"
+
+
+def use_compilation_cache(setting: str | os.PathLike | bool | None = None) -> str | None:
+    """Turns JAX's persistent compilation cache on (warm starts: a second run, a resumed run and
+    a Ray worker load the compiled steps instead of compiling them) or off; returns its folder or
+    None (``trainers.runtime.enable_compilation_cache``).
+
+    Args:
+      setting: None (automatic: the first decision in this process stands; else a folder the
+        user already gave JAX, e.g. ``JAX_COMPILATION_CACHE_DIR``; else
+        ``$DPTUNE_COMPILATION_CACHE``; else :func:`default_compilation_cache_dir`), True (the
+        default folder), False or "off" (no cache), or a folder ("" is the default folder).
+    """
+    global _cache_decided
+    explicit = setting is not None
+    if setting is None:
+        current = jax.config.jax_compilation_cache_dir
+        if _cache_decided or current is not None:
+            if not _cache_decided:  # a folder the user gave JAX: the probe's results go there too
+                probe.set_cache_file(Path(current) / "vectorize_probe.json")
+            _cache_decided = True
+            return current
+        setting = os.environ.get(COMPILATION_CACHE_ENV) or True
+    if isinstance(setting, str) and setting.strip().lower() in OFF_WORDS:
+        setting = False
+    if setting is True or setting == "":
+        folder: Any = default_compilation_cache_dir()
+    else:
+        folder = setting or None
+    _cache_decided = True
+    try:
+        folder = runtime.enable_compilation_cache(folder)
+        # The vectorised-or-sequential probe's results live beside the compiled steps.
+        probe.set_cache_file(None if folder is None else Path(folder) / "vectorize_probe.json")
+        return folder
+    except OSError as e:
+        if explicit:
+            raise TuningConfigError(
+                f"compilation cache folder {folder}: {e}; give a writable folder or 'off'"
+            ) from None
+        # A cache is a convenience: a read-only home must not stop a private run.
+        log.warning("no compilation cache (%s): every run compiles from scratch", e)
+        return None
 
 
 def dpsgd_candidate(privacy: Any, score_noise_std: float | None) -> DpSgdCandidate:
@@ -71,14 +127,22 @@ def _failure(result: Any) -> CandidateFailure:
 class DpSgdTrainer(DatasetTrainer):
     """This project's DP-SGD trainer (``trainers.loop``) on an in-memory dataset.
 
+    A candidate computes what the selection consumes (its noisy validation score) and the
+    per-epoch privacy of its training (which travels in its payload to the release); the test
+    split is evaluated once, for the released candidate (``release_view``).
+
     Args:
       data: a ``trainers.data.Dataset``.
       base: default hyperparameters (``trainers.spec.Hyperparams`` fields) that the space's values
         override.
       epoch_progress: whether to show a per-epoch tqdm bar (the curator's console only).
-      test_curve: evaluate every candidate on the public test split after each epoch, so that the
-        released candidate's training curve shows its test accuracy (costs one test-set pass per
-        epoch).
+      test_curve: the curator's view, on request: evaluate EVERY candidate on the public test split
+        after each epoch (one test-set pass per candidate and epoch) and keep the curves in their
+        payloads (``DIR/private/``); the released candidate's curve then shows its test accuracy
+        per epoch. Off by default: selection never reads the test split.
+      compilation_cache: JAX's persistent compilation cache (:func:`use_compilation_cache`): None
+        (automatic: on, in the user's cache folder, unless already decided or
+        ``$DPTUNE_COMPILATION_CACHE=off``), False (off) or a folder.
     """
 
     hyperparams_class = Hyperparams
@@ -95,7 +159,8 @@ class DpSgdTrainer(DatasetTrainer):
         data: Dataset,
         base: Mapping[str, Any] | None = None,
         epoch_progress: bool = True,
-        test_curve: bool = True,
+        test_curve: bool = False,
+        compilation_cache: str | os.PathLike | bool | None = None,
     ) -> None:
         self.data = data
         self.test_curve = test_curve
@@ -103,8 +168,33 @@ class DpSgdTrainer(DatasetTrainer):
         # The PUBLIC nominal training size (declared or published), never len() of private arrays.
         self.num_examples = int(data.public_num_train)
         self.epoch_progress = epoch_progress
+        self.compilation_cache = compilation_cache
 
-    def _privacy(self, hp: Hyperparams, epochs: int | None = None) -> DpSgdCandidate:
+    #: Every candidate's expected batch size is multiplied by this (rounded, at least 1): 1 on the
+    #: full data; ``fraction`` on a subset (``subset``), so a candidate on the subset keeps the
+    #: full run's sampling rate and number of steps.
+    batch_scale: float = 1.0
+
+    def hyperparams(self, hparams: Mapping[str, Any]) -> Hyperparams:
+        hp = super().hyperparams(hparams)
+        if self.batch_scale != 1.0:
+            hp = dataclasses.replace(hp, batch_size=max(1, round(hp.batch_size * self.batch_scale)))
+        return hp
+
+    def subset(self, fraction: float, key: bytes) -> DpSgdTrainer:
+        """This trainer on a per-record Poisson subset of the private records (rate ``fraction``,
+        secret ``key``: ``trainers.data.subset_dataset``), for subsampled tuning
+        (``dptune.subsampled``). Public sizes are scaled by ``fraction``, and so is every
+        candidate's expected batch: a candidate on the subset runs the same schedule (sampling
+        rate B / N, epochs, steps) on fewer records. No per-epoch test curve (its candidates are
+        never released)."""
+        out = DpSgdTrainer(
+            subset_dataset(self.data, fraction, key), self.base, self.epoch_progress, False
+        )
+        out.batch_scale = self.batch_scale * float(fraction)
+        return out
+
+    def _privacy(self, hp: Hyperparams, steps: int | None = None) -> DpSgdCandidate:
         if self.data.public_num_val <= 0:  # public: refused before anything is accounted
             raise TuningConfigError(
                 "the dataset has no validation set (validation_size=0): candidates cannot be "
@@ -122,20 +212,14 @@ class DpSgdTrainer(DatasetTrainer):
             privacy = dpsgd_privacy(hp, self.num_examples)
         except ValueError as e:
             raise TuningConfigError(f"invalid DP-SGD setting: {e}") from None
-        if epochs is not None:
-            steps = epochs * steps_per_epoch(hp.batch_size, self.num_examples)
-            privacy = type(privacy)(privacy.sampling_rate, steps, privacy.noise_multiplier)
+        if steps is not None:
+            privacy = type(privacy)(privacy.sampling_rate, int(steps), privacy.noise_multiplier)
         return dpsgd_candidate(privacy, hp.score_noise_std)
 
     def privacy(self, hparams: Mapping[str, Any]) -> DpSgdCandidate:
         """The candidate's privacy: ``steps`` Poisson-subsampled Gaussian steps at q = B / N_public
         and, in parallel, the noisy validation count."""
         return self._privacy(self.hyperparams(hparams))
-
-    def privacy_by_epoch(self, hparams: Mapping[str, Any]) -> list[DpSgdCandidate]:
-        """The privacy of the candidate's training up to each epoch (the last is ``privacy``)."""
-        hp = self.hyperparams(hparams)
-        return [self._privacy(hp, e) for e in range(1, hp.epochs + 1)]
 
     def __call__(self, hparams: Mapping[str, Any], rng: np.random.Generator) -> tuple[float, Any]:
         return self.train_many([hparams], [rng])[0]
@@ -144,26 +228,44 @@ class DpSgdTrainer(DatasetTrainer):
         self, hparams: Sequence[Mapping[str, Any]], rngs: Sequence[np.random.Generator]
     ) -> list[tuple[float, Any]]:
         """Trains len(hparams) candidates at once (``trainers.loop.train_candidates``); a failed
-        candidate scores NaN."""
+        candidate scores NaN.
+
+        Each payload holds the parameters, the per-epoch rows of ``CandidateResult.history``
+        (private: exact training losses), ``privacy_by_epoch``, the accounting candidate of the
+        training up to each of those epochs (a public function of the hyperparameters and the
+        step count), so the release reads the curve's privacy from the result, and
+        ``execution``: whether structurally identical candidates were trained vectorised, as a
+        short measurement on this device chose (``trainers.probe``; journaled with the payload,
+        never printed: whether a call had two candidates to vectorise depends on K)."""
+        use_compilation_cache(self.compilation_cache)
         hps = [self.hyperparams(h) for h in hparams]
+        choice = probe.choose_for(hps, self.data.num_classes, self.data.train_x.shape[1:])
+        execution: dict[str, Any] = {"vectorized": bool(choice and choice.vectorize)}
+        if choice is not None:
+            execution.update(probe=dataclasses.asdict(choice), reason=choice.describe())
         # The full 64 bits of a threefry key, drawn from the candidate's (OS-entropy) generator:
         # the DP noise must not be guessable from a small seed space.
         keys = [r.integers(0, 2**32, size=2, dtype=np.uint32) for r in rngs]
-        # Per-epoch accuracy on the public test split: part of the released candidate's training
-        # curve; the other candidates' curves stay in private/ like the rest.
+        # Per-epoch accuracy on the public test split, only on request (the curator's view).
         test_curve: dict[int, dict[int, float]] = {}
 
         def on_epoch(i: int, epoch: int, params: Any) -> None:
             self.epoch_hook(i, epoch, params)
-            if self.test_curve and len(self.data.test_y):
+            if with_curve:
                 test_curve.setdefault(i, {})[epoch] = float(
                     evaluate(params, hps[i].model, self.data.test_x, self.data.test_y)
                 )
 
+        with_curve = self.test_curve and len(self.data.test_y) > 0
+        # The per-epoch callback only where something reads the parameters after each epoch (test
+        # curves on request, a subclass's epoch_hook such as the audit's); else none.
+        hooked = type(self).epoch_hook is not DpSgdTrainer.epoch_hook
         with epoch_bar(self.epoch_progress, sum(hp.epochs for hp in hps)) as progress:
             results = loop.train_candidates(
-                hps, self.data, keys, progress=progress, on_epoch=on_epoch
-            )
+                hps, self.data, keys, progress=progress,
+                on_epoch=on_epoch if with_curve or hooked else None,
+                vectorize=execution["vectorized"],
+            )  # fmt: skip
         out: list[tuple[float, Any]] = []
         for i, r in enumerate(results):
             if r.failed:
@@ -173,15 +275,17 @@ class DpSgdTrainer(DatasetTrainer):
                 out.append((float("nan"), failure))
                 continue
             curve = test_curve.get(i, {})
+            history = [
+                {**h, **({"test_accuracy": curve[h["epoch"]]} if h.get("epoch") in curve else {})}
+                for h in r.history
+            ]
             payload = {
                 "params": jax.tree_util.tree_map(np.asarray, r.params),
-                "history": [
-                    {
-                        **h,
-                        **({"test_accuracy": curve[h["epoch"]]} if h.get("epoch") in curve else {}),
-                    }
-                    for h in r.history
+                "history": history,
+                "privacy_by_epoch": [
+                    self._privacy(hps[i], h["steps"]) for h in history if "steps" in h
                 ],
+                "execution": execution,
             }
             out.append((float(r.validation_score), payload))
         return out
@@ -220,26 +324,31 @@ class DpSgdTrainer(DatasetTrainer):
         return parallel.data_parallel(parallel.data_mesh(list(devices)))
 
     def release_view(self, hparams: Mapping[str, Any], payload: Any) -> ReleaseView:
-        """The parameters, the public per-epoch rows (``test_*`` on the public test split,
-        ``noisy_*`` privatised) and the final test accuracy; the exact training losses stay in
-        ``DIR/private/``: they are a non-private function of the data."""
+        """The parameters, the public per-epoch rows (``test_*`` on the public test split when the
+        curator asked for test curves, ``noisy_*`` privatised), their privacy so far, and the
+        test accuracy (one pass over the test split, for the released candidate only); the
+        exact training losses stay in ``DIR/private/``: they are a non-private function of the
+        data."""
         if not isinstance(payload, Mapping) or payload.get("params") is None:
             return ReleaseView(None)
+        use_compilation_cache(self.compilation_cache)
+        public = ("test_", "noisy_")
         history = [
-            {
-                "epoch": h["epoch"],
-                **{k: v for k, v in h.items() if k.startswith(("test_", "noisy_"))},
-            }
+            {"epoch": h["epoch"], **{k: v for k, v in h.items() if k.startswith(public)}}
             for h in payload.get("history", [])
             if "epoch" in h
         ]
+        privacy = list(payload.get("privacy_by_epoch", ()))
         test_acc = history[-1].get("test_accuracy") if history else None
         if test_acc is None and len(self.data.test_y):
             hp = self.hyperparams(hparams)
             test_acc = float(
                 evaluate(payload["params"], hp.model, self.data.test_x, self.data.test_y)
             )
-        return ReleaseView({"params": payload["params"]}, test_acc, history)
+        return ReleaseView(
+            {"params": payload["params"]}, test_acc, history,
+            privacy_by_epoch=privacy if len(privacy) == len(history) else (),
+        )  # fmt: skip
 
     def privacy_notes(self) -> list[str]:
         """Sentences for the privacy statement: how the validation split was formed, and which
@@ -380,6 +489,8 @@ class AuditDpSgdTrainer(DpSgdTrainer):
         with audit.fault(self.fault if self.fault in audit.FAULTS else None):
             out = super().train_many(hparams, rngs)
         for i, (score, payload) in enumerate(out):
+            if isinstance(payload, CandidateFailure):
+                continue  # journaled as the failure it is; never released, so no trace to read
             if self.canaries.kind == "gradient":
                 trace = self._trace.get(i) or [np.zeros((0, audit.GRADIENT_CANARY_SLOTS))]
                 payload["canary_trace"] = np.vstack(trace)

@@ -31,6 +31,7 @@ PATTERNS = [
     ("adjacencies", r"\badjacency=\"(\w+)\""),
     ("executors", r"--config\.executor\.kind=(\w+)"),
     ("executors", r"\bkind=\"(\w+)\""),
+    ("strategies", r"--config\.strategy\.name=(\w+)"),
 ]
 
 #: Names the docs may use that are not registry entries (``--selection=none``: one run, no tuning).

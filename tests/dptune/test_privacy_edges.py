@@ -384,9 +384,6 @@ class _LeakyCurveTrainer:
     def privacy(self, hp):
         return dp_event.GaussianDpEvent(5.0)
 
-    def privacy_by_epoch(self, hp):
-        return [dp_event.GaussianDpEvent(10.0), dp_event.GaussianDpEvent(5.0)]
-
     def __call__(self, hp, rng):
         self.trained += 1
         return float(rng.uniform()), {"w": np.ones(2)}
@@ -398,7 +395,9 @@ class _LeakyCurveTrainer:
             {"epoch": e, "test_accuracy": 0.5, "train_loss": 0.1, "candidates": self.trained}
             for e in (1, 2)
         ]
-        return ReleaseView(payload, 0.5, rows)
+        # the privacy after each epoch travels with the result (here: declared per epoch)
+        spent = [dp_event.GaussianDpEvent(10.0), dp_event.GaussianDpEvent(5.0)]
+        return ReleaseView(payload, 0.5, rows, privacy_by_epoch=spent)
 
 
 def test_a_release_holds_nothing_off_the_whitelist(tmp_path):
@@ -408,6 +407,7 @@ def test_a_release_holds_nothing_off_the_whitelist(tmp_path):
     )  # fmt: skip
     result = check_release_whitelist(tmp_path / "release")
     assert result["released"] and "validation_score" in result  # random stopping: covered
+    assert (tmp_path / "release" / "training_curve.json").exists()  # the curve, whitelisted
 
 
 def _exact_trainer(kind: str, score: float) -> FunctionTrainer:

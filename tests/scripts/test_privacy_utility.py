@@ -1,5 +1,5 @@
 """scripts/privacy_utility.py, small version: one total epsilon, one repetition, one epoch on the
-shipped MNIST-10k (the shipped config smoke). Checks the three budget-spending methods run,
+shipped MNIST-10k (the shipped config smoke). Checks the four budget-spending methods run,
 stay within the budget, and that the table and plot are written."""
 
 import importlib.util
@@ -31,6 +31,9 @@ def test_centre_of_the_space():
     c = pu.method_config(cfg, "best_of_k", 2.0)
     assert c["selection"] == {"method": "best_of_k", "k": 2} and c["privacy"]["epsilon"] == 2.0
     assert c["ledger"] == {"enabled": False}
+    c = pu.method_config(cfg, "subsampled", 2.0, 0.25, 0.2)
+    assert c["strategy"] == {"name": "subsampled", "fraction": 0.25, "tuning_epsilon": 0.4}
+    assert c["selection"] == cfg["selection"]  # the config's tuning, run on the subset
 
 
 @pytest.mark.slow  # a whole (small) study (~35 s)
@@ -41,7 +44,7 @@ def test_small_privacy_utility_run_on_mnist_10k(tmp_path):
         "--set", "train.epochs=1", "--out", str(tmp_path),
     ])  # fmt: skip
     rows = out["rows"]
-    assert sorted(r["method"] for r in rows) == ["best_of_k", "dptune", "untuned"]
+    assert sorted(r["method"] for r in rows) == ["best_of_k", "dptune", "subsampled", "untuned"]
     for r in rows:
         assert r["total_epsilon"] <= 4.0 + 1e-9
         if r["released"]:
@@ -54,6 +57,8 @@ def test_small_privacy_utility_run_on_mnist_10k(tmp_path):
     assert (tmp_path / "privacy_utility.png").stat().st_size > 1000
     table = (tmp_path / "privacy_utility.md").read_text()
     assert table.count("\n") == 3 and "| 4 |" in table
+    sub = next(r for r in rows if r["method"] == "subsampled")
+    assert sub["released"] and sub["total_epsilon"] > 3.9  # the composition uses the budget
 
 
 def test_merge_combines_parallel_repetitions_and_refuses_overlaps(tmp_path):

@@ -166,7 +166,7 @@ def test_model_family_is_a_privacy_irrelevant_hyperparameter(mnist, tmp_path, mo
         10, "mnist", 200, seed_split=1,
     )  # fmt: skip
     base = dict(batch_size=200, epochs=1, noise_multiplier=1.0, learning_rate=1.0, clip_norm=0.1)
-    tr = DpSgdTrainer(data, base, epoch_progress=False)
+    tr = DpSgdTrainer(data, base, epoch_progress=False, test_curve=True)
     models_ = ("cnn26k", "scatter_linear", "scatter_cnn")
     assert len({repr(tr.privacy({"model": m})) for m in models_}) == 1
     out = tr.train_many(

@@ -1,0 +1,376 @@
+"""Subsampled tuning (strategy ``subsampled``): tune on a per-record Poisson subset of the private
+data with a budget of its own, then train the selected hyperparameters once on all the data
+(Koskela & Kulkarni 2023, "Practical Differentially Private Hyperparameter Tuning with
+Subsampling", arXiv:2301.11989). The two phases are accounted as one composition
+(``dptune.accounting.subsampled``: the selection theorem on the subset, amplification by Poisson
+subsampling, PLD composition with the final run).
+
+It is built from ``dptune.tune``'s steps, run twice:
+
+1. ``plan_subsampled``: everything checkable without data; the tuning phase's noise (calibrated so
+   that the selection over the subset is (eps_T, delta_T)-DP on the subset, i.e. (tuning_epsilon,
+   delta') on the full data after amplification) and the final run's noise (calibrated so the
+   composition meets the total budget). Nothing private has run.
+2. The outer journal (``DIR/private/``) binds the config and draws, once, the subset's secret key
+   (32 bytes of OS entropy, or derived from ``seed``) and the run id; the whole run's (epsilon,
+   delta) is charged to the ledger once.
+3. Phase 1: ``tune`` on the subset's trainer (``trainer.subset(fraction, key)``) with the budget
+   (eps_T, delta_T), in ``DIR/private/tuning`` (its release is private: only the hyperparameters it
+   selects go on).
+4. Phase 2: ``tune`` of the one selected setting on all the data (best of 1) at the final noise, in
+   ``DIR/private/final``; its model, score and curve become the release, under the whole run's
+   statement (``DIR/release/``). If phase 1 releases nothing, nothing is released.
+
+A killed run resumes: each phase resumes from its own journal, the subset key and the plan are read
+back, never drawn again.
+
+The trainer must have the hook ``subset(fraction, key) -> trainer``: the same trainer on the
+records whose keyed hash falls below ``fraction`` (``DpSgdTrainer.subset``). Scope: add/remove
+adjacency (the amplification theorem's), the ``auto`` or ``pld`` accountant (the composition is by
+PLD), a calibrated (``"auto"``) noise multiplier.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dptune.accounting import subsampled as acc
+from dptune.accounting.events import with_adjacency
+from dptune.accounting.statement import PrivacyStatement
+from dptune.errors import ImpossibleBudgetError, TuningConfigError
+from dptune.ledger import Ledger
+from dptune.plan import AUTO, Budget, PrivacyPlan, as_budget, make_privacy_plan
+from dptune.release import Release, read_release, write_release
+from dptune.space import Space
+from dptune.trainer_protocol import as_candidate
+from dptune.tuner import _charge_ledger, _open_journal, tune
+from dptune.workdir_lock import holds_workdir_lock
+from selection.baselines import BestOfK
+
+__all__ = ["SubsampledPlan", "plan_subsampled", "tune_subsampled"]
+
+log = logging.getLogger("dptune")
+
+
+@dataclass(frozen=True)
+class SubsampledPlan:
+    """What the accountant promised for a subsampled tuning run, before anything private runs.
+
+    Attributes:
+      tuning: the budgets of the tuning phase (on the subset, and amplified to the full data).
+      tuning_plan: the privacy plan of the selection over the subset's candidates (its
+        ``calibrated`` noise is the tuning candidates').
+      calibrated: the final run's calibrated values (e.g. ``{"noise_multiplier": 3.9}``).
+      final_candidates: every privacy the final run may have (one per privacy-grid point).
+      statement: the whole run's statement (``dptune.accounting.subsampled``).
+    """
+
+    tuning: acc.SubsampledTuning
+    tuning_plan: PrivacyPlan
+    calibrated: Mapping[str, Any]
+    final_candidates: tuple
+    statement: PrivacyStatement
+
+
+def _check(trainer: Any, space: Space, accountant: str, adjacency: str) -> str:
+    if not hasattr(trainer, "subset"):
+        raise TuningConfigError(
+            f"strategy 'subsampled' needs a trainer with a subset(fraction, key) hook (the same "
+            f"trainer on a per-record subset); {type(trainer).__name__} has none: use strategy "
+            "'full'"
+        )
+    if adjacency != "add_remove":
+        raise TuningConfigError(
+            "strategy 'subsampled' is accounted under add/remove adjacency (amplification by "
+            "Poisson subsampling): set adjacency='add_remove' or use strategy 'full'"
+        )
+    if accountant not in ("auto", "pld"):
+        raise TuningConfigError(
+            f"strategy 'subsampled' composes the two phases by PLD: accountant={accountant!r} "
+            "has no route for it; use 'auto' or 'pld'"
+        )
+    field = getattr(trainer, "calibrated_field", "noise_multiplier")
+    if space.fields.get(field) != AUTO:
+        raise TuningConfigError(
+            f"strategy 'subsampled' calibrates {field} separately for the tuning candidates and "
+            f"the final run: set {field}='auto' in the space"
+        )
+    return field
+
+
+def plan_subsampled(
+    trainer: Any,
+    space: Space | Mapping[str, Any],
+    selection: Any,
+    budget: Budget | tuple[float, float],
+    *,
+    fraction: float,
+    tuning_epsilon: float,
+    subset_trainer: Any = None,
+    accountant: str = "auto",
+    seeded: bool = False,
+    adjacency: str = "add_remove",
+) -> SubsampledPlan:
+    """Checks the inputs and accounts a subsampled tuning run (module docstring, step 1).
+
+    Args:
+      trainer: the trainer on all the data (with a ``subset`` hook).
+      space, selection: the search space (``noise_multiplier="auto"``) and the selection method
+        run over the subset's candidates.
+      budget: the TOTAL (epsilon, delta) of both phases.
+      fraction: the subset's Poisson rate f in (0, 1).
+      tuning_epsilon: the tuning phase's epsilon on the full data (amplification included), in
+        (0, budget epsilon).
+      subset_trainer: ``trainer.subset(fraction, key)`` if already built (its privacy depends only
+        on public sizes); default: built with a throwaway key (nothing of it is trained).
+      accountant, seeded, adjacency: as ``dptune.tune``.
+    Raises:
+      TuningConfigError, ImpossibleBudgetError (one line each, nothing charged).
+    """
+    budget = as_budget(budget)
+    if not isinstance(space, Space):
+        try:
+            space = Space.from_config(space)
+        except ValueError as e:
+            raise TuningConfigError(str(e)) from None
+    field = _check(trainer, space, accountant, adjacency)
+    if not 0 < tuning_epsilon < budget.epsilon:
+        raise TuningConfigError(
+            f"tuning_epsilon={tuning_epsilon!r} must be > 0 and below the total epsilon "
+            f"{budget.epsilon:g} (the final run needs the rest)"
+        )
+    try:
+        tuning = acc.SubsampledTuning.from_budget(fraction, tuning_epsilon, budget.delta)
+    except ValueError as e:
+        raise TuningConfigError(str(e)) from None
+    sub = subset_trainer if subset_trainer is not None else trainer.subset(fraction, os.urandom(32))
+    try:
+        tuning_plan = make_privacy_plan(
+            sub, space, selection, Budget(tuning.subset_epsilon, tuning.subset_delta),
+            accountant=accountant, seeded=seeded, adjacency=adjacency,
+        )  # fmt: skip
+    except ImpossibleBudgetError as e:
+        raise ImpossibleBudgetError(
+            f"the tuning phase's budget (tuning_epsilon={tuning_epsilon:g} on the full data, "
+            f"{tuning.subset_epsilon:.4g} on the subset of rate {fraction:g}) is too small for "
+            f"its candidates: raise strategy.tuning_epsilon or strategy.fraction ({e})"
+        ) from None
+    eps_t, delta_t = acc.amplify(
+        tuning_plan.statement.total_epsilon, tuning_plan.statement.delta, fraction
+    )
+    # The final run may get any setting of the privacy grid the tuning phase enumerated (the
+    # tuning plan's space carries every privacy-relevant field, probed ones included).
+    grid_space = tuning_plan.space
+    grid = grid_space.privacy_grid()
+
+    def final_candidates(sigma: float) -> list[Any]:
+        return [
+            with_adjacency(
+                as_candidate(trainer.privacy({**grid_space.example(), **combo, field: sigma})),
+                adjacency,
+            )
+            for combo in grid
+        ]
+
+    try:
+        final_candidates(1.0)  # invalid settings raise their own message here
+        sigma = acc.calibrate_final(final_candidates, eps_t, delta_t, budget.epsilon, budget.delta)
+        cands = final_candidates(sigma)
+        notes = tuple(trainer.privacy_notes()) if hasattr(trainer, "privacy_notes") else ()
+        notes += (
+            f"Tuning on a per-record Poisson subset of rate {fraction:g} (each record's membership "
+            "a keyed hash of that record alone under a secret key), then one final run on all the "
+            "data with the selected hyperparameters.",
+        )
+        statement = acc.subsampled_statement(
+            cands, tuning_plan.statement, fraction, budget.delta, seeded=seeded, notes=notes
+        )
+    except ValueError as e:
+        raise ImpossibleBudgetError(
+            f"no final {field.replace('_', ' ')} meets the total budget (epsilon="
+            f"{budget.epsilon:g}, delta={budget.delta:g}) after a tuning phase of epsilon "
+            f"{tuning_epsilon:g}: lower strategy.tuning_epsilon or raise the budget ({e})"
+        ) from None
+    # What the statement rests on: the tuning phase's basis (``make_privacy_plan``), plus what
+    # this strategy's code guarantees.
+    basis = tuning_plan.statement
+    statement = dataclasses.replace(
+        statement,
+        assumptions=basis.assumptions,
+        checked=tuple(basis.checked)
+        + (
+            "the tuning subset is drawn per record: a keyed hash of each record and its copy "
+            "number under a secret 32-byte key (trainers.data.record_subset_mask), so adding or "
+            "removing a record changes only its own membership (Poisson subsampling)",
+            "the final run's setting is one the statement accounted, checked before it trains",
+        ),
+        trainer_word=basis.trainer_word,
+        published=basis.published,
+    )
+    if statement.total_epsilon > budget.epsilon * (1 + 1e-9):
+        raise ImpossibleBudgetError(
+            f"the run would cost epsilon={statement.total_epsilon:.4g} > budget {budget.epsilon:g}"
+        )
+    return SubsampledPlan(
+        tuning=tuning,
+        tuning_plan=tuning_plan,
+        calibrated={field: float(sigma)},
+        final_candidates=tuple(dict.fromkeys(cands)),
+        statement=statement,
+    )
+
+
+def _subset_key(journal: Any, seed: int | None) -> bytes:
+    """The subset's secret key, drawn once (OS entropy; from ``seed`` for debugging)."""
+    if seed is None:
+        fresh = os.urandom(32).hex()
+    else:
+        fresh = hashlib.blake2b(
+            f"dptune/subset-key/{int(seed)}".encode(), digest_size=32
+        ).hexdigest()
+    return bytes.fromhex(journal.set_once("subset_key", fresh))
+
+
+@holds_workdir_lock  # one run per workdir, for the whole run (dptune/workdir_lock.py)
+def tune_subsampled(
+    trainer: Any,
+    space: Space | Mapping[str, Any],
+    selection: Any,
+    budget: Budget | tuple[float, float],
+    *,
+    fraction: float,
+    tuning_epsilon: float,
+    workdir: str | os.PathLike | None = None,
+    seed: int | None = None,
+    accountant: str = "auto",
+    ledger: Ledger | str | os.PathLike | None = None,
+    dataset_budget: Budget | tuple[float, float] | None = None,
+    fingerprint: str | None = None,
+    config: Mapping[str, Any] | None = None,
+    progress: bool = True,
+    adjacency: str = "add_remove",
+    executor: Any = None,
+) -> Release:
+    """Tunes on a per-record Poisson subset, retrains the selection on all the data, and releases
+    that final model under one statement for both phases (module docstring).
+
+    Args are those of ``dptune.tune`` (no ``debug_nonprivate``, no ``group_size``: pass an
+    executor), plus ``fraction`` (the subset's Poisson rate, in (0, 1)) and ``tuning_epsilon`` (the
+    tuning phase's epsilon on the full data, amplification included; the final run gets the rest
+    of ``budget`` by composition). Returns the :class:`~dptune.release.Release` of the final run
+    (also written to ``workdir/release/``).
+    """
+    budget = as_budget(budget)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise TuningConfigError(f"seed={seed!r} must be a non-negative integer or None")
+    if not isinstance(space, Space):
+        try:
+            space = Space.from_config(space)
+        except ValueError as e:
+            raise TuningConfigError(str(e)) from None
+    _check(trainer, space, accountant, adjacency)
+    if config is None:
+        config = {
+            "strategy": {
+                "name": "subsampled",
+                "fraction": fraction,
+                "tuning_epsilon": tuning_epsilon,
+            },
+            "space": space.to_dict(),
+            "selection": selection.privacy.describe() if hasattr(selection, "privacy") else None,
+            "budget": [budget.epsilon, budget.delta],
+            "trainer": getattr(trainer, "describe", lambda: {"kind": type(trainer).__name__})(),
+            "seed": seed,
+            "accountant": accountant,
+        }
+    root = None if workdir is None else Path(workdir)
+    private_dir = None if root is None else root / "private"
+    # An existing run: a changed config is refused before any (slow) accounting.
+    journal = _open_journal(private_dir, config, existing_only=True)
+    try:
+        log.info("accounting: calibrating the tuning candidates' and the final run's noise")
+        # The subset trainer's privacy depends on public sizes only, so the plan is the same for
+        # every key: it is computed before anything is written (a refusal leaves no workdir).
+        plan = plan_subsampled(
+            trainer, space, selection, budget, fraction=fraction, tuning_epsilon=tuning_epsilon,
+            accountant=accountant, seeded=seed is not None, adjacency=adjacency,
+        )  # fmt: skip
+        journal = journal or _open_journal(private_dir, config)
+        release_dir = None if root is None else root / "release"
+        if release_dir is not None and journal.get("released_at") and release_dir.exists():
+            log.info("this run already finished; its release is in %s", release_dir)
+            return read_release(release_dir)
+        sub = trainer.subset(fraction, _subset_key(journal, seed))
+        run_id = journal.set_once("run_id", uuid.uuid4().hex)
+        calibrated = {
+            "tuning": dict(plan.tuning_plan.calibrated),
+            "final": dict(plan.calibrated),
+        }
+        if journal.get("calibrated", calibrated) != calibrated:
+            raise TuningConfigError(
+                f"this run was planned with {journal.get('calibrated')} but the accountant now "
+                f"gives {calibrated} (a different dptune version?): finish it with the version "
+                "that started it, or start a new workdir"
+            )
+        journal.set_once("calibrated", calibrated)
+        journal.set_once("privacy", plan.statement.to_dict())
+        if ledger is not None:
+            _charge_ledger(
+                ledger, trainer, plan, run_id, budget, dataset_budget, fingerprint, workdir
+            )
+        journal.set_once("started_at", time.time())
+        phase = {"accountant": accountant, "progress": progress, "adjacency": adjacency,
+                 "executor": executor}  # fmt: skip
+        tuned = tune(
+            sub, space, selection, Budget(plan.tuning.subset_epsilon, plan.tuning.subset_delta),
+            workdir=None if private_dir is None else private_dir / "tuning", seed=seed,
+            config={"phase": "tuning", "run_id": run_id, "outer": dict(config)}, **phase,
+        )  # fmt: skip
+        privacy = plan.statement.to_dict()
+        privacy.update(budget_epsilon=budget.epsilon, budget_delta=budget.delta)
+        if not tuned.released:
+            release = Release(False, None, None, None, privacy, plan.statement.to_text())
+        else:
+            release = _final(trainer, plan, tuned, budget, private_dir, seed, run_id, config, phase)
+            release = dataclasses.replace(
+                release, privacy=privacy, privacy_text=plan.statement.to_text()
+            )
+        release.private = {"tuning": tuned.private}
+        if release_dir is not None:
+            write_release(release, release_dir)
+            journal.set("released_at", time.time())
+        return release
+    finally:
+        if journal is not None:
+            journal.close()
+
+
+def _final(trainer, plan, tuned, budget, private_dir, seed, run_id, config, phase) -> Release:
+    """Phase 2: the selected setting once on all the data at the final noise (best of 1)."""
+    hp = {**dict(tuned.hparams), **dict(plan.calibrated)}
+    cand = with_adjacency(as_candidate(trainer.privacy(hp)), phase["adjacency"])
+    dominating = acc.final_candidate(plan.final_candidates)
+    if cand not in plan.final_candidates and cand != dominating:
+        # Never expected (the tuning phase drew from the same privacy grid); refuse rather than
+        # train a run the statement may not cover.
+        raise TuningConfigError(
+            f"the selected setting's final run {cand} is not one the statement accounted"
+        )
+    # One-value choices: the space of one candidate (tune refuses a space with nothing drawn).
+    final_space = Space({name: {"distribution": "choice", "values": [v]} for name, v in hp.items()})
+    return tune(
+        trainer, final_space, BestOfK(1), budget,
+        workdir=None if private_dir is None else private_dir / "final",
+        seed=None if seed is None else seed + 1,
+        config={"phase": "final", "run_id": run_id, "hparams": hp, "outer": dict(config)},
+        **phase,
+    )  # fmt: skip
