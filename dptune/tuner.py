@@ -351,7 +351,7 @@ def _tune_checked(pre: Preflight, trainer, selection, executor, seed, progress, 
             # the event a trainer reports is compared with what was accounted, not a fresh call
             trainer.bind_accounted([(plan.hparams(r.hparams), checked[r.index]) for r in drawn])
         if pre.ledger is not None:
-            _charge_ledger(pre, trainer, run_id)
+            _charge_preflight(pre, trainer, run_id)
         journal.set_once("started_at", time.time())
         records = {r.index: r for r in journal.candidates()}
         payloads: dict[int, Any] = {}
@@ -519,13 +519,20 @@ def _when(t: Any) -> str:
 
 
 def _open_journal(
-    private_dir: Path | None, config: Mapping[str, Any], code: Mapping[str, Any]
+    private_dir: Path | None,
+    config: Mapping[str, Any],
+    code: Mapping[str, Any] | None = None,
+    existing_only: bool = False,
 ) -> Any:
-    """The run's journal bound to ``config`` and ``code`` (in memory without a workdir)."""
+    """The run's journal bound to ``config`` and ``code`` (None: not bound to code; in memory
+    without a workdir); with ``existing_only``, None unless a journal is already there."""
+    if existing_only and (private_dir is None or not (private_dir / JOURNAL_FILE).exists()):
+        return None
     journal: Any = MemoryJournal() if private_dir is None else Journal(private_dir)
     try:
         journal.bind_config(dict(config))
-        journal.bind_code(dict(code))
+        if code is not None:
+            journal.bind_code(dict(code))
         journal.check_complete()
     except BaseException:
         journal.close()
@@ -573,21 +580,39 @@ def _draw_plan(journal: Any, plan: PrivacyPlan, selection: Any, seed: int | None
     return run_id, _plan_from_dict(selection, plan_dict)
 
 
-def _charge_ledger(pre: Preflight, trainer: Any, run_id: str) -> None:
-    """Charges the run to the dataset's budget before anything private runs (refused: nothing
-    trains)."""
-    st = pre.plan.statement
-    dsb = pre.dataset_budget
-    with Ledger(pre.ledger) as led:
+def _charge_preflight(pre: Preflight, trainer: Any, run_id: str) -> None:
+    """Charges the run that ``preflight`` checked to the dataset's budget, before anything
+    private runs (refused: nothing trains)."""
+    _charge_ledger(
+        pre.ledger, trainer, pre.plan, run_id, pre.budget, pre.dataset_budget, pre.fingerprint,
+        pre.workdir,
+    )  # fmt: skip
+
+
+def _charge_ledger(ledger, trainer, plan, run_id, budget, dataset_budget, fingerprint, workdir):
+    """Charges ``plan.statement``'s (epsilon, delta) to the dataset's budget in ``ledger`` (a
+    path, a Ledger or DEFAULT_LEDGER); ``dataset_budget`` None: the registered budget, or (a new
+    dataset) this run's, with a warning. Also what ``dptune.subsampled`` charges its run with."""
+    del budget  # the run's budget is the statement's bound; a new dataset registers its own
+    path = _ledger_path(ledger)
+    fp = fingerprint or getattr(trainer, "fingerprint", None)
+    if not fp:
+        raise TuningConfigError(
+            "a ledger needs the dataset's fingerprint: pass fingerprint= or a trainer with a "
+            ".fingerprint"
+        )
+    st = plan.statement
+    dsb = None if dataset_budget is None else as_budget(dataset_budget)
+    with Ledger(path) as led:
         spend = led.charge(
-            pre.fingerprint,
+            fp,
             run_id,
             float(st.total_epsilon),
             float(st.delta),
             budget_epsilon=None if dsb is None else dsb.epsilon,
             budget_delta=None if dsb is None else dsb.delta,
             name=_dataset_name(trainer),
-            workdir=str(pre.workdir or ""),
+            workdir=str(workdir or ""),
         )
     if spend.registered:
         # A budget the run states is explicit: INFO. One taken from the run itself: a WARNING,
@@ -597,16 +622,16 @@ def _charge_ledger(pre: Preflight, trainer: Any, run_id: str) -> None:
             "ledger %s: dataset %s (%s) had no lifetime budget; registered (epsilon=%g, "
             "delta=%g) %s. Every later run on it must fit in what is left; change it with "
             "`dptune ledger --dataset=%s --budget_epsilon=E --budget_delta=D`",
-            pre.ledger, spend.name or "?", pre.fingerprint[:12], spend.budget_epsilon,
+            path, spend.name or "?", fp[:12], spend.budget_epsilon,
             spend.budget_delta,
             "as this run states it" if dsb is not None else "from this run's own budget",
-            pre.fingerprint[:12],
+            fp[:12],
         )  # fmt: skip
     log.info(
         "ledger %s: this run costs epsilon=%.4g; dataset %s has spent %.4g of %.4g",
-        pre.ledger,
+        path,
         st.total_epsilon,
-        pre.fingerprint[:12],
+        fp[:12],
         spend.spent_epsilon,
         spend.budget_epsilon,
     )
