@@ -35,6 +35,8 @@ _EXPORTS = {
     "load_release": "dptune.release",
     "TuningConfigError": "dptune.errors",
     "ImpossibleBudgetError": "dptune.errors",
+    "StateError": "dptune.errors",
+    "CandidateFailure": "dptune.errors",
     "Space": "dptune.space",
     "Release": "dptune.release",
     "read_release": "dptune.release",

@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dptune.errors import CandidateFailure, CodeChangedError, StateError
 from dptune.owner_only import create_file, open_new, private_folder
+from dptune.state_files import open_state_db
 
 JOURNAL_FILE = "journal.sqlite"
 
@@ -42,7 +44,28 @@ CREATE TABLE IF NOT EXISTS candidates (
     seconds REAL,
     updated REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS failures (
+    idx INTEGER PRIMARY KEY,
+    type TEXT NOT NULL,
+    message TEXT NOT NULL,
+    traceback TEXT NOT NULL
+);
 """
+
+#: The tables of a journal and the columns dptune reads (``failures``: since 0.1.0's failure
+#: records; a journal written before them lacks it and gets it on the next write).
+_TABLES = {
+    "meta": {"key", "value"},
+    "candidates": {"idx", "seed", "hparams", "status", "score", "failed", "attempts", "seconds"},
+}
+_OPTIONAL_TABLES = {"failures": {"idx", "type", "message", "traceback"}}
+
+
+def _fix(private_dir: Path) -> str:
+    return (
+        f"Use a new --workdir for a new run (any ledger charge of this one stays), or restore "
+        f"{private_dir} from a backup to resume it"
+    )
 
 
 class ConfigChangedError(RuntimeError):
@@ -64,15 +87,28 @@ class CandidateRecord:
 
 
 class Journal:
-    """SQLite journal of one tuning run in the ``private/`` folder (created if missing)."""
+    """SQLite journal of one tuning run in the ``private/`` folder (created if missing).
 
-    def __init__(self, private_dir: str | os.PathLike) -> None:
-        # Owner-only (0700, files 0600): it holds K and every score (dptune.owner_only).
-        self.dir = private_folder(private_dir)
-        self.path = create_file(self.dir / JOURNAL_FILE)
+    An existing file is checked first (``dptune.state_files``): an empty, corrupt or foreign file
+    is refused with a :class:`~dptune.errors.StateError`, never taken for a new journal.
+    ``readonly=True`` opens an existing journal without writing anything (``dptune inspect``,
+    ``--dry_run``)."""
+
+    def __init__(self, private_dir: str | os.PathLike, *, readonly: bool = False) -> None:
+        self.dir = Path(private_dir)
+        self.path = self.dir / JOURNAL_FILE
+        if not readonly:
+            # Owner-only (0700, files 0600): it holds K and every score (dptune.owner_only).
+            self.dir = private_folder(private_dir)
         # isolation_level=None: we issue BEGIN/COMMIT ourselves so every write is one explicit
         # transaction.
-        self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+        self._db = open_state_db(
+            self.path, kind="journal", tables=_TABLES, optional=_OPTIONAL_TABLES,
+            fix=_fix(self.dir), readonly=readonly, make_file=create_file,
+        )  # fmt: skip
+        self.readonly = readonly
+        if readonly:
+            return
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         for stmt in filter(None, (s.strip() for s in _SCHEMA.split(";"))):
@@ -126,8 +162,8 @@ class Journal:
         Raises ConfigChangedError naming the differing keys if the workdir belongs to another
         config."""
         canonical = json.loads(json.dumps(config, sort_keys=True))
-        stored = self.set_once("config", canonical)
-        if stored != canonical:
+        stored = self.get("config") if self.readonly else self.set_once("config", canonical)
+        if stored is not None and stored != canonical:
             diff = sorted(_diff_keys(stored, canonical))
             raise ConfigChangedError(
                 f"{self.dir.parent} already holds a run with a different config (differs at: "
@@ -136,6 +172,32 @@ class Journal:
                 "use a new --workdir, or rerun with the original config to resume."
             )
         return self.get("started_at") is not None
+
+    def bind_code(self, code: dict[str, Any]) -> None:
+        """Records which code runs this workdir (dptune's version, the trainer's code digest), or
+        checks it against the recorded one: CodeChangedError if a resume (or a rerun of a finished
+        run) would mix the candidates, or the release, of two trainers."""
+        canonical = json.loads(json.dumps(code, sort_keys=True))
+        stored = self.get("code") if self.readonly else self.set_once("code", canonical)
+        if stored is not None and stored != canonical:
+            what = sorted(_diff_keys(stored, canonical))
+            finished = self.get("released_at") is not None
+            raise CodeChangedError(
+                f"{self.dir.parent} holds a run {'finished' if finished else 'started'} by other "
+                f"code (changed: {', '.join(what)}), e.g. a trainer edited since: "
+                + (
+                    "its release belongs to the old code. "
+                    if finished
+                    else "resuming it would mix candidates of two trainers. "
+                )
+                + "Use a new --workdir to run this code (a new run, charged anew), or restore "
+                "the old code to resume this one"
+            )
+
+    def meta(self) -> dict[str, Any]:
+        """Every meta key and value (the curator's view: ``dptune inspect``)."""
+        rows = self._db.execute("SELECT key, value FROM meta ORDER BY key").fetchall()
+        return {k: json.loads(v) for k, v in rows}
 
     # --- candidates
     # --------------------------------------------------------------------------------------------
@@ -158,8 +220,14 @@ class Journal:
             )
 
     def mark_done(
-        self, index: int, score: float, failed: bool, seconds: float | None = None
+        self,
+        index: int,
+        score: float,
+        failed: bool,
+        seconds: float | None = None,
+        failure: CandidateFailure | None = None,
     ) -> None:
+        """Marks a candidate done (with its failure's record, in the same transaction)."""
         with self._tx():
             self._db.execute(
                 "UPDATE candidates SET status = 'done', score = ?, failed = ?, seconds = ?, "
@@ -167,6 +235,28 @@ class Journal:
                 "WHERE idx = ?",
                 (float(score), int(bool(failed)), seconds, time.time(), index),
             )
+            if failure is not None:
+                self._db.execute(
+                    "INSERT OR REPLACE INTO failures (idx, type, message, traceback) "
+                    "VALUES (?, ?, ?, ?)",
+                    (index, failure.type, failure.message, failure.traceback),
+                )
+
+    def failures(self) -> dict[int, CandidateFailure]:
+        """Each failed candidate's recorded failure, by index (journals written before failure
+        records hold none)."""
+        try:
+            rows = self._db.execute(
+                "SELECT idx, type, message, traceback FROM failures ORDER BY idx"
+            ).fetchall()
+        except sqlite3.OperationalError:  # an older journal opened read-only: no such table
+            return {}
+        return {r[0]: CandidateFailure(r[1], r[2], r[3]) for r in rows}
+
+    def seconds(self) -> dict[int, float | None]:
+        """Each finished candidate's training time in seconds, by index (curator's view)."""
+        rows = self._db.execute("SELECT idx, seconds FROM candidates ORDER BY idx").fetchall()
+        return {r[0]: r[1] for r in rows}
 
     def candidates(self) -> list[CandidateRecord]:
         rows = self._db.execute(
@@ -209,6 +299,26 @@ class Journal:
         with open(self.payload_path(index), "rb") as f:
             return pickle.load(f)
 
+    def check_complete(self) -> None:
+        """Refuses a partial journal (StateError naming what is missing): a plan without its
+        candidates, or a finished candidate whose payload file is gone (a workdir copied without
+        ``private/candidates/``). A resume of such a journal would crash or re-draw."""
+        plan = self.get("plan")
+        rows = self.candidates()
+        fix = _fix(self.dir)
+        if plan is not None and len(rows) < int(plan.get("num_trials", 0)):
+            raise StateError(
+                f"the journal {self.path} is partial: its plan's candidates are missing. {fix}"
+            )
+        if plan is None and rows:
+            raise StateError(f"the journal {self.path} is partial: it has no plan. {fix}")
+        for r in rows:
+            if r.status == "done" and not r.failed and not self.payload_path(r.index).exists():
+                raise StateError(
+                    f"{self.payload_path(r.index)} is missing: a finished candidate's result is "
+                    f"gone (was the workdir copied without {self.dir / 'candidates'}?). {fix}"
+                )
+
 
 class _Tx:
     """``with``-block running BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error)."""
@@ -242,6 +352,7 @@ class MemoryJournal:
         self._meta: dict[str, Any] = {}
         self._rows: dict[int, Any] = {}
         self._payloads: dict[int, bytes] = {}
+        self._failures: dict[int, CandidateFailure] = {}
 
     def bind_config(self, config: dict[str, Any]) -> bool:
         self._meta["config"] = config
@@ -267,8 +378,23 @@ class MemoryJournal:
         pass
 
     def mark_done(
-        self, index: int, score: float, failed: bool, seconds: float | None = None
+        self,
+        index: int,
+        score: float,
+        failed: bool,
+        seconds: float | None = None,
+        failure: CandidateFailure | None = None,
     ) -> None:
+        if failure is not None:
+            self._failures[index] = failure
+
+    def failures(self) -> dict[int, CandidateFailure]:
+        return dict(self._failures)
+
+    def bind_code(self, code: dict[str, Any]) -> None:
+        self._meta.setdefault("code", code)
+
+    def check_complete(self) -> None:
         pass
 
     def write_payload(self, index: int, data: bytes) -> None:

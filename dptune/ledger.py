@@ -1,9 +1,14 @@
 """The privacy ledger: every tuning run's spend, per dataset, in one SQLite file shared by all runs.
 
 A dataset is identified by its fingerprint (``Dataset.fingerprint()``: sha256 of the training and
-validation arrays), so the same data under another name or folder is the same dataset. The first
-charge against a dataset registers its total budget (epsilon, delta); each run's (epsilon, delta) is
-then added and a run that would exceed the budget is refused *before* any private computation.
+validation arrays), so the same data under another name or folder is the same dataset. A dataset's
+lifetime budget (epsilon, delta) is set explicitly (``dptune ledger --dataset=ID
+--budget_epsilon=E --budget_delta=D``, ``Ledger.set_budget``, or a run's stated
+``config.ledger.budget_epsilon`` / ``dataset_budget=``); a run on a dataset the ledger has never
+seen, with no budget stated, registers the run's own budget as the lifetime budget and says so in a
+warning (the safe direction: later runs must fit in what this one spends). Each run's (epsilon,
+delta) is then added and a run that would exceed the budget is refused *before* any private
+computation.
 
 Runs compose by basic sequential composition: total epsilon = sum of epsilons, total delta = sum of
 deltas (Dwork & Roth 2014, "The Algorithmic Foundations of Differential Privacy", Thm 3.16). It is
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dptune.owner_only import create_file, private_folder
+from dptune.state_files import open_state_db
 
 #: Relative slack for float sums when comparing against a budget (1e-9 of the budget).
 _REL_TOL = 1e-9
@@ -34,6 +40,20 @@ _SCHEMA = (
     REFERENCES datasets(fingerprint), epsilon REAL NOT NULL, delta REAL NOT NULL, workdir TEXT, note
     TEXT, created REAL NOT NULL)""",
 )
+
+
+#: The tables of a ledger and the columns dptune reads.
+_TABLES = {
+    "datasets": {"fingerprint", "name", "epsilon", "delta", "created"},
+    "charges": {"run_id", "fingerprint", "epsilon", "delta", "workdir", "note", "created"},
+}
+
+
+def _fix(path: Path) -> str:
+    return (
+        f"Restore {path} from a backup (it holds every dataset's spend), or point dptune at "
+        "another ledger (config.ledger.path, $DPTUNE_LEDGER); deleting it forgets every spend"
+    )
 
 
 def default_ledger_path() -> Path:
@@ -60,6 +80,9 @@ class Spend:
     spent_epsilon: float
     spent_delta: float
     runs: int
+    #: the dataset's budget was registered by this charge (the first run on it)
+    registered: bool = False
+    name: str = ""
 
     @property
     def remaining_epsilon(self) -> float:
@@ -71,18 +94,25 @@ class Spend:
 
 
 class Ledger:
-    """Per-dataset budget ledger in one SQLite file (created with its folder if missing)."""
+    """Per-dataset budget ledger in one SQLite file (created with its folder if missing).
 
-    def __init__(self, path: str | os.PathLike | None = None) -> None:
+    An existing file is checked first: an empty, corrupt or foreign file is refused
+    (:class:`~dptune.errors.StateError` naming it), never taken for a new, empty ledger.
+    ``readonly=True`` opens an existing ledger without writing (``--dry_run``, listing)."""
+
+    def __init__(self, path: str | os.PathLike | None = None, *, readonly: bool = False) -> None:
         self.path = Path(path) if path is not None else default_ledger_path()
-        # The curator's file (fingerprints and spends): a new folder is 0700, the file 0600.
-        if not self.path.parent.is_dir():
+        if not readonly and not self.path.parent.is_dir():
+            # The curator's file (fingerprints and spends): a new folder is 0700, the file 0600.
             private_folder(self.path.parent, "the ledger's folder")
-        create_file(self.path)
-        self._db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
+        self._db = open_state_db(
+            self.path, kind="ledger", tables=_TABLES, fix=_fix(self.path), readonly=readonly,
+            timeout=60.0, make_file=create_file,
+        )  # fmt: skip
         self._db.execute("PRAGMA busy_timeout = 60000")
-        for stmt in _SCHEMA:
-            self._db.execute(stmt)
+        if not readonly:
+            for stmt in _SCHEMA:
+                self._db.execute(stmt)
 
     def close(self) -> None:
         self._db.close()
@@ -103,6 +133,75 @@ class Ledger:
             is not None
         )
 
+    def check(
+        self,
+        fingerprint: str,
+        run_id: str | None,
+        epsilon: float,
+        delta: float,
+        *,
+        budget_epsilon: float | None = None,
+        budget_delta: float | None = None,
+        name: str = "",
+    ) -> Spend:
+        """What :meth:`charge` would do, without writing: the dataset's spend after this run
+        (``registered`` if the run would register the dataset's budget). Raises as ``charge``.
+
+        A budget left None is the registered one (or, for a dataset the ledger has never seen,
+        the run's own (epsilon, delta))."""
+        _check_numbers(epsilon, delta, budget_epsilon, budget_delta)
+        return self._check(self._db, fingerprint, run_id, epsilon, delta, budget_epsilon,
+                           budget_delta, name)  # fmt: skip
+
+    def _check(self, db, fingerprint, run_id, epsilon, delta, budget_epsilon, budget_delta, name):
+        row = db.execute(
+            "SELECT epsilon, delta FROM datasets WHERE fingerprint = ?", (fingerprint,)
+        ).fetchone()
+        label = name or fingerprint[:12]
+        if row is None:
+            b_eps = epsilon if budget_epsilon is None else budget_epsilon
+            b_delta = delta if budget_delta is None else budget_delta
+            before = Spend(fingerprint, float(b_eps), float(b_delta), 0.0, 0.0, 0, True, name)
+        else:
+            stated_eps = row[0] if budget_epsilon is None else budget_epsilon
+            stated_delta = row[1] if budget_delta is None else budget_delta
+            if not (_close(row[0], stated_eps) and _close(row[1], stated_delta)):
+                raise LedgerBudgetMismatchError(
+                    f"the ledger {self.path} holds a lifetime budget of (epsilon={row[0]:g}, "
+                    f"delta={row[1]:g}) for dataset {label}, but this run states "
+                    f"(epsilon={stated_eps:g}, delta={stated_delta:g}): state the registered one "
+                    "or none (config.ledger.budget_epsilon / budget_delta), or change it with "
+                    f"`dptune ledger --dataset={fingerprint[:12]} --budget_epsilon=... "
+                    "--budget_delta=...`"
+                )
+            before = _spend(db, fingerprint)
+            assert before is not None
+        if run_id is not None and self._charged(db, run_id):
+            return before
+        new_eps = before.spent_epsilon + epsilon
+        new_delta = before.spent_delta + delta
+        if new_eps > before.budget_epsilon * (1 + _REL_TOL) or new_delta > before.budget_delta * (
+            1 + _REL_TOL
+        ):
+            raise BudgetExceededError(
+                "refused before any private computation: this run costs "
+                f"(epsilon={epsilon:.4g}, delta={delta:.3g}) but dataset {label} has spent "
+                f"(epsilon={before.spent_epsilon:.4g}, delta={before.spent_delta:.3g}) of its "
+                f"budget (epsilon={before.budget_epsilon:.4g}, delta={before.budget_delta:.3g}) "
+                f"in {before.runs} run(s); ledger: {self.path}. Lower this run's budget "
+                "(config.privacy.epsilon), or raise the dataset's with `dptune ledger`"
+            )
+        return Spend(
+            fingerprint, before.budget_epsilon, before.budget_delta, new_eps, new_delta,
+            before.runs + 1, before.registered, name,
+        )  # fmt: skip
+
+    @staticmethod
+    def _charged(db: sqlite3.Connection, run_id: str) -> bool:
+        return (
+            db.execute("SELECT 1 FROM charges WHERE run_id = ?", (run_id,)).fetchone() is not None
+        )
+
     def charge(
         self,
         fingerprint: str,
@@ -110,8 +209,8 @@ class Ledger:
         epsilon: float,
         delta: float,
         *,
-        budget_epsilon: float,
-        budget_delta: float,
+        budget_epsilon: float | None = None,
+        budget_delta: float | None = None,
         name: str = "",
         workdir: str = "",
         note: str = "",
@@ -120,63 +219,101 @@ class Ledger:
 
         Args: fingerprint: the dataset's fingerprint. run_id: unique id of the run (a resumed run
         passes the same id and is not charged twice). epsilon, delta: the run's total (epsilon,
-        delta), tuning included. budget_epsilon, budget_delta: the dataset's total budget; registers
-        it on the first charge, and must equal the registered budget afterwards. Raises:
-        BudgetExceededError: the charge would exceed the budget (nothing is recorded).
-        LedgerBudgetMismatchError: the stated budget differs from the registered one."""
-        for label, x in (("epsilon", epsilon), ("budget_epsilon", budget_epsilon)):
-            if not x > 0:
-                raise ValueError(f"ledger: {label} must be > 0, got {x}")
-        for label, x in (("delta", delta), ("budget_delta", budget_delta)):
-            if not 0 <= x < 1:
-                raise ValueError(f"ledger: {label} must be in [0, 1), got {x}")
+        delta), tuning included. budget_epsilon, budget_delta: the dataset's lifetime budget as
+        stated by the run: None uses the registered one; a dataset the ledger has never seen is
+        registered with the stated budget, or with the run's own (epsilon, delta) when none is
+        stated (``Spend.registered`` then says so). Raises: BudgetExceededError: the charge would
+        exceed the budget (nothing is recorded). LedgerBudgetMismatchError: the stated budget
+        differs from the registered one."""
+        _check_numbers(epsilon, delta, budget_epsilon, budget_delta)
         db = self._db
         db.execute(
             "BEGIN IMMEDIATE"
         )  # takes the write lock before reading: concurrent charges serialise
         try:
-            row = db.execute(
-                "SELECT epsilon, delta FROM datasets WHERE fingerprint = ?", (fingerprint,)
-            ).fetchone()
-            if row is None:
+            after = self._check(db, fingerprint, run_id, epsilon, delta, budget_epsilon,
+                                budget_delta, name)  # fmt: skip
+            if after.registered:
                 db.execute(
                     "INSERT INTO datasets (fingerprint, name, epsilon, delta, created) VALUES (?, "
                     "?, ?, ?, ?)",
-                    (fingerprint, name, float(budget_epsilon), float(budget_delta), time.time()),
+                    (fingerprint, name, after.budget_epsilon, after.budget_delta, time.time()),
                 )
-            elif not (_close(row[0], budget_epsilon) and _close(row[1], budget_delta)):
-                raise LedgerBudgetMismatchError(
-                    f"the ledger {self.path} registered a budget of (epsilon={row[0]}, "
-                    f"delta={row[1]}) for "
-                    f"dataset {name or fingerprint[:12]}, but this run states "
-                    f"(epsilon={budget_epsilon}, "
-                    f"delta={budget_delta}). A dataset's budget is fixed once registered; state "
-                    "the same one "
-                    "(config.ledger.budget_epsilon / budget_delta)."
-                )
-            if db.execute("SELECT 1 FROM charges WHERE run_id = ?", (run_id,)).fetchone() is None:
-                before = _spend(db, fingerprint)
-                assert before is not None
-                new_eps = before.spent_epsilon + epsilon
-                new_delta = before.spent_delta + delta
-                if new_eps > before.budget_epsilon * (
-                    1 + _REL_TOL
-                ) or new_delta > before.budget_delta * (1 + _REL_TOL):
-                    raise BudgetExceededError(
-                        "refused before any private computation: this run costs "
-                        f"(epsilon={epsilon:.4g}, "
-                        f"delta={delta:.3g}) but dataset {name or fingerprint[:12]} has spent "
-                        f"(epsilon={before.spent_epsilon:.4g}, delta={before.spent_delta:.3g}) of "
-                        "its budget "
-                        f"(epsilon={before.budget_epsilon:.4g}, delta={before.budget_delta:.3g}) "
-                        "in "
-                        f"{before.runs} run(s); ledger: {self.path}"
-                    )
+            if not self._charged(db, run_id):
                 db.execute(
                     "INSERT INTO charges (run_id, fingerprint, epsilon, delta, workdir, note, "
                     "created) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (run_id, fingerprint, float(epsilon), float(delta), workdir, note, time.time()),
+                )
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        result = _spend(db, fingerprint)
+        assert result is not None
+        return Spend(**{**result.__dict__, "registered": after.registered, "name": name})
+
+    def datasets(self) -> list[tuple[Spend, str, float]]:
+        """Every registered dataset: ``(spend, name, created)``, oldest first."""
+        rows = self._db.execute(
+            "SELECT fingerprint, name, created FROM datasets ORDER BY created"
+        ).fetchall()
+        out = []
+        for fp, name, created in rows:
+            spend = _spend(self._db, fp)
+            assert spend is not None
+            out.append((spend, name or "", float(created)))
+        return out
+
+    def charges(self, fingerprint: str) -> list[dict]:
+        """The runs charged to a dataset (run id, epsilon, delta, workdir, time), oldest first."""
+        rows = self._db.execute(
+            "SELECT run_id, epsilon, delta, workdir, created FROM charges WHERE fingerprint = ? "
+            "ORDER BY created",
+            (fingerprint,),
+        ).fetchall()
+        keys = ("run_id", "epsilon", "delta", "workdir", "created")
+        return [dict(zip(keys, r, strict=True)) for r in rows]
+
+    def resolve(self, prefix: str) -> str | None:
+        """The registered fingerprint starting with ``prefix`` (None if none; ValueError if
+        several)."""
+        rows = self._db.execute(
+            "SELECT fingerprint FROM datasets WHERE substr(fingerprint, 1, ?) = ?",
+            (len(prefix), prefix),
+        ).fetchall()
+        if len(rows) > 1:
+            raise ValueError(f"{prefix!r} matches {len(rows)} datasets; give more characters")
+        return rows[0][0] if rows else None
+
+    def set_budget(self, fingerprint: str, epsilon: float, delta: float, name: str = "") -> Spend:
+        """Sets a dataset's lifetime budget explicitly (registers the dataset if new). Refused
+        (ValueError) below what its runs have already spent."""
+        _check_numbers(epsilon, delta, epsilon, delta)
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            before = _spend(db, fingerprint)
+            if before is None:
+                db.execute(
+                    "INSERT INTO datasets (fingerprint, name, epsilon, delta, created) VALUES (?, "
+                    "?, ?, ?, ?)",
+                    (fingerprint, name, float(epsilon), float(delta), time.time()),
+                )
+            else:
+                if before.spent_epsilon > epsilon * (1 + _REL_TOL) or before.spent_delta > delta * (
+                    1 + _REL_TOL
+                ):
+                    raise ValueError(
+                        f"dataset {fingerprint[:12]} has already spent (epsilon="
+                        f"{before.spent_epsilon:.4g}, delta={before.spent_delta:.3g}): its budget "
+                        "cannot be set below that"
+                    )
+                db.execute(
+                    "UPDATE datasets SET epsilon = ?, delta = ?, name = COALESCE(NULLIF(?, ''), "
+                    "name) WHERE fingerprint = ?",
+                    (float(epsilon), float(delta), name, fingerprint),
                 )
             db.execute("COMMIT")
         except BaseException:
@@ -199,6 +336,15 @@ def _spend(db: sqlite3.Connection, fingerprint: str) -> Spend | None:
         (fingerprint,),
     ).fetchone()
     return Spend(fingerprint, row[0], row[1], float(eps), float(delta), int(n))
+
+
+def _check_numbers(epsilon, delta, budget_epsilon, budget_delta) -> None:
+    for label, x in (("epsilon", epsilon), ("budget_epsilon", budget_epsilon)):
+        if x is not None and not x > 0:
+            raise ValueError(f"ledger: {label} must be > 0, got {x}")
+    for label, x in (("delta", delta), ("budget_delta", budget_delta)):
+        if x is not None and not 0 <= x < 1:
+            raise ValueError(f"ledger: {label} must be in [0, 1), got {x}")
 
 
 def _close(a: float, b: float) -> bool:

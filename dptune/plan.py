@@ -23,6 +23,7 @@ import numpy as np
 from dptune import space as space_mod
 from dptune.accounting import calibrate, total_privacy
 from dptune.accounting.events import ADJACENCIES, with_adjacency
+from dptune.accounting.quiet import quiet_accounting
 from dptune.cachedir import calibration_memo
 from dptune.errors import ImpossibleBudgetError, TuningConfigError
 from dptune.space import Space, SpaceError
@@ -37,6 +38,13 @@ AUTO = "auto"
 
 #: Points tried along a continuous field when probing whether a trainer's privacy depends on it.
 _PROBES = 7
+
+#: Largest number of candidates a drawn plan may ask for (thresholding's cap, a random-stopping K).
+MAX_PLANNED_TRIALS = 100_000
+
+#: Largest expected number of candidates a selection may plan (``selection.expected_trials``),
+#: checked before anything is drawn, so ``--dry_run`` and the real run refuse the same settings.
+MAX_EXPECTED_TRIALS = 10_000
 
 
 @dataclass(frozen=True)
@@ -298,6 +306,7 @@ def _basis(
     }
 
 
+@quiet_accounting
 def make_privacy_plan(
     trainer: Any,
     space: Space | Mapping[str, Any],
@@ -339,6 +348,7 @@ def make_privacy_plan(
                 f"selection={selection!r} has no {attr!r}: pass a selection method such as "
                 "selection.RandomStopping(...)"
             )
+    check_selection_size(selection)
     _check_score_kind(trainer, selection, debug_nonprivate)
     n = getattr(trainer, "num_examples", None)
     if n is not None and budget.delta >= 1.0 / n:
@@ -437,6 +447,21 @@ def make_privacy_plan(
         delta=budget.delta,
         accountant=accountant,
     )
+
+
+def check_selection_size(selection: Any) -> None:
+    """Refuses a selection that expects to train more than ``MAX_EXPECTED_TRIALS`` candidates
+    (e.g. a mean number of trials of 1e9): a public property of its settings, checked before any
+    plan is drawn."""
+    expected = getattr(selection, "expected_trials", None)
+    if expected is None:
+        return
+    if not (math.isfinite(float(expected)) and float(expected) <= MAX_EXPECTED_TRIALS):
+        raise TuningConfigError(
+            f"the selection expects to train {float(expected):.4g} candidates on average, more "
+            f"than the {MAX_EXPECTED_TRIALS} dptune plans at most: lower mean_trials "
+            "(config.selection.mean_trials), or raise stop_probability / lower max_trials"
+        )
 
 
 def plan_privacy(trainer: Any, space: Any, selection: Any, budget: Any, **kwargs: Any):

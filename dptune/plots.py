@@ -20,13 +20,24 @@ def _pyplot():
     return plt
 
 
-def training_curve(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path | None:
+#: Panel titles of the per-epoch quantities the release holds (others show their key).
+_TITLES = {
+    "epsilon_one_run": "epsilon of this one training run so far\n(tuning costs more: the total)",
+    "test_accuracy": "test accuracy (public test split)",
+}
+
+
+def training_curve(
+    history: Sequence[Mapping[str, Any]], path: str | Path, total_epsilon: float | None = None
+) -> Path | None:
     """Plots every numeric per-epoch quantity of the released candidate (one panel each).
 
     Args:
       history: per-epoch dicts of releasable quantities, e.g. ``{"epoch": 1,
         "epsilon_one_run": 0.8}`` (the caller filters out non-private ones such as exact losses).
       path: output file (``.png``).
+      total_epsilon: the release's total epsilon (tuning included), drawn as a labelled line on
+        the epsilon panel so one run's epsilon is never read as the total.
     Returns the path, or None when the history has no numeric metric.
     """
     rows = [dict(h) for h in history if isinstance(h, Mapping)]
@@ -39,9 +50,13 @@ def training_curve(history: Sequence[Mapping[str, Any]], path: str | Path) -> Pa
     xs = [h.get("epoch", i + 1) for i, h in enumerate(rows)]
     fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3), squeeze=False)
     for ax, key in zip(axes[0], keys, strict=True):
-        ax.plot(xs, [h.get(key, float("nan")) for h in rows], marker="o")
+        ax.plot(xs, [h.get(key, float("nan")) for h in rows], marker="o", label=key)
+        if key == "epsilon_one_run" and total_epsilon is not None:
+            ax.axhline(total_epsilon, color="tab:red", linestyle="--",
+                       label=f"total epsilon, tuning included: {total_epsilon:.3g}")  # fmt: skip
+            ax.legend(fontsize=7)
         ax.set_xlabel("epoch")
-        ax.set_title(key)
+        ax.set_title(_TITLES.get(key, key), fontsize=9)
         ax.grid(alpha=0.3)
     fig.suptitle("released candidate (public quantities)")
     fig.tight_layout()

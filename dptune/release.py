@@ -8,8 +8,11 @@ cover the selected output alone, and revealing K would turn random stopping back
 Files (``DIR/release/``):
 
 * ``result.json``: ``released``, ``hparams``, ``validation_score`` (only where the selection's
-  theorem covers the score), ``test_accuracy`` (or ``released: false``).
-* ``privacy.json`` / ``privacy.txt``: the privacy statement (machine- and human-readable).
+  theorem covers the score), ``test_accuracy`` (or ``released: false`` and its ``reason``:
+  ``none_selected``, a legitimate private outcome, or ``no_candidate_succeeded``: the selected
+  candidate failed, so every candidate did, and no model is released).
+* ``privacy.json`` / ``privacy.txt``: the privacy statement (machine- and human-readable);
+  ``privacy.txt`` opens with a one-line headline whose epsilon is rounded *up*.
 * ``checkpoint/``: the released model's parameters (orbax), or ``payload.pkl`` for payloads that
   are not array pytrees (user trainers).
 * ``training_curve.json`` / ``training_curve.png`` (the selected candidate's public per-epoch
@@ -40,6 +43,12 @@ RESULT_FILE = "result.json"
 PRIVACY_JSON = "privacy.json"
 PRIVACY_TXT = "privacy.txt"
 
+#: ``Release.outcome`` values: a candidate was released; the selection chose none (a legitimate
+#: private answer); the selected candidate failed (every candidate failed: no model released).
+RELEASED = "released"
+NONE_SELECTED = "none_selected"
+NO_CANDIDATE_SUCCEEDED = "no_candidate_succeeded"
+
 # The release whitelist (issue 25): every file a release folder may hold and every key its JSON
 # files may hold. ``write_release`` refuses anything else, and tests/dptune/test_privacy_edges.py
 # holds a literal copy, so that a key is added only by someone who checked that the theorem
@@ -54,7 +63,10 @@ RELEASE_FILES = frozenset(
     }
 )  # fmt: skip
 #: Keys of ``result.json``.
-RESULT_KEYS = frozenset({"released", "hparams", "validation_score", "test_accuracy"})
+RESULT_KEYS = frozenset(
+    {"released", "hparams", "validation_score", "test_accuracy", "reason"}
+)  # "reason" (of released: false): a function of the selected output alone (none selected, or
+#    the selected candidate failed, which the selections' order makes "every one failed")
 #: Keys of ``privacy.json`` (the statement, the budget and Accuracy First's ex-post loss).
 PRIVACY_KEYS = frozenset(
     {
@@ -110,6 +122,9 @@ class Release:
       curve: per-epoch public quantities of the selected candidate (epsilon so far, metrics on
         public or privatised data), for the training-curve plot; None if the trainer has none.
       path: the release folder, if one was written.
+      outcome: ``"released"``, ``"none_selected"`` or ``"no_candidate_succeeded"`` (default:
+        from ``released``).
+      trainer_name: what trained the candidates (the report names it), e.g. "DP-SGD".
       published: what of the selected candidate the selection's theorem covers
         (``SelectionMethod.publishes``); ``validation_score`` is released only with ``"score"``.
     """
@@ -123,6 +138,8 @@ class Release:
     payload: Any = field(default=None, repr=False)
     curve: list[dict[str, Any]] | None = field(default=None, repr=False)
     path: Path | None = None
+    outcome: str = ""
+    trainer_name: str | None = None
     # The curator's view (number of candidates, all scores): never printed, never in release/.
     private: Any = field(default=None, repr=False, compare=False)
     published: tuple[str, ...] = ("payload", "score")
@@ -132,9 +149,13 @@ class Release:
         """The released model's parameters (``payload["params"]``), or None."""
         return self.payload.get("params") if isinstance(self.payload, dict) else None
 
+    def __post_init__(self) -> None:
+        if not self.outcome:
+            self.outcome = RELEASED if self.released else NONE_SELECTED
+
     def result_json(self) -> dict[str, Any]:
         if not self.released:
-            return {"released": False}
+            return {"released": False, "reason": self.outcome}
         out = {
             "released": True,
             "hparams": self.hparams,
@@ -152,8 +173,18 @@ class Release:
             f"total_epsilon={eps}, delta={self.privacy.get('delta')}, path={self.path})"
         )
 
+    @property
+    def headline(self) -> str:
+        """One line: the run's (epsilon, delta), epsilon rounded up (``headline``)."""
+        return headline(self.privacy)
+
     def __str__(self) -> str:
-        if not self.released:
+        if self.outcome == NO_CANDIDATE_SUCCEEDED:
+            head = (
+                "Nothing released: no candidate succeeded (every candidate failed; "
+                "`dptune inspect WORKDIR` shows why)."
+            )
+        elif not self.released:
             head = "Nothing released (no candidate selected: a legitimate private outcome)."
         else:
             hp = ", ".join(f"{k}={_fmt(v)}" for k, v in (self.hparams or {}).items())
@@ -162,7 +193,33 @@ class Release:
                 head += f"\n  validation score {_fmt(self.validation_score)}"
             if self.test_accuracy is not None:
                 head += f"\n  test accuracy {_fmt(self.test_accuracy)}"
-        return f"{head}\n{self.privacy_text}"
+        return f"{head}\n{self.headline}\n\n{self.privacy_text}"
+
+
+def headline(privacy: dict[str, Any]) -> str:
+    """``Everything released ... is (eps, delta)-differentially private``, epsilon rounded *up*
+    to 3 significant digits (rounding down would overstate the guarantee); the exact value is in
+    the statement below it and in privacy.json."""
+    eps, delta = privacy.get("total_epsilon"), privacy.get("delta")
+    if not isinstance(eps, (int, float)) or not math.isfinite(eps):
+        return "Privacy: no finite guarantee (see the statement below)."
+    text = (
+        f"Everything released by this run, tuning included, is ({_round_up(float(eps))}, "
+        f"{float(delta):.3g})-differentially private"
+    )
+    if privacy.get("private") is False:
+        text += " -- NOT: this was a non-private debug run"
+    return text + "."
+
+
+def _round_up(x: float, digits: int = 3) -> str:
+    """``x`` rounded up to ``digits`` significant digits, as text (3.99871 -> "4", 1.2301 ->
+    "1.24")."""
+    if x <= 0:
+        return f"{x:.{digits}g}"
+    scale = 10.0 ** (digits - 1 - math.floor(math.log10(x)))
+    up = math.ceil(x * scale - 1e-9) / scale
+    return f"{up:.{digits}g}"
 
 
 def write_release(release: Release, folder: str | os.PathLike) -> Path:
@@ -183,7 +240,7 @@ def write_release(release: Release, folder: str | os.PathLike) -> Path:
     _check_keys(PRIVACY_JSON, release.privacy, PRIVACY_KEYS)
     _write_json(tmp / RESULT_FILE, result)
     _write_json(tmp / PRIVACY_JSON, release.privacy)
-    (tmp / PRIVACY_TXT).write_text(release.privacy_text.rstrip() + "\n")
+    (tmp / PRIVACY_TXT).write_text(release.headline + "\n\n" + release.privacy_text.rstrip() + "\n")
     plots.epsilon_breakdown(release.privacy, tmp / "epsilon.png")
     if release.released:
         payload = release.payload
@@ -196,7 +253,9 @@ def write_release(release: Release, folder: str | os.PathLike) -> Path:
         curve = public_curve(release.curve)
         if curve:
             _write_json(tmp / "training_curve.json", curve)
-            plots.training_curve(curve, tmp / "training_curve.png")
+            plots.training_curve(
+                curve, tmp / "training_curve.png", release.privacy.get("total_epsilon")
+            )
     from dptune.report import write_report
 
     write_report(release, tmp)  # report.md: a one-page summary linking the plots above
@@ -247,6 +306,8 @@ def read_release(folder: str | os.PathLike) -> Release:
     folder = Path(folder)
     result = json.loads((folder / RESULT_FILE).read_text())
     privacy = json.loads((folder / PRIVACY_JSON).read_text())
+    text = (folder / PRIVACY_TXT).read_text()
+    head = headline(privacy) + "\n\n"
     published = privacy.get("published")
     if published is None:  # a release written before the field existed
         published = ("payload", "score") if "validation_score" in result else ("payload",)
@@ -256,8 +317,9 @@ def read_release(folder: str | os.PathLike) -> Release:
         validation_score=result.get("validation_score"),
         test_accuracy=result.get("test_accuracy"),
         privacy=privacy,
-        privacy_text=(folder / PRIVACY_TXT).read_text(),
+        privacy_text=(text[len(head) :] if text.startswith(head) else text).rstrip("\n"),
         path=folder,
+        outcome=str(result.get("reason") or ""),
         published=tuple(published),
     )
 
@@ -319,6 +381,10 @@ def _save_orbax(params: Any, path: Path) -> None:
     with ocp.StandardCheckpointer() as ckpt:
         ckpt.save(path.absolute(), params)
         ckpt.wait_until_finished()
+    # orbax notes the absolute folder it committed to (informational; only the file's presence is
+    # read back): keep the release free of absolute paths, so it can be moved or copied.
+    for note in path.rglob("commit_success.txt"):
+        note.write_text(note.read_text().replace(str(path.absolute()), path.name))
 
 
 def _is_array_tree(tree: Any) -> bool:

@@ -8,6 +8,7 @@ other candidates, not even how many there were.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -18,26 +19,36 @@ def _num(x: Any, digits: int = 4) -> str:
     if isinstance(x, bool) or x is None:
         return str(x)
     if isinstance(x, (int, float)):
-        return f"{x:.{digits}g}"
+        return f"{x:.{digits}g}" if math.isfinite(x) else "n/a"
     return str(x)
 
 
 def _pct(x: Any) -> str:
-    return "n/a" if x is None else f"{100.0 * float(x):.2f} %"
+    """A fraction as a percentage; "n/a" when missing or not finite (never "nan %")."""
+    if x is None or isinstance(x, bool):
+        return "n/a"
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return "n/a"
+    return f"{100.0 * v:.2f} %" if math.isfinite(v) else "n/a"
 
 
 def report_markdown(release: Any, files: set[str]) -> str:
     """The report of ``release`` (a :class:`dptune.release.Release`) as Markdown; ``files`` are the
     names present in the release folder (plots are linked only if there)."""
+    from dptune.release import NO_CANDIDATE_SUCCEEDED, headline
+
     p = release.privacy or {}
     eps, delta = p.get("total_epsilon"), p.get("delta")
-    lines = ["# dptune release report", ""]
+    trainer = getattr(release, "trainer_name", None) or "a private trainer"
+    lines = ["# dptune release report", "", headline(p), ""]
     if release.released:
         lines += [
             "## What was released",
             "",
-            "One trained model (`checkpoint/`), chosen privately among private candidates "
-            "trained on the private training split.",
+            "One trained model, chosen privately among candidates trained by "
+            f"{trainer} on the private training split.",
             "",
             f"- **Test accuracy** (public test split, reported only, never used to choose): "
             f"{_pct(release.test_accuracy)}",
@@ -53,6 +64,15 @@ def report_markdown(release: Any, files: set[str]) -> str:
             "|---|---|",
         ]
         lines += [f"| `{k}` | {_num(v)} |" for k, v in sorted((release.hparams or {}).items())]
+    elif getattr(release, "outcome", "") == NO_CANDIDATE_SUCCEEDED:
+        lines += [
+            "## What was released",
+            "",
+            f"Nothing: no candidate succeeded (every candidate trained by {trainer} failed), so "
+            "no model is released. The candidates touched the private data, so the run's "
+            "(epsilon, delta) below stays charged to the dataset's budget. The curator can see "
+            "why each failed with `dptune inspect WORKDIR` (private: never publish it).",
+        ]
     else:
         lines += [
             "## What was released",
@@ -94,15 +114,22 @@ def report_markdown(release: Any, files: set[str]) -> str:
         lines.append("- [`epsilon.png`](epsilon.png): where the total epsilon comes from.")
     if "training_curve.png" in files:
         lines.append(
-            "- [`training_curve.png`](training_curve.png): the released model's epsilon so far "
-            "(and test accuracy, when test curves were asked for), per epoch."
+            "- [`training_curve.png`](training_curve.png): the released model's epsilon of its "
+            "one training run so far (the dashed line is the total above, tuning included), and "
+            "its test accuracy when test curves were asked for, per epoch."
         )
     lines += [
         "",
         "## Files",
         "",
-        "`result.json` (the result), `privacy.json` / `privacy.txt` (the statement), "
-        "`checkpoint/` (the model; `dptune.release.load_params(folder)` restores it).",
+        "`result.json` (the result), `privacy.json` / `privacy.txt` (the statement)"
+        + (
+            ", `checkpoint/` (the model; `dptune.release.load_params(folder)` restores it)."
+            if "checkpoint" in files
+            else ", `payload.pkl` (the released payload)."
+            if "payload.pkl" in files
+            else "."
+        ),
         "",
         "Not released, by design: the other candidates, their scores and how many there were "
         "(revealing them would void the selection theorem's guarantee).",

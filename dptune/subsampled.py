@@ -328,8 +328,10 @@ def tune_subsampled(
                 ledger, trainer, plan, run_id, budget, dataset_budget, fingerprint, workdir
             )
         journal.set_once("started_at", time.time())
+        # ledger=None: the phases are charged above, once, as this run (tune's default would
+        # charge the curator's ledger again for each phase).
         phase = {"accountant": accountant, "progress": progress, "adjacency": adjacency,
-                 "executor": executor}  # fmt: skip
+                 "executor": executor, "ledger": None}  # fmt: skip
         tuned = tune(
             sub, space, selection, Budget(plan.tuning.subset_epsilon, plan.tuning.subset_delta),
             workdir=None if private_dir is None else private_dir / "tuning", seed=seed,

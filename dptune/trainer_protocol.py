@@ -21,21 +21,36 @@ A trainer declares its privacy before it runs (``privacy(hparams)``) and trains 
 * ``taken_on_word()``: sentences for the statement: what it takes on the trainer's word (its
   declarations). A trainer with neither hook is described as a user's trainer.
 * ``bind_accounted(pairs)``: the accounted declaration of every candidate it will train.
+* ``code_digest()``: a digest of the code that trains the candidates (default: see
+  :func:`code_digest`); a workdir is bound to it, so that an edited trainer never resumes, or
+  returns the release of, a run of the old code.
+* ``check_inputs(hparams)``: refuse (TuningConfigError), before any private computation, a
+  candidate the trainer would refuse when it starts (checks of the data's public schema).
+* ``curator_view()``: JSON-safe facts for the curator's view of a run (``dptune inspect``), e.g.
+  how many records the loader dropped; never released.
+
+A failed candidate is a NaN score with a :class:`~dptune.errors.CandidateFailure` as its payload
+(:func:`checked_result` makes one of any non-finite or non-numeric score).
 
 The DP-SGD trainer is ``dptune.learners.dpsgd.DpSgdTrainer``.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import inspect
 import json
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from dptune.accounting.events import as_candidates
-from dptune.errors import TuningConfigError
+from dptune.errors import CandidateFailure, TuningConfigError
 from selection.registry import SCORE_KINDS
 
 
@@ -48,6 +63,60 @@ def as_candidate(x: Any) -> Any:
     if len(cands) != 1:
         raise TuningConfigError(f"privacy(hparams) must describe one candidate, got {x!r}")
     return cands[0]
+
+
+def checked_result(score: Any, payload: Any) -> tuple[float, Any]:
+    """A trainer's ``(score, payload)`` as the tuner journals it: a finite float and the payload,
+    or NaN and a :class:`~dptune.errors.CandidateFailure` saying what was wrong (a non-numeric or
+    non-finite score is a failure, never a released "success")."""
+    if isinstance(payload, CandidateFailure):
+        return float("nan"), payload
+    try:
+        value = float(score)
+    except (TypeError, ValueError):
+        return float("nan"), CandidateFailure(
+            "InvalidScore", f"the trainer returned the score {score!r:.80}, which is not a number"
+        )
+    if not math.isfinite(value):
+        return float("nan"), CandidateFailure(
+            "NonFiniteScore", f"the trainer returned the score {value!r} (not finite)"
+        )
+    return value, payload
+
+
+def code_digest(trainer: Any) -> str:
+    """A digest (16 hex characters) of the code that trains ``trainer``'s candidates: its
+    ``code_digest()`` hook, else the source of a ``FunctionTrainer``'s function, else the source
+    file of the trainer's class. Editing it changes the digest; the journal binds a workdir to
+    it."""
+    hook = getattr(trainer, "code_digest", None)
+    if callable(hook):
+        return str(hook())
+    target = trainer.fn if isinstance(trainer, FunctionTrainer) else type(trainer)
+    return source_digest([target])
+
+
+def source_digest(objects: Sequence[Any] = (), files: Sequence[Path] = ()) -> str:
+    """sha256 (first 16 hex characters) of the source of ``objects`` (functions, classes) and the
+    bytes of ``files``; a function without source (a lambda typed at a prompt) contributes its
+    bytecode and constants."""
+    h = hashlib.sha256(b"dptune/code/v1")
+    for obj in objects:
+        while isinstance(obj, functools.partial):
+            obj = obj.func
+        if not (inspect.isroutine(obj) or inspect.isclass(obj) or inspect.ismodule(obj)):
+            obj = type(obj)  # a callable object: its class's code
+        try:
+            h.update(inspect.getsource(obj).encode())
+        except (OSError, TypeError):
+            code = getattr(obj, "__code__", None)
+            h.update(
+                repr(obj).encode() if code is None else code.co_code + repr(code.co_consts).encode()
+            )
+    for path in sorted(files):
+        h.update(str(Path(path).name).encode())
+        h.update(Path(path).read_bytes())
+    return h.hexdigest()[:16]
 
 
 @runtime_checkable
@@ -117,6 +186,15 @@ class DatasetTrainer:
         if self._fingerprint is None:
             self._fingerprint = self.data.fingerprint()
         return self._fingerprint
+
+    def code_digest(self) -> str:
+        """The source file of this trainer's class (``dptune.trainer_protocol.code_digest``)."""
+        return source_digest(files=[Path(inspect.getfile(type(self)))])
+
+    def curator_view(self) -> dict[str, Any]:
+        """What the loader dropped or changed, per kind of problem (``dptune inspect``; private
+        counts, never released)."""
+        return dict(getattr(self.data, "sanitized", None) or {})
 
     def hyperparams(self, hparams: Mapping[str, Any]) -> Any:
         """``base`` overridden by ``hparams``, as a ``hyperparams_class``; a bad field or value is

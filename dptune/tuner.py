@@ -3,11 +3,12 @@
 The order of operations is the privacy argument, so it is fixed here and nowhere else; ``tune`` is
 the sequence of these named steps:
 
-1. ``make_privacy_plan`` (``dptune.plan``): check every input; account the worst case over
+1. ``preflight``: check every input (the arguments, the workdir and the files already in it,
+   the dataset's ledger) and ``make_privacy_plan`` (``dptune.plan``): account the worst case over
    everything the space can draw, calibrating ``"auto"`` so the *total* (tuning included) meets the
-   budget. Nothing private has run yet.
-2. ``_open_journal``: ``DIR/private/journal.sqlite`` binds the config (a different one is
-   refused); a finished run returns its release.
+   budget. Nothing private has run and nothing is written yet; ``dptune --dry_run`` stops here.
+2. ``_open_journal``: ``DIR/private/journal.sqlite`` binds the config and the trainer's code (a
+   different one is refused); a finished run returns its release.
 3. ``_draw_plan``: the run id, the root entropy, the selection's plan and every candidate's seed and
    hyperparameters, each drawn once: a resume reads them back and never draws them again.
 4. ``check_candidates`` (``dptune.plan``): every drawn candidate's declared privacy is what the
@@ -15,9 +16,11 @@ the sequence of these named steps:
 5. ``_charge_ledger``: the run's (epsilon, delta) is charged to the dataset's budget (once per run
    id; refused if it would exceed the budget).
 6. ``_run_candidates``: candidates train in index order, one at a time or in groups (vectorised
-   ``train_many``), each journaled as it finishes behind one failure guard; finished ones are never
-   retrained on resume.
-7. ``_release``: select, and release only the selected candidate (``DIR/release/``).
+   ``train_many``), each journaled as it finishes behind one failure guard (a failure's type,
+   message and traceback go to the journal); finished ones are never retrained on resume.
+7. ``_release``: select, and release only the selected candidate (``DIR/release/``); if the
+   selected candidate failed (so every candidate failed), no model is released and the release
+   says so.
 
 Trainers: ``dptune.trainer_protocol`` (the protocol, ``FunctionTrainer``) and
 ``dptune.learners`` (``DpSgdTrainer`` and the other candidate families).
@@ -26,7 +29,6 @@ Trainers: ``dptune.trainer_protocol`` (the protocol, ``FunctionTrainer``) and
 from __future__ import annotations
 
 import logging
-import math
 import os
 import pickle
 import time
@@ -38,13 +40,22 @@ from typing import Any
 
 import numpy as np
 
+import dptune
 from dptune.accounting import ACCOUNTANTS
-from dptune.errors import ImpossibleBudgetError, TuningConfigError
+from dptune.accounting.events import ADJACENCIES
+from dptune.accounting.quiet import quiet_accounting
+from dptune.errors import (
+    CandidateFailure,
+    ImpossibleBudgetError,
+    StateError,
+    TuningConfigError,
+)
 from dptune.executors import Job, make_executor
 from dptune.journal import JOURNAL_FILE, Journal, MemoryJournal
-from dptune.ledger import Ledger
+from dptune.ledger import BudgetExceededError, Ledger, Spend, default_ledger_path
 from dptune.plan import (
     AUTO,
+    MAX_PLANNED_TRIALS,
     Budget,
     PrivacyPlan,
     as_budget,
@@ -54,13 +65,27 @@ from dptune.plan import (
     plan_privacy,
 )
 from dptune.progress import tuning_bar
-from dptune.release import Release, public_curve, read_release, write_release
+from dptune.release import (
+    NO_CANDIDATE_SUCCEEDED,
+    Release,
+    public_curve,
+    read_release,
+    write_release,
+)
 from dptune.space import Space
-from dptune.trainer_protocol import FunctionTrainer, Trainer, release_view, trainer
-from dptune.workdir_lock import holds_workdir_lock
+from dptune.trainer_protocol import (
+    FunctionTrainer,
+    Trainer,
+    checked_result,
+    code_digest,
+    release_view,
+    trainer,
+)
+from dptune.workdir_lock import workdir_lock
 
 __all__ = [
     "AUTO",
+    "DEFAULT_LEDGER",
     "Budget",
     "FunctionTrainer",
     "ImpossibleBudgetError",
@@ -69,14 +94,24 @@ __all__ = [
     "TuningConfigError",
     "make_privacy_plan",
     "plan_privacy",
+    "preflight",
     "trainer",
     "tune",
 ]
 
 log = logging.getLogger("dptune")
 
-#: Largest number of candidates a plan may ask for (thresholding's cap, a random-stopping K).
-MAX_PLANNED_TRIALS = 100_000
+
+class _DefaultLedger:
+    """``tune(ledger=...)``'s default: the curator's ledger, ``$DPTUNE_LEDGER`` or
+    ``~/.dptune/ledger.sqlite`` (``dptune.ledger.default_ledger_path``), as for the command."""
+
+    def __repr__(self) -> str:
+        return "DEFAULT_LEDGER"
+
+
+#: The default of ``tune(ledger=...)`` and of ``config.ledger``: the curator's default ledger.
+DEFAULT_LEDGER: Any = _DefaultLedger()
 
 
 @dataclass
@@ -91,7 +126,7 @@ class _Private:
         return "<private: see DIR/private/>"
 
 
-@holds_workdir_lock  # one run per workdir, for the whole run (dptune/workdir_lock.py)
+@quiet_accounting
 def tune(
     trainer: Any,
     space: Space | Mapping[str, Any],
@@ -102,7 +137,7 @@ def tune(
     seed: int | None = None,
     group_size: int = 1,
     accountant: str = "auto",
-    ledger: Ledger | str | os.PathLike | None = None,
+    ledger: Ledger | str | os.PathLike | None = DEFAULT_LEDGER,
     dataset_budget: Budget | tuple[float, float] | None = None,
     fingerprint: str | None = None,
     config: Mapping[str, Any] | None = None,
@@ -126,8 +161,13 @@ def tune(
       group_size: candidates trained at once through ``trainer.train_many`` (vectorised); a
         shortcut for ``executor=dptune.executors.VectorizedExecutor(group_size)``.
       accountant: "auto" (the tightest valid route), "rdp" or "pld" (``dptune.accounting``).
-      ledger: a :class:`~dptune.ledger.Ledger` or its path: charge the run to the dataset's budget.
-      dataset_budget: the dataset's total budget in the ledger (default: ``budget``).
+      ledger: where the run is charged to the dataset's budget: a
+        :class:`~dptune.ledger.Ledger` or its path; by default the curator's ledger
+        (``$DPTUNE_LEDGER`` or ``~/.dptune/ledger.sqlite``), as for the ``dptune`` command;
+        None runs without a ledger.
+      dataset_budget: the dataset's lifetime budget as this run states it (default: the one the
+        ledger holds; for a dataset the ledger has never seen, this run's ``budget``, with a
+        warning).
       fingerprint: the dataset id in the ledger (default: ``trainer.fingerprint``).
       config: what the journal binds the workdir to (default: a description of the arguments).
       progress: show a tqdm display (curator's console; it shows neither K nor scores).
@@ -138,17 +178,91 @@ def tune(
         stopping hands it all K candidates as it can take them; thresholding evaluates extra
         candidates speculatively and consumes their scores in order.
     Returns:
-      The :class:`~dptune.release.Release` (also written to ``workdir/release/`` if given).
+      The :class:`~dptune.release.Release` (also written to ``workdir/release/`` if given);
+      ``release.outcome`` says whether a candidate was released, none was selected, or the
+      selected one failed (then every candidate failed and no model is released).
+    Raises:
+      TuningConfigError (and its StateError), BudgetExceededError, LedgerBudgetMismatchError,
+      ConfigChangedError, WorkdirLockedError: refused before any private computation, nothing
+      charged.
+    """
+    # The cheap checks first, so that a refused call creates nothing (not even the workdir).
+    check_run_arguments(group_size, accountant, seed, debug_nonprivate, ledger, adjacency)
+    as_budget(budget)
+    check_workdir(workdir)
+    # One run per workdir, for the whole run (dptune/workdir_lock.py); the checks read the
+    # workdir's journal under the lock, so no other run can be writing it.
+    with workdir_lock(workdir):
+        pre = preflight(
+            trainer, space, selection, budget, workdir=workdir, seed=seed, group_size=group_size,
+            accountant=accountant, ledger=ledger, dataset_budget=dataset_budget,
+            fingerprint=fingerprint, config=config, debug_nonprivate=debug_nonprivate,
+            adjacency=adjacency,
+        )  # fmt: skip
+        if executor is None:
+            executor = make_executor("sequential", group_size=group_size)
+        return _tune_checked(pre, trainer, selection, executor, seed, progress, debug_nonprivate)
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """Everything :func:`preflight` checked, for the run that follows (nothing private yet).
+
+    Attributes:
+      plan: the privacy plan (calibrated values, statement).
+      budget, config, code: the run's budget, what the journal binds it to, and the code digest.
+      workdir: the run folder (None: in memory).
+      ledger: the ledger's path (None: no ledger), fingerprint: the dataset's id in it,
+        dataset_budget: the lifetime budget the run states (None: the registered one).
+      spend: the dataset's spend after this run, as the ledger would record it (None: no ledger).
+      resuming: the workdir holds this run's journal already (a resume, or a finished run).
+    """
+
+    plan: PrivacyPlan
+    budget: Budget
+    config: Mapping[str, Any]
+    code: Mapping[str, Any]
+    workdir: Path | None
+    ledger: Path | None
+    fingerprint: str | None
+    dataset_budget: Budget | None
+    spend: Any
+    resuming: bool
+
+
+@quiet_accounting
+def preflight(
+    trainer: Any,
+    space: Space | Mapping[str, Any],
+    selection: Any,
+    budget: Budget | tuple[float, float],
+    *,
+    workdir: str | os.PathLike | None = None,
+    seed: int | None = None,
+    group_size: int = 1,
+    accountant: str = "auto",
+    ledger: Ledger | str | os.PathLike | None = DEFAULT_LEDGER,
+    dataset_budget: Budget | tuple[float, float] | None = None,
+    fingerprint: str | None = None,
+    config: Mapping[str, Any] | None = None,
+    debug_nonprivate: bool = False,
+    adjacency: str = "add_remove",
+) -> Preflight:
+    """Every check of :func:`tune` that needs no private computation, writing nothing: the one
+    validation shared by the run and ``dptune --dry_run`` (same arguments as ``tune``).
+
+    Checks the arguments, the workdir (a folder that can be written; a journal already in it must
+    be intact and belong to this config and this code), the privacy plan (calibration included)
+    and the dataset's ledger (the run must fit its budget). Raises what ``tune`` raises.
     """
     budget = as_budget(budget)
-    _check_arguments(group_size, accountant, seed, debug_nonprivate, ledger)
-    if executor is None:
-        executor = make_executor("sequential", group_size=group_size)
+    check_run_arguments(group_size, accountant, seed, debug_nonprivate, ledger, adjacency)
     if not isinstance(space, Space):
         try:
             space = Space.from_config(space)
         except ValueError as e:
             raise TuningConfigError(str(e)) from None
+    check_workdir(workdir)
     if config is None:
         config = {
             "space": space.to_dict(),
@@ -160,20 +274,70 @@ def tune(
             "debug_nonprivate": debug_nonprivate,
             "adjacency": adjacency,
         }
-    private_dir = None if workdir is None else Path(workdir) / "private"
-    # An existing run: a changed config is refused before any (slow) accounting.
-    journal = _open_journal(private_dir, config, existing_only=True)
+    code = {"dptune": dptune.__version__, "trainer": code_digest(trainer)}
+    ledger_path = _ledger_path(ledger)
+    fp = None
+    if ledger_path is not None:
+        fp = fingerprint or getattr(trainer, "fingerprint", None)
+        if not fp:
+            raise TuningConfigError(
+                f"the budget ledger ({ledger_path}) charges every run to its dataset, but this "
+                "trainer names no dataset: pass fingerprint='<an id of your dataset>' (to tune(), "
+                "or to dptune.trainer / FunctionTrainer), or ledger=None to run without a ledger"
+            )
+    workdir = None if workdir is None else Path(workdir)
+    run_id = None
+    resuming = finished = False
+    if workdir is not None:
+        run_id, resuming, finished = _check_existing_run(workdir / "private", config, code)
+    log.info("accounting: checking the total budget (calibrating the noise if 'auto')")
+    plan = make_privacy_plan(
+        trainer, space, selection, budget, accountant=accountant, seeded=seed is not None,
+        debug_nonprivate=debug_nonprivate, adjacency=adjacency,
+    )  # fmt: skip
+    if hasattr(trainer, "check_inputs"):  # the data's schema against a candidate's settings
+        trainer.check_inputs(plan.hparams(plan.space.example()))
+    dsb = as_budget(dataset_budget) if dataset_budget is not None else None
+    spend = None
+    if ledger_path is not None and not finished:  # a finished run returns its release: no charge
+        spend = _check_ledger(ledger_path, fp, run_id, plan, dsb, _dataset_name(trainer))
+    return Preflight(plan, budget, config, code, workdir, ledger_path, fp, dsb, spend, resuming)
+
+
+def _tune_checked(pre: Preflight, trainer, selection, executor, seed, progress, debug_nonprivate):
+    """``tune`` once ``preflight`` passed (holding the workdir's lock)."""
+    plan = pre.plan
+    private_dir = None if pre.workdir is None else pre.workdir / "private"
+    release_dir = None if pre.workdir is None else pre.workdir / "release"
+    journal = _open_journal(private_dir, pre.config, pre.code)
     try:
-        log.info("accounting: checking the total budget (calibrating the noise if 'auto')")
-        plan = make_privacy_plan(
-            trainer, space, selection, budget, accountant=accountant, seeded=seed is not None,
-            debug_nonprivate=debug_nonprivate, adjacency=adjacency,
-        )  # fmt: skip
-        journal = journal or _open_journal(private_dir, config)
-        release_dir = None if workdir is None else Path(workdir) / "release"
         if release_dir is not None and journal.get("released_at") and release_dir.exists():
-            log.info("this run already finished; its release is in %s", release_dir)
+            log.warning(
+                "this workdir's run finished already: its release is in %s (nothing was trained "
+                "or charged now; use a new --workdir for a new run)",
+                release_dir,
+            )
             return read_release(release_dir)
+        if pre.resuming:
+            log.info(
+                "resuming the run started %s in %s: its plan and seeds are read back from the "
+                "journal; finished candidates are kept, unfinished ones train again with their "
+                "own seeds",
+                _when(journal.get("started_at") or journal.get("planned_at")),
+                pre.workdir,
+            )
+        if hasattr(trainer, "curator_view"):
+            view = trainer.curator_view()
+            journal.set("curator_view", view)
+            if view:
+                # No count here (the console's log may be shared): the curator's view has them.
+                log.warning(
+                    "the loader dropped malformed private records (%s), each judged on its own "
+                    "(the guarantee is unchanged: docs/privacy-model.md); `dptune inspect %s` "
+                    "shows how many",
+                    ", ".join(sorted(view)).replace("_", " "),
+                    pre.workdir or "WORKDIR",
+                )
         run_id, sel_plan = _draw_plan(journal, plan, selection, seed)
         drawn = journal.candidates()
         checked = dict(
@@ -186,10 +350,8 @@ def tune(
         if hasattr(trainer, "bind_accounted"):
             # the event a trainer reports is compared with what was accounted, not a fresh call
             trainer.bind_accounted([(plan.hparams(r.hparams), checked[r.index]) for r in drawn])
-        if ledger is not None:
-            _charge_ledger(
-                ledger, trainer, plan, run_id, budget, dataset_budget, fingerprint, workdir
-            )
+        if pre.ledger is not None:
+            _charge_preflight(pre, trainer, run_id)
         journal.set_once("started_at", time.time())
         records = {r.index: r for r in journal.candidates()}
         payloads: dict[int, Any] = {}
@@ -198,7 +360,9 @@ def tune(
             checked,
         )  # fmt: skip
         private = _Private(num_trials=sel_plan.num_trials, scores=list(scores), run_id=run_id)
-        release = _release(trainer, selection, sel_plan, plan, budget, records, payloads, journal)
+        release = _release(
+            trainer, selection, sel_plan, plan, pre.budget, records, payloads, journal
+        )
         release.private = private
         if debug_nonprivate:
             # The curator asked for a non-private view: this print is why the statement says so.
@@ -208,42 +372,168 @@ def tune(
             journal.set("released_at", time.time())
         return release
     finally:
-        if journal is not None:
-            journal.close()
+        journal.close()
 
 
-def _check_arguments(group_size, accountant, seed, debug_nonprivate, ledger) -> None:
-    if not isinstance(group_size, int) or group_size < 1:
+def check_run_arguments(
+    group_size: Any = 1,
+    accountant: Any = "auto",
+    seed: Any = None,
+    debug_nonprivate: bool = False,
+    ledger: Any = None,
+    adjacency: Any = "add_remove",
+) -> None:
+    """The arguments of ``tune`` that need no data (the command checks its flags with this same
+    function, so the library and ``dptune`` refuse the same values with the same words)."""
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
         raise TuningConfigError(f"group_size={group_size!r} must be an integer >= 1")
     if accountant not in ACCOUNTANTS:
         raise TuningConfigError(
             f"accountant={accountant!r} is unknown; choose one of {', '.join(ACCOUNTANTS)}"
         )
+    if adjacency not in ADJACENCIES:
+        raise TuningConfigError(
+            f"adjacency={adjacency!r} is unknown; choose one of {', '.join(ADJACENCIES)}"
+        )
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise TuningConfigError(f"seed={seed!r} must be a non-negative integer or None")
+        raise TuningConfigError(
+            f"seed={seed!r} must be a non-negative integer (--seed=N), or None for the operating "
+            "system's entropy"
+        )
     if debug_nonprivate and ledger is not None:
         raise TuningConfigError(
             "debug_nonprivate prints every score and K, which voids the guarantee: no finite spend "
             "can be charged to the dataset's ledger. Disable the ledger "
-            "(config.ledger.enabled=False) for debug runs on data that has no budget to protect"
+            "(config.ledger.enabled=False; ledger=None in Python) for debug runs on data that has "
+            "no budget to protect"
         )
 
 
-def _open_journal(
-    private_dir: Path | None, config: Mapping[str, Any], existing_only: bool = False
-) -> Any:
-    """The run's journal bound to ``config`` (in memory without a workdir); with
-    ``existing_only``, None unless a journal is already there."""
-    if private_dir is None:
-        if existing_only:
-            return None
-        journal: Any = MemoryJournal()
-    elif existing_only and not (private_dir / JOURNAL_FILE).exists():
+def check_workdir(workdir: str | os.PathLike | None) -> None:
+    """The workdir must be a folder this process can write (or creatable): StateError otherwise,
+    before anything is read, locked or written."""
+    if workdir is None:
+        return
+    path = Path(workdir)
+    fix = "choose another --workdir (workdir= in Python)"
+    if path.exists() and not path.is_dir():
+        raise StateError(f"the workdir {path} is a file, not a folder: {fix}")
+    existing = path
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise StateError(f"the workdir {path} cannot be created: {existing} is a file: {fix}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise StateError(
+            f"the workdir {path} is not writable ({existing} is read-only for this user): {fix}, "
+            "or make it writable"
+        )
+    for sub in ("private", "release"):
+        p = path / sub
+        if p.exists() and not p.is_dir():
+            raise StateError(f"{p} is a file; dptune keeps a folder there: {fix}")
+    private = path / "private"
+    if private.is_dir() and not os.access(private, os.W_OK | os.X_OK):
+        raise StateError(f"{private} is not writable for this user: {fix}, or make it writable")
+
+
+def _check_existing_run(
+    private_dir: Path, config: Mapping[str, Any], code: Mapping[str, Any]
+) -> tuple[str | None, bool, bool]:
+    """Checks what the workdir already holds, without writing: ``(run_id or None, resuming,
+    finished)``.
+
+    A journal must be intact (not empty, corrupt or foreign), complete, and belong to this config
+    and this code; a release or candidate results without their journal are refused (the run
+    that wrote them can be neither resumed nor checked)."""
+    workdir = private_dir.parent
+    journal_path = private_dir / JOURNAL_FILE
+    if not journal_path.exists():
+        orphans = [
+            p
+            for p in (workdir / "release", private_dir / "candidates")
+            if p.is_dir() and any(p.iterdir())
+        ]
+        if orphans:
+            raise StateError(
+                f"{orphans[0]} exists but its journal {journal_path} does not: the run that wrote "
+                "it can be neither resumed nor checked (was the journal deleted, or the workdir "
+                "copied without it?). Restore the journal from a backup, or use a new --workdir"
+            )
+        return None, False, False
+    with Journal(private_dir, readonly=True) as journal:
+        journal.bind_config(dict(config))
+        journal.bind_code(dict(code))
+        journal.check_complete()
+        finished = bool(journal.get("released_at")) and (workdir / "release").exists()
+        return journal.get("run_id"), journal.get("config") is not None, finished
+
+
+def _ledger_path(ledger: Any) -> Path | None:
+    if ledger is None:
         return None
-    else:
-        journal = Journal(private_dir)
+    if ledger is DEFAULT_LEDGER:
+        return default_ledger_path()
+    return ledger.path if isinstance(ledger, Ledger) else Path(ledger)
+
+
+def _dataset_name(trainer: Any) -> str:
+    return str(getattr(getattr(trainer, "data", None), "name", "") or "")
+
+
+def _check_ledger(path: Path, fp: str, run_id: str | None, plan: PrivacyPlan, dsb, name: str):
+    """What charging the run would do (refusals included), read-only: a missing ledger is the
+    empty ledger it would create."""
+    st = plan.statement
+    eps, delta = float(st.total_epsilon), float(st.delta)
+    parent = next((p for p in path.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise StateError(
+            f"the ledger {path} cannot be created: {parent} is a file; point config.ledger.path "
+            "(ledger= in Python) elsewhere"
+        )
+    if not path.exists():
+        # The empty ledger this run would create: it registers the stated budget, or its own.
+        b_eps, b_delta = (eps, delta) if dsb is None else (dsb.epsilon, dsb.delta)
+        if eps > b_eps * (1 + 1e-9) or delta > b_delta * (1 + 1e-9):
+            raise BudgetExceededError(
+                f"refused before any private computation: this run costs (epsilon={eps:.4g}, "
+                f"delta={delta:.3g}) but the dataset's stated budget is (epsilon={b_eps:.4g}, "
+                f"delta={b_delta:.3g}); ledger: {path}"
+            )
+        return Spend(fp, b_eps, b_delta, eps, delta, 1, True, name)
+    with Ledger(path, readonly=True) as led:
+        return led.check(
+            fp, run_id, eps, delta,
+            budget_epsilon=None if dsb is None else dsb.epsilon,
+            budget_delta=None if dsb is None else dsb.delta, name=name,
+        )  # fmt: skip
+
+
+def _when(t: Any) -> str:
+    if t is None:
+        return "earlier"
+    return time.strftime("on %Y-%m-%d at %H:%M:%S", time.localtime(float(t)))
+
+
+def _open_journal(
+    private_dir: Path | None,
+    config: Mapping[str, Any],
+    code: Mapping[str, Any] | None = None,
+    existing_only: bool = False,
+) -> Any:
+    """The run's journal bound to ``config`` and ``code`` (None: not bound to code; in memory
+    without a workdir); with ``existing_only``, None unless a journal is already there."""
+    if existing_only and (private_dir is None or not (private_dir / JOURNAL_FILE).exists()):
+        return None
+    journal: Any = MemoryJournal() if private_dir is None else Journal(private_dir)
     try:
         journal.bind_config(dict(config))
+        if code is not None:
+            journal.bind_code(dict(code))
+        journal.check_complete()
     except BaseException:
         journal.close()
         raise
@@ -290,31 +580,56 @@ def _draw_plan(journal: Any, plan: PrivacyPlan, selection: Any, seed: int | None
     return run_id, _plan_from_dict(selection, plan_dict)
 
 
+def _charge_preflight(pre: Preflight, trainer: Any, run_id: str) -> None:
+    """Charges the run that ``preflight`` checked to the dataset's budget, before anything
+    private runs (refused: nothing trains)."""
+    _charge_ledger(
+        pre.ledger, trainer, pre.plan, run_id, pre.budget, pre.dataset_budget, pre.fingerprint,
+        pre.workdir,
+    )  # fmt: skip
+
+
 def _charge_ledger(ledger, trainer, plan, run_id, budget, dataset_budget, fingerprint, workdir):
-    """Charges the run to the dataset's budget before anything private runs (refused: nothing
-    trains)."""
-    led = ledger if isinstance(ledger, Ledger) else Ledger(ledger)
+    """Charges ``plan.statement``'s (epsilon, delta) to the dataset's budget in ``ledger`` (a
+    path, a Ledger or DEFAULT_LEDGER); ``dataset_budget`` None: the registered budget, or (a new
+    dataset) this run's, with a warning. Also what ``dptune.subsampled`` charges its run with."""
+    del budget  # the run's budget is the statement's bound; a new dataset registers its own
+    path = _ledger_path(ledger)
     fp = fingerprint or getattr(trainer, "fingerprint", None)
     if not fp:
         raise TuningConfigError(
             "a ledger needs the dataset's fingerprint: pass fingerprint= or a trainer with a "
             ".fingerprint"
         )
-    dsb = as_budget(dataset_budget) if dataset_budget is not None else budget
     st = plan.statement
-    spend = led.charge(
-        fp,
-        run_id,
-        float(st.total_epsilon),
-        float(st.delta),
-        budget_epsilon=dsb.epsilon,
-        budget_delta=dsb.delta,
-        name=str(getattr(getattr(trainer, "data", None), "name", "")),
-        workdir=str(workdir or ""),
-    )
+    dsb = None if dataset_budget is None else as_budget(dataset_budget)
+    with Ledger(path) as led:
+        spend = led.charge(
+            fp,
+            run_id,
+            float(st.total_epsilon),
+            float(st.delta),
+            budget_epsilon=None if dsb is None else dsb.epsilon,
+            budget_delta=None if dsb is None else dsb.delta,
+            name=_dataset_name(trainer),
+            workdir=str(workdir or ""),
+        )
+    if spend.registered:
+        # A budget the run states is explicit: INFO. One taken from the run itself: a WARNING,
+        # since it fixes the dataset's lifetime budget.
+        log.log(
+            logging.INFO if dsb is not None else logging.WARNING,
+            "ledger %s: dataset %s (%s) had no lifetime budget; registered (epsilon=%g, "
+            "delta=%g) %s. Every later run on it must fit in what is left; change it with "
+            "`dptune ledger --dataset=%s --budget_epsilon=E --budget_delta=D`",
+            path, spend.name or "?", fp[:12], spend.budget_epsilon,
+            spend.budget_delta,
+            "as this run states it" if dsb is not None else "from this run's own budget",
+            fp[:12],
+        )  # fmt: skip
     log.info(
         "ledger %s: this run costs epsilon=%.4g; dataset %s has spent %.4g of %.4g",
-        led.path,
+        path,
         st.total_epsilon,
         fp[:12],
         spend.spent_epsilon,
@@ -362,11 +677,16 @@ def _run_candidates(
                 journal.mark_running(i)
             jobs = [Job(i, records[i].seed, plan.hparams(records[i].hparams)) for i in todo]
             t0 = time.time()
-            for i, score, payload in executor.run(trainer, jobs):
-                failed = not math.isfinite(score)
-                journal.write_payload(i, pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
-                journal.mark_done(i, float("nan") if failed else score, failed, time.time() - t0)
-                payloads[i] = payload
+            for i, raw_score, raw_payload in executor.run(trainer, jobs):
+                score, payload = checked_result(raw_score, raw_payload)
+                failure = payload if isinstance(payload, CandidateFailure) else None
+                failed = failure is not None
+                if not failed:
+                    journal.write_payload(
+                        i, pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+                    )
+                journal.mark_done(i, score, failed, time.time() - t0, failure)
+                payloads[i] = None if failed else payload
                 records[i] = replace(
                     records[i], status="done", score=None if failed else float(score), failed=failed
                 )
@@ -400,7 +720,17 @@ def _release(trainer, selection, sel_plan, plan, budget, records, payloads, jour
             "(Ligett et al. 2017, Lemma 2.8); charged: the worst case above."
         )
     if index is None:
-        return Release(False, None, None, None, privacy, text, published=published)
+        return Release(
+            False, None, None, None, privacy, text, published=published,
+            trainer_name=_trainer_name(trainer),
+        )  # fmt: skip
+    if records[index].failed:
+        # The selected candidate failed: the selections rank a failure below every score, so
+        # every candidate failed (a function of the selected output: post-processing). No model.
+        return Release(
+            False, None, None, None, privacy, text, outcome=NO_CANDIDATE_SUCCEEDED,
+            published=published, trainer_name=_trainer_name(trainer),
+        )  # fmt: skip
     hp = plan.hparams(records[index].hparams)
     payload = payloads[index] if index in payloads else journal.read_payload(index)
     view = release_view(trainer, hp, payload)
@@ -422,8 +752,16 @@ def _release(trainer, selection, sel_plan, plan, budget, records, payloads, jour
     score = float(scores[index]) if "score" in published else None
     return Release(
         True, hp, score, view.test_accuracy, privacy, text, payload=view.payload,
-        curve=public_curve(curve), published=published,
+        curve=public_curve(curve), published=published, trainer_name=_trainer_name(trainer),
     )  # fmt: skip
+
+
+def _trainer_name(trainer: Any) -> str:
+    """What trained the candidates, for the report: the trainer's ``kind`` (e.g. "DP-SGD"), a
+    function trainer's name, else its class name."""
+    if isinstance(trainer, FunctionTrainer):
+        return f"your function {trainer.name!r}"
+    return str(getattr(trainer, "kind", "") or type(trainer).__name__)
 
 
 def _plan_from_dict(selection: Any, d: Mapping[str, Any]) -> Any:

@@ -50,8 +50,12 @@ def privacy(hp: dict):
     return dptune.dpsgd_privacy(schedule, hp["noise_multiplier"], score_noise_std=SCORE_STD)
 
 
-# score_kind="covered": the score below is a noisy count whose noise `privacy` declares
-@dptune.trainer(privacy=privacy, num_examples=schedule.num_examples, score_kind="covered")
+# score_kind="covered": the score below is a noisy count whose noise `privacy` declares; the
+# fingerprint is the dataset's id in the budget ledger (tune() charges the default ledger)
+@dptune.trainer(
+    privacy=privacy, num_examples=schedule.num_examples, score_kind="covered",
+    fingerprint=data.fingerprint(),
+)  # fmt: skip
 def train(hp: dict, rng: np.random.Generator):
     params = model.init(jax.random.PRNGKey(0), X[:1])["params"]
     # All 64 bits of a threefry key from the candidate's generator: the noise must not be guessable.

@@ -39,6 +39,16 @@ def _own_ledger(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("DPTUNE_LEDGER", str(tmp_path_factory.mktemp("ledger") / "ledger.sqlite"))
 
 
+def pytest_configure(config):
+    # tune() and the command charge the curator's default ledger ($DPTUNE_LEDGER, else
+    # ~/.dptune/ledger.sqlite): never the real one, also from module-scoped fixtures (they run
+    # before the per-test variable above is set).
+    if "DPTUNE_LEDGER" not in os.environ:
+        os.environ["DPTUNE_LEDGER"] = os.path.join(
+            tempfile.mkdtemp(prefix="dptune-test-ledger-"), "ledger.sqlite"
+        )
+
+
 @pytest.fixture(scope="module")
 def tfds():
     """tensorflow_datasets, or a skip saying why (it is in the ``test`` extra, so CI has it)."""

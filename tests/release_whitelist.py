@@ -15,7 +15,9 @@ FILES = {
     "result.json", "privacy.json", "privacy.txt", "report.md", "epsilon.png",
     "training_curve.json", "training_curve.png", "payload.pkl", "checkpoint",
 }  # fmt: skip
-RESULT_KEYS = {"released", "hparams", "validation_score", "test_accuracy"}
+# "reason" (with released: false): "none_selected" or "no_candidate_succeeded", a function of the
+# selected output alone (the selections rank a failure below every score: issue 24, item 2)
+RESULT_KEYS = {"released", "hparams", "validation_score", "test_accuracy", "reason"}
 PRIVACY_KEYS = {
     "total_epsilon", "delta", "single_run_epsilon", "single_run_delta", "overhead", "method",
     "theorem", "accountant", "route", "rdp_order", "seeded", "private", "adjacency", "notes",

@@ -7,6 +7,13 @@ keyed hash of that record alone (public key and seed), so adding or removing one
 another between training and validation. Sizes that privacy depends on are public (the published
 size of the file, or one the user declares), never ``len()`` of the private arrays. The test split
 is public and only for reporting (docs/privacy-model.md).
+
+Malformed records are handled per record (``drop_invalid_records``): a training or validation record
+whose label is out of range or whose features are not finite is dropped by looking at that record
+alone, a stable transformation that leaves every guarantee unchanged (docs/privacy-model.md), and
+counted for the curator (``Dataset.sanitized``). The public test split is checked and refused
+instead (``check_public_split``); a file that cannot be read as its format (truncated, corrupt,
+images and labels of different counts, wrong shapes) is refused with its path.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import importlib.util
 import logging
 import os
 import pickle
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -167,6 +175,8 @@ class Dataset:
       split: how train/validation were formed (JSON-safe), for the privacy statement:
         ``{"kind": "record_hash", ...}`` (each record's split is a keyed hash of that record) or
         ``{"kind": "separate_files", ...}`` (validation supplied separately).
+      sanitized: how many private records the loader dropped, by reason
+        (``drop_invalid_records``); PRIVATE counts, for the curator's view only, never released.
     """
 
     train_x: np.ndarray
@@ -181,6 +191,7 @@ class Dataset:
     public_num_val: float = 0.0
     validation_public: bool = False
     split: dict = dataclasses.field(default_factory=dict)
+    sanitized: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Datasets built by hand (tests, users) without public sizes get the arrays' sizes: the
@@ -436,9 +447,17 @@ def load_dataset(
             train_x, train_y, test_x, test_y = _load_tfds(name, data_dir)
             num_classes = 10
         declared = PUBLISHED_TRAIN_SIZES[name] if num_examples is None else num_examples
-    check_declared_size(len(train_x), declared, name)
+    check_public_split(test_x, test_y, num_classes, f"the {name!r} test split")
+    test_y = np.asarray(test_y).astype(np.int32)
+    check_declared_size(len(train_x), declared, name)  # the file's records, as declared
+    train_x, train_y, dropped = drop_invalid_records(train_x, train_y, num_classes)
     if validation_dir is not None:
         val_x, val_y, _, _ = _load_idx(_require_dir(name, validation_dir), test_files=False)
+        val_x, val_y, val_dropped = drop_invalid_records(val_x, val_y, num_classes)
+        if not validation_public:  # a public validation set's counts would be public anyway
+            dropped = {
+                k: dropped.get(k, 0) + val_dropped.get(k, 0) for k in {*dropped, *val_dropped}
+            }
         return Dataset(
             train_x=train_x,
             train_y=train_y,
@@ -452,11 +471,84 @@ def load_dataset(
             public_num_val=float(len(val_x) if validation_public else validation_size),
             validation_public=bool(validation_public),
             split={"kind": "separate_files", "validation_public": bool(validation_public)},
+            sanitized=dropped,
         )
-    return split_validation(
+    data = split_validation(
         train_x, train_y, test_x, test_y, num_classes, name, validation_size, seed_split,
         num_examples=declared,
     )  # fmt: skip
+    return dataclasses.replace(data, sanitized=dropped) if dropped else data
+
+
+#: Why ``drop_invalid_records`` drops a record (the keys of ``Dataset.sanitized``).
+DROP_LABEL = "label_out_of_range"
+DROP_FEATURES = "non_finite_features"
+
+
+def invalid_records(x: np.ndarray, y: np.ndarray, num_classes: int) -> dict[str, np.ndarray]:
+    """Boolean masks (shape (n,)) of the records with a label that is not an integer in
+    ``[0, num_classes)`` and of those with a non-finite feature. Each record's entries depend on
+    that record alone."""
+    y = np.asarray(y)
+    x = np.asarray(x)
+    n = len(y)
+    if np.issubdtype(y.dtype, np.integer):
+        bad_label = (y < 0) | (y >= num_classes)
+    else:
+        yf = y.astype(np.float64, copy=False)
+        with np.errstate(invalid="ignore"):
+            bad_label = ~np.isfinite(yf) | (yf != np.round(yf)) | (yf < 0) | (yf >= num_classes)
+    if np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.complexfloating):
+        bad_x = ~np.isfinite(x.reshape(n, -1)).all(axis=1)
+    else:
+        bad_x = np.zeros(n, dtype=bool)
+    return {DROP_LABEL: bad_label.reshape(n), DROP_FEATURES: bad_x}
+
+
+def drop_invalid_records(
+    x: np.ndarray, y: np.ndarray, num_classes: int
+) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
+    """Drops the private records whose label is not an integer in ``[0, num_classes)`` or whose
+    features are not all finite; returns ``(x, y as int32, {reason: number dropped})``.
+
+    Whether a record is kept depends on that record alone (a stable transformation, like PINQ's
+    ``Where`` or OpenDP's filtering: McSherry 2009, Thm 3 with stability 1), so adding or removing
+    one person changes the kept records by at most that person's record, and every guarantee of
+    what is computed from them holds for the original data with the same adjacency. The counts
+    are private (they count people's records): for the curator's view only, never released.
+    Shapes: ``x`` (n, ...), ``y`` (n,); call it on user arrays before any private computation.
+    """
+    if len(x) != len(y):
+        raise ValueError(f"{len(x)} feature rows but {len(y)} labels: give one label per record")
+    masks = invalid_records(x, y, num_classes)
+    bad = np.zeros(len(y), dtype=bool)
+    counts: dict[str, int] = {}
+    for reason, mask in masks.items():
+        counts[reason] = int(np.sum(mask & ~bad))  # each dropped record counted once
+        bad |= mask
+    keep = ~bad
+    if bad.any():
+        x, y = x[keep], y[keep]
+    return (
+        np.ascontiguousarray(x),
+        np.asarray(y).astype(np.int32),
+        {k: v for k, v in counts.items() if v},
+    )
+
+
+def check_public_split(x: np.ndarray, y: np.ndarray, num_classes: int, what: str) -> None:
+    """Refuses a public split (the test split) with malformed records, saying how many and which
+    (it is public: nothing private is revealed); ValueError."""
+    if len(x) != len(y):
+        raise ValueError(f"{what}: {len(x)} images but {len(y)} labels")
+    for reason, mask in invalid_records(x, y, num_classes).items():
+        if mask.any():
+            first = np.flatnonzero(mask)[:5].tolist()
+            raise ValueError(
+                f"{what} has {int(mask.sum())} record(s) with {reason.replace('_', ' ')} "
+                f"(labels must be integers in [0, {num_classes})), e.g. records {first}: fix or "
+                "remove them (the test split is public, so it is refused, not filtered)"
+            )
 
 
 def check_declared_size(actual: int, declared: int, name: str) -> None:
@@ -670,11 +762,18 @@ def _read_idx(path: Path) -> np.ndarray:
     """Reads one IDX file (gzip or raw): big-endian magic 0x0000 <dtype=0x08 ubyte> <ndim>, then
     dims, then data."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        raw = f.read()
+    try:
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except (OSError, EOFError, zlib.error) as e:  # a truncated or corrupt .gz
+        raise ValueError(
+            f"{path} cannot be read ({type(e).__name__}: {e}): is it complete?"
+        ) from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
         raise ValueError(f"{path} is not an unsigned-byte IDX file (magic bytes {raw[:4]!r})")
     ndim = raw[3]
+    if ndim < 1 or len(raw) < 4 + 4 * ndim:
+        raise ValueError(f"{path}: its IDX header is cut short ({len(raw)} bytes)")
     dims = np.frombuffer(raw, dtype=">u4", count=ndim, offset=4).astype(np.int64)
     data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
     if data.size != int(np.prod(dims)):
@@ -689,6 +788,22 @@ def _load_idx(folder: Path, test_files: bool = True):
     if missing:
         raise DatasetNotFoundError(f"{str(folder)!r} lacks IDX files {missing}. {_HOW_TO_POINT}")
     arrays = {k: _read_idx(p) for k, p in paths.items()}
+    for kind in ("train", "test") if test_files else ("train",):
+        x, y = arrays[f"{kind}_x"], arrays[f"{kind}_y"]
+        if x.ndim != 3:
+            raise ValueError(
+                f"{paths[kind + '_x']} holds an array of shape {x.shape}; images in the IDX layout "
+                "have shape (n, height, width)"
+            )
+        if y.ndim != 1:
+            raise ValueError(
+                f"{paths[kind + '_y']} holds an array of shape {y.shape}; labels have shape (n,)"
+            )
+        if len(x) != len(y):
+            raise ValueError(
+                f"{paths[kind + '_x']} holds {len(x)} images but {paths[kind + '_y']} holds "
+                f"{len(y)} labels: the two files must describe the same records"
+            )
 
     def images(a):
         return (a.astype(np.float32) / 255.0)[..., None]
@@ -712,10 +827,33 @@ def _load_cifar_pickle(folder: Path):
         )
 
     def read(p: Path):
-        with open(p, "rb") as f:
-            d = pickle.load(f, encoding="bytes")
-        x = np.asarray(d[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
-        return x.astype(np.float32) / 255.0, np.asarray(d[b"labels"], dtype=np.int32)
+        if not p.is_file():
+            raise DatasetNotFoundError(
+                f"{str(p)!r} is missing from the CIFAR-10 folder. " + _HOW_TO_POINT
+            )
+        try:
+            with open(p, "rb") as f:
+                d = pickle.load(f, encoding="bytes")
+            data, labels = d[b"data"], d[b"labels"]
+        except Exception as e:  # noqa: BLE001 - a corrupt pickle raises many kinds of errors
+            raise ValueError(
+                f"{p} is not a CIFAR-10 python batch (a dict with b'data' and b'labels'): "
+                f"{type(e).__name__}: {e}"
+            ) from None
+        data = np.asarray(data)
+        if data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
+            raise ValueError(f"{p}: b'data' has shape {data.shape}, not (n, 3072)")
+        if (
+            not np.issubdtype(data.dtype, np.integer)
+            or data.min(initial=0) < 0
+            or data.max(initial=0) > 255
+        ):
+            raise ValueError(f"{p}: b'data' must hold bytes (integers 0..255)")
+        y = np.asarray(labels)
+        if y.ndim != 1 or len(y) != len(data):
+            raise ValueError(f"{p}: {len(data)} images but labels of shape {y.shape}")
+        x = data.astype(np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+        return x.astype(np.float32) / 255.0, y
 
     parts = [read(root / f"data_batch_{i}") for i in range(1, 6)]
     test_x, test_y = read(root / "test_batch")

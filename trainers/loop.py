@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -105,6 +106,13 @@ def _check(hp: Hyperparams, data: Dataset) -> None:
             "a separate validation set declared public (load_dataset(validation_dir=..., "
             "validation_public=True))"
         )
+
+
+def check_inputs(hp: Hyperparams, data: Dataset) -> None:
+    """The checks ``train_candidates`` makes before training (model vs image shape, the sizes,
+    the score's noise), for a caller that wants them before any private computation: they read
+    the data's public schema and sizes only. Raises ValueError."""
+    _check(hp, data)
 
 
 def train_candidate(
@@ -220,7 +228,11 @@ def _train_group(
                 for hp, k, i in zip(hps, keys, indices, strict=True)
             ]
         log.warning("candidate %d failed with %s", indices[0], type(e).__name__)
-        return [CandidateResult(None, FAILURE_SCORE, [], True, f"{type(e).__name__}: {e}")]
+        return [
+            CandidateResult(
+                None, FAILURE_SCORE, [], True, f"{type(e).__name__}: {e}", traceback.format_exc()
+            )
+        ]
 
 
 def _train_group_unsafe(
@@ -338,7 +350,11 @@ def _train_group_unsafe(
     for c, hp in enumerate(hps):
         p = jax.tree_util.tree_map(np.asarray, group.row(last_good, c))
         if failed[c]:
-            results.append(CandidateResult(p, FAILURE_SCORE, histories[c], True))
+            why = (
+                "NonFiniteParameters: the parameters became NaN or infinite in epoch "
+                f"{len(histories[c]) + 1} (a smaller learning rate or clipping norm may help)"
+            )
+            results.append(CandidateResult(p, FAILURE_SCORE, histories[c], True, why))
         else:
             score = validation_score(hp, p, data, subkeys[c][3])
             results.append(CandidateResult(p, score, histories[c], False))

@@ -221,7 +221,9 @@ class CandidateResult:
       history: one dict per completed epoch: epoch, steps, train_loss (mean over the epoch's sampled
         examples), seconds.
       failed: True if the parameters became NaN/inf or training raised.
-      error: the exception text if training raised, else None.
+      error: why it failed, ``"Type: message"`` (the exception's, or ``NonFiniteParameters``), else
+        None.
+      traceback: the exception's formatted traceback if training raised, else None.
     """
 
     params: Any
@@ -229,3 +231,4 @@ class CandidateResult:
     history: list[dict]
     failed: bool
     error: str | None = None
+    traceback: str | None = None

@@ -3,7 +3,12 @@ subcommands, each in its own module so that one command's absl flags never mix w
 
     dptune --config=smoke --workdir=/tmp/dptune-smoke     # a private tuning run
     dptune account --sampling_rate=0.004 --steps=7032 --noise_multiplier=1.1   # the accountant
+    dptune inspect /tmp/dptune-smoke                       # the curator's (private) view of a run
+    dptune ledger                                          # datasets, budgets and spends
     dptune audit --config=smoke --workdir=/tmp/dptune-audit   # an empirical privacy audit
+
+Every command refuses a mistake with one ``dptune:`` line and exit code 2
+(``dptune.cli.exits``, docs/errors.md).
 
 ``dptune.cli.build`` turns a config into the library's objects (the one place that does).
 """
@@ -16,6 +21,8 @@ import sys
 #: ``dptune NAME ...``: the subcommands and the module whose ``run()`` serves each.
 SUBCOMMANDS = {
     "account": "dptune.cli.account",
+    "inspect": "dptune.cli.inspect",
+    "ledger": "dptune.cli.ledger",
     "audit": "dptune.cli.audit",
 }
 

@@ -33,10 +33,12 @@ import json
 import math
 import sys
 
-from absl import app, flags
+from absl import flags
 from dp_accounting import dp_event
 
 from dptune import accounting
+from dptune.accounting.quiet import summarised_accounting_warnings
+from dptune.cli import exits
 from selection import privacy as sp
 from selection import registry
 
@@ -222,18 +224,30 @@ def _result() -> tuple[dict, str]:
     return out, text_extra + statement.to_text()
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str]) -> int:
     if len(argv) > 1:
-        sys.exit(f"dptune.cli.account: error: unexpected arguments {argv[1:]} (flags only).")
+        return exits.refuse(f"unexpected arguments {argv[1:]} (dptune account takes flags only)")
     try:
-        out, text = _result()
+        with summarised_accounting_warnings():
+            out, text = _result()
     except ValueError as e:  # InputError and the library's own input checks
-        sys.exit(f"dptune.cli.account: error: {e}")
+        return exits.refuse(e)
     print(json.dumps(out) if _JSON.value else text)
+    return exits.OK
 
 
 def run() -> None:
-    app.run(main)
+    """Console entry (``dptune account``): a flag error or an invalid input is one ``dptune:``
+    line and exit code 2; ``--help`` exits 0."""
+    if any(a in ("-h", "--help", "-help", "--helpshort", "--helpfull") for a in sys.argv[1:]):
+        print(__doc__)
+        print(flags.FLAGS.module_help(sys.modules[__name__]))
+        sys.exit(exits.OK)
+    try:
+        rest = flags.FLAGS(sys.argv)
+    except flags.Error as e:
+        sys.exit(exits.refuse(e))
+    sys.exit(main(rest))
 
 
 if __name__ == "__main__":

@@ -3,11 +3,15 @@ place the CLI, ``--dry_run``, the Ray workers and the scripts turn config fields
 trainer, a selection method, an executor and a ``dptune.tune`` call.
 
 Everything here checks public inputs only (the config, file formats); a problem is a
-:class:`ConfigError` naming the field.
+:class:`ConfigError` naming the field. :func:`validate` is the one check of a config that both the
+run and ``--dry_run`` go through; ``dptune.tuner.preflight`` (which ``tune`` calls too) then checks
+what needs the loaded data's public schema, the workdir and the ledger.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import functools
 import importlib
 import logging
@@ -23,6 +27,7 @@ from dptune import space as space_mod
 from dptune.accounting import ACCOUNTANTS
 from dptune.accounting.events import ADJACENCIES
 from dptune.data import MNIST_10K_DIR, MNIST_10K_NUM_TRAIN
+from dptune.errors import TuningConfigError
 from dptune.executors import make_executor
 from dptune.learners.dpsgd import (
     ARRAY_SOURCES,
@@ -35,9 +40,9 @@ from dptune.learners.dpsgd import (
     read_npz,
 )
 from dptune.ledger import default_ledger_path
-from dptune.plan import Budget, plan_privacy
+from dptune.plan import AUTO, Budget, check_selection_size
 from dptune.subsampled import plan_subsampled, tune_subsampled
-from dptune.tuner import tune
+from dptune.tuner import DEFAULT_LEDGER, check_run_arguments, check_workdir, preflight, tune
 from dptune.workdir_lock import workdir_lock
 from selection import registry
 
@@ -157,8 +162,63 @@ def _check_user_data(cfg: Mapping[str, Any], kind: str) -> None:
         raise ConfigError(f"config.data.num_classes={ncl!r} must be a positive integer")
 
 
+#: Sections whose keys are free: hyperparameters (checked against the trainer's own fields) and
+#: the learner's own options (checked by ``dptune.learners.build``).
+_FREE_SECTIONS = ("space", "train", "learner")
+
+
+def _check_known_fields(cfg: Mapping[str, Any]) -> None:
+    """Every field of the config is one dptune reads (``dptune.configs.base`` declares them all):
+    a misspelt field would otherwise be silently ignored and its default used."""
+    from dptune.configs import base
+
+    known = _plain(base.get_config())
+
+    def walk(node: Mapping[str, Any], schema: Mapping[str, Any], prefix: str) -> None:
+        for key, value in node.items():
+            path = f"{prefix}{key}"
+            if key.startswith("_"):
+                continue
+            if key not in schema:
+                close = difflib.get_close_matches(str(key), [str(k) for k in schema], n=1)
+                hint = f" (did you mean config.{prefix}{close[0]}?)" if close else ""
+                raise ConfigError(
+                    f"config.{path} is not a field dptune knows{hint}; the fields of "
+                    f"config.{prefix.rstrip('.') or '<top>'} are: {', '.join(sorted(schema))}"
+                )
+            if key in _FREE_SECTIONS and not prefix:
+                continue
+            if isinstance(value, Mapping) and isinstance(schema[key], Mapping):
+                walk(value, schema[key], f"{path}.")
+
+    walk(cfg, known, "")
+
+
+def _coerce_fixed_numbers(cfg: dict[str, Any]) -> None:
+    """``--config.space.noise_multiplier=1.1`` arrives as the string "1.1" (the field's default,
+    "auto", is a string): a number written as text in ``config.space`` becomes that number."""
+    space = cfg.get("space")
+    if not isinstance(space, dict):
+        return
+    for key, value in list(space.items()):
+        if isinstance(value, str) and value != AUTO:
+            try:
+                space[key] = float(value)
+            except ValueError:
+                raise ConfigError(
+                    f"config.space.{key}={value!r} must be {AUTO!r} (calibrated to the budget), a "
+                    "number, or a distribution"
+                ) from None
+
+
 def check_config(cfg: Mapping[str, Any]) -> None:
     """Cheap checks of everything that needs no data (raises ConfigError naming the value)."""
+    if not isinstance(cfg, Mapping):
+        raise ConfigError(
+            f"the config's get_config() returned {type(cfg).__name__}, not a ConfigDict or dict: "
+            "start from dptune.configs.base.get_config()"
+        )
+    _check_known_fields(cfg)
     name = _get(cfg, "data.name")
     kind = user_arrays(cfg)
     if kind is not None:
@@ -263,6 +323,74 @@ def learner_info(cfg: Mapping[str, Any]) -> learners.LearnerInfo:
         raise ConfigError(f"config.trainer: {e}") from None
 
 
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    """A config that passed :func:`validate`, as the library's arguments."""
+
+    cfg: dict[str, Any]
+    method: Any
+    space: Any
+    budget: Budget
+    ledger: Any
+    dataset_budget: Budget | None
+    accountant: str
+    adjacency: str
+
+
+def validate(
+    cfg: Any,
+    workdir: str | Path | None = None,
+    *,
+    seed: int | None = None,
+    debug_nonprivate: bool = False,
+) -> Checked:
+    """Every check of a run that needs neither data nor files: the config's fields, the
+    selection, the space, the budget, the flags (with the library's own argument checks,
+    ``dptune.tuner.check_run_arguments``) and the workdir's path. The one validation of the
+    config that the run and ``--dry_run`` share; raises ConfigError / TuningConfigError."""
+    cfg = _plain(cfg)
+    if isinstance(cfg, dict):
+        _coerce_fixed_numbers(cfg)
+    check_config(cfg)
+    method = build_selection(cfg)
+    try:
+        space = space_mod.Space.from_config(cfg["space"])
+        budget = Budget(_number(cfg, "privacy.epsilon"), _number(cfg, "privacy.delta"))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    ledger_cfg = cfg.get("ledger", {}) or {}
+    enabled = ledger_cfg.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"config.ledger.enabled={enabled!r} must be True or False")
+    ledger = (ledger_cfg.get("path") or DEFAULT_LEDGER) if enabled else None
+    dataset_budget = None
+    if ledger_cfg.get("budget_epsilon") is not None:
+        try:
+            dataset_budget = Budget(
+                float(ledger_cfg["budget_epsilon"]),
+                float(ledger_cfg.get("budget_delta") or budget.delta),
+            )
+        except (TuningConfigError, TypeError, ValueError) as e:
+            raise ConfigError(f"config.ledger: {e}") from None
+    accountant = str(_get(cfg, "privacy.accountant", "auto"))
+    adjacency = str(_get(cfg, "privacy.adjacency", "add_remove"))
+    group = _get(cfg, "executor.group_size", 1)
+    check_run_arguments(group, accountant, seed, debug_nonprivate, ledger, adjacency)
+    check_selection_size(method)
+    check_workdir(workdir)
+    return Checked(cfg, method, space, budget, ledger, dataset_budget, accountant, adjacency)
+
+
+@dataclasses.dataclass(frozen=True)
+class DryRun:
+    """What ``--dry_run`` found: the space with the calibrated values, the privacy statement,
+    and everything ``dptune.tuner.preflight`` checked (the ledger's view included)."""
+
+    space: Any
+    statement: Any
+    preflight: Any
+
+
 def run_config(
     cfg: Mapping[str, Any],
     workdir: str | Path,
@@ -274,24 +402,16 @@ def run_config(
 ) -> Any:
     """Runs one tuning job from a config dict (what the command does after parsing flags).
 
-    With ``dry_run`` it returns ``(space, statement)`` from ``dptune.plan_privacy`` instead:
-    checks and accounting only (public computations), no journal, no ledger, no training.
+    With ``dry_run`` it returns a :class:`DryRun` instead: the same checks as the run (the config,
+    the data's public schema, the workdir's journal, the budget and the ledger), through
+    ``dptune.tuner.preflight``; nothing is trained or written.
     """
-    cfg = _plain(cfg)
-    check_config(cfg)
-    method = build_selection(cfg)
-    try:
-        space = space_mod.Space.from_config(cfg["space"])
-        budget = Budget(_number(cfg, "privacy.epsilon"), _number(cfg, "privacy.delta"))
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    checked = validate(cfg, workdir, seed=seed, debug_nonprivate=debug_nonprivate)
     executor = None
     if not dry_run:
-        executor = build_executor(cfg)
+        executor = build_executor(checked.cfg)
     try:
-        return _run_built(
-            cfg, workdir, seed, debug_nonprivate, progress, dry_run, method, space, budget, executor
-        )
+        return _run_built(checked, workdir, seed, debug_nonprivate, progress, dry_run, executor)
     finally:
         # Frees what the executor put in Ray and shuts down a local Ray this run started, also
         # when a refusal (workdir in use, data not found, budget) comes before training.
@@ -300,10 +420,11 @@ def run_config(
 
 
 def _run_built(
-    cfg: dict[str, Any], workdir: str | Path, seed: int | None, debug_nonprivate: bool,
-    progress: bool, dry_run: bool, method: Any, space: Any, budget: Any, executor: Any,
+    checked: Checked, workdir: str | Path, seed: int | None, debug_nonprivate: bool,
+    progress: bool, dry_run: bool, executor: Any,
 ) -> Any:  # fmt: skip
     """``run_config`` once its inputs are checked and its executor is built."""
+    cfg = checked.cfg
     if not dry_run:
         # Ray: reach the cluster and check its resources before any data is loaded or trained.
         if hasattr(executor, "connect"):
@@ -322,48 +443,43 @@ def _run_built(
     strategy = dict(_get(cfg, "strategy", {}) or {})
     if strategy.get("name", "full") == "subsampled":
         return _run_subsampled(
-            cfg, workdir, seed, debug_nonprivate, progress, dry_run, method, space, budget,
-            executor, trainer, strategy,
+            cfg, workdir, seed, debug_nonprivate, progress, dry_run, checked.method,
+            checked.space, checked.budget, executor, trainer, strategy,
         )  # fmt: skip
+    common = dict(
+        workdir=workdir, seed=seed, accountant=checked.accountant, ledger=checked.ledger,
+        dataset_budget=checked.dataset_budget, debug_nonprivate=debug_nonprivate,
+        config=_binding(cfg, trainer, seed, debug_nonprivate), adjacency=checked.adjacency,
+    )  # fmt: skip
     if dry_run:
-        return plan_privacy(
-            trainer,
-            space,
-            method,
-            budget,
-            accountant=str(_get(cfg, "privacy.accountant", "auto")),
-            seeded=seed is not None,
-            debug_nonprivate=debug_nonprivate,
-            adjacency=str(_get(cfg, "privacy.adjacency", "add_remove")),
-        )
-    ledger_cfg = cfg.get("ledger", {}) or {}
-    ledger_path = ledger_cfg.get("path") or None
-    if ledger_path is None and ledger_cfg.get("enabled", True):
-        ledger_path = default_ledger_path()
-    dataset_budget = None
-    if ledger_cfg.get("budget_epsilon") is not None:
-        dataset_budget = Budget(
-            float(ledger_cfg["budget_epsilon"]),
-            float(ledger_cfg.get("budget_delta") or budget.delta),
-        )
-    bound = dict(cfg)
-    bound["_flags"] = {"seed": seed, "debug_nonprivate": debug_nonprivate}
+        pre = preflight(trainer, checked.space, checked.method, checked.budget, **common)
+        filled = space_mod.Space({**pre.plan.space.to_dict(), **pre.plan.calibrated})
+        return DryRun(filled, pre.plan.statement, pre)
     return tune(
-        trainer,
-        space,
-        method,
-        budget,
-        workdir=workdir,
-        seed=seed,
-        executor=executor,
-        accountant=str(_get(cfg, "privacy.accountant", "auto")),
-        ledger=ledger_path if ledger_cfg.get("enabled", True) else None,
-        dataset_budget=dataset_budget,
-        config=bound,
-        progress=progress,
-        debug_nonprivate=debug_nonprivate,
-        adjacency=str(_get(cfg, "privacy.adjacency", "add_remove")),
-    )
+        trainer, checked.space, checked.method, checked.budget, executor=executor,
+        progress=progress, **common,
+    )  # fmt: skip
+
+
+#: Config fields that say where files are, not what the run is: a workdir moved or copied to
+#: another machine (where the data or the ledger live elsewhere) resumes; the data's records are
+#: bound instead, by their fingerprint.
+_PATH_FIELDS = (("data", "dir"), ("data", "validation_dir"), ("ledger", "path"))
+
+
+def _binding(
+    cfg: Mapping[str, Any], trainer: Any, seed: int | None, debug_nonprivate: bool
+) -> dict[str, Any]:
+    """What the journal binds the workdir to: the config without file locations, the records'
+    fingerprint, and the flags that change the run."""
+    bound = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in cfg.items()}
+    for section, key in _PATH_FIELDS:
+        if isinstance(bound.get(section), dict):
+            bound[section].pop(key, None)
+    fingerprint = getattr(trainer, "fingerprint", None)
+    bound["_data"] = {"fingerprint": fingerprint}
+    bound["_flags"] = {"seed": seed, "debug_nonprivate": debug_nonprivate}
+    return bound
 
 
 def _ledger_args(cfg: Mapping[str, Any], budget: Any) -> tuple[Any, Any]:
@@ -400,10 +516,9 @@ def _run_subsampled(
     if dry_run:
         plan = plan_subsampled(trainer, space, method, budget, seeded=seed is not None, **kw)
         final = space_mod.Space({**plan.tuning_plan.space.to_dict(), **plan.calibrated})
-        return final, plan.statement
+        return DryRun(final, plan.statement, None)
     ledger, dataset_budget = _ledger_args(cfg, budget)
-    bound = dict(cfg)
-    bound["_flags"] = {"seed": seed, "debug_nonprivate": debug_nonprivate}
+    bound = _binding(cfg, trainer, seed, debug_nonprivate)
     return tune_subsampled(
         trainer, space, method, budget, workdir=workdir, seed=seed, executor=executor,
         ledger=ledger, dataset_budget=dataset_budget, config=bound, progress=progress, **kw,
@@ -515,7 +630,7 @@ def load_data(cfg: Mapping[str, Any]) -> Any:
         )
     except DatasetNotFoundError as e:
         raise ConfigError(f"config.data: {e}") from None
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, EOFError) as e:
         raise ConfigError(f"config.data ({d['name']!r} from {data_dir!r}): {e}") from None
 
 

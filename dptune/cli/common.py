@@ -1,10 +1,12 @@
-"""What every ``dptune`` command line shares: logging, shipped config names, one-line refusals of
-bad flags. Defines no flag (each command's module defines its own)."""
+"""What every ``dptune`` command line shares: logging (absl's ``--verbosity``), shipped config
+names, one-line refusals of bad flags. Defines no flag (each command's module defines its own)."""
 
 from __future__ import annotations
 
+import difflib
 import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from absl import flags
@@ -15,29 +17,102 @@ from dptune import configs
 log = logging.getLogger("dptune")
 
 
+class ArgumentError(ValueError):
+    """A command line that cannot name a config (a folder, a missing file, an ambiguous name)."""
+
+
+class _Stderr(logging.StreamHandler):
+    """A handler writing to whatever ``sys.stderr`` is at the time (tests capture it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
+_HANDLER = _Stderr()
+_HANDLER.setFormatter(logging.Formatter("dptune: %(message)s"))
+
+
 def setup_logging() -> None:
-    """dptune's own messages at INFO on stderr; library chatter (orbax, dp_accounting's
-    convergence warnings during calibration) only at ERROR."""
-    absl_logging.set_verbosity(absl_logging.ERROR)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("dptune: %(message)s"))
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
+    """dptune's messages on stderr at the level of absl's ``--verbosity`` (-v): INFO by default,
+    -1 warnings only, >= 1 debug; other libraries' chatter (orbax, jax) only at ERROR unless
+    ``--verbosity`` >= 1."""
+    fv = flags.FLAGS
+    chosen = fv["verbosity"].present if "verbosity" in fv else False
+    verbosity = absl_logging.get_verbosity() if chosen else 0
+    level = (
+        logging.DEBUG
+        if verbosity >= 1
+        else logging.INFO
+        if verbosity == 0
+        else logging.WARNING
+        if verbosity == -1
+        else logging.ERROR
+    )
+    absl_logging.set_verbosity(absl_logging.DEBUG if verbosity >= 1 else absl_logging.ERROR)
+    if _HANDLER not in log.handlers:
+        log.addHandler(_HANDLER)
+    log.setLevel(level)
     log.propagate = False
 
 
-def resolve_config_names(argv: list[str]) -> list[str]:
-    """``--config=NAME`` (a shipped config, ``dptune.configs.NAMES``) -> its file, so
-    the command works outside a checkout; paths are left alone."""
-    out = []
-    for arg in argv:
+def normalise_argv(argv: Sequence[str]) -> list[str]:
+    """``--config NAME`` -> ``--config=NAME``, and a shipped config's name -> its file (so the
+    command works outside a checkout). Refuses (ArgumentError) a config that is no file, a folder,
+    or a name that a local file shadows."""
+    out: list[str] = [argv[0]] if argv else ["dptune"]
+    args = list(argv[1:])
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ("--config", "-config"):
+            if i + 1 >= len(args):
+                raise ArgumentError("--config needs a value: --config=NAME or --config=FILE")
+            arg = f"--config={args[i + 1]}"
+            i += 1
+        if arg.startswith("-config="):
+            arg = "-" + arg
         if arg.startswith("--config="):
-            value = arg[len("--config=") :]
-            name, sep, rest = value.partition(":")
-            if name in configs.NAMES and not Path(name).exists():
-                arg = f"--config={configs.path_of(name)}{sep}{rest}"
+            arg = "--config=" + _resolve_config(arg[len("--config=") :])
         out.append(arg)
+        i += 1
     return out
+
+
+def _resolve_config(value: str) -> str:
+    """A shipped config's name -> its file; a path is checked (a file) and kept."""
+    name, sep, rest = value.partition(":")
+    path = Path(name).expanduser()
+    shipped = ", ".join(configs.NAMES)
+    if name in configs.NAMES:
+        if path.is_file():
+            raise ArgumentError(
+                f"--config={name} is ambiguous: {name!r} is a shipped config and a file here; "
+                f"write --config=./{name} for the file, or rename it"
+            )
+        return f"{configs.path_of(name)}{sep}{rest}"
+    if path.is_dir():
+        raise ArgumentError(
+            f"--config={name} is a folder, not a config file: give a .py file or a shipped "
+            f"config ({shipped})"
+        )
+    if not path.is_file():
+        close = difflib.get_close_matches(name, configs.NAMES, n=1)
+        hint = f" (did you mean --config={close[0]}?)" if close else ""
+        raise ArgumentError(
+            f"--config={name}: no such config file{hint}; shipped configs: {shipped}"
+        )
+    return value
+
+
+def resolve_config_names(argv: list[str]) -> list[str]:
+    """:func:`normalise_argv`, a refusal printed as one line with exit code 2 (for commands that
+    parse with ``absl.app.run``)."""
+    try:
+        return normalise_argv(argv)
+    except ArgumentError as e:
+        print(f"dptune: refused: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 def parse_flags(argv: list[str]) -> list[str]:

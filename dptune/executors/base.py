@@ -5,8 +5,10 @@ hyperparameters with the calibrated values filled in) and journals each ``(index
 as it comes back; the selection decides from the journaled scores, in index order, so an executor
 may finish candidates in any order. Two rules every executor keeps:
 
-* A trainer exception is that candidate's failure (score NaN), never an abort: whether a run fails
-  can depend on the private data (DESIGN.md).
+* A trainer exception is that candidate's failure (score NaN, payload a
+  ``dptune.errors.CandidateFailure`` with the exception's type, message and traceback, which the
+  tuner journals in ``private/``), never an abort: whether a run fails can depend on the private
+  data (DESIGN.md). A non-finite or non-numeric score is a failure too.
 * An infrastructure error (a lost machine, a dead cluster) propagates: the run stops, and a rerun
   retrains the unfinished candidates with the *same* seeds (the journal never draws them again).
 
@@ -23,6 +25,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+
+from dptune.errors import CandidateFailure
+from dptune.trainer_protocol import checked_result
 
 log = logging.getLogger("dptune")
 
@@ -49,10 +54,14 @@ class Executor(Protocol):
 
 
 def train_one(trainer: Any, job: Job) -> tuple[float, Any]:
-    """``trainer(hparams, rng)`` behind the failure guard: an exception scores NaN."""
+    """``trainer(hparams, rng)`` behind the failure guard: an exception, or a non-finite score,
+    scores NaN with a :class:`CandidateFailure` as the payload."""
     try:
         score, payload = trainer(dict(job.hparams), job.rng())
-        return float(score), payload
     except Exception as e:  # noqa: BLE001 - failure depends on the data; it must not abort
-        log.warning("a candidate failed (%s); it counts as a failure", type(e).__name__)
-        return float("nan"), None
+        log.warning(
+            "a candidate failed (%s); it counts as a failure (`dptune inspect` shows why)",
+            type(e).__name__,
+        )
+        return float("nan"), CandidateFailure.from_exception(e)
+    return checked_result(score, payload)

@@ -97,4 +97,4 @@ class DevicesExecutor:
                 for fut in done:
                     index = pending.pop(fut)
                     score, payload = fut.result()
-                    yield index, float(score), payload
+                    yield index, score, payload

@@ -8,6 +8,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from dptune.executors.base import Job, train_one
+from dptune.trainer_protocol import checked_result
 
 log = logging.getLogger("dptune")
 
@@ -47,4 +48,4 @@ class VectorizedExecutor:
             yield from SequentialExecutor().run(trainer, jobs)
             return
         for job, (score, payload) in zip(jobs, results, strict=True):
-            yield job.index, float(score), payload
+            yield (job.index, *checked_result(score, payload))

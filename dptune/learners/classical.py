@@ -33,6 +33,7 @@ Adjacency: add/remove one record (dptune's default). The trainers refuse replace
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -227,11 +228,22 @@ def _privacy_of(label: str, score_noise_multiplier: float, mechanism: str = "lap
     return privacy
 
 
-def _make(fn, privacy, n_train: int, name: str) -> FunctionTrainer:
+def _fingerprint(*arrays: Any) -> str:
+    """The private data's id in the budget ledger: sha256 of the arrays (dtype, shape, bytes)."""
+    h = hashlib.sha256(b"dptune/classical/v1")
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def _make(fn, privacy, n_train: int, name: str, data: tuple) -> FunctionTrainer:
     return _Trainer(
         fn,
         privacy,
         num_examples=n_train,
+        fingerprint=_fingerprint(*data),
         name=name,
         privacy_fields=("noise_multiplier",),
         calibrated_field="noise_multiplier",
@@ -260,7 +272,8 @@ def ridge_trainer(
         xv_c = clip_rows(xv, "l1" if mechanism == "laplace" else "l2")
         return _accuracy_score(w, xv_c, yv, score_noise_multiplier, m_public, rng), {"w": w}
 
-    return _make(fn, privacy, n_public, f"ridge covariance perturbation ({mechanism})")
+    return _make(fn, privacy, n_public, f"ridge covariance perturbation ({mechanism})",
+                 (xt, yt, xv, yv))  # fmt: skip
 
 
 def logistic_trainer(
@@ -283,7 +296,7 @@ def logistic_trainer(
         score = _accuracy_score(w, clip_rows(xv, "l2"), yv, score_noise_multiplier, m_public, rng)
         return score, {"w": w}
 
-    return _make(fn, privacy, n_public, "logistic output perturbation")
+    return _make(fn, privacy, n_public, "logistic output perturbation", (xt, yt, xv, yv))
 
 
 def histogram_trainer(
@@ -302,7 +315,7 @@ def histogram_trainer(
         total = f[(v * bins).astype(int)].sum() + rng.laplace(0.0, score_noise_multiplier * bins)
         return float(-np.sum(f**2) / bins + 2.0 * total / m_public), {"density": f}
 
-    return _make(fn, privacy, n_public, "histogram density")
+    return _make(fn, privacy, n_public, "histogram density", (train, val))
 
 
 # ------------------------------------------------------------------------------------------------

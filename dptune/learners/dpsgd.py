@@ -30,9 +30,9 @@ from dptune.accounting.events import DpSgdCandidate
 from dptune.auditing.canaries import Canaries
 from dptune.auditing.decode import decode_subset_sum
 from dptune.cachedir import COMPILATION_CACHE_ENV, OFF_WORDS, cache_root
-from dptune.errors import TuningConfigError
+from dptune.errors import CandidateFailure, TuningConfigError
 from dptune.progress import epoch_bar
-from dptune.trainer_protocol import DatasetTrainer, ReleaseView
+from dptune.trainer_protocol import DatasetTrainer, ReleaseView, source_digest
 from trainers import audit, loop, models, parallel, probe, runtime
 from trainers import step as step_lib
 from trainers.data import (
@@ -150,6 +150,13 @@ def dpsgd_privacy(
     multiplier sigma and, in parallel, a noisy validation count of std ``score_noise_std`` (None: no
     private score). The same object the built-in trainer declares (``DpSgdCandidate``)."""
     return dpsgd_candidate(schedule.privacy(noise_multiplier), score_noise_std)
+
+
+def _failure(result: Any) -> CandidateFailure:
+    """A failed ``trainers.spec.CandidateResult`` as the journal's failure record."""
+    error = result.error or "NonFiniteParameters: the parameters became non-finite"
+    kind, _, message = error.partition(": ")
+    return CandidateFailure(kind, message, result.traceback or "")
 
 
 class DpSgdTrainer(DatasetTrainer):
@@ -362,11 +369,14 @@ class DpSgdTrainer(DatasetTrainer):
                 on_epoch=on_epoch if with_curve or hooked else None,
                 vectorize=execution["vectorized"], grad_impl=self.grad_impl,
             )  # fmt: skip
-        out = []
+        out: list[tuple[float, Any]] = []
         for i, r in enumerate(results):
             if r.failed:
                 # The curator's console: which error, not which score (a failure is data-dependent).
-                log.warning("a candidate failed: %s", (r.error or "non-finite parameters")[:200])
+                failure = _failure(r)
+                log.warning("a candidate failed: %s", failure.summary())
+                out.append((float("nan"), failure))
+                continue
             curve = test_curve.get(i, {})
             history = [
                 {**h, **({"test_accuracy": curve[h["epoch"]]} if h.get("epoch") in curve else {})}
@@ -382,6 +392,19 @@ class DpSgdTrainer(DatasetTrainer):
             }
             out.append((float(r.validation_score), payload))
         return out
+
+    def check_inputs(self, hparams: Mapping[str, Any]) -> None:
+        """Refuses, before any private computation, a candidate the loop would refuse when it
+        starts (e.g. a model whose input shape is not the images'): public schema only."""
+        try:
+            loop.check_inputs(self.hyperparams(hparams), self.data)
+        except ValueError as e:
+            raise TuningConfigError(str(e)) from None
+
+    def code_digest(self) -> str:
+        """This module and the ``trainers`` package's sources (the DP-SGD engine)."""
+        package = Path(loop.__file__).parent
+        return source_digest(files=[Path(__file__), *sorted(package.glob("*.py"))])
 
     def epoch_hook(self, index: int, epoch: int, params: Any) -> None:
         """Called with candidate ``index``'s (private) parameters after each epoch of
@@ -625,6 +648,8 @@ class AuditDpSgdTrainer(DpSgdTrainer):
         with audit.fault(self.fault if self.fault in audit.FAULTS else None):
             out = super().train_many(hparams, rngs)
         for i, (score, payload) in enumerate(out):
+            if isinstance(payload, CandidateFailure):
+                continue  # journaled as the failure it is; never released, so no trace to read
             if self.canaries.kind == "gradient":
                 trace = self._trace.get(i) or [np.zeros((0, audit.GRADIENT_CANARY_SLOTS))]
                 payload["canary_trace"] = np.vstack(trace)

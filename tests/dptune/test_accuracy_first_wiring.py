@@ -156,7 +156,7 @@ def test_dptune_dry_run_calibrates_to_the_worst_case(tmp_path, monkeypatch):
         max_trials=4,
     )
     cfg["ledger"]["path"] = str(tmp_path / "ledger.sqlite")
-    _, st = cli.run_config(cfg, tmp_path / "run", dry_run=True, progress=False)
+    st = cli.run_config(cfg, tmp_path / "run", dry_run=True, progress=False).statement
     assert 3.9 < st.total_epsilon <= 4.0 and st.method == "accuracy_first/independent"
     # recomputed independently: the calibrated candidate through the same theorem
     cand = st.to_dict()["candidates"][0]
@@ -197,6 +197,7 @@ def test_tune_with_pure_candidates_states_ex_post_next_to_worst_case():
             (2.5, 1e-5),
             seed=seed,
             progress=False,
+            ledger=None,  # four runs on one toy dataset: no budget to protect
         )
         p = release.privacy
         eps = p["single_run_epsilon"]

@@ -20,7 +20,7 @@ def test_charges_add_up_and_refuse_overspend(tmp_path):
     assert led.spend("fp").runs == 2 and not led.is_charged("run3")
     # another dataset has its own budget
     assert led.charge("other", "run4", 5.0, 1e-5, **kw).runs == 1
-    with pytest.raises(LedgerBudgetMismatchError, match="budget is fixed"):
+    with pytest.raises(LedgerBudgetMismatchError, match="holds a lifetime budget"):
         led.charge("fp", "run5", 0.1, 0.0, budget_epsilon=50.0, budget_delta=1e-5)
     with pytest.raises(BudgetExceededError):
         led.charge("fresh", "run6", 1.0, 2e-5, **kw)  # delta over budget

@@ -57,7 +57,7 @@ def test_a_declaration_that_changes_after_accounting_is_stopped_before_it_trains
     with pytest.raises(TuningConfigError, match="changed after"):
         dptune.tune(
             trainer, SPACE, RandomStopping.logarithmic(mean=3), (3.0, 1e-5), seed=0,
-            progress=False,
+            progress=False, ledger=None,
         )  # fmt: skip
     assert trained == []
 
@@ -127,7 +127,7 @@ def test_a_drawn_candidate_that_shows_an_unaccounted_dependence_stops_the_run(tm
         dptune.tune(
             trainer, dptune.Space(fields), RandomStopping.logarithmic(mean=8), (50.0, 1e-5),
             seed=14,
-            workdir=tmp_path, progress=False,
+            workdir=tmp_path, progress=False, ledger=None,
         )  # fmt: skip
     assert trained == []
     with Journal(tmp_path / "private") as journal:
@@ -403,7 +403,7 @@ class _LeakyCurveTrainer:
 def test_a_release_holds_nothing_off_the_whitelist(tmp_path):
     dptune.tune(
         _LeakyCurveTrainer(), SPACE, RandomStopping.logarithmic(mean=3), (3.0, 1e-5), seed=2,
-        workdir=tmp_path, progress=False,
+        workdir=tmp_path, progress=False, ledger=None,
     )  # fmt: skip
     result = check_release_whitelist(tmp_path / "release")
     assert result["released"] and "validation_score" in result  # random stopping: covered
@@ -436,7 +436,7 @@ def test_the_release_of_an_exact_score_method_holds_no_score(index, tmp_path):
     method, kind, score = _index_only_methods()[index]
     rel = dptune.tune(
         _exact_trainer(kind, score), SPACE, method, (50.0, 1e-5), seed=0, workdir=tmp_path,
-        progress=False,
+        progress=False, ledger=None,
     )  # fmt: skip
     assert rel.released and rel.validation_score is None
     result = check_release_whitelist(tmp_path / "release")
@@ -499,7 +499,9 @@ def test_the_statement_separates_what_dptune_checked_from_the_trainers_word(tmp_
         assert all(f"`{a}`" in st.to_text() for a in st.assumptions)
     assert "per-record-split" in mine.assumptions and "public-sizes" in mine.assumptions
     # and privacy.txt of a run names them
-    release = dptune.tune(user, sp, method, (20.0, 1e-5), seed=0, workdir=tmp_path, progress=False)
+    release = dptune.tune(
+        user, sp, method, (20.0, 1e-5), seed=0, workdir=tmp_path, progress=False, ledger=None
+    )
     text = (tmp_path / "release" / "privacy.txt").read_text()
     assert "Assumptions" in text and all(f"`{a}`" in text for a in theirs.assumptions)
     assert release.privacy["trainer_word"] and release.privacy["assumptions"]

@@ -117,6 +117,7 @@ def test_user_trainer_is_accounted_over_every_field_its_privacy_depends_on():
         (20.0, 1e-5),
         seed=1,
         progress=False,
+        ledger=None,
     )
     assert release.privacy["total_epsilon"] == pytest.approx(tightest, rel=1e-3)
     calls.clear()
@@ -128,6 +129,7 @@ def test_user_trainer_is_accounted_over_every_field_its_privacy_depends_on():
             (3.0, 1e-5),
             seed=1,
             progress=False,
+            ledger=None,
         )
     assert calls == []
 
@@ -154,6 +156,7 @@ def test_a_drawn_candidate_not_covered_by_the_statement_stops_the_run_before_tra
             (3.0, 1e-5),
             seed=3,
             progress=False,
+            ledger=None,
         )
     assert calls == []
 
@@ -331,6 +334,34 @@ def test_cli_config_defaults_are_private_and_name_the_adjacency(tmp_path):
         run_config(cfg, tmp_path / "a", dry_run=True)
     cfg = smoke.get_config().to_dict()
     cfg["privacy"]["adjacency"] = "replace_one"
-    _, st = run_config(cfg, tmp_path / "b", dry_run=True)
+    st = run_config(cfg, tmp_path / "b", dry_run=True).statement
     assert st.adjacency == "replace_one" and st.total_epsilon <= 4.0 + 1e-9
     assert "replacing one example" in st.to_text()
+
+
+def test_training_samples_at_the_accounted_rate_not_at_len_train(monkeypatch):
+    """What trains is what was accounted: the loop's Poisson sampler gets q = B / N_public, the
+    rate in the declared privacy, not B / len(private arrays) (here 399 of 500 public records are
+    loaded). A loop that used len() would pass every other test and fail this one."""
+    import trainers.loop
+
+    d = make_synthetic(num_train=600, num_test=50, validation_size=100)
+    fewer = dataclasses.replace(d, train_x=d.train_x[:399], train_y=d.train_y[:399])
+    hp = dict(batch_size=50, epochs=1, learning_rate=1.0, noise_multiplier=1.0, clip_norm=1.0)
+    trainer = DpSgdTrainer(fewer, epoch_progress=False, test_curve=False)
+    seen = []
+
+    class Spy(trainers.loop.PoissonSampler):
+        def __init__(self, n, batch_size, rng, *, sampling_rate=None, **kw):
+            seen.append((n, sampling_rate))
+            raise _Stop  # recorded: no need to compile and train
+
+    monkeypatch.setattr(trainers.loop, "PoissonSampler", Spy)
+    score, payload = trainer(hp, np.random.default_rng(0))
+    assert math.isnan(score) and payload.type == "_Stop"  # the spy's stop, journaled as a failure
+    accounted = trainer.privacy(hp).sampling_rate
+    assert seen == [(399, accounted)] and accounted == 50 / 500 != 50 / 399
+
+
+class _Stop(Exception):
+    pass

@@ -41,7 +41,7 @@ def run(workdir):
     )
     sp = dict(learning_rate=space.log_uniform(0.01, 10.0), noise_multiplier=1.5)
     return dptune.tune(tr, sp, RandomStopping.logarithmic(3), (20.0, 1e-5), seed=5,
-                       workdir=workdir, progress=False)
+                       workdir=workdir, progress=False, ledger=None)
 """
 
 # Killed while the checkpoint is half written: the orbax save writes a partial file, says so,

@@ -47,3 +47,25 @@ def test_report_of_an_empty_release(tmp_path):
     text = (folder / "report.md").read_text()
     assert "Nothing" in text and "(1, 1e-05)" in text
     assert "training_curve.png" not in text  # not linked when absent
+
+
+def test_headline_rounds_epsilon_up_never_down():
+    from dptune.release import headline
+
+    assert "(4, 1e-05)" in headline({"total_epsilon": 3.99871, "delta": 1e-5})
+    assert "(3.01, 1e-05)" in headline({"total_epsilon": 3.0001, "delta": 1e-5})  # not 3
+    assert "(2, 1e-05)" in headline({"total_epsilon": 2.0, "delta": 1e-5})
+    assert "NOT" in headline({"total_epsilon": 1.0, "delta": 1e-5, "private": False})
+    assert "no finite guarantee" in headline({"total_epsilon": float("inf"), "delta": 1e-5})
+
+
+def test_report_names_the_trainer_and_never_prints_nan(tmp_path):
+    from dptune.release import Release
+    from dptune.report import report_markdown
+
+    privacy = {"total_epsilon": 2.5, "delta": 1e-5, "single_run_epsilon": 2.0, "method": "m"}
+    rel = Release(True, {"lr": 0.1}, float("nan"), None, privacy, "text", trainer_name="DP-Fisher")
+    md = report_markdown(rel, set())
+    assert "trained by DP-Fisher" in md and "DP-SGD" not in md
+    assert not re.search(r"\bnan\b", md, re.I) and "n/a" in md
+    assert md.splitlines()[2].startswith("Everything released by this run")

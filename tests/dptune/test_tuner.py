@@ -177,9 +177,11 @@ def test_user_event_mismatch_is_caught():
     tr = FunctionTrainer(
         fn, lambda hp: DpSgdCandidate(0.01, 500, hp["noise_multiplier"]), N, score_kind="covered"
     )
-    rel = dptune.tune(tr, SPACE, RandomStopping.logarithmic(2), (2.0, 1e-5), seed=1)
-    # the mismatch raises inside the candidate, which counts as a failure (never aborts)
+    rel = dptune.tune(tr, SPACE, RandomStopping.logarithmic(2), (2.0, 1e-5), seed=1, ledger=None)
+    # the mismatch raises inside the candidate, which counts as a failure (never aborts); every
+    # candidate failed, so no model is released
     assert all(math.isnan(s) for s in rel.private.scores)
+    assert not rel.released and rel.outcome == "no_candidate_succeeded"
 
 
 def test_thresholding_speculative_groups_release_first_hit():
@@ -198,7 +200,7 @@ def test_thresholding_speculative_groups_release_first_hit():
 def test_debug_nonprivate_prints_scores_and_voids_the_statement(capsys):
     rel = dptune.tune(
         make_trainer(Toy()), SPACE, RandomStopping.logarithmic(4), (2.0, 1e-5), seed=5,
-        debug_nonprivate=True,
+        debug_nonprivate=True, ledger=None,
     )  # fmt: skip
     out = capsys.readouterr().out
     assert f"K={rel.private.num_trials}" in out

@@ -54,11 +54,14 @@ def release_files(workdir):
 def test_thresholding_that_never_hits_releases_nothing(tmp_path, capsys):
     toy = Toy()
     sel = Thresholding(threshold=1.0, stop_probability=0.2)  # every toy score is <= 0
-    rel = dptune.tune(trainer(toy), SPACE, sel, (20.0, 1e-5), seed=4, workdir=tmp_path)
+    rel = dptune.tune(trainer(toy), SPACE, sel, (20.0, 1e-5), ledger=None, seed=4, workdir=tmp_path)
     assert not rel.released and rel.hparams is None and rel.validation_score is None
     # it tried every planned candidate (the coin flips' stopping time), then gave up
     assert len(toy.calls) == rel.private.num_trials >= 2
-    assert json.loads((tmp_path / "release" / "result.json").read_text()) == {"released": False}
+    assert json.loads((tmp_path / "release" / "result.json").read_text()) == {
+        "released": False,
+        "reason": "none_selected",
+    }
     # the statement is released (it is what the user may publish) but no model, no curve
     assert release_files(tmp_path) == [
         "epsilon.png",
@@ -72,7 +75,9 @@ def test_thresholding_that_never_hits_releases_nothing(tmp_path, capsys):
     )
     assert str(rel).startswith("Nothing released")
     # a rerun reads the finished release back and trains nothing
-    again = dptune.tune(trainer(toy), SPACE, sel, (20.0, 1e-5), seed=4, workdir=tmp_path)
+    again = dptune.tune(
+        trainer(toy), SPACE, sel, (20.0, 1e-5), ledger=None, seed=4, workdir=tmp_path
+    )
     assert not again.released and len(toy.calls) == rel.private.num_trials
     assert "score" not in capsys.readouterr().out
 
@@ -82,16 +87,21 @@ def test_poisson_count_zero_trains_nothing_and_releases_nothing(tmp_path):
     sel = RandomStopping.poisson(1.0)
     for seed in range(40):  # P(K = 0) = e^-1 per seed: some seed below 40 draws K = 0
         toy = Toy()
-        rel = dptune.tune(trainer(toy), SPACE, sel, (20.0, 1e-5), seed=seed)
+        rel = dptune.tune(trainer(toy), SPACE, sel, (20.0, 1e-5), ledger=None, seed=seed)
         if rel.private.num_trials == 0:
             break
     else:
         pytest.fail("no seed in 0..39 drew K = 0")
     assert toy.calls == [] and not rel.released
     work = tmp_path / "run"
-    rel = dptune.tune(trainer(Toy()), SPACE, sel, (20.0, 1e-5), seed=seed, workdir=work)
+    rel = dptune.tune(
+        trainer(Toy()), SPACE, sel, (20.0, 1e-5), ledger=None, seed=seed, workdir=work
+    )
     assert not rel.released
-    assert json.loads((work / "release" / "result.json").read_text()) == {"released": False}
+    assert json.loads((work / "release" / "result.json").read_text()) == {
+        "released": False,
+        "reason": "none_selected",
+    }
     assert "payload.pkl" not in release_files(work) and "checkpoint" not in release_files(work)
     privacy = json.loads((work / "release" / "privacy.json").read_text())
     # The Poisson count's statement: PS Thm 6 or the (tighter, when it is) profile route for it.
@@ -100,28 +110,43 @@ def test_poisson_count_zero_trains_nothing_and_releases_nothing(tmp_path):
 
 @pytest.mark.parametrize("how", ["raise", "nan"])
 def test_every_candidate_failed(tmp_path, how):
-    """Random stopping whose K candidates all fail: the search finishes (failures never abort it)
-    and releases what the selection picks among equal failure scores, the lowest index (selection's
-    total order), with no score; thresholding releases nothing."""
+    """Random stopping whose K candidates all fail: the search finishes (failures never abort it),
+    the selection picks a failure (the lowest index among equal failure scores), so no model is
+    released and the release says no candidate succeeded; every failure's reason is journaled.
+    Thresholding releases nothing (a failure never passes its threshold)."""
     toy = Toy(fail=how)
     rel = dptune.tune(
-        trainer(toy), SPACE, RandomStopping.logarithmic(4), (20.0, 1e-5), seed=9,
+        trainer(toy), SPACE, RandomStopping.logarithmic(4), (20.0, 1e-5), ledger=None, seed=9,
         workdir=tmp_path / "rs",
     )  # fmt: skip
     k = rel.private.num_trials
     assert k >= 2 and len(toy.calls) == k
     assert all(math.isnan(s) for s in rel.private.scores)
-    assert rel.released and rel.hparams == toy.calls[0]
+    assert not rel.released and rel.hparams is None and rel.outcome == "no_candidate_succeeded"
     result = json.loads((tmp_path / "rs" / "release" / "result.json").read_text())
-    assert result["validation_score"] is None and result["hparams"] == toy.calls[0]
+    assert result == {"released": False, "reason": "no_candidate_succeeded"}
+    assert "no candidate succeeded" in (tmp_path / "rs" / "release" / "report.md").read_text()
+    assert "checkpoint" not in release_files(tmp_path / "rs")
     with Journal(tmp_path / "rs" / "private") as j:
         assert all(r.failed and r.status == "done" for r in j.candidates())
+        failures = j.failures()
+    assert sorted(failures) == list(range(k))
+    if how == "raise":
+        assert {f.type for f in failures.values()} == {"FloatingPointError"}
+        assert all(
+            "diverged" in f.message and "Traceback" in f.traceback for f in failures.values()
+        )
+    else:
+        assert {f.type for f in failures.values()} == {"NonFiniteScore"}
     toy = Toy(fail=how)
     sel = Thresholding(threshold=-100.0, stop_probability=0.3)  # any finite toy score would hit
-    rel = dptune.tune(trainer(toy), SPACE, sel, (20.0, 1e-5), seed=7, workdir=tmp_path / "th")
+    rel = dptune.tune(
+        trainer(toy), SPACE, sel, (20.0, 1e-5), ledger=None, seed=7, workdir=tmp_path / "th"
+    )
     assert not rel.released and len(toy.calls) == rel.private.num_trials
     assert json.loads((tmp_path / "th" / "release" / "result.json").read_text()) == {
-        "released": False
+        "released": False,
+        "reason": "none_selected",
     }
 
 
@@ -131,7 +156,9 @@ def test_every_candidate_failed(tmp_path, how):
 def test_candidate_seeds_are_128_bit_and_reach_the_trainer_whole(tmp_path):
     toy = Toy()
     sel = BestOfK(12)  # a fixed number of candidates
-    rel = dptune.tune(trainer(toy), SPACE, sel, (50.0, 1e-5), seed=11, workdir=tmp_path)
+    rel = dptune.tune(
+        trainer(toy), SPACE, sel, (50.0, 1e-5), ledger=None, seed=11, workdir=tmp_path
+    )
     with Journal(tmp_path / "private") as j:
         seeds = [r.seed for r in j.candidates()]
     k = rel.private.num_trials

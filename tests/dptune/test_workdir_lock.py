@@ -61,7 +61,7 @@ def _trainer(calls):
         return -abs(math.log(hp["learning_rate"] / 0.3)), {"lr": hp["learning_rate"]}
 
     return FunctionTrainer(
-        train, lambda hp: DpSgdCandidate(0.01, 200, 1.5), 10_000, score_kind="covered"
+        train, lambda hp: DpSgdCandidate(0.01, 200, 1.5), 10_000, "toy", score_kind="covered"
     )
 
 
@@ -116,7 +116,7 @@ def test_lock_is_held_for_the_whole_run(tmp_path):
     tr = FunctionTrainer(
         train, lambda hp: DpSgdCandidate(0.01, 200, 1.5), 10_000, score_kind="covered"
     )
-    dptune.tune(tr, SPACE, BestOfK(1), (20.0, 1e-5), seed=2, workdir=work)
+    dptune.tune(tr, SPACE, BestOfK(1), (20.0, 1e-5), seed=2, workdir=work, ledger=None)
     assert outcomes == [1]
 
 

@@ -152,7 +152,7 @@ for argv in json.loads(sys.argv[1]):
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
         try:
             flags.FLAGS(["dptune.cli.account", *argv])
-            account.main(["dptune.cli.account"])
+            code = account.main(["dptune.cli.account"])
         except SystemExit as e:
             code, msg = 1, str(e.code)
             print(msg, file=sys.stderr)

@@ -105,6 +105,56 @@ def test_end_to_end_release_folder(reference):
     )
     acc = evaluate(load_params(rel), "cnn26k", data.test_x, data.test_y)
     assert acc == pytest.approx(result["test_accuracy"], abs=1e-6)
+    # the release and the journal name no absolute path (orbax's commit note included): the
+    # workdir can be moved or copied and still resumes or restores
+    for path in [*rel.rglob("*"), *(run / "private").rglob("*")]:
+        if path.is_file():
+            assert str(run.parent).encode() not in path.read_bytes(), path
+
+
+@pytest.mark.slow  # an interrupted and a resumed CLI run (~65 s); the twins: test_bad_inputs.py
+@pytest.mark.parametrize("sig, code, name", [(signal.SIGINT, 130, "SIGINT"),
+                                             (signal.SIGTERM, 143, "SIGTERM")])  # fmt: skip
+def test_signal_stops_with_one_line_and_its_resume_command_completes_the_same_release(
+    reference, tmp_path, sig, code, name
+):
+    """Item 5: Ctrl-C (or SIGTERM) while a candidate trains: exit 130 (143), no traceback, one
+    line saying what was saved and the exact command that resumes; that command, run as printed,
+    finishes the run with the release an uninterrupted run gives, charged once."""
+    import shlex
+
+    ref_run, _ = reference
+    work, ledger = tmp_path / "run", tmp_path / "ledger.sqlite"
+    proc = _run(work, ledger, wait=False)
+    deadline = time.time() + 300
+    while time.time() < deadline:  # once a candidate is done and the next one is training
+        rows = journal_rows(work)
+        if any(r[1] == "done" for r in rows) and any(r[1] == "running" for r in rows):
+            break
+        if proc.poll() is not None:
+            pytest.fail(
+                "the run ended before it could be interrupted: " + proc.stdout.read().decode()
+            )
+        time.sleep(0.2)
+    proc.send_signal(sig)
+    out = proc.communicate(timeout=120)[0].decode()
+    assert proc.returncode == code, out[-2000:]
+    assert "Traceback" not in out
+    lines = [ln for ln in out.splitlines() if ln.startswith("dptune: interrupted")]
+    assert len(lines) == 1 and f"({name})" in lines[0] and "saved in" in lines[0], out[-2000:]
+    command = shlex.split(lines[0].split("Resume with: ")[1])
+    assert command[0] == "dptune" and f"--workdir={work}" in command
+    again = subprocess.run(
+        [sys.executable, "-m", "dptune", *command[1:]], cwd=ROOT, capture_output=True, text=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=400,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "resuming the run" in again.stderr
+    assert json.loads((work / "release" / "result.json").read_text()) == json.loads(
+        (ref_run / "release" / "result.json").read_text()
+    )
+    with sqlite3.connect(ledger) as db:
+        assert db.execute("SELECT COUNT(*) FROM charges").fetchone()[0] == 1
 
 
 @pytest.mark.slow  # a killed and a resumed CLI run (~65 s)
@@ -235,7 +285,8 @@ def test_dry_run_plans_without_private_computation(smoke_data, monkeypatch, tmp_
 
     monkeypatch.setattr(trainers.loop, "train_candidates", None)  # any call would fail
     monkeypatch.setattr(cli, "load_data", lambda cfg: smoke_data)
-    space, statement = cli.run_config(_smoke(), tmp_path / "run", dry_run=True, progress=False)
+    dry = cli.run_config(_smoke(), tmp_path / "run", dry_run=True, progress=False)
+    space, statement = dry.space, dry.statement
     assert 3.9 < statement.total_epsilon <= 4.0
     assert space.fields["noise_multiplier"] > 0.5  # calibrated, not "auto"
     assert not (tmp_path / "run").exists()

@@ -44,11 +44,12 @@ def test_subsampled_dry_run(smoke_data, monkeypatch, tmp_path):  # noqa: F811
 
     monkeypatch.setattr(trainers.loop, "train_candidates", None)
     monkeypatch.setattr(cli, "load_data", lambda cfg: smoke_data)
-    space, st = cli.run_config(_smoke(**SUB), tmp_path / "run", dry_run=True, progress=False)
+    dry = cli.run_config(_smoke(**SUB), tmp_path / "run", dry_run=True, progress=False)
+    space, st = dry.space, dry.statement
     assert 3.95 < st.total_epsilon <= 4.0 and st.method.startswith("subsampled/")
     assert st.selection["fraction"] == 0.3 and st.selection["tuning_epsilon"] <= 0.5 + 1e-9
     # The final run's noise is below the full-data tuning's (the point of the strategy here).
-    _, full = cli.run_config(_smoke(), tmp_path / "run", dry_run=True, progress=False)
+    full = cli.run_config(_smoke(), tmp_path / "run", dry_run=True, progress=False).statement
     assert space.fields["noise_multiplier"] < full.candidates[0]["noise_multiplier"]
     assert not (tmp_path / "run").exists()
 

@@ -148,7 +148,7 @@ SCRIPT = textwrap.dedent(
                                         score_kind="covered"),
                         {"lr": log_uniform(0.1, 1.0), "noise_multiplier": 3.0},
                         RandomStopping.logarithmic(6), (8.0, 1e-5), seed=5, executor=ex,
-                        progress=False)
+                        progress=False, ledger=None)
         rel[name] = {"hparams": r.hparams, "score": r.validation_score, "privacy": r.privacy,
                      "k": r.private.num_trials, "scores": r.private.scores,
                      "ran_on": sorted(set(ran_on))}
@@ -180,7 +180,7 @@ SLOW_SCRIPT = textwrap.dedent(
                      ("data_parallel", DevicesExecutor(data_parallel=True))]:
         trainer = DpSgdTrainer(data, base, epoch_progress=False, test_curve=False)
         r = dptune.tune(trainer, space, RandomStopping.logarithmic(3), (30.0, 1e-3), seed=9,
-                        executor=ex, progress=False)
+                        executor=ex, progress=False, ledger=None)
         rel[name] = {"hparams": r.hparams, "score": r.validation_score, "privacy": r.privacy,
                      "k": r.private.num_trials, "scores": r.private.scores}
     out["release"] = rel

@@ -93,6 +93,7 @@ def _tune(executor, selection=None, seed=11, workdir=None, epsilon=3.0, trainer=
         workdir=workdir,
         executor=executor,
         progress=False,
+        ledger=None,  # several runs of one toy dataset: no budget to protect
     )
 
 

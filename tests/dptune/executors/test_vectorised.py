@@ -77,7 +77,7 @@ def test_failing_member_of_a_group_changes_nothing_else(tmp_path, fail):
         tr = ToyGroupTrainer(fail)
         rel = dptune.tune(
             tr, SPACE, BestOfK(k), (50.0, 1e-5), seed=seed, workdir=tmp_path / name,
-            executor=executor,
+            executor=executor, ledger=None,
         )  # fmt: skip
         runs[name] = (tr, rel, _journal_scores(tmp_path / name))
     tr, rel, scores = runs["vec"]
@@ -134,7 +134,7 @@ def test_dpsgd_vmapped_group_with_an_overflowing_member(tmp_path, monkeypatch):
     )  # fmt: skip
     rel = dptune.tune(
         tr, sp, BestOfK(3), (50.0, 1e-5), seed=5, workdir=tmp_path, accountant="rdp",
-        executor=VectorizedExecutor(3), progress=False,
+        executor=VectorizedExecutor(3), progress=False, ledger=None,
     )  # fmt: skip
     assert vmapped == [3]  # one vmapped group of three
     with Journal(tmp_path / "private") as j:

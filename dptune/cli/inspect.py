@@ -1,0 +1,193 @@
+"""``dptune inspect WORKDIR``: the curator's view of a run, from its private journal.
+
+    dptune inspect runs/fmnist                  # every candidate: status, score, failure, time
+    dptune inspect runs/fmnist --candidate=3    # candidate 3's failure with its traceback
+    dptune inspect runs/fmnist --json           # the same as one JSON object
+
+It prints what ``DIR/private/`` holds (the number of candidates, every score, every failure's
+reason), headed by a warning: this view is PRIVATE, for the data curator only, and must never be
+published (the selection theorems cover the released candidate alone). It reads the journal
+without writing, so it is safe while the run is going on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from absl import flags
+
+from dptune.cli import exits
+from dptune.errors import StateError
+from dptune.journal import JOURNAL_FILE, Journal
+
+#: This command's own flags (kept apart from the other commands' in one process).
+FLAGS = flags.FlagValues()
+_CANDIDATE = flags.DEFINE_integer(
+    "candidate", None, "Print this candidate's failure with its traceback.", flag_values=FLAGS
+)
+_JSON = flags.DEFINE_bool("json", False, "Print one JSON object.", flag_values=FLAGS)
+
+WARNING = (
+    "PRIVATE -- the curator's view of {dir}: it shows the number of candidates and every score. "
+    "Never publish it or paste it where others read (the release is {dir}/release/)."
+)
+
+
+def read_run(workdir: str | Path) -> dict[str, Any]:
+    """The run in ``workdir`` as the curator sees it: ``{"workdir", "run_id", "started_at",
+    "released_at", "curator_view", "privacy", "candidates": [...]}``, each candidate with its
+    index, status, score, failed, seconds, attempts, hyperparameters and failure (type, message,
+    traceback). Raises StateError if there is no intact journal."""
+    workdir = Path(workdir)
+    private = workdir / "private"
+    if not (private / JOURNAL_FILE).exists():
+        raise StateError(
+            f"{workdir} holds no run: there is no journal {private / JOURNAL_FILE} (give the "
+            "--workdir of a run)"
+        )
+    with Journal(private, readonly=True) as journal:
+        meta = journal.meta()
+        failures = journal.failures()
+        seconds = journal.seconds()
+        rows = journal.candidates()
+    calibrated = meta.get("calibrated") or {}
+    cands = []
+    for r in rows:
+        f = failures.get(r.index)
+        cands.append(
+            {
+                "index": r.index,
+                "status": r.status,
+                "score": None if r.score is None or math.isnan(r.score) else r.score,
+                "failed": r.failed,
+                "seconds": seconds.get(r.index),
+                "attempts": r.attempts,
+                "hparams": {**r.hparams, **calibrated},
+                "failure": None
+                if f is None
+                else {"type": f.type, "message": f.message, "traceback": f.traceback},
+            }
+        )
+    return {
+        "workdir": str(workdir),
+        "run_id": meta.get("run_id"),
+        "started_at": meta.get("started_at"),
+        "released_at": meta.get("released_at"),
+        "curator_view": meta.get("curator_view") or {},
+        "calibrated": meta.get("calibrated") or {},
+        "total_epsilon": (meta.get("privacy") or {}).get("total_epsilon"),
+        "delta": (meta.get("privacy") or {}).get("delta"),
+        "candidates": cands,
+    }
+
+
+def render(run: dict[str, Any], candidate: int | None = None) -> str:
+    """The view as text (headed by the warning)."""
+    lines = [WARNING.format(dir=run["workdir"]), ""]
+    if candidate is not None:
+        match = [c for c in run["candidates"] if c["index"] == candidate]
+        if not match:
+            raise StateError(
+                f"the run in {run['workdir']} has no candidate {candidate} (its candidates are "
+                f"0..{len(run['candidates']) - 1})"
+            )
+        c = match[0]
+        lines.append(f"candidate {c['index']}: {c['status']}; hyperparameters {c['hparams']}")
+        if c["failure"] is None:
+            lines.append("it did not fail" if not c["failed"] else "failed; no reason recorded")
+        else:
+            f = c["failure"]
+            lines += [
+                f"failed: {f['type']}: {f['message']}",
+                "",
+                f["traceback"] or "(no traceback)",
+            ]
+        return "\n".join(lines)
+    state = (
+        f"finished {_when(run['released_at'])}"
+        if run["released_at"]
+        else "not finished (rerun its command to resume)"
+    )
+    lines.append(
+        f"run {run['run_id'] or '(not planned yet)'}: started {_when(run['started_at'])}, {state}"
+    )
+    if run["total_epsilon"] is not None:
+        lines.append(
+            f"privacy: total epsilon {run['total_epsilon']:.4g} at delta {run['delta']:g}; "
+            f"calibrated {run['calibrated'] or 'nothing'}"
+        )
+    for key, value in sorted(run["curator_view"].items()):
+        lines.append(f"loader: {key}: {value}")
+    lines += [
+        "",
+        f"{'idx':>4}  {'status':<8} {'score':>9} {'seconds':>8}  {'reason':<40}  hyperparameters",
+    ]
+    for c in run["candidates"]:
+        score = "failed" if c["failed"] else ("" if c["score"] is None else f"{c['score']:.4f}")
+        secs = "" if c["seconds"] is None else f"{c['seconds']:.1f}"
+        reason = ""
+        if c["failure"] is not None:
+            first = (c["failure"]["message"].splitlines() or [""])[0]
+            reason = f"{c['failure']['type']}: {first}"
+            reason = reason if len(reason) <= 40 else reason[:37] + "..."
+        hp = ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(c["hparams"].items()))
+        lines.append(f"{c['index']:>4}  {c['status']:<8} {score:>9} {secs:>8}  {reason:<40}  {hp}")
+    failed = [c["index"] for c in run["candidates"] if c["failed"]]
+    if failed:
+        lines += [
+            "",
+            f"{len(failed)} failed; `dptune inspect {run['workdir']} --candidate={failed[0]}` "
+            "prints a failure's traceback.",
+        ]
+    return "\n".join(lines)
+
+
+def cli(argv: Sequence[str]) -> int:
+    """``dptune inspect`` in this process; returns the exit code."""
+    if any(a in ("-h", "--help", "-help", "--helpfull") for a in argv[1:]):
+        print(__doc__)
+        return exits.OK
+    try:
+        rest = FLAGS(list(argv))[1:]
+    except flags.Error as e:
+        FLAGS.unparse_flags()
+        return exits.refuse(e)
+    try:
+        if len(rest) != 1:
+            return exits.refuse(
+                f"dptune inspect takes one WORKDIR (got {rest or 'none'}): dptune inspect DIR "
+                "[--candidate=N] [--json]"
+            )
+        run = read_run(rest[0])
+        if _JSON.value:
+            print(json.dumps(run, indent=2, default=str))
+        else:
+            print(render(run, _CANDIDATE.value))
+        return exits.OK
+    except StateError as e:
+        return exits.refuse(e)
+    finally:
+        FLAGS.unparse_flags()
+
+
+def _when(t: Any) -> str:
+    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(t)))
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def run() -> None:
+    """Console entry (``dptune inspect``)."""
+    sys.exit(cli(sys.argv))
+
+
+if __name__ == "__main__":
+    run()
