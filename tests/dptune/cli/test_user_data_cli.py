@@ -67,8 +67,8 @@ def test_npz_data_and_factory_model_tune_end_to_end(pkg):
 
 
 def test_loader_data_dry_run_and_refusals(pkg):
-    space, statement = run_config(_cfg(pkg, loader="user_pkg_mod:load"), pkg / "w", dry_run=True)
-    assert statement.total_epsilon <= 3.0
+    dry = run_config(_cfg(pkg, loader="user_pkg_mod:load"), pkg / "w", dry_run=True)
+    assert dry.statement.total_epsilon <= 3.0
     data = load_data(_cfg(pkg, loader="user_pkg_mod:load"))
     assert data.public_num_train == 500 and data.num_classes == 2 and len(data.test_x) == 100
     bad = _cfg(pkg, source="npz", path=str(pkg / "d.npz"))
