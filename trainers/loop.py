@@ -24,6 +24,7 @@ import numpy as np
 from trainers import audit, models, parallel, probe
 from trainers.data import Dataset
 from trainers.evaluate import device_arrays, model_data, validation_score
+from trainers.sampling import PoissonSampler
 from trainers.spec import (
     FAILURE_SCORE,
     CandidateResult,
@@ -266,7 +267,17 @@ def _train_group_unsafe(
     total_steps = schedule.steps
 
     subkeys = [jax.random.split(key, 4) for key in keys]  # init, sampling, noise, score
-    samplers = [schedule.sampler(n_train, _numpy_rng(sk[1]), max_chunk=chunk) for sk in subkeys]
+    # The sampler DpSgdSchedule.sampler builds (each actual record at the accountant's rate q).
+    samplers = [
+        PoissonSampler(
+            n_train,
+            schedule.batch_size,
+            _numpy_rng(sk[1]),
+            sampling_rate=schedule.sampling_rate,
+            max_chunk=chunk,
+        )  # fmt: skip
+        for sk in subkeys
+    ]
     params = group.stack([models.init_params(fns.spec, sk[0]) for sk in subkeys])
     opt_states = group.stack(
         [make_optimizer(hp).init(group.row(params, c)) for c, hp in enumerate(hps)]

@@ -134,9 +134,10 @@ def steps_per_epoch(batch_size: int, num_train: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class DpSgdSchedule:
     """The sampling schedule of one DP-SGD run, from PUBLIC numbers only: q = B / N and
-    ``epochs * ceil(N / B)`` Poisson steps. The training loop (``trainers.loop``) samples its
-    batches through it and the accountant's declaration comes from :meth:`privacy`, so the two
-    cannot disagree; a user's own loop uses the same object (``docs/your_model.md``).
+    ``epochs * ceil(N / B)`` Poisson steps. The training loop (``trainers.loop``) takes its
+    sampling rate and step count from it and the accountant's declaration comes from
+    :meth:`privacy`, so the two cannot disagree; a user's own loop uses the same object
+    (``docs/your_model.md``).
 
     Attributes:
       num_examples: N, the PUBLIC nominal number of training records (``Dataset.public_num_train``),
