@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import sqlite3
 import time
 from collections.abc import Iterable
@@ -294,8 +295,6 @@ class Journal:
 
     def read_payload(self, index: int) -> Any:
         """Reads back a payload written by the tuner (a pickle this run wrote itself)."""
-        import pickle
-
         with open(self.payload_path(index), "rb") as f:
             return pickle.load(f)
 

@@ -12,6 +12,7 @@ from typing import Any
 
 
 def _pyplot():
+    # heavy: matplotlib loads only when a release draws its plots
     import matplotlib
 
     matplotlib.use("Agg")

@@ -12,6 +12,8 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from tqdm.auto import tqdm
+
 
 class NullBar:
     """A bar that shows nothing."""
@@ -26,8 +28,6 @@ def tuning_bar(enabled: bool) -> Iterator[Any]:
     if not enabled:
         yield NullBar()
         return
-    from tqdm.auto import tqdm
-
     bar = tqdm(
         desc="tuning", bar_format="{desc}: {elapsed}", file=sys.stderr, leave=False, disable=None
     )
@@ -43,8 +43,6 @@ def epoch_bar(enabled: bool, total_epochs: int) -> Iterator[Callable[[dict], Non
     if not enabled:
         yield None
         return
-    from tqdm.auto import tqdm
-
     bar = tqdm(
         total=total_epochs,
         desc="training",

@@ -37,6 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from dptune import plots
+from dptune.report import write_report
+
 log = logging.getLogger("dptune")
 
 RESULT_FILE = "result.json"
@@ -174,6 +179,11 @@ class Release:
         )
 
     @property
+    def no_candidate_succeeded(self) -> bool:
+        """Whether nothing was released because every candidate failed."""
+        return self.outcome == NO_CANDIDATE_SUCCEEDED
+
+    @property
     def headline(self) -> str:
         """One line: the run's (epsilon, delta), epsilon rounded up (``headline``)."""
         return headline(self.privacy)
@@ -224,7 +234,6 @@ def _round_up(x: float, digits: int = 3) -> str:
 
 def write_release(release: Release, folder: str | os.PathLike) -> Path:
     """Writes ``release`` to ``folder`` atomically (temp folder, then rename); returns it."""
-    from dptune import plots
 
     folder = Path(folder).absolute()
     # Both helpers live in the release's own parent, so the renames below stay on one file system
@@ -256,8 +265,6 @@ def write_release(release: Release, folder: str | os.PathLike) -> Path:
             plots.training_curve(
                 curve, tmp / "training_curve.png", release.privacy.get("total_epsilon")
             )
-    from dptune.report import write_report
-
     write_report(release, tmp)  # report.md: a one-page summary linking the plots above
     unknown = sorted(p.name for p in tmp.iterdir() if p.name not in RELEASE_FILES)
     if unknown:
@@ -332,13 +339,13 @@ def load_params(folder: str | os.PathLike, like: Any = None) -> Any:
     checkpoint that does not match. Default: nested dicts of arrays, as ``module.apply({"params":
     ...})`` takes them.
     """
-    import orbax.checkpoint as ocp
+    import orbax.checkpoint as ocp  # heavy (JAX): only when a checkpoint is read or written
 
     path = Path(folder).absolute() / "checkpoint"
     with ocp.StandardCheckpointer() as ckpt:
         if like is None:
             return ckpt.restore(path)
-        import jax
+        import jax  # heavy: the core stays JAX-free until a checkpoint is read
 
         target = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), like)
         return ckpt.restore(path, target)
@@ -373,8 +380,8 @@ def load_release(path: str | os.PathLike, like: Any = None) -> Release:
 
 
 def _save_orbax(params: Any, path: Path) -> None:
+    # heavy (JAX): the core stays JAX-free until a checkpoint is written
     import jax
-    import numpy as np
     import orbax.checkpoint as ocp
 
     params = jax.tree_util.tree_map(np.asarray, params)
@@ -389,7 +396,7 @@ def _save_orbax(params: Any, path: Path) -> None:
 
 def _is_array_tree(tree: Any) -> bool:
     try:
-        import jax
+        import jax  # heavy: the core stays JAX-free unless a payload holds arrays
     except ImportError:  # pragma: no cover - jax is a dependency
         return False
     leaves = jax.tree_util.tree_leaves(tree)

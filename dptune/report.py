@@ -37,12 +37,10 @@ def _pct(x: Any) -> str:
 def report_markdown(release: Any, files: set[str]) -> str:
     """The report of ``release`` (a :class:`dptune.release.Release`) as Markdown; ``files`` are the
     names present in the release folder (plots are linked only if there)."""
-    from dptune.release import NO_CANDIDATE_SUCCEEDED, headline
-
     p = release.privacy or {}
     eps, delta = p.get("total_epsilon"), p.get("delta")
     trainer = getattr(release, "trainer_name", None) or "a private trainer"
-    lines = ["# dptune release report", "", headline(p), ""]
+    lines = ["# dptune release report", "", release.headline, ""]
     if release.released:
         lines += [
             "## What was released",
@@ -64,7 +62,7 @@ def report_markdown(release: Any, files: set[str]) -> str:
             "|---|---|",
         ]
         lines += [f"| `{k}` | {_num(v)} |" for k, v in sorted((release.hparams or {}).items())]
-    elif getattr(release, "outcome", "") == NO_CANDIDATE_SUCCEEDED:
+    elif release.no_candidate_succeeded:
         lines += [
             "## What was released",
             "",

@@ -50,7 +50,7 @@ from dptune.errors import (
     StateError,
     TuningConfigError,
 )
-from dptune.executors import Job, make_executor
+from dptune.execution import Job, SequentialExecutor, VectorizedExecutor
 from dptune.journal import JOURNAL_FILE, Journal, MemoryJournal
 from dptune.ledger import BudgetExceededError, Ledger, Spend, default_ledger_path
 from dptune.plan import (
@@ -82,6 +82,7 @@ from dptune.trainer_protocol import (
     trainer,
 )
 from dptune.workdir_lock import workdir_lock
+from selection import Plan
 
 __all__ = [
     "AUTO",
@@ -200,7 +201,7 @@ def tune(
             adjacency=adjacency,
         )  # fmt: skip
         if executor is None:
-            executor = make_executor("sequential", group_size=group_size)
+            executor = VectorizedExecutor(group_size) if group_size > 1 else SequentialExecutor()
         return _tune_checked(pre, trainer, selection, executor, seed, progress, debug_nonprivate)
 
 
@@ -767,5 +768,5 @@ def _trainer_name(trainer: Any) -> str:
 def _plan_from_dict(selection: Any, d: Mapping[str, Any]) -> Any:
     plan_cls = getattr(selection, "plan_class", None)
     if plan_cls is None:
-        from selection import Plan as plan_cls  # noqa: N813
+        plan_cls = Plan
     return plan_cls.from_dict(dict(d))

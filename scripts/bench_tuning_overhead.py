@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> dict:
                 calibrated = dict(j.get("calibrated") or {})
             k = len(done)
             # The same candidates alone: same hyperparameters, same keys (the trainer's key from
-            # the journaled seed, as dptune.executors.base.Job.rng gives it), no tuner around them.
+            # the journaled seed, as dptune.execution.Job.rng gives it), no tuner around them.
             t0 = time.perf_counter()
             for r in done:
                 hp = trainer.hyperparams({**r.hparams, **calibrated})

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from trainers.models import conv_stride2_s2d
+from trainers.models import conv_stride2_s2d, group_norm
 from trainers.models import max_pool_2x2_stride1 as _pool
 from trainers.models import max_pool_2x2_stride2 as models_pool2
 
@@ -418,8 +418,6 @@ def clipped_sum_scatter_linear(
     (Z^T (c * G), sum_i c_i g_i): no per-example gradient is ever materialised. Same contract and
     return value as :func:`clipped_sum_naive` (which a test compares it with, jitted).
     """
-    from trainers.models import group_norm
-
     w, bias = params["dense"]["kernel"], params["dense"]["bias"]
     z = group_norm(x, groups).reshape(x.shape[0], -1)  # (b, d)
     logits = z @ w + bias

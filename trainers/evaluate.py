@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from trainers import models
+from trainers import models, scatter
 from trainers.data import Dataset
 from trainers.spec import Hyperparams
 
@@ -32,8 +32,6 @@ def model_data(data: Dataset, model: str) -> Dataset:
         return data
     cached = _FEATURE_DATA.get(data)
     if cached is None:
-        from trainers import scatter
-
         n_tr, n_va = len(data.train_x), len(data.val_x)
         feats = scatter.features(np.concatenate([data.train_x, data.val_x, data.test_x]))
         cached = dataclasses.replace(
@@ -59,8 +57,6 @@ def _inputs_for(model, x: np.ndarray) -> np.ndarray:
     hit = _INPUTS.get(id(x))
     if hit is not None and hit[0]() is x:
         return hit[1]
-    from trainers import scatter
-
     feats = scatter.features(x)
     try:
         _INPUTS[id(x)] = (weakref.ref(x), feats)

@@ -52,6 +52,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 from flax.linen.dtypes import promote_dtype as _flax_promote_dtype
+from jax.extend.core import Literal
+
+from trainers.dpsgd import clip_factors, im2col_s2d, kernel_from_s2d
 
 #: Layer types with a per-example gradient formula here (exact types: a subclass may change the
 #: computation, so it is treated as unknown).
@@ -251,8 +254,6 @@ def _conv_patches(
         and ks[0] % strides[0] == 0 and k_dil == (1, 1)
         and in_spatial[0] == in_spatial[1] and pads[0] == pads[1]
     ):  # fmt: skip
-        from trainers.dpsgd import im2col_s2d, kernel_from_s2d
-
         k, st = ks[0], strides[0]
         out_hw = (in_spatial[0] + sum(pads[0]) - k) // st + 1
         if (out_hw - 1) * st + k - pads[0][0] <= in_spatial[0] + pads[0][1]:
@@ -481,8 +482,6 @@ def _fast_pool_eqn(eqn) -> Callable | None:
 def _eval_with_fast_pools(jaxpr, consts, *args) -> list:
     """``jax.core.eval_jaxpr`` with :func:`_slice_pool` for the max-pools (also inside nested
     ``jit`` calls); every other equation is bound as it was traced."""
-    from jax.extend.core import Literal
-
     env: dict = {}
 
     def read(v):
@@ -681,8 +680,6 @@ def clipped_sum_ghost(
     -> (n,)`` per-example losses; with ``copies``, x is (b, K, ...) and example i's loss is the mean
     over its K copies.
     """
-    from trainers.dpsgd import clip_factors  # one definition of the clip factor
-
     b = x.shape[0]
     if copies:
         k = x.shape[1]

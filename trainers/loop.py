@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from trainers import audit, models, parallel, probe
+from trainers import audit, models, parallel, probe, scatter
 from trainers.data import Dataset
 from trainers.evaluate import device_arrays, model_data, validation_score
 from trainers.sampling import PoissonSampler
@@ -64,8 +64,6 @@ def _numpy_rng(key: jax.Array) -> np.random.Generator:
 def _check(hp: Hyperparams, data: Dataset) -> None:
     spec = models.resolve(hp.model, data.num_classes)
     if spec.features == "scatter":
-        from trainers import scatter
-
         scatter.kymatio_version()  # raises KymatioMissingError with how to install it
         if tuple(data.train_x.shape[1:]) != (*scatter.IMAGE_HW, 1):
             raise ValueError(

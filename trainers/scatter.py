@@ -31,6 +31,7 @@ Kymatio is an optional dependency (``pip install 'dptune[scatter]'``). Kymatio 0
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import logging
 import os
 import threading
@@ -82,8 +83,8 @@ def _scattering(backend: str = "numpy"):
     -> (BATCH, 81, 7, 7) float32."""
     if backend not in _SCAT:
         try:
-            # Not `kymatio.numpy` / `kymatio.jax`: they import the 3-D frontend (broken with
-            # SciPy >= 1.15).
+            # optional: Kymatio is the [scatter] extra. Not `kymatio.numpy` / `kymatio.jax`: they
+            # import the 3-D frontend (broken with SciPy >= 1.15).
             if backend == "jax":
                 from kymatio.scattering2d.frontend.jax_frontend import ScatteringJax2D
             else:
@@ -91,7 +92,7 @@ def _scattering(backend: str = "numpy"):
         except ImportError as e:
             raise _missing() from e
         if backend == "jax":
-            import jax
+            import jax  # only for the jax backend (the numpy one must not initialise JAX)
 
             # The whole transform (a static Python loop over filters of jnp ops) traces into one
             # program; every batch has the same shape, so it compiles once.
@@ -106,8 +107,6 @@ _SCAT: dict = {}
 
 def kymatio_version() -> str:
     """Installed Kymatio version (part of the cache key: a new version may change the filters)."""
-    import importlib.metadata
-
     try:
         return importlib.metadata.version("kymatio")
     except importlib.metadata.PackageNotFoundError as e:
@@ -158,7 +157,7 @@ def _platform(backend: str) -> str:
     """``numpy`` or ``jax-<platform>`` (``jax-cpu``, ``jax-gpu``): part of the cache folder name."""
     if backend == "numpy":
         return "numpy"
-    import jax
+    import jax  # only for the jax backend (the numpy one must not initialise JAX)
 
     return f"jax-{jax.default_backend()}"
 

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from trainers import dpsgd, models
+from trainers import dpsgd, ghost, models, parallel
 from trainers.runtime import tune_malloc
 from trainers.spec import Hyperparams
 
@@ -116,8 +116,6 @@ def default_grad_impl(model: Any, image_shape: tuple[int, ...], augmult: int = 0
 def ghost_plan(spec: models.ModelSpec) -> Any:
     """``trainers.ghost.analyze`` of a spec's module (cached per spec object). A module that
     cannot take the ghost path is logged once, with the reason."""
-    from trainers import ghost
-
     if spec.module is None:
         plan = ghost.GhostPlan("an (init_fn, apply_fn) pair has no layers to intercept")
     else:
@@ -284,8 +282,6 @@ class StepFunctions:
                 dpsgd.clipped_sum_naive, self.spec.apply, loss=self.spec.loss, copies=copies
             )
         elif grad_impl == "ghost":
-            from trainers import ghost
-
             if self.spec.module is None:
                 raise ValueError("grad_impl='ghost' needs a flax Module, not an (init, apply) pair")
             self._clipped_sum = functools.partial(
@@ -296,8 +292,6 @@ class StepFunctions:
             raise ValueError(f"grad_impl={grad_impl!r}: expected one of {GRAD_IMPLS[1:]}")
         self.mesh = mesh
         if mesh is not None:
-            from trainers import parallel
-
             # Data-parallel (trainers.parallel): each chunk's examples are split over the mesh,
             # clipped where they are, and the clipped sums reduced; `_step` then adds the noise
             # once to the reduced sum, so its std is sigma * C whatever the device count.

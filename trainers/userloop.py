@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from trainers import dpsgd, models, step
+from trainers import dpsgd, ghost, models, step
 
 
 class clipped_grad_sum:  # noqa: N801 - used like a function: clipped_grad_sum(model)(...)
@@ -69,8 +69,6 @@ class clipped_grad_sum:  # noqa: N801 - used like a function: clipped_grad_sum(m
             impl = step.resolve_grad_impl(spec, self.grad_impl, key[0])
             loss = self.loss or dpsgd.per_example_loss
             if impl == "ghost":
-                from trainers import ghost
-
                 fn = functools.partial(ghost.clipped_sum_ghost, self.model, loss, copies=False)
             else:
                 fn = functools.partial(dpsgd.clipped_sum_naive, spec.apply, loss=loss, copies=False)

@@ -33,6 +33,7 @@ sensitivity here and are refused. dp_accounting's own RDP accountant keeps the s
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from collections.abc import Iterable, Sequence
@@ -335,8 +336,6 @@ CandidateLike = Any  # Candidate | DpEvent | object with sampling_rate, steps, n
 
 def with_adjacency(candidate: Candidate, adjacency: str) -> Candidate:
     """``candidate`` accounted under ``adjacency`` (a copy; DP-SGD and event candidates)."""
-    import dataclasses
-
     check_adjacency(adjacency)
     if isinstance(candidate, (DpSgdCandidate, EventCandidate)):
         return dataclasses.replace(candidate, adjacency=adjacency)

@@ -50,6 +50,7 @@ from dptune.release import Release, load_params
 from dptune.space import Space
 from dptune.trainer_protocol import FunctionTrainer
 from dptune.tuner import tune
+from selection import BestOfK
 
 __all__ = ["AUDIT_JSON", "AUDIT_MD", "BREAKS", "WHATS", "AuditResult", "audit"]
 
@@ -406,8 +407,6 @@ def _with_canaries(trainer, design, included, break_, score) -> Any:
 
 def _one_candidate(audited, space, selection, budget, accountant, seed, adjacency):
     """``what="training"``: the tuning's calibrated values, fixed, and one candidate."""
-    from selection import BestOfK
-
     plan = make_privacy_plan(
         audited, space, selection, budget, accountant=accountant, seeded=seed is not None,
         adjacency=adjacency,

@@ -26,6 +26,7 @@ from dptune import learners, strategies
 from dptune import space as space_mod
 from dptune.accounting import ACCOUNTANTS
 from dptune.accounting.events import ADJACENCIES
+from dptune.configs import base as base_config
 from dptune.data import MNIST_10K_DIR, MNIST_10K_NUM_TRAIN
 from dptune.errors import TuningConfigError
 from dptune.executors import make_executor
@@ -170,9 +171,7 @@ _FREE_SECTIONS = ("space", "train", "learner")
 def _check_known_fields(cfg: Mapping[str, Any]) -> None:
     """Every field of the config is one dptune reads (``dptune.configs.base`` declares them all):
     a misspelt field would otherwise be silently ignored and its default used."""
-    from dptune.configs import base
-
-    known = _plain(base.get_config())
+    known = _plain(base_config.get_config())
 
     def walk(node: Mapping[str, Any], schema: Mapping[str, Any], prefix: str) -> None:
         for key, value in node.items():

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
+
+import numpy as np
 
 #: Folder holding 10,000 MNIST digits (8,000 train / 2,000 test) in IDX gz layout, for offline runs.
 MNIST_10K_DIR: Path = Path(__file__).resolve().parent / "mnist-10k"
@@ -18,9 +21,6 @@ def load_mnist_10k() -> tuple:
     For examples of user data (``dptune.Dataset.from_arrays(x_train, y_train,
     num_examples=MNIST_10K_NUM_TRAIN, ...)``); the built-in configs read the same files.
     """
-    import gzip
-
-    import numpy as np
 
     def read(name: str) -> np.ndarray:
         # IDX: zero bytes, type 0x08 (unsigned byte), number of dimensions, big-endian sizes.

@@ -1,8 +1,8 @@
 """How candidates are trained: the executors, and ``make_executor`` with the one vocabulary of
 their names.
 
-* ``base``: ``Job``, the ``Executor`` protocol and ``train_one`` (the failure guard).
-* ``local``: ``SequentialExecutor`` (the default), ``VectorizedExecutor`` (``trainer.train_many``).
+* ``sequential`` and ``vectorized``: the in-process executors of the core (``dptune.execution``,
+  with ``Job``, the ``Executor`` protocol and ``train_one``, the failure guard), named here.
 * ``devices``: one candidate per local accelerator, or one at a time data-parallel over all.
 * ``ray``: one Ray task per candidate, on this machine or a cluster (the ``[ray]`` extra).
 
@@ -14,8 +14,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dptune.executors.base import Executor, Job, train_one
-from dptune.executors.local import SequentialExecutor, VectorizedExecutor
+from dptune.execution import (
+    Executor,
+    Job,
+    SequentialExecutor,
+    VectorizedExecutor,
+    train_one,
+)
 
 __all__ = [
     "KINDS",
@@ -40,11 +45,13 @@ def make_executor(kind: str = "sequential", *, group_size: int = 1, **options: A
     ``data_parallel`` (one candidate at a time over all of them; ``dptune.executors.devices``).
     Options another kind does not use are refused."""
     if kind == "ray":
+        # optional: Ray is the [ray] extra
         from dptune.executors.ray import RayExecutor
 
         ray_options = {"address", "cpus_per_candidate", "gpus_per_candidate", "max_retries"}
         return RayExecutor(**_own_options(kind, options, ray_options | {"num_cpus"}))
     if kind == "devices":
+        # heavy: JAX loads only for this kind
         from dptune.executors.devices import DevicesExecutor
 
         return DevicesExecutor(**_own_options(kind, options, {"devices", "data_parallel"}))

@@ -23,7 +23,9 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Any
 
-from dptune.executors.base import Job, train_one
+import jax
+
+from dptune.execution import Job, train_one
 
 
 class DevicesExecutor:
@@ -36,8 +38,6 @@ class DevicesExecutor:
     """
 
     def __init__(self, devices: int | None = None, data_parallel: bool = False) -> None:
-        import jax
-
         local = jax.local_devices()
         if devices is None:
             devices = len(local)
@@ -69,8 +69,6 @@ class DevicesExecutor:
                 yield job.index, score, payload
             return
         if len(self.devices) == 1 or len(jobs) == 1:
-            import jax
-
             with jax.default_device(self.devices[0]):
                 for job in jobs:
                     yield (job.index, *train_one(trainer, job))
@@ -80,8 +78,6 @@ class DevicesExecutor:
             free.put(d)
 
         def one(job: Job) -> tuple[float, Any]:
-            import jax
-
             device = free.get()
             try:
                 # default_device is thread-local: this thread's arrays and jitted calls go there.

@@ -14,7 +14,7 @@ only an engine that runs ``train_one(trainer, job)`` elsewhere. What this buys a
   run stops, nothing is journaled for that candidate).
 * **A lost worker** (a killed process, a lost node) is retried by Ray with the *same* task, so the
   same seed and the same noise (``max_retries``); the plan is never redrawn. A trainer exception is
-  that candidate's failure (NaN), as in every executor (``dptune.executors.base.train_one``).
+  that candidate's failure (NaN), as in every executor (``dptune.execution.train_one``).
 * **A killed driver**: the journal holds every finished candidate; rerunning the command retrains
   only the unfinished ones, with their journaled seeds (``dptune.tuner``).
 * **Nothing private stays in Ray**: each result's reference is dropped as soon as it is journaled
@@ -41,7 +41,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from dptune.errors import TuningConfigError
-from dptune.executors.base import Job, train_one
+from dptune.execution import Job, train_one
 
 log = logging.getLogger("dptune")
 
@@ -122,7 +122,7 @@ class RayExecutor:
         ``parallelism`` to how many fit at once. Public work only: no data, no training."""
         if self._connected:
             return self
-        import ray
+        import ray  # optional: the [ray] extra (a clear error if missing: _require_ray)
 
         if not ray.is_initialized():
             if self.address not in (None, "auto") and not self.address.startswith("ray://"):
@@ -177,7 +177,7 @@ class RayExecutor:
 
     # --- running ------------------------------------------------------------------------------
     def _prepare(self, trainer: Any) -> None:
-        import ray
+        import ray  # optional: the [ray] extra (a clear error if missing: _require_ray)
 
         self.connect()
         if self._remote is None:
@@ -201,7 +201,7 @@ class RayExecutor:
 
     def run(self, trainer: Any, jobs: Sequence[Job]) -> Iterator[tuple[int, float, Any]]:
         """Submits one task per job and yields ``(index, score, payload)`` as tasks finish."""
-        import ray
+        import ray  # optional: the [ray] extra (a clear error if missing: _require_ray)
 
         self._prepare(trainer)
         pending = {self._remote.remote(self._spec, job): job.index for job in jobs}
@@ -221,7 +221,7 @@ class RayExecutor:
         """Frees what this executor put in Ray; shuts down a local Ray instance it started."""
         if not self._connected:
             return
-        import ray
+        import ray  # optional: the [ray] extra (a clear error if missing: _require_ray)
 
         self._trainer_ref = None
         self._spec = None
@@ -277,7 +277,7 @@ def _worker_trainer(spec: tuple) -> Any:
                     "give every node the same data (a shared path or the same files)"
                 )
         else:
-            import ray
+            import ray  # optional: the [ray] extra (a clear error if missing: _require_ray)
 
             trainer = ray.get(source[0])
         _WORKER_TRAINERS[token] = trainer

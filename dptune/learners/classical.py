@@ -33,7 +33,9 @@ Adjacency: add/remove one record (dptune's default). The trainers refuse replace
 
 from __future__ import annotations
 
+import argparse
 import hashlib
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -42,9 +44,13 @@ import numpy as np
 from dp_accounting import dp_event
 from scipy import optimize
 
+import dptune
+from dptune import space
 from dptune.accounting.events import EventCandidate
+from dptune.data import MNIST_10K_DIR, MNIST_10K_NUM_TRAIN
 from dptune.errors import TuningConfigError
 from dptune.trainer_protocol import FunctionTrainer
+from selection import RandomStopping
 
 __all__ = [
     "clip_rows",
@@ -333,14 +339,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     statement, nothing else. Randomness from OS entropy unless ``--seed`` is given. Returns the
     printed dict.
     """
-    import argparse
-    import json
-
-    import dptune
-    from dptune import space
-    from dptune.data import MNIST_10K_DIR, MNIST_10K_NUM_TRAIN
-    from selection import RandomStopping
-    from trainers.data import load_dataset
+    # heavy (JAX): the per-record split of the shipped data comes with the DP-SGD learner, the one
+    # dptune module that reaches trainers/; only this command line needs it
+    from dptune.learners.dpsgd import load_dataset
 
     ap = argparse.ArgumentParser(
         prog="python -m dptune.learners.classical", description=main.__doc__
