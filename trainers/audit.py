@@ -73,9 +73,11 @@ class GradientCanaries(nn.Module):
         return jnp.where(is_canary[:, None], canary, logits)
 
 
+@functools.cache
 def gradient_canary_spec(base: ModelSpec) -> ModelSpec:
     """The model ``base.name + AUDIT_MODEL_SUFFIX``: ``base`` wrapped by :class:`GradientCanaries`
-    (image models only: the marker is a pixel)."""
+    (image models only: the marker is a pixel); one spec object per base, so every candidate of
+    an audit shares one compiled step."""
     if base.features is not None:
         raise ValueError(
             f"gradient canaries need a model that reads images; {base.name!r} reads "

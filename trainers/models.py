@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from trainers.spec import AUDIT_MODEL_SUFFIX, MODEL_NAMES  # one list of model names, JAX-free
+from trainers.spec import MODEL_NAMES  # one list of model names, JAX-free
 
 #: Models that train on scattering features (``trainers.scatter``) instead of raw images.
 SCATTER_MODELS = ("scatter_linear", "scatter_cnn")
@@ -326,12 +326,6 @@ def get_model(name: str, num_classes: int = 10) -> ModelSpec:
     ~52k-parameter comparison of the DP feature-selection paper's appendix A.1, whose exact widths
     are not published.
     """
-    if name.endswith(AUDIT_MODEL_SUFFIX):
-        # dptune audit's gradient canaries around a model; imported here because trainers.audit
-        # imports this module.
-        from trainers.audit import gradient_canary_spec
-
-        return gradient_canary_spec(get_model(name.removesuffix(AUDIT_MODEL_SUFFIX), num_classes))
     if name == "cnn26k":
         return ModelSpec(name, MnistCNN(16, 32, 32, num_classes), (28, 28, 1))
     if name == "cnn52k":

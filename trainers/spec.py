@@ -25,8 +25,8 @@ FAILURE_SCORE = float("nan")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 #: Model names of ``trainers.models.get_model``.
 MODEL_NAMES = ("cnn26k", "cnn52k", "cifar_cnn", "wrn16_4", "scatter_linear", "scatter_cnn")
-#: ``NAME + AUDIT_MODEL_SUFFIX``: model NAME with the gradient canaries of ``dptune audit``
-#: (``trainers.audit``); never a model to release.
+#: The name of a model wrapped with the gradient canaries of ``dptune audit`` ends so
+#: (``trainers.audit.gradient_canary_spec``); never a model to release.
 AUDIT_MODEL_SUFFIX = "+gradient_canaries"
 
 
@@ -97,7 +97,7 @@ class Hyperparams:
         if not 0 <= self.momentum < 1:
             bad("momentum", "must be in [0, 1)")
         if isinstance(self.model, str):
-            if self.model.removesuffix(AUDIT_MODEL_SUFFIX) not in MODEL_NAMES:
+            if self.model not in MODEL_NAMES:
                 bad("model", f"must be one of {MODEL_NAMES} or a user's model")
         elif not (hasattr(self.model, "input_shape") and hasattr(self.model, "apply")):
             bad("model", "must be a shipped model name or a trainers.models.ModelSpec")

@@ -466,10 +466,22 @@ class _AuditTrainer:
         return self.inner.privacy(hparams)
 
     def __call__(self, hparams: Mapping[str, Any], rng: np.random.Generator) -> Any:
-        return self.inner(self._broken(hparams), rng)
+        return self._unaccounted(self.inner(self._broken(hparams), rng))
 
     def _train_many(self, hparams, rngs) -> Any:
-        return self.inner.train_many([self._broken(h) for h in hparams], rngs)
+        out = self.inner.train_many([self._broken(h) for h in hparams], rngs)
+        return [self._unaccounted(r) for r in out]
+
+    def _unaccounted(self, result: Any) -> Any:
+        """A negative control trained with settings its statement does not cover: its per-epoch
+        privacy (of the broken settings, e.g. a vanishing noise multiplier) is dropped, so the
+        released curve states nothing for it."""
+        if not self.break_ or not isinstance(result, tuple) or len(result) != 2:
+            return result
+        score, payload = result
+        if isinstance(payload, Mapping) and "privacy_by_epoch" in payload:
+            payload = {**payload, "privacy_by_epoch": []}
+        return score, payload
 
     def privacy_notes(self) -> list[str]:
         notes = list(self.inner.privacy_notes()) if hasattr(self.inner, "privacy_notes") else []

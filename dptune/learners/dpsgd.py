@@ -385,13 +385,20 @@ class DpSgdTrainer(DatasetTrainer):
             payload = {
                 "params": jax.tree_util.tree_map(np.asarray, r.params),
                 "history": history,
-                "privacy_by_epoch": [
-                    self._privacy(hps[i], h["steps"]) for h in history if "steps" in h
-                ],
+                "privacy_by_epoch": self._privacy_curve(hps[i], history),
                 "execution": execution,
             }
             out.append((float(r.validation_score), payload))
         return out
+
+    def _privacy_curve(self, hp: Hyperparams, history: Sequence[Mapping[str, Any]]) -> list:
+        """The accounting candidate of the training up to each epoch of ``history``; empty (no
+        curve) for a setting the accountant refuses, which only an audit's negative control (no
+        noise) can train: a tuning run's plan refuses it before anything trains."""
+        try:
+            return [self._privacy(hp, h["steps"]) for h in history if "steps" in h]
+        except TuningConfigError:
+            return []
 
     def check_inputs(self, hparams: Mapping[str, Any]) -> None:
         """Refuses, before any private computation, a candidate the loop would refuse when it
@@ -623,7 +630,8 @@ class AuditDpSgdTrainer(DpSgdTrainer):
         """The parent's hyperparameters; with gradient canaries, its model wrapped by
         ``trainers.audit.GradientCanaries`` (refused for a model that reads features)."""
         hp = super().hyperparams(hparams)
-        if self.canaries.kind == "gradient" and not str(hp.model).endswith(AUDIT_MODEL_SUFFIX):
+        wrapped = getattr(hp.model, "name", "").endswith(AUDIT_MODEL_SUFFIX)
+        if self.canaries.kind == "gradient" and not wrapped:
             if not isinstance(hp.model, str):
                 raise TuningConfigError(
                     "gradient canaries wrap a shipped image model; audit your own model with "
@@ -634,7 +642,8 @@ class AuditDpSgdTrainer(DpSgdTrainer):
                     f"gradient canaries need a model that reads images; {hp.model!r} reads "
                     "features: audit it with --kind=input"
                 )
-            hp = dataclasses.replace(hp, model=hp.model + AUDIT_MODEL_SUFFIX)
+            base = models.get_model(hp.model, self.data.num_classes)
+            hp = dataclasses.replace(hp, model=audit.gradient_canary_spec(base))
         return hp
 
     def epoch_hook(self, index: int, epoch: int, params: Any) -> None:

@@ -23,7 +23,7 @@ def data():
 
 @pytest.fixture(scope="module")
 def wrapped():
-    spec = models.get_model("cnn26k" + AUDIT_MODEL_SUFFIX)
+    spec = audit.gradient_canary_spec(models.get_model("cnn26k"))
     return spec, models.init_params(spec, jax.random.PRNGKey(0))
 
 
@@ -71,11 +71,13 @@ def test_canaries_land_in_the_split_they_are_meant_for(data):
 
 
 def test_model_names_and_fault():
-    assert Hyperparams(model="cnn26k" + AUDIT_MODEL_SUFFIX).model.endswith(AUDIT_MODEL_SUFFIX)
+    spec = audit.gradient_canary_spec(models.get_model("cnn26k"))
+    assert spec is audit.gradient_canary_spec(models.get_model("cnn26k"))  # one compiled step
+    assert Hyperparams(model=spec).model.name.endswith(AUDIT_MODEL_SUFFIX)
     with pytest.raises(ValueError, match="model"):
-        Hyperparams(model="mlp" + AUDIT_MODEL_SUFFIX)
+        Hyperparams(model="cnn26k" + AUDIT_MODEL_SUFFIX)  # a wrapped model is a spec, not a name
     with pytest.raises(ValueError, match="features"):
-        models.get_model("scatter_linear" + AUDIT_MODEL_SUFFIX)
+        audit.gradient_canary_spec(models.get_model("scatter_linear"))
     assert audit.noise_step(7) == 7
     with audit.fault("noise_reused"):
         assert audit.noise_step(7) == 0
