@@ -158,7 +158,10 @@ def test_thresholding_cli_killed_and_resumed_equals_uninterrupted(tmp_path):
         assert json.loads((work / "release" / name).read_text()) == json.loads(
             (tmp_path / "ref" / "release" / name).read_text()
         )
-    assert json.loads((work / "release" / "result.json").read_text()) == {"released": False}
+    assert json.loads((work / "release" / "result.json").read_text()) == {
+        "released": False,
+        "reason": "none_selected",  # no candidate reached the threshold: a private outcome
+    }
     assert not (work / "release" / "checkpoint").exists()
     assert "Nothing released" in again.stdout
     with sqlite3.connect(ledger) as db:  # two runs, each charged once (the killed one too)

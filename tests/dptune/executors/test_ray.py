@@ -267,7 +267,9 @@ def test_killing_a_worker_mid_candidate_changes_nothing(tmp_path, cluster, seq9)
     while killed is None and time.time() < deadline and proc.poll() is None:
         pids = _train_task_pids()
         if pids:
-            time.sleep(3.0)  # mid-candidate: the worker has loaded the data and is training
+            # mid-candidate: the task is loading the data, compiling or training (with warm
+            # compilation caches a one-epoch smoke candidate takes only a few seconds)
+            time.sleep(0.5)
             if pids[0] in _train_task_pids():
                 os.kill(pids[0], signal.SIGKILL)
                 killed = pids[0]
