@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
                 rel = dptune.tune(
                     trainer, space, method, budget, workdir=Path(work) / "run", seed=args.seed,
                     progress=False, accountant=cfg["privacy"].get("accountant", "auto"),
+                    ledger=Path(work) / "ledger.sqlite",  # a fresh ledger per round, charged
                 )  # fmt: skip
                 t_tune = time.perf_counter() - t0
             assert rel is not None

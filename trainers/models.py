@@ -485,10 +485,20 @@ def _check_user_model(spec: ModelSpec, num_classes: int | None) -> None:
 
 
 def init_params(spec: ModelSpec, key: jax.Array) -> dict:
-    """Initial parameters of ``spec`` (its initialisers) from a PRNG key."""
+    """Initial parameters of ``spec`` (its initialisers) from a PRNG key.
+
+    A module's initialisation runs as one compiled program (cached per spec, and by JAX's
+    persistent cache across runs): run eagerly, flax's ``init`` compiles every operation on its own,
+    which was most of what a warm-started run still compiled. An ``(init_fn, apply_fn)`` pair is
+    called as it is (it may not be traceable)."""
     if spec.module is None:
         return spec.init_fn(key, spec.example_input(1))
-    return spec.module.init(key, spec.example_input(1))["params"]
+    return _compiled_init(spec)(key)
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled_init(spec: ModelSpec) -> Callable:
+    return jax.jit(lambda key: spec.module.init(key, spec.example_input(1))["params"])
 
 
 def param_count(params) -> int:

@@ -42,7 +42,14 @@ def test_tune_custom_jax_example_releases_within_budget(tmp_path):
     "name, budget, loaded",
     [
         ("user_mlp_mnist.py", 3.0, "predictions"),
-        ("user_text_classifier.py", 4.0, "test accuracy of the loaded parameters"),
+        # slow (a transformer compiled cold: ~20 s); its fast twins: the attention layer of
+        # tests/trainers/test_ghost.py and the token-input model of tests/trainers/test_user_data.py
+        pytest.param(
+            "user_text_classifier.py",
+            4.0,
+            "test accuracy of the loaded parameters",
+            marks=pytest.mark.slow,
+        ),  # fmt: skip
         ("user_tabular.py", 5.0, "P(benign)"),
     ],
 )

@@ -64,7 +64,9 @@ def _loop_per_example_grads(apply_fn, params, x):
     return per_example
 
 
-@pytest.mark.parametrize("augmult", [0, 3])
+# augmult 3 is slow (a second CIFAR CNN compile, ~10 s); its fast twins: augmult 0 here and the
+# naive path with copies (test_cifar_cnn_naive_with_augmult_equals_loop_over_copies)
+@pytest.mark.parametrize("augmult", [0, pytest.param(3, marks=pytest.mark.slow)])
 def test_cifar_cnn_compiled_bookkeeping_matches_naive(augmult):
     """The CIFAR CNN's book-keeping clipped sum AS COMPILED in the training step (the jitted chunk
     sum, augmentation included) equals vmap(grad) per-example clipping on the same copies, <= 1e-5
@@ -214,6 +216,8 @@ def test_train_cifar_cnn_with_augmult_and_ema(tiny_cifar):
     assert _rel_err(p_out, res.params) == 0.0
 
 
+# ~8 s; fast twin: tests/trainers/test_train.py::test_chunked_batch_equals_one_chunk
+@pytest.mark.slow
 def test_microbatch_size_does_not_change_the_result():
     data = make_synthetic(num_train=600, num_test=50, validation_size=100, seed=2)
     base = Hyperparams(batch_size=64, epochs=1, learning_rate=1.0, clip_norm=0.5)

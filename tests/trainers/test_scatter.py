@@ -134,7 +134,10 @@ def test_scatter_linear_closed_form_equals_vmap_grad_compiled(clip_norm):
     np.testing.assert_allclose(np.asarray(fast[2]), np.asarray(ref[2]), rtol=1e-4)
 
 
-@pytest.mark.parametrize("model", ["scatter_linear", "scatter_cnn"])
+# scatter_cnn is slow (~10 s cold); its fast twin: scatter_linear here
+@pytest.mark.parametrize(
+    "model", ["scatter_linear", pytest.param("scatter_cnn", marks=pytest.mark.slow)]
+)
 def test_scatter_model_learns_under_dpsgd_on_real_digits(mnist, model, tmp_path, monkeypatch):
     monkeypatch.setenv("DPTUNE_CACHE", str(tmp_path))
     data = split_validation(
@@ -153,6 +156,9 @@ def test_scatter_model_learns_under_dpsgd_on_real_digits(mnist, model, tmp_path,
     assert evaluate(r.params, model, data.test_x, data.test_y) > 0.80
 
 
+# slow (three model families compiled, ~12 s); fast twins: a user model's statement equals a shipped
+# one's (tests/dptune/learners/test_user_model.py) and scatter_linear learning above
+@pytest.mark.slow
 def test_model_family_is_a_privacy_irrelevant_hyperparameter(mnist, tmp_path, monkeypatch):
     """The tuner's DP-SGD trainer declares the same privacy for every model, and trains a mix of
     families drawn from one space (features for the scatter models, images for the CNN)."""

@@ -200,6 +200,7 @@ def test_group_layouts_hold_the_same_candidate_values():
     assert one.keep_finite("old", "new", [False]) == "old"
 
 
+@pytest.mark.slow  # ~10 s; fast twin: test_vectorised_step_equals_sequential_steps
 def test_vectorised_training_runs_and_learns(synthetic):
     # Whole runs agree only up to chaotic amplification of float rounding, so compare outcomes.
     hps = [HP, dataclasses.replace(HP, noise_multiplier=0.5, learning_rate=1.5)]

@@ -107,6 +107,7 @@ def test_failing_member_of_a_group_changes_nothing_else(tmp_path, fail):
     assert rel.validation_score == best
 
 
+@pytest.mark.slow  # ~15 s of DP-SGD; fast twin: test_failing_member_of_a_group_changes_nothing_else
 def test_dpsgd_vmapped_group_with_an_overflowing_member(tmp_path, monkeypatch):
     """DP-SGD through the tuner with the group really ``vmap``-ed (forced; on CPU the trainer
     would train a group's members one after another): a member whose noise overflows float32
