@@ -12,6 +12,7 @@ developer's own ``~/.dptune/ledger.sqlite`` or see another test's spends.
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -37,6 +38,17 @@ else:
 def _own_ledger(tmp_path_factory, monkeypatch):
     """A fresh default ledger for every test (subprocesses inherit the variable)."""
     monkeypatch.setenv("DPTUNE_LEDGER", str(tmp_path_factory.mktemp("ledger") / "ledger.sqlite"))
+
+
+@pytest.fixture(autouse=True)
+def _dptune_logger_as_found():
+    """The "dptune" logger as each test found it: an in-process CLI run (``setup_logging``) gives
+    it a stderr handler and stops propagation, which would hide its records from a later test's
+    ``caplog`` in the same worker (an order-dependent failure under xdist)."""
+    logger = logging.getLogger("dptune")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved
 
 
 def pytest_configure(config):
