@@ -193,9 +193,15 @@ def _check_known_fields(cfg: Mapping[str, Any]) -> None:
     walk(cfg, known, "")
 
 
+# The space fields whose value may be 'auto' (calibrated by dptune.plan).
+_AUTO_FIELDS = frozenset({"noise_multiplier"})
+
+
 def _coerce_fixed_numbers(cfg: dict[str, Any]) -> None:
     """``--config.space.noise_multiplier=1.1`` arrives as the string "1.1" (the field's default,
-    "auto", is a string): a number written as text in ``config.space`` becomes that number."""
+    "auto", is a string): a number written as text in ``config.space`` becomes that number. Other
+    text stays text (a constant may be a name: ``space.model = "scatter_linear"``; the trainer
+    checks it), except in a field that takes 'auto', where it can only be 'auto' or a number."""
     space = cfg.get("space")
     if not isinstance(space, dict):
         return
@@ -204,10 +210,11 @@ def _coerce_fixed_numbers(cfg: dict[str, Any]) -> None:
             try:
                 space[key] = float(value)
             except ValueError:
-                raise ConfigError(
-                    f"config.space.{key}={value!r} must be {AUTO!r} (calibrated to the budget), a "
-                    "number, or a distribution"
-                ) from None
+                if key in _AUTO_FIELDS:
+                    raise ConfigError(
+                        f"config.space.{key}={value!r} must be {AUTO!r} (calibrated to the "
+                        "budget), a number, or a distribution"
+                    ) from None
 
 
 def check_config(cfg: Mapping[str, Any]) -> None:

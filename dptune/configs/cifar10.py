@@ -25,6 +25,7 @@ def get_config():
     c.space.learning_rate.update(low=0.05, high=2.0)
     c.space.clip_norm.update(low=0.1, high=3.0)
     # K augmented copies (crop + flip) per example; K times the compute of a step
+    del c.train.augmult  # searched below, so not also a fixed training setting
     c.space.augmult = space.choice(0, 2, 4)
     # the logarithmic count: the default (docs/accounting.md, "Which count")
     c.selection.update(method="logarithmic", mean_trials=8.0)

@@ -27,6 +27,7 @@ def get_config():
     c.train.ema_decay = 0.999
     c.space.learning_rate.update(low=1.0, high=8.0)  # De et al.: 4
     c.space.clip_norm.update(low=0.5, high=2.0)  # De et al.: 1
+    del c.train.augmult  # searched below, so not also a fixed training setting
     c.space.augmult = space.choice(8, 16)  # De et al.: 16
     # the logarithmic count: the default (docs/accounting.md, "Which count")
     c.selection.update(method="logarithmic", mean_trials=4.0)
