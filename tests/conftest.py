@@ -41,14 +41,16 @@ def _own_ledger(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture(autouse=True)
-def _dptune_logger_as_found():
-    """The "dptune" logger as each test found it: an in-process CLI run (``setup_logging``) gives
-    it a stderr handler and stops propagation, which would hide its records from a later test's
-    ``caplog`` in the same worker (an order-dependent failure under xdist)."""
-    logger = logging.getLogger("dptune")
-    saved = (list(logger.handlers), logger.level, logger.propagate)
+def _loggers_as_found():
+    """The "dptune" and "trainers" loggers as each test found them: an in-process CLI run
+    (``setup_logging``) gives them a stderr handler and stops their propagation, which would hide
+    their records from a later test's ``caplog`` in the same worker (an order-dependent failure
+    under xdist and pytest < 9.2)."""
+    loggers = [logging.getLogger(name) for name in ("dptune", "trainers")]
+    saved = [(list(g.handlers), g.level, g.propagate) for g in loggers]
     yield
-    logger.handlers[:], logger.level, logger.propagate = saved
+    for g, (handlers, level, propagate) in zip(loggers, saved, strict=True):
+        g.handlers[:], g.level, g.propagate = handlers, level, propagate
 
 
 def pytest_configure(config):

@@ -34,9 +34,9 @@ _HANDLER.setFormatter(logging.Formatter("dptune: %(message)s"))
 
 
 def setup_logging() -> None:
-    """dptune's messages on stderr at the level of absl's ``--verbosity`` (-v): INFO by default,
-    -1 warnings only, >= 1 debug; other libraries' chatter (orbax, jax) only at ERROR unless
-    ``--verbosity`` >= 1."""
+    """dptune's messages (and its ``trainers`` package's) on stderr, one ``dptune:`` line each, at
+    the level of absl's ``--verbosity`` (-v): INFO by default, -1 warnings only, >= 1 debug; other
+    libraries' chatter (orbax, jax) only at ERROR unless ``--verbosity`` >= 1."""
     fv = flags.FLAGS
     chosen = fv["verbosity"].present if "verbosity" in fv else False
     verbosity = absl_logging.get_verbosity() if chosen else 0
@@ -50,10 +50,13 @@ def setup_logging() -> None:
         else logging.ERROR
     )
     absl_logging.set_verbosity(absl_logging.DEBUG if verbosity >= 1 else absl_logging.ERROR)
-    if _HANDLER not in log.handlers:
-        log.addHandler(_HANDLER)
-    log.setLevel(level)
-    log.propagate = False
+    # dptune's own messages and those of its trainers package (a size far from the declared one,
+    # a model that falls back to the generic clipping path, scattering progress) print alike.
+    for logger in (log, logging.getLogger("trainers")):
+        if _HANDLER not in logger.handlers:
+            logger.addHandler(_HANDLER)
+        logger.setLevel(level)
+        logger.propagate = False
 
 
 def normalise_argv(argv: Sequence[str]) -> list[str]:

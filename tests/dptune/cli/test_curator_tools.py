@@ -20,6 +20,7 @@ from dptune.accounting import DpSgdCandidate, total_privacy
 from dptune.accounting.quiet import summarised_accounting_warnings
 from dptune.cli import inspect as inspect_cmd
 from dptune.cli import ledger as ledger_cmd
+from dptune.cli.common import setup_logging
 from dptune.cli.main import cli
 from dptune.learners import fisher
 from dptune.tuner import FunctionTrainer
@@ -160,3 +161,14 @@ def test_excluded_renyi_orders_are_one_line_not_dozens(capsys, caplog):
     assert not [r for r in caplog.records if "failed to converge" in r.getMessage()]
     summary = [r for r in caplog.records if "Renyi order" in r.getMessage()]
     assert len(summary) == 1 and "stays valid" in summary[0].getMessage()
+
+
+def test_the_trainers_packages_warnings_print_as_dptune_lines(capsys):
+    """A size far from the declared one (trainers.data) or a model falling back to the generic
+    clipping path (trainers.step) reaches the curator as a ``dptune:`` line, not as Python's bare
+    ``WARNING:trainers.data:`` fallback."""
+    setup_logging()
+    logging.getLogger("trainers.data").warning("the file holds %d records", 8000)
+    logging.getLogger("dptune").info("and dptune's own")
+    err = capsys.readouterr().err
+    assert err == "dptune: the file holds 8000 records\ndptune: and dptune's own\n"
