@@ -41,16 +41,23 @@ def _own_ledger(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture(autouse=True)
-def _loggers_as_found():
-    """The "dptune" and "trainers" loggers as each test found them: an in-process CLI run
-    (``setup_logging``) gives them a stderr handler and stops their propagation, which would hide
-    their records from a later test's ``caplog`` in the same worker (an order-dependent failure
-    under xdist and pytest < 9.2)."""
-    loggers = [logging.getLogger(name) for name in ("dptune", "trainers")]
-    saved = [(list(g.handlers), g.level, g.propagate) for g in loggers]
+def _library_loggers():
+    """The "dptune" and "trainers" loggers as the library leaves them (no handler, propagating,
+    level unset), before and after every test: an in-process CLI run (``setup_logging``), also
+    one in another module's module-scoped fixture, gives them a stderr handler and stops their
+    propagation, which hides their records from a later test's ``caplog`` in the same worker
+    (pytest < 9.2 does not attach caplog to a non-propagating logger)."""
+
+    def reset():
+        for name in ("dptune", "trainers"):
+            logger = logging.getLogger(name)
+            logger.handlers[:] = []
+            logger.setLevel(logging.NOTSET)
+            logger.propagate = True
+
+    reset()
     yield
-    for g, (handlers, level, propagate) in zip(loggers, saved, strict=True):
-        g.handlers[:], g.level, g.propagate = handlers, level, propagate
+    reset()
 
 
 def pytest_configure(config):
