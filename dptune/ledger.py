@@ -24,6 +24,8 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -227,18 +229,11 @@ class Ledger:
         differs from the registered one."""
         _check_numbers(epsilon, delta, budget_epsilon, budget_delta)
         db = self._db
-        db.execute(
-            "BEGIN IMMEDIATE"
-        )  # takes the write lock before reading: concurrent charges serialise
-        try:
+        with _write_locked(db):
             after = self._check(db, fingerprint, run_id, epsilon, delta, budget_epsilon,
                                 budget_delta, name)  # fmt: skip
             if after.registered:
-                db.execute(
-                    "INSERT INTO datasets (fingerprint, name, epsilon, delta, created) VALUES (?, "
-                    "?, ?, ?, ?)",
-                    (fingerprint, name, after.budget_epsilon, after.budget_delta, time.time()),
-                )
+                _register(db, fingerprint, name, after.budget_epsilon, after.budget_delta)
             if not self._charged(db, run_id):
                 db.execute(
                     "INSERT INTO charges (run_id, fingerprint, epsilon, delta, workdir, note, "
@@ -246,10 +241,6 @@ class Ledger:
                     "VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (run_id, fingerprint, float(epsilon), float(delta), workdir, note, time.time()),
                 )
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         result = _spend(db, fingerprint)
         assert result is not None
         return Spend(**{**result.__dict__, "registered": after.registered, "name": name})
@@ -292,15 +283,10 @@ class Ledger:
         (ValueError) below what its runs have already spent."""
         _check_numbers(epsilon, delta, epsilon, delta)
         db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with _write_locked(db):
             before = _spend(db, fingerprint)
             if before is None:
-                db.execute(
-                    "INSERT INTO datasets (fingerprint, name, epsilon, delta, created) VALUES (?, "
-                    "?, ?, ?, ?)",
-                    (fingerprint, name, float(epsilon), float(delta), time.time()),
-                )
+                _register(db, fingerprint, name, epsilon, delta)
             else:
                 if before.spent_epsilon > epsilon * (1 + _REL_TOL) or before.spent_delta > delta * (
                     1 + _REL_TOL
@@ -315,13 +301,32 @@ class Ledger:
                     "name) WHERE fingerprint = ?",
                     (float(epsilon), float(delta), name, fingerprint),
                 )
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         result = _spend(db, fingerprint)
         assert result is not None
         return result
+
+
+@contextmanager
+def _write_locked(db: sqlite3.Connection) -> Iterator[None]:
+    """One transaction that takes the write lock before it reads (``BEGIN IMMEDIATE``), so that
+    concurrent charges serialise; committed on success, rolled back on any exception."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+
+
+def _register(
+    db: sqlite3.Connection, fingerprint: str, name: str, eps: float, delta: float
+) -> None:
+    """Registers a dataset the ledger has not seen, with its lifetime budget (eps, delta)."""
+    db.execute(
+        "INSERT INTO datasets (fingerprint, name, epsilon, delta, created) VALUES (?, ?, ?, ?, ?)",
+        (fingerprint, name, float(eps), float(delta), time.time()),
+    )
 
 
 def _spend(db: sqlite3.Connection, fingerprint: str) -> Spend | None:
