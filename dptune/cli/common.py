@@ -13,6 +13,7 @@ from absl import flags
 from absl import logging as absl_logging
 
 from dptune import configs
+from dptune.cli import exits
 
 log = logging.getLogger("dptune")
 
@@ -31,6 +32,27 @@ class _Stderr(logging.StreamHandler):
 
 _HANDLER = _Stderr()
 _HANDLER.setFormatter(logging.Formatter("dptune: %(message)s"))
+
+
+#: Arguments that print a subcommand's help (``dptune inspect --help``) instead of running it.
+SUBCOMMAND_HELP = ("-h", "--help", "-help", "--helpfull")
+
+
+def parse_subcommand(
+    flag_values: flags.FlagValues, argv: Sequence[str], doc: str
+) -> tuple[list[str], int | None]:
+    """A subcommand's ``argv`` parsed into its own ``flag_values``: ``(the arguments that are not
+    flags, None)``, or ``([], exit code)`` when the command has ended: its help printed (``doc``,
+    exit 0) or a flag refused in one ``dptune:`` line (exit 2; the flags are left unparsed, so
+    the next in-process call starts clean)."""
+    if any(a in SUBCOMMAND_HELP for a in argv[1:]):
+        print(doc)
+        return [], exits.OK
+    try:
+        return flag_values(list(argv))[1:], None
+    except flags.Error as e:
+        flag_values.unparse_flags()
+        return [], exits.refuse(e)
 
 
 def setup_logging() -> None:

@@ -23,6 +23,7 @@ from typing import Any
 from absl import flags
 
 from dptune.cli import exits
+from dptune.cli.common import parse_subcommand
 from dptune.errors import StateError
 from dptune.journal import JOURNAL_FILE, Journal
 
@@ -150,14 +151,9 @@ def render(run: dict[str, Any], candidate: int | None = None) -> str:
 
 def cli(argv: Sequence[str]) -> int:
     """``dptune inspect`` in this process; returns the exit code."""
-    if any(a in ("-h", "--help", "-help", "--helpfull") for a in argv[1:]):
-        print(__doc__)
-        return exits.OK
-    try:
-        rest = FLAGS(list(argv))[1:]
-    except flags.Error as e:
-        FLAGS.unparse_flags()
-        return exits.refuse(e)
+    rest, ended = parse_subcommand(FLAGS, argv, __doc__)
+    if ended is not None:
+        return ended
     try:
         if len(rest) != 1:
             return exits.refuse(

@@ -25,6 +25,7 @@ from pathlib import Path
 from absl import flags
 
 from dptune.cli import exits
+from dptune.cli.common import parse_subcommand
 from dptune.errors import StateError
 from dptune.ledger import Ledger, default_ledger_path
 
@@ -53,14 +54,9 @@ _FULL_ID = re.compile(r"^[0-9a-f]{64}$")
 
 def cli(argv: Sequence[str]) -> int:
     """``dptune ledger`` in this process; returns the exit code."""
-    if any(a in ("-h", "--help", "-help", "--helpfull") for a in argv[1:]):
-        print(__doc__)
-        return exits.OK
-    try:
-        rest = FLAGS(list(argv))[1:]
-    except flags.Error as e:
-        FLAGS.unparse_flags()
-        return exits.refuse(e)
+    rest, ended = parse_subcommand(FLAGS, argv, __doc__)
+    if ended is not None:
+        return ended
     try:
         if rest:
             return exits.refuse(
