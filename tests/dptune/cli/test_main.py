@@ -1,7 +1,7 @@
 """The dptune command end to end on the shipped MNIST digits: release folder, SIGKILL + resume,
 and malformed configs refused before any private computation."""
 
-import importlib.util
+import importlib
 import json
 import os
 import signal
@@ -307,10 +307,7 @@ def test_every_shipped_config_passes_the_checks_it_is_run_with(name, tmp_path):
 
 
 def _load_shipped(name):
-    spec = importlib.util.spec_from_file_location(f"shipped_{name}", configs.path_of(name))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.get_config()
+    return importlib.import_module(f"dptune.configs.{name}").get_config()
 
 
 def test_a_text_constant_in_the_space_stays_text_and_a_bad_auto_field_is_refused(tmp_path):
