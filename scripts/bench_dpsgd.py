@@ -229,16 +229,6 @@ def user_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
     key = jax.random.PRNGKey(1)
     clip, sigma = jnp.float32(CLIP), jnp.float32(SIGMA)
 
-    class UserCNN(nn.Module):  # cnn26k as a user writes it: flax layers, nn.max_pool
-        @nn.compact
-        def __call__(self, x):
-            x = jnp.tanh(nn.Conv(16, (8, 8), strides=2, padding="SAME")(x))
-            x = nn.max_pool(x, (2, 2), strides=(1, 1))
-            x = jnp.tanh(nn.Conv(32, (4, 4), strides=2, padding="VALID")(x))
-            x = nn.max_pool(x, (2, 2), strides=(1, 1))
-            x = jnp.tanh(nn.Dense(32)(x.reshape(x.shape[0], -1)))
-            return nn.Dense(10)(x)
-
     class TinyTransformer(nn.Module):  # examples/user_text_classifier.py
         @nn.compact
         def __call__(self, ids):
@@ -303,7 +293,9 @@ def user_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
 
     images = rng.uniform(0, 1, (N_TRAIN // 4, 28, 28, 1)).astype(np.float32)
     labels = rng.integers(0, 10, len(images)).astype(np.int32)
-    spec, data, params0, idx, nonpriv = task("user_cnn", UserCNN(), images, labels, 10, BATCH)
+    spec, data, params0, idx, nonpriv = task(
+        "user_cnn", _user_cnn_spec().module, images, labels, 10, BATCH
+    )
     auto = step.resolve_grad_impl(spec, "auto", spec.input_shape)
     dp_row("user_cnn_auto", spec, auto, data, params0, idx, BATCH)
     shipped = models.init_params(models.get_model("cnn26k"), jax.random.PRNGKey(0))
