@@ -494,6 +494,8 @@ def torch_rows() -> dict[str, tuple[Callable[[], object], int]]:
         return {}
 
     torch.manual_seed(0)
+    # The GPU when torch sees one (the accelerator suite on a GPU machine), else the CPU.
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     def make_net():
         return nn.Sequential(
@@ -509,10 +511,10 @@ def torch_rows() -> dict[str, tuple[Callable[[], object], int]]:
             nn.Linear(32 * 4 * 4, 32),
             nn.Tanh(),
             nn.Linear(32, 10),
-        )
+        ).to(device)
 
-    x = torch.rand(BATCH, 1, 28, 28)
-    y = torch.randint(0, 10, (BATCH,))
+    x = torch.rand(BATCH, 1, 28, 28, device=device)
+    y = torch.randint(0, 10, (BATCH,), device=device)
     loss_fn = nn.CrossEntropyLoss()
     rows: dict[str, tuple[Callable[[], object], int]] = {}
 
@@ -594,6 +596,7 @@ def torch_worker(threads: int) -> None:
         torch.set_num_threads(threads)
     torch.set_num_interop_threads(1)
     rows = torch_rows()
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     for fn, _ in rows.values():
         for _ in range(3):
             fn()
@@ -605,9 +608,11 @@ def torch_worker(threads: int) -> None:
             fn = rows[cmd[0]][0]
             for _ in range(int(cmd[2]) if len(cmd) > 2 else 0):
                 fn()
+            sync()
             start = time.perf_counter()
             for _ in range(int(cmd[1])):
                 fn()
+            sync()  # a GPU runs asynchronously: the steps are done when the device says so
             print((time.perf_counter() - start) / int(cmd[1]), flush=True)
 
 
@@ -714,10 +719,15 @@ def accelerator_rows(models_: tuple[str, ...], batch: int, ks: tuple[int, ...], 
         # One compiled initialisation (flax's eager one compiles every op on its own).
         init = jax.jit(lambda key: models.init_params(spec, key))
         params0 = init(jax.random.PRNGKey(0))
-        idx = np.sort(rng.choice(n_train, batch, replace=False)).astype(np.int32)
-        ones = np.ones(batch, np.float32)
+        # Every per-step argument of every row is already on the device, for dptune's rows and
+        # the peers' alike: the table times the compiled steps. A host array or a fresh scalar
+        # per call is a host-to-device copy each, which on the lent H100 cost ~0.25 ms apiece,
+        # more than the whole step of a small model (docs/performance.md).
+        idx = jax.device_put(np.sort(rng.choice(n_train, batch, replace=False)).astype(np.int32))
+        ones = jax.device_put(np.ones(batch, np.float32))
         key, b = jax.random.PRNGKey(1), jnp.float32(batch)
         clip, sigma = jnp.float32(CLIP), jnp.float32(SIGMA)
+        f0, i0 = jnp.float32(0), jnp.int32(0)
         zeros = jax.tree_util.tree_map(jnp.zeros_like, params0)
         apply_fn = spec.module.apply
         resident = data_x.nbytes + data_y.nbytes
@@ -764,12 +774,11 @@ def accelerator_rows(models_: tuple[str, ...], batch: int, ks: tuple[int, ...], 
                 memory[f"{name}/{row}"] = _memory_mib(step, params0, st, idx)
                 continue
             fns = fns_by_impl[impl] = get_step_functions(model, 10, "sgd", impl)
-            args = (zeros, jnp.float32(0), data_x, data_y, idx, ones, key, jnp.int32(0), clip,
-                    sigma, b)  # fmt: skip
+            args = (zeros, f0, data_x, data_y, idx, ones, key, i0, clip, sigma, b)
 
             def fused(params, opt_state, idx, fns=fns):
-                return fns.step(params, opt_state, zeros, jnp.float32(0), data_x, data_y, idx,
-                                ones, key, jnp.int32(0), clip, sigma, b)  # fmt: skip
+                return fns.step(params, opt_state, zeros, f0, data_x, data_y, idx, ones, key, i0,
+                                clip, sigma, b)  # fmt: skip
 
             st = make_optimizer(hp).init(params0)
             rows[f"{name}/{row}"] = (_stateful_row(fused, params0, st, idx), batch)
@@ -804,14 +813,14 @@ def accelerator_rows(models_: tuple[str, ...], batch: int, ks: tuple[int, ...], 
                 gsum=group.stack([zeros] * k), loss=group.stack([jnp.float32(0)] * k),
                 keys=group.stack([jax.random.PRNGKey(10 + i) for i in range(k)]),
                 clip=group.stack([clip] * k), sigma=group.stack([sigma] * k),
-                chunk=group.chunk([[(idx, ones)]] * k, 0),
+                chunk=jax.device_put(group.chunk([[(np.asarray(idx), np.asarray(ones))]] * k, 0)),
             )  # fmt: skip
 
             def run_vmap(group=group, kstate=kstate, kargs=kargs):
                 a = kargs
                 kstate[0], kstate[1], loss = group.step(
                     kstate[0], kstate[1], a["gsum"], a["loss"], data_x, data_y, *a["chunk"],
-                    a["keys"], jnp.int32(0), a["clip"], a["sigma"], b,
+                    a["keys"], i0, a["clip"], a["sigma"], b,
                 )  # fmt: skip
                 return loss
 
@@ -821,8 +830,8 @@ def accelerator_rows(models_: tuple[str, ...], batch: int, ks: tuple[int, ...], 
                 out = None
                 for c in range(k):
                     seq_state[0][c], seq_state[1][c], out = fns.step(
-                        seq_state[0][c], seq_state[1][c], zeros, jnp.float32(0), data_x, data_y,
-                        idx, ones, key, jnp.int32(0), clip, sigma, b,
+                        seq_state[0][c], seq_state[1][c], zeros, f0, data_x, data_y, idx, ones,
+                        key, i0, clip, sigma, b,
                     )  # fmt: skip
                 return out
 
@@ -830,7 +839,7 @@ def accelerator_rows(models_: tuple[str, ...], batch: int, ks: tuple[int, ...], 
             rows[f"{name}/k{k}_seq"] = (run_seq, k * batch)
             memory[f"{name}/k{k}_vmap"] = _memory_mib(
                 group.step, kstate[0], kstate[1], kargs["gsum"], kargs["loss"], data_x, data_y,
-                *kargs["chunk"], kargs["keys"], jnp.int32(0), kargs["clip"], kargs["sigma"], b,
+                *kargs["chunk"], kargs["keys"], i0, kargs["clip"], kargs["sigma"], b,
                 resident=resident,
             )  # fmt: skip
             memory[f"{name}/k{k}_seq"] = memory[f"{name}/dp"]
@@ -861,7 +870,7 @@ def accelerator_main(args) -> None:
     rows, memory, checks = accelerator_rows(models_, batch, ks, n_train)
     workers = []
     if not (args.no_torch or tiny) and "cnn26k" in models_:
-        workers = [TorchRows(0)]  # torch's default threads (or its GPU when torch sees one)
+        workers = [TorchRows(0)]  # torch's default threads, on its GPU when torch sees one
     for fn, _ in rows.values():  # compile and warm up
         for _ in range(2):
             _block(fn())
