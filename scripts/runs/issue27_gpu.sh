@@ -13,6 +13,13 @@
 #   bash scripts/runs/issue27_gpu.sh table    # result: the accelerator suite at full size
 #                                             # (batch 256, K = 2, 4, 8, 5 rounds x 5 steps, torch
 #                                             # rows for cnn26k), --json
+#   bash scripts/runs/issue27_gpu.sh table2   # result, declared after `table` ran (commit 19cfc4e
+#                                             # found its harness unfair: dptune's rows copied four
+#                                             # host arguments per step, the peers' one; torch ran on
+#                                             # the CPU): the same command on the fixed suite
+#   bash scripts/runs/issue27_gpu.sh probe    # result: the vectorisation probe's choice (trainers.
+#                                             # probe, as a tuning run calls it) for cnn26k, the
+#                                             # CIFAR CNN and WRN-16-4 at batch 256 on this device
 # Everything each stage prints goes to $OUT/<stage>.txt as well.
 set -u -o pipefail
 : "${OUT:?OUT must name the output folder}"
@@ -38,6 +45,17 @@ case "$stage" in
     ;;
   table)
     python3 scripts/bench_dpsgd.py --suite=accelerator --json 2>&1 | tee -a "$log"
+    ;;
+  table2)
+    python3 scripts/bench_dpsgd.py --suite=accelerator --json 2>&1 | tee -a "$log"
+    ;;
+  probe)
+    python3 -c "
+from trainers import probe
+from trainers.spec import Hyperparams
+for m, shape in (('cnn26k', (28, 28, 1)), ('cifar_cnn', (32, 32, 3)), ('wrn16_4', (32, 32, 3))):
+    print('probe:', m, probe.choose(Hyperparams(model=m, batch_size=256), 10, shape).describe())
+" 2>&1 | tee -a "$log"
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
