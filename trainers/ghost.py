@@ -18,6 +18,11 @@ alone:
 * ``nn.Embed`` (token ids t_1..t_T): ``‖G_i‖² = Σ_{s,s'} [t_s = t_s'] <g_s, g_s'>`` (ghost).
 * ``nn.LayerNorm`` / ``nn.GroupNorm`` / ``nn.RMSNorm`` scale and bias: per-example gradients are
   sums over positions of ``g * x̂`` and ``g``, formed directly.
+* A module that declares itself a Dense/conv on a data-independent map of its own parameters
+  (:class:`Reparametrized`, e.g. the weight-standardised ``trainers.models.WSConv``): example i's
+  gradient with respect to its parameters is the map's VJP applied to the known layer's
+  ``G_i``; the norms are those of the actual parameters' gradients, the clipped sum is the VJP
+  of the book-keeping sum (the VJP is linear and the same for every example).
 
 With the clip factors ``c_i = min(1, C / ‖G_i‖)`` known, every layer's clipped sum is one more
 contraction (``Σ_i c_i A_iᵀ G'_i = (c A)ᵀ G'``, or ``Σ_i c_i G_i`` of the materialised gradients):
@@ -81,6 +86,35 @@ class _Call:
     path: tuple[str, ...]
     kind: str
     layer: nn.Module
+    reparam: Reparametrized | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Reparametrized:
+    """How a layer that reads its parameters through a data-independent map computes its output:
+    ``layer`` (an unbound ``nn.Dense`` / ``nn.Conv``, a known layer) applied to
+    ``transform(raw)``, where ``raw`` is the layer's own parameter subtree (what is trained and
+    clipped) and ``transform(raw)`` is ``layer``'s parameter subtree (e.g. ``{"kernel": ...}``).
+
+    A module declares this with a method ``as_known_layer(self) -> Reparametrized`` (see
+    :data:`REPARAM_METHOD`; ``trainers.models.WSConv``, the weight-standardised convolution, is
+    one); its ``__call__(x)`` must then equal ``layer.apply({"params": transform(raw)}, x)``,
+    which :func:`analyze` checks on a synthetic batch. ``transform`` must be a pure function of
+    the parameters (no data, no module state: it is called after the module's ``apply``); its
+    VJP is applied to every example's gradient, so a hand-written VJP (``jax.custom_vjp``) can
+    pay off (``trainers.models.standardize_kernel_fast_vjp``).
+
+    Example i's gradient with respect to ``raw`` is the transform's transposed Jacobian (VJP)
+    applied to its gradient with respect to the layer's parameters; norms are of the former,
+    the gradient of the actual parameters.
+    """
+
+    layer: nn.Module
+    transform: Callable[[Any], Any]
+
+
+#: The method by which a module declares itself a known layer on reparametrised parameters.
+REPARAM_METHOD = "as_known_layer"
 
 
 class _Recorder:
@@ -98,8 +132,12 @@ class _Recorder:
 
     def __call__(self, next_fun, args, kwargs, context):
         m = context.module
+        if self._inside or context.method_name == "setup":
+            return next_fun(*args, **kwargs)
+        if callable(getattr(type(m), REPARAM_METHOD, None)):
+            return self._reparametrized(next_fun, args, kwargs, context)
         kind = KNOWN_LAYERS.get(type(m))
-        if self._inside or kind is None or context.method_name == "setup":
+        if kind is None:
             return next_fun(*args, **kwargs)
         path = tuple(m.path)
         if context.method_name != "__call__":
@@ -140,6 +178,52 @@ class _Recorder:
             y = y + self.taps[len(self.calls)]
         self.calls.append(_Call(path, kind, layer))
         self.inputs.append(recorded)
+        self.outputs.append(y)
+        return y
+
+    def _reparametrized(self, next_fun, args, kwargs, context):
+        """A module that declared itself a known layer on ``transform(raw)``
+        (:class:`Reparametrized`): the known layer runs on the transformed copy of the recorder's
+        raw parameters, so the backward pass reaches the raw parameters through the transform."""
+        m = context.module
+        path = tuple(m.path)
+        where = "/".join(path)
+        if context.method_name != "__call__":
+            if context.method_name != REPARAM_METHOD:
+                self.unsupported.append(f"{where}: method {context.method_name!r}")
+            return next_fun(*args, **kwargs)
+        if len(args) != 1 or kwargs:
+            self.unsupported.append(f"{where}: called with extra arguments")
+            return next_fun(*args, **kwargs)
+        self._inside = True
+        try:
+            rep = getattr(m, REPARAM_METHOD)()
+        finally:
+            self._inside = False
+        kind = KNOWN_LAYERS.get(type(rep.layer)) if isinstance(rep, Reparametrized) else None
+        if kind not in ("dense", "conv"):
+            self.unsupported.append(
+                f"{where}: {REPARAM_METHOD}() must return a Reparametrized nn.Dense or nn.Conv"
+            )
+            return next_fun(*args, **kwargs)
+        x = args[0]
+        why = _layer_unsupported(kind, rep.layer, x)
+        if why:
+            self.unsupported.append(f"{where}: {why}")
+            return next_fun(*args, **kwargs)
+        raw = _subtree(self.params, path)
+        if not raw:
+            self.unsupported.append(f"{where}: no parameters")
+            return next_fun(*args, **kwargs)
+        self._inside = True
+        try:
+            y = rep.layer.apply({"params": rep.transform(raw)}, x)
+        finally:
+            self._inside = False
+        if self.taps is not None:
+            y = y + self.taps[len(self.calls)]
+        self.calls.append(_Call(path, kind, rep.layer, rep))
+        self.inputs.append(x)
         self.outputs.append(y)
         return y
 
@@ -336,38 +420,52 @@ class _MatmulLayer:
         return kernel, bias
 
 
+def _matmul_rows(kind: str, calls: list[_Call], ins: list, gs: list, kernel_shape, b: int):
+    """A Dense/conv layer's per-example factors over all its calls: ``a`` (b, T, d_in) (im2col
+    patches for a conv), ``g`` (b, T, d_out), and the map from a (d_in, d_out) matrix in the
+    patches' feature order to the kernel's shape."""
+    layer = calls[0].layer
+    ndim = len(kernel_shape)
+    # output features: the last axis, or DenseGeneral's `features` axes
+    n_out = (
+        len(layer.features)
+        if isinstance(layer, nn.DenseGeneral) and not isinstance(layer.features, int)
+        else 1
+    )
+    d_out = int(np.prod(kernel_shape[ndim - n_out :]))
+
+    def to_kernel(flat):
+        return flat.reshape(kernel_shape)
+
+    if kind == "conv":
+        # one feature order for every call of a shared layer: space-to-depth for one call only
+        unfolded = [
+            _conv_patches(call.layer, a, allow_s2d=len(calls) == 1)
+            for call, a in zip(calls, ins, strict=True)
+        ]
+        ins = [u[0] for u in unfolded]
+        to_kernel = unfolded[0][1]
+    d_in = int(np.prod(kernel_shape[: ndim - n_out]))
+    a = jnp.concatenate([_as_rows(x, b, d_in) for x in ins], axis=1)
+    g = jnp.concatenate([_as_rows(x, b, d_out) for x in gs], axis=1)
+    return a, g, to_kernel
+
+
 def _layer_terms(kind: str, calls: list[_Call], ins: list, gs: list, params: Any, b: int):
     """Squared per-example norms (b,) of one layer (all its calls) and a function from the clip
     factors to its clipped-sum subtree."""
     layer = calls[0].layer
+    if calls[0].reparam is not None:
+        return _reparam_terms(kind, calls, ins, gs, params, b)
     if kind in ("dense", "conv"):
         kernel = params["kernel"]
-        # output features: the last axis, or DenseGeneral's `features` axes
-        n_out = (
-            len(layer.features)
-            if isinstance(layer, nn.DenseGeneral) and not isinstance(layer.features, int)
-            else 1
-        )
-        d_out = int(np.prod(kernel.shape[kernel.ndim - n_out :]))
-        to_kernel = None
-        if kind == "conv":
-            # one feature order for every call of a shared layer: space-to-depth for one call only
-            unfolded = [
-                _conv_patches(call.layer, a, allow_s2d=len(calls) == 1)
-                for call, a in zip(calls, ins, strict=True)
-            ]
-            ins = [u[0] for u in unfolded]
-            to_kernel = unfolded[0][1]
-        d_in = int(np.prod(kernel.shape[: kernel.ndim - n_out]))
-        a = jnp.concatenate([_as_rows(x, b, d_in) for x in ins], axis=1)
-        g = jnp.concatenate([_as_rows(x, b, d_out) for x in gs], axis=1)
+        a, g, to_kernel = _matmul_rows(kind, calls, ins, gs, kernel.shape, b)
         mm = _MatmulLayer(a, g, "bias" in params)
         sq = mm.sq_norms()
 
         def clipped(c):
             k, bias = mm.clipped(c)
-            k = to_kernel(k) if to_kernel is not None else k.reshape(kernel.shape)
-            out = {"kernel": k.astype(kernel.dtype)}
+            out = {"kernel": to_kernel(k).astype(kernel.dtype)}
             if bias is not None:
                 out["bias"] = bias.reshape(params["bias"].shape).astype(params["bias"].dtype)
             return out
@@ -401,6 +499,62 @@ def _layer_terms(kind: str, calls: list[_Call], ins: list, gs: list, params: Any
 
     def clipped(c):
         return {k: (c @ v).astype(params[k].dtype) for k, v in per.items()}
+
+    return sq, clipped
+
+
+def _reparam_terms(kind: str, calls: list[_Call], ins: list, gs: list, raw: Any, b: int):
+    """Squared per-example norms (b,) and the clipped-sum function of a :class:`Reparametrized`
+    layer, whose known layer reads ``transform(raw)``.
+
+    Example i's gradient with respect to ``raw`` is ``vjp(G_i)``, the transform's VJP at ``raw``
+    applied to its gradient ``G_i = A_iᵀ G'_i`` with respect to the transformed parameters. The
+    norms need each ``vjp(G_i)`` (no Gram identity holds through a general transform), so
+    ``G_i`` is formed from im2col patches, in blocks of examples whose patches and gradients
+    hold at most about :data:`MATERIALISE_FLOATS` floats (nothing per example outlives its
+    block). The VJP is linear and the same for every example, so the clipped sum is the layer's
+    own batched VJP on its inputs with example i's output gradient scaled by ``c_i``
+    (book-keeping: for a conv, XLA's weight gradient, no patches), through the transform."""
+    rep = calls[0].reparam
+    params, vjp = jax.vjp(rep.transform, raw)
+    kernel = params["kernel"]
+    has_bias = "bias" in params
+
+    def layer_grads(kernel_rows, bias_rows):
+        out = {"kernel": kernel_rows.astype(kernel.dtype)}
+        if has_bias:
+            out["bias"] = bias_rows.astype(params["bias"].dtype)
+        return out
+
+    def block_sq(lo: int, n: int) -> jax.Array:
+        """Squared raw-gradient norms of examples lo..lo+n-1."""
+        rows = [x.shape[0] // b for x in ins]  # K copies per example (1 without augmult)
+        a, g, to_kernel = _matmul_rows(
+            kind, calls, [x[lo * r : (lo + n) * r] for x, r in zip(ins, rows, strict=True)],
+            [v[lo * r : (lo + n) * r] for v, r in zip(gs, rows, strict=True)], kernel.shape, n,
+        )  # fmt: skip
+        dtype = jnp.result_type(g, a)
+        # (n, i, o), the kernel's own order: the transform's VJP then needs no transpose of the
+        # per-example gradients (the transposes cost more than the einsum's slower operand order)
+        w = jnp.einsum("bti,bto->bio", a.astype(dtype), g.astype(dtype))
+        k = jax.vmap(to_kernel)(w)
+        bias = jnp.sum(g, axis=1).reshape(n, *params["bias"].shape) if has_bias else None
+        per = jax.vmap(lambda k_, b_: vjp(layer_grads(k_, b_))[0])(k, bias)
+        return sum(_sq(v).astype(jnp.float32) for v in jax.tree_util.tree_leaves(per))
+
+    d_in = int(np.prod(kernel.shape[:-1]))
+    positions = sum(int(np.prod(v.shape[1:-1])) * (v.shape[0] // b) for v in gs)
+    per_example = positions * d_in + 2 * kernel.size  # patches, gradient, its VJP
+    per_block = max(1, min(b, MATERIALISE_FLOATS // per_example))
+    sq = jnp.concatenate([block_sq(lo, min(per_block, b - lo)) for lo in range(0, b, per_block)])
+
+    def clipped(c):
+        def outputs(r):
+            p = rep.transform(r)
+            return [rep.layer.apply({"params": p}, x) for x in ins]
+
+        cot = [(v.reshape(b, -1) * c[:, None].astype(v.dtype)).reshape(v.shape) for v in gs]
+        return jax.vjp(outputs, raw)[1](cot)[0]
 
     return sq, clipped
 
@@ -574,7 +728,9 @@ def analyze(
     unused in the traced program when the known layers read a separate copy); each recorded
     layer input and output gradient has one leading row per example, which moves only when that
     example moves (a synthetic batch of 3, example 0 replaced; ``probe=False`` skips this check,
-    which compiles the forward and backward pass once: for tests of the formulas only).
+    which compiles the forward and backward pass once: for tests of the formulas only); layers
+    that declare a reparametrisation (:class:`Reparametrized`) compute, as declared, the module's
+    own output (the same synthetic batch, random parameters; skipped with ``probe=False`` too).
     """
     x_shape = tuple(x_example.shape[1:])
     x_dtype = x_example.dtype
@@ -613,7 +769,10 @@ def analyze(
         for call in rec.calls:
             layers.setdefault(call.path, [call.kind, 0])[1] += 1
         summary = tuple((p, k, n) for p, (k, n) in layers.items())
-        why = probe and _probe_rows(module, params, x_shape, x_dtype, loss_fn, y_example)
+        why = probe and (
+            _probe_rows(module, params, x_shape, x_dtype, loss_fn, y_example)
+            or _probe_reparam(module, params, x_shape, x_dtype, rec.calls)
+        )
         if why:
             return GhostPlan(why, summary)
         return GhostPlan(None, summary)
@@ -660,6 +819,31 @@ def _probe_rows(module, params, x_shape, x_dtype, loss_fn, y_example) -> str | N
                 return f"layer call {i}'s {what} has no leading example axis (shape {u.shape})"
             if not np.allclose(u[1:], v[1:], rtol=1e-5, atol=1e-6):
                 return f"layer call {i}'s {what} rows are not per example (the layout mixes them)"
+    return None
+
+
+def _probe_reparam(module, params, x_shape, x_dtype, calls: list[_Call]) -> str | None:
+    """None if the module's output with its :class:`Reparametrized` layers replaced by their
+    declared known layer equals its own output on a synthetic batch, with random parameters (the
+    plan's may be zeros, which would hide a wrong declaration); else which layer disagrees. Only
+    modules that declare such layers are checked (a known layer is run as itself)."""
+    declared = list(dict.fromkeys(call.path for call in calls if call.reparam is not None))
+    if not declared:
+        return None
+    x = _probe_batch(x_shape, x_dtype, 3, 0)
+    rng = np.random.default_rng(2)
+    leaves, tree = jax.tree_util.tree_flatten(params)
+    noisy = jax.tree_util.tree_unflatten(
+        tree, [jnp.asarray(rng.normal(0.0, 0.5, np.shape(v)), jnp.result_type(v)) for v in leaves]
+    )
+    both = jax.jit(lambda p, x: (module.apply({"params": p}, x), _record(module, p, x)[0]))
+    own, declared_out = (np.asarray(v) for v in both(noisy, jnp.asarray(x)))
+    if not np.allclose(own, declared_out, rtol=1e-4, atol=1e-5, equal_nan=True):
+        paths = ", ".join("/".join(p) for p in declared)
+        return (
+            f"the output with the layers that declare {REPARAM_METHOD}() ({paths}) computed as "
+            "declared differs from the module's own output"
+        )
     return None
 
 
@@ -713,16 +897,25 @@ def clipped_sum_ghost(
     finishers = []
     for path, idx in groups.items():
         layer_params = _subtree(params, path)
+        layer_ins = [ins[i] for i in idx]
+        if calls[idx[0]].reparam is not None:
+            # A data dependency on the norms so far (adding 0 * their sum, which XLA keeps: it
+            # is NaN for a NaN) orders the layers' norms one after another, so their per-block
+            # temporaries (im2col patches, per-example gradients) are not alive together: XLA
+            # CPU otherwise scheduled them side by side (WRN-16-4, batch 256: 7.7 GB for the
+            # norms against 1.9 GB for the non-private gradient).
+            after = 0 * jnp.sum(sq)
+            layer_ins = [x + after.astype(x.dtype) for x in layer_ins]
         s, fin = _layer_terms(
-            calls[idx[0]].kind, [calls[i] for i in idx], [ins[i] for i in idx],
-            [gs[i] for i in idx], layer_params, b,
+            calls[idx[0]].kind, [calls[i] for i in idx], layer_ins, [gs[i] for i in idx],
+            layer_params, b,
         )  # fmt: skip
         sq = sq + s.astype(jnp.float32)
         finishers.append((path, fin))
     c = clip_factors(sq, mask, clip_norm)
     flat = {k_: jnp.zeros_like(v) for k_, v in traverse_util.flatten_dict(params).items()}
     for path, fin in finishers:
-        for name, value in fin(c.astype(jnp.float32)).items():
-            flat[(*path, name)] = value
+        for name, value in traverse_util.flatten_dict(fin(c.astype(jnp.float32))).items():
+            flat[(*path, *name)] = value
     summed = traverse_util.unflatten_dict(flat)
     return summed, jnp.sum(mask * losses), jnp.sqrt(sq)

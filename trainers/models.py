@@ -144,14 +144,58 @@ class CifarCNN(nn.Module):
         return nn.Dense(self.num_classes, name="dense2")(x)
 
 
+def _standardize(kernel: jax.Array, eps: float) -> tuple[jax.Array, jax.Array]:
+    axes = tuple(range(kernel.ndim - 1))
+    mean = jnp.mean(kernel, axis=axes, keepdims=True)
+    inv = jax.lax.rsqrt(jnp.var(kernel, axis=axes, keepdims=True) + eps)
+    return (kernel - mean) * inv, inv
+
+
+def standardize_kernel(kernel: jax.Array, eps: float = 1e-5) -> jax.Array:
+    """Weight standardisation of a conv kernel (..., c_in, c_out): each output channel's weights
+    minus their mean, divided by sqrt(their variance + eps), over all axes but the last."""
+    return _standardize(kernel, eps)[0]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def standardize_kernel_fast_vjp(kernel: jax.Array, eps: float = 1e-5) -> jax.Array:
+    """:func:`standardize_kernel` (the same values) with its VJP written out: for a cotangent g
+    and w the standardised kernel, per output channel (means over the other axes)
+    ``(g - mean(g) - w mean(g w)) / sqrt(var + eps)``, two reductions and one elementwise pass.
+    The ghost path applies this VJP to every example's kernel gradient
+    (:meth:`WSConv.as_known_layer`); autodiff's VJP of the mean/var formula was up to 7x slower
+    there on XLA CPU (b = 32 examples of a 3x3x256x256 kernel: 113 ms against 16 ms)."""
+    return _standardize(kernel, eps)[0]
+
+
+def _standardize_fwd(kernel, eps):
+    w, inv = _standardize(kernel, eps)
+    return w, (w, inv)
+
+
+def _standardize_bwd(eps, res, g):
+    w, inv = res
+    axes = tuple(range(g.ndim - 1))
+    mean_g = jnp.mean(g, axis=axes, keepdims=True)
+    mean_gw = jnp.mean(g * w, axis=axes, keepdims=True)
+    return ((g - mean_g - w * mean_gw) * inv,)
+
+
+standardize_kernel_fast_vjp.defvjp(_standardize_fwd, _standardize_bwd)
+
+
 class WSConv(nn.Module):
     """Weight-standardised convolution (Qiao et al. 2019, "Micro-Batch Training with Batch-Channel
     Normalization and Weight Standardization"), as used by De et al. 2022 ("Unlocking
     high-accuracy differentially private image classification through scale", §3).
 
     The raw kernel (k, k, c_in, c_out) is standardised per output channel over (k, k, c_in) to
-    mean 0 and variance 1 before the (SAME, no bias) convolution; the parameter is the raw kernel,
-    so per-example gradients flow through the standardisation.
+    mean 0 and variance 1 (:func:`standardize_kernel`) before the (SAME, no bias) convolution; the
+    parameter is the raw kernel, so per-example gradients flow through the standardisation.
+    :meth:`as_known_layer` declares this structure to the ghost path (``trainers.ghost``): an
+    ``nn.Conv`` on the standardised kernel, so per-example norms and the clipped sum are computed
+    from one batched backward pass (the raw kernel's gradient is the standardisation's VJP
+    applied to the conv's per-example kernel gradient).
     """
 
     features: int
@@ -165,11 +209,22 @@ class WSConv(nn.Module):
         kernel = self.param(
             "kernel", nn.initializers.lecun_normal(), (k, k, x.shape[-1], self.features)
         )
-        mean = jnp.mean(kernel, axis=(0, 1, 2), keepdims=True)
-        var = jnp.var(kernel, axis=(0, 1, 2), keepdims=True)
-        w = (kernel - mean) * jax.lax.rsqrt(var + self.eps)
+        w = standardize_kernel(kernel, self.eps)
         return jax.lax.conv_general_dilated(
             x, w, (self.strides, self.strides), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+
+    def as_known_layer(self):
+        """This layer as ``nn.Conv`` (same size, stride, SAME padding, no bias) on
+        ``{"kernel": standardize_kernel(raw kernel)}`` (:func:`standardize_kernel_fast_vjp`, the
+        same values with a faster VJP): a ``trainers.ghost.Reparametrized``."""
+        from trainers.ghost import Reparametrized  # lazy: ghost -> dpsgd -> models
+
+        k, s = self.kernel_size, self.strides
+        conv = nn.Conv(self.features, (k, k), strides=(s, s), padding="SAME", use_bias=False)
+        eps = self.eps
+        return Reparametrized(
+            conv, lambda raw: {"kernel": standardize_kernel_fast_vjp(raw["kernel"], eps)}
         )
 
 

@@ -96,9 +96,11 @@ log = logging.getLogger(__name__)
 def default_grad_impl(model: Any, image_shape: tuple[int, ...], augmult: int = 0) -> str:
     """ "bookkeeping" (the hand-tuned fast path) for the 28x28x1 MnistCNN family without
     augmentation and for the CIFAR CNN (with or without augmentation multiplicity) and for
-    scatter_linear (closed-form norms, ``dpsgd.clipped_sum_scatter_linear``); "naive"
-    (vmap(grad)) for the other shipped models, e.g. WRN-16-4, whose weight standardisation has no
-    fast path. A user's model: "ghost" when :func:`ghost_plan` accepts it, else "vmap"."""
+    scatter_linear (closed-form norms, ``dpsgd.clipped_sum_scatter_linear``); "ghost" (the generic
+    path of ``trainers.ghost``) for WRN-16-4 on 32x32x3 images, with or without augmentation
+    (its weight-standardised convolutions declare themselves reparametrised ``nn.Conv`` layers,
+    its group norms are known layers); "naive" (vmap(grad)) for the other shipped models. A
+    user's model: "ghost" when :func:`ghost_plan` accepts it, else "vmap"."""
     if isinstance(model, models.ModelSpec) and not model.shipped:
         return "ghost" if ghost_plan(model).supported else "vmap"
     model = models.resolve(model).name
@@ -109,6 +111,8 @@ def default_grad_impl(model: Any, image_shape: tuple[int, ...], augmult: int = 0
         return "bookkeeping"
     if model == "cifar_cnn" and shape == (32, 32, 3):
         return "bookkeeping"
+    if model == "wrn16_4" and shape == (32, 32, 3):
+        return "ghost"
     return "naive"
 
 

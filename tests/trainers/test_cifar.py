@@ -1,6 +1,7 @@
 """CIFAR-10 models in DP-SGD: the compiled book-keeping path of the CIFAR CNN and the vmap(grad)
-path of WRN-16-4, both with augmentation multiplicity, against independent per-example gradients;
-augmentations; parameter EMA; micro-batching; the privacy parameters do not depend on augmult."""
+path of WRN-16-4 (its default ghost path: tests/trainers/test_ghost.py), both with augmentation
+multiplicity, against independent per-example gradients; augmentations; parameter EMA;
+micro-batching; the privacy parameters do not depend on augmult."""
 
 import dataclasses
 import functools
@@ -118,9 +119,10 @@ def test_cifar_cnn_naive_with_augmult_equals_loop_over_copies():
 
 @pytest.mark.slow  # compiles WRN-16-4 twice (~45 s)
 def test_wrn16_4_compiled_step_with_augmult_matches_per_example_loop():
-    """WRN-16-4 (no book-keeping path: the default is vmap(grad)) with augmult 2: the compiled
-    chunk sum equals clipping the per-example gradients computed one copy at a time."""
-    assert default_grad_impl("wrn16_4", (32, 32, 3), 2) == "naive"
+    """WRN-16-4 on its vmap(grad) path (no book-keeping path; the default is the ghost path,
+    tested against this one in tests/trainers/test_ghost.py) with augmult 2: the compiled chunk
+    sum equals clipping the per-example gradients computed one copy at a time."""
+    assert default_grad_impl("wrn16_4", (32, 32, 3), 2) == "ghost"
     with pytest.raises(ValueError, match="not implemented"):
         get_step_functions("wrn16_4", 10, "sgd", "bookkeeping", 2)
     b, k = 3, 2

@@ -103,6 +103,8 @@ LAYERS = {
         np.float32,
     ),
     "conv_no_bias": (nn.Conv(3, (3, 3), use_bias=False), (5, 5, 1), np.float32),
+    "wsconv": (models.WSConv(4, 3), (6, 6, 2), np.float32),
+    "wsconv_1x1_stride2": (models.WSConv(3, 1, 2), (6, 6, 6), np.float32),
     "embed": (nn.Embed(7, 6), (5,), np.int32),
     "layernorm": (_NormAfterDense(nn.LayerNorm()), (5, 4), np.float32),
     "groupnorm": (_NormAfterDense(nn.GroupNorm(num_groups=2)), (5, 4), np.float32),
@@ -117,14 +119,16 @@ LAYERS = {
 
 #: Layers on sequences or images, also run with ghost norms forced (no per-example gradient).
 GHOST_FORMS = ["dense_sequence", "dense_general", "conv_same_stride2", "conv_space_to_depth",
-               "attention"]  # fmt: skip
+               "attention", "wsconv"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(LAYERS) + [f"{n}:ghost_norms" for n in GHOST_FORMS])
 def test_each_layer_type_matches_vmap_grad(name, monkeypatch):
     """Per layer type, with about half the examples clipped and one masked: the ghost sum equals
     vmap(grad)'s to f32 precision, and so do the loss sum and the per-example norms. ":ghost_norms":
-    Gram-matrix norms and the book-keeping contraction instead of materialised gradients."""
+    Gram-matrix norms and the book-keeping contraction instead of materialised gradients (for a
+    reparametrised layer: per-example gradients formed one example at a time, then the
+    book-keeping contraction)."""
     name, _, form = name.partition(":")
     if form:
         monkeypatch.setattr(ghost, "MATERIALISE_FLOATS", 0)
@@ -192,6 +196,185 @@ def test_user_cnn_at_full_size_matches_vmap_grad_as_compiled():
     ref = jax.jit(lambda p, c: dpsgd.clipped_sum_naive(spec.apply, p, x, y, mask, c))
     clip = jnp.float32(np.median(np.asarray(ref(params, 1.0)[2])[:-2]))
     fast, _ = fns.chunk_sum(params, x, y, np.arange(16, dtype=np.int32), mask, clip)
+    assert _rel_err(fast, ref(params, clip)[0]) <= 1e-5
+
+
+# --- layers on reparametrised parameters (weight standardisation), WRN-16-4 ---------------------
+
+
+class _UserWSConv(nn.Module):
+    """A user's own weight-standardised conv (VALID, with a bias), declared to the ghost path as
+    an nn.Conv on the standardised kernel; the bias passes through unchanged."""
+
+    features: int
+
+    @staticmethod
+    def transform(raw):
+        k = raw["kernel"]
+        k = (k - k.mean(axis=(0, 1, 2))) / jnp.sqrt(k.var(axis=(0, 1, 2)) + 1e-4)
+        return {"kernel": k, "bias": raw["bias"]}
+
+    @nn.compact
+    def __call__(self, x):
+        raw = {
+            "kernel": self.param("kernel", nn.initializers.lecun_normal(),
+                                 (2, 2, x.shape[-1], self.features)),
+            "bias": self.param("bias", nn.initializers.normal(0.5), (self.features,)),
+        }  # fmt: skip
+        p = self.transform(raw)
+        y = jax.lax.conv_general_dilated(x, p["kernel"], (1, 1), "VALID",
+                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))  # fmt: skip
+        return y + p["bias"]
+
+    def as_known_layer(self):
+        return ghost.Reparametrized(nn.Conv(self.features, (2, 2), padding="VALID"), self.transform)
+
+
+class _WeightNormDense(nn.Module):
+    """A user's weight-normalised Dense (Salimans & Kingma 2016): kernel g v / ‖v‖ per output
+    feature (``wrong``: declares the kernel without the gain g, which the probe must catch)."""
+
+    features: int
+    wrong: bool = False
+
+    @staticmethod
+    def transform(raw):
+        return {"kernel": raw["g"] * raw["v"] / jnp.linalg.norm(raw["v"], axis=0)}
+
+    @nn.compact
+    def __call__(self, x):
+        v = self.param("v", nn.initializers.lecun_normal(), (x.shape[-1], self.features))
+        g = self.param("g", nn.initializers.normal(1.0), (self.features,))
+        return x @ self.transform({"v": v, "g": g})["kernel"]
+
+    def as_known_layer(self):
+        if self.wrong:
+            return ghost.Reparametrized(
+                nn.Dense(self.features, use_bias=False),
+                lambda raw: {"kernel": raw["v"] / jnp.linalg.norm(raw["v"], axis=0)},
+            )
+        return ghost.Reparametrized(nn.Dense(self.features, use_bias=False), self.transform)
+
+
+class _UserReparamNet(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        x = jnp.tanh(_UserWSConv(4)(x))
+        x = jnp.tanh(models.WSConv(4, 3, 2)(nn.GroupNorm(num_groups=2)(x)))
+        return _WeightNormDense(3)(jnp.tanh(_WeightNormDense(5)(x.mean(axis=(1, 2)))))
+
+
+@pytest.mark.parametrize("budget", [0, 2**26])  # one example per block, or the whole batch
+def test_user_reparametrised_layers_match_vmap_grad(budget, monkeypatch):
+    """A user's module with its own weight-standardised conv (with a bias), dptune's WSConv and a
+    weight-normalised Dense: the plan accepts it (the declared layers reproduce the module's
+    output), and the clipped sum, per-example norms (of the raw parameters' gradients) and loss
+    equal vmap(grad)'s, with examples above and below the clip and one masked."""
+    monkeypatch.setattr(ghost, "MATERIALISE_FLOATS", budget)
+    module = _UserReparamNet()
+    x, y = _inputs((6, 6, 2), np.float32, seed=5)
+    assert _plan(module, (6, 6, 2)).supported
+    plan, fast_fn, ref_fn, params = _both(module, x, y, seed=1)
+    assert [k for _, k, _ in plan.layers] == ["conv", "norm", "conv", "dense", "dense"]
+    mask = np.ones(B, np.float32)
+    mask[2] = 0
+    norms = np.asarray(ref_fn(params, mask, 1e9)[2])
+    clip = jnp.float32(np.median(norms))
+    assert (norms > clip).any() and (norms < clip).any()
+    fast, fast_loss, fast_norms = fast_fn(params, mask, clip)
+    ref, ref_loss, ref_norms = ref_fn(params, mask, clip)
+    assert _rel_err(fast, ref) <= 1e-5
+    np.testing.assert_allclose(float(fast_loss), float(ref_loss), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(fast_norms), np.asarray(ref_norms), rtol=1e-5)
+
+
+def test_a_wrong_reparametrisation_is_refused_with_the_layer_named():
+    class Wrong(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return _WeightNormDense(3, wrong=True, name="wn")(x)
+
+    plan = _plan(Wrong())
+    assert not plan.supported and "wn" in plan.reason and "differs" in plan.reason
+
+    class NotALayer(nn.Module):
+        def as_known_layer(self):
+            return nn.relu
+
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(3)(x)
+
+    assert "must return a Reparametrized" in _plan(NotALayer()).reason
+
+
+def _smooth_wrn(depth=10, width=1):
+    """WideResNet with ELU: ReLU's kinks make an f32 per-example gradient of a full-size WRN
+    discontinuous at rounding level (float64 and float32 gradients of one example were seen to
+    differ by 5% for every method, vmap(grad) included), so exact agreement is tested smooth."""
+    return models.WideResNet(depth, width, activation="elu")
+
+
+def test_wrn16_4_takes_the_ghost_path_with_and_without_augmult():
+    """The shipped WRN-16-4 (weight-standardised convs, group norms, a Dense head) is covered by
+    the ghost path: the default implementation is "ghost" (it was vmap(grad)) for K = 0 and the
+    config's augmentation multiplicities, and the plan (probe included) accepts every layer."""
+    for augmult in (0, 8, 16):
+        assert step.default_grad_impl("wrn16_4", (32, 32, 3), augmult) == "ghost"
+        assert step.resolve_grad_impl("wrn16_4", None, (32, 32, 3), augmult) == "ghost"
+    plan = step.ghost_plan(models.get_model("wrn16_4"))
+    assert plan.supported, plan.reason
+    kinds = [k for _, k, _ in plan.layers]
+    assert kinds.count("conv") == 16 and kinds.count("norm") == 13  # every WSConv and GroupNorm
+    assert kinds[-1] == "dense"  # the head
+
+
+@pytest.mark.parametrize("augmult", [pytest.param(0, marks=pytest.mark.slow), 2])
+def test_small_wide_resnet_step_matches_vmap_grad(augmult):
+    """The compiled chunk sum of a small WideResNet (the WRN-16-4 blocks: WSConv, GroupNorm,
+    projection shortcuts, strides 2) on the ghost path equals the vmap(grad) path's, with and
+    without augmentation multiplicity (the same copies: the same key), clip above and below."""
+    spec = models.user_model(_smooth_wrn(), (8, 8, 3), "float32")
+    assert step.resolve_grad_impl(spec, None, (8, 8, 3), augmult) == "ghost"
+    fast = step.get_step_functions(spec, 10, "sgd", "ghost", augmult)
+    ref = step.get_step_functions(spec, 10, "sgd", "vmap", augmult)
+    params = models.init_params(spec, jax.random.PRNGKey(6))
+    rng = np.random.default_rng(7)
+    b = 6
+    data_x = rng.uniform(0, 1, size=(b, 8, 8, 3)).astype(np.float32)
+    data_y = rng.integers(0, 10, size=b).astype(np.int32)
+    idx, mask = np.arange(b, dtype=np.int32), np.ones(b, np.float32)
+    mask[-1] = 0
+    key = jax.random.PRNGKey(8)
+    norms = np.asarray(dpsgd.clipped_sum_naive(spec.apply, params, data_x, data_y, mask, 1.0)[2])
+    median = float(np.median(norms[:-1]))
+    for clip in (1e-3, median, 1e3):  # all clipped, about half, none
+        args = (params, data_x, data_y, idx, mask, jnp.float32(clip), key, jnp.int32(1))
+        got, loss = fast.chunk_sum(*args)
+        want, want_loss = ref.chunk_sum(*args)
+        assert _rel_err(got, want) <= 1e-5
+        np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-5)
+
+
+@pytest.mark.slow  # compiles WRN-16-4 for both paths (~1 min)
+def test_wrn16_4_at_full_size_matches_vmap_grad_as_compiled():
+    """WRN-16-4 at its real size (32x32x3, 2.7M parameters) through the shipped model's step:
+    the ghost chunk sum equals vmap(grad)'s, examples above and below the clip (ELU for the
+    ReLU: see ``_smooth_wrn``)."""
+    import dataclasses
+
+    spec = dataclasses.replace(models.get_model("wrn16_4"), module=_smooth_wrn(16, 4))
+    fns = step.get_step_functions(spec, 10, "sgd", "ghost")
+    params = models.init_params(spec, jax.random.PRNGKey(3))
+    rng = np.random.default_rng(4)
+    x = rng.uniform(0, 1, size=(8, 32, 32, 3)).astype(np.float32)
+    y = rng.integers(0, 10, size=8).astype(np.int32)
+    mask = np.ones(8, np.float32)
+    mask[-1] = 0
+    ref = jax.jit(lambda p, c: dpsgd.clipped_sum_naive(spec.apply, p, x, y, mask, c))
+    norms = np.asarray(ref(params, 1e9)[2])[:-1]
+    clip = jnp.float32(np.median(norms))
+    fast, _ = fns.chunk_sum(params, x, y, np.arange(8, dtype=np.int32), mask, clip)
     assert _rel_err(fast, ref(params, clip)[0]) <= 1e-5
 
 
