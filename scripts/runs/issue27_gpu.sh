@@ -16,7 +16,10 @@
 #   bash scripts/runs/issue27_gpu.sh table2   # result, declared after `table` ran (commit 19cfc4e
 #                                             # found its harness unfair: dptune's rows copied four
 #                                             # host arguments per step, the peers' one; torch ran on
-#                                             # the CPU): the same command on the fixed suite
+#                                             # the CPU): the same command on the fixed suite, in
+#                                             # two processes so that one call's 10 minutes hold it:
+#                                             # cnn26k, CIFAR CNN, user CNN (+ torch on the GPU),
+#                                             # then WRN-16-4 (now on the ghost path, merge abc9a3d)
 #   bash scripts/runs/issue27_gpu.sh probe    # result: the vectorisation probe's choice (trainers.
 #                                             # probe, as a tuning run calls it) for cnn26k, the
 #                                             # CIFAR CNN and WRN-16-4 at batch 256 on this device
@@ -47,7 +50,10 @@ case "$stage" in
     python3 scripts/bench_dpsgd.py --suite=accelerator --json 2>&1 | tee -a "$log"
     ;;
   table2)
-    python3 scripts/bench_dpsgd.py --suite=accelerator --json 2>&1 | tee -a "$log"
+    python3 scripts/bench_dpsgd.py --suite=accelerator --json --models cnn26k,cifar_cnn,user_cnn \
+        2>&1 | tee -a "$log"
+    python3 scripts/bench_dpsgd.py --suite=accelerator --json --models wrn16_4 2>&1 \
+        | tee "$OUT/table2_wrn16_4.txt"
     ;;
   probe)
     python3 -c "
