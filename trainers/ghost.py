@@ -769,10 +769,15 @@ def analyze(
         for call in rec.calls:
             layers.setdefault(call.path, [call.kind, 0])[1] += 1
         summary = tuple((p, k, n) for p, (k, n) in layers.items())
-        why = probe and (
-            _probe_rows(module, params, x_shape, x_dtype, loss_fn, y_example)
-            or _probe_reparam(module, params, x_shape, x_dtype, rec.calls)
-        )
+        # The probes compare two computations of the same function at float32 rounding: their
+        # products must be float32 too. A GPU's default for float32 matmuls and convolutions is
+        # TF32 (10-bit mantissa), under which a 16-layer WRN's two outputs differed by more than
+        # the tolerance and a correct declaration was refused (seen on an H100).
+        with jax.default_matmul_precision("highest"):
+            why = probe and (
+                _probe_rows(module, params, x_shape, x_dtype, loss_fn, y_example)
+                or _probe_reparam(module, params, x_shape, x_dtype, rec.calls)
+            )
         if why:
             return GhostPlan(why, summary)
         return GhostPlan(None, summary)

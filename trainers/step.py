@@ -112,7 +112,8 @@ def default_grad_impl(model: Any, image_shape: tuple[int, ...], augmult: int = 0
     if model == "cifar_cnn" and shape == (32, 32, 3):
         return "bookkeeping"
     if model == "wrn16_4" and shape == (32, 32, 3):
-        return "ghost"
+        # The plan's probes still decide (cached): where they refuse, vmap(grad) is correct.
+        return "ghost" if ghost_plan(models.resolve(model)).supported else "naive"
     return "naive"
 
 
@@ -145,14 +146,17 @@ def resolve_grad_impl(model: Any, grad_impl: str | None, image_shape, augmult: i
     impl = "auto" if grad_impl is None else grad_impl
     if impl not in GRAD_IMPLS:
         raise ValueError(f"grad_impl={grad_impl!r}: expected one of {GRAD_IMPLS}")
+    forced = impl != "auto"
     if impl == "auto":
         impl = default_grad_impl(model, image_shape, augmult)
     if impl == "naive":
         return "vmap"
     if impl == "ghost":
         spec = models.resolve(model)
-        plan = ghost_plan(spec)
+        plan = ghost_plan(spec)  # logs the reason once when the plan is refused
         if not plan.supported:
+            if not forced:  # a default, not the user's word: the generic path is always correct
+                return "vmap"
             raise ValueError(
                 f"grad_impl='ghost' does not apply to model {spec.name}: {plan.reason}"
             )

@@ -20,6 +20,11 @@
 #                                             # two processes so that one call's 10 minutes hold it:
 #                                             # cnn26k, CIFAR CNN, user CNN (+ torch on the GPU),
 #                                             # then WRN-16-4 (now on the ghost path, merge abc9a3d)
+#   bash scripts/runs/issue27_gpu.sh table2_wrn  # result, declared after table2's WRN-16-4 half
+#                                             # stopped with an exception (the ghost plan's probe
+#                                             # compared TF32 products and refused WRN-16-4; fixed
+#                                             # in the commit that declares this): WRN-16-4 alone,
+#                                             # K = 8 only (what the session's device time left)
 #   bash scripts/runs/issue27_gpu.sh probe    # result: the vectorisation probe's choice (trainers.
 #                                             # probe, as a tuning run calls it) for cnn26k, the
 #                                             # CIFAR CNN and WRN-16-4 at batch 256 on this device
@@ -54,6 +59,10 @@ case "$stage" in
         2>&1 | tee -a "$log"
     python3 scripts/bench_dpsgd.py --suite=accelerator --json --models wrn16_4 2>&1 \
         | tee "$OUT/table2_wrn16_4.txt"
+    ;;
+  table2_wrn)
+    python3 scripts/bench_dpsgd.py --suite=accelerator --json --models wrn16_4 --ks 8 2>&1 \
+        | tee -a "$log"
     ;;
   probe)
     python3 -c "

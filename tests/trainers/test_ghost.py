@@ -329,6 +329,40 @@ def test_wrn16_4_takes_the_ghost_path_with_and_without_augmult():
     assert kinds[-1] == "dense"  # the head
 
 
+def test_a_refused_plan_for_wrn16_4_falls_back_to_vmap_unless_ghost_was_forced(monkeypatch):
+    """WRN-16-4's default is the ghost path only while its plan's probes accept it: a refused plan
+    (on an H100 the probes once compared TF32 products and refused a correct declaration) makes
+    the default vmap(grad), for the step and the vectorisation probe alike; only a forced 'ghost'
+    is an error."""
+    monkeypatch.setattr(step, "ghost_plan", lambda spec: ghost.GhostPlan("a probe disagreed"))
+    assert step.default_grad_impl("wrn16_4", (32, 32, 3), 0) == "naive"
+    assert step.resolve_grad_impl("wrn16_4", None, (32, 32, 3)) == "vmap"
+    assert step.resolve_grad_impl("wrn16_4", "auto", (32, 32, 3), 8) == "vmap"
+    with pytest.raises(ValueError, match="a probe disagreed"):
+        step.resolve_grad_impl("wrn16_4", "ghost", (32, 32, 3))
+
+
+def test_the_plan_probes_compare_float32_products(monkeypatch):
+    """The probes run under float32 matmul precision ('highest'), whatever the device's default
+    (TF32 on GPUs), so that two computations of one function agree to float32 rounding."""
+    seen = []
+    real = ghost._probe_reparam
+
+    def spy(*args):
+        seen.append(jax.config.jax_default_matmul_precision)
+        return real(*args)
+
+    monkeypatch.setattr(ghost, "_probe_reparam", spy)
+    spec = models.user_model(_smooth_wrn(), (8, 8, 3), "float32")
+    params = jax.tree_util.tree_map(jnp.zeros_like, models.init_params(spec, jax.random.PRNGKey(0)))
+    plan = ghost.analyze(
+        spec.module, params, jax.ShapeDtypeStruct((3, 8, 8, 3), jnp.float32), _loss,
+        jax.ShapeDtypeStruct((3,), jnp.int32),
+    )  # fmt: skip
+    assert plan.supported, plan.reason
+    assert seen == ["highest"]
+
+
 @pytest.mark.parametrize("augmult", [pytest.param(0, marks=pytest.mark.slow), 2])
 def test_small_wide_resnet_step_matches_vmap_grad(augmult):
     """The compiled chunk sum of a small WideResNet (the WRN-16-4 blocks: WSConv, GroupNorm,
