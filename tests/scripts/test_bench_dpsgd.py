@@ -34,8 +34,15 @@ def _check(table, models, ks):
         expected |= {f"k{k}_{how}" for k in ks for how in ("vmap", "seq")}
         assert {n.split("/", 1)[1] for n in rows if n.startswith(f"{m}/")} == expected
         if HAVE_JAX_PRIVACY:
-            # the same clipping: jax_privacy's clipped sum is dptune's (float32 rounding)
-            assert table["clipped_sum_agreement"][m] < 1e-5
+            # the same clipping: jax_privacy's clipped sum is dptune's (float32 rounding). WRN-16-4
+            # on the ghost path: its output gradients come from one batched backward pass, and XLA
+            # CPU's batched backward through WRN-16-4's convolutions at 5 or more examples is
+            # 1e-2 (relative) off a float64 reference, the plain non-private gradient alike, where
+            # vmap(grad)'s per-example backward is not (docs/performance.md); so this bounds gross
+            # errors only, and exact agreement is tested on small WideResNets
+            # (tests/trainers/test_ghost.py).
+            tol = 5e-2 if m == "wrn16_4" else 1e-5
+            assert table["clipped_sum_agreement"][m] < tol
             assert f"{m}: dp / jax_privacy" in table["ratios"]
     assert all(r["examples_per_s"] > 0 for r in rows.values())
     assert all(r["peak_mib"] > 0 for r in rows.values())  # XLA's buffer assignment, per row
