@@ -358,8 +358,9 @@ def _tune_checked(pre: Preflight, trainer, selection, executor, seed, progress, 
         journal.set_once("started_at", time.time())
         records = {r.index: r for r in journal.candidates()}
         payloads: dict[int, Any] = {}
-        # The curve's epsilons (public) are computed while the candidates train; stopped before
-        # the release computes its curve, and in any case before this run returns.
+        # The curve's epsilons (public) are computed while the candidates train, at low priority;
+        # told to stop before the release computes (whatever is missing) itself, and in any case
+        # when this run returns.
         warmup = CurveWarmup(trainer, plan, [r.hparams for r in drawn])
         scores = _run_candidates(
             trainer, selection, sel_plan, plan, records, journal, payloads, executor, progress,

@@ -2,6 +2,9 @@
 fills the accountant's caches with exactly the numbers the release computes, and whatever it does
 (finish, stop, fail) the release shows the same curve."""
 
+import os
+import sys
+
 import numpy as np
 
 import dptune
@@ -29,6 +32,9 @@ def test_the_warm_up_computes_what_the_release_reads():
     epsilon.clear_caches()
     warm = CurveWarmup(tr, plan, drawn)
     warm._thread.join()  # let it finish (stop() would end it early)
+    if sys.platform.startswith("linux"):
+        assert warm.nice == 19  # the thread's own nice value ...
+        assert os.getpriority(os.PRIO_PROCESS, 0) < 19  # ... not the process's
     warm.stop()
     built = epsilon._event_pld.cache_info().misses
     assert built == 2 * 3 + 1  # two settings x three epochs of training; one score branch
