@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from dp_accounting import dp_event
 from dp_accounting import privacy_accountant as privacy_accountant_lib
-from dp_accounting.pld import pld_privacy_accountant, privacy_loss_distribution
+from dp_accounting.pld import pld_pmf, pld_privacy_accountant, privacy_loss_distribution
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from dptune.accounting.events import (
@@ -106,10 +107,34 @@ def _event_rdp(event: dp_event.DpEvent, orders: tuple[float, ...]) -> np.ndarray
     event = _unwrap_replace_one(event)
     if isinstance(event, ReplaceOneDpEvent):
         rdp = _replace_one_rdp(event.event, orders)
+    elif isinstance(event, dp_event.SelfComposedDpEvent) and _is_dpsgd_step(event.event):
+        # What RdpAccountant computes for this event (its rdp starts at 0 and adds count * the
+        # step's curve), from a cached step curve: runs of different lengths (a candidate after
+        # each epoch, the released curve) share it. Bitwise equal (tests/dptune/accounting/
+        # test_step_pld_cache.py).
+        step = event.event
+        rdp = event.count * _step_rdp(
+            step.event.noise_multiplier, step.sampling_probability, orders
+        )
     else:
         accountant = rdp_privacy_accountant.RdpAccountant(list(orders))
         accountant.compose(event)
         rdp = np.array(accountant.rdp, dtype=np.float64)
+    rdp.setflags(write=False)  # cached: callers must not mutate it
+    return rdp
+
+
+@functools.lru_cache(maxsize=256)
+def _step_rdp(
+    noise_multiplier: float, sampling_prob: float, orders: tuple[float, ...]
+) -> np.ndarray:
+    """The RDP curve (nats, at ``orders``) of one Poisson-subsampled Gaussian step under add/remove,
+    by dp_accounting's ``RdpAccountant`` (Mironov, Talwar & Zhang 2019, Sec. 3.3)."""
+    accountant = rdp_privacy_accountant.RdpAccountant(list(orders))
+    accountant.compose(
+        dp_event.PoissonSampledDpEvent(sampling_prob, dp_event.GaussianDpEvent(noise_multiplier))
+    )
+    rdp = np.array(accountant.rdp, dtype=np.float64)
     rdp.setflags(write=False)  # cached: callers must not mutate it
     return rdp
 
@@ -285,12 +310,18 @@ def _event_pld_relation(event: dp_event.DpEvent, discretization: float, relation
     return accountant
 
 
+@functools.lru_cache(maxsize=65536)
+def _event_pld_epsilon(event: dp_event.DpEvent, discretization: float, delta: float) -> float:
+    """``_event_pld(event).get_epsilon(delta)``, cached: one statement asks for the same number
+    more than once (the single-run epsilon, then the single-run route), and each call is a pass
+    over the PLD in Python (10-20 ms at a few hundred DP-SGD steps)."""
+    return float(_event_pld(event, discretization).get_epsilon(delta))
+
+
 def pld_epsilon(candidates, delta: float, *, discretization: float = PLD_DISCRETIZATION) -> float:
     """epsilon of one run at ``delta`` by PLD: the max over candidates and parallel branches."""
     delta = check_delta(delta)
-    return max(
-        float(_event_pld(b, discretization).get_epsilon(delta)) for b in _branches(candidates)
-    )
+    return max(_event_pld_epsilon(b, discretization, delta) for b in _branches(candidates))
 
 
 @functools.lru_cache(maxsize=65536)
@@ -320,14 +351,43 @@ def _pld_of(obj) -> privacy_loss_distribution.PrivacyLossDistribution:
     return obj.pld if isinstance(obj, _Pld) else obj._pld  # PLDAccountant keeps it in _pld
 
 
+def _dense_deltas(pmf: Any, epsilons: np.ndarray) -> np.ndarray:
+    """dp_accounting's ``DensePLDPmf.get_delta_for_epsilon(epsilons)`` for sorted ``epsilons``,
+    the same sums in the same order, vectorised.
+
+    delta(eps) = inf_mass + sum over losses l > eps of p(l) - e^eps * sum of p(l) e^-l
+    (dp_accounting's ``_get_delta_for_epsilon_vectorized``, which walks the PMF from its largest
+    loss down in a Python loop: 0.1-0.5 s for 600 epsilons). Both running sums are accumulated
+    from the largest loss down, element after element as there (``np.cumsum`` adds sequentially),
+    on the same float64 losses and products, so the result is bitwise the same
+    (tests/dptune/accounting/test_step_pld_cache.py compares them).
+    """
+    losses = (np.arange(pmf.size) + pmf._lower_loss) * pmf._discretization
+    probs = np.asarray(pmf._probs, dtype=np.float64)
+    inf_mass = pmf._infinity_mass
+    upper = np.cumsum(np.concatenate(([inf_mass], probs[::-1])))
+    lower = np.cumsum(np.concatenate(([0.0], probs[::-1] * np.exp(-losses[::-1]))))
+    above = len(probs) - np.searchsorted(losses, epsilons, side="right")  # losses > eps
+    out = upper[above] - np.exp(epsilons) * lower[above]
+    out[np.isposinf(epsilons)] = inf_mass
+    return out
+
+
+def _profile_of(pld: privacy_loss_distribution.PrivacyLossDistribution, epsilons: np.ndarray):
+    """``pld.get_delta_for_epsilon(epsilons)`` (the max of the remove and add directions), with
+    dense PMFs through :func:`_dense_deltas`; anything else through dp_accounting."""
+    pmfs = [pld._pmf_remove] if pld._symmetric else [pld._pmf_remove, pld._pmf_add]
+    if not all(isinstance(p, pld_pmf.DensePLDPmf) for p in pmfs):
+        return np.asarray(pld.get_delta_for_epsilon(epsilons), dtype=np.float64)
+    out = _dense_deltas(pmfs[0], epsilons)
+    return out if len(pmfs) == 1 else np.maximum(out, _dense_deltas(pmfs[1], epsilons))
+
+
 @functools.lru_cache(maxsize=256)
 def _event_pld_profile(
     event: dp_event.DpEvent, discretization: float, epsilons: tuple[float, ...]
 ) -> np.ndarray:
-    out = np.asarray(
-        _pld_of(_event_pld(event, discretization)).get_delta_for_epsilon(np.asarray(epsilons)),
-        dtype=np.float64,
-    )
+    out = _profile_of(_pld_of(_event_pld(event, discretization)), np.asarray(epsilons))
     out.setflags(write=False)  # cached
     return out
 
@@ -338,8 +398,9 @@ def pld_profile(
     """The privacy profile delta(eps) of one run at each of ``epsilons`` (sorted ascending), by
     PLD: the max over candidates, branches and the add/remove directions, capped at 1.
 
-    One vectorised ``get_delta_for_epsilon`` call per branch (a pass over the PLD's PMF, ~1 s at
-    7000 DP-SGD steps and discretisation 1e-4) instead of one scalar call per epsilon.
+    One vectorised pass over each branch's PMF per direction (:func:`_dense_deltas`, bitwise
+    dp_accounting's ``get_delta_for_epsilon``; a few ms where dp_accounting's loop takes 0.1-1 s)
+    instead of one scalar call per epsilon.
     """
     key = tuple(float(e) for e in epsilons)
     if np.any(np.diff(np.asarray(key)) < 0):
@@ -373,13 +434,15 @@ def composed_pld_epsilon(
             )
         cands = (dom,)
     composed = [dp_event.SelfComposedDpEvent(b, int(count)) for b in cands[0].branches()]
-    return max(float(_event_pld(e, discretization).get_epsilon(delta)) for e in composed)
+    return max(_event_pld_epsilon(e, discretization, delta) for e in composed)
 
 
 def clear_caches() -> None:
     """Forgets the cached RDP curves, PLDs and PLD deltas (benchmarks time cold calls)."""
     _event_rdp.cache_clear()
+    _step_rdp.cache_clear()
     _event_pld.cache_clear()
+    _event_pld_epsilon.cache_clear()
     _step_pld.cache_clear()
     _event_pld_delta.cache_clear()
     _event_pld_profile.cache_clear()

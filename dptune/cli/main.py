@@ -343,8 +343,8 @@ def usage() -> str:
 
 
 def run() -> None:
-    """Console-script entry point (``dptune``)."""
-    sys.exit(cli(sys.argv))
+    """Console-script entry point (``dptune``); ends the process (``exits.leave``)."""
+    exits.leave(cli(sys.argv))
 
 
 if __name__ == "__main__":

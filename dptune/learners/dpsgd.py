@@ -400,6 +400,16 @@ class DpSgdTrainer(DatasetTrainer):
         except TuningConfigError:
             return []
 
+    def planned_privacy_by_epoch(self, hparams: Mapping[str, Any]) -> list[DpSgdCandidate]:
+        """The privacy of the training up to the end of each epoch, from the hyperparameters
+        alone (public: ``steps_per_epoch`` steps per epoch at q = B / N_public): what the
+        payload's ``privacy_by_epoch`` holds after a candidate trained every epoch. The tuner
+        turns it into the released curve's epsilons while candidates train (a cache warm-up:
+        the release still reads the payload's)."""
+        hp = self.hyperparams(hparams)
+        spe = DpSgdSchedule.from_hyperparams(hp, self.num_examples).steps_per_epoch
+        return [self._privacy(hp, epoch * spe) for epoch in range(1, hp.epochs + 1)]
+
     def check_inputs(self, hparams: Mapping[str, Any]) -> None:
         """Refuses, before any private computation, a candidate the loop would refuse when it
         starts (e.g. a model whose input shape is not the images'): public schema only."""
