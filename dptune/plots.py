@@ -1,7 +1,9 @@
 """Plots for the release folder: the released candidate's training curve and the epsilon breakdown.
 
 Both show only what is released: the selected candidate's own history and the privacy statement's
-numbers. matplotlib runs with the non-interactive Agg backend, so plotting needs no display.
+numbers. The figures are drawn through matplotlib's object-oriented API (``Figure``, rendered by
+the Agg canvas when saved), never through pyplot: plotting needs no display, leaves the caller's
+pyplot backend and figures alone (a notebook's included), and skips pyplot's import (~0.2 s).
 """
 
 from __future__ import annotations
@@ -11,14 +13,11 @@ from pathlib import Path
 from typing import Any
 
 
-def _pyplot():
+def _figure(figsize: tuple[float, float]) -> Any:
     # heavy: matplotlib loads only when a release draws its plots
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return Figure(figsize=figsize)
 
 
 #: Panel titles of the per-epoch quantities the release holds (others show their key).
@@ -47,9 +46,9 @@ def training_curve(
     )
     if not rows or not keys:
         return None
-    plt = _pyplot()
     xs = [h.get("epoch", i + 1) for i, h in enumerate(rows)]
-    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3), squeeze=False)
+    fig = _figure((4 * len(keys), 3))
+    axes = fig.subplots(1, len(keys), squeeze=False)
     for ax, key in zip(axes[0], keys, strict=True):
         ax.plot(xs, [h.get(key, float("nan")) for h in rows], marker="o", label=key)
         if key == "epsilon_one_run" and total_epsilon is not None:
@@ -62,7 +61,6 @@ def training_curve(
     fig.suptitle("released candidate (public quantities)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return Path(path)
 
 
@@ -74,7 +72,6 @@ def epsilon_breakdown(privacy: Mapping[str, Any], path: str | Path) -> Path:
         ``budget_epsilon``).
       path: output file (``.png``).
     """
-    plt = _pyplot()
     single = float(privacy.get("single_run_epsilon") or 0.0)
     total = float(privacy["total_epsilon"])
     labels = ["one candidate", "selection overhead", "total (released)"]
@@ -84,7 +81,8 @@ def epsilon_breakdown(privacy: Mapping[str, Any], path: str | Path) -> Path:
         labels.append("budget")
         values.append(float(privacy["budget_epsilon"]))
         colors.append("tab:gray")
-    fig, ax = plt.subplots(figsize=(6, 3))
+    fig = _figure((6, 3))
+    ax = fig.subplots()
     bars = ax.barh(labels, values, color=colors)
     ax.bar_label(bars, fmt="%.3g")
     ax.invert_yaxis()
@@ -92,5 +90,4 @@ def epsilon_breakdown(privacy: Mapping[str, Any], path: str | Path) -> Path:
     ax.set_title(str(privacy.get("method", "")))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return Path(path)

@@ -36,7 +36,7 @@ from trainers.step import (
     _eval_params,
     default_microbatch_size,
     get_step_functions,
-    make_optimizer,
+    optimizer_numbers,
     resolve_grad_impl,
 )
 
@@ -45,11 +45,12 @@ log = logging.getLogger(__name__)
 Progress = Callable[[dict], None]
 
 
-def _as_key(key) -> jax.Array:
-    key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
-    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-        return jax.random.key_data(key)
-    if key.dtype != jnp.uint32 or key.shape != (2,):
+def _as_key(key) -> np.ndarray:
+    """The raw uint32[2] data of a candidate key, on the host (typed keys are unwrapped)."""
+    if isinstance(key, jax.Array) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.key_data(key)
+    key = np.asarray(key)
+    if key.dtype != np.uint32 or key.shape != (2,):
         raise ValueError(
             f"key must be a jax PRNG key (typed or uint32[2]); got {key.dtype}{key.shape}"
         )
@@ -264,7 +265,11 @@ def _train_group_unsafe(
     spe = schedule.steps_per_epoch
     total_steps = schedule.steps
 
-    subkeys = [jax.random.split(key, 4) for key in keys]  # init, sampling, noise, score
+    # init, sampling, noise, score: split on the device, kept as host rows. The setup below
+    # builds host values with NumPy and copies them (jax.device_put), and derives device values
+    # in a few compiled programs: an eager jnp operation compiles a program of its own per shape,
+    # and even a warm start traces and looks up each one.
+    subkeys = [np.asarray(jax.random.split(jax.device_put(key), 4)) for key in keys]
     # The sampler DpSgdSchedule.sampler builds (each actual record at the accountant's rate q).
     samplers = [
         PoissonSampler(
@@ -276,17 +281,19 @@ def _train_group_unsafe(
         )  # fmt: skip
         for sk in subkeys
     ]
-    params = group.stack([models.init_params(fns.spec, sk[0]) for sk in subkeys])
+    inits = [models.init_params(fns.spec, jax.device_put(sk[0])) for sk in subkeys]
+    # make_optimizer(hp).init(params), compiled once for the structure
     opt_states = group.stack(
-        [make_optimizer(hp).init(group.row(params, c)) for c, hp in enumerate(hps)]
+        [fns.init_opt(p, optimizer_numbers(hp)) for p, hp in zip(inits, hps, strict=True)]
     )
+    params = group.stack(inits)
     noise_keys = group.stack([sk[2] for sk in subkeys])
-    clip = group.stack([jnp.float32(hp.clip_norm) for hp in hps])
-    sigma = group.stack([jnp.float32(hp.noise_multiplier) for hp in hps])
-    expected_b = jnp.float32(hp0.batch_size)
+    clip = group.stack([np.float32(hp.clip_norm) for hp in hps])
+    sigma = group.stack([np.float32(hp.noise_multiplier) for hp in hps])
+    expected_b = jax.device_put(np.float32(hp0.batch_size))
 
-    zero_sum = jax.tree_util.tree_map(jnp.zeros_like, params)
-    zero_loss = group.stack([jnp.float32(0.0)] * k)
+    zero_sum = jax.tree_util.tree_map(lambda a: jax.device_put(np.zeros(a.shape, a.dtype)), params)
+    zero_loss = group.stack([np.float32(0.0)] * k)
     histories: list[list[dict]] = [[] for _ in hps]
     failed = [False] * k
     last_good = params
@@ -302,24 +309,24 @@ def _train_group_unsafe(
             ]
             n_seen += [len(b) for b in batches]
             n_chunks = max(len(c) for c in chunked)
-            step_arr = jnp.int32(step)
+            step_arr = np.int32(step)
             # Chunks after the first go through `accumulate` (further body chunks when B > 256; a
             # tail chunk in ~half the steps, when the Poisson batch outgrows the body), then the
             # fused step on the first chunk adds their sums, the noise and the optimiser update.
-            gsum, loss = zero_sum, zero_loss
+            # The loss runs on from the epoch's sum, so the step returns the sum so far.
+            gsum, loss = zero_sum, loss_sum
             for j in range(1, n_chunks):
                 idx, mask = group.chunk(chunked, j)
                 gsum, loss = group.accumulate(
                     params, gsum, loss, data_x, data_y, idx, mask, clip, noise_keys, step_arr,
-                    jnp.int32(j),
+                    np.int32(j),
                 )  # fmt: skip
             idx, mask = group.chunk(chunked, 0)
             # audit.noise_step(step) is step itself outside `dptune audit --break=noise_reused`.
-            params, opt_states, loss = group.step(
+            params, opt_states, loss_sum = group.step(
                 params, opt_states, gsum, loss, data_x, data_y, idx, mask, noise_keys,
-                jnp.int32(audit.noise_step(step)), clip, sigma, expected_b,
+                np.int32(audit.noise_step(step)), clip, sigma, expected_b,
             )  # fmt: skip
-            loss_sum = loss_sum + loss
             step += 1
             if progress is not None and progress_every > 0 and step % progress_every == 0:
                 for i in indices:
@@ -365,7 +372,7 @@ def _train_group_unsafe(
             )
             results.append(CandidateResult(p, FAILURE_SCORE, histories[c], True, why))
         else:
-            score = validation_score(hp, p, data, subkeys[c][3])
+            score = validation_score(hp, p, data, jax.device_put(subkeys[c][3]))
             results.append(CandidateResult(p, score, histories[c], False))
     return results
 

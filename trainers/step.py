@@ -32,16 +32,34 @@ def make_optimizer(hp: Hyperparams) -> optax.GradientTransformation:
     candidates with different learning rates / momenta share one compiled step and can be
     vectorised. With ``hp.ema_decay`` the state also carries the parameter average
     (:func:`with_param_ema`)."""
-    if hp.optimizer == "sgd":
-        opt = optax.inject_hyperparams(optax.sgd)(learning_rate=hp.learning_rate)
-    elif hp.optimizer == "momentum":
-        opt = optax.inject_hyperparams(optax.sgd)(
-            learning_rate=hp.learning_rate, momentum=hp.momentum
-        )
-    else:
-        opt = optax.inject_hyperparams(optax.adam)(learning_rate=hp.learning_rate)
+    momentum = hp.momentum if hp.optimizer == "momentum" else None
+    return _optimizer(hp.optimizer, hp.learning_rate, momentum, hp.ema_decay)
+
+
+def optimizer_numbers(hp: Hyperparams) -> dict[str, np.float32]:
+    """The numeric hyperparameters ``make_optimizer(hp)`` puts in the optimiser state, as float32
+    scalars (what the state holds): ``learning_rate``, ``momentum`` for "momentum", ``ema_decay``
+    with a parameter average. Which keys appear depends only on the optimiser kind and whether
+    there is an average, so one compiled :meth:`StepFunctions.init_opt` serves every candidate."""
+    numbers = {"learning_rate": np.float32(hp.learning_rate)}
+    if hp.optimizer == "momentum":
+        numbers["momentum"] = np.float32(hp.momentum)
     if hp.ema_decay is not None:
-        opt = with_param_ema(opt, hp.ema_decay)
+        numbers["ema_decay"] = np.float32(hp.ema_decay)
+    return numbers
+
+
+def _optimizer(kind: str, learning_rate, momentum=None, ema_decay=None):
+    # The numbers are Python floats or arrays (tracers, in a compiled init); optax injects both
+    # into the state as float32 arrays (a NumPy scalar it would treat as a static argument).
+    if kind == "sgd":
+        opt = optax.inject_hyperparams(optax.sgd)(learning_rate=learning_rate)
+    elif kind == "momentum":
+        opt = optax.inject_hyperparams(optax.sgd)(learning_rate=learning_rate, momentum=momentum)
+    else:
+        opt = optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate)
+    if ema_decay is not None:
+        opt = with_param_ema(opt, ema_decay)
     return opt
 
 
@@ -210,16 +228,22 @@ class Group:
     step: Any
 
     def stack(self, trees: list) -> Any:
-        """K per-candidate pytrees (or scalars) in this group's layout."""
+        """K per-candidate pytrees (or scalars) in this group's layout, on the device. Host values
+        (NumPy arrays and scalars) are stacked on the host and copied once; device arrays in one
+        compiled program per tree structure (an eager ``jnp.stack`` would compile a program per
+        leaf shape, each costing a trace and a cache lookup even on a warm start)."""
         if len(trees) != self.k:
             raise ValueError(f"expected {self.k} per-candidate values, got {len(trees)}")
         if self.k == 1:
-            return jax.tree_util.tree_map(jnp.asarray, trees[0])
-        return jax.tree_util.tree_map(lambda *a: jnp.stack(a), *trees)
+            return jax.device_put(trees[0])
+        if any(isinstance(a, jax.Array) for a in jax.tree_util.tree_leaves(trees)):
+            return _stack_trees(trees)
+        return jax.device_put(jax.tree_util.tree_map(lambda *a: np.stack(a), *trees))
 
     def row(self, tree: Any, c: int) -> Any:
-        """Candidate c's values of a pytree in this group's layout."""
-        return tree if self.k == 1 else jax.tree_util.tree_map(lambda a: a[c], tree)
+        """Candidate c's values of a pytree in this group's layout (one compiled program for
+        every c)."""
+        return tree if self.k == 1 else _take_row(tree, np.int32(c))
 
     def chunk(self, chunked: list, j: int) -> tuple[np.ndarray, np.ndarray]:
         """The j-th (idx, mask) chunk of every candidate (``chunked[c]``: candidate c's chunks) in
@@ -232,20 +256,39 @@ class Group:
         return np.stack([p[0] for p in parts]), np.stack([p[1] for p in parts])
 
     def finite(self, tree: Any) -> list[bool]:
-        """Whether each candidate's values in ``tree`` are all finite."""
-        ok = jnp.ones((self.k,), bool)
-        for leaf in jax.tree_util.tree_leaves(tree):
-            ok = ok & jnp.all(jnp.isfinite(jnp.reshape(leaf, (self.k, -1))), axis=1)
-        return [bool(v) for v in np.asarray(ok)]
+        """Whether each candidate's values in ``tree`` are all finite (one compiled program)."""
+        return [bool(v) for v in np.asarray(_finite_rows(tree, self.k))]
 
     def keep_finite(self, last_good: Any, new: Any, finite: list[bool]) -> Any:
         """Each candidate's ``new`` values where ``finite``, its ``last_good`` ones otherwise."""
         if self.k == 1:
             return new if finite[0] else last_good
-        sel = jnp.asarray(finite)
-        return jax.tree_util.tree_map(
-            lambda n, o: jnp.where(sel.reshape((-1,) + (1,) * (n.ndim - 1)), n, o), new, last_good
-        )
+        return _select_rows(np.asarray(finite), new, last_good)
+
+
+@jax.jit
+def _stack_trees(trees: list) -> Any:
+    return jax.tree_util.tree_map(lambda *a: jnp.stack(a), *trees)
+
+
+@jax.jit
+def _take_row(tree: Any, c: jax.Array) -> Any:
+    return jax.tree_util.tree_map(lambda a: a[c], tree)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _finite_rows(tree: Any, k: int) -> jax.Array:
+    ok = jnp.ones((k,), bool)
+    for leaf in jax.tree_util.tree_leaves(tree):
+        ok = ok & jnp.all(jnp.isfinite(jnp.reshape(leaf, (k, -1))), axis=1)
+    return ok
+
+
+@jax.jit
+def _select_rows(sel: jax.Array, new: Any, old: Any) -> Any:
+    return jax.tree_util.tree_map(
+        lambda n, o: jnp.where(sel.reshape((-1,) + (1,) * (n.ndim - 1)), n, o), new, old
+    )
 
 
 class StepFunctions:
@@ -267,6 +310,7 @@ class StepFunctions:
         self.grad_impl = grad_impl
         self.augmult = int(augmult)
         # Only the update rule matters here; numeric hyperparameters live in the optimiser state.
+        self.optimizer_kind = optimizer
         self.optimizer = make_optimizer(
             Hyperparams(optimizer=optimizer, ema_decay=0.5 if ema else None)
         )
@@ -305,6 +349,7 @@ class StepFunctions:
             # once to the reduced sum, so its std is sigma * C whatever the device count.
             self._clipped_sum = parallel.sharded_clipped_sum(self._clipped_sum, mesh)
 
+        self.init_opt = jax.jit(self._init_opt)
         self.chunk_sum = jax.jit(self._chunk_sum)
         self.accumulate = jax.jit(self._accumulate)
         self.step = jax.jit(self._step)
@@ -320,6 +365,13 @@ class StepFunctions:
         if k == 1:
             return Group(1, self.accumulate, self.step)
         return Group(k, self.vaccumulate, self.vstep)
+
+    def _init_opt(self, params, numbers: dict):
+        """The optimiser state of a candidate at ``params``: ``make_optimizer(hp).init(params)``
+        for ``numbers = optimizer_numbers(hp)``, compiled once for every candidate of this
+        structure (the numbers are arguments, not constants; eagerly, optax's init compiles an
+        operation per parameter shape)."""
+        return _optimizer(self.optimizer_kind, **numbers).init(params)
 
     def _chunk_sum(self, params, data_x, data_y, idx, mask, clip_norm, key=None, step=0, chunk=0):
         """Clipped gradient sum and loss sum over one chunk (idx, mask) of a batch. With

@@ -69,3 +69,28 @@ def test_report_names_the_trainer_and_never_prints_nan(tmp_path):
     assert "trained by DP-Fisher" in md and "DP-SGD" not in md
     assert not re.search(r"\bnan\b", md, re.I) and "n/a" in md
     assert md.splitlines()[2].startswith("Everything released by this run")
+
+
+def test_plots_draw_without_pyplot_and_leave_the_callers_backend(tmp_path, monkeypatch):
+    """The release's plots go through matplotlib's Figure API: a notebook user's pyplot backend
+    and open figures are not touched (pyplot is never imported: None in sys.modules makes any
+    import of it fail; matplotlib.use is never called), and the PNGs are written all the same."""
+    import sys
+
+    import matplotlib
+
+    from dptune import plots
+
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+
+    def switch(*args, **kwargs):
+        raise AssertionError("the plots switched matplotlib's backend")
+
+    monkeypatch.setattr(matplotlib, "use", switch)
+    rows = [{"epoch": 1, "epsilon_one_run": 0.5}, {"epoch": 2, "epsilon_one_run": 0.8}]
+    curve = plots.training_curve(rows, tmp_path / "curve.png", total_epsilon=1.2)
+    bars = plots.epsilon_breakdown(
+        {"total_epsilon": 1.2, "single_run_epsilon": 0.8, "delta": 1e-5}, tmp_path / "eps.png"
+    )
+    for path in (curve, bars):
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -3,6 +3,7 @@
 import dataclasses
 import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -86,6 +87,64 @@ def test_no_recompilation_across_steps_and_candidates(synthetic, synthetic_resul
     other = dataclasses.replace(HP, learning_rate=0.5, clip_norm=3.0, noise_multiplier=2.0)
     train_candidate(other, synthetic, jax.random.PRNGKey(5))
     assert fns.trace_count == before
+
+
+class _DeepMLP(nn.Module):
+    """A user's MLP whose depth sets its number of parameter leaves (odd widths: shapes no other
+    test compiles)."""
+
+    depth: int
+
+    @nn.compact
+    def __call__(self, x):
+        x = x.reshape((x.shape[0], -1))
+        for width in (13, 11, 9, 7, 5, 3)[: self.depth]:
+            x = nn.tanh(nn.Dense(width)(x))
+        return nn.Dense(10)(x)
+
+
+def _programs_lowered(fn) -> int:
+    """How many programs JAX traces and lowers while ``fn()`` runs: each one is a cost a warm
+    start still pays (JAX hashes the lowered module to look it up in the persistent cache)."""
+    count = 0
+
+    def listener(event: str, duration: float, **kwargs) -> None:
+        nonlocal count
+        count += event == "/jax/core/compile/jaxpr_to_mlir_module_duration"
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        fn()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    return count
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_run_lowers_a_few_programs_whatever_the_models_depth(synthetic, k):
+    """The loop's set-up and checks (keys, initialisation, optimiser state, zeros, finiteness)
+    run as a few compiled programs, not one eager operation per parameter leaf: a 1-layer and a
+    6-layer model lower the same number of programs (eagerly, the deep one lowered about 40 more,
+    each a trace and a cache lookup on every warm start)."""
+    hp = dataclasses.replace(HP, epochs=1, batch_size=500)
+    counts = []
+    for depth in (2, 1, 6):  # the first run lowers what any model shares (key split, noise)
+        spec = models.user_model(_DeepMLP(depth), (28, 28, 1), "float32")
+        hps = [dataclasses.replace(hp, model=spec, learning_rate=0.1 * (c + 1)) for c in range(k)]
+        keys = [jax.random.PRNGKey(c) for c in range(k)]
+        counts.append(
+            _programs_lowered(
+                lambda hps=hps, keys=keys: train_candidates(
+                    hps, synthetic, keys, vectorize=k > 1, grad_impl="vmap"
+                )
+            )
+        )
+    counts = counts[1:]
+    assert counts[0] == counts[1], counts
+    # init, optimiser init, accumulate, step, finiteness, the validation sum (the key split and
+    # the score's noise were lowered by the first run); K > 1 adds the stacks of parameters and
+    # of optimiser states, a candidate's row and the selection of finite candidates
+    assert counts[1] <= (6 if k == 1 else 10), counts
 
 
 def test_nan_candidate_fails_with_fixed_score_and_does_not_raise(synthetic):
