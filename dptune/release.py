@@ -69,9 +69,11 @@ RELEASE_FILES = frozenset(
 )  # fmt: skip
 #: Keys of ``result.json``.
 RESULT_KEYS = frozenset(
-    {"released", "hparams", "validation_score", "test_accuracy", "reason"}
+    {"released", "hparams", "validation_score", "test_accuracy", "test_metric", "reason"}
 )  # "reason" (of released: false): a function of the selected output alone (none selected, or
-#    the selected candidate failed, which the selections' order makes "every one failed")
+#    the selected candidate failed, which the selections' order makes "every one failed").
+#    "test_metric" (a model scored by its own metric): that metric of the released model on the
+#    public test split, as test_accuracy is accuracy's: post-processing of the released model.
 #: Keys of ``privacy.json`` (the statement, the budget and Accuracy First's ex-post loss).
 PRIVACY_KEYS = frozenset(
     {
@@ -119,7 +121,7 @@ class Release:
       validation_score: its score as the selection saw it (noisy if the validation split is
         private).
       test_accuracy: accuracy on the test split (reported, not used for selection), if the trainer
-        has one.
+        has one and scores candidates by accuracy.
       privacy: the privacy statement as JSON (``total_epsilon``, ``delta``, ``single_run_epsilon``,
         ``selection``, ...).
       privacy_text: the statement in words.
@@ -132,6 +134,9 @@ class Release:
       trainer_name: what trained the candidates (the report names it), e.g. "DP-SGD".
       published: what of the selected candidate the selection's theorem covers
         (``SelectionMethod.publishes``); ``validation_score`` is released only with ``"score"``.
+      test_metric: ``{"name": ..., "value": ...}``: for a model scored by its own declared metric
+        (not accuracy), that metric on the public test split, in its units; the validation score
+        is then in the same units.
     """
 
     released: bool
@@ -148,6 +153,7 @@ class Release:
     # The curator's view (number of candidates, all scores): never printed, never in release/.
     private: Any = field(default=None, repr=False, compare=False)
     published: tuple[str, ...] = ("payload", "score")
+    test_metric: dict[str, Any] | None = None
 
     @property
     def params(self) -> Any:
@@ -166,6 +172,11 @@ class Release:
             "hparams": self.hparams,
             "test_accuracy": _finite_or_none(self.test_accuracy),
         }
+        if self.test_metric is not None:
+            out["test_metric"] = {
+                "name": str(self.test_metric.get("name")),
+                "value": _finite_or_none(self.test_metric.get("value")),
+            }
         if "score" in self.published:
             out["validation_score"] = _finite_or_none(self.validation_score)
         return out
@@ -175,7 +186,8 @@ class Release:
         return (
             f"Release(released={self.released}, hparams={self.hparams}, "
             f"validation_score={self.validation_score}, test_accuracy={self.test_accuracy}, "
-            f"total_epsilon={eps}, delta={self.privacy.get('delta')}, path={self.path})"
+            + (f"test_metric={self.test_metric}, " if self.test_metric is not None else "")
+            + f"total_epsilon={eps}, delta={self.privacy.get('delta')}, path={self.path})"
         )
 
     @property
@@ -201,8 +213,13 @@ class Release:
             head = f"Released: {hp}"
             if self.validation_score is not None:
                 head += f"\n  validation score {_fmt(self.validation_score)}"
+                if self.test_metric is not None:
+                    head += f" ({self.test_metric.get('name')})"
             if self.test_accuracy is not None:
                 head += f"\n  test accuracy {_fmt(self.test_accuracy)}"
+            if self.test_metric is not None:
+                value = self.test_metric.get("value")
+                head += f"\n  test {self.test_metric.get('name')} {_fmt(value)}"
         return f"{head}\n{self.headline}\n\n{self.privacy_text}"
 
 
@@ -323,6 +340,7 @@ def read_release(folder: str | os.PathLike) -> Release:
         hparams=result.get("hparams"),
         validation_score=result.get("validation_score"),
         test_accuracy=result.get("test_accuracy"),
+        test_metric=result.get("test_metric"),
         privacy=privacy,
         privacy_text=(text[len(head) :] if text.startswith(head) else text).rstrip("\n"),
         path=folder,
@@ -359,7 +377,8 @@ def load_release(path: str | os.PathLike, like: Any = None) -> Release:
     calibrated noise included), ``params`` (the parameters restored from the orbax checkpoint, in
     the structure of ``like`` when given, e.g. ``jax.eval_shape(module.init, key, x)["params"]``;
     use them as ``module.apply({"params": release.params}, x)``), the privacy statement
-    (``privacy`` as JSON, ``privacy_text`` in words), ``validation_score`` and ``test_accuracy``.
+    (``privacy`` as JSON, ``privacy_text`` in words), ``validation_score`` and ``test_accuracy``
+    (or, for a model scored by its own metric, ``test_metric``).
     A run that released nothing returns ``released=False`` and no parameters.
     """
     folder = Path(path)

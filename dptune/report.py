@@ -48,13 +48,25 @@ def report_markdown(release: Any, files: set[str]) -> str:
             "One trained model, chosen privately among candidates trained by "
             f"{trainer} on the private training split.",
             "",
-            f"- **Test accuracy** (public test split, reported only, never used to choose): "
-            f"{_pct(release.test_accuracy)}",
         ]
+        metric = getattr(release, "test_metric", None)
+        if metric is not None:  # a model scored by its own metric: its units, not a percentage
+            name = metric.get("name", "metric")
+            lines.append(
+                f"- **Test {name}** (public test split, reported only, never used to choose): "
+                f"{_num(metric.get('value')) if metric.get('value') is not None else 'n/a'}"
+            )
+            score = f"{_num(release.validation_score)} ({name})"
+        else:
+            lines.append(
+                f"- **Test accuracy** (public test split, reported only, never used to choose): "
+                f"{_pct(release.test_accuracy)}"
+            )
+            score = _pct(release.validation_score)
         if "score" in getattr(release, "published", ("payload", "score")):
             lines.append(
                 "- Validation score the selection saw (noisy when the validation split is "
-                f"private): {_pct(release.validation_score)}"
+                f"private): {score}"
             )
         lines += [
             "",

@@ -763,6 +763,7 @@ def _release(trainer, selection, sel_plan, plan, budget, records, payloads, jour
     return Release(
         True, hp, score, view.test_accuracy, privacy, text, payload=view.payload,
         curve=public_curve(curve), published=published, trainer_name=_trainer_name(trainer),
+        test_metric=None if view.test_metric is None else dict(view.test_metric),
     )  # fmt: skip
 
 

@@ -17,7 +17,10 @@ FILES = {
 }  # fmt: skip
 # "reason" (with released: false): "none_selected" or "no_candidate_succeeded", a function of the
 # selected output alone (the selections rank a failure below every score: issue 24, item 2)
-RESULT_KEYS = {"released", "hparams", "validation_score", "test_accuracy", "reason"}
+# "test_metric" (issue 27's session, 2026-11-26): a model scored by its own declared metric
+# reports that metric of the released model on the public test split, in place of arg-max
+# accuracy; like test_accuracy, post-processing of the released model on public data.
+RESULT_KEYS = {"released", "hparams", "validation_score", "test_accuracy", "test_metric", "reason"}
 PRIVACY_KEYS = {
     "total_epsilon", "delta", "single_run_epsilon", "single_run_delta", "overhead", "method",
     "theorem", "accountant", "route", "rdp_order", "seeded", "private", "adjacency", "notes",

@@ -45,7 +45,7 @@ from trainers.data import (
 )
 from trainers.data import NAMES as DATASETS
 from trainers.data import check_arrays as check_user_arrays
-from trainers.evaluate import BoundedMetric, evaluate
+from trainers.evaluate import BoundedMetric, evaluate, evaluate_metric
 from trainers.spec import AUDIT_MODEL_SUFFIX, MODEL_NAMES, DpSgdSchedule, Hyperparams
 from trainers.spec import dpsgd_privacy as _hp_privacy
 from trainers.userloop import add_noise, clipped_grad_sum
@@ -355,9 +355,7 @@ class DpSgdTrainer(DatasetTrainer):
         def on_epoch(i: int, epoch: int, params: Any) -> None:
             self.epoch_hook(i, epoch, params)
             if with_curve:
-                test_curve.setdefault(i, {})[epoch] = float(
-                    evaluate(params, hps[i].model, self.data.test_x, self.data.test_y)
-                )
+                test_curve.setdefault(i, {})[epoch] = self._test_score(hps[i], params)[1]
 
         with_curve = self.test_curve and len(self.data.test_y) > 0
         # The per-epoch callback only where something reads the parameters after each epoch (test
@@ -378,8 +376,9 @@ class DpSgdTrainer(DatasetTrainer):
                 out.append((float("nan"), failure))
                 continue
             curve = test_curve.get(i, {})
+            key = self._test_score(hps[i], None)[0]
             history = [
-                {**h, **({"test_accuracy": curve[h["epoch"]]} if h.get("epoch") in curve else {})}
+                {**h, **({key: curve[h["epoch"]]} if h.get("epoch") in curve else {})}
                 for h in r.history
             ]
             payload = {
@@ -459,16 +458,33 @@ class DpSgdTrainer(DatasetTrainer):
             if "epoch" in h
         ]
         privacy = list(payload.get("privacy_by_epoch", ()))
-        test_acc = history[-1].get("test_accuracy") if history else None
-        if test_acc is None and len(self.data.test_y):
-            hp = self.hyperparams(hparams)
-            test_acc = float(
-                evaluate(payload["params"], hp.model, self.data.test_x, self.data.test_y)
-            )
+        hp = self.hyperparams(hparams)
+        key = self._test_score(hp, None)[0]
+        test = history[-1].get(key) if history else None
+        if test is None and len(self.data.test_y):
+            test = self._test_score(hp, payload["params"])[1]
+        metric = models.resolve(hp.model, self.data.num_classes).metric
         return ReleaseView(
-            {"params": payload["params"]}, test_acc, history,
+            {"params": payload["params"]},
+            test_accuracy=test if metric is None else None,
+            test_metric=None if metric is None else {"name": metric.name, "value": test},
+            history=history,
             privacy_by_epoch=privacy if len(privacy) == len(history) else (),
-        )  # fmt: skip
+        )
+
+    def _test_score(self, hp: Hyperparams, params: Any) -> tuple[str, float | None]:
+        """The curve's key and the value on the public test split of what candidates are scored
+        by: ``("test_accuracy", accuracy)``, or for a model with its own ``Metric``
+        ``("test_metric", that metric in its units)`` (arg-max accuracy means nothing for, e.g.,
+        a regression output). ``params=None``: the key only."""
+        spec = models.resolve(hp.model, self.data.num_classes)
+        key = "test_accuracy" if spec.metric is None else "test_metric"
+        if params is None:
+            return key, None
+        x, y = self.data.test_x, self.data.test_y
+        if spec.metric is None:
+            return key, float(evaluate(params, spec, x, y))
+        return key, float(evaluate_metric(params, spec, x, y))
 
     def privacy_notes(self) -> list[str]:
         """Sentences for the privacy statement: how the validation split was formed, and which

@@ -134,3 +134,46 @@ def test_tuned_user_module_releases_and_loads_back(tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     with pytest.raises(FileNotFoundError, match="holds no release"):
         dptune.load_release(tmp_path / "private")
+
+
+class _Regressor(nn.Module):
+    """One output per record: arg-max "accuracy" over a single output is always index 0."""
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(1)(jnp.tanh(nn.Dense(8)(x)))
+
+
+def test_a_model_scored_by_its_own_metric_releases_that_metric_on_the_test_split(tmp_path):
+    """A regression-like model with a declared metric (minus the absolute error, in [-3, 0]):
+    the release reports that metric on the public test split, in its units, named, in the
+    result, its text, report.md and what load_release reads back, and no arg-max "accuracy"
+    (for one output it is the fraction of test labels equal to 0, a meaningless number that
+    earlier releases printed as the model's test accuracy)."""
+    data = _data()
+    metric = dptune.Metric(lambda out, y: -jnp.abs(out[:, 0] - y), lo=-3.0, hi=0.0, name="neg_mae")
+    trainer = dptune.DpSgdTrainer(
+        data, model=_Regressor(), base=dict(batch_size=60, epochs=2), epoch_progress=False,
+        loss=lambda out, y: (out[:, 0] - y) ** 2, metric=metric, test_curve=True,
+    )  # fmt: skip
+    release = dptune.tune(
+        trainer, SPACE, RandomStopping.logarithmic(mean=2), (4.0, 1e-5), workdir=tmp_path,
+        seed=1, progress=False,
+    )  # fmt: skip
+    assert release.released and release.test_accuracy is None
+    assert release.test_metric["name"] == "neg_mae"
+    out = _Regressor().apply({"params": release.params}, data.test_x)[:, 0]
+    exact = float(np.mean(-np.clip(np.abs(np.asarray(out) - data.test_y), 0.0, 3.0)))
+    assert release.test_metric["value"] == pytest.approx(exact, abs=1e-5)
+    result = json.loads((tmp_path / "release" / "result.json").read_text())
+    assert result["test_accuracy"] is None and result["test_metric"] == release.test_metric
+    assert f"test neg_mae {release.test_metric['value']:.4g}" in str(release)
+    assert "test accuracy" not in str(release)
+    report = (tmp_path / "release" / "report.md").read_text()
+    assert "**Test neg_mae**" in report and "Test accuracy" not in report
+    assert "%" not in report.split("## What was released")[1].split("|")[0]  # no percentages
+    # the per-epoch test curve (test_curve=True) carries the same metric under test_metric
+    curve = json.loads((tmp_path / "release" / "training_curve.json").read_text())
+    assert [set(row) & {"test_accuracy", "test_metric"} for row in curve] == [{"test_metric"}] * 2
+    assert curve[-1]["test_metric"] == pytest.approx(release.test_metric["value"])
+    assert dptune.load_release(tmp_path).test_metric == release.test_metric
