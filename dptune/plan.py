@@ -175,6 +175,24 @@ def _probe_values(dist: Any) -> list[Any]:
     return [float(v) for v in np.linspace(lo, hi, _PROBES)]
 
 
+def probe_points(space: Space) -> list[dict[str, Any]]:
+    """Points of ``space`` for checks that read only public settings (e.g. a trainer's
+    ``check_inputs``: the model against the data's schema): ``space.example()``, then each searched
+    field varied alone over its probe values (``_probe_values``: every value of a choice or an
+    integer range up to 64, else both ends and interior points). Joint values of two fields are
+    not combined."""
+    base = space.example()
+    points, seen = [base], {repr(sorted(base.items()))}
+    for name in space.searched:
+        for value in _probe_values(space.fields[name]):
+            point = {**base, name: value}
+            key = repr(sorted(point.items()))
+            if key not in seen:
+                seen.add(key)
+                points.append(point)
+    return points
+
+
 def _privacy_dependent_fields(space: Space, candidate_of: Callable[[dict], Any]) -> list[str]:
     """Searched fields (not already privacy-relevant) that change the trainer's declared privacy.
 

@@ -64,6 +64,7 @@ from dptune.plan import (
     check_unchanged,
     make_privacy_plan,
     plan_privacy,
+    probe_points,
 )
 from dptune.progress import tuning_bar
 from dptune.release import (
@@ -298,12 +299,32 @@ def preflight(
         debug_nonprivate=debug_nonprivate, adjacency=adjacency,
     )  # fmt: skip
     if hasattr(trainer, "check_inputs"):  # the data's schema against a candidate's settings
-        trainer.check_inputs(plan.hparams(plan.space.example()))
+        _check_inputs(trainer, plan)
     dsb = as_budget(dataset_budget) if dataset_budget is not None else None
     spend = None
     if ledger_path is not None and not finished:  # a finished run returns its release: no charge
         spend = _check_ledger(ledger_path, fp, run_id, plan, dsb, _dataset_name(trainer))
     return Preflight(plan, budget, config, code, workdir, ledger_path, fp, dsb, spend, resuming)
+
+
+def _check_inputs(trainer: Any, plan: Any) -> None:
+    """``trainer.check_inputs`` at every probe point of the space (``dptune.plan.probe_points``),
+    so that a setting the search can draw and the data cannot take (say ``augmult > 0`` on
+    tabular rows) is refused here, before anything is charged, not found by a candidate that
+    fails mid-run after the run was charged. The refusal names the field and value."""
+    base = plan.space.example()
+    for point in probe_points(plan.space):
+        try:
+            trainer.check_inputs(plan.hparams(point))
+        except TuningConfigError as e:
+            varied = {k: v for k, v in point.items() if base.get(k) != v}
+            if not varied:
+                raise
+            where = ", ".join(f"{k}={v!r}" for k, v in varied.items())
+            raise TuningConfigError(
+                f"{e} (at {where}, a value the search space can draw: remove it from the space "
+                "or fix the data)"
+            ) from None
 
 
 def _tune_checked(pre: Preflight, trainer, selection, executor, seed, progress, debug_nonprivate):

@@ -177,3 +177,25 @@ def test_a_model_scored_by_its_own_metric_releases_that_metric_on_the_test_split
     assert [set(row) & {"test_accuracy", "test_metric"} for row in curve] == [{"test_metric"}] * 2
     assert curve[-1]["test_metric"] == pytest.approx(release.test_metric["value"])
     assert dptune.load_release(tmp_path).test_metric == release.test_metric
+
+
+def test_a_setting_the_space_can_draw_and_the_data_cannot_take_is_refused_before_charging(
+    tmp_path,
+):
+    """augmult > 0 augments images; on tabular rows the loop refuses it. When the space draws it
+    only sometimes (choice(0, 2): its example point is 0), the refusal still comes before
+    anything runs or is charged, naming the field and value, not from a candidate failing after
+    the run was charged."""
+    data = _data(300)
+    trainer = dptune.DpSgdTrainer(
+        data, model=MLP(), base=dict(batch_size=60, epochs=1), epoch_progress=False
+    )
+    sp = {**SPACE, "augmult": space.choice(0, 2)}
+    ledger = tmp_path / "ledger.sqlite"
+    with pytest.raises(TuningConfigError, match=r"augmult=2.*\(at augmult=2, a value the search"):
+        dptune.tune(
+            trainer, sp, RandomStopping.logarithmic(mean=2), (4.0, 1e-5), progress=False,
+            workdir=tmp_path / "run", ledger=ledger,
+        )  # fmt: skip
+    assert not (tmp_path / "run" / "private" / "journal.sqlite").exists()  # nothing trained
+    assert not ledger.exists() or dptune.Ledger(ledger).spend(trainer.fingerprint) is None
