@@ -145,21 +145,21 @@ class ReleaseView:
       payload: the released payload (e.g. the model's parameters; never exact training losses).
       test_accuracy: accuracy on a public test split, if the trainer measured one and the
         candidates were scored by accuracy.
-      test_metric: ``{"name": ..., "value": ...}``: the model's own validation metric (a declared
-        ``Metric``, in its units) on the public test split, for a model scored by that metric
-        instead of accuracy (arg-max accuracy means nothing for, e.g., a regression output).
       history: per-epoch public rows (metrics on public or privatised data), oldest first.
       privacy_by_epoch: the privacy of the training up to each row of ``history`` (accounting
         candidates, as ``Trainer.privacy`` declares them; the last is the whole run), carried
         with the candidate's result; the release turns them into the curve's epsilon so far.
         Empty: no curve.
+      test_metric: ``{"name": ..., "value": ...}``: the model's own validation metric (a declared
+        ``Metric``, in its units) on the public test split, for a model scored by that metric
+        instead of accuracy (arg-max accuracy means nothing for, e.g., a regression output).
     """
 
     payload: Any
     test_accuracy: float | None = None
-    test_metric: Mapping[str, Any] | None = None
     history: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
     privacy_by_epoch: Sequence[Any] = field(default_factory=tuple)
+    test_metric: Mapping[str, Any] | None = None  # last: trainers build views positionally
 
 
 def release_view(trainer: Any, hparams: Mapping[str, Any], payload: Any) -> ReleaseView:
