@@ -13,6 +13,7 @@ from dptune.accounting import epsilon
 from dptune.curve_warmup import CurveWarmup
 from dptune.plan import make_privacy_plan
 from selection import BestOfK
+from tests.paths import REPO
 from trainers.data import make_synthetic
 
 
@@ -60,3 +61,52 @@ def test_a_stopped_or_failing_warm_up_leaves_nothing_running():
     warm = CurveWarmup(Broken(), plan, [dict(learning_rate=0.3, noise_multiplier=1.5)])
     warm.stop()  # the error stays in the thread (logged at debug level)
     assert CurveWarmup(object(), plan, [{}])._thread is None  # a trainer without the hook
+
+
+_EXIT_SCRIPT = """
+import atexit, sys, threading, time
+# registered first, so it runs last: after the warm-up's own exit handler
+atexit.register(lambda: print("alive", any(t.name == "dptune-curve" and t.is_alive()
+                                           for t in threading.enumerate()), flush=True))
+from dptune.curve_warmup import CurveWarmup
+
+class SlowPlan:
+    def hparams(self, hp):
+        return hp
+    def single_run_epsilon(self, candidate):
+        time.sleep(0.3)
+
+class Trainer:
+    def planned_privacy_by_epoch(self, hp):
+        return list(range(50))  # 15 s of work
+
+CurveWarmup(Trainer(), SlowPlan(), [{}])
+time.sleep(0.2)
+if sys.argv[1] == "leave":
+    from dptune.cli import exits
+    exits.leave(0)
+"""
+
+
+def test_at_exit_the_warm_up_is_stopped_and_waited_for():
+    """At the interpreter's exit, the warm-up's daemon thread is stopped after the epsilon it is
+    computing and waited for: a daemon thread still inside the accountant's C++ when Python
+    finalises can abort the process ("terminate called without an active exception", seen at the
+    end of a user's script right after dptune.tune returned). dptune's own exit (exits.leave,
+    os._exit: no finalisation) takes the handler off, so a command never waits for the thread."""
+    import subprocess
+    import time
+
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    for how, alive in (("return", "False"), ("leave", "True")):
+        t0 = time.monotonic()
+        out = subprocess.run(
+            [sys.executable, "-c", _EXIT_SCRIPT, how], capture_output=True, text=True, env=env,
+            timeout=60,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.split() == ["alive", alive], (how, out.stdout)
+        assert time.monotonic() - t0 < 10  # stopped after one 0.3 s epsilon, not 15 s of work
