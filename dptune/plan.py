@@ -183,14 +183,21 @@ def probe_points(space: Space) -> list[dict[str, Any]]:
     not combined."""
     base = space.example()
     points, seen = [base], {repr(sorted(base.items()))}
-    for name in space.searched:
-        for value in _probe_values(space.fields[name]):
-            point = {**base, name: value}
-            key = repr(sorted(point.items()))
-            if key not in seen:
-                seen.add(key)
-                points.append(point)
+    for _, point in _one_field_variations(space, space.searched):
+        key = repr(sorted(point.items()))
+        if key not in seen:
+            seen.add(key)
+            points.append(point)
     return points
+
+
+def _one_field_variations(space: Space, names: Sequence[str]):
+    """``(name, point)``: ``space.example()`` with the field ``name`` set to each of its probe
+    values, for every name in ``names``."""
+    base = space.example()
+    for name in names:
+        for value in _probe_values(space.fields[name]):
+            yield name, {**base, name: value}
 
 
 def _privacy_dependent_fields(space: Space, candidate_of: Callable[[dict], Any]) -> list[str]:
@@ -202,14 +209,12 @@ def _privacy_dependent_fields(space: Space, candidate_of: Callable[[dict], Any])
     (Interactions this one-at-a-time probe misses are still caught: every drawn candidate is
     checked against the accounted set before it trains.)
     """
-    base_hp = space.example()
-    base = candidate_of(base_hp)
+    base = candidate_of(space.example())
     relevant = set(space.privacy_relevant)
-    found = []
-    for name in space.searched:
-        if name not in relevant and any(
-            candidate_of({**base_hp, name: v}) != base for v in _probe_values(space.fields[name])
-        ):
+    found: list[str] = []
+    names = [n for n in space.searched if n not in relevant]
+    for name, point in _one_field_variations(space, names):
+        if name not in found and candidate_of(point) != base:
             found.append(name)
     return found
 

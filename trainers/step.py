@@ -32,8 +32,9 @@ def make_optimizer(hp: Hyperparams) -> optax.GradientTransformation:
     candidates with different learning rates / momenta share one compiled step and can be
     vectorised. With ``hp.ema_decay`` the state also carries the parameter average
     (:func:`with_param_ema`)."""
-    momentum = hp.momentum if hp.optimizer == "momentum" else None
-    return _optimizer(hp.optimizer, hp.learning_rate, momentum, hp.ema_decay)
+    # Python floats: optax injects them into the state (NumPy scalars it would keep static). The
+    # state holds float32, so float(np.float32(x)) stores exactly what x would.
+    return _optimizer(hp.optimizer, **{k: float(v) for k, v in optimizer_numbers(hp).items()})
 
 
 def optimizer_numbers(hp: Hyperparams) -> dict[str, np.float32]:

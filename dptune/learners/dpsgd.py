@@ -159,6 +159,11 @@ def _failure(result: Any) -> CandidateFailure:
     return CandidateFailure(kind, message, result.traceback or "")
 
 
+def _test_key(spec: models.ModelSpec) -> str:
+    """The per-epoch curve's key of :meth:`DpSgdTrainer._test_score`."""
+    return "test_accuracy" if spec.metric is None else "test_metric"
+
+
 class DpSgdTrainer(DatasetTrainer):
     """This project's DP-SGD trainer (``trainers.loop``) on an in-memory dataset.
 
@@ -355,9 +360,10 @@ class DpSgdTrainer(DatasetTrainer):
         def on_epoch(i: int, epoch: int, params: Any) -> None:
             self.epoch_hook(i, epoch, params)
             if with_curve:
-                test_curve.setdefault(i, {})[epoch] = self._test_score(hps[i], params)[1]
+                test_curve.setdefault(i, {})[epoch] = self._test_score(specs[i], params)
 
         with_curve = self.test_curve and len(self.data.test_y) > 0
+        specs = [models.resolve(hp.model, self.data.num_classes) for hp in hps]
         # The per-epoch callback only where something reads the parameters after each epoch (test
         # curves on request, a subclass's epoch_hook such as the audit's); else none.
         hooked = type(self).epoch_hook is not DpSgdTrainer.epoch_hook
@@ -376,7 +382,7 @@ class DpSgdTrainer(DatasetTrainer):
                 out.append((float("nan"), failure))
                 continue
             curve = test_curve.get(i, {})
-            key = self._test_score(hps[i], None)[0]
+            key = _test_key(specs[i])
             history = [
                 {**h, **({key: curve[h["epoch"]]} if h.get("epoch") in curve else {})}
                 for h in r.history
@@ -458,12 +464,11 @@ class DpSgdTrainer(DatasetTrainer):
             if "epoch" in h
         ]
         privacy = list(payload.get("privacy_by_epoch", ()))
-        hp = self.hyperparams(hparams)
-        key = self._test_score(hp, None)[0]
-        test = history[-1].get(key) if history else None
+        spec = models.resolve(self.hyperparams(hparams).model, self.data.num_classes)
+        test = history[-1].get(_test_key(spec)) if history else None
         if test is None and len(self.data.test_y):
-            test = self._test_score(hp, payload["params"])[1]
-        metric = models.resolve(hp.model, self.data.num_classes).metric
+            test = self._test_score(spec, payload["params"])
+        metric = spec.metric
         return ReleaseView(
             {"params": payload["params"]},
             test_accuracy=test if metric is None else None,
@@ -472,19 +477,14 @@ class DpSgdTrainer(DatasetTrainer):
             privacy_by_epoch=privacy if len(privacy) == len(history) else (),
         )
 
-    def _test_score(self, hp: Hyperparams, params: Any) -> tuple[str, float | None]:
-        """The curve's key and the value on the public test split of what candidates are scored
-        by: ``("test_accuracy", accuracy)``, or for a model with its own ``Metric``
-        ``("test_metric", that metric in its units)`` (arg-max accuracy means nothing for, e.g.,
-        a regression output). ``params=None``: the key only."""
-        spec = models.resolve(hp.model, self.data.num_classes)
-        key = "test_accuracy" if spec.metric is None else "test_metric"
-        if params is None:
-            return key, None
+    def _test_score(self, spec: models.ModelSpec, params: Any) -> float:
+        """What candidates are scored by, on the public test split: accuracy, or for a model with
+        its own ``Metric`` that metric in its units (arg-max accuracy means nothing for, e.g., a
+        regression output)."""
         x, y = self.data.test_x, self.data.test_y
         if spec.metric is None:
-            return key, float(evaluate(params, spec, x, y))
-        return key, float(evaluate_metric(params, spec, x, y))
+            return float(evaluate(params, spec, x, y))
+        return float(evaluate_metric(params, spec, x, y))
 
     def privacy_notes(self) -> list[str]:
         """Sentences for the privacy statement: how the validation split was formed, and which
