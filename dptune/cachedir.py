@@ -13,8 +13,6 @@ import os
 import sys
 from pathlib import Path
 
-from dptune.accounting.calibration import FileMemo
-
 #: Environment variable: the folder of JAX's compilation cache, or "off" (no warm starts).
 COMPILATION_CACHE_ENV = "DPTUNE_COMPILATION_CACHE"
 OFF_WORDS = ("off", "false", "no", "none", "0")
@@ -43,4 +41,6 @@ def warm_starts_off() -> bool:
 def calibration_memo():
     """The remembered calibrations (``cache_root()/calibration.json``), or None when warm starts
     are off."""
+    from dptune.accounting.calibration import FileMemo  # heavy (dp_accounting): only when used
+
     return None if warm_starts_off() else FileMemo(cache_root() / "calibration.json")
