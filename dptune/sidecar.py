@@ -221,7 +221,8 @@ def _built() -> dict:
             proc = _state["proc"]
             try:
                 built = {} if proc is None else _read_answer(proc)
-            except Exception:  # noqa: BLE001 - the command builds its PLDs itself
+            except Exception as e:  # noqa: BLE001 - the command builds its PLDs itself
+                log.debug("the sidecar's step PLDs are not used (%s): built here", e)
                 built = {}
                 _kill(proc)
             _state["built"] = built if isinstance(built, dict) else {}
@@ -297,10 +298,11 @@ def finish_drawing() -> None:
         proc = _state["proc"]
         for i in range(len(jobs)):
             try:
-                ok = _read_answer(proc) == "ok"
-            except Exception:  # noqa: BLE001
-                ok = False
-            if not ok:  # this figure and the ones after it are drawn here
+                answer = _read_answer(proc)
+            except Exception as e:  # noqa: BLE001
+                answer = e
+            if answer != "ok":  # this figure and the ones after it are drawn here
+                log.debug("the sidecar did not draw %s (%s): drawn here", jobs[i][0], answer)
                 _kill(proc)
                 for plot, args in jobs[i:]:
                     _draw_here(plot, args)
