@@ -1,6 +1,7 @@
 """dptune's cache folder on the user's machine, for what makes a second run start warm: JAX's
-compiled steps (``jax/``, ``dptune.learners.dpsgd.use_compilation_cache``) and remembered noise
-calibrations (``calibration.json``, ``dptune.accounting.calibration.FileMemo``).
+compiled steps (``jax/``, ``dptune.learners.dpsgd.use_compilation_cache``), remembered noise
+calibrations (``calibration.json``, ``dptune.accounting.calibration.FileMemo``) and the step PLDs
+the command's sidecar rebuilds ahead (``sidecar/``, requests only: ``dptune.sidecar``).
 
 ``$DPTUNE_CACHE`` moves the folder (the scattering features of ``trainers.scatter`` live there
 too); ``$DPTUNE_COMPILATION_CACHE=off`` (``dptune --compilation_cache=off``) turns warm starts off.
