@@ -3,6 +3,9 @@ file or a loader function; refusals name the field and charge nothing."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 
 import numpy as np
@@ -10,6 +13,7 @@ import pytest
 
 from dptune.cli.build import ConfigError, load_data, run_config
 from dptune.configs import user
+from tests.paths import REPO
 
 MODULE = """
 import flax.linen as nn
@@ -64,6 +68,34 @@ def test_npz_data_and_factory_model_tune_end_to_end(pkg):
                          seed=0, progress=False)  # fmt: skip
     assert release.privacy["total_epsilon"] <= 3.0
     assert (pkg / "w" / "release" / "result.json").is_file()
+
+
+def test_a_fresh_compilation_cache_folder_gets_the_compiled_steps(pkg):
+    """Warm starts from the command line: ``dptune --compilation_cache=DIR`` with a fresh folder
+    compiles the run's steps into it (the suite's own cache is set in the environment: the flag
+    wins). A tiny model, so the cold compilation is cheap; the end-to-end CLI test on cnn26k
+    (test_main.py) uses the suite's warm cache."""
+    import user_pkg_mod
+
+    np.savez(pkg / "d.npz", **user_pkg_mod.load())
+    fresh, work = pkg / "jax-cache", pkg / "w"
+    flags = [f"--{k}={v}" for k, v in {
+        "config.model": "user_pkg_mod:make_mlp", "config.data.path": pkg / "d.npz",
+        "config.data.num_examples": 600, "config.data.validation_size": 100,
+        "config.train.epochs": 1, "config.train.batch_size": 50,
+        "config.selection.mean_trials": 2, "config.ledger.path": pkg / "ledger.sqlite",
+    }.items()]  # fmt: skip
+    path = os.pathsep.join([str(pkg), str(REPO), os.environ.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-m", "dptune", "--config=user", f"--workdir={work}", "--seed=0",
+         "--noprogress", f"--compilation_cache={fresh}", *flags],
+        cwd=REPO, env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": path},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((work / "release" / "privacy.json").read_text())["total_epsilon"] <= 3.0
+    compiled = [p.name for p in fresh.iterdir()]
+    assert any(name.startswith("jit__step") for name in compiled), compiled  # the training step
 
 
 def test_loader_data_dry_run_and_refusals(pkg):
