@@ -46,10 +46,9 @@ def _capped_output(p: np.ndarray, gamma: float, cap: int) -> np.ndarray:
     """Exact law of the released score: sum over k = 1..T of P[min(K,T) = k] P[best of k = i]."""
     cdf = np.concatenate([[0.0], np.cumsum(p)])
     cdf[-1] = 1.0
-    out = np.zeros(len(p))
-    for k, w in enumerate(_cap_weights(gamma, cap), start=1):
-        out += w * (cdf[1:] ** k - cdf[:-1] ** k)  # P[max of k i.i.d. runs = i]
-    return out
+    k = np.arange(1, cap + 1)[:, None]
+    best_is = cdf[1:] ** k - cdf[:-1] ** k  # row k: P[max of k i.i.d. runs = i]
+    return _cap_weights(gamma, cap) @ best_is
 
 
 def _uncapped_output(p: np.ndarray, gamma: float) -> np.ndarray:
