@@ -249,3 +249,46 @@ def test_a_release_that_fails_leaves_no_figure_for_the_next(tmp_path, monkeypatc
     assert not sidecar.running() and sidecar._drawing == []
     sidecar.draw("epsilon_breakdown", {"total_epsilon": 2.0}, str(tmp_path / "b.png"))
     assert (tmp_path / "b.png").exists()  # drawn here: no answer of the first is read for it
+
+
+def test_a_killed_command_leaves_no_sidecar_behind(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    # A command that started its sidecar (busy building a PLD) and is then killed with SIGKILL:
+    # the sidecar, in its own session, ends on its own (broken pipe or end of input).
+    sidecar.start(ARGV, cwd=tmp_path)
+    sidecar.note(SIGMA, Q, PLD_DISCRETIZATION)
+    sidecar.stop()
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from dptune import sidecar; "
+         f"sidecar.start({ARGV!r}, cwd={str(tmp_path)!r}); "
+         "print(sidecar._state['proc'].pid, flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True, env=os.environ,
+    )  # fmt: skip
+    pid = int(child.stdout.readline())
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.1)
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail("the sidecar outlived its killed command by 30 s")
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (an ended process nobody has reaped yet, a zombie, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc (macOS): the signal test
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
