@@ -193,6 +193,7 @@ def test_pmf_comparison_sees_a_difference():
 
 def test_the_tuning_command_starts_the_sidecar_before_its_imports(monkeypatch):
     import importlib
+    import sys
 
     from dptune import cli
 
@@ -205,12 +206,12 @@ def test_the_tuning_command_starts_the_sidecar_before_its_imports(monkeypatch):
             calls.append(("run", None))
 
     monkeypatch.setattr(importlib, "import_module", lambda name: calls.append(name) or _Command)
-    monkeypatch.setattr("sys.argv", ["dptune", "--config=smoke", "--workdir=/tmp/x"])
+    monkeypatch.setattr(sys, "argv", ["dptune", "--config=smoke", "--workdir=/tmp/x"])
     cli.run()
     assert calls == [("start", ["--config=smoke", "--workdir=/tmp/x"]), "dptune.cli.main",
                      ("run", None)]  # fmt: skip
     calls.clear()
-    monkeypatch.setattr("sys.argv", ["dptune", "ledger"])
+    monkeypatch.setattr(sys, "argv", ["dptune", "ledger"])
     cli.run()
     assert calls == ["dptune.cli.ledger", ("run", None)]  # a subcommand: no sidecar
 
