@@ -9,10 +9,51 @@ other candidates, not even how many there were.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from selection import counts
+
 REPORT_FILE = "report.md"
+
+
+def single_candidate_odds(selection: Mapping[str, Any]) -> tuple[float, float] | None:
+    """(P[K = 0], P[K = 1]) of a random-stopping count, from the statement's ``selection``
+    parameters (public: a property of the configuration, never of a run's K); None for other
+    methods. Truncated negative binomial (Papernot & Steinke 2022, Def. 1: ``shape``, ``gamma``),
+    Poisson (``shape`` "inf", ``mean``), or the hard-capped geometric count min(K, T)
+    (``gamma``, ``max_trials``: P[min(K, T) = 1] = P[K = 1] = gamma for T >= 2)."""
+    try:
+        if selection.get("shape") == "inf":
+            mean = float(selection["mean"])
+            return math.exp(-mean), mean * math.exp(-mean)
+        if "shape" in selection and "gamma" in selection:
+            dist = counts.TruncatedNegativeBinomial(float(selection["shape"]),
+                                                    float(selection["gamma"]))  # fmt: skip
+            return 0.0, float(dist.pmf(1))
+        if "gamma" in selection and "eps0" not in selection and "max_trials" in selection:
+            gamma, cap = float(selection["gamma"]), int(selection["max_trials"])
+            return 0.0, (gamma if cap >= 2 else 1.0)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return None
+
+
+def _count_sentence(privacy: Mapping[str, Any]) -> list[str]:
+    """One sentence on how often a run of this configuration trains a single candidate."""
+    odds = single_candidate_odds(privacy.get("selection") or {})
+    if odds is None:
+        return []
+    p0, p1 = odds
+    none = (f", and none at all (nothing released) with probability {100 * p0:.0f} %"
+            if p0 > 0 else "")  # fmt: skip
+    return [
+        f"- What to expect from this configuration (public, not a fact about this run): its "
+        f"random count of candidates trains exactly one with probability {100 * p1:.0f} %{none}; "
+        "such a run releases an untuned candidate, so judge the configuration by several runs' "
+        "releases, not by one.",
+    ]
 
 
 def _num(x: Any, digits: int = 4) -> str:
@@ -108,6 +149,7 @@ def report_markdown(release: Any, files: set[str]) -> str:
             if p.get("seeded")
             else "; randomness from OS entropy"
         ),
+        *_count_sentence(p),
         "",
         "In words: an observer of this folder learns almost the same whether or not any one "
         "person's record was in the training data (the epsilon bounds the change in the odds of "
@@ -134,9 +176,11 @@ def report_markdown(release: Any, files: set[str]) -> str:
         "",
         "`result.json` (the result), `privacy.json` / `privacy.txt` (the statement)"
         + (
-            ", `checkpoint/` (the model; `dptune.release.load_params(folder)` restores it)."
+            ", `checkpoint/` (the model; `dptune.load_release(folder)` restores it with its "
+            "hyperparameters and statement)."
             if "checkpoint" in files
-            else ", `payload.pkl` (the released payload)."
+            else ", `payload.pkl` (the released payload; `dptune.load_release(folder)` restores "
+            "it with its hyperparameters and statement)."
             if "payload.pkl" in files
             else "."
         ),
