@@ -259,14 +259,17 @@ class Dataset:
           name: a label for reports and the ledger.
           seed_split: public seed of the split hash.
 
-        Records whose label is outside [0, num_classes) are dropped, each on its own (a
-        per-record rule: whether one record is kept never depends on the others), with a warning
-        on the curator's console; refusing the whole dataset instead would depend on the private
-        records.
+        Records whose label is outside [0, num_classes) or with a NaN or infinite feature are
+        dropped, each on its own (a per-record rule: whether one record is kept never depends on
+        the others), with a warning on the curator's console and the counts in ``sanitized``
+        (private: the curator's view only); refusing the whole dataset instead would depend on
+        the private records. Public arrays (``x_test``, ``public_validation``) with a non-finite
+        feature are refused instead.
 
         Raises:
           ValueError: no or a malformed ``num_examples``, mismatched shapes or dtypes, labels that
-            are not integers, an impossible validation fraction, no way to know ``num_classes``.
+            are not integers, an impossible validation fraction, no way to know ``num_classes``,
+            a NaN or infinite feature in ``x_test`` or ``public_validation``.
         """
         if num_examples is None:
             raise ValueError(
@@ -289,13 +292,23 @@ class Dataset:
                 )
             num_classes = int(max(int(np.max(a)) for a in public_labels if len(a))) + 1
         num_classes = int(num_classes)
+        dropped: dict[str, int] = {}  # private counts: the curator's view only (sanitized)
         valid = (y >= 0) & (y < num_classes)
         if not valid.all():
+            dropped[DROP_LABEL] = int((~valid).sum())
             log.warning(
                 "%d records of %r have a label outside [0, %d) (num_classes): they are left out",
                 int((~valid).sum()), name, num_classes,
             )  # fmt: skip
             x, y = x[valid], y[valid]
+        finite = finite_records(x)
+        if not finite.all():
+            dropped[DROP_FEATURES] = int((~finite).sum())
+            log.warning(
+                "%d records of %r have a feature that is NaN or infinite: they are left out",
+                int((~finite).sum()), name,
+            )  # fmt: skip
+            x, y = x[finite], y[finite]
         public = [("y_test", y_test)]
         if public_validation is not None:
             public.append(("public_validation labels", public_validation[1]))
@@ -314,6 +327,7 @@ class Dataset:
         else:
             x_test, y_test = _as_inputs(x_test, "x_test"), _as_labels(y_test, "y_test")
             _same_record_shape(x, x_test, "x_test")
+            _refuse_non_finite(x_test, "x_test")
         check_declared_size(len(x), num_examples, name)
         if public_validation is not None:
             val_x, val_y = (
@@ -321,20 +335,22 @@ class Dataset:
                 _as_labels(public_validation[1], "public_validation y"),
             )
             _same_record_shape(x, val_x, "public_validation")
+            _refuse_non_finite(val_x, "public_validation x")
             if not len(val_x):
                 raise ValueError("public_validation holds no records")
             return cls(
                 train_x=x, train_y=y, val_x=val_x, val_y=val_y, test_x=x_test, test_y=y_test,
                 num_classes=num_classes, name=name, public_num_train=int(num_examples),
                 public_num_val=float(len(val_x)), validation_public=True,
-                split={"kind": "separate_files", "validation_public": True},
+                split={"kind": "separate_files", "validation_public": True}, sanitized=dropped,
             )  # fmt: skip
         if not 0 <= validation_fraction < 1:
             raise ValueError(f"validation_fraction={validation_fraction!r} must be in [0, 1)")
-        return split_validation(
+        data = split_validation(
             x, y, x_test, y_test, num_classes, name, validation_fraction * num_examples,
             seed_split, num_examples=num_examples,
         )  # fmt: skip
+        return dataclasses.replace(data, sanitized=dropped) if dropped else data
 
     def describe_split(self) -> str:
         """One sentence for the privacy statement: how the validation split was formed."""
@@ -498,11 +514,28 @@ def invalid_records(x: np.ndarray, y: np.ndarray, num_classes: int) -> dict[str,
         yf = y.astype(np.float64, copy=False)
         with np.errstate(invalid="ignore"):
             bad_label = ~np.isfinite(yf) | (yf != np.round(yf)) | (yf < 0) | (yf >= num_classes)
+    return {DROP_LABEL: bad_label.reshape(n), DROP_FEATURES: ~finite_records(x)}
+
+
+def finite_records(x: np.ndarray) -> np.ndarray:
+    """(n,) bool: whether every feature of record i of ``x`` (n, ...) is finite (integer inputs
+    always are). Record i's entry depends on record i alone."""
+    x = np.asarray(x)
     if np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.complexfloating):
-        bad_x = ~np.isfinite(x.reshape(n, -1)).all(axis=1)
-    else:
-        bad_x = np.zeros(n, dtype=bool)
-    return {DROP_LABEL: bad_label.reshape(n), DROP_FEATURES: bad_x}
+        return np.isfinite(x.reshape(len(x), -1)).all(axis=1)
+    return np.ones(len(x), dtype=bool)
+
+
+def _refuse_non_finite(x: np.ndarray, what: str) -> None:
+    """Refuses a PUBLIC array with a NaN or infinite feature, naming it and the first records
+    (public: saying which reveals nothing private); ValueError."""
+    bad = ~finite_records(x)
+    if bad.any():
+        raise ValueError(
+            f"{what} has {int(bad.sum())} record(s) with a NaN or infinite feature, e.g. records "
+            f"{np.flatnonzero(bad)[:5].tolist()}: fix or remove them (public data is refused, "
+            "not filtered)"
+        )
 
 
 def drop_invalid_records(

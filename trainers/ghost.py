@@ -59,7 +59,8 @@ from flax import traverse_util
 from flax.linen.dtypes import promote_dtype as _flax_promote_dtype
 from jax.extend.core import Literal
 
-from trainers.dpsgd import clip_factors, im2col_s2d, kernel_from_s2d
+from trainers import models
+from trainers.dpsgd import clip_factors, im2col_s2d, keep_rows, kept_loss_sum, kernel_from_s2d
 
 #: Layer types with a per-example gradient formula here (exact types: a subclass may change the
 #: computation, so it is treated as unknown).
@@ -413,10 +414,11 @@ class _MatmulLayer:
     def clipped(self, c: jax.Array) -> tuple[jax.Array, jax.Array | None]:
         """(kernel sum (d_in, d_out), bias sum (d_out,) or None)."""
         if self.form == "materialise":
-            kernel = jnp.einsum("b,boi->io", c, self.w)
+            kernel = jnp.einsum("b,boi->io", c, keep_rows(c, self.w))
         else:
-            kernel = jnp.einsum("bti,bto->io", self.a * c[:, None, None], self.g)
-        bias = c @ self.bias if self.has_bias else None
+            ca = keep_rows(c, self.a * c[:, None, None].astype(self.a.dtype))
+            kernel = jnp.einsum("bti,bto->io", ca, keep_rows(c, self.g))
+        bias = c @ keep_rows(c, self.bias) if self.has_bias else None
         return kernel, bias
 
 
@@ -481,7 +483,7 @@ def _layer_terms(kind: str, calls: list[_Call], ins: list, gs: list, params: Any
         sq = jnp.sum(jnp.where(same, jnp.einsum("bsd,btd->bst", g, g), 0.0), axis=(1, 2))
 
         def clipped(c):
-            rows = (g * c[:, None, None]).reshape(-1, table.shape[1])
+            rows = keep_rows(c, g * c[:, None, None]).reshape(-1, table.shape[1])
             return {"embedding": jnp.zeros_like(table).at[ids.reshape(-1)].add(rows)}
 
         return sq, clipped
@@ -498,7 +500,7 @@ def _layer_terms(kind: str, calls: list[_Call], ins: list, gs: list, params: Any
     sq = sum(_sq(v) for v in per.values())
 
     def clipped(c):
-        return {k: (c @ v).astype(params[k].dtype) for k, v in per.items()}
+        return {k: (c @ keep_rows(c, v)).astype(params[k].dtype) for k, v in per.items()}
 
     return sq, clipped
 
@@ -549,11 +551,16 @@ def _reparam_terms(kind: str, calls: list[_Call], ins: list, gs: list, raw: Any,
     sq = jnp.concatenate([block_sq(lo, min(per_block, b - lo)) for lo in range(0, b, per_block)])
 
     def clipped(c):
+        kept_ins = [keep_rows(c, x) for x in ins]
+
         def outputs(r):
             p = rep.transform(r)
-            return [rep.layer.apply({"params": p}, x) for x in ins]
+            return [rep.layer.apply({"params": p}, x) for x in kept_ins]
 
-        cot = [(v.reshape(b, -1) * c[:, None].astype(v.dtype)).reshape(v.shape) for v in gs]
+        cot = [
+            keep_rows(c, (v.reshape(b, -1) * c[:, None].astype(v.dtype)).reshape(v.shape))
+            for v in gs
+        ]
         return jax.vjp(outputs, raw)[1](cot)[0]
 
     return sq, clipped
@@ -725,19 +732,26 @@ def analyze(
 
     Checks, in order: every known-layer call has a formula (:data:`KNOWN_LAYERS`, supported
     attributes); the module reads no parameter outside those calls (its parameter inputs are
-    unused in the traced program when the known layers read a separate copy); each recorded
-    layer input and output gradient has one leading row per example, which moves only when that
-    example moves (a synthetic batch of 3, example 0 replaced; ``probe=False`` skips this check,
+    unused in the traced program when the known layers read a separate copy); the module's
+    batched output, and each recorded layer input and output gradient as
+    :func:`clipped_sum_ghost` computes them, have rows that move only with their own example (a
+    synthetic batch of 3, every position replaced in turn, at ``params`` and at random draws
+    around them, ``trainers.models.probe_parameter_draws``; ``probe=False`` skips this check,
     which compiles the forward and backward pass once: for tests of the formulas only); layers
     that declare a reparametrisation (:class:`Reparametrized`) compute, as declared, the module's
     own output (the same synthetic batch, random parameters; skipped with ``probe=False`` too).
+
+    The clipped sum runs every example as a batch of its own under ``vmap``, so its rows are per
+    example by construction, whatever the parameters; the probe of the batched output keeps a
+    module that mixes examples (at the probed parameters) on ``vmap(grad)``, whose per-example
+    gradients are those of the same per-example function.
     """
     x_shape = tuple(x_example.shape[1:])
     x_dtype = x_example.dtype
     try:
         abstract = jax.tree_util.tree_map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), params)
-        b = 3
-        xs = jax.ShapeDtypeStruct((b, *x_shape), x_dtype)
+        # one example as a batch of its own: how clipped_sum_ghost runs the module (under vmap)
+        xs = jax.ShapeDtypeStruct((1, *x_shape), x_dtype)
 
         def forward(outer, inner, x):
             rec = _Recorder(inner)
@@ -793,37 +807,34 @@ def _probe_batch(x_shape, x_dtype, b: int, seed: int) -> np.ndarray:
 
 
 def _probe_rows(module, params, x_shape, x_dtype, loss_fn, y_example) -> str | None:
-    """None if every recorded input and output gradient is per example (row i moves only with
-    example i) on a synthetic batch; else what is not."""
-    b = 3
+    """None if the module's batched output, and every recorded input and output gradient of
+    :func:`_example_rows`, have rows that move only with their own example, on a synthetic batch
+    with each position replaced in turn, at ``params`` and random draws around them; else what
+    is not."""
+    base, variants = models.mixing_probe_batches(x_shape, x_dtype)
+    b = len(base)
     y = jnp.zeros((b, *tuple(y_example.shape[1:])), y_example.dtype)
+    own = jax.jit(lambda p, x: module.apply({"params": p}, x))
 
     @jax.jit
-    def rows(x):
-        shapes = jax.eval_shape(lambda p, x: _record(module, p, x)[1].outputs, params, x)
-        taps = [jnp.zeros(s.shape, s.dtype) for s in shapes]
+    def rows(p, x):
+        _, _, ins, gs = _example_rows(module, loss_fn, p, x, y, copies=False)
+        return ins, gs
 
-        def total(taps):
-            out, rec = _record(module, params, x, taps)
-            return jnp.sum(loss_fn(out, y)), (rec.inputs, out)
-
-        g, (ins, out) = jax.grad(total, has_aux=True)(taps)
-        return ins, g, out
-
-    x0 = _probe_batch(x_shape, x_dtype, b, 0)
-    x1 = x0.copy()
-    x1[0] = _probe_batch(x_shape, x_dtype, 1, 1)[0]
-    ins0, g0, out0 = rows(jnp.asarray(x0))
-    ins1, g1, out1 = rows(jnp.asarray(x1))
-    if not np.allclose(np.asarray(out0)[1:], np.asarray(out1)[1:], rtol=1e-5, atol=1e-6):
-        return "the output of one example depends on the others (the model mixes examples)"
-    for what, before, after in (("input", ins0, ins1), ("output gradient", g0, g1)):
-        for i, (u, v) in enumerate(zip(before, after, strict=True)):
-            u, v = np.asarray(u), np.asarray(v)
-            if u.ndim == 0 or u.shape[0] != b:
-                return f"layer call {i}'s {what} has no leading example axis (shape {u.shape})"
-            if not np.allclose(u[1:], v[1:], rtol=1e-5, atol=1e-6):
-                return f"layer call {i}'s {what} rows are not per example (the layout mixes them)"
+    for p in models.probe_parameter_draws(params):
+        mixed = models.moved_rows(lambda x, p=p: [own(p, x)], base, variants)
+        if mixed is not None:
+            return (
+                f"the output of one example depends on the others (the model mixes examples: "
+                f"example {mixed[1]}'s output moves with example {mixed[0]})"
+            )
+        mixed = models.moved_rows(lambda x, p=p: jax.tree_util.tree_leaves(rows(p, x)), base,
+                                  variants)  # fmt: skip
+        if mixed is not None:
+            return (
+                f"a recorded layer input or output gradient of example {mixed[1]} moves with "
+                f"example {mixed[0]} (rows not per example)"
+            )
     return None
 
 
@@ -852,6 +863,48 @@ def _probe_reparam(module, params, x_shape, x_dtype, calls: list[_Call]) -> str 
     return None
 
 
+def _example_rows(
+    module: nn.Module, loss_fn: Callable, params: Any, x: jax.Array, y: jax.Array, copies: bool
+) -> tuple[list[_Call], jax.Array, list, list]:
+    """One forward and one backward pass with every example run as a batch of its own (its K
+    copies with ``copies``, x (b, K, ...); else a batch of 1) under ``vmap``: (the known-layer
+    calls, per-example losses (b,), each call's recorded inputs and output gradients with example
+    i's rows in block i of the leading axis).
+
+    Per example by construction: vmap gives the module no axis to reach the other examples by,
+    so example i's rows are a function of example i and the parameters alone, for every
+    parameter value (what a probe cannot check). XLA batches the vmapped layers back into the
+    same batched matmuls and convolutions."""
+    b = x.shape[0]
+    xs = x if copies else x[:, None]
+    ys = jnp.repeat(y[:, None], x.shape[1], axis=1) if copies else y[:, None]
+    shapes = jax.eval_shape(lambda p, x: _record(module, p, x)[1].outputs, params, xs[0])
+    calls: list[_Call] = []
+
+    def forward(params, taps, xi):
+        out, rec = _record(module, params, xi, taps)
+        calls[:] = rec.calls
+        return out, rec.inputs
+
+    fast_forward = with_fast_pools(forward)
+
+    def example(taps, xi, yi):
+        out, inputs = fast_forward(params, taps, xi)
+        return jnp.mean(loss_fn(out, yi)), inputs
+
+    def total(taps):
+        losses, inputs = jax.vmap(example)(taps, xs, ys)
+        return jnp.sum(losses), (losses, inputs)
+
+    taps = [jnp.zeros((b, *s.shape), s.dtype) for s in shapes]
+    gs, (losses, ins) = jax.grad(total, has_aux=True)(taps)
+
+    def merged(v):  # (b, n, ...) -> (b * n, ...): the batch-first layout of the formulas
+        return v.reshape(b * v.shape[1], *v.shape[2:]) if v.ndim > 2 else v
+
+    return list(calls), losses, [merged(v) for v in ins], [merged(v) for v in gs]
+
+
 def clipped_sum_ghost(
     module: nn.Module,
     loss_fn: Callable,
@@ -870,31 +923,7 @@ def clipped_sum_ghost(
     over its K copies.
     """
     b = x.shape[0]
-    if copies:
-        k = x.shape[1]
-        xf, yf = x.reshape(b * k, *x.shape[2:]), jnp.repeat(y, k, axis=0)
-    else:
-        k, xf, yf = 1, x, y
-    shapes = jax.eval_shape(lambda p, x: _record(module, p, x)[1].outputs, params, xf)
-    calls = []
-
-    def forward(params, taps):
-        out, rec = _record(module, params, xf, taps)
-        calls[:] = rec.calls
-        return out, rec.inputs
-
-    fast_forward = with_fast_pools(forward)
-
-    def total(taps):
-        out, inputs = fast_forward(params, taps)
-        losses = loss_fn(out, yf)
-        if copies:
-            losses = jnp.mean(losses.reshape(b, k), axis=1)
-        return jnp.sum(losses), (losses, inputs)
-
-    taps = [jnp.zeros(s.shape, s.dtype) for s in shapes]
-    gs, (losses, ins) = jax.grad(total, has_aux=True)(taps)
-    del forward
+    calls, losses, ins, gs = _example_rows(module, loss_fn, params, x, y, copies)
     groups: dict[tuple[str, ...], list[int]] = {}
     for i, call in enumerate(calls):
         groups.setdefault(call.path, []).append(i)
@@ -904,12 +933,13 @@ def clipped_sum_ghost(
         layer_params = _subtree(params, path)
         layer_ins = [ins[i] for i in idx]
         if calls[idx[0]].reparam is not None:
-            # A data dependency on the norms so far (adding 0 * their sum, which XLA keeps: it
-            # is NaN for a NaN) orders the layers' norms one after another, so their per-block
+            # A data dependency on the norms so far (adding min(their sum, 0), which is 0 but
+            # which XLA keeps) orders the layers' norms one after another, so their per-block
             # temporaries (im2col patches, per-example gradients) are not alive together: XLA
             # CPU otherwise scheduled them side by side (WRN-16-4, batch 256: 7.7 GB for the
-            # norms against 1.9 GB for the non-private gradient).
-            after = 0 * jnp.sum(sq)
+            # norms against 1.9 GB for the non-private gradient). Non-finite norms count as 0
+            # here: one example's NaN must not reach the other examples' inputs.
+            after = jnp.minimum(jnp.sum(jnp.where(sq >= 0, sq, 0.0)), 0.0)
             layer_ins = [x + after.astype(x.dtype) for x in layer_ins]
         s, fin = _layer_terms(
             calls[idx[0]].kind, [calls[i] for i in idx], layer_ins, [gs[i] for i in idx],
@@ -923,4 +953,4 @@ def clipped_sum_ghost(
         for name, value in traverse_util.flatten_dict(fin(c.astype(jnp.float32))).items():
             flat[(*path, *name)] = value
     summed = traverse_util.unflatten_dict(flat)
-    return summed, jnp.sum(mask * losses), jnp.sqrt(sq)
+    return summed, kept_loss_sum(losses, mask), jnp.sqrt(sq)

@@ -490,31 +490,39 @@ def _check_user_model(spec: ModelSpec, num_classes: int | None) -> None:
             "nn.GroupNorm or nn.LayerNorm instead"
         )
     params = variables["params"]
-    rng = np.random.default_rng(0)
-    if np.issubdtype(np.dtype(spec.input_dtype), np.integer):
-        x = rng.integers(0, 2, size=(3, *spec.input_shape)).astype(spec.input_dtype)
-    else:
-        x = rng.standard_normal((3, *spec.input_shape)).astype(spec.input_dtype)
-    x2 = x.copy()  # example 0 replaced by another input: the others' outputs must not move
-    if np.issubdtype(x.dtype, np.integer):
-        x2[0] = 1 - x[0]
-    else:
-        x2[0] = rng.standard_normal(spec.input_shape).astype(x.dtype)
+    base, variants = mixing_probe_batches(spec.input_shape, spec.input_dtype)
+    out = jax.jit(lambda p, x: spec.apply({"params": p}, x))
     try:
-        out = jax.jit(lambda p, x: spec.apply({"params": p}, x))
-        o1, o2 = np.asarray(out(params, x)), np.asarray(out(params, x2))
+        o1 = np.asarray(out(params, base))
     except Exception as e:
         raise ValueError(
-            f"{label} failed on a batch of shape {x.shape}: {type(e).__name__}: {e}"
+            f"{label} failed on a batch of shape {base.shape}: {type(e).__name__}: {e}"
         ) from None
-    if o1.ndim < 1 or o1.shape[0] != 3:
-        raise ValueError(f"{label}: outputs for a batch of 3 have shape {o1.shape}, not (3, ...)")
-    if not np.allclose(o1[1:], o2[1:], rtol=1e-5, atol=1e-6):
+    if o1.ndim < 1 or o1.shape[0] != len(base):
         raise ValueError(
-            f"{label} mixes examples: one example's output changes when another example of the "
-            "batch changes (batch statistics, e.g. nn.BatchNorm in training mode). DP-SGD needs "
-            "per-example gradients: use nn.GroupNorm or nn.LayerNorm"
+            f"{label}: outputs for a batch of {len(base)} have shape {o1.shape}, not "
+            f"({len(base)}, ...)"
         )
+    # Every position replaced in turn, at the initial parameters and at random draws around them
+    # (mixing that is off at initialisation). What no probe can exclude, mixing that appears only
+    # for other parameters or inputs, cannot reach the clipped sums or the validation count
+    # either: those run each example on its own (docs/privacy-model.md, `per-example`).
+    for p in probe_parameter_draws(params):
+        try:
+            mixed = moved_rows(lambda x, p=p: [out(p, x)], base, variants)
+        except Exception as e:
+            raise ValueError(
+                f"{label} failed on a batch of shape {base.shape} at random parameters: "
+                f"{type(e).__name__}: {e}"
+            ) from None
+        if mixed is not None:
+            raise ValueError(
+                f"{label} mixes examples: the output of example {mixed[1]} of a batch changes "
+                f"when example {mixed[0]} changes (batch statistics, e.g. nn.BatchNorm in "
+                "training mode, or an operation along the batch axis: a mean, a shift, attention "
+                "across examples). DP-SGD needs each example's output to depend on that example "
+                "alone: use nn.GroupNorm or nn.LayerNorm, and act on the other axes only"
+            )
     if (
         spec.loss is None
         and num_classes is not None
@@ -524,7 +532,7 @@ def _check_user_model(spec: ModelSpec, num_classes: int | None) -> None:
             f"{label}: outputs of shape {o1.shape[1:]} per example; the default loss (softmax "
             f"cross-entropy) needs (num_classes,) = ({num_classes},) logits, or pass loss=..."
         )
-    y = np.zeros((3,), np.int32)
+    y = np.zeros((len(base),), np.int32)
     for what, fn in (("loss", spec.loss), ("metric", getattr(spec.metric, "fn", None))):
         if fn is None:
             continue
@@ -532,11 +540,80 @@ def _check_user_model(spec: ModelSpec, num_classes: int | None) -> None:
             v = jax.eval_shape(fn, jax.ShapeDtypeStruct(o1.shape, o1.dtype), y)
         except Exception as e:
             raise ValueError(f"{what} failed on outputs of shape {o1.shape}: {e}") from None
-        if tuple(getattr(v, "shape", ())) != (3,):
+        if tuple(getattr(v, "shape", ())) != (len(base),):
             raise ValueError(
                 f"{what}(outputs, labels) must return one value per example, shape (b,); for a "
-                f"batch of 3 it returned shape {getattr(v, 'shape', None)}"
+                f"batch of {len(base)} it returned shape {getattr(v, 'shape', None)}"
             )
+
+
+#: Examples in a mixing probe's batch: each position is replaced in turn, so a model whose
+#: example j reads example i is caught for every pair (i, j), earlier or later rows alike.
+PROBE_BATCH = 3
+
+
+def mixing_probe_batches(
+    input_shape: Sequence[int], input_dtype: Any, b: int = PROBE_BATCH, seed: int = 0
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """A synthetic batch (b, *input_shape) and b variants of it, variant i with example i
+    replaced (a fresh normal draw; integer ids 0/1 flipped): the inputs of the mixing probes,
+    never data."""
+    rng = np.random.default_rng(seed)
+    shape = (b, *tuple(input_shape))
+    integer = np.issubdtype(np.dtype(input_dtype), np.integer)
+    if integer:
+        base = rng.integers(0, 2, size=shape).astype(input_dtype)
+    else:
+        base = rng.standard_normal(shape).astype(input_dtype)
+    variants = []
+    for i in range(b):
+        v = base.copy()
+        v[i] = 1 - base[i] if integer else rng.standard_normal(shape[1:]).astype(input_dtype)
+        variants.append(v)
+    return base, variants
+
+
+def probe_parameter_draws(params: Any, draws: int = 2, seed: int = 1) -> list[Any]:
+    """``params`` itself, then ``draws`` random perturbations of it: each leaf plus N(0, s²) with
+    s = 1/sqrt(fan-in) (the product of all but the last axis; 1 for vectors and scalars), so that
+    a branch that is zero (or otherwise inactive) at initialisation, e.g. a zero-initialised
+    Dense after a mix of examples, is active in some draw. Data-independent."""
+    rng = np.random.default_rng(seed)
+    leaves, tree = jax.tree_util.tree_flatten(params)
+    out = [params]
+    for _ in range(draws):
+        noisy = []
+        for v in leaves:
+            shape = np.shape(v)
+            s = 1.0 / np.sqrt(max(int(np.prod(shape[:-1])), 1)) if len(shape) > 1 else 1.0
+            if jnp.issubdtype(jnp.result_type(v), jnp.inexact):
+                v = jnp.asarray(np.asarray(v) + rng.normal(0.0, s, shape), jnp.result_type(v))
+            noisy.append(v)
+        out.append(jax.tree_util.tree_unflatten(tree, noisy))
+    return out
+
+
+def moved_rows(
+    fn: Callable[[np.ndarray], Sequence[Any]], base: np.ndarray, variants: Sequence[np.ndarray]
+) -> tuple[int, int] | None:
+    """(i, j) for the first replaced example i and other example j whose row of some array of
+    ``fn(batch)`` (arrays with a leading example axis) moves with example i; None when every row
+    depends on its own example only (on these inputs, at float32 rounding; NaN equals NaN)."""
+
+    def rows(x):
+        return [np.asarray(a).astype(np.float64) for a in fn(x)]
+
+    ref = rows(base)
+    b = len(base)
+    for i, v in enumerate(variants):
+        for u, w in zip(ref, rows(v), strict=True):
+            scale = float(np.max(np.abs(u[np.isfinite(u)]), initial=1.0))
+            for j in range(b):
+                if j != i and not np.allclose(
+                    u[j], w[j], rtol=1e-5, atol=1e-6 * scale, equal_nan=True
+                ):
+                    return i, j
+    return None
 
 
 def init_params(spec: ModelSpec, key: jax.Array) -> dict:
