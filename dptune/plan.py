@@ -22,9 +22,9 @@ import numpy as np
 
 from dptune import space as space_mod
 from dptune.accounting import calibrate, total_privacy
+from dptune.accounting.calibration import default_memo
 from dptune.accounting.events import ADJACENCIES, with_adjacency
 from dptune.accounting.quiet import quiet_accounting
-from dptune.cachedir import calibration_memo
 from dptune.errors import ImpossibleBudgetError, TuningConfigError
 from dptune.space import Space, SpaceError
 from dptune.trainer_protocol import as_candidate
@@ -430,7 +430,7 @@ def make_privacy_plan(
                 accountant,
                 seeded=seeded,
                 compare=False,
-                memo=calibration_memo(),  # a second run of the same plan skips the search
+                memo=default_memo(),  # a second run of the same plan skips the search
             )
         except ValueError as e:
             log.info("calibration failed: %s", e)

@@ -44,7 +44,6 @@ import dptune
 from dptune.accounting import ACCOUNTANTS
 from dptune.accounting.events import ADJACENCIES
 from dptune.accounting.quiet import quiet_accounting
-from dptune.curve_warmup import CurveWarmup
 from dptune.errors import (
     CandidateFailure,
     ImpossibleBudgetError,
@@ -333,7 +332,6 @@ def _tune_checked(pre: Preflight, trainer, selection, executor, seed, progress, 
     private_dir = None if pre.workdir is None else pre.workdir / "private"
     release_dir = None if pre.workdir is None else pre.workdir / "release"
     journal = _open_journal(private_dir, pre.config, pre.code)
-    warmup = None
     try:
         if release_dir is not None and journal.get("released_at") and release_dir.exists():
             log.warning(
@@ -379,16 +377,11 @@ def _tune_checked(pre: Preflight, trainer, selection, executor, seed, progress, 
         journal.set_once("started_at", time.time())
         records = {r.index: r for r in journal.candidates()}
         payloads: dict[int, Any] = {}
-        # The curve's epsilons (public) are computed while the candidates train, at low priority;
-        # told to stop before the release computes (whatever is missing) itself, and in any case
-        # when this run returns.
-        warmup = CurveWarmup(trainer, plan, [r.hparams for r in drawn])
         scores = _run_candidates(
             trainer, selection, sel_plan, plan, records, journal, payloads, executor, progress,
             checked,
         )  # fmt: skip
         private = _Private(num_trials=sel_plan.num_trials, scores=list(scores), run_id=run_id)
-        warmup.stop()
         release = _release(
             trainer, selection, sel_plan, plan, pre.budget, records, payloads, journal
         )
@@ -401,8 +394,6 @@ def _tune_checked(pre: Preflight, trainer, selection, executor, seed, progress, 
             journal.set("released_at", time.time())
         return release
     finally:
-        if warmup is not None:
-            warmup.stop()
         journal.close()
 
 

@@ -24,6 +24,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from importlib import metadata
@@ -38,7 +39,15 @@ from dptune.accounting.events import DpSgdCandidate, as_candidates
 from dptune.accounting.statement import PrivacyStatement
 from selection.privacy import BestOfKPrivacy, SingleRunPrivacy
 
-__all__ = ["Calibration", "FileMemo", "calibrate", "calibrate_noise", "naive_trials"]
+__all__ = [
+    "Calibration",
+    "FileMemo",
+    "cache_root",
+    "calibrate",
+    "calibrate_noise",
+    "default_memo",
+    "naive_trials",
+]
 
 #: sigma is searched in [SIGMA_MIN, SIGMA_MAX]; beyond, the target is called unreachable.
 SIGMA_MIN, SIGMA_MAX = 0.05, 1e4
@@ -337,6 +346,36 @@ class FileMemo(MutableMapping):
 
     def __len__(self) -> int:
         return len(self._read())
+
+
+#: Environment variable: the folder of JAX's compilation cache, or "off" (no warm starts: no
+#: compiled steps and no remembered calibrations are read or written).
+COMPILATION_CACHE_ENV = "DPTUNE_COMPILATION_CACHE"
+OFF_WORDS = ("off", "false", "no", "none", "0")
+
+
+def cache_root() -> Path:
+    """dptune's cache folder: ``$DPTUNE_CACHE``, else the platform's user cache folder +
+    ``dptune`` (``$XDG_CACHE_HOME`` or ``~/.cache``; ``~/Library/Caches`` on macOS;
+    ``%LOCALAPPDATA%`` on Windows). It holds only public values: the memo below and JAX's
+    compiled steps (``dptune.learners.dpsgd.use_compilation_cache``)."""
+    if os.environ.get("DPTUNE_CACHE"):
+        return Path(os.environ["DPTUNE_CACHE"])
+    if sys.platform == "darwin":
+        base = Path.home() / "Library" / "Caches"
+    elif os.name == "nt" and os.environ.get("LOCALAPPDATA"):
+        base = Path(os.environ["LOCALAPPDATA"])
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "dptune"
+
+
+def default_memo() -> FileMemo | None:
+    """The remembered calibrations (``cache_root()/calibration.json``), or None when warm starts
+    are off (``$DPTUNE_COMPILATION_CACHE=off``)."""
+    if os.environ.get(COMPILATION_CACHE_ENV, "").strip().lower() in OFF_WORDS:
+        return None
+    return FileMemo(cache_root() / "calibration.json")
 
 
 def calibrate_noise(

@@ -26,10 +26,10 @@ from typing import Any
 import jax
 import numpy as np
 
+from dptune.accounting.calibration import COMPILATION_CACHE_ENV, OFF_WORDS, cache_root
 from dptune.accounting.events import DpSgdCandidate
 from dptune.auditing.canaries import Canaries
 from dptune.auditing.decode import decode_subset_sum
-from dptune.cachedir import COMPILATION_CACHE_ENV, OFF_WORDS, cache_root
 from dptune.errors import CandidateFailure, TuningConfigError
 from dptune.progress import epoch_bar
 from dptune.trainer_protocol import DatasetTrainer, ReleaseView, source_digest
@@ -85,8 +85,9 @@ _cache_decided = False
 
 
 def default_compilation_cache_dir() -> Path:
-    """The user's cache folder for dptune's compiled steps: ``dptune.cachedir.cache_root()/jax``
-    (``~/.cache/dptune/jax`` unless ``$DPTUNE_CACHE`` or ``$XDG_CACHE_HOME`` say otherwise)."""
+    """The user's cache folder for dptune's compiled steps: ``cache_root()/jax``
+    (``dptune.accounting.calibration``; ``~/.cache/dptune/jax`` unless ``$DPTUNE_CACHE`` or
+    ``$XDG_CACHE_HOME`` say otherwise)."""
     return cache_root() / "jax"
 
 
@@ -404,16 +405,6 @@ class DpSgdTrainer(DatasetTrainer):
             return [self._privacy(hp, h["steps"]) for h in history if "steps" in h]
         except TuningConfigError:
             return []
-
-    def planned_privacy_by_epoch(self, hparams: Mapping[str, Any]) -> list[DpSgdCandidate]:
-        """The privacy of the training up to the end of each epoch, from the hyperparameters
-        alone (public: ``steps_per_epoch`` steps per epoch at q = B / N_public): what the
-        payload's ``privacy_by_epoch`` holds after a candidate trained every epoch. The tuner
-        turns it into the released curve's epsilons while candidates train (a cache warm-up:
-        the release still reads the payload's)."""
-        hp = self.hyperparams(hparams)
-        spe = DpSgdSchedule.from_hyperparams(hp, self.num_examples).steps_per_epoch
-        return [self._privacy(hp, epoch * spe) for epoch in range(1, hp.epochs + 1)]
 
     def check_inputs(self, hparams: Mapping[str, Any]) -> None:
         """Refuses, before any private computation, a candidate the loop would refuse when it
