@@ -7,8 +7,9 @@ The steps, in order (the order is part of the audit's validity):
    operating system's entropy (``dptune.auditing.canaries``); both are kept in
    ``DIR/private/audit_canaries.npz`` so a killed audit resumes with the same coins.
 2. Build the audited trainer: the given one on its data plus the included canaries
-   (``trainer.with_canaries``), with a deliberate break if one was asked for (negative controls:
-   ``BREAKS``). Its privacy declaration is the unbroken one: the audit checks training against it.
+   (``dptune.auditing.dpsgd`` for DP-SGD, else ``trainer.with_canaries``), with a deliberate
+   break if one was asked for (negative controls: ``BREAKS``). Its privacy declaration is the
+   unbroken one: the audit checks training against it.
 3. Run ``dptune.tune`` as a user would (``what="tuning"``), or one candidate at the tuning's noise
    (``what="training"``): canaries go through every candidate's training, the selection and the
    release. The ledger charges an *audit* entry (the canaries make it a different dataset), never
@@ -41,9 +42,11 @@ from typing import Any
 import numpy as np
 
 from dptune.auditing.canaries import KINDS, Canaries, design_rng, draw_inclusion
+from dptune.auditing.dpsgd import AuditDpSgdTrainer
 from dptune.auditing.guesses import evaluate
 from dptune.errors import TuningConfigError
 from dptune.journal import JOURNAL_FILE
+from dptune.learners.dpsgd import DpSgdTrainer
 from dptune.owner_only import open_new, private_folder
 from dptune.plan import AUTO, as_budget, make_privacy_plan
 from dptune.release import Release, load_params
@@ -320,10 +323,10 @@ def _kind_and_size(trainer: Any, canaries: Any, kind: str | None) -> tuple[str, 
         if len(canaries) != 2 or len(canaries[0]) != len(canaries[1]):
             raise TuningConfigError("canaries=(x, y): the canary records' inputs and labels")
         kind = kind or "input"
-        if kind != "input" and not hasattr(trainer, "with_canaries"):
+        if kind != "input" and _hooks(trainer)[1] is None:
             raise TuningConfigError(f"kind={kind!r} needs a trainer that designs its canaries")
         return kind, len(canaries[1])
-    if not hasattr(trainer, "audit_canaries"):
+    if _hooks(trainer)[0] is None:
         raise TuningConfigError(
             "this trainer does not design canaries: pass canaries=(x, y), records to add to its "
             "training data, and score=fn(payload, x, y) -> membership scores"
@@ -354,10 +357,10 @@ def _design(trainer, canaries, kind, m, score, seed, workdir) -> tuple[Canaries,
         design = Canaries(kind, np.asarray(canaries[0]), np.asarray(canaries[1]))
     else:
         try:
-            design = trainer.audit_canaries(kind, m, design_rng(seed))
+            design = _hooks(trainer)[0](kind, m, design_rng(seed))
         except ValueError as e:
             raise TuningConfigError(f"canaries: {e}") from None
-    if score is None and not hasattr(trainer, "with_canaries"):
+    if score is None and _hooks(trainer)[1] is None:
         raise TuningConfigError(
             "score=fn(payload, x, y) is needed: this trainer does not score canaries itself"
         )
@@ -381,12 +384,24 @@ def _coins(design: Canaries, seed: int | None, workdir: Path | None) -> np.ndarr
     return included
 
 
+def _hooks(trainer: Any) -> tuple[Callable | None, Callable | None]:
+    """``(audit_canaries(kind, m, rng), with_canaries(canaries, included, fault))``: DP-SGD's
+    (``dptune.auditing.dpsgd``), else the trainer's own hooks of those names (None if absent)."""
+    if isinstance(trainer, DpSgdTrainer):
+        return (
+            functools.partial(AuditDpSgdTrainer.design, trainer),
+            functools.partial(AuditDpSgdTrainer, trainer),
+        )
+    return getattr(trainer, "audit_canaries", None), getattr(trainer, "with_canaries", None)
+
+
 def _with_canaries(trainer, design, included, break_, score) -> Any:
     """The trainer on its data plus the included canaries (and an engine fault if asked)."""
     fault = break_ if break_ in ("noise_reused", "exact_score") else None
-    if hasattr(trainer, "with_canaries"):
+    with_canaries = _hooks(trainer)[1]
+    if with_canaries is not None:
         try:
-            return trainer.with_canaries(design, included, fault)
+            return with_canaries(design, included, fault)
         except ValueError as e:
             raise TuningConfigError(f"canaries: {e}") from None
     if fault is not None:
