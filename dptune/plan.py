@@ -113,7 +113,7 @@ class PrivacyPlan:
 
 
 def _check_score_kind(trainer: Any, selection: Any, debug_nonprivate: bool) -> None:
-    """The trainer's score must be a kind the method's theorem takes (issue 25): e.g. random
+    """The trainer's score must be a kind the method's theorem takes: e.g. random
     stopping needs scores covered by the candidates' privacy, sparse vector the exact percentile
     of a pure-DP candidate. A trainer that declares nothing is taken to return an exact score
     (the safe default: a wrong "exact" only refuses, a wrong "covered" makes the statement
@@ -278,7 +278,7 @@ def _basis(
     adjacency: str,
     whole_space: bool,
 ) -> dict[str, tuple[str, ...]]:
-    """What the statement rests on (issue 25, item 9): the assumptions that apply to this run
+    """What the statement rests on: the assumptions that apply to this run
     (``dptune.assumptions``), what dptune checked, what it takes on the trainer's word, and what
     the release holds. Built-in trainers say what their code guarantees (``privacy_checks``);
     others say what they declare (``taken_on_word``)."""
@@ -511,7 +511,7 @@ def check_candidates(
     took. A drawn candidate that declares anything else -- even a less lossy one -- shows that the
     declaration depends on fields the accountant did not enumerate, so points of the space this
     run did not draw may be uncovered: TuningConfigError, naming the fields that make the
-    difference, before any candidate touches data (issue 25, item 6).
+    difference, before any candidate touches data.
 
     Returns each drawn candidate's declaration as checked (:func:`declared_candidate`), in order:
     what each candidate must still declare when it trains (:func:`check_unchanged`).

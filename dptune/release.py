@@ -54,7 +54,7 @@ RELEASED = "released"
 NONE_SELECTED = "none_selected"
 NO_CANDIDATE_SUCCEEDED = "no_candidate_succeeded"
 
-# The release whitelist (issue 25): every file a release folder may hold and every key its JSON
+# The release whitelist: every file a release folder may hold and every key its JSON
 # files may hold. ``write_release`` refuses anything else, and tests/dptune/test_privacy_edges.py
 # holds a literal copy, so that a key is added only by someone who checked that the theorem
 # covers it. What of the selected candidate appears is further limited by the selection method

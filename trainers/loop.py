@@ -92,7 +92,7 @@ def _check(hp: Hyperparams, data: Dataset) -> None:
             f"({data.train_x.dtype}): use augmult=0"
         )
     dpsgd_privacy(hp, data.public_num_train)  # raises if N < B
-    # Decided on public quantities only (issue 25): the expected validation size, and the length
+    # Decided on public quantities only: the expected validation size, and the length
     # of a validation set declared public. A private split that happens to be empty is scored
     # like its neighbour with one record (a noisy count of 0 over the public size).
     if data.public_num_val <= 0 or (data.validation_public and len(data.val_x) == 0):

@@ -141,7 +141,7 @@ def _step_rdp(
 
 def _replace_one_rdp(event: dp_event.DpEvent, orders: tuple[float, ...]) -> np.ndarray:
     """RDP curve of ``event`` (described under add/remove) under replace-one adjacency, by the
-    one rule of ``dptune.accounting.events`` (issue 25): the query moves by up to twice the
+    one rule of ``dptune.accounting.events``: the query moves by up to twice the
     add/remove sensitivity.
 
     * Gaussian(sigma), Laplace(b): the exact add/remove RDP of Gaussian(sigma / 2), Laplace(b / 2)

@@ -1,4 +1,4 @@
-"""Ordinary mistakes and hostile inputs, through the ``dptune`` command and the library (issue 24).
+"""Ordinary mistakes and hostile inputs, through the ``dptune`` command and the library.
 
 Every refusal is exit code 2 and ONE ``dptune: refused:`` line on stderr that names the field (or
 file) and the fix, no traceback, and the budget ledger exactly as it was (nothing private ran).
