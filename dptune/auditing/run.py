@@ -52,7 +52,7 @@ from dptune.plan import AUTO, as_budget, make_privacy_plan
 from dptune.release import Release, load_params
 from dptune.space import Space
 from dptune.trainer_protocol import FunctionTrainer
-from dptune.tuner import tune
+from dptune.tuner import as_space, tune
 from selection import BestOfK
 
 __all__ = ["AUDIT_JSON", "AUDIT_MD", "BREAKS", "WHATS", "AuditResult", "audit"]
@@ -220,22 +220,8 @@ def audit(
     Returns:
       The :class:`AuditResult` (also written to ``DIR/audit.json`` and ``DIR/audit.md``).
     """
-    budget = as_budget(budget)
-    if not 0 < confidence < 1:
-        raise TuningConfigError(f"confidence={confidence!r} must be in (0, 1)")
-    if what not in WHATS:
-        raise TuningConfigError(f"what={what!r} must be one of {WHATS}")
-    if break_ is not None and break_ not in BREAKS:
-        raise TuningConfigError(f"break={break_!r} must be one of {BREAKS}")
-    if not isinstance(space, Space):
-        try:
-            space = Space.from_config(space)
-        except ValueError as e:
-            raise TuningConfigError(str(e)) from None
-    if break_ == "exact_score":
-        if kind not in (None, "score"):
-            raise TuningConfigError("break=exact_score is audited with score canaries: kind=score")
-        kind = "score"
+    budget, space = as_budget(budget), as_space(space)
+    kind = _check_args(confidence, what, break_, kind)
     workdir = None if workdir is None else Path(workdir)
     kind, m = _kind_and_size(trainer, canaries, kind)
     done = _finished(workdir, dict(canaries=m, kind=kind, what=what, break_=break_))
@@ -251,18 +237,42 @@ def audit(
                                           adjacency)  # fmt: skip
     if workdir is not None:
         _write_json(workdir / AUDIT_JSON, {"status": "running", **audited.audit_info})
-    fingerprint = "audit-" + hashlib.sha256(
-        f"{getattr(trainer, 'fingerprint', None)}/{design.digest()}/{included.tobytes().hex()}"
-        .encode()
-    ).hexdigest()  # fmt: skip
-    run_config = None
-    if config is not None:
-        run_config = {**dict(config), "_audit": audited.audit_info}
+    # The canaries make it another dataset: the ledger charges an audit entry of its own.
+    digest = f"{getattr(trainer, 'fingerprint', None)}/{design.digest()}/{included.tobytes().hex()}"
     release = tune(
         audited, space, selection, budget, workdir=workdir, seed=seed, accountant=accountant,
-        ledger=ledger, fingerprint=fingerprint, config=run_config, progress=progress,
-        adjacency=adjacency,
+        ledger=ledger, fingerprint="audit-" + hashlib.sha256(digest.encode()).hexdigest(),
+        config=None if config is None else {**dict(config), "_audit": audited.audit_info},
+        progress=progress, adjacency=adjacency,
     )  # fmt: skip
+    result = _result(release, inner, design, included, score, confidence, what, break_)
+    if workdir is not None:
+        (workdir / AUDIT_MD).write_text(result.to_markdown())
+        _write_json(workdir / AUDIT_JSON, {"status": "done", **result.to_dict()})
+    return result
+
+
+# --- the steps -----------------------------------------------------------------------------------
+
+
+def _check_args(confidence: float, what: str, break_: str | None, kind: str | None) -> str | None:
+    """The audit's own arguments; returns the canaries' kind (``score`` for ``exact_score``)."""
+    if not 0 < confidence < 1:
+        raise TuningConfigError(f"confidence={confidence!r} must be in (0, 1)")
+    if what not in WHATS:
+        raise TuningConfigError(f"what={what!r} must be one of {WHATS}")
+    if break_ is not None and break_ not in BREAKS:
+        raise TuningConfigError(f"break={break_!r} must be one of {BREAKS}")
+    if break_ == "exact_score":
+        if kind not in (None, "score"):
+            raise TuningConfigError("break=exact_score is audited with score canaries: kind=score")
+        kind = "score"
+    return kind
+
+
+def _result(release, inner, design, included, score, confidence, what, break_) -> AuditResult:
+    """The released candidate's canaries scored, guessed and turned into the bound (nothing to
+    score when nothing was released: a bound of 0)."""
     stated = float(release.privacy["total_epsilon"])
     delta = float(release.privacy["delta"])
     if release.released:
@@ -274,7 +284,7 @@ def audit(
         best, ceiling, rules = (0.0, "nothing released: no canary scored", 0, 0), 0.0, 0
     result = AuditResult(
         stated_epsilon=stated, delta=delta, epsilon_lower_bound=float(best[0]),
-        confidence=confidence, canaries=len(design), kind=kind, what=what, break_=break_,
+        confidence=confidence, canaries=len(design), kind=design.kind, what=what, break_=break_,
         guesses=int(best[2]), correct=int(best[3]), rule=str(best[1]), ceiling=float(ceiling),
         rules=int(rules), released=bool(release.released), included=int(included.sum()),
     )  # fmt: skip
@@ -284,13 +294,7 @@ def audit(
             "could not have shown a violation; use more canaries",
             result.ceiling, stated, len(design),
         )  # fmt: skip
-    if workdir is not None:
-        (workdir / AUDIT_MD).write_text(result.to_markdown())
-        _write_json(workdir / AUDIT_JSON, {"status": "done", **result.to_dict()})
     return result
-
-
-# --- the steps -----------------------------------------------------------------------------------
 
 
 def _finished(workdir: Path | None, asked: Mapping[str, Any]) -> AuditResult | None:
