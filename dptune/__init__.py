@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "tune": "dptune.tuner",
+    "TuneOptions": "dptune.tuner",
     "tune_subsampled": "dptune.subsampled",
     "plan_subsampled": "dptune.subsampled",
     "audit": "dptune.auditing.run",

@@ -2,7 +2,7 @@
 ``docs/privacy-model.md`` (a heading per name; a test keeps the two in step).
 
 ``make_privacy_plan`` names the ones that apply to a run in its statement (``privacy.txt`` lists
-them), next to what dptune checked and what it takes on the trainer's word (issue 25).
+them), next to what dptune checked and what it takes on the trainer's word.
 """
 
 from __future__ import annotations

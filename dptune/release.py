@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from dptune import sidecar
+from dptune import plots
 from dptune.report import write_report
 
 log = logging.getLogger("dptune")
@@ -54,7 +54,7 @@ RELEASED = "released"
 NONE_SELECTED = "none_selected"
 NO_CANDIDATE_SUCCEEDED = "no_candidate_succeeded"
 
-# The release whitelist (issue 25): every file a release folder may hold and every key its JSON
+# The release whitelist: every file a release folder may hold and every key its JSON
 # files may hold. ``write_release`` refuses anything else, and tests/dptune/test_privacy_edges.py
 # holds a literal copy, so that a key is added only by someone who checked that the theorem
 # covers it. What of the selected candidate appears is further limited by the selection method
@@ -267,11 +267,22 @@ def write_release(release: Release, folder: str | os.PathLike) -> Path:
     _write_json(tmp / RESULT_FILE, result)
     _write_json(tmp / PRIVACY_JSON, release.privacy)
     (tmp / PRIVACY_TXT).write_text(release.headline + "\n\n" + release.privacy_text.rstrip() + "\n")
-    try:
-        _write_contents(release, tmp)
-    except BaseException:
-        sidecar.abandon_drawing()  # no figure of this folder may land in a later one
-        raise
+    plots.epsilon_breakdown(release.privacy, tmp / "epsilon.png")
+    if release.released:
+        payload = release.payload
+        params = payload.get("params") if isinstance(payload, dict) else None
+        if params is not None and _is_array_tree(params):
+            _save_orbax(params, tmp / "checkpoint")
+        elif payload is not None:
+            with open(tmp / "payload.pkl", "wb") as f:
+                pickle.dump(payload, f)
+        curve = public_curve(release.curve)
+        if curve:
+            _write_json(tmp / "training_curve.json", curve)
+            plots.training_curve(
+                curve, tmp / "training_curve.png", release.privacy.get("total_epsilon")
+            )
+    write_report(release, tmp)  # report.md: a one-page summary linking the plots above
     unknown = sorted(p.name for p in tmp.iterdir() if p.name not in RELEASE_FILES)
     if unknown:
         raise ValueError(f"the release would hold {unknown}, which are not on the whitelist")
@@ -413,35 +424,6 @@ def _is_array_tree(tree: Any) -> bool:
 
 def _write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
-
-
-def _write_contents(release: Release, tmp: Path) -> None:
-    """Everything in the release folder but the JSON written first: the plots (drawn from what
-    the JSON files hold, by the command's sidecar while the rest is written; in-process without
-    one: dptune.sidecar), the model and report.md."""
-    sidecar.draw("epsilon_breakdown", _as_json(release.privacy), str(tmp / "epsilon.png"))
-    curve = public_curve(release.curve) if release.released else None
-    if curve:
-        _write_json(tmp / "training_curve.json", curve)
-        sidecar.draw(
-            "training_curve", _as_json(curve), str(tmp / "training_curve.png"),
-            _as_json(release.privacy.get("total_epsilon")),
-        )  # fmt: skip
-    if release.released:
-        payload = release.payload
-        params = payload.get("params") if isinstance(payload, dict) else None
-        if params is not None and _is_array_tree(params):
-            _save_orbax(params, tmp / "checkpoint")
-        elif payload is not None:
-            with open(tmp / "payload.pkl", "wb") as f:
-                pickle.dump(payload, f)
-    write_report(release, tmp)  # report.md: a one-page summary linking the plots above
-    sidecar.finish_drawing()
-
-
-def _as_json(obj: Any) -> Any:
-    """``obj`` as its JSON file gives it back (numbers as Python numbers)."""
-    return json.loads(json.dumps(obj, default=_json_default))
 
 
 def _json_default(x: Any) -> Any:

@@ -81,56 +81,7 @@ def report_markdown(release: Any, files: set[str]) -> str:
     p = release.privacy or {}
     eps, delta = p.get("total_epsilon"), p.get("delta")
     trainer = getattr(release, "trainer_name", None) or "a private trainer"
-    lines = ["# dptune release report", "", release.headline, ""]
-    if release.released:
-        lines += [
-            "## What was released",
-            "",
-            "One trained model, chosen privately among candidates trained by "
-            f"{trainer} on the private training split.",
-            "",
-        ]
-        metric = getattr(release, "test_metric", None)
-        if metric is not None:  # a model scored by its own metric: its units, not a percentage
-            name = metric.get("name", "metric")
-            lines.append(
-                f"- **Test {name}** (public test split, reported only, never used to choose): "
-                f"{_num(metric.get('value')) if metric.get('value') is not None else 'n/a'}"
-            )
-            score = f"{_num(release.validation_score)} ({name})"
-        else:
-            lines.append(
-                f"- **Test accuracy** (public test split, reported only, never used to choose): "
-                f"{_pct(release.test_accuracy)}"
-            )
-            score = _pct(release.validation_score)
-        if "score" in getattr(release, "published", ("payload", "score")):
-            lines.append(
-                "- Validation score the selection saw (noisy when the validation split is "
-                f"private): {score}"
-            )
-        lines += [
-            "",
-            "| hyperparameter | value |",
-            "|---|---|",
-        ]
-        lines += [f"| `{k}` | {_num(v)} |" for k, v in sorted((release.hparams or {}).items())]
-    elif release.no_candidate_succeeded:
-        lines += [
-            "## What was released",
-            "",
-            f"Nothing: no candidate succeeded (every candidate trained by {trainer} failed), so "
-            "no model is released. The candidates touched the private data, so the run's "
-            "(epsilon, delta) below stays charged to the dataset's budget. The curator can see "
-            "why each failed with `dptune inspect WORKDIR` (private: never publish it).",
-        ]
-    else:
-        lines += [
-            "## What was released",
-            "",
-            "Nothing: the private selection chose no candidate. This is a legitimate outcome of "
-            "random stopping (it may train zero candidates) and is covered by the same guarantee.",
-        ]
+    lines = ["# dptune release report", "", release.headline, "", *_released(release, trainer)]
     lines += [
         "",
         "## Privacy",
@@ -190,6 +141,59 @@ def report_markdown(release: Any, files: set[str]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _released(release: Any, trainer: str) -> list[str]:
+    """The report's "What was released" section."""
+    if release.released:
+        lines = [
+            "## What was released",
+            "",
+            "One trained model, chosen privately among candidates trained by "
+            f"{trainer} on the private training split.",
+            "",
+        ]
+        metric = getattr(release, "test_metric", None)
+        if metric is not None:  # a model scored by its own metric: its units, not a percentage
+            name = metric.get("name", "metric")
+            lines.append(
+                f"- **Test {name}** (public test split, reported only, never used to choose): "
+                f"{_num(metric.get('value')) if metric.get('value') is not None else 'n/a'}"
+            )
+            score = f"{_num(release.validation_score)} ({name})"
+        else:
+            lines.append(
+                f"- **Test accuracy** (public test split, reported only, never used to choose): "
+                f"{_pct(release.test_accuracy)}"
+            )
+            score = _pct(release.validation_score)
+        if "score" in getattr(release, "published", ("payload", "score")):
+            lines.append(
+                "- Validation score the selection saw (noisy when the validation split is "
+                f"private): {score}"
+            )
+        lines += [
+            "",
+            "| hyperparameter | value |",
+            "|---|---|",
+        ]
+        lines += [f"| `{k}` | {_num(v)} |" for k, v in sorted((release.hparams or {}).items())]
+        return lines
+    if release.no_candidate_succeeded:
+        return [
+            "## What was released",
+            "",
+            f"Nothing: no candidate succeeded (every candidate trained by {trainer} failed), so "
+            "no model is released. The candidates touched the private data, so the run's "
+            "(epsilon, delta) below stays charged to the dataset's budget. The curator can see "
+            "why each failed with `dptune inspect WORKDIR` (private: never publish it).",
+        ]
+    return [
+        "## What was released",
+        "",
+        "Nothing: the private selection chose no candidate. This is a legitimate outcome of "
+        "random stopping (it may train zero candidates) and is covered by the same guarantee.",
+    ]
 
 
 def write_report(release: Any, folder: str | Path) -> Path:

@@ -588,7 +588,7 @@ def check_declared_size(actual: int, declared: int, name: str) -> None:
     """Warns (on the curator's console) when the record count is far from the declared public
     size: a guard against declaring the wrong size. Never a refusal: whether the private file
     holds more than ``SIZE_TOLERANCE`` more or fewer records than declared depends on the private
-    data, and a refusal of one neighbour but not the other would release it (issue 25). The
+    data, and a refusal of one neighbour but not the other would release it. The
     guarantee uses only the declared size."""
     if isinstance(declared, bool) or not isinstance(declared, (int, np.integer)) or declared < 1:
         raise ValueError(f"num_examples={declared!r} must be a positive integer")

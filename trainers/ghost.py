@@ -61,6 +61,7 @@ from jax.extend.core import Literal
 
 from trainers import models
 from trainers.dpsgd import clip_factors, im2col_s2d, keep_rows, kept_loss_sum, kernel_from_s2d
+from trainers.models import Reparametrized
 
 #: Layer types with a per-example gradient formula here (exact types: a subclass may change the
 #: computation, so it is treated as unknown).
@@ -88,30 +89,6 @@ class _Call:
     kind: str
     layer: nn.Module
     reparam: Reparametrized | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Reparametrized:
-    """How a layer that reads its parameters through a data-independent map computes its output:
-    ``layer`` (an unbound ``nn.Dense`` / ``nn.Conv``, a known layer) applied to
-    ``transform(raw)``, where ``raw`` is the layer's own parameter subtree (what is trained and
-    clipped) and ``transform(raw)`` is ``layer``'s parameter subtree (e.g. ``{"kernel": ...}``).
-
-    A module declares this with a method ``as_known_layer(self) -> Reparametrized`` (see
-    :data:`REPARAM_METHOD`; ``trainers.models.WSConv``, the weight-standardised convolution, is
-    one); its ``__call__(x)`` must then equal ``layer.apply({"params": transform(raw)}, x)``,
-    which :func:`analyze` checks on a synthetic batch. ``transform`` must be a pure function of
-    the parameters (no data, no module state: it is called after the module's ``apply``); its
-    VJP is applied to every example's gradient, so a hand-written VJP (``jax.custom_vjp``) can
-    pay off (``trainers.models.standardize_kernel_fast_vjp``).
-
-    Example i's gradient with respect to ``raw`` is the transform's transposed Jacobian (VJP)
-    applied to its gradient with respect to the layer's parameters; norms are of the former,
-    the gradient of the actual parameters.
-    """
-
-    layer: nn.Module
-    transform: Callable[[Any], Any]
 
 
 #: The method by which a module declares itself a known layer on reparametrised parameters.

@@ -184,6 +184,30 @@ def _standardize_bwd(eps, res, g):
 standardize_kernel_fast_vjp.defvjp(_standardize_fwd, _standardize_bwd)
 
 
+@dataclasses.dataclass(frozen=True)
+class Reparametrized:
+    """How a layer that reads its parameters through a data-independent map computes its output:
+    ``layer`` (an unbound ``nn.Dense`` / ``nn.Conv``, a known layer) applied to
+    ``transform(raw)``, where ``raw`` is the layer's own parameter subtree (what is trained and
+    clipped) and ``transform(raw)`` is ``layer``'s parameter subtree (e.g. ``{"kernel": ...}``).
+
+    A module declares this with a method ``as_known_layer(self) -> Reparametrized`` (see
+    ``trainers.ghost.REPARAM_METHOD``; :class:`WSConv`, the weight-standardised convolution, is
+    one); its ``__call__(x)`` must then equal ``layer.apply({"params": transform(raw)}, x)``,
+    which ``trainers.ghost.analyze`` checks on a synthetic batch. ``transform`` must be a pure
+    function of the parameters (no data, no module state: it is called after the module's
+    ``apply``); its VJP is applied to every example's gradient, so a hand-written VJP
+    (``jax.custom_vjp``) can pay off (:func:`standardize_kernel_fast_vjp`).
+
+    Example i's gradient with respect to ``raw`` is the transform's transposed Jacobian (VJP)
+    applied to its gradient with respect to the layer's parameters; norms are of the former,
+    the gradient of the actual parameters.
+    """
+
+    layer: nn.Module
+    transform: Callable[[Any], Any]
+
+
 class WSConv(nn.Module):
     """Weight-standardised convolution (Qiao et al. 2019, "Micro-Batch Training with Batch-Channel
     Normalization and Weight Standardization"), as used by De et al. 2022 ("Unlocking
@@ -217,9 +241,7 @@ class WSConv(nn.Module):
     def as_known_layer(self):
         """This layer as ``nn.Conv`` (same size, stride, SAME padding, no bias) on
         ``{"kernel": standardize_kernel(raw kernel)}`` (:func:`standardize_kernel_fast_vjp`, the
-        same values with a faster VJP): a ``trainers.ghost.Reparametrized``."""
-        from trainers.ghost import Reparametrized  # lazy: ghost -> dpsgd -> models
-
+        same values with a faster VJP): a :class:`Reparametrized`."""
         k, s = self.kernel_size, self.strides
         conv = nn.Conv(self.features, (k, k), strides=(s, s), padding="SAME", use_bias=False)
         eps = self.eps

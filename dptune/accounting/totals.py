@@ -419,6 +419,25 @@ def _single_run_epsilon(cands, delta: float, accountant: str, orders) -> float:
     return min(r.epsilon for r in found) if found else math.inf
 
 
+def _best_route(cands, transform, delta: float, accountant: str, orders) -> Route:
+    """The tightest route of ``accountant`` (lowest epsilon, then delta); ValueError naming the
+    accountants that would have one when it has none."""
+    found, reasons = _routes_and_reasons(cands, transform, delta, accountant, orders=orders)
+    if not found:
+        others = [a for a in ACCOUNTANTS if a != accountant]
+        why = "; ".join(dict.fromkeys(r for r in reasons if r))
+        hint = (
+            f"try accountant={others[0]!r} or {others[1]!r}"
+            if accountant != "auto"
+            else "no accountant has one"
+        )
+        raise ValueError(
+            f"accountant={accountant!r} has no route for selection {transform.name!r} "
+            f"({transform.theorem}) with these candidates ({why}); {hint}."
+        )
+    return min(found, key=lambda r: (r.epsilon, r.delta))
+
+
 def total_privacy(
     candidates,
     transform: PrivacyTransformLike | None = None,
@@ -474,20 +493,7 @@ def total_privacy(
             adjacency=adjacency,
         )
 
-    found, reasons = _routes_and_reasons(cands, transform, delta, accountant, orders=orders)
-    if not found:
-        others = [a for a in ACCOUNTANTS if a != accountant]
-        why = "; ".join(dict.fromkeys(r for r in reasons if r))
-        hint = (
-            f"try accountant={others[0]!r} or {others[1]!r}"
-            if accountant != "auto"
-            else "no accountant has one"
-        )
-        raise ValueError(
-            f"accountant={accountant!r} has no route for selection {method!r} ({theorem}) with "
-            f"these candidates ({why}); {hint}."
-        )
-    best = min(found, key=lambda r: (r.epsilon, r.delta))
+    best = _best_route(cands, transform, delta, accountant, orders)
     if best.accountant == "pure":
         single_eps, single_delta = _pure_route(cands, None).epsilon, 0.0
     else:

@@ -34,10 +34,4 @@ def run() -> None:
         sys.argv[0] = f"dptune {name}"
         importlib.import_module(SUBCOMMANDS[name]).run()
         return
-    # Before the imports (2-3 s on one core): the sidecar builds, on another core, the one-step
-    # PLD the previous run of this command line needed, then draws the release's plots
-    # (dptune.sidecar).
-    from dptune import sidecar
-
-    sidecar.start(sys.argv[1:])
     importlib.import_module("dptune.cli.main").run()

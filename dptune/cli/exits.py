@@ -51,11 +51,6 @@ def leave(code: int) -> NoReturn:
     for thread in threading.enumerate():
         if thread is not current and not thread.daemon:
             thread.join()
-    # The curve warm-up's exit handler waits for its daemon thread so that finalisation cannot
-    # kill it inside C++ code; os._exit does no finalisation, so the command need not wait.
-    from dptune import curve_warmup
-
-    atexit.unregister(curve_warmup.stop_all_and_wait)
     atexit._run_exitfuncs()  # what the interpreter runs at exit, in its order
     for stream in (sys.stdout, sys.stderr):
         try:

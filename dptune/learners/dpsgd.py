@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -26,14 +25,12 @@ from typing import Any
 import jax
 import numpy as np
 
+from dptune.accounting.calibration import COMPILATION_CACHE_ENV, OFF_WORDS, cache_root
 from dptune.accounting.events import DpSgdCandidate
-from dptune.auditing.canaries import Canaries
-from dptune.auditing.decode import decode_subset_sum
-from dptune.cachedir import COMPILATION_CACHE_ENV, OFF_WORDS, cache_root
 from dptune.errors import CandidateFailure, TuningConfigError
 from dptune.progress import epoch_bar
 from dptune.trainer_protocol import DatasetTrainer, ReleaseView, source_digest
-from trainers import audit, loop, models, parallel, probe, runtime
+from trainers import loop, models, parallel, probe, runtime
 from trainers import step as step_lib
 from trainers.data import (
     ARRAY_SOURCES,
@@ -46,7 +43,7 @@ from trainers.data import (
 from trainers.data import NAMES as DATASETS
 from trainers.data import check_arrays as check_user_arrays
 from trainers.evaluate import BoundedMetric, evaluate, evaluate_metric
-from trainers.spec import AUDIT_MODEL_SUFFIX, MODEL_NAMES, DpSgdSchedule, Hyperparams
+from trainers.spec import MODEL_NAMES, DpSgdSchedule, Hyperparams
 from trainers.spec import dpsgd_privacy as _hp_privacy
 from trainers.userloop import add_noise, clipped_grad_sum
 
@@ -56,7 +53,6 @@ Metric = BoundedMetric
 __all__ = [
     "ARRAY_SOURCES",
     "COMPILATION_CACHE_ENV",
-    "AuditDpSgdTrainer",
     "DATASETS",
     "MODEL_NAMES",
     "Dataset",
@@ -85,8 +81,9 @@ _cache_decided = False
 
 
 def default_compilation_cache_dir() -> Path:
-    """The user's cache folder for dptune's compiled steps: ``dptune.cachedir.cache_root()/jax``
-    (``~/.cache/dptune/jax`` unless ``$DPTUNE_CACHE`` or ``$XDG_CACHE_HOME`` say otherwise)."""
+    """The user's cache folder for dptune's compiled steps: ``cache_root()/jax``
+    (``dptune.accounting.calibration``; ``~/.cache/dptune/jax`` unless ``$DPTUNE_CACHE`` or
+    ``$XDG_CACHE_HOME`` say otherwise)."""
     return cache_root() / "jax"
 
 
@@ -202,6 +199,8 @@ class DpSgdTrainer(DatasetTrainer):
 
     hyperparams_class = Hyperparams
     kind = "DP-SGD"
+    #: The step index each step's noise key is folded with (``trainers.loop.train_candidates``).
+    noise_step = staticmethod(loop.same_step)
 
     privacy_fields = DPSGD_PRIVACY_FIELDS
     calibrated_field = "noise_multiplier"
@@ -374,6 +373,7 @@ class DpSgdTrainer(DatasetTrainer):
                 hps, self.data, keys, progress=progress,
                 on_epoch=on_epoch if with_curve or hooked else None,
                 vectorize=execution["vectorized"], grad_impl=self.grad_impl,
+                noise_step=self.noise_step,
             )  # fmt: skip
         out: list[tuple[float, Any]] = []
         for i, r in enumerate(results):
@@ -407,16 +407,6 @@ class DpSgdTrainer(DatasetTrainer):
         except TuningConfigError:
             return []
 
-    def planned_privacy_by_epoch(self, hparams: Mapping[str, Any]) -> list[DpSgdCandidate]:
-        """The privacy of the training up to the end of each epoch, from the hyperparameters
-        alone (public: ``steps_per_epoch`` steps per epoch at q = B / N_public): what the
-        payload's ``privacy_by_epoch`` holds after a candidate trained every epoch. The tuner
-        turns it into the released curve's epsilons while candidates train (a cache warm-up:
-        the release still reads the payload's)."""
-        hp = self.hyperparams(hparams)
-        spe = DpSgdSchedule.from_hyperparams(hp, self.num_examples).steps_per_epoch
-        return [self._privacy(hp, epoch * spe) for epoch in range(1, hp.epochs + 1)]
-
     def check_inputs(self, hparams: Mapping[str, Any]) -> None:
         """Refuses, before any private computation, a candidate the loop would refuse when it
         starts (e.g. a model whose input shape is not the images'): public schema only."""
@@ -433,16 +423,6 @@ class DpSgdTrainer(DatasetTrainer):
     def epoch_hook(self, index: int, epoch: int, params: Any) -> None:
         """Called with candidate ``index``'s (private) parameters after each epoch of
         ``train_many``; nothing here (the audit's subclass reads its canaries there)."""
-
-    def audit_canaries(self, kind: str, m: int, rng: np.random.Generator) -> Canaries:
-        """m canaries of ``kind`` for ``dptune audit`` (``AuditDpSgdTrainer``)."""
-        return AuditDpSgdTrainer.design(self, kind, m, rng)
-
-    def with_canaries(
-        self, canaries: Canaries, included: np.ndarray, fault: str | None = None
-    ) -> AuditDpSgdTrainer:
-        """This trainer on its data plus the ``included`` canaries, for ``dptune audit``."""
-        return AuditDpSgdTrainer(self, canaries, included, fault)
 
     def data_parallel(self, devices: Sequence[Any]) -> Any:
         """Context manager under which each candidate trains data-parallel over ``devices``
@@ -578,162 +558,3 @@ def describe_model(spec: Any) -> dict[str, Any]:
         m = spec.metric
         out["metric"] = {"fn": qualname(m.fn), "lo": float(m.lo), "hi": float(m.hi)}
     return out
-
-
-class AuditDpSgdTrainer(DpSgdTrainer):
-    """A DP-SGD trainer on its parent's data plus the included canaries (``dptune audit``).
-
-    Its privacy declaration is the parent's (same public sizes, same hyperparameters): what the
-    audit checks is whether training lives up to it. ``gradient`` canaries train the parent's model
-    wrapped by ``trainers.audit.GradientCanaries`` (its canary block after every epoch goes into
-    the released parameters as ``canary_trace``); ``input`` canaries join the training split and
-    ``score`` canaries the validation split. ``fault``: a deliberate break for a negative control,
-    ``"noise_reused"`` (``trainers.audit.fault``) or ``"exact_score"`` (the released score is the
-    exact sum of the validation records' probabilities of their labels over the public validation
-    size, instead of the noisy accuracy).
-    """
-
-    #: Faults this trainer can inject (others are hyperparameter rewrites, ``dptune.auditing``).
-    FAULTS = ("noise_reused", "exact_score")
-
-    def __init__(
-        self, parent: DpSgdTrainer, canaries: Canaries, included: np.ndarray, fault: str | None
-    ) -> None:
-        if fault is not None and fault not in self.FAULTS:
-            raise TuningConfigError(f"fault={fault!r}: DP-SGD injects only {self.FAULTS}")
-        included = np.asarray(included, bool)
-        if included.shape != (len(canaries),):
-            raise ValueError(f"included has shape {included.shape}, not ({len(canaries)},)")
-        data = parent.data
-        x, y = canaries.subset(included)
-        if canaries.kind == "score":
-            data = dataclasses.replace(
-                data,
-                val_x=np.concatenate([data.val_x, x.astype(data.val_x.dtype)]),
-                val_y=np.concatenate([data.val_y, y.astype(data.val_y.dtype)]),
-            )
-        else:
-            data = dataclasses.replace(
-                data,
-                train_x=np.concatenate([data.train_x, x.astype(data.train_x.dtype)]),
-                train_y=np.concatenate([data.train_y, y.astype(data.train_y.dtype)]),
-            )
-        super().__init__(
-            data, parent.base, parent.epoch_progress, parent.test_curve,
-            parent.compilation_cache, grad_impl=parent.grad_impl,
-        )  # fmt: skip
-        self.parent = parent
-        self.canaries = canaries
-        self.fault = fault
-        self.num_real_val = len(parent.data.val_y)
-        self._trace: dict[int, list[np.ndarray]] = {}
-
-    @staticmethod
-    def design(trainer: DpSgdTrainer, kind: str, m: int, rng: np.random.Generator) -> Canaries:
-        """m canaries of ``kind`` placed by the dataset's own per-record split: gradient and input
-        canaries in the training split, score canaries in the validation split."""
-        data = trainer.data
-        shape = tuple(data.train_x.shape[1:])
-        if kind == "gradient":
-            if len(shape) != 3:
-                raise TuningConfigError(
-                    f"gradient canaries are images (a marker pixel); this data's records have "
-                    f"shape {shape}: audit it with --kind=input"
-                )
-            x, y = audit.gradient_canary_records(m, shape, data)
-        elif kind in ("input", "score"):
-            if kind == "score" and data.split.get("kind") != "record_hash":
-                raise TuningConfigError(
-                    "score canaries are placed in the validation split by its per-record hash; "
-                    "this dataset's validation set is separate: audit it with --kind=gradient"
-                )
-            x, y = audit.input_canary_records(
-                m, shape, data.num_classes, data, rng, validation=kind == "score"
-            )
-        else:
-            raise TuningConfigError(f"kind={kind!r}: DP-SGD canaries are gradient, input or score")
-        return Canaries(kind, x, y)
-
-    def hyperparams(self, hparams: Mapping[str, Any]) -> Any:
-        """The parent's hyperparameters; with gradient canaries, its model wrapped by
-        ``trainers.audit.GradientCanaries`` (refused for a model that reads features)."""
-        hp = super().hyperparams(hparams)
-        wrapped = getattr(hp.model, "name", "").endswith(AUDIT_MODEL_SUFFIX)
-        if self.canaries.kind == "gradient" and not wrapped:
-            if not isinstance(hp.model, str):
-                raise TuningConfigError(
-                    "gradient canaries wrap a shipped image model; audit your own model with "
-                    "--kind=input"
-                )
-            if models.get_model(hp.model, self.data.num_classes).features is not None:
-                raise TuningConfigError(
-                    f"gradient canaries need a model that reads images; {hp.model!r} reads "
-                    "features: audit it with --kind=input"
-                )
-            base = models.get_model(hp.model, self.data.num_classes)
-            hp = dataclasses.replace(hp, model=audit.gradient_canary_spec(base))
-        return hp
-
-    def epoch_hook(self, index: int, epoch: int, params: Any) -> None:
-        if self.canaries.kind == "gradient":
-            self._trace.setdefault(index, []).append(audit.canary_block(params))
-
-    def train_many(
-        self, hparams: Sequence[Mapping[str, Any]], rngs: Sequence[np.random.Generator]
-    ) -> list[tuple[float, Any]]:
-        self._trace = {}
-        with audit.fault(self.fault if self.fault in audit.FAULTS else None):
-            out = super().train_many(hparams, rngs)
-        for i, (score, payload) in enumerate(out):
-            if isinstance(payload, CandidateFailure):
-                continue  # journaled as the failure it is; never released, so no trace to read
-            if self.canaries.kind == "gradient":
-                trace = self._trace.get(i) or [np.zeros((0, audit.GRADIENT_CANARY_SLOTS))]
-                payload["canary_trace"] = np.vstack(trace)
-            if self.fault == "exact_score" and math.isfinite(score):
-                spec = models.resolve(self.hyperparams(hparams[i]).model, self.data.num_classes)
-                val_x, val_y = self.data.val_x, self.data.val_y
-                _, conf = audit.per_record(payload["params"], spec, val_x, val_y)
-                out[i] = (math.fsum(conf) / float(self.data.public_num_val), payload)
-        return out
-
-    def release_view(self, hparams: Mapping[str, Any], payload: Any) -> ReleaseView:
-        """The parent's view; with gradient canaries the parameters also carry ``canary_trace``
-        (the canary block after each epoch: a function of the iterates, which DP-SGD's guarantee
-        covers)."""
-        view = super().release_view(hparams, payload)
-        if self.canaries.kind == "gradient" and view.payload is not None:
-            params = {**view.payload["params"], "canary_trace": payload["canary_trace"]}
-            view = dataclasses.replace(view, payload={"params": params})
-        return view
-
-    def canary_scores(self, release: Any) -> dict[str, np.ndarray]:
-        """Per-canary statistics of the released candidate, higher = more likely included.
-
-        * gradient: ``displacement`` = -w[j] at the end (w starts at 0 and moves by -lr C / B per
-          sampling of an included canary, plus noise); ``dispersion`` = standard deviation over
-          epochs of w[j]'s per-epoch increments (0 for an excluded canary when the noise repeats).
-        * input: ``loss`` = minus the canary's cross-entropy under the released parameters.
-        * score: ``decoded`` = +1 / -1 / 0 from the released score read as an exact sum
-          (``dptune.auditing.decode``).
-        """
-        m = len(self.canaries)
-        params = release.payload["params"]
-        if self.canaries.kind == "gradient":
-            trace = np.asarray(params["canary_trace"], np.float64)[:, :m]
-            final = audit.canary_block(params)[:m]
-            steps = np.diff(np.vstack([np.zeros((1, m)), trace]), axis=0)
-            return {"displacement": -final, "dispersion": steps.std(axis=0)}
-        spec = models.resolve(self.hyperparams(release.hparams).model, self.data.num_classes)
-        losses, conf = audit.per_record(params, spec, self.canaries.x, self.canaries.y)
-        if self.canaries.kind == "input":
-            return {"loss": -losses}
-        real_val = slice(0, self.num_real_val)
-        _, real = audit.per_record(
-            params, spec, self.data.val_x[real_val], self.data.val_y[real_val]
-        )
-        target = float(release.validation_score) * float(self.data.public_num_val) - math.fsum(real)
-        return {"decoded": decode_subset_sum(target, conf)}
-
-    def check_adjacency(self, adjacency: str) -> None:
-        self.parent.check_adjacency(adjacency)

@@ -1,4 +1,4 @@
-"""Ordinary mistakes and hostile inputs, through the ``dptune`` command and the library (issue 24).
+"""Ordinary mistakes and hostile inputs, through the ``dptune`` command and the library.
 
 Every refusal is exit code 2 and ONE ``dptune: refused:`` line on stderr that names the field (or
 file) and the fix, no traceback, and the budget ledger exactly as it was (nothing private ran).
@@ -890,7 +890,7 @@ def test_an_unexpected_error_is_one_line_with_the_traceback_in_a_file(env, monke
     def bug(*a, **k):
         raise TypeError("a bug, not the user's mistake")
 
-    monkeypatch.setattr(tuner, "_release", bug)
+    monkeypatch.setattr(tuner, "release_selected", bug)
     r = env.run()
     line = refused(r, "unexpected TypeError", "traceback is in", code=1, prefix="dptune: error")
     log_file = Path(line.split("traceback is in ")[1].split(";")[0])

@@ -1,4 +1,4 @@
-"""The curator's tools and the run's state on disk (issue 24, items 3, 4 and 7): ``dptune ledger``
+"""The curator's tools and the run's state on disk: ``dptune ledger``
 sets and lists budgets, a first run's registration is said out loud, absl's ``--verbosity``
 controls the log, a workdir moved (with its data) resumes and holds no absolute path, and
 dp_accounting's expected warnings come as one line.
