@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+from dptune.errors import Refused
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows: no flock
@@ -43,7 +45,7 @@ LOCK_FILE = ".dptune.lock"
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class WorkdirLockedError(RuntimeError):
+class WorkdirLockedError(Refused):
     """Another live process holds the workdir's lock; nothing was read, trained or written."""
 
 
