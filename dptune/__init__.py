@@ -34,6 +34,7 @@ _EXPORTS = {
     "add_noise": "dptune.learners.dpsgd",
     "dpsgd_privacy": "dptune.learners.dpsgd",
     "load_release": "dptune.release",
+    "Refused": "dptune.errors",
     "TuningConfigError": "dptune.errors",
     "ImpossibleBudgetError": "dptune.errors",
     "StateError": "dptune.errors",

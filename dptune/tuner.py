@@ -52,7 +52,7 @@ from dptune.errors import (
 )
 from dptune.execution import Job, SequentialExecutor, VectorizedExecutor
 from dptune.journal import JOURNAL_FILE, Journal, MemoryJournal
-from dptune.ledger import BudgetExceededError, Ledger, Spend, default_ledger_path
+from dptune.ledger import Ledger, default_ledger_path
 from dptune.plan import (
     AUTO,
     MAX_PLANNED_TRIALS,
@@ -564,16 +564,6 @@ def _check_ledger(path: Path, fp: str, run_id: str | None, plan: PrivacyPlan, ds
             f"the ledger {path} cannot be created: {parent} is a file; point config.ledger.path "
             "(ledger= in Python) elsewhere"
         )
-    if not path.exists():
-        # The empty ledger this run would create: it registers the stated budget, or its own.
-        b_eps, b_delta = (eps, delta) if dsb is None else (dsb.epsilon, dsb.delta)
-        if eps > b_eps * (1 + 1e-9) or delta > b_delta * (1 + 1e-9):
-            raise BudgetExceededError(
-                f"refused before any private computation: this run costs (epsilon={eps:.4g}, "
-                f"delta={delta:.3g}) but the dataset's stated budget is (epsilon={b_eps:.4g}, "
-                f"delta={b_delta:.3g}); ledger: {path}"
-            )
-        return Spend(fp, b_eps, b_delta, eps, delta, 1, True, name)
     with Ledger(path, readonly=True) as led:
         return led.check(
             fp, run_id, eps, delta,
@@ -692,7 +682,7 @@ def charge_ledger(
             "`dptune ledger --dataset=%s --budget_epsilon=E --budget_delta=D`",
             path, spend.name or "?", fp[:12], spend.budget_epsilon,
             spend.budget_delta,
-            "as this run states it" if dsb is not None else "from this run's own budget",
+            "as this run states it" if dsb is not None else "(the default: 10 runs like this one)",
             fp[:12],
         )  # fmt: skip
     log.info(

@@ -28,6 +28,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from dptune.errors import Refused
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows: no flock
@@ -38,7 +40,7 @@ log = logging.getLogger("dptune")
 #: The lock file, inside the workdir (next to ``private/`` and ``release/``).
 LOCK_FILE = ".dptune.lock"
 
-class WorkdirLockedError(RuntimeError):
+class WorkdirLockedError(Refused):
     """Another live process holds the workdir's lock; nothing was read, trained or written."""
 
 

@@ -8,7 +8,7 @@ subcommands, each in its own module so that one command's absl flags never mix w
     dptune audit --config=smoke --workdir=/tmp/dptune-audit   # an empirical privacy audit
 
 Every command refuses a mistake with one ``dptune:`` line and exit code 2
-(``dptune.cli.exits``, docs/errors.md).
+(``dptune.cli.common``, docs/errors.md).
 
 ``dptune.cli.build`` turns a config into the library's objects (the one place that does).
 """

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,8 +21,7 @@ from typing import Any
 
 from absl import flags
 
-from dptune.cli import exits
-from dptune.cli.common import parse_subcommand
+from dptune.cli import common
 from dptune.errors import StateError
 from dptune.journal import JOURNAL_FILE, Journal
 
@@ -151,12 +149,12 @@ def render(run: dict[str, Any], candidate: int | None = None) -> str:
 
 def cli(argv: Sequence[str]) -> int:
     """``dptune inspect`` in this process; returns the exit code."""
-    rest, ended = parse_subcommand(FLAGS, argv, __doc__)
+    rest, ended = common.parse_subcommand(FLAGS, argv, __doc__)
     if ended is not None:
         return ended
     try:
         if len(rest) != 1:
-            return exits.refuse(
+            return common.refuse(
                 f"dptune inspect takes one WORKDIR (got {rest or 'none'}): dptune inspect DIR "
                 "[--candidate=N] [--json]"
             )
@@ -165,9 +163,9 @@ def cli(argv: Sequence[str]) -> int:
             print(json.dumps(run, indent=2, default=str))
         else:
             print(render(run, _CANDIDATE.value))
-        return exits.OK
+        return common.OK
     except StateError as e:
-        return exits.refuse(e)
+        return common.refuse(e)
     finally:
         FLAGS.unparse_flags()
 
@@ -182,7 +180,7 @@ def _fmt(v: Any) -> str:
 
 def run() -> None:
     """Console entry (``dptune inspect``)."""
-    sys.exit(cli(sys.argv))
+    common.entry(cli)
 
 
 if __name__ == "__main__":
