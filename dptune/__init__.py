@@ -33,6 +33,8 @@ _EXPORTS = {
     "add_noise": "dptune.learners.dpsgd",
     "dpsgd_privacy": "dptune.learners.dpsgd",
     "load_release": "dptune.release",
+    "fix_model": "trainers.fix_model",
+    "NnxModel": "trainers.nnx_model",
     "TuningConfigError": "dptune.errors",
     "ImpossibleBudgetError": "dptune.errors",
     "StateError": "dptune.errors",

@@ -350,6 +350,10 @@ def _tune_checked(pre: Preflight, trainer, selection, executor, seed, progress, 
                 _when(journal.get("started_at") or journal.get("planned_at")),
                 pre.workdir,
             )
+        if hasattr(trainer, "clipping_path"):  # public: a function of the model and shapes
+            clipping = trainer.clipping_path()
+            journal.set("clipping", clipping)
+            log.info("per-example clipping: %s (%s)", clipping["path"], clipping["why"])
         if hasattr(trainer, "curator_view"):
             view = trainer.curator_view()
             journal.set("curator_view", view)

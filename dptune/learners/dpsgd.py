@@ -535,6 +535,27 @@ class DpSgdTrainer(DatasetTrainer):
                 "(config.data.num_examples); declare the exact size or use 'add_remove'"
             )
 
+    def clipping_path(self) -> dict[str, Any]:
+        """How per-example gradients are clipped in this run, and why not faster: ``{"path":
+        "bookkeeping" | "ghost" | "vmap", "why": str}``. Decided from the model and the input's
+        shape alone (``trainers.step.resolve_grad_impl``), never from data; logged once per run
+        and kept in the curator's view (``dptune inspect``)."""
+        spec = models.resolve(self.model, self.data.num_classes)
+        augmult = int(self.base.get("augmult", 0) or 0)
+        impl = step_lib.resolve_grad_impl(spec, self.grad_impl, self.data.image_shape, augmult)
+        if impl == "bookkeeping":
+            why = f"the hand-tuned path of the shipped model {spec.name}"
+        elif impl == "ghost":
+            plan = step_lib.ghost_plan(spec)
+            why = f"every parametrised layer is a known layer ({len(plan.layers)} layers)"
+        elif self.grad_impl in ("vmap", "naive"):
+            why = "grad_impl='vmap' was asked for"
+        elif spec.shipped and spec.name != "wrn16_4":  # wrn16_4: the ghost plan's reason
+            why = f"the shipped model {spec.name} has no fast path for this input or augmult"
+        else:
+            why = f"the ghost path does not apply: {step_lib.ghost_plan(spec).reason}"
+        return {"path": impl, "why": why}
+
     def describe(self) -> dict[str, Any]:
         """What the journal binds a workdir to (JSON-safe, stable across processes)."""
         base = dict(self.base)

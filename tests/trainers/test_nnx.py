@@ -5,6 +5,9 @@ LogicallyPartitioned linen transformer block takes the ghost path."""
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -346,3 +349,96 @@ def test_a_logically_partitioned_transformer_block_takes_the_ghost_path():
     fast_boxed = ghost.clipped_sum_ghost(module, loss, boxed, x, y, mask, 0.05)[0]
     assert jax.tree_util.tree_structure(fast_boxed) == jax.tree_util.tree_structure(boxed)
     assert _rel_err(nn.meta.unbox(fast_boxed), ref[0]) <= 2e-5
+
+
+# --- fix_model -----------------------------------------------------------------------------------
+
+
+class _LinenBlock(nn.Module):
+    norm: Any
+
+    @nn.compact
+    def __call__(self, x):
+        y = self.norm()(nn.Conv(8, (3, 3), use_bias=False)(x))
+        return nn.relu(x + y)
+
+
+class _LinenResNet(nn.Module):
+    """Flax's ResNet pattern: BatchNorm built inside ``__call__`` (a partial passed down)."""
+
+    train: bool = True
+
+    @nn.compact
+    def __call__(self, x):
+        norm = functools.partial(nn.BatchNorm, use_running_average=not self.train, momentum=0.9)
+        x = nn.relu(norm(name="bn_init")(nn.Conv(8, (3, 3), use_bias=False, name="conv_init")(x)))
+        x = _LinenBlock(norm)(x)
+        return nn.Dense(3)(jnp.mean(x, axis=(1, 2)))
+
+
+class _NnxResNet(nnx.Module):
+    def __init__(self, rngs):
+        self.conv = nnx.Conv(3, 12, (3, 3), use_bias=False, rngs=rngs)
+        self.bn = nnx.BatchNorm(12, rngs=rngs)
+        self.blocks = nnx.List([nnx.Conv(12, 12, (3, 3), rngs=rngs), nnx.BatchNorm(12, rngs=rngs)])
+        self.head = nnx.Linear(12, 3, rngs=rngs)
+
+    def __call__(self, x):
+        x = nnx.relu(self.bn(self.conv(x)))
+        x = nnx.relu(x + self.blocks[1](self.blocks[0](x)))
+        return self.head(jnp.mean(x, axis=(1, 2)))
+
+
+def _trains(model, shape):
+    """A tiny DpSgdTrainer run on random images: finite score, the ghost path."""
+    from dptune.learners.dpsgd import Dataset, DpSgdTrainer
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, *shape)).astype(np.float32)
+    y = rng.integers(0, 3, size=64).astype(np.int32)
+    data = Dataset.from_arrays(x, y, num_examples=64, validation_fraction=0.25, num_classes=3)
+    trainer = DpSgdTrainer(
+        data, model=model, base=dict(batch_size=16, epochs=1, noise_multiplier=1.0),
+        epoch_progress=False,
+    )  # fmt: skip
+    assert trainer.clipping_path()["path"] == "ghost", trainer.clipping_path()
+    ((score, _),) = trainer.train_many([{"learning_rate": 0.1}], [np.random.default_rng(1)])
+    assert np.isfinite(score)
+
+
+def test_fix_model_on_a_linen_resnet_with_batchnorm_built_in_call(caplog):
+    """Every BatchNorm (built inside __call__, also in a child block) becomes a GroupNorm of
+    gcd(32, 8) = 8 groups at the same path; no batch_stats remain; listed and logged; it takes
+    the ghost path and trains."""
+    from trainers.fix_model import fix_model
+
+    x = jnp.ones((1, 6, 6, 3))
+    before = _LinenResNet().init(jax.random.PRNGKey(0), x)
+    assert "batch_stats" in before
+    with caplog.at_level("INFO", logger="dptune"):
+        fixed, replaced = fix_model(_LinenResNet(), x)
+    assert [(r.path, r.channels, r.groups) for r in replaced] == [
+        ("bn_init", 8, 8), ("_LinenBlock_0/BatchNorm_0", 8, 8)
+    ]  # fmt: skip
+    assert "bn_init" in caplog.text and "GroupNorm" in caplog.text
+    after = fixed.init(jax.random.PRNGKey(0), x)
+    assert set(after) == {"params"}
+    shapes = jax.tree_util.tree_map(jnp.shape, after["params"])
+    assert shapes == jax.tree_util.tree_map(jnp.shape, before["params"])
+    _trains(fixed, (6, 6, 3))
+
+
+def test_fix_model_on_an_nnx_resnet():
+    """Attributes and list entries replaced on a copy (gcd(32, 12) = 4 groups), the original
+    untouched; the fixed model is accepted and takes the ghost path."""
+    from trainers.fix_model import fix_model
+
+    original = _NnxResNet(nnx.Rngs(0))
+    fixed, replaced = fix_model(original)
+    assert sorted((r.path, r.channels, r.groups) for r in replaced) == [
+        ("blocks/1", 12, 4), ("bn", 12, 4)
+    ]  # fmt: skip
+    assert isinstance(original.bn, nnx.BatchNorm) and isinstance(fixed.bn, nnx.GroupNorm)
+    assert not any(isinstance(n, nnx.BatchNorm) for _, n in nnx.iter_graph(fixed))
+    assert fixed.bn.num_groups == 4
+    _trains(fixed, (6, 6, 3))
