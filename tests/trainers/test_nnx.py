@@ -442,3 +442,53 @@ def test_fix_model_on_an_nnx_resnet():
     assert not any(isinstance(n, nnx.BatchNorm) for _, n in nnx.iter_graph(fixed))
     assert fixed.bn.num_groups == 4
     _trains(fixed, (6, 6, 3))
+
+
+def test_load_params_gives_back_what_apply_and_nnx_update_take(tmp_path):
+    """A released checkpoint restored into boxed linen parameters (the boxes kept, no
+    ``{'value': ...}`` leaves: apply takes them) and into an NNX module (an nnx.State with the
+    module's metadata, which nnx.update takes)."""
+    from dptune import release
+
+    module = _Block()
+    x = np.ones((2, 5, 4), np.float32)
+    spec = models.user_model(module, (5, 4), np.float32)
+    trained = jax.tree_util.tree_map(lambda v: v + 1.0, models.init_params(spec, jax.random.key(0)))
+    (tmp_path / "lin").mkdir()
+    release._save_orbax(trained, tmp_path / "lin" / "checkpoint")
+    like = jax.eval_shape(module.init, jax.random.key(0), x)["params"]
+    got = release.load_params(tmp_path / "lin", like=like)
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(like)
+    np.testing.assert_allclose(
+        np.asarray(module.apply({"params": got}, x)),
+        np.asarray(module.apply({"params": trained}, x)), rtol=1e-6,
+    )  # fmt: skip
+
+    net = _NnxNet(nnx.Rngs(0))
+    nspec = models.user_model(net, (6,), np.int32)
+    trained = jax.tree_util.tree_map(lambda v: v * 2.0, models.init_params(nspec, None))
+    (tmp_path / "nnx").mkdir()
+    release._save_orbax(trained, tmp_path / "nnx" / "checkpoint")
+    state = release.load_params(tmp_path / "nnx", like=net)
+    assert isinstance(state, nnx.State)
+    nnx.update(net, state)
+    ids = np.arange(12, dtype=np.int32).reshape(2, 6) % 7
+    np.testing.assert_allclose(
+        np.asarray(net(ids)), np.asarray(nspec.apply({"params": trained}, ids)), rtol=1e-6
+    )
+    plain = release.load_params(tmp_path / "nnx")  # no like: the dict, which nnx.update takes
+    nnx.update(net, plain)
+
+
+def test_the_clipping_path_is_said_with_the_layer_that_kept_the_model_off_the_fast_path():
+    from dptune.learners.dpsgd import Dataset, DpSgdTrainer
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 7, size=(40, 3)).astype(np.int32)
+    y = rng.integers(0, 3, size=40).astype(np.int32)
+    data = Dataset.from_arrays(x, y, num_examples=40, validation_fraction=0.25, num_classes=3)
+    slow = DpSgdTrainer(data, model=_Attend(nnx.Rngs(0)), base=dict(batch_size=8, epochs=1))
+    path = slow.clipping_path()
+    assert path["path"] == "vmap" and "embed" in path["why"]
+    fast = DpSgdTrainer(data, model=_NnxNet(nnx.Rngs(0)), base=dict(batch_size=8, epochs=1))
+    assert fast.clipping_path()["path"] == "ghost"
