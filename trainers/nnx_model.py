@@ -28,6 +28,8 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
+import numpy as np
 from flax import nnx, traverse_util
 from flax.nnx.nn.dtypes import promote_dtype as _nnx_promote_dtype
 
@@ -80,8 +82,10 @@ class NnxModel:
         return f"NnxModel({self.name})"
 
     def params(self) -> dict:
-        """The module's trainable arrays as a nested dict (string keys), metadata dropped."""
-        flat = {keys: _value(var) for (_, keys), (_, var) in zip(
+        """The module's trainable arrays as a nested dict (string keys), metadata dropped: plain
+        arrays on the default device (a module made under a mesh holds arrays whose type names
+        mesh axes, which dptune's per-example computations do not carry)."""
+        flat = {keys: jnp.asarray(np.asarray(_value(var))) for (_, keys), (_, var) in zip(
             self._paths, nnx.to_flat_state(self._params), strict=True)}  # fmt: skip
         return traverse_util.unflatten_dict(flat)
 
@@ -106,8 +110,11 @@ class NnxModel:
         )
 
     def merge(self, params: Any) -> nnx.Module:
-        """A fresh module with the trainable state ``params`` and the rest as constructed."""
-        return nnx.merge(self.graphdef, self.state(params), self._rest)
+        """A fresh module with the trainable state ``params`` and the rest as constructed (fresh
+        Variables: a layer that updates its state when called, such as an rng counter, updates
+        the copy, inside the trace that made it)."""
+        rest = jax.tree_util.tree_map(lambda v: v, self._rest)
+        return nnx.merge(self.graphdef, self.state(params), rest)
 
     def apply(self, variables: dict, x: Any) -> Any:
         """The module's outputs on a batch ``x`` with ``variables["params"]``."""
@@ -284,8 +291,6 @@ def einsum_as_dense(einsum_str: str, kernel_shape: tuple, bias_shape: tuple | No
 
 
 def _einsum(layer: nnx.Einsum) -> tuple[nn.Module | None, str | None]:
-    import jax.numpy as jnp
-
     if layer.einsum_op is not jnp.einsum:
         return None, "a custom einsum_op"
     bias = None if layer.bias is None or _value(layer.bias) is None else layer.bias_shape

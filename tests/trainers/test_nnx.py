@@ -492,3 +492,97 @@ def test_the_clipping_path_is_said_with_the_layer_that_kept_the_model_off_the_fa
     assert path["path"] == "vmap" and "embed" in path["why"]
     fast = DpSgdTrainer(data, model=_NnxNet(nnx.Rngs(0)), base=dict(batch_size=8, epochs=1))
     assert fast.clipping_path()["path"] == "ghost"
+
+
+class _Sharded(nnx.Module):
+    """NNX sharding metadata on a kernel; optionally a dropout layer between known layers."""
+
+    def __init__(self, rngs, dropout: bool = False):
+        init = nnx.initializers.lecun_normal()
+        if not dropout:  # (made under a mesh, where an nnx.Rngs' keys would be sharded too)
+            init = nnx.with_partitioning(init, (None, "model"))
+        self.a = nnx.Linear(4, 8, kernel_init=init, rngs=rngs)
+        self.drop = nnx.Dropout(0.5, rngs=rngs) if dropout else None
+        self.b = nnx.Linear(8, 3, rngs=rngs)
+
+    def __call__(self, x):
+        h = jnp.tanh(self.a(x))
+        return self.b(h if self.drop is None else self.drop(h))
+
+
+def test_nnx_sharding_metadata_is_unboxed_for_clipping_and_kept_in_the_state():
+    """Plain arrays are clipped (the ghost path, equal to vmap(grad)); the state handed back
+    carries the kernel's sharding names."""
+    with jax.set_mesh(jax.make_mesh((1,), ("model",))):
+        module = _Sharded(nnx.Rngs(0))
+    spec = models.user_model(module, (4,), np.float32)
+    plan = step.ghost_plan(spec)
+    assert plan.supported, plan.reason
+    params = models.init_params(spec, None)
+    assert all(isinstance(v, jax.Array) for v in jax.tree_util.tree_leaves(params))
+    x, y = _inputs((4,), np.float32, seed=4)
+    mask = np.ones(B, np.float32)
+    loss = dpsgd.per_example_loss
+    fast = jax.jit(lambda p: ghost.clipped_sum_ghost(spec.module, loss, p, x, y, mask, 0.2))
+    ref = jax.jit(lambda p: dpsgd.clipped_sum_naive(spec.apply, p, x, y, mask, 0.2))
+    assert _rel_err(fast(params)[0], ref(params)[0]) <= 2e-5
+    state = spec.module.state(params)
+    assert state["a"]["kernel"].get_metadata()["out_sharding"] == (None, "model")
+
+
+def test_an_nnx_dropout_layer_with_its_rngs_runs():
+    """A dropout layer holding its nnx.Rngs (state updated on each call) runs inside the traced
+    copies and keeps the ghost path; its randomness per step is the data pipeline's business."""
+    spec = models.user_model(_Sharded(nnx.Rngs(0), dropout=True), (4,), np.float32)
+    assert step.ghost_plan(spec).supported, step.ghost_plan(spec).reason
+    params = models.init_params(spec, None)
+    x, y = _inputs((4,), np.float32, seed=4)
+    mask = np.ones(B, np.float32)
+    loss = dpsgd.per_example_loss
+    fast = jax.jit(lambda p: ghost.clipped_sum_ghost(spec.module, loss, p, x, y, mask, 0.2))
+    assert np.isfinite(float(fast(params)[1]))
+
+
+class _Mlp(nnx.Module):
+    def __init__(self, rngs):
+        self.a = nnx.Linear(4, 8, rngs=rngs)
+        self.b = nnx.Linear(8, 3, rngs=rngs)
+
+    def __call__(self, x):
+        return self.b(jnp.tanh(self.a(x)))
+
+
+def test_a_tuning_run_of_an_nnx_model_says_its_clipping_path_and_reloads(tmp_path, caplog):
+    """End to end: an NNX model tuned; the clipping path logged once at INFO and kept in the
+    curator's view (dptune inspect); the release loaded back into the module."""
+    import dptune
+    from dptune.cli import inspect as inspect_cmd
+    from selection import BestOfK
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((80, 4)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int32) + (x[:, 1] > 1).astype(np.int32)
+    data = dptune.Dataset.from_arrays(x, y, num_examples=80, validation_fraction=0.25,
+                                      num_classes=3)  # fmt: skip
+    module = _Mlp(nnx.Rngs(0))
+    trainer = dptune.DpSgdTrainer(
+        data, model=module, base=dict(batch_size=16, epochs=1), epoch_progress=False
+    )
+    with caplog.at_level("INFO", logger="dptune"):
+        dptune.tune(
+            trainer, {"learning_rate": dptune.space.log_uniform(0.3, 1.0), "noise_multiplier": 1.0},
+            BestOfK(1),
+            budget=(50.0, 1e-5), workdir=tmp_path / "run", progress=False,
+            dataset_budget=(100.0, 1e-4),
+        )  # fmt: skip
+    said = [r.message for r in caplog.records if "per-example clipping" in r.message]
+    assert said == [
+        "per-example clipping: ghost (every parametrised layer is a known layer (2 layers))"
+    ]
+    run = inspect_cmd.read_run(tmp_path / "run")
+    assert run["clipping"]["path"] == "ghost"
+    assert "per-example clipping: ghost" in inspect_cmd.render(run)
+    loaded = dptune.load_release(tmp_path / "run", like=module)
+    assert loaded.released
+    nnx.update(module, loaded.params)
+    assert module(x[:2]).shape == (2, 3)
