@@ -61,7 +61,7 @@ class NnxModel:
 
     def __init__(self, module: nnx.Module, trainable: Any = nnx.Param):
         graphdef, params, rest = nnx.split(module, trainable, ...)
-        for path, var in nnx.to_flat_state(rest):
+        for path, var in [*nnx.to_flat_state(params), *nnx.to_flat_state(rest)]:
             if isinstance(var, nnx.BatchStat):
                 layer = _module_at(module, path[:-1])
                 raise ValueError(
@@ -90,8 +90,9 @@ class NnxModel:
         return traverse_util.unflatten_dict(flat)
 
     def init(self, key: Any, x: Any) -> dict:
-        """``{"params": self.params()}``: the module's own initial values (``key`` and ``x`` are
-        accepted for the linen signature; NNX initialised the parameters at construction)."""
+        """``{"params": self.params()}``: the module's own initial values, the same for every
+        candidate (``key`` and ``x`` are accepted for the linen signature; NNX initialised the
+        parameters at construction, from the module's own rngs, never from data)."""
         del key, x
         return {"params": self.params()}
 

@@ -585,7 +585,7 @@ def describe_model(spec: Any) -> dict[str, Any]:
     flat = jax.tree_util.tree_flatten_with_path(shapes)[0]
     out: dict[str, Any] = {
         "name": spec.name,
-        "class": qualname(type(spec.module))
+        "class": qualname(getattr(spec.module, "module_class", type(spec.module)))  # NNX: its own
         if spec.module is not None
         else qualname(spec.apply_fn),
         "input": [list(spec.input_shape), spec.input_dtype],

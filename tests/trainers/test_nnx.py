@@ -257,6 +257,23 @@ def test_batch_statistics_are_refused_with_the_layer_named_and_fix_model_pointed
     msg = str(e.value)
     assert msg.startswith("dptune:") and "'bn'" in msg and "BatchNorm" in msg
     assert "fix_model" in msg and "\n" not in msg
+    with pytest.raises(ValueError, match="'bn'"):  # trained or not, batch statistics mix
+        nnx_model.NnxModel(_BN(nnx.Rngs(0)), trainable=nnx.Variable)
+
+
+def test_clipped_grad_sum_takes_an_nnx_module():
+    """The own-loop piece: an nnx.Module, its params as NnxModel(module).params(); the ghost
+    path, equal to vmap(grad)."""
+    import dptune
+
+    module = _NnxNet(nnx.Rngs(0))
+    params = dptune.NnxModel(module).params()
+    x, y = _inputs((6,), np.int32, seed=5)
+    mask = np.ones(B, np.float32)
+    fast = dptune.clipped_grad_sum(module)
+    ref = dptune.clipped_grad_sum(module, grad_impl="vmap")
+    assert fast.impl(x) == "ghost" and ref.impl(x) == "vmap"
+    assert _rel_err(fast(params, x, y, mask, 0.3)[0], ref(params, x, y, mask, 0.3)[0]) <= 2e-5
 
 
 def test_a_trainable_filter_chooses_what_trains():
