@@ -442,6 +442,13 @@ def test_fix_model_on_a_linen_resnet_with_batchnorm_built_in_call(caplog):
     assert set(after) == {"params"}
     shapes = jax.tree_util.tree_map(jnp.shape, after["params"])
     assert shapes == jax.tree_util.tree_map(jnp.shape, before["params"])
+    xs, y = _inputs((6, 6, 3), np.float32, seed=6)
+    mask = np.ones(B, np.float32)
+    loss = dpsgd.per_example_loss
+    p = after["params"]
+    fast = jax.jit(lambda p: ghost.clipped_sum_ghost(fixed, loss, p, xs, y, mask, 0.1))(p)
+    ref = jax.jit(lambda p: dpsgd.clipped_sum_naive(fixed.apply, p, xs, y, mask, 0.1))(p)
+    assert _rel_err(fast[0], ref[0]) <= 2e-5
     _trains(fixed, (6, 6, 3))
 
 
