@@ -359,19 +359,16 @@ def load_params(folder: str | os.PathLike, like: Any = None) -> Any:
         import jax
         from flax import nnx
 
-        from trainers.nnx_model import NnxModel
-
-        nnx_like = like if isinstance(like, NnxModel) else None
-        if isinstance(like, nnx.Module):
-            nnx_like = NnxModel(like)
-        plain = nnx_like.params() if nnx_like is not None else like
+        if hasattr(like, "trainable_state"):  # trainers.nnx_model.NnxModel: its own filter
+            like = like.trainable_state()
+        elif isinstance(like, nnx.Module):
+            like = nnx.state(like, nnx.Param)
         if isinstance(like, nnx.State):
             plain = _string_keys(like.to_pure_dict())
-        plain = nn.meta.unbox(plain)
+        else:
+            plain = nn.meta.unbox(like)
         target = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), plain)
         restored = ckpt.restore(path, target)
-        if nnx_like is not None:
-            return nnx_like.state(restored)
         if isinstance(like, nnx.State):
             state = jax.tree_util.tree_map(lambda v: v, like)  # a copy: like stays as it is
             state.replace_by_pure_dict(restored)

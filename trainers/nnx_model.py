@@ -96,6 +96,11 @@ class NnxModel:
         del key, x
         return {"params": self.params()}
 
+    def trainable_state(self) -> nnx.State:
+        """The module's trainable ``nnx.State`` as constructed (what ``load_release(like=...)``
+        restores a release into)."""
+        return self._params
+
     def state(self, params: Any) -> nnx.State:
         """``params`` (a nested dict as :meth:`params` returns) as the module's trainable
         ``nnx.State``, Variable metadata included: what ``nnx.update(module, state)`` and

@@ -46,6 +46,8 @@ from trainers.data import (
 from trainers.data import NAMES as DATASETS
 from trainers.data import check_arrays as check_user_arrays
 from trainers.evaluate import BoundedMetric, evaluate, evaluate_metric
+from trainers.fix_model import fix_model
+from trainers.nnx_model import NnxModel
 from trainers.spec import AUDIT_MODEL_SUFFIX, MODEL_NAMES, DpSgdSchedule, Hyperparams
 from trainers.spec import dpsgd_privacy as _hp_privacy
 from trainers.userloop import add_noise, clipped_grad_sum
@@ -65,11 +67,13 @@ __all__ = [
     "DpSgdTrainer",
     "Hyperparams",
     "Metric",
+    "NnxModel",
     "add_noise",
     "check_user_arrays",
     "clipped_grad_sum",
     "default_compilation_cache_dir",
     "dpsgd_privacy",
+    "fix_model",
     "load_dataset",
     "read_npz",
     "use_compilation_cache",
