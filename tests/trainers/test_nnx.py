@@ -610,3 +610,25 @@ def test_a_tuning_run_of_an_nnx_model_says_its_clipping_path_and_reloads(tmp_pat
     assert loaded.released
     nnx.update(module, loaded.params)
     assert module(x[:2]).shape == (2, 3)
+
+
+class _SetupBN(nn.Module):
+    def setup(self):
+        self.dense = nn.Dense(6)
+        self.bn = nn.BatchNorm(use_running_average=False)
+        self.out = nn.Dense(3)
+
+    def __call__(self, x):
+        return self.out(nn.tanh(self.bn(self.dense(x))))
+
+
+def test_fix_model_on_a_linen_module_with_batchnorm_in_setup():
+    from trainers.fix_model import fix_model
+
+    x = jnp.ones((2, 4))
+    fixed, replaced = fix_model(_SetupBN(), x)
+    assert [(r.path, r.groups) for r in replaced] == [("bn", 2)]  # gcd(32, 6)
+    variables = fixed.init(jax.random.PRNGKey(0), x)
+    assert set(variables) == {"params"} and set(variables["params"]["bn"]) == {"scale", "bias"}
+    spec = models.user_model(fixed, (4,), np.float32)
+    assert step.ghost_plan(spec).supported
