@@ -364,14 +364,14 @@ def load_params(folder: str | os.PathLike, like: Any = None) -> Any:
         elif isinstance(like, nnx.Module):
             like = nnx.state(like, nnx.Param)
         if isinstance(like, nnx.State):
-            plain = _string_keys(like.to_pure_dict())
+            plain = _string_keys(nnx.to_pure_dict(like))
         else:
             plain = nn.meta.unbox(like)
         target = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), plain)
         restored = ckpt.restore(path, target)
         if isinstance(like, nnx.State):
             state = jax.tree_util.tree_map(lambda v: v, like)  # a copy: like stays as it is
-            state.replace_by_pure_dict(restored)
+            nnx.replace_by_pure_dict(state, restored)
             return state
         return nn.meta.replace_boxed(like, restored)
 
