@@ -35,6 +35,8 @@ _EXPORTS = {
     "dpsgd_privacy": "dptune.learners.dpsgd",
     "load_release": "dptune.release",
     "Refused": "dptune.errors",
+    "fix_model": "dptune.learners.dpsgd",
+    "NnxModel": "dptune.learners.dpsgd",
     "TuningConfigError": "dptune.errors",
     "ImpossibleBudgetError": "dptune.errors",
     "StateError": "dptune.errors",

@@ -355,7 +355,10 @@ def load_params(folder: str | os.PathLike, like: Any = None) -> Any:
     ``like``: optional parameters (or ``jax.eval_shape`` of them, e.g. of ``module.init``) whose
     tree structure, shapes and dtypes the restored parameters must have; orbax refuses a
     checkpoint that does not match. Default: nested dicts of arrays, as ``module.apply({"params":
-    ...})`` takes them.
+    ...})`` takes them. Partitioning boxes in ``like`` (``nn.with_logical_partitioning``) come
+    back around the restored arrays (``apply`` takes them; the sharding names are kept). A Flax
+    NNX module as ``like`` (or its ``nnx.State``): its trainable state, an ``nnx.State`` with
+    the module's Variable metadata, for ``nnx.update(module, params)``.
     """
     import orbax.checkpoint as ocp  # heavy (JAX): only when a checkpoint is read or written
 
@@ -363,10 +366,33 @@ def load_params(folder: str | os.PathLike, like: Any = None) -> Any:
     with ocp.StandardCheckpointer() as ckpt:
         if like is None:
             return ckpt.restore(path)
-        import jax  # heavy: the core stays JAX-free until a checkpoint is read
+        import flax.linen as nn  # heavy: the core stays JAX-free until a checkpoint is read
+        import jax
+        from flax import nnx
 
-        target = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), like)
-        return ckpt.restore(path, target)
+        if hasattr(like, "trainable_state"):  # trainers.nnx_model.NnxModel: its own filter
+            like = like.trainable_state()
+        elif isinstance(like, nnx.Module):
+            like = nnx.state(like, nnx.Param)
+        if isinstance(like, nnx.State):
+            plain = _string_keys(nnx.to_pure_dict(like))
+        else:
+            plain = nn.meta.unbox(like)
+        target = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), plain)
+        restored = ckpt.restore(path, target)
+        if isinstance(like, nnx.State):
+            state = jax.tree_util.tree_map(lambda v: v, like)  # a copy: like stays as it is
+            nnx.replace_by_pure_dict(state, restored)
+            return state
+        return nn.meta.replace_boxed(like, restored)
+
+
+def _string_keys(tree: Any) -> Any:
+    """A nested dict with its keys as strings (NNX list indices are ints; releases hold
+    strings)."""
+    if isinstance(tree, dict):
+        return {str(k): _string_keys(v) for k, v in tree.items()}
+    return tree
 
 
 def load_release(path: str | os.PathLike, like: Any = None) -> Release:

@@ -376,6 +376,10 @@ def _tune_checked(pre: Preflight, trainer: Any, selection: Any, opts: TuneOption
             )
             return read_release(release_dir)
         _say_resuming_and_dropped(pre, trainer, journal)
+        if hasattr(trainer, "clipping_path"):  # public: a function of the model and shapes
+            clipping = trainer.clipping_path()
+            journal.set("clipping", clipping)
+            log.info("per-example clipping: %s (%s)", clipping["path"], clipping["why"])
         run_id, sel_plan = draw_plan(journal, plan, selection, opts.seed)
         drawn = journal.candidates()
         checked = dict(

@@ -31,6 +31,8 @@ per-example clipping of a user's model (``trainers.ghost`` when it applies), bat
                        automatic path (the ghost / book-keeping path here)
   cnn26k_handtuned     the shipped cnn26k's hand-tuned book-keeping step
   user_cnn_vmap        the user CNN with vmap(grad) per-example gradients (the generic path)
+  user_cnn_nnx_auto    the user CNN's Flax NNX twin (nnx.Conv / nnx.max_pool / nnx.Linear), the
+                       automatic path (goal: >= 0.9x user_cnn_auto)
   user_cnn_jaxprivacy  jax_privacy 2.0's clipped_grad on the same module (needs jax_privacy)
   user_cnn_nonprivate  the user CNN's non-private step
   text_auto / text_nonprivate        the text example's one-block transformer on 24 token ids
@@ -301,6 +303,9 @@ def user_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
     shipped = models.init_params(models.get_model("cnn26k"), jax.random.PRNGKey(0))
     dp_row("cnn26k_handtuned", "cnn26k", "bookkeeping", data, shipped, idx, BATCH)
     dp_row("user_cnn_vmap", spec, "vmap", data, params0, idx, BATCH)
+    nnx_spec = _user_cnn_nnx_spec()
+    dp_row("user_cnn_nnx_auto", nnx_spec, step.resolve_grad_impl(nnx_spec, "auto", (28, 28, 1)),
+           data, models.init_params(nnx_spec, jax.random.PRNGKey(0)), idx, BATCH)  # fmt: skip
     try:
         from jax_privacy import clipped_grad  # optional: jax_privacy 2.0
     except ImportError:
@@ -674,6 +679,29 @@ def _user_cnn_spec():
     return models.user_model(UserCnn(), (28, 28, 1), name="user_cnn")
 
 
+def _user_cnn_nnx_spec():
+    """:func:`_user_cnn_spec`'s model written in Flax NNX (the same layers and shapes)."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from trainers import models
+
+    class UserCnnNnx(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs):
+            self.conv1 = nnx.Conv(1, 16, (8, 8), strides=2, padding="SAME", rngs=rngs)
+            self.conv2 = nnx.Conv(16, 32, (4, 4), strides=2, padding="VALID", rngs=rngs)
+            self.dense1 = nnx.Linear(4 * 4 * 32, 32, rngs=rngs)
+            self.dense2 = nnx.Linear(32, 10, rngs=rngs)
+
+        def __call__(self, x):
+            x = nnx.max_pool(jnp.tanh(self.conv1(x)), (2, 2), strides=(1, 1))
+            x = nnx.max_pool(jnp.tanh(self.conv2(x)), (2, 2), strides=(1, 1))
+            x = jnp.tanh(self.dense1(x.reshape((x.shape[0], -1))))
+            return self.dense2(x)
+
+    return models.user_model(UserCnnNnx(nnx.Rngs(0)), (28, 28, 1), name="user_cnn_nnx")
+
+
 def _memory_mib(jitted, *args, resident: int = 0) -> float:
     """Peak memory of one call of ``jitted`` from XLA's buffer assignment (arguments +
     temporaries + outputs - aliased), MiB, less ``resident`` bytes (the device-resident training
@@ -1040,6 +1068,7 @@ def main():
         "user_cnn auto / user_cnn vmap(grad)": ("user_cnn_auto", "user_cnn_vmap", 1.5),
         "user_cnn auto / jax_privacy clipped_grad": ("user_cnn_auto", "user_cnn_jaxprivacy", 1.5),
         "user_cnn auto / user_cnn nonprivate": ("user_cnn_auto", "user_cnn_nonprivate", None),
+        "user_cnn NNX twin / user_cnn (linen) auto": ("user_cnn_nnx_auto", "user_cnn_auto", 0.9),
         "text auto / text nonprivate": ("text_auto", "text_nonprivate", None),
         "tabular auto / tabular nonprivate": ("tabular_auto", "tabular_nonprivate", None),
     }

@@ -117,7 +117,8 @@ class _Recorder:
         kind = KNOWN_LAYERS.get(type(m))
         if kind is None:
             return next_fun(*args, **kwargs)
-        path = tuple(m.path)
+        # an NNX layer's linen twin is unbound: its path comes with the call (trainers.nnx_model)
+        path = tuple(getattr(context, "path", None) or m.path)
         if context.method_name != "__call__":
             self.unsupported.append(f"{'/'.join(path)}: method {context.method_name!r}")
             return next_fun(*args, **kwargs)
@@ -686,12 +687,31 @@ class GhostPlan:
         return self.reason is None
 
 
+def _apply_recording(module: Any, params: Any, x: jax.Array, rec: _Recorder) -> Any:
+    """``module`` (a linen Module, or a ``trainers.nnx_model.NnxModel``) applied to ``x`` with
+    ``params``, its known layers' calls handed to ``rec``."""
+    if isinstance(module, nn.Module):
+        with nn.intercept_methods(rec):
+            return module.apply({"params": params}, x)
+    return module.apply_recording(params, x, rec)
+
+
+def _has_boxes(params: Any) -> bool:
+    leaves = jax.tree_util.tree_leaves(params, is_leaf=nn.meta.is_axis_metadata)
+    return any(isinstance(v, nn.meta.AxisMetadata) for v in leaves)
+
+
+def unboxed(params: Any) -> Any:
+    """``params`` with partitioning metadata (``nn.Partitioned``, ``nn.LogicallyPartitioned``)
+    removed: the arrays the formulas read."""
+    return nn.meta.unbox(params) if _has_boxes(params) else params
+
+
 def _record(module: nn.Module, params: Any, x: jax.Array, taps: list | None = None):
     """Runs ``module`` with the known layers intercepted; returns (output, recorder). The module's
     own parameter argument is ``params`` too (its known layers read the recorder's copy)."""
     rec = _Recorder(params, taps)
-    with nn.intercept_methods(rec):
-        out = module.apply({"params": params}, x)
+    out = _apply_recording(module, params, x, rec)
     return out, rec
 
 
@@ -725,6 +745,7 @@ def analyze(
     """
     x_shape = tuple(x_example.shape[1:])
     x_dtype = x_example.dtype
+    params = unboxed(params)
     try:
         abstract = jax.tree_util.tree_map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), params)
         # one example as a batch of its own: how clipped_sum_ghost runs the module (under vmap)
@@ -732,8 +753,7 @@ def analyze(
 
         def forward(outer, inner, x):
             rec = _Recorder(inner)
-            with nn.intercept_methods(rec):
-                out = module.apply({"params": outer}, x)
+            out = _apply_recording(module, outer, x, rec)
             forward.rec = rec
             return out
 
@@ -899,6 +919,7 @@ def clipped_sum_ghost(
     -> (n,)`` per-example losses; with ``copies``, x is (b, K, ...) and example i's loss is the mean
     over its K copies.
     """
+    boxed, params = params, unboxed(params)
     b = x.shape[0]
     calls, losses, ins, gs = _example_rows(module, loss_fn, params, x, y, copies)
     groups: dict[tuple[str, ...], list[int]] = {}
@@ -930,4 +951,6 @@ def clipped_sum_ghost(
         for name, value in traverse_util.flatten_dict(fin(c.astype(jnp.float32))).items():
             flat[(*path, *name)] = value
     summed = traverse_util.unflatten_dict(flat)
+    if _has_boxes(boxed):  # the caller's partitioning metadata, around the sums
+        summed = nn.meta.replace_boxed(boxed, summed)
     return summed, kept_loss_sum(losses, mask), jnp.sqrt(sq)

@@ -443,7 +443,9 @@ def user_model(
     """A user's model as a :class:`ModelSpec`, checked before anything trains.
 
     Args:
-      model: a flax (linen) Module instance (unbound), or an ``(init_fn, apply_fn)`` pair.
+      model: a flax (linen) Module instance (unbound), an ``nnx.Module`` instance (its
+        ``nnx.Param`` state trains: ``trainers.nnx_model.NnxModel``; wrap it yourself to choose
+        another filter), or an ``(init_fn, apply_fn)`` pair.
       input_shape, input_dtype: one example's shape and dtype (from the data).
       loss: ``loss(outputs, labels) -> (b,)``; None: softmax cross-entropy on integer labels.
       metric: a ``trainers.evaluate.BoundedMetric``; None: accuracy.
@@ -464,7 +466,16 @@ def user_model(
         return model
     if isinstance(model, str):
         return get_model(model, num_classes or 10)
-    if isinstance(model, nn.Module):
+    from trainers import nnx_model  # lazy: flax.nnx is only imported for an NNX model
+
+    if nnx_model.is_nnx(model):
+        model = nnx_model.NnxModel(model)
+    if isinstance(model, nnx_model.NnxModel):
+        spec = ModelSpec(
+            name or model.name, model, input_shape, None, dtype, loss=loss, metric=metric,
+            shipped=False,
+        )  # fmt: skip
+    elif isinstance(model, nn.Module):
         if model.scope is not None:
             raise ValueError(f"model={type(model).__name__}: pass an unbound flax Module")
         spec = ModelSpec(
@@ -480,7 +491,7 @@ def user_model(
     else:
         raise TypeError(
             f"model={model!r:.80}: expected a shipped model name {MODEL_NAMES}, a flax.linen "
-            "Module instance, or an (init_fn, apply_fn) pair"
+            "or flax.nnx Module instance, or an (init_fn, apply_fn) pair"
         )
     _check_user_model(spec, num_classes)
     return spec
@@ -652,7 +663,11 @@ def init_params(spec: ModelSpec, key: jax.Array) -> dict:
 
 @functools.lru_cache(maxsize=64)
 def _compiled_init(spec: ModelSpec) -> Callable:
-    return jax.jit(lambda key: spec.module.init(key, spec.example_input(1))["params"])
+    # partitioning boxes (nn.with_logical_partitioning) removed: training reads plain arrays,
+    # which apply takes as well; the boxes stay with the module's own init for sharding
+    return jax.jit(
+        lambda key: nn.meta.unbox(spec.module.init(key, spec.example_input(1))["params"])
+    )
 
 
 def param_count(params) -> int:

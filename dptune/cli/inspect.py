@@ -79,6 +79,7 @@ def read_run(workdir: str | Path) -> dict[str, Any]:
         "started_at": meta.get("started_at"),
         "released_at": meta.get("released_at"),
         "curator_view": meta.get("curator_view") or {},
+        "clipping": meta.get("clipping"),
         "calibrated": meta.get("calibrated") or {},
         "total_epsilon": (meta.get("privacy") or {}).get("total_epsilon"),
         "delta": (meta.get("privacy") or {}).get("delta"),
@@ -121,6 +122,8 @@ def render(run: dict[str, Any], candidate: int | None = None) -> str:
             f"privacy: total epsilon {run['total_epsilon']:.4g} at delta {run['delta']:g}; "
             f"calibrated {run['calibrated'] or 'nothing'}"
         )
+    if run.get("clipping"):
+        lines.append(f"per-example clipping: {run['clipping']['path']} ({run['clipping']['why']})")
     for key, value in sorted(run["curator_view"].items()):
         lines.append(f"loader: {key}: {value}")
     lines += [

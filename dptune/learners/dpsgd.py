@@ -43,6 +43,8 @@ from trainers.data import (
 from trainers.data import NAMES as DATASETS
 from trainers.data import check_arrays as check_user_arrays
 from trainers.evaluate import BoundedMetric, evaluate, evaluate_metric
+from trainers.fix_model import fix_model
+from trainers.nnx_model import NnxModel
 from trainers.spec import MODEL_NAMES, DpSgdSchedule, Hyperparams
 from trainers.spec import dpsgd_privacy as _hp_privacy
 from trainers.userloop import add_noise, clipped_grad_sum
@@ -61,11 +63,13 @@ __all__ = [
     "DpSgdTrainer",
     "Hyperparams",
     "Metric",
+    "NnxModel",
     "add_noise",
     "check_user_arrays",
     "clipped_grad_sum",
     "default_compilation_cache_dir",
     "dpsgd_privacy",
+    "fix_model",
     "load_dataset",
     "read_npz",
     "use_compilation_cache",
@@ -517,6 +521,27 @@ class DpSgdTrainer(DatasetTrainer):
                 "(config.data.num_examples); declare the exact size or use 'add_remove'"
             )
 
+    def clipping_path(self) -> dict[str, Any]:
+        """How per-example gradients are clipped in this run, and why not faster: ``{"path":
+        "bookkeeping" | "ghost" | "vmap", "why": str}``. Decided from the model and the input's
+        shape alone (``trainers.step.resolve_grad_impl``), never from data; logged once per run
+        and kept in the curator's view (``dptune inspect``)."""
+        spec = models.resolve(self.model, self.data.num_classes)
+        augmult = int(self.base.get("augmult", 0) or 0)
+        impl = step_lib.resolve_grad_impl(spec, self.grad_impl, self.data.image_shape, augmult)
+        if impl == "bookkeeping":
+            why = f"the hand-tuned path of the shipped model {spec.name}"
+        elif impl == "ghost":
+            plan = step_lib.ghost_plan(spec)
+            why = f"every parametrised layer is a known layer ({len(plan.layers)} layers)"
+        elif self.grad_impl in ("vmap", "naive"):
+            why = "grad_impl='vmap' was asked for"
+        elif spec.shipped and spec.name != "wrn16_4":  # wrn16_4: the ghost plan's reason
+            why = f"the shipped model {spec.name} has no fast path for this input or augmult"
+        else:
+            why = f"the ghost path does not apply: {step_lib.ghost_plan(spec).reason}"
+        return {"path": impl, "why": why}
+
     def describe(self) -> dict[str, Any]:
         """What the journal binds a workdir to (JSON-safe, stable across processes)."""
         base = dict(self.base)
@@ -546,7 +571,7 @@ def describe_model(spec: Any) -> dict[str, Any]:
     flat = jax.tree_util.tree_flatten_with_path(shapes)[0]
     out: dict[str, Any] = {
         "name": spec.name,
-        "class": qualname(type(spec.module))
+        "class": qualname(getattr(spec.module, "module_class", type(spec.module)))  # NNX: its own
         if spec.module is not None
         else qualname(spec.apply_fn),
         "input": [list(spec.input_shape), spec.input_dtype],
