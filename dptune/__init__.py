@@ -32,6 +32,7 @@ _EXPORTS = {
     "clipped_grad_sum": "dptune.learners.dpsgd",
     "add_noise": "dptune.learners.dpsgd",
     "dpsgd_privacy": "dptune.learners.dpsgd",
+    "with_lora": "dptune.learners.dpsgd",
     "load_release": "dptune.release",
     "TuningConfigError": "dptune.errors",
     "ImpossibleBudgetError": "dptune.errors",

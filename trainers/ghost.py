@@ -121,9 +121,12 @@ class _Recorder:
     """Method interceptor: runs each known layer's ``__call__`` on parameters read from
     ``params`` (a separate copy), records its input, and adds the next tap to its output."""
 
-    def __init__(self, params: Any, taps: list | None = None):
+    def __init__(self, params: Any, taps: list | None = None, frozen: Callable | None = None):
         self.params = params
         self.taps = taps
+        # frozen(layer path) -> bool: a frozen layer's call runs as written (its parameters get
+        # no gradient, so nothing is recorded for it and no tap is added).
+        self.frozen = frozen
         self.calls: list[_Call] = []
         self.inputs: list[jax.Array] = []
         self.outputs: list[jax.Array] = []
@@ -133,6 +136,8 @@ class _Recorder:
     def __call__(self, next_fun, args, kwargs, context):
         m = context.module
         if self._inside or context.method_name == "setup":
+            return next_fun(*args, **kwargs)
+        if self.frozen is not None and m.scope is not None and self.frozen(tuple(m.path)):
             return next_fun(*args, **kwargs)
         if callable(getattr(type(m), REPARAM_METHOD, None)):
             return self._reparametrized(next_fun, args, kwargs, context)
@@ -702,10 +707,13 @@ class GhostPlan:
         return self.reason is None
 
 
-def _record(module: nn.Module, params: Any, x: jax.Array, taps: list | None = None):
+def _record(
+    module: nn.Module, params: Any, x: jax.Array, taps: list | None = None,
+    frozen: Callable | None = None,
+):  # fmt: skip
     """Runs ``module`` with the known layers intercepted; returns (output, recorder). The module's
     own parameter argument is ``params`` too (its known layers read the recorder's copy)."""
-    rec = _Recorder(params, taps)
+    rec = _Recorder(params, taps, frozen)
     with nn.intercept_methods(rec):
         out = module.apply({"params": params}, x)
     return out, rec
@@ -718,6 +726,7 @@ def analyze(
     loss_fn: Callable,
     y_example: jax.ShapeDtypeStruct | jax.Array,
     probe: bool = True,
+    trainable: Any = None,
 ) -> GhostPlan:
     """Decides whether ``module`` can take the ghost path for inputs shaped like ``x_example``
     (leading axis: examples). Data-independent: it traces the program and runs it once on a
@@ -731,6 +740,11 @@ def analyze(
     which compiles the forward and backward pass once: for tests of the formulas only); layers
     that declare a reparametrisation (:class:`Reparametrized`) compute, as declared, the module's
     own output (the same synthetic batch, random parameters; skipped with ``probe=False`` too).
+
+    ``trainable``: None, or a pytree of Python bools shaped like ``params`` (a model with frozen
+    parameters, ``trainers.finetune``): only trainable parameters need a known layer; a frozen
+    layer's calls are not recorded (any computation may read frozen parameters); a layer whose
+    parameters are partly trainable is refused.
     """
     x_shape = tuple(x_example.shape[1:])
     x_dtype = x_example.dtype
@@ -739,8 +753,14 @@ def analyze(
         b = 3
         xs = jax.ShapeDtypeStruct((b, *x_shape), x_dtype)
 
+        frozen = None
+        if trainable is not None:
+            frozen, why = frozen_layers(params, trainable)
+            if why:
+                return GhostPlan(why)
+
         def forward(outer, inner, x):
-            rec = _Recorder(inner)
+            rec = _Recorder(inner, frozen=frozen)
             with nn.intercept_methods(rec):
                 out = module.apply({"params": outer}, x)
             forward.rec = rec
@@ -759,7 +779,8 @@ def analyze(
         paths = [
             jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_flatten_with_path(params)[0]
         ]
-        read = [paths[i] for vid, i in outer_vars.items() if vid in used]
+        trains = [True] * len(paths) if trainable is None else jax.tree_util.tree_leaves(trainable)
+        read = [paths[i] for vid, i in outer_vars.items() if vid in used and trains[i]]
         if read:
             return GhostPlan(
                 f"parameter {read[0]} is used outside the known layers "
@@ -775,7 +796,7 @@ def analyze(
         # the tolerance and a correct declaration was refused (seen on an H100).
         with jax.default_matmul_precision("highest"):
             why = probe and (
-                _probe_rows(module, params, x_shape, x_dtype, loss_fn, y_example)
+                _probe_rows(module, params, x_shape, x_dtype, loss_fn, y_example, frozen)
                 or _probe_reparam(module, params, x_shape, x_dtype, rec.calls)
             )
         if why:
@@ -792,7 +813,7 @@ def _probe_batch(x_shape, x_dtype, b: int, seed: int) -> np.ndarray:
     return rng.standard_normal((b, *x_shape)).astype(x_dtype)
 
 
-def _probe_rows(module, params, x_shape, x_dtype, loss_fn, y_example) -> str | None:
+def _probe_rows(module, params, x_shape, x_dtype, loss_fn, y_example, frozen=None) -> str | None:
     """None if every recorded input and output gradient is per example (row i moves only with
     example i) on a synthetic batch; else what is not."""
     b = 3
@@ -800,11 +821,13 @@ def _probe_rows(module, params, x_shape, x_dtype, loss_fn, y_example) -> str | N
 
     @jax.jit
     def rows(x):
-        shapes = jax.eval_shape(lambda p, x: _record(module, p, x)[1].outputs, params, x)
+        shapes = jax.eval_shape(
+            lambda p, x: _record(module, p, x, frozen=frozen)[1].outputs, params, x
+        )
         taps = [jnp.zeros(s.shape, s.dtype) for s in shapes]
 
         def total(taps):
-            out, rec = _record(module, params, x, taps)
+            out, rec = _record(module, params, x, taps, frozen)
             return jnp.sum(loss_fn(out, y)), (rec.inputs, out)
 
         g, (ins, out) = jax.grad(total, has_aux=True)(taps)
@@ -861,25 +884,31 @@ def clipped_sum_ghost(
     mask: jax.Array,
     clip_norm,
     copies: bool = False,
+    trainable: Any = None,
 ) -> tuple[Any, jax.Array, jax.Array]:
     """Clipped per-example gradient sum for a module that :func:`analyze` accepted.
 
     Same contract and return value as ``trainers.dpsgd.clipped_sum_naive``: (clipped sum pytree,
     sum of masked per-example losses, per-example gradient norms (b,)). ``loss_fn(logits, labels)
     -> (n,)`` per-example losses; with ``copies``, x is (b, K, ...) and example i's loss is the mean
-    over its K copies.
+    over its K copies. ``trainable``: None, or the pytree of Python bools :func:`analyze` was
+    given: frozen layers get no tap and no norm terms (the backward pass stops at the lowest
+    trainable layer), and their part of the sum is zero.
     """
+    frozen = None if trainable is None else frozen_layers(params, trainable)[0]
     b = x.shape[0]
     if copies:
         k = x.shape[1]
         xf, yf = x.reshape(b * k, *x.shape[2:]), jnp.repeat(y, k, axis=0)
     else:
         k, xf, yf = 1, x, y
-    shapes = jax.eval_shape(lambda p, x: _record(module, p, x)[1].outputs, params, xf)
+    shapes = jax.eval_shape(
+        lambda p, x: _record(module, p, x, frozen=frozen)[1].outputs, params, xf
+    )
     calls = []
 
     def forward(params, taps):
-        out, rec = _record(module, params, xf, taps)
+        out, rec = _record(module, params, xf, taps, frozen)
         calls[:] = rec.calls
         return out, rec.inputs
 
@@ -924,3 +953,25 @@ def clipped_sum_ghost(
             flat[(*path, *name)] = value
     summed = traverse_util.unflatten_dict(flat)
     return summed, jnp.sum(mask * losses), jnp.sqrt(sq)
+
+
+def frozen_layers(params: Any, trainable: Any) -> tuple[Callable, str | None]:
+    """(frozen(layer path) -> bool, why not): a layer (a path prefix of parameter leaves) is
+    frozen when none of its leaves trains. ``why`` names a layer whose parameters are partly
+    trainable (no formula here splits one layer's gradient), else None."""
+    per_layer: dict[tuple[str, ...], set[bool]] = {}
+    for keypath, m in jax.tree_util.tree_flatten_with_path(trainable)[0]:
+        names = tuple(str(getattr(k, "key", k)) for k in keypath)
+        for i in range(len(names)):
+            per_layer.setdefault(names[:i], set()).add(bool(m))
+    why = None
+    for keypath, _ in jax.tree_util.tree_flatten_with_path(params)[0]:
+        layer = tuple(str(getattr(k, "key", k)) for k in keypath[:-1])
+        if len(per_layer.get(layer, ())) > 1:
+            why = f"layer {'/'.join(layer)} is partly trainable (train all its parameters or none)"
+            break
+
+    def frozen(path: tuple[str, ...]) -> bool:
+        return per_layer.get(tuple(path)) == {False}
+
+    return frozen, why
