@@ -234,6 +234,8 @@ def check_config(cfg: Mapping[str, Any]) -> None:
             f"config.data.name={name!r} is not a known dataset; use one of {DATASETS}, or your "
             f"own arrays (config.data.source in {ARRAY_SOURCES[:1]} or config.data.loader)"
         )
+    if _get(cfg, "init") and _get(cfg, "trainer", "dpsgd") != "dpsgd":
+        raise ConfigError("config.init is a DP-SGD model's start: it needs config.trainer='dpsgd'")
     model = _get(cfg, "model")
     if model is not None:
         if _get(cfg, "trainer", "dpsgd") != "dpsgd":
@@ -312,6 +314,7 @@ def check_config(cfg: Mapping[str, Any]) -> None:
     info = learner_info(cfg)
     trainer_cls = info.trainer_class()
     known = set(trainer_cls.hyperparams_class.__dataclass_fields__)
+    known |= set(getattr(trainer_cls, "extra_hyperparams", ()))
     unknown = (set(train) | set(space)) - known
     if unknown:
         raise ConfigError(
@@ -543,10 +546,13 @@ def build_trainer(cfg: Mapping[str, Any], data: Any, *, progress: bool = False) 
         if model is not None:
             base.pop("model", None)  # config.model replaces config.train.model
             options["model"] = build_model(model, data)
+        if cfg.get("init"):  # '' is no init: --config.init='' turns a config's start off
+            options["init"] = cfg["init"]
     try:
         return learners.build(info.name, data, base, **options)
     except ValueError as e:
-        raise ConfigError(f"config.learner: {e}") from None
+        where = "config." if str(e).startswith("init=") else "config.learner."
+        raise ConfigError(f"{where}{e}") from None
 
 
 def build_model(spec: str, data: Any) -> Any:
@@ -567,7 +573,7 @@ def build_model(spec: str, data: Any) -> Any:
 def _worker_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """What a worker needs to rebuild the trainer: the data spec, the learner and its fixed
     settings."""
-    keys = ("data", "train", "trainer", "learner", "model")
+    keys = ("data", "train", "trainer", "learner", "model", "init")
     return {k: (dict(cfg[k]) if isinstance(cfg[k], Mapping) else cfg[k]) for k in keys if k in cfg}
 
 

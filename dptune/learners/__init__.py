@@ -55,7 +55,10 @@ LEARNERS: dict[str, LearnerInfo] = {
             "dptune.learners.dpsgd",
             "DpSgdTrainer",
             "DP-SGD (JAX/Flax/Optax), shipped models or your own Flax module",
-            options=("epoch_progress", "test_curve", "model", "loss", "metric", "grad_impl"),
+            options=(
+                "epoch_progress", "test_curve", "model", "loss", "metric", "grad_impl", "init",
+                "trainable",
+            ),  # fmt: skip
         ),
         LearnerInfo(
             "fisher",

@@ -214,6 +214,9 @@ class DpSgdTrainer(DatasetTrainer):
     kind = "DP-SGD"
 
     privacy_fields = DPSGD_PRIVACY_FIELDS
+    #: fields of the space besides ``Hyperparams``: a LoRA model's rank and scale (the model's
+    #: structure; privacy-irrelevant)
+    extra_hyperparams = ("lora_rank", "lora_scale")
     calibrated_field = "noise_multiplier"
     #: the validation count + Gaussian noise accounted in its privacy (or, on a separate public
     #: validation set, an exact score of public data): covered either way
