@@ -267,3 +267,25 @@ def test_a_shipped_model_with_a_trainable_part_leaves_the_hand_tuned_path():
     assert step.resolve_grad_impl(part, "auto", (28, 28, 1)) == "ghost"
     with pytest.raises(ValueError, match="bookkeeping"):
         step.StepFunctions(part, 10, "sgd", "bookkeeping")
+
+
+def test_two_candidates_vectorised_keep_their_frozen_part_bitwise():
+    """K = 2 candidates in one vmapped step (the accelerator layout) with a trainable part and a
+    parameter average: the frozen leaves of both come out as the start."""
+    from trainers import loop
+    from trainers.spec import Hyperparams
+
+    p = _pretrained()
+    tr = DpSgdTrainer(_DATA, _BASE, model=_Mlp(), init=p, trainable=["Dense_2"])
+    hps = [
+        Hyperparams(**{**_BASE, "model": tr.model, "epochs": 1, "ema_decay": 0.5,
+                       "learning_rate": lr})
+        for lr in (0.1, 0.3)
+    ]  # fmt: skip
+    keys = [np.array([1, 2], np.uint32), np.array([3, 4], np.uint32)]
+    results = loop.train_candidates(hps, _DATA, keys, vectorize=True)
+    for r in results:
+        assert not r.failed, r.error
+        _equal({k: r.params[k] for k in ("Dense_0", "Dense_1")},
+               {k: p[k] for k in ("Dense_0", "Dense_1")})  # fmt: skip
+        assert r.params["Dense_2"]["kernel"].tobytes() != p["Dense_2"]["kernel"].tobytes()

@@ -187,3 +187,29 @@ def test_a_trainable_adapted_layer_is_not_taken_by_the_ghost_path():
     assert not plan.supported and "LoRA-adapted layer up is trainable" in plan.reason
     only = dataclasses.replace(spec, trainable=finetune.trainable_mask(shapes, lora.TRAINABLE))
     assert step.ghost_plan(only).supported
+
+
+def test_lora_on_attention_and_mlp_of_a_transformer_block_matches_vmap_grad():
+    """DenseGeneral targets (query / key / value with (heads, head_dim) features, out over two
+    input axes) and Dense ones on token sequences, found by regex inside a nested block."""
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, h):
+            h = h + nn.MultiHeadDotProductAttention(num_heads=2, name="attn")(nn.LayerNorm()(h))
+            return h + nn.Dense(8, name="mlp_out")(nn.gelu(nn.Dense(16, name="mlp_in")(h)))
+
+    class Text(nn.Module):
+        @nn.compact
+        def __call__(self, ids):
+            return nn.Dense(3)(jnp.mean(Block()(nn.Embed(13, 8)(ids)), axis=1))
+
+    model = lora.with_lora(Text(), rank=2, targets=[r"attn/(query|key|value|out)", "mlp_"])
+    x = jnp.asarray(np.random.default_rng(0).integers(0, 13, (3, 5)), jnp.int32)
+    y = jnp.asarray([0, 1, 2], jnp.int32)
+    assert len(lora.targeted_layers(model, x)) == 6
+    params = _perturbed(model.init(jax.random.PRNGKey(0), x)["params"], 4)
+    (g1, _, n1), (g2, _, n2), _ = _both(model, params, x, y)
+    np.testing.assert_allclose(n1, n2, rtol=2e-5, atol=1e-6)
+    for u, v in zip(jax.tree_util.tree_leaves(g1), jax.tree_util.tree_leaves(g2), strict=True):
+        np.testing.assert_allclose(u, v, rtol=2e-4, atol=1e-6)
