@@ -959,19 +959,21 @@ def frozen_layers(params: Any, trainable: Any) -> tuple[Callable, str | None]:
     """(frozen(layer path) -> bool, why not): a layer (a path prefix of parameter leaves) is
     frozen when none of its leaves trains. ``why`` names a layer whose parameters are partly
     trainable (no formula here splits one layer's gradient), else None."""
-    per_layer: dict[tuple[str, ...], set[bool]] = {}
+    below: dict[tuple[str, ...], set[bool]] = {}  # a module's leaves and its submodules'
+    own: dict[tuple[str, ...], set[bool]] = {}  # the leaves a module holds itself
     for keypath, m in jax.tree_util.tree_flatten_with_path(trainable)[0]:
         names = tuple(str(getattr(k, "key", k)) for k in keypath)
+        own.setdefault(names[:-1], set()).add(bool(m))
         for i in range(len(names)):
-            per_layer.setdefault(names[:i], set()).add(bool(m))
+            below.setdefault(names[:i], set()).add(bool(m))
     why = None
-    for keypath, _ in jax.tree_util.tree_flatten_with_path(params)[0]:
-        layer = tuple(str(getattr(k, "key", k)) for k in keypath[:-1])
-        if len(per_layer.get(layer, ())) > 1:
-            why = f"layer {'/'.join(layer)} is partly trainable (train all its parameters or none)"
+    for layer, flags in own.items():
+        if len(flags) > 1:
+            where = "/".join(layer) or "the top-level module"
+            why = f"layer {where} is partly trainable (train all its parameters or none)"
             break
 
     def frozen(path: tuple[str, ...]) -> bool:
-        return per_layer.get(tuple(path)) == {False}
+        return below.get(tuple(path)) == {False}
 
     return frozen, why

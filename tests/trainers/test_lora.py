@@ -213,3 +213,25 @@ def test_lora_on_attention_and_mlp_of_a_transformer_block_matches_vmap_grad():
     np.testing.assert_allclose(n1, n2, rtol=2e-5, atol=1e-6)
     for u, v in zip(jax.tree_util.tree_leaves(g1), jax.tree_util.tree_leaves(g2), strict=True):
         np.testing.assert_allclose(u, v, rtol=2e-4, atol=1e-6)
+
+
+def test_a_frozen_parameter_of_the_top_level_module_leaves_the_adapters_on_the_ghost_path():
+    """A learned position table read outside any known layer, frozen: only the trainable
+    parameters need a known layer."""
+
+    class Pos(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = x + self.param("pos", nn.initializers.normal(1.0), x.shape[1:])
+            return jnp.mean(nn.Dense(3, name="head")(jnp.tanh(nn.Dense(6, name="up")(x))), 1)
+
+    model = lora.with_lora(Pos(), rank=2, targets=["up"])
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((3, 4, 5)), jnp.float32)
+    y = jnp.asarray([0, 1, 2], jnp.int32)
+    params = _perturbed(model.init(jax.random.PRNGKey(0), x)["params"], 5)
+    (g1, _, n1), (g2, _, n2), _ = _both(model, params, x, y)
+    np.testing.assert_allclose(n1, n2, rtol=2e-5, atol=1e-6)
+    # the top-level module's own "pos" trainable with its frozen head: partly trainable
+    mask = finetune.trainable_mask(params, ["^pos$", "lora_"])
+    plan = ghost.analyze(model, params, x, dpsgd.per_example_loss, y, trainable=mask)
+    assert not plan.supported and "parameter ['pos'] is used outside" in plan.reason
