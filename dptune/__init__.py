@@ -33,6 +33,7 @@ _EXPORTS = {
     "add_noise": "dptune.learners.dpsgd",
     "dpsgd_privacy": "dptune.learners.dpsgd",
     "with_lora": "dptune.learners.dpsgd",
+    "shipped_with_lora": "dptune.learners.dpsgd",
     "load_release": "dptune.release",
     "TuningConfigError": "dptune.errors",
     "ImpossibleBudgetError": "dptune.errors",

@@ -244,14 +244,21 @@ def zeros_at_frozen(grads: Any, params: Any, mask: Any) -> Any:
     )
 
 
-def masked_clipped_sum_naive(
-    apply_fn: Callable, mask: Any, loss: Callable | None, copies: bool | None
-) -> Callable:
-    """``trainers.dpsgd.clipped_sum_naive`` over the trainable leaves only: ``vmap(grad)`` with
+def masked_clipped_sum(naive: Callable, apply_fn: Callable, mask: Any) -> Callable:
+    """A ``vmap(grad)`` clipped sum over the trainable leaves only: per-example gradients with
     respect to the trainable subtree, the frozen one closed over (no per-example gradient of a
-    frozen leaf is formed). Same signature and return value as ``clipped_sum_naive`` without
-    its first argument; the sum is zero at frozen leaves."""
-    from trainers import dpsgd  # the engine's module; this one stays importable on its own
+    frozen leaf is formed).
+
+    Args:
+      naive: ``naive(apply_fn, params, x, y, mask, clip_norm) -> (sum, loss sum, norms)``, e.g.
+        ``functools.partial(trainers.dpsgd.clipped_sum_naive, loss=..., copies=...)``.
+      apply_fn: the model's ``apply(variables, x)``.
+      mask: the trainable mask (:func:`trainable_mask`).
+
+    Returns:
+      ``clipped(params, x, y, batch_mask, clip_norm)``, the same return value as ``naive`` with
+      the sum zero at frozen leaves.
+    """
 
     def clipped(params, x, y, batch_mask, clip_norm):
         t, f = partition(params, mask)
@@ -259,9 +266,7 @@ def masked_clipped_sum_naive(
         def apply_t(variables, xs):
             return apply_fn({"params": combine(variables["params"], f, mask)}, xs)
 
-        g, loss_sum, norms = dpsgd.clipped_sum_naive(
-            apply_t, t, x, y, batch_mask, clip_norm, loss=loss, copies=copies
-        )
+        g, loss_sum, norms = naive(apply_t, t, x, y, batch_mask, clip_norm)
         return zeros_at_frozen(g, params, mask), loss_sum, norms
 
     return clipped

@@ -371,8 +371,11 @@ class StepFunctions:
             if grad_impl == "ghost":
                 self._clipped_sum = functools.partial(self._clipped_sum, trainable=self.trainable)
             else:
-                self._clipped_sum = finetune.masked_clipped_sum_naive(
-                    self.spec.apply, self.trainable, self.spec.loss, copies
+                naive = functools.partial(
+                    dpsgd.clipped_sum_naive, loss=self.spec.loss, copies=copies
+                )
+                self._clipped_sum = finetune.masked_clipped_sum(
+                    naive, self.spec.apply, self.trainable
                 )
             self.optimizer = optax.masked(self.optimizer, self.trainable)
         self.mesh = mesh

@@ -61,10 +61,9 @@ def private_digits() -> tuple[np.ndarray, ...]:
 def lora_cnn(num_classes: int = 5):
     """cnn26k with rank-4 LoRA adapters on conv2, dense1 and dense2 (``config.model``); conv1 is
     frozen with the base, as every base parameter is."""
-    from dptune import with_lora
-    from trainers.models import MnistCNN
+    from dptune import shipped_with_lora  # dptune's lazy export: the engine through its learner
 
-    return with_lora(MnistCNN(num_classes=num_classes), rank=4, targets=["conv2", "dense"])
+    return shipped_with_lora("cnn26k", num_classes, rank=4, targets=["conv2", "dense"])
 
 
 def get_config():

@@ -74,6 +74,7 @@ __all__ = [
     "dpsgd_privacy",
     "load_dataset",
     "read_npz",
+    "shipped_with_lora",
     "use_compilation_cache",
     "with_lora",
 ]
@@ -677,6 +678,18 @@ def describe_model(spec: Any) -> dict[str, Any]:
         m = spec.metric
         out["metric"] = {"fn": qualname(m.fn), "lo": float(m.lo), "hi": float(m.hi)}
     return out
+
+
+def shipped_with_lora(
+    name: str, num_classes: int, rank: int, targets: Sequence[str], scale: float = 1.0
+) -> Any:
+    """The shipped model ``name`` (``MODEL_NAMES``) with ``num_classes`` outputs and rank-``rank``
+    LoRA adapters on its layers matching ``targets`` (:func:`with_lora`)."""
+    try:
+        module = models.get_model(name, num_classes).module
+    except ValueError as e:
+        raise TuningConfigError(str(e)) from None
+    return with_lora(module, rank, targets, scale)
 
 
 def _release_checkpoint(init: Any) -> Any:

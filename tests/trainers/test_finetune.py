@@ -195,7 +195,7 @@ def test_removing_one_example_moves_the_trainable_clipped_sum_by_at_most_c(impl)
         def fn(m):
             return ghost.clipped_sum_ghost(module, loss, params, x, y, m, clip, trainable=mask)
     else:
-        clipped = finetune.masked_clipped_sum_naive(module.apply, mask, None, False)
+        clipped = finetune.masked_clipped_sum(dpsgd.clipped_sum_naive, module.apply, mask)
 
         def fn(m):
             return clipped(params, x, y, m, clip)

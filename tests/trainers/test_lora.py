@@ -57,7 +57,7 @@ def _both(model, params, x, y, clip=0.05):
             model, dpsgd.per_example_loss, p, x, y, m, clip, trainable=mask
         )
     )
-    naive = jax.jit(finetune.masked_clipped_sum_naive(model.apply, mask, None, False))
+    naive = jax.jit(finetune.masked_clipped_sum(dpsgd.clipped_sum_naive, model.apply, mask))
     return fast(params, x, y), naive(params, x, y, m, clip), mask
 
 
@@ -167,7 +167,7 @@ def test_no_per_example_d_in_by_d_out_matrix_on_the_fast_path():
     # the same check sees the matrix vmap(grad) over the base layer would form
     full = finetune.trainable_mask(params, None)
     naive = jax.make_jaxpr(
-        lambda p: finetune.masked_clipped_sum_naive(model.apply, full, None, False)(
+        lambda p: finetune.masked_clipped_sum(dpsgd.clipped_sum_naive, model.apply, full)(
             p, x, y, jnp.ones((b,)), 1.0
         )
     )(params)
