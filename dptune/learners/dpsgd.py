@@ -270,6 +270,12 @@ class DpSgdTrainer(DatasetTrainer):
                 )
             except ValueError as e:
                 raise TuningConfigError(str(e)) from None
+            trains_part = getattr(self.model, "trainable", None) is not None
+            if grad_impl == "bookkeeping" and trains_part:
+                raise TuningConfigError(
+                    "grad_impl='bookkeeping' trains every parameter; with trainable=... use "
+                    "'auto', 'ghost' or 'vmap'"
+                )
 
     def _model_spec(self, model: Any, loss: Any, metric: Any) -> Any:
         """``model`` (+ loss, metric) as what ``Hyperparams.model`` holds: a shipped name as it

@@ -136,6 +136,8 @@ def test_bad_sources_and_trainable_choices_are_refused(tmp_path):
         DpSgdTrainer(_DATA, _BASE, model=_Mlp(), trainable=["nothing_here"])
     with pytest.raises(TuningConfigError, match="not a list of regexes"):
         DpSgdTrainer(_DATA, _BASE, model=_Mlp(), trainable=["("])
+    with pytest.raises(TuningConfigError, match="'bookkeeping' trains every parameter"):
+        DpSgdTrainer(_DATA, _BASE, model="cnn26k", trainable=["dense2"], grad_impl="bookkeeping")
 
 
 @pytest.mark.parametrize("grad_impl", ["ghost", "vmap"])
