@@ -33,6 +33,8 @@ _EXPORTS = {
     "clipped_grad_sum": "dptune.learners.dpsgd",
     "add_noise": "dptune.learners.dpsgd",
     "dpsgd_privacy": "dptune.learners.dpsgd",
+    "with_lora": "dptune.learners.dpsgd",
+    "shipped_with_lora": "dptune.learners.dpsgd",
     "load_release": "dptune.release",
     "Refused": "dptune.errors",
     "fix_model": "dptune.learners.dpsgd",

@@ -38,4 +38,7 @@ ASSUMPTIONS: dict[str, str] = {
     "only, never used to select)",
     "public-validation": "a validation set declared public is public data, independent of the "
     "private records (its exact score costs nothing)",
+    "public-init": "the initial parameters a fine-tuning run starts from (named by their "
+    "fingerprint in the statement's notes) are public: chosen and trained independently of the "
+    "private records",
 }

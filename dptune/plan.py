@@ -321,6 +321,8 @@ def _basis(
         assumptions.append("public-test-split")
     if data is not None and getattr(data, "validation_public", False):
         assumptions.append("public-validation")
+    if getattr(trainer, "init_fingerprint", None):
+        assumptions.append("public-init")
     return {
         "assumptions": tuple(assumptions),
         "checked": tuple(checked),

@@ -422,18 +422,25 @@ def augment_copies(key: jax.Array, x: jax.Array, copies: int, pad: int = 4) -> j
     return jax.vmap(per_image)(xp, offsets, flips)  # over examples
 
 
-def add_noise(grad_sum: Params, key: jax.Array, noise_multiplier, clip_norm) -> Params:
+def add_noise(
+    grad_sum: Params, key: jax.Array, noise_multiplier, clip_norm, mask: Params | None = None
+) -> Params:
     """grad_sum + N(0, (noise_multiplier * clip_norm)^2 I), independently per coordinate (Abadi et
     al. 2016, Alg. 1).
 
     The sensitivity of the clipped sum to adding or removing one example is clip_norm, so this is
     the Gaussian mechanism with noise multiplier ``noise_multiplier`` that the accountant assumes.
+    ``mask``: a pytree of Python bools shaped like ``grad_sum`` (``trainers.finetune``): only the
+    True leaves (the trainable parameters, the only ones released as trained) get noise; the
+    others are returned as they are.
     """
     leaves, treedef = jax.tree_util.tree_flatten(grad_sum)
     keys = jax.random.split(key, len(leaves))
     std = noise_multiplier * clip_norm
+    noised = [True] * len(leaves) if mask is None else jax.tree_util.tree_leaves(mask)
     noisy = [
-        g + std * jax.random.normal(k, g.shape, g.dtype) for g, k in zip(leaves, keys, strict=True)
+        g + std * jax.random.normal(k, g.shape, g.dtype) if m else g
+        for g, k, m in zip(leaves, keys, noised, strict=True)
     ]
     return jax.tree_util.tree_unflatten(treedef, noisy)
 

@@ -99,9 +99,12 @@ class _Recorder:
     """Method interceptor: runs each known layer's ``__call__`` on parameters read from
     ``params`` (a separate copy), records its input, and adds the next tap to its output."""
 
-    def __init__(self, params: Any, taps: list | None = None):
+    def __init__(self, params: Any, taps: list | None = None, frozen: Callable | None = None):
         self.params = params
         self.taps = taps
+        # frozen(layer path) -> bool: a frozen layer's call runs as written (its parameters get
+        # no gradient, so nothing is recorded for it and no tap is added).
+        self.frozen = frozen
         self.calls: list[_Call] = []
         self.inputs: list[jax.Array] = []
         self.outputs: list[jax.Array] = []
@@ -111,6 +114,8 @@ class _Recorder:
     def __call__(self, next_fun, args, kwargs, context):
         m = context.module
         if self._inside or context.method_name == "setup":
+            return next_fun(*args, **kwargs)
+        if self.frozen is not None and m.scope is not None and self.frozen(tuple(m.path)):
             return next_fun(*args, **kwargs)
         if callable(getattr(type(m), REPARAM_METHOD, None)):
             return self._reparametrized(next_fun, args, kwargs, context)
@@ -707,10 +712,14 @@ def unboxed(params: Any) -> Any:
     return nn.meta.unbox(params) if _has_boxes(params) else params
 
 
-def _record(module: nn.Module, params: Any, x: jax.Array, taps: list | None = None):
+def _record(
+    module: nn.Module, params: Any, x: jax.Array, taps: list | None = None,
+    frozen: Callable | None = None,
+):  # fmt: skip
     """Runs ``module`` with the known layers intercepted; returns (output, recorder). The module's
-    own parameter argument is ``params`` too (its known layers read the recorder's copy)."""
-    rec = _Recorder(params, taps)
+    own parameter argument is ``params`` too (its known layers read the recorder's copy); layers
+    for which ``frozen(path)`` holds are run as written, unrecorded."""
+    rec = _Recorder(params, taps, frozen)
     out = _apply_recording(module, params, x, rec)
     return out, rec
 
@@ -722,6 +731,7 @@ def analyze(
     loss_fn: Callable,
     y_example: jax.ShapeDtypeStruct | jax.Array,
     probe: bool = True,
+    trainable: Any = None,
 ) -> GhostPlan:
     """Decides whether ``module`` can take the ghost path for inputs shaped like ``x_example``
     (leading axis: examples). Data-independent: it traces the program and runs it once on a
@@ -742,6 +752,11 @@ def analyze(
     example by construction, whatever the parameters; the probe of the batched output keeps a
     module that mixes examples (at the probed parameters) on ``vmap(grad)``, whose per-example
     gradients are those of the same per-example function.
+
+    ``trainable``: None, or a pytree of Python bools shaped like ``params`` (a model with frozen
+    parameters, ``trainers.finetune``): only trainable parameters need a known layer; a frozen
+    layer's calls are not recorded (any computation may read frozen parameters); a layer whose
+    parameters are partly trainable is refused.
     """
     x_shape = tuple(x_example.shape[1:])
     x_dtype = x_example.dtype
@@ -751,8 +766,14 @@ def analyze(
         # one example as a batch of its own: how clipped_sum_ghost runs the module (under vmap)
         xs = jax.ShapeDtypeStruct((1, *x_shape), x_dtype)
 
+        frozen = None
+        if trainable is not None:
+            frozen, why = frozen_layers(params, trainable)
+            if why:
+                return GhostPlan(why)
+
         def forward(outer, inner, x):
-            rec = _Recorder(inner)
+            rec = _Recorder(inner, frozen=frozen)
             out = _apply_recording(module, outer, x, rec)
             forward.rec = rec
             return out
@@ -770,7 +791,8 @@ def analyze(
         paths = [
             jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_flatten_with_path(params)[0]
         ]
-        read = [paths[i] for vid, i in outer_vars.items() if vid in used]
+        trains = [True] * len(paths) if trainable is None else jax.tree_util.tree_leaves(trainable)
+        read = [paths[i] for vid, i in outer_vars.items() if vid in used and trains[i]]
         if read:
             return GhostPlan(
                 f"parameter {read[0]} is used outside the known layers "
@@ -786,7 +808,7 @@ def analyze(
         # the tolerance and a correct declaration was refused (seen on an H100).
         with jax.default_matmul_precision("highest"):
             why = probe and (
-                _probe_rows(module, params, x_shape, x_dtype, loss_fn, y_example)
+                _probe_rows(module, params, x_shape, x_dtype, loss_fn, y_example, frozen)
                 or _probe_reparam(module, params, x_shape, x_dtype, rec.calls)
             )
         if why:
@@ -803,7 +825,7 @@ def _probe_batch(x_shape, x_dtype, b: int, seed: int) -> np.ndarray:
     return rng.standard_normal((b, *x_shape)).astype(x_dtype)
 
 
-def _probe_rows(module, params, x_shape, x_dtype, loss_fn, y_example) -> str | None:
+def _probe_rows(module, params, x_shape, x_dtype, loss_fn, y_example, frozen=None) -> str | None:
     """None if the module's batched output, and every recorded input and output gradient of
     :func:`_example_rows`, have rows that move only with their own example, on a synthetic batch
     with each position replaced in turn, at ``params`` and random draws around them; else what
@@ -815,7 +837,7 @@ def _probe_rows(module, params, x_shape, x_dtype, loss_fn, y_example) -> str | N
 
     @jax.jit
     def rows(p, x):
-        _, _, ins, gs = _example_rows(module, loss_fn, p, x, y, copies=False)
+        _, _, ins, gs = _example_rows(module, loss_fn, p, x, y, copies=False, frozen=frozen)
         return ins, gs
 
     for p in models.probe_parameter_draws(params):
@@ -861,7 +883,8 @@ def _probe_reparam(module, params, x_shape, x_dtype, calls: list[_Call]) -> str 
 
 
 def _example_rows(
-    module: nn.Module, loss_fn: Callable, params: Any, x: jax.Array, y: jax.Array, copies: bool
+    module: nn.Module, loss_fn: Callable, params: Any, x: jax.Array, y: jax.Array, copies: bool,
+    frozen: Callable | None = None,
 ) -> tuple[list[_Call], jax.Array, list, list]:
     """One forward and one backward pass with every example run as a batch of its own (its K
     copies with ``copies``, x (b, K, ...); else a batch of 1) under ``vmap``: (the known-layer
@@ -875,11 +898,12 @@ def _example_rows(
     b = x.shape[0]
     xs = x if copies else x[:, None]
     ys = jnp.repeat(y[:, None], x.shape[1], axis=1) if copies else y[:, None]
-    shapes = jax.eval_shape(lambda p, x: _record(module, p, x)[1].outputs, params, xs[0])
+    shapes = jax.eval_shape(lambda p, x: _record(module, p, x, frozen=frozen)[1].outputs, params,
+                            xs[0])  # fmt: skip
     calls: list[_Call] = []
 
     def forward(params, taps, xi):
-        out, rec = _record(module, params, xi, taps)
+        out, rec = _record(module, params, xi, taps, frozen)
         calls[:] = rec.calls
         return out, rec.inputs
 
@@ -911,17 +935,21 @@ def clipped_sum_ghost(
     mask: jax.Array,
     clip_norm,
     copies: bool = False,
+    trainable: Any = None,
 ) -> tuple[Any, jax.Array, jax.Array]:
     """Clipped per-example gradient sum for a module that :func:`analyze` accepted.
 
     Same contract and return value as ``trainers.dpsgd.clipped_sum_naive``: (clipped sum pytree,
     sum of masked per-example losses, per-example gradient norms (b,)). ``loss_fn(logits, labels)
     -> (n,)`` per-example losses; with ``copies``, x is (b, K, ...) and example i's loss is the mean
-    over its K copies.
+    over its K copies. ``trainable``: None, or the pytree of Python bools :func:`analyze` was
+    given: frozen layers get no tap and no norm terms (the backward pass stops at the lowest
+    trainable layer), and their part of the sum is zero.
     """
     boxed, params = params, unboxed(params)
+    frozen = None if trainable is None else frozen_layers(params, trainable)[0]
     b = x.shape[0]
-    calls, losses, ins, gs = _example_rows(module, loss_fn, params, x, y, copies)
+    calls, losses, ins, gs = _example_rows(module, loss_fn, params, x, y, copies, frozen)
     groups: dict[tuple[str, ...], list[int]] = {}
     for i, call in enumerate(calls):
         groups.setdefault(call.path, []).append(i)
@@ -954,3 +982,27 @@ def clipped_sum_ghost(
     if _has_boxes(boxed):  # the caller's partitioning metadata, around the sums
         summed = nn.meta.replace_boxed(boxed, summed)
     return summed, kept_loss_sum(losses, mask), jnp.sqrt(sq)
+
+
+def frozen_layers(params: Any, trainable: Any) -> tuple[Callable, str | None]:
+    """(frozen(layer path) -> bool, why not): a layer (a path prefix of parameter leaves) is
+    frozen when none of its leaves trains. ``why`` names a layer whose parameters are partly
+    trainable (no formula here splits one layer's gradient), else None."""
+    below: dict[tuple[str, ...], set[bool]] = {}  # a module's leaves and its submodules'
+    own: dict[tuple[str, ...], set[bool]] = {}  # the leaves a module holds itself
+    for keypath, m in jax.tree_util.tree_flatten_with_path(trainable)[0]:
+        names = tuple(str(getattr(k, "key", k)) for k in keypath)
+        own.setdefault(names[:-1], set()).add(bool(m))
+        for i in range(len(names)):
+            below.setdefault(names[:i], set()).add(bool(m))
+    why = None
+    for layer, flags in own.items():
+        if len(flags) > 1:
+            where = "/".join(layer) or "the top-level module"
+            why = f"layer {where} is partly trainable (train all its parameters or none)"
+            break
+
+    def frozen(path: tuple[str, ...]) -> bool:
+        return below.get(tuple(path)) == {False}
+
+    return frozen, why

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from trainers.finetune import overlay
 from trainers.spec import MODEL_NAMES  # one list of model names, JAX-free
 
 #: Models that train on scattering features (``trainers.scatter``) instead of raw images.
@@ -368,6 +369,12 @@ class ModelSpec:
         integer labels.
       metric: a ``trainers.evaluate.BoundedMetric`` scoring candidates; None: accuracy.
       shipped: whether this is one of the shipped models (with their hand-tuned fast paths).
+      init: None (the module's initialisers), or initial parameters as {'/'-joined path: array}
+        (``trainers.finetune.match_init``: checked, public); paths it lacks (fresh adapters) keep
+        the initialisers' values.
+      trainable: None (every parameter trains), or a pytree of Python bools shaped like the
+        parameters (``trainers.finetune.trainable_mask``): only those leaves are clipped,
+        noised and updated.
     """
 
     name: str
@@ -380,6 +387,8 @@ class ModelSpec:
     loss: Callable | None = None
     metric: Any = None
     shipped: bool = True
+    init: Any = None
+    trainable: Any = None
 
     def __repr__(self) -> str:
         return f"ModelSpec({self.name!r}, input {self.input_dtype}{self.input_shape})"
@@ -655,10 +664,15 @@ def init_params(spec: ModelSpec, key: jax.Array) -> dict:
     A module's initialisation runs as one compiled program (cached per spec, and by JAX's
     persistent cache across runs): run eagerly, flax's ``init`` compiles every operation on its own,
     which was most of what a warm-started run still compiled. An ``(init_fn, apply_fn)`` pair is
-    called as it is (it may not be traceable)."""
+    called as it is (it may not be traceable). A spec with ``init`` starts from those values
+    (bitwise), its other leaves from the initialisers."""
     if spec.module is None:
-        return spec.init_fn(key, spec.example_input(1))
-    return _compiled_init(spec)(key)
+        params = spec.init_fn(key, spec.example_input(1))
+    else:
+        params = _compiled_init(spec)(key)
+    if spec.init is not None:
+        params = overlay(params, spec.init)
+    return params
 
 
 @functools.lru_cache(maxsize=64)

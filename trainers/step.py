@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from trainers import dpsgd, ghost, models, parallel
+from trainers import dpsgd, finetune, ghost, lora, models, parallel
 from trainers.runtime import tune_malloc
 from trainers.spec import Hyperparams
 
@@ -147,7 +147,12 @@ def ghost_plan(spec: models.ModelSpec) -> Any:
         params = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), params)
         x = jax.ShapeDtypeStruct((3, *spec.input_shape), spec.input_dtype)
         y = jax.ShapeDtypeStruct((3,), jnp.int32)
-        plan = ghost.analyze(spec.module, params, x, spec.loss or dpsgd.per_example_loss, y)
+        mask = None if finetune.all_trainable(spec.trainable) else spec.trainable
+        plan = ghost.analyze(
+            spec.module, params, x, spec.loss or dpsgd.per_example_loss, y, trainable=mask
+        )
+        if plan.supported and isinstance(spec.module, lora.LoRA):
+            plan = _lora_plan(spec.module, mask, x) or plan
     if not plan.supported:
         log.warning(
             "model %s: per-example clipping by vmap(grad) (correct for any model, slower): the "
@@ -156,6 +161,16 @@ def ghost_plan(spec: models.ModelSpec) -> Any:
             plan.reason,
         )
     return plan
+
+
+def _lora_plan(module: lora.LoRA, mask: Any, x: Any) -> ghost.GhostPlan | None:
+    """A refusal when a LoRA-adapted layer itself trains: the ghost path records a trainable
+    layer on its own copy of the parameters, which would drop the adapter added around it."""
+    flat = {} if mask is None else finetune.flat_paths(mask)
+    for layer in lora.targeted_layers(module, x):
+        if mask is None or any(v for p, v in flat.items() if p.startswith(layer + "/")):
+            return ghost.GhostPlan(f"the LoRA-adapted layer {layer} is trainable")
+    return None
 
 
 def resolve_grad_impl(model: Any, grad_impl: str | None, image_shape, augmult: int = 0) -> str:
@@ -343,6 +358,26 @@ class StepFunctions:
             )  # fmt: skip
         else:
             raise ValueError(f"grad_impl={grad_impl!r}: expected one of {GRAD_IMPLS[1:]}")
+        # Fine-tuning (trainers.finetune): only the trainable leaves are differentiated, clipped,
+        # noised and updated; the optimiser keeps state for them alone (optax.masked).
+        mask = self.spec.trainable
+        self.trainable = None if finetune.all_trainable(mask) else mask
+        if self.trainable is not None:
+            if grad_impl == "bookkeeping":
+                raise ValueError(
+                    "grad_impl='bookkeeping' trains every parameter; a model with a trainable "
+                    "part takes 'ghost' or 'vmap'"
+                )
+            if grad_impl == "ghost":
+                self._clipped_sum = functools.partial(self._clipped_sum, trainable=self.trainable)
+            else:
+                naive = functools.partial(
+                    dpsgd.clipped_sum_naive, loss=self.spec.loss, copies=copies
+                )
+                self._clipped_sum = finetune.masked_clipped_sum(
+                    naive, self.spec.apply, self.trainable
+                )
+            self.optimizer = optax.masked(self.optimizer, self.trainable)
         self.mesh = mesh
         if mesh is not None:
             # Data-parallel (trainers.parallel): each chunk's examples are split over the mesh,
@@ -372,7 +407,10 @@ class StepFunctions:
         for ``numbers = optimizer_numbers(hp)``, compiled once for every candidate of this
         structure (the numbers are arguments, not constants; eagerly, optax's init compiles an
         operation per parameter shape)."""
-        return _optimizer(self.optimizer_kind, **numbers).init(params)
+        opt = _optimizer(self.optimizer_kind, **numbers)
+        if self.trainable is not None:
+            opt = optax.masked(opt, self.trainable)
+        return opt.init(params)
 
     def _chunk_sum(self, params, data_x, data_y, idx, mask, clip_norm, key=None, step=0, chunk=0):
         """Clipped gradient sum and loss sum over one chunk (idx, mask) of a batch. With
@@ -406,10 +444,15 @@ class StepFunctions:
         gsum, loss = self._accumulate(
             params, gsum, loss, data_x, data_y, idx, mask, clip_norm, key, step, 0
         )
-        noisy = dpsgd.add_noise(gsum, jax.random.fold_in(key, step), sigma, clip_norm)
+        noisy = dpsgd.add_noise(
+            gsum, jax.random.fold_in(key, step), sigma, clip_norm, mask=self.trainable
+        )
         grads = jax.tree_util.tree_map(lambda g: g / expected_batch, noisy)
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+        new_params = optax.apply_updates(params, updates)
+        if self.trainable is not None:  # frozen leaves: the arrays that came in, bitwise
+            new_params = finetune.keep_frozen(new_params, params, self.trainable)
+        return new_params, opt_state, loss
 
 
 def get_step_functions(
@@ -435,5 +478,11 @@ def _cached_step_functions(
 
 
 def _eval_params(params, opt_state, ema: bool):
-    """What a candidate outputs: the parameter average with EMA, else the last iterate."""
-    return opt_state.ema if ema else params
+    """What a candidate outputs: the parameter average with EMA, else the last iterate. With a
+    trainable part the optimiser is ``optax.masked`` and averages the trainable leaves only; the
+    frozen ones are the parameters' own."""
+    if not ema:
+        return params
+    if isinstance(opt_state, optax.MaskedState):
+        return finetune.fill_from(opt_state.inner_state.ema, params)
+    return opt_state.ema

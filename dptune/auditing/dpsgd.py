@@ -71,6 +71,7 @@ class AuditDpSgdTrainer(DpSgdTrainer):
             parent.compilation_cache, grad_impl=parent.grad_impl,
         )  # fmt: skip
         self.parent = parent
+        self.init_fingerprint, self._finetune = parent.init_fingerprint, parent._finetune
         self.canaries = canaries
         self.fault = fault
         self.num_real_val = len(parent.data.val_y)

@@ -229,6 +229,8 @@ def check_config(cfg: Mapping[str, Any]) -> None:
     kind = user_arrays(cfg)
     if kind is not None:
         _check_user_data(cfg, kind)
+    if _get(cfg, "init") and _get(cfg, "trainer", "dpsgd") != "dpsgd":
+        raise ConfigError("config.init is a DP-SGD model's start: it needs config.trainer='dpsgd'")
     model = _get(cfg, "model")
     if model is not None:
         if _get(cfg, "trainer", "dpsgd") != "dpsgd":
@@ -305,7 +307,10 @@ def learner_sections(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
 
 
 def _fields(info: learners.LearnerInfo) -> set[str]:
-    return set(info.trainer_class().hyperparams_class.__dataclass_fields__)
+    """The hyperparameters a learner takes: its class's fields and its extra ones (LoRA's)."""
+    trainer_cls = info.trainer_class()
+    fields = set(trainer_cls.hyperparams_class.__dataclass_fields__)
+    return fields | set(getattr(trainer_cls, "extra_hyperparams", ()))
 
 
 def learner_info(cfg: Mapping[str, Any]) -> learners.LearnerInfo:
@@ -542,10 +547,13 @@ def build_trainer(cfg: Mapping[str, Any], data: Any, *, progress: bool = False) 
         if model is not None:
             base.pop("model", None)  # config.model replaces config.train.model
             options["model"] = build_model(model, data)
+        if cfg.get("init"):  # '' is no init: --config.init='' turns a config's start off
+            options["init"] = cfg["init"]
     try:
         return learners.build(info.name, data, base, **options)
     except ValueError as e:
-        raise ConfigError(f"config.learner: {e}") from None
+        where = "config." if str(e).startswith("init=") else "config.learner."
+        raise ConfigError(f"{where}{e}") from None
 
 
 def build_model(spec: str, data: Any) -> Any:
@@ -566,7 +574,7 @@ def build_model(spec: str, data: Any) -> Any:
 def _worker_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """What a worker needs to rebuild the trainer: the data spec, the learner and its fixed
     settings."""
-    keys = ("data", "train", "trainer", "learner", "model")
+    keys = ("data", "train", "trainer", "learner", "model", "init")
     return {k: (dict(cfg[k]) if isinstance(cfg[k], Mapping) else cfg[k]) for k in keys if k in cfg}
 
 

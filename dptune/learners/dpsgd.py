@@ -10,7 +10,8 @@ A candidate's privacy depends on (batch size, epochs, noise multiplier, score no
 size alone, never on the model: a user's Flax module goes through the same declaration, checks,
 ledger and release as a shipped model. This module also re-exports the pieces for users who keep
 their own training loop (``docs/your_model.md``): ``Dataset``, ``Metric``, ``DpSgdSchedule``,
-``clipped_grad_sum``, ``add_noise`` and :func:`dpsgd_privacy`.
+``clipped_grad_sum``, ``add_noise`` and :func:`dpsgd_privacy`; and ``with_lora`` (LoRA adapters
+on a linen module, ``docs/finetune.md``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from dptune.accounting.events import DpSgdCandidate
 from dptune.errors import CandidateFailure, TuningConfigError
 from dptune.progress import epoch_bar
 from dptune.trainer_protocol import DatasetTrainer, ReleaseView, source_digest
-from trainers import loop, models, parallel, probe, runtime
+from trainers import finetune, loop, lora, models, parallel, probe, runtime
 from trainers import step as step_lib
 from trainers.data import (
     ARRAY_SOURCES,
@@ -44,6 +45,7 @@ from trainers.data import NAMES as DATASETS
 from trainers.data import check_arrays as check_user_arrays
 from trainers.evaluate import BoundedMetric, evaluate, evaluate_metric
 from trainers.fix_model import fix_model
+from trainers.lora import with_lora
 from trainers.nnx_model import NnxModel
 from trainers.spec import MODEL_NAMES, DpSgdSchedule, Hyperparams
 from trainers.spec import dpsgd_privacy as _hp_privacy
@@ -72,7 +74,9 @@ __all__ = [
     "fix_model",
     "load_dataset",
     "read_npz",
+    "shipped_with_lora",
     "use_compilation_cache",
+    "with_lora",
 ]
 
 log = logging.getLogger("dptune")
@@ -199,6 +203,15 @@ class DpSgdTrainer(DatasetTrainer):
       grad_impl: per-example clipping: "auto" (a shipped model's hand-tuned path, else the ghost
         path when every parametrised layer is known, else vmap(grad), said once in the log),
         "ghost" or "vmap" to force one ("bookkeeping" / "naive": the old spellings).
+      init: public initial parameters (fine-tuning, ``docs/finetune.md``): a params pytree, an
+        orbax checkpoint folder, a Flax msgpack file, an ``.npz`` of '/'-joined parameter paths,
+        or a dptune release (its workdir or ``release/`` folder). Checked against the model's
+        parameter shapes and dtypes before anything runs; for a ``dptune.with_lora`` model the
+        base's parameters, the adapters starting fresh. The statement names the assumption that
+        they are public (``public-init``) with their fingerprint.
+      trainable: which parameters train: regexes searched in the '/'-joined parameter paths
+        (``["Dense_1"]``, ``[".*lora.*"]``) or a callable ``(path, leaf) -> bool``; the others
+        stay bitwise as they start. Default: everything, or a LoRA model's adapters.
     """
 
     hyperparams_class = Hyperparams
@@ -207,6 +220,9 @@ class DpSgdTrainer(DatasetTrainer):
     noise_step = staticmethod(loop.same_step)
 
     privacy_fields = DPSGD_PRIVACY_FIELDS
+    #: fields of the space besides ``Hyperparams``: a LoRA model's rank and scale (the model's
+    #: structure; privacy-irrelevant)
+    extra_hyperparams = ("lora_rank", "lora_scale")
     calibrated_field = "noise_multiplier"
     #: the validation count + Gaussian noise accounted in its privacy (or, on a separate public
     #: validation set, an exact score of public data): covered either way
@@ -224,6 +240,8 @@ class DpSgdTrainer(DatasetTrainer):
         loss: Any = None,
         metric: Any = None,
         grad_impl: str = "auto",
+        init: Any = None,
+        trainable: Any = None,
     ) -> None:
         self.data = data
         self.test_curve = test_curve
@@ -240,6 +258,16 @@ class DpSgdTrainer(DatasetTrainer):
         if model is not None or loss is not None or metric is not None:
             self.base["model"] = self._model_spec(model, loss, metric)
         self.model = self.base.get("model", "cnn26k")
+        #: the initial parameters' fingerprint (``trainers.finetune.fingerprint``), or None
+        self.init_fingerprint: str | None = None
+        self._finetune: tuple[Any, Any] | None = None  # (checked init, trainable) for variants
+        self._variants: dict[tuple, Any] = {}
+        if init is not None or trainable is not None:
+            try:
+                self.base["model"] = self._finetune_spec(self.model, init, trainable)
+            except ValueError as e:
+                raise TuningConfigError(str(e)) from None
+            self.model = self.base["model"]
         if grad_impl in ("ghost", "bookkeeping"):
             try:  # a forced path that does not apply is refused before anything private runs
                 step_lib.resolve_grad_impl(
@@ -247,6 +275,12 @@ class DpSgdTrainer(DatasetTrainer):
                 )
             except ValueError as e:
                 raise TuningConfigError(str(e)) from None
+            trains_part = getattr(self.model, "trainable", None) is not None
+            if grad_impl == "bookkeeping" and trains_part:
+                raise TuningConfigError(
+                    "grad_impl='bookkeeping' trains every parameter; with trainable=... use "
+                    "'auto', 'ghost' or 'vmap'"
+                )
 
     def _model_spec(self, model: Any, loss: Any, metric: Any) -> Any:
         """``model`` (+ loss, metric) as what ``Hyperparams.model`` holds: a shipped name as it
@@ -279,12 +313,76 @@ class DpSgdTrainer(DatasetTrainer):
         except (TypeError, ValueError) as e:
             raise TuningConfigError(str(e)) from None
 
+    def _finetune_spec(self, model: Any, init: Any, trainable: Any) -> models.ModelSpec:
+        """``model`` as a spec that starts from ``init`` and trains ``trainable``
+        (``trainers.finetune``); raises ValueError in one line naming the keyword."""
+        spec = models.resolve(model, self.data.num_classes)
+        if init is not None and spec.features is not None:
+            raise ValueError(f"init= is not supported for model {spec.name!r} (it reads features)")
+        shapes = jax.eval_shape(lambda: models.init_params(spec, jax.random.PRNGKey(0)))
+        adapted = isinstance(spec.module, lora.LoRA)
+        if adapted:
+            x = jax.ShapeDtypeStruct((1, *spec.input_shape), spec.input_dtype)
+            lora.targeted_layers(spec.module, x)  # a target that adapts nothing is refused
+        flat = None
+        if init is not None:
+            source = _release_checkpoint(init)
+            try:
+                given = finetune.read_init(source)
+                flat = finetune.match_init(given, shapes, lora.is_adapter if adapted else None)
+            except ValueError as e:
+                raise ValueError(f"init={str(init)!r:.200}: {e}") from None
+            self.init_fingerprint = finetune.fingerprint(flat)
+        if trainable is None and adapted:
+            trainable = lora.TRAINABLE
+        try:
+            mask = finetune.trainable_mask(shapes, trainable)
+        except ValueError as e:
+            raise ValueError(str(e)) from None
+        self._finetune = (flat, trainable)
+        whole = finetune.all_trainable(mask)
+        return dataclasses.replace(
+            spec, init=flat, trainable=None if whole else mask, shipped=spec.shipped and whole
+        )
+
+    def _lora_variant(self, spec: models.ModelSpec, rank: Any, scale: Any) -> models.ModelSpec:
+        """The LoRA model ``spec`` at another rank or scale (privacy-irrelevant fields of the
+        space), built once per (rank, scale) so candidates share its compiled step."""
+        if not isinstance(spec.module, lora.LoRA):
+            raise TuningConfigError(
+                "lora_rank / lora_scale are fields of a LoRA model: pass "
+                "model=dptune.with_lora(module, rank=..., targets=[...])"
+            )
+        m = spec.module
+        rank = m.rank if rank is None else rank
+        scale = m.scale if scale is None else float(scale)
+        key = (rank, scale)
+        if key not in self._variants:
+            try:
+                module = lora.with_lora(m.base, rank, m.targets, scale)
+            except ValueError as e:
+                raise TuningConfigError(f"lora_rank={rank!r}: {e}") from None
+            variant = dataclasses.replace(spec, module=module, init=None, trainable=None)
+            flat, trainable = self._finetune or (None, None)
+            shapes = jax.eval_shape(lambda: models.init_params(variant, jax.random.PRNGKey(0)))
+            mask = finetune.trainable_mask(shapes, trainable or lora.TRAINABLE)
+            whole = finetune.all_trainable(mask)
+            self._variants[key] = dataclasses.replace(
+                variant, init=flat, trainable=None if whole else mask
+            )
+        return self._variants[key]
+
     #: Every candidate's expected batch size is multiplied by this (rounded, at least 1): 1 on the
     #: full data; ``fraction`` on a subset (``subset``), so a candidate on the subset keeps the
     #: full run's sampling rate and number of steps.
     batch_scale: float = 1.0
 
     def hyperparams(self, hparams: Mapping[str, Any]) -> Hyperparams:
+        hparams = dict(hparams)
+        rank, scale = hparams.pop("lora_rank", None), hparams.pop("lora_scale", None)
+        if rank is not None or scale is not None:
+            spec = models.resolve(hparams.get("model", self.model), self.data.num_classes)
+            hparams["model"] = self._lora_variant(spec, rank, scale)
         hp = super().hyperparams(hparams)
         if self.batch_scale != 1.0:
             hp = dataclasses.replace(hp, batch_size=max(1, round(hp.batch_size * self.batch_scale)))
@@ -302,6 +400,7 @@ class DpSgdTrainer(DatasetTrainer):
             self.compilation_cache, grad_impl=self.grad_impl,
         )  # fmt: skip
         out.batch_scale = self.batch_scale * float(fraction)
+        out.init_fingerprint, out._finetune = self.init_fingerprint, self._finetune
         return out
 
     def _privacy(self, hp: Hyperparams, steps: int | None = None) -> DpSgdCandidate:
@@ -473,13 +572,19 @@ class DpSgdTrainer(DatasetTrainer):
         return float(evaluate_metric(params, spec, x, y))
 
     def privacy_notes(self) -> list[str]:
-        """Sentences for the privacy statement: how the validation split was formed, and which
-        public size the sampling rate comes from."""
-        return [
+        """Sentences for the privacy statement: how the validation split was formed, which
+        public size the sampling rate comes from, and (fine-tuning) the public start."""
+        notes = [
             self.data.describe_split() + ".",
             f"Sampling rates and step counts use the public nominal training size "
             f"{self.num_examples}, not the private data's length.",
         ]
+        if self.init_fingerprint is not None:
+            notes.append(
+                f"Training starts from initial parameters with fingerprint "
+                f"{self.init_fingerprint}, assumed public (independent of the private data)."
+            )
+        return notes
 
     def privacy_checks(self) -> list[str]:
         """What dptune's own code guarantees for these candidates (the statement's "Checked by
@@ -550,6 +655,7 @@ class DpSgdTrainer(DatasetTrainer):
         out = {
             "kind": "dpsgd",
             "dataset": self.data.name,
+            **({"init": self.init_fingerprint} if self.init_fingerprint else {}),
             "num_examples": self.num_examples,
             "base": base,
         }
@@ -577,9 +683,37 @@ def describe_model(spec: Any) -> dict[str, Any]:
         "input": [list(spec.input_shape), spec.input_dtype],
         "params": {jax.tree_util.keystr(k): list(v.shape) for k, v in flat},
     }
+    if spec.trainable is not None:
+        out["trainable"] = [p for p, m in finetune.flat_paths(spec.trainable).items() if m]
     if spec.loss is not None:
         out["loss"] = qualname(spec.loss)
     if spec.metric is not None:
         m = spec.metric
         out["metric"] = {"fn": qualname(m.fn), "lo": float(m.lo), "hi": float(m.hi)}
     return out
+
+
+def shipped_with_lora(
+    name: str, num_classes: int, rank: int, targets: Sequence[str], scale: float = 1.0
+) -> Any:
+    """The shipped model ``name`` (``MODEL_NAMES``) with ``num_classes`` outputs and rank-``rank``
+    LoRA adapters on its layers matching ``targets`` (:func:`with_lora`)."""
+    try:
+        module = models.get_model(name, num_classes).module
+    except ValueError as e:
+        raise TuningConfigError(str(e)) from None
+    return with_lora(module, rank, targets, scale)
+
+
+def _release_checkpoint(init: Any) -> Any:
+    """A dptune release (a run's workdir or its ``release/`` folder) as the orbax checkpoint
+    folder that holds its parameters; anything else as it is."""
+    if not isinstance(init, (str, os.PathLike)):
+        return init
+    folder = Path(init).expanduser()
+    for release in (folder, folder / "release"):
+        if (release / "result.json").is_file():
+            if not (release / "checkpoint").is_dir():
+                raise TuningConfigError(f"init={str(init)!r}: the release holds no parameters")
+            return release / "checkpoint"
+    return init
