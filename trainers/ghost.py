@@ -883,7 +883,12 @@ def _probe_reparam(module, params, x_shape, x_dtype, calls: list[_Call]) -> str 
 
 
 def _example_rows(
-    module: nn.Module, loss_fn: Callable, params: Any, x: jax.Array, y: jax.Array, copies: bool,
+    module: nn.Module,
+    loss_fn: Callable,
+    params: Any,
+    x: jax.Array,
+    y: jax.Array,
+    copies: bool,
     frozen: Callable | None = None,
 ) -> tuple[list[_Call], jax.Array, list, list]:
     """One forward and one backward pass with every example run as a batch of its own (its K
