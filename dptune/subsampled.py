@@ -51,7 +51,7 @@ from dptune.plan import AUTO, Budget, PrivacyPlan, as_budget, make_privacy_plan
 from dptune.release import Release, read_release, write_release
 from dptune.space import Space
 from dptune.trainer_protocol import as_candidate
-from dptune.tuner import TuneOptions, as_space, charge_ledger, open_journal, tune
+from dptune.tuner import TuneOptions, as_space, charge_ledger, describe_run, open_journal, tune
 from dptune.workdir_lock import workdir_lock
 from selection.baselines import BestOfK
 
@@ -273,19 +273,8 @@ def tune_subsampled(
     _check(trainer, space, opts.accountant, opts.adjacency)
     config = opts.config
     if config is None:
-        config = {
-            "strategy": {
-                "name": "subsampled",
-                "fraction": fraction,
-                "tuning_epsilon": tuning_epsilon,
-            },
-            "space": space.to_dict(),
-            "selection": selection.privacy.describe() if hasattr(selection, "privacy") else None,
-            "budget": [budget.epsilon, budget.delta],
-            "trainer": getattr(trainer, "describe", lambda: {"kind": type(trainer).__name__})(),
-            "seed": opts.seed,
-            "accountant": opts.accountant,
-        }
+        strategy = {"name": "subsampled", "fraction": fraction, "tuning_epsilon": tuning_epsilon}
+        config = {"strategy": strategy, **describe_run(trainer, space, selection, budget, opts)}
     # One run per workdir, for the whole run (dptune/workdir_lock.py).
     with workdir_lock(opts.workdir):
         return _tune_locked(

@@ -97,6 +97,7 @@ __all__ = [
     "TuningConfigError",
     "as_space",
     "charge_ledger",
+    "describe_run",
     "draw_plan",
     "make_privacy_plan",
     "open_journal",
@@ -288,18 +289,9 @@ def preflight(
     budget = as_budget(budget)
     opts.check()
     space = as_space(space)
-    config = opts.config
-    if config is None:
-        config = {
-            "space": space.to_dict(),
-            "selection": selection.privacy.describe() if hasattr(selection, "privacy") else None,
-            "budget": [budget.epsilon, budget.delta],
-            "trainer": getattr(trainer, "describe", lambda: {"kind": type(trainer).__name__})(),
-            "seed": opts.seed,
-            "accountant": opts.accountant,
-            "debug_nonprivate": opts.debug_nonprivate,
-            "adjacency": opts.adjacency,
-        }
+    config = opts.config if opts.config is not None else describe_run(
+        trainer, space, selection, budget, opts
+    )  # fmt: skip
     code = {"dptune": dptune.__version__, "trainer": code_digest(trainer)}
     ledger_path = _ledger_path(opts.ledger)
     fp = None
@@ -329,6 +321,23 @@ def preflight(
     if ledger_path is not None and not finished:  # a finished run returns its release: no charge
         spend = _check_ledger(ledger_path, fp, run_id, plan, dsb, _dataset_name(trainer))
     return Preflight(plan, budget, config, code, workdir, ledger_path, fp, dsb, spend, resuming)
+
+
+def describe_run(
+    trainer: Any, space: Space, selection: Any, budget: Budget, opts: TuneOptions
+) -> dict[str, Any]:
+    """What the journal binds a workdir to when no config is given: every argument that changes
+    the run."""
+    return {
+        "space": space.to_dict(),
+        "selection": selection.privacy.describe() if hasattr(selection, "privacy") else None,
+        "budget": [budget.epsilon, budget.delta],
+        "trainer": getattr(trainer, "describe", lambda: {"kind": type(trainer).__name__})(),
+        "seed": opts.seed,
+        "accountant": opts.accountant,
+        "debug_nonprivate": opts.debug_nonprivate,
+        "adjacency": opts.adjacency,
+    }
 
 
 def as_space(space: Space | Mapping[str, Any]) -> Space:
