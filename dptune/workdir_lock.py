@@ -38,7 +38,6 @@ log = logging.getLogger("dptune")
 #: The lock file, inside the workdir (next to ``private/`` and ``release/``).
 LOCK_FILE = ".dptune.lock"
 
-
 class WorkdirLockedError(RuntimeError):
     """Another live process holds the workdir's lock; nothing was read, trained or written."""
 
