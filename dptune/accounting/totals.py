@@ -467,20 +467,10 @@ def total_privacy(
 
     if not transform.is_private:
         return PrivacyStatement(
-            total_epsilon=math.inf,
-            delta=delta,
-            single_run_epsilon=single_eps,
-            single_run_delta=delta,
-            method=method,
-            theorem=theorem,
-            accountant=accountant,
-            route="no guarantee: the selection is not private",
-            candidates=cand_params,
-            selection=sel_params,
-            seeded=seeded,
-            private=False,
-            adjacency=adjacency,
-        )
+            math.inf, delta, single_eps, delta, method, theorem, accountant,
+            route="no guarantee: the selection is not private", candidates=cand_params,
+            selection=sel_params, seeded=seeded, private=False, adjacency=adjacency,
+        )  # fmt: skip
 
     best = _best_route(cands, transform, delta, accountant, orders)
     if best.accountant == "pure":
