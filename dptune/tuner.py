@@ -96,6 +96,7 @@ __all__ = [
     "TuneOptions",
     "TuningConfigError",
     "as_space",
+    "bind_calibrated",
     "charge_ledger",
     "describe_run",
     "draw_plan",
@@ -619,6 +620,18 @@ def open_journal(
     return journal
 
 
+def bind_calibrated(journal: Any, calibrated: Mapping[str, Any]) -> None:
+    """Journals the calibrated values once; a resume whose accountant now calibrates otherwise
+    (another dptune version) is refused."""
+    if journal.get("calibrated", calibrated) != calibrated:
+        raise TuningConfigError(
+            f"this run was planned with {journal.get('calibrated')} but the accountant now gives "
+            f"{calibrated} (a different dptune version?): finish it with the version that "
+            "started it, or start a new workdir"
+        )
+    journal.set_once("calibrated", calibrated)
+
+
 def draw_plan(journal: Any, plan: PrivacyPlan, selection: Any, seed: int | None):
     """Draws (once) the run id, the entropy, the selection's plan and every candidate's seed and
     hyperparameters; a resume reads them back. Returns ``(run_id, selection plan)``."""
@@ -626,13 +639,7 @@ def draw_plan(journal: Any, plan: PrivacyPlan, selection: Any, seed: int | None)
     privacy = plan.statement.to_dict()
     privacy.update(calibrated=dict(plan.calibrated))
     journal.set_once("privacy", privacy)
-    if journal.get("calibrated", dict(plan.calibrated)) != dict(plan.calibrated):
-        raise TuningConfigError(
-            f"this run was planned with {journal.get('calibrated')} but the accountant now gives "
-            f"{dict(plan.calibrated)} (a different dptune version?): finish it with the version "
-            "that started it, or start a new workdir"
-        )
-    journal.set_once("calibrated", dict(plan.calibrated))
+    bind_calibrated(journal, dict(plan.calibrated))
     entropy = journal.set_once(
         "entropy", int(seed) if seed is not None else int(np.random.SeedSequence().entropy)
     )
