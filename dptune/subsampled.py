@@ -51,7 +51,15 @@ from dptune.plan import AUTO, Budget, PrivacyPlan, as_budget, make_privacy_plan
 from dptune.release import Release, read_release, write_release
 from dptune.space import Space
 from dptune.trainer_protocol import as_candidate
-from dptune.tuner import TuneOptions, as_space, charge_ledger, open_journal, tune
+from dptune.tuner import (
+    TuneOptions,
+    as_space,
+    bind_calibrated,
+    charge_ledger,
+    describe_run,
+    open_journal,
+    tune,
+)
 from dptune.workdir_lock import workdir_lock
 from selection.baselines import BestOfK
 
@@ -273,19 +281,8 @@ def tune_subsampled(
     _check(trainer, space, opts.accountant, opts.adjacency)
     config = opts.config
     if config is None:
-        config = {
-            "strategy": {
-                "name": "subsampled",
-                "fraction": fraction,
-                "tuning_epsilon": tuning_epsilon,
-            },
-            "space": space.to_dict(),
-            "selection": selection.privacy.describe() if hasattr(selection, "privacy") else None,
-            "budget": [budget.epsilon, budget.delta],
-            "trainer": getattr(trainer, "describe", lambda: {"kind": type(trainer).__name__})(),
-            "seed": opts.seed,
-            "accountant": opts.accountant,
-        }
+        strategy = {"name": "subsampled", "fraction": fraction, "tuning_epsilon": tuning_epsilon}
+        config = {"strategy": strategy, **describe_run(trainer, space, selection, budget, opts)}
     # One run per workdir, for the whole run (dptune/workdir_lock.py).
     with workdir_lock(opts.workdir):
         return _tune_locked(
@@ -328,13 +325,7 @@ def _start(journal: Any, plan: SubsampledPlan, trainer: Any, opts: TuneOptions) 
     now calibrates otherwise), and charges the whole run to the ledger once. Returns the run id."""
     run_id = journal.set_once("run_id", uuid.uuid4().hex)
     calibrated = {"tuning": dict(plan.tuning_plan.calibrated), "final": dict(plan.calibrated)}
-    if journal.get("calibrated", calibrated) != calibrated:
-        raise TuningConfigError(
-            f"this run was planned with {journal.get('calibrated')} but the accountant now "
-            f"gives {calibrated} (a different dptune version?): finish it with the version "
-            "that started it, or start a new workdir"
-        )
-    journal.set_once("calibrated", calibrated)
+    bind_calibrated(journal, calibrated)
     journal.set_once("privacy", plan.statement.to_dict())
     if opts.ledger is not None:
         charge_ledger(

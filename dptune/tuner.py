@@ -96,7 +96,9 @@ __all__ = [
     "TuneOptions",
     "TuningConfigError",
     "as_space",
+    "bind_calibrated",
     "charge_ledger",
+    "describe_run",
     "draw_plan",
     "make_privacy_plan",
     "open_journal",
@@ -288,18 +290,9 @@ def preflight(
     budget = as_budget(budget)
     opts.check()
     space = as_space(space)
-    config = opts.config
-    if config is None:
-        config = {
-            "space": space.to_dict(),
-            "selection": selection.privacy.describe() if hasattr(selection, "privacy") else None,
-            "budget": [budget.epsilon, budget.delta],
-            "trainer": getattr(trainer, "describe", lambda: {"kind": type(trainer).__name__})(),
-            "seed": opts.seed,
-            "accountant": opts.accountant,
-            "debug_nonprivate": opts.debug_nonprivate,
-            "adjacency": opts.adjacency,
-        }
+    config = opts.config if opts.config is not None else describe_run(
+        trainer, space, selection, budget, opts
+    )  # fmt: skip
     code = {"dptune": dptune.__version__, "trainer": code_digest(trainer)}
     ledger_path = _ledger_path(opts.ledger)
     fp = None
@@ -329,6 +322,23 @@ def preflight(
     if ledger_path is not None and not finished:  # a finished run returns its release: no charge
         spend = _check_ledger(ledger_path, fp, run_id, plan, dsb, _dataset_name(trainer))
     return Preflight(plan, budget, config, code, workdir, ledger_path, fp, dsb, spend, resuming)
+
+
+def describe_run(
+    trainer: Any, space: Space, selection: Any, budget: Budget, opts: TuneOptions
+) -> dict[str, Any]:
+    """What the journal binds a workdir to when no config is given: every argument that changes
+    the run."""
+    return {
+        "space": space.to_dict(),
+        "selection": selection.privacy.describe() if hasattr(selection, "privacy") else None,
+        "budget": [budget.epsilon, budget.delta],
+        "trainer": getattr(trainer, "describe", lambda: {"kind": type(trainer).__name__})(),
+        "seed": opts.seed,
+        "accountant": opts.accountant,
+        "debug_nonprivate": opts.debug_nonprivate,
+        "adjacency": opts.adjacency,
+    }
 
 
 def as_space(space: Space | Mapping[str, Any]) -> Space:
@@ -604,6 +614,18 @@ def open_journal(
     return journal
 
 
+def bind_calibrated(journal: Any, calibrated: Mapping[str, Any]) -> None:
+    """Journals the calibrated values once; a resume whose accountant now calibrates otherwise
+    (another dptune version) is refused."""
+    if journal.get("calibrated", calibrated) != calibrated:
+        raise TuningConfigError(
+            f"this run was planned with {journal.get('calibrated')} but the accountant now gives "
+            f"{calibrated} (a different dptune version?): finish it with the version that "
+            "started it, or start a new workdir"
+        )
+    journal.set_once("calibrated", calibrated)
+
+
 def draw_plan(journal: Any, plan: PrivacyPlan, selection: Any, seed: int | None):
     """Draws (once) the run id, the entropy, the selection's plan and every candidate's seed and
     hyperparameters; a resume reads them back. Returns ``(run_id, selection plan)``."""
@@ -611,13 +633,7 @@ def draw_plan(journal: Any, plan: PrivacyPlan, selection: Any, seed: int | None)
     privacy = plan.statement.to_dict()
     privacy.update(calibrated=dict(plan.calibrated))
     journal.set_once("privacy", privacy)
-    if journal.get("calibrated", dict(plan.calibrated)) != dict(plan.calibrated):
-        raise TuningConfigError(
-            f"this run was planned with {journal.get('calibrated')} but the accountant now gives "
-            f"{dict(plan.calibrated)} (a different dptune version?): finish it with the version "
-            "that started it, or start a new workdir"
-        )
-    journal.set_once("calibrated", dict(plan.calibrated))
+    bind_calibrated(journal, dict(plan.calibrated))
     entropy = journal.set_once(
         "entropy", int(seed) if seed is not None else int(np.random.SeedSequence().entropy)
     )

@@ -143,3 +143,32 @@ def test_no_import_against_the_layers():
             elif top == "trainers" and module not in ENGINE_USERS:
                 wrong.append((module, target))  # the engine through its one or two users
     assert wrong == []
+
+
+def _all_imports(module: str) -> set[str]:
+    """Every module name ``module`` imports (project or not), at any depth of its code."""
+    tree = ast.parse(modules()[module].read_text())
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.add(node.module)
+    return out
+
+
+def test_the_accountant_is_pure():
+    """``dptune.accounting`` imports only itself, ``selection`` and numerical libraries: nothing
+    that starts processes or threads, and no other part of dptune (its one file is the
+    calibration memo, ``FileMemo``)."""
+    process = {"subprocess", "threading", "multiprocessing", "selectors", "signal", "atexit"}
+    wrong = {}
+    for module in modules():
+        if not _in(module, "dptune.accounting"):
+            continue
+        names = _all_imports(module)
+        bad = {n for n in names if n.split(".")[0] in process}
+        bad |= {t for t in imports(module) if _in(t, "dptune") and not _in(t, "dptune.accounting")}
+        if bad:
+            wrong[module] = sorted(bad)
+    assert wrong == {}

@@ -23,8 +23,10 @@ def _rooms() -> list[Path]:
             folder = REPO / line.split()[0]
             out.append(folder)
             continue
-        head = re.split(r"\s{2,}", line.strip())[0]
-        for name in re.findall(r"[\w.]+\.py|\w+/", head):
+        # the names that start an entry ("a.py, b.py   what they do"); a continued description
+        # starts with none
+        head = re.match(r"(?:[\w.]+\.py|\w+/)(?:, (?:[\w.]+\.py|\w+/))*", line.strip())
+        for name in re.findall(r"[\w.]+\.py|\w+/", head.group(0) if head else ""):
             out.append(folder / name)
     return out
 
