@@ -40,6 +40,7 @@ log = logging.getLogger("dptune")
 #: The lock file, inside the workdir (next to ``private/`` and ``release/``).
 LOCK_FILE = ".dptune.lock"
 
+
 class WorkdirLockedError(Refused):
     """Another live process holds the workdir's lock; nothing was read, trained or written."""
 
