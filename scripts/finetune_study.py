@@ -13,14 +13,14 @@ Arms (each a whole `dptune` run through the command, the shipped `finetune` conf
                  and C = 1e-3 (jax_privacy's Gemma LoRA example) -- with the whole budget
 
 Everything else is the shipped config (search space, batch 512, 4 epochs, mean 3 candidates).
-Seeds are fixed per (epsilon, run) so the study can be rerun; the statements then say that they
-hold only while the seeds stay secret. Goal (issue text): a pretrained arm >= 5 points above
-`scratch` at epsilon 1.
+Every run draws its randomness from OS entropy (no seed), as a user's run does; a finished run
+is never rerun (rerunning the script skips the runs in OUT/results.json). Goal (issue text): a
+pretrained arm >= 5 points above `scratch` at epsilon 1.
 
     python scripts/finetune_study.py --out=/tmp/finetune-study          # all 30 runs
     python scripts/finetune_study.py --arms=full,lora --epsilons=3 --runs=1   # a subset
 
-Writes OUT/results.json (every run: arm, epsilon, run, seed, released, test accuracy, validation
+Writes OUT/results.json (every run: arm, epsilon, run, released, test accuracy, validation
 score, hyperparameters) and prints a table (mean and standard deviation over the runs).
 """
 
@@ -80,21 +80,24 @@ def main() -> None:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results = []
+    store = out / "results.json"
+    results = json.loads(store.read_text()) if store.is_file() else []  # resume, never rerun
+    done = {(r["arm"], r["epsilon"], r["run"]) for r in results}
     arms = [a for a in args.arms.split(",") if a]
     epsilons = [float(e) for e in args.epsilons.split(",") if e]
-    for i, epsilon in enumerate(epsilons):
+    for epsilon in epsilons:
         for run in range(args.runs):
-            seed = 1000 * (i + 1) + run
             for arm in arms:
+                if (arm, epsilon, run) in done:
+                    continue
                 cfg = config_file(out, arm, epsilon)
                 work = out / f"{arm}_eps{epsilon:g}_run{run}"
                 t0 = time.perf_counter()
                 code = cli([
-                    "dptune", f"--config={cfg}", f"--workdir={work}", f"--seed={seed}",
+                    "dptune", f"--config={cfg}", f"--workdir={work}",
                     "--noprogress", f"--config.ledger.path={out / 'ledger.sqlite'}",
                 ])  # fmt: skip
-                row = {"arm": arm, "epsilon": epsilon, "run": run, "seed": seed, "exit": code,
+                row = {"arm": arm, "epsilon": epsilon, "run": run, "exit": code,
                        "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
                 result = work / "release" / "result.json"
                 if result.is_file():
@@ -104,7 +107,7 @@ def main() -> None:
                         validation_score=r.get("validation_score"), hparams=r.get("hparams"),
                     )  # fmt: skip
                 results.append(row)
-                (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+                store.write_text(json.dumps(results, indent=2) + "\n")
                 print(json.dumps(row), flush=True)
     print(f"\n{'arm':15s} {'epsilon':>7s} {'test accuracy (mean +- sd over runs)':>40s}")
     for epsilon in epsilons:
