@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from dptune import configs
+from dptune import configs, learners
 from dptune.cli import build as cli
 from dptune.cli.build import ConfigError
 from dptune.errors import Refused
@@ -327,3 +327,19 @@ def test_a_text_constant_in_the_space_stays_text_and_a_bad_auto_field_is_refused
     cfg.space.noise_multiplier = "lots"
     with pytest.raises(ConfigError, match="noise_multiplier='lots' must be 'auto'"):
         cli.validate(cfg, tmp_path / "run")
+
+
+@pytest.mark.parametrize("learner", ["dpsgd", "fisher", "public_data"])
+@pytest.mark.parametrize("name", configs.NAMES)
+def test_every_learner_runs_from_every_shipped_config(name, learner):
+    """A config's hyperparameter sections belong to the learner they were written for:
+    ``--config.trainer=NAME`` on any shipped config takes the fields NAME knows and its own
+    defaults for the rest, instead of refusing the other learner's fields."""
+    cfg = importlib.import_module(f"dptune.configs.{name}").get_config()
+    cfg.trainer = learner
+    if cfg.data.source == "npz":
+        cfg.data.update(path="arrays.npz", num_examples=50_000)  # the user config's own fields
+    checked = cli.validate(cfg, None)
+    known = set(learners.get(learner).trainer_class().hyperparams_class.__dataclass_fields__)
+    assert set(checked.cfg["train"]) | set(checked.cfg["space"]) <= known
+    assert "noise_multiplier" in checked.cfg["space"]
