@@ -127,6 +127,10 @@ class Ledger:
     def __init__(self, path: str | os.PathLike | None = None, *, readonly: bool = False) -> None:
         self.path = Path(path) if path is not None else default_ledger_path()
         if readonly and not self.path.exists():
+            log.warning(
+                "there is no budget ledger at %s: the run will create one (check the path if you "
+                "meant an existing ledger: a new one knows no earlier spend)", self.path,
+            )  # fmt: skip
             self._db = sqlite3.connect(":memory:", isolation_level=None)
             for stmt in _SCHEMA:
                 self._db.execute(stmt)
