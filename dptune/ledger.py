@@ -127,6 +127,10 @@ class Ledger:
     def __init__(self, path: str | os.PathLike | None = None, *, readonly: bool = False) -> None:
         self.path = Path(path) if path is not None else default_ledger_path()
         if readonly and not self.path.exists():
+            log.warning(
+                "there is no budget ledger at %s: the run will create one (check the path if you "
+                "meant an existing ledger: a new one knows no earlier spend)", self.path,
+            )  # fmt: skip
             self._db = sqlite3.connect(":memory:", isolation_level=None)
             for stmt in _SCHEMA:
                 self._db.execute(stmt)
@@ -199,13 +203,15 @@ class Ledger:
                     f"the ledger {self.path} holds a lifetime budget of (epsilon={row[0]:g}, "
                     f"delta={row[1]:g}) for dataset {label}, but this run states "
                     f"(epsilon={stated_eps:g}, delta={stated_delta:g}): state the registered one "
-                    "or none ({}), or change it with "
+                    "or none (<dataset_budget>), or change it with "
                     f"`dptune ledger --dataset={fingerprint[:12]} --budget_epsilon=... "
                     "--budget_delta=...`"
                 )
                 raise LedgerBudgetMismatchError(
-                    held.format("dataset_budget="),
-                    command=held.format("--config.ledger.budget_epsilon / budget_delta"),
+                    held.replace("<dataset_budget>", "dataset_budget="),
+                    command=held.replace(
+                        "<dataset_budget>", "--config.ledger.budget_epsilon / budget_delta"
+                    ),
                 )
             before = _spend(db, fingerprint)
             assert before is not None
@@ -217,18 +223,18 @@ class Ledger:
             1 + _REL_TOL
         ):
             spent = (
-                f"this run costs (epsilon={epsilon:.4g}, delta={delta:.3g}) but dataset {label} "
+                "refused before any private computation: this run costs "
+                f"(epsilon={epsilon:.4g}, delta={delta:.3g}) but dataset {label} "
                 f"has spent (epsilon={before.spent_epsilon:.4g}, delta={before.spent_delta:.3g})"
                 f" of its lifetime budget (epsilon={before.budget_epsilon:.4g}, delta="
                 f"{before.budget_delta:.3g}) in {before.runs} run(s); ledger: {self.path}. Lower "
-                "this run's budget ({}), or raise the dataset's ({} or `dptune ledger "
-                f"--dataset={fingerprint[:12]} --budget_epsilon=E --budget_delta=D`)"
+                "this run's budget (<budget>), or raise the dataset's (<dataset_budget> or "
+                f"`dptune ledger --dataset={fingerprint[:12]} --budget_epsilon=E --budget_delta=D`)"
             )
             raise BudgetExceededError(
-                spent.format("budget=", "dataset_budget="),
-                command=spent.format(
-                    "--config.privacy.epsilon / delta",
-                    "--config.ledger.budget_epsilon / budget_delta",
+                spent.replace("<budget>", "budget=").replace("<dataset_budget>", "dataset_budget="),
+                command=spent.replace("<budget>", "--config.privacy.epsilon / delta").replace(
+                    "<dataset_budget>", "--config.ledger.budget_epsilon / budget_delta"
                 ),
             )
         return Spend(

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from dptune import plots
+from dptune.errors import StateError
 from dptune.report import write_report
 
 log = logging.getLogger("dptune")
@@ -328,9 +329,12 @@ def _fsync_dir(path: Path) -> None:
 def read_release(folder: str | os.PathLike) -> Release:
     """Reads a release folder written by :func:`write_release` (the model stays on disk)."""
     folder = Path(folder)
-    result = json.loads((folder / RESULT_FILE).read_text())
-    privacy = json.loads((folder / PRIVACY_JSON).read_text())
-    text = (folder / PRIVACY_TXT).read_text()
+    result = _read_json(folder / RESULT_FILE)
+    privacy = _read_json(folder / PRIVACY_JSON)
+    try:
+        text = (folder / PRIVACY_TXT).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise _damaged(folder / PRIVACY_TXT, e) from None
     head = headline(privacy) + "\n\n"
     published = privacy.get("published")
     if published is None:  # a release written before the field existed
@@ -363,6 +367,9 @@ def load_params(folder: str | os.PathLike, like: Any = None) -> Any:
     import orbax.checkpoint as ocp  # heavy (JAX): only when a checkpoint is read or written
 
     path = Path(folder).absolute() / "checkpoint"
+    for meta in sorted(path.rglob("*METADATA*")):  # orbax's JSON files: a cut one names itself
+        if meta.is_file():
+            _read_json(meta)
     with ocp.StandardCheckpointer() as ckpt:
         if like is None:
             return ckpt.restore(path)
@@ -419,8 +426,11 @@ def load_release(path: str | os.PathLike, like: Any = None) -> Release:
         if (folder / "checkpoint").is_dir():
             release.payload = {"params": load_params(folder, like)}
         elif (folder / "payload.pkl").is_file():
-            with open(folder / "payload.pkl", "rb") as f:
-                release.payload = pickle.load(f)
+            try:
+                with open(folder / "payload.pkl", "rb") as f:
+                    release.payload = pickle.load(f)
+            except (OSError, EOFError, pickle.UnpicklingError) as e:
+                raise _damaged(folder / "payload.pkl", e) from None
     return release
 
 
@@ -446,6 +456,22 @@ def _is_array_tree(tree: Any) -> bool:
         return False
     leaves = jax.tree_util.tree_leaves(tree)
     return bool(leaves) and all(hasattr(x, "shape") and hasattr(x, "dtype") for x in leaves)
+
+
+def _read_json(path: Path) -> Any:
+    """The JSON file ``path`` of a release; StateError naming it when it is missing or damaged."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _damaged(path, e) from None
+
+
+def _damaged(path: Path, e: BaseException) -> StateError:
+    what = e.strerror if isinstance(e, OSError) else f"{type(e).__name__}: {e}"
+    return StateError(
+        f"the release file {path} cannot be read ({what}): the release is damaged (a copy or a "
+        "disk cut short?); restore its folder from a backup"
+    )
 
 
 def _write_json(path: Path, obj: Any) -> None:

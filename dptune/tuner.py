@@ -155,8 +155,8 @@ class TuneOptions:
         (``$DPTUNE_LEDGER`` or ``~/.dptune/ledger.sqlite``), as for the ``dptune`` command;
         None runs without a ledger.
       dataset_budget: the dataset's lifetime budget as this run states it (default: the one the
-        ledger holds; for a dataset the ledger has never seen, this run's ``budget``, with a
-        warning).
+        ledger holds; for a dataset the ledger has never seen, 10 times this run's ``budget``,
+        with a warning: ``dptune.ledger.default_lifetime_budget``).
       fingerprint: the dataset id in the ledger (default: ``trainer.fingerprint``).
       config: what the journal binds the workdir to (default: a description of the arguments).
       progress: show a tqdm display (curator's console; it shows neither K nor scores).

@@ -31,6 +31,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from scipy import optimize
 
 from dptune.accounting import totals
@@ -54,6 +55,12 @@ SIGMA_MIN, SIGMA_MAX = 0.05, 1e4
 
 #: PLD discretisation (nats) of the coarse search; the answer is then refined at the default.
 COARSE_DISCRETIZATION = 1e-3
+
+#: Above this target epsilon (a sanity run with "almost no noise"), ``accountant="auto"``
+#: calibrates with RDP alone: the PLD of so little noise spans thousands of nats (minutes and GB
+#: to build) and its delta(epsilon) overflows float64 past epsilon ~ 709, while RDP stays exact
+#: and fast; tightness does not matter there. ``"pld"`` is refused above it.
+PLD_MAX_EPSILON = 100.0
 
 
 @dataclass(frozen=True)
@@ -116,15 +123,25 @@ def _epsilon_fn(
     discretization: float = PLD_DISCRETIZATION,
 ) -> Callable[[float], float]:
     def eps(sigma: float) -> float:
-        found = totals.routes(
-            make_candidates(sigma), transform, delta, accountant, discretization=discretization
-        )
+        # So little noise that the privacy loss is beyond float64 (exp(epsilon) overflows past
+        # epsilon ~ 709, e.g. while a target of 1000 is searched): the accountant's answer is not
+        # a number, which is read as "no guarantee at this sigma" (infinite epsilon), never as one
+        # that holds. The inputs were checked before the search, so a ValueError here is that.
+        candidates = make_candidates(sigma)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            try:
+                found = totals.routes(
+                    candidates, transform, delta, accountant, discretization=discretization
+                )
+            except ValueError:
+                return math.inf
         if not found:
             raise ValueError(
                 f"accountant={accountant!r} has no route for selection "
                 f"{getattr(transform, 'name', transform)!r}; try accountant='auto'."
             )
-        return min(r.epsilon for r in found)
+        best = min(r.epsilon for r in found)
+        return best if math.isfinite(best) else math.inf
 
     return eps
 
@@ -139,8 +156,8 @@ def _solve(
     cache: dict[float, float] = {}
 
     def gap(log_sigma: float) -> float:
-        if log_sigma not in cache:
-            cache[log_sigma] = eps(math.exp(log_sigma)) - target
+        if log_sigma not in cache:  # no guarantee (inf) as a large finite gap: Brent needs one
+            cache[log_sigma] = min(eps(math.exp(log_sigma)) - target, 1e300)
         return cache[log_sigma]
 
     step = math.log(ratio)
@@ -211,6 +228,14 @@ def calibrate(
         raise ValueError(f"target_epsilon={target_epsilon!r} must be a finite number > 0.")
     delta = check_delta(delta)
     totals.check_accountant(accountant)
+    if target_epsilon > PLD_MAX_EPSILON and accountant != "rdp":
+        if accountant == "pld":
+            raise ValueError(
+                f"target_epsilon={target_epsilon:g} is above {PLD_MAX_EPSILON:g}, beyond what the "
+                "PLD accountant computes (its numbers overflow); accountant='rdp' or 'auto' "
+                "calibrates it"
+            )
+        accountant = "rdp"  # "auto": its one route that computes here (PLD_MAX_EPSILON)
     transform = totals.check_transform(transform)
     if not transform.is_private:
         raise ValueError(

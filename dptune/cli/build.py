@@ -591,6 +591,7 @@ def load_user_arrays(cfg: Mapping[str, Any]) -> Any:
     kind = user_arrays(cfg)
     try:
         if kind == "npz":
+            _check_npz(Path(d["path"]).expanduser())
             arrays = read_npz(d["path"])
         else:
             out = import_object(d["loader"], "data.loader")()
@@ -618,6 +619,21 @@ def load_user_arrays(cfg: Mapping[str, Any]) -> Any:
         raise ConfigError(f"config.data: {e}") from None
     except Exception as e:  # a user's loader or file: one line naming the field
         raise ConfigError(f"config.data ({kind}): {type(e).__name__}: {e}") from None
+
+
+def _check_npz(path: Path) -> None:
+    """An existing ``config.data.path`` must be an npz file (a zip archive, as ``numpy.savez``
+    writes it): numpy would otherwise take it for a pickle and advise ``allow_pickle``."""
+    if not path.is_file():
+        return  # read_npz names a missing file
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not head.startswith(b"PK"):
+        raise ConfigError(
+            f"config.data.path={str(path)!r} is not an npz file (numpy.savez writes a zip archive; "
+            f"this file starts with {head!r}): save your arrays with numpy.savez(path, "
+            "x_train=..., y_train=..., x_test=..., y_test=...)"
+        )
 
 
 def load_data(cfg: Mapping[str, Any]) -> Any:

@@ -78,7 +78,8 @@ def get_config() -> config_dict.ConfigDict:
     c.ledger.path = config_dict.placeholder(
         str
     )  # default $DPTUNE_LEDGER or ~/.dptune/ledger.sqlite
-    c.ledger.budget_epsilon = config_dict.placeholder(float)  # default: this run's budget
+    # the dataset's lifetime budget; default (a dataset new to the ledger): 10 runs like this one
+    c.ledger.budget_epsilon = config_dict.placeholder(float)
     c.ledger.budget_delta = config_dict.placeholder(float)
     # how candidates are trained (dptune.executors): "sequential" (default on CPU), "vectorized"
     # (group_size candidates at once with jax.vmap, where it pays: accelerators), "devices" (one

@@ -243,6 +243,11 @@ class DpSgdTrainer(DatasetTrainer):
         init: Any = None,
         trainable: Any = None,
     ) -> None:
+        if not hasattr(data, "public_num_train"):  # e.g. (x, y): the public size is not known
+            raise TuningConfigError(
+                f"data={type(data).__name__} is not a dptune.Dataset: wrap your arrays with "
+                "dptune.Dataset.from_arrays(x, y, num_examples=N) (N: the public record count)"
+            )
         self.data = data
         self.test_curve = test_curve
         self.base = dict(base or {})

@@ -83,7 +83,7 @@ def test_library_first_run_says_it_fixed_the_datasets_budget(tmp_path, caplog):
                     progress=False)  # fmt: skip
     warned = [r for r in caplog.records if "had no lifetime budget" in r.message]
     assert len(warned) == 1 and warned[0].levelno == logging.WARNING
-    assert "from this run's own budget" in warned[0].message
+    assert "the default: 10 runs like this one" in warned[0].message
     assert "dptune ledger --dataset=" in warned[0].message
 
 
