@@ -953,4 +953,4 @@ def clipped_sum_ghost(
         for name, value in traverse_util.flatten_dict(fin(c.astype(jnp.float32))).items():
             flat[(*path, *name)] = value
     summed = traverse_util.unflatten_dict(flat)
-    return summed, kept_loss_sum(losses, mask), jnp.sqrt(sq)
+    return summed, kept_loss_sum(losses, mask, sq), jnp.sqrt(sq)

@@ -506,7 +506,8 @@ def _check_user_model(spec: ModelSpec, num_classes: int | None) -> None:
     # Every position replaced in turn, at the initial parameters and at random draws around them
     # (mixing that is off at initialisation). What no probe can exclude, mixing that appears only
     # for other parameters or inputs, cannot reach the clipped sums or the validation count
-    # either: those run each example on its own (docs/privacy-model.md, `per-example`).
+    # either: those run each example on its own (docs/privacy-model.md, "Per example by
+    # construction").
     for p in probe_parameter_draws(params):
         try:
             mixed = moved_rows(lambda x, p=p: [out(p, x)], base, variants)
