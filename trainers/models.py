@@ -323,6 +323,12 @@ class ScatterCNN(nn.Module):
         return nn.Dense(self.num_classes, name="dense2")(x)
 
 
+#: The model classes dptune ships: each acts on every example alone by its own code (no operation
+#: along the batch axis; tested against vmap(grad) in tests/trainers), so the ghost path may run
+#: them as one batch (``trainers.ghost``); a user's module runs each example under vmap instead.
+PER_EXAMPLE_MODULES = (MnistCNN, CifarCNN, WideResNet, ScatterLinear, ScatterCNN)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class ModelSpec:
     """A model, the input it reads, and (for a user's model) its loss and validation metric.
