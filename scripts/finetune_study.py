@@ -4,6 +4,7 @@ whatever it shows.
 
 Arms (each a whole `dptune` run through the command, the shipped `finetune` config otherwise):
   scratch        no pretrained start (--config.init=''): dptune's tuning from random initialisation
+                 with its shipped cnn26k recipe (momentum SGD, learning rate 0.5-4, clip 0.1-2)
   full           the public start, every parameter fine-tuned
   lora           the public start, rank-4 LoRA adapters on conv2 / dense1 / dense2 trained
                  (config.model = dptune.configs.finetune:lora_cnn)
@@ -52,7 +53,15 @@ EPSILONS = (1.0, 3.0)
 #: What each arm changes in the shipped `finetune` config (Python lines appended to a config file
 #: whose ``c`` is ``dptune.configs.finetune.get_config()``).
 ARM_EDITS = {
-    "scratch": ['c.init = ""'],
+    # from random initialisation with dptune's shipped recipe for cnn26k from scratch
+    # (dptune/configs/base.py: momentum SGD, learning rate 0.5-4, clip norm 0.1-2), not the
+    # fine-tuning space, at the same batch and epochs as every arm
+    "scratch": [
+        'c.init = ""',
+        'c.train.update(optimizer="momentum", momentum=0.9)',
+        "c.space = dict(learning_rate=space.log_uniform(0.5, 4.0), "
+        "clip_norm=space.log_uniform(0.1, 2.0), noise_multiplier='auto')",
+    ],
     "full": [],
     "lora": ['c.model = "dptune.configs.finetune:lora_cnn"'],
     "last_layer": ['c.learner.trainable = "dense2"'],
