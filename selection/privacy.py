@@ -44,6 +44,7 @@ from selection.checks import (
     check_delta,
     check_epsilon,
     monotone_envelope,
+    set_frozen,
 )
 from selection.counts import TruncatedNegativeBinomial
 from selection.profiles import (
@@ -146,8 +147,7 @@ class RandomStoppingPrivacy(PrivacyTransform):
 
     def __post_init__(self) -> None:
         count = TruncatedNegativeBinomial(self.shape, self.gamma)  # validates
-        object.__setattr__(self, "shape", count.shape)
-        object.__setattr__(self, "gamma", count.gamma)
+        set_frozen(self, shape=count.shape, gamma=count.gamma)
 
     @classmethod
     def from_mean(cls, mean: float, shape: float) -> RandomStoppingPrivacy:
@@ -235,19 +235,15 @@ class PoissonStoppingPrivacy(PrivacyTransform):
         mean = float(self.mean)
         if not (math.isfinite(mean) and mean >= 1.0):
             raise ValueError(f"Poisson mean must be a finite number >= 1, got {self.mean}")
-        object.__setattr__(self, "mean", mean)
+        set_frozen(self, mean=mean)
 
     @property
     def shape(self) -> float:
         return math.inf
 
-    @property
-    def name(self) -> str:
-        return "random_stopping/poisson"
+    name = "random_stopping/poisson"
 
-    @property
-    def theorem(self) -> str:
-        return "Papernot & Steinke 2022, Thm 6 (Poisson number of candidates)"
+    theorem = "Papernot & Steinke 2022, Thm 6 (Poisson number of candidates)"
 
     def params(self) -> dict:
         return {"mean": self.mean, "shape": "inf"}
@@ -317,20 +313,15 @@ class HardCappedRandomStoppingPrivacy(PrivacyTransform):
 
     def __post_init__(self) -> None:
         gamma, cap = check_cap(self.gamma, self.max_trials)
-        object.__setattr__(self, "gamma", gamma)
-        object.__setattr__(self, "max_trials", cap)
+        set_frozen(self, gamma=gamma, max_trials=cap)
 
-    @property
-    def name(self) -> str:
-        return "random_stopping/geometric_capped"
+    name = "random_stopping/geometric_capped"
 
-    @property
-    def theorem(self) -> str:
-        return (
-            "best of min(K, T), K geometric: weight-bonus bounds derived in selection.privacy "
-            "(pgf representation of Koskela, Redberg & Wang 2024, arXiv:2402.06701), or basic "
-            "composition of T runs (Dwork & Roth 2014, Thm 3.16), whichever is smaller"
-        )
+    theorem = (
+        "best of min(K, T), K geometric: weight-bonus bounds derived in selection.privacy "
+        "(pgf representation of Koskela, Redberg & Wang 2024, arXiv:2402.06701), or basic "
+        "composition of T runs (Dwork & Roth 2014, Thm 3.16), whichever is smaller"
+    )
 
     def params(self) -> dict:
         return {"gamma": self.gamma, "max_trials": self.max_trials}
@@ -390,7 +381,7 @@ class ThresholdingPrivacy(PrivacyTransform):
         gamma = float(self.gamma)
         if not (0.0 < gamma <= 1.0):
             raise ValueError(f"gamma (stop probability) must be in (0, 1], got {self.gamma}")
-        object.__setattr__(self, "gamma", gamma)
+        set_frozen(self, gamma=gamma)
         if self.max_trials is not None:
             if int(self.max_trials) != self.max_trials or self.max_trials < 1:
                 raise ValueError(
@@ -404,7 +395,7 @@ class ThresholdingPrivacy(PrivacyTransform):
                     f"Thm 3.1 needs T >= max(ln(2/eps0)/gamma, 1 + 1/(e*gamma)); "
                     f"use max_trials >= {math.ceil(minimum)} or None"
                 )
-            object.__setattr__(self, "max_trials", t)
+            set_frozen(self, max_trials=t)
 
     @property
     def eps0(self) -> float:
@@ -417,12 +408,10 @@ class ThresholdingPrivacy(PrivacyTransform):
     def name(self) -> str:
         return "thresholding" if self.max_trials is None else "thresholding/capped"
 
-    @property
-    def theorem(self) -> str:
-        return (
-            "Liu & Talwar 2019, Thm 3.1(b) (pure DP); "
-            "Papernot & Steinke 2022, App. C, Cor. 16 with Q(S) >= gamma (RDP, uncapped only)"
-        )
+    theorem = (
+        "Liu & Talwar 2019, Thm 3.1(b) (pure DP); "
+        "Papernot & Steinke 2022, App. C, Cor. 16 with Q(S) >= gamma (RDP, uncapped only)"
+    )
 
     def params(self) -> dict:
         t = self.max_trials
@@ -508,20 +497,15 @@ class PercentileSparseVectorPrivacy(PrivacyTransform):
             )
         if int(self.max_trials) != self.max_trials or self.max_trials < 1:
             raise ValueError(f"max_trials must be an integer >= 1, got {self.max_trials}")
-        object.__setattr__(self, "noise_scale", beta)
-        object.__setattr__(self, "max_trials", int(self.max_trials))
+        set_frozen(self, noise_scale=beta, max_trials=int(self.max_trials))
 
-    @property
-    def name(self) -> str:
-        return "sparse_vector"
+    name = "sparse_vector"
 
-    @property
-    def theorem(self) -> str:
-        return (
-            "Liu & Talwar 2019, §4.1 (Alg. gensparse0, Thm 4.1: reduction to AboveThreshold on "
-            "logit percentiles, sensitivity 2 eps) with Dwork & Roth 2014, Thm 3.23 and Thm 3.16 "
-            "(constants: our derivation)"
-        )
+    theorem = (
+        "Liu & Talwar 2019, §4.1 (Alg. gensparse0, Thm 4.1: reduction to AboveThreshold on "
+        "logit percentiles, sensitivity 2 eps) with Dwork & Roth 2014, Thm 3.23 and Thm 3.16 "
+        "(constants: our derivation)"
+    )
 
     def params(self) -> dict:
         return {"noise_scale": self.noise_scale, "max_trials": self.max_trials}
@@ -589,8 +573,7 @@ class AccuracyFirstPrivacy(PrivacyTransform):
             raise ValueError(
                 f"sequence must be 'independent' or 'noise_reduction', got {self.sequence!r}"
             )
-        object.__setattr__(self, "iat_epsilon", e)
-        object.__setattr__(self, "num_levels", int(self.num_levels))
+        set_frozen(self, iat_epsilon=e, num_levels=int(self.num_levels))
 
     @property
     def name(self) -> str:
@@ -702,21 +685,15 @@ class StabilityValidationPrivacy(PrivacyTransform):
         d = float(self.stability_delta)
         if not (0.0 <= d < 1.0):
             raise ValueError(f"stability_delta must be in [0, 1), got {self.stability_delta}")
-        object.__setattr__(self, "validation_epsilon", a)
-        object.__setattr__(self, "k", int(self.k))
-        object.__setattr__(self, "stability_delta", d)
+        set_frozen(self, validation_epsilon=a, k=int(self.k), stability_delta=d)
 
-    @property
-    def name(self) -> str:
-        return "stability_validation"
+    name = "stability_validation"
 
-    @property
-    def theorem(self) -> str:
-        return (
-            "Chaudhuri & Vinterbo 2013, Thm 2 (Alg. 2: Thm 1's (alpha2, delta)-DP selection with "
-            "exponential noise of scale 2 beta/alpha2, composed with alpha1-DP training); "
-            "algorithm and stability definition as reconstructed from their App. 6.4 proofs"
-        )
+    theorem = (
+        "Chaudhuri & Vinterbo 2013, Thm 2 (Alg. 2: Thm 1's (alpha2, delta)-DP selection with "
+        "exponential noise of scale 2 beta/alpha2, composed with alpha1-DP training); "
+        "algorithm and stability definition as reconstructed from their App. 6.4 proofs"
+    )
 
     def params(self) -> dict:
         return {
@@ -776,19 +753,15 @@ class BestOfKPrivacy(PrivacyTransform):
     def __post_init__(self) -> None:
         if int(self.k) != self.k or self.k < 1:
             raise ValueError(f"k must be an integer >= 1, got {self.k}")
-        object.__setattr__(self, "k", int(self.k))
+        set_frozen(self, k=int(self.k))
 
-    @property
-    def name(self) -> str:
-        return "best_of_k"
+    name = "best_of_k"
 
-    @property
-    def theorem(self) -> str:
-        return (
-            "basic composition (Dwork & Roth 2014, Thm 3.16); "
-            "RDP composition (Mironov 2017, Prop. 1); "
-            "tight for best-of-k by Liu & Talwar 2019, App. B.1"
-        )
+    theorem = (
+        "basic composition (Dwork & Roth 2014, Thm 3.16); "
+        "RDP composition (Mironov 2017, Prop. 1); "
+        "tight for best-of-k by Liu & Talwar 2019, App. B.1"
+    )
 
     def params(self) -> dict:
         return {"k": self.k}
@@ -815,13 +788,9 @@ class BestOfKPrivacy(PrivacyTransform):
 class SingleRunPrivacy(PrivacyTransform):
     """One candidate, released as is: the identity transform (no selection)."""
 
-    @property
-    def name(self) -> str:
-        return "single_run"
+    name = "single_run"
 
-    @property
-    def theorem(self) -> str:
-        return "identity (a single candidate; no selection)"
+    theorem = "identity (a single candidate; no selection)"
 
     def params(self) -> dict:
         return {}
@@ -859,13 +828,9 @@ class NotPrivate(PrivacyTransform):
         if self.is_private:
             raise ValueError("NotPrivate cannot be constructed with is_private=True")
 
-    @property
-    def name(self) -> str:
-        return "not_private"
+    name = "not_private"
 
-    @property
-    def theorem(self) -> str:
-        return "none: not differentially private (Liu & Talwar 2019, App. B.1)"
+    theorem = "none: not differentially private (Liu & Talwar 2019, App. B.1)"
 
     def params(self) -> dict:
         return {}
