@@ -15,6 +15,14 @@ def set_frozen(obj: object, **values: object) -> None:
         object.__setattr__(obj, name, value)
 
 
+def check_positive(value: float, name: str) -> float:
+    """``value`` as a float, if it is a finite number > 0."""
+    v = float(value)
+    if not (math.isfinite(v) and v > 0.0):
+        raise ValueError(f"{name} must be a finite number > 0, got {value}")
+    return v
+
+
 def check_poisson_mean(mean: float) -> float:
     """The mean of a Poisson count: a finite number > 0."""
     m = float(mean)

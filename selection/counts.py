@@ -172,6 +172,8 @@ class TruncatedNegativeBinomial(CountDistribution):
     shape: float
     gamma: float
 
+    min_count = 1
+
     def __post_init__(self) -> None:
         shape, gamma = float(self.shape), float(self.gamma)
         if not (math.isfinite(shape) and shape > -1.0):
@@ -224,8 +226,6 @@ class TruncatedNegativeBinomial(CountDistribution):
         if self.shape == 0.0:
             return "logarithmic"
         return "truncated_negative_binomial"
-
-    min_count = 1
 
     @property
     def mean(self) -> float:
@@ -317,12 +317,11 @@ class Poisson(CountDistribution):
 
     shape = math.inf
 
+    name = "poisson"
+    min_count = 0
+
     def __post_init__(self) -> None:
         set_frozen(self, mean=check_poisson_mean(self.mean))
-
-    name = "poisson"
-
-    min_count = 0
 
     def log_pmf(self, k: np.ndarray | int) -> np.ndarray:
         k = np.asarray(k, dtype=np.float64)

@@ -269,15 +269,14 @@ class PoissonStoppingProfile(ProfileSelectionBound):
 
     mean: float
 
-    def __post_init__(self) -> None:
-        set_frozen(self, mean=check_poisson_mean(self.mean))
-
     name = "random_stopping/poisson/profile"
-
     theorem = (
         "privacy-profile bound for best-of-K (pgf representation of Koskela, Redberg & Wang "
         "2024, arXiv:2402.06701; bound (*) derived in selection.privacy), Poisson count"
     )
+
+    def __post_init__(self) -> None:
+        set_frozen(self, mean=check_poisson_mean(self.mean))
 
     def log_weight(self, s: np.ndarray) -> np.ndarray:
         return math.log(self.mean) - self.mean * np.asarray(s, dtype=np.float64)
@@ -310,6 +309,8 @@ class HardCappedRandomStoppingProfile(ProfileSelectionBound):
     gamma: float
     max_trials: int
 
+    name = "random_stopping/geometric_capped/profile"
+
     def __post_init__(self) -> None:
         gamma, cap = check_cap(self.gamma, self.max_trials)
         set_frozen(self, gamma=gamma, max_trials=cap)
@@ -317,8 +318,6 @@ class HardCappedRandomStoppingProfile(ProfileSelectionBound):
     @property
     def mean(self) -> float:  # type: ignore[override]
         return -math.expm1(self.max_trials * math.log1p(-self.gamma)) / self.gamma
-
-    name = "random_stopping/geometric_capped/profile"
 
     @property
     def theorem(self) -> str:  # type: ignore[override]
