@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from selection.method import SelectionMethod, make_rng
-from selection.plan import NoisyThresholdPlan, Plan
+from selection.method import FirstPassing, make_rng
+from selection.plan import NoisyThresholdPlan
 from selection.privacy import AccuracyFirstPrivacy, PrivacyTransform
 
 __all__ = [
@@ -267,7 +267,7 @@ class AccuracyFirstPlan(NoisyThresholdPlan):
     """
 
 
-class AccuracyFirst(SelectionMethod):
+class AccuracyFirst(FirstPassing):
     """Accuracy First as a `SelectionMethod` (Ligett et al. 2017, Alg. 2 over T candidates): the
     first candidate whose score passes InteractiveAboveThreshold against an accuracy target.
 
@@ -296,6 +296,7 @@ class AccuracyFirst(SelectionMethod):
     #: composed candidates); the charge covers the hypotheses and the stopping index, not scores
     takes = ("exact", "covered")
     publishes = ("payload", "index")
+    repr_fields = ("threshold", "score_sensitivity", "iat_epsilon", "max_trials")
 
     def __init__(
         self, threshold: float, score_sensitivity: float, iat_epsilon: float, max_trials: int
@@ -312,53 +313,20 @@ class AccuracyFirst(SelectionMethod):
         self.iat_epsilon = self._privacy.iat_epsilon
         self.max_trials = self._privacy.num_levels
 
-    def __repr__(self) -> str:
-        return (
-            f"AccuracyFirst(threshold={self.threshold!r}, score_sensitivity="
-            f"{self.score_sensitivity!r}, iat_epsilon={self.iat_epsilon!r}, "
-            f"max_trials={self.max_trials!r})"
-        )
-
-    @property
-    def expected_trials(self) -> float:
-        """Upper bound on the number of candidates evaluated: T."""
-        return float(self.max_trials)
-
     def plan(self, rng: np.random.Generator | int | None = None) -> AccuracyFirstPlan:
-        gen = make_rng(rng)
+        # Alg. 2: W_hat = W + Lap(2 Delta/eps_A); Lap(4 Delta/eps_A) per query
         scale = self.score_sensitivity / self.iat_epsilon
-        w_noise = float(gen.laplace(0.0, 2.0 * scale))  # Alg. 2: W_hat = W + Lap(2 Delta/eps_A)
-        nu = gen.laplace(0.0, 4.0 * scale, size=self.max_trials)  # Lap(4 Delta/eps_A) per query
-        return AccuracyFirstPlan(
-            num_trials=self.max_trials,
-            method=self.method_name,
-            threshold_noise=w_noise,
-            query_noise=tuple(nu),
+        return AccuracyFirstPlan.draw_laplace(
+            make_rng(rng), self.max_trials, self.method_name, 2.0 * scale, 4.0 * scale
         )
-
-    def _check_af_plan(self, plan: Plan) -> AccuracyFirstPlan:
-        self._check_plan(plan)
-        if not isinstance(plan, AccuracyFirstPlan):
-            raise TypeError("accuracy_first needs the AccuracyFirstPlan drawn by its own plan()")
-        return plan
 
     def _first_pass(self, plan: AccuracyFirstPlan, scores: Sequence[float]) -> int | None:
+        """First level whose noisy score passes the noisy target."""
         bar = self.threshold + plan.threshold_noise
         for t in range(min(len(scores), plan.num_trials)):
             if float(scores[t]) + plan.query_noise[t] >= bar:  # NaN never passes
                 return t
         return None
-
-    def done(self, plan: Plan, scores: Sequence[float]) -> bool:
-        plan = self._check_af_plan(plan)
-        return len(scores) >= plan.num_trials or self._first_pass(plan, scores) is not None
-
-    def select(self, plan: Plan, scores: Sequence[float]) -> int | None:
-        """First level whose noisy score passes the noisy target; None if none did."""
-        plan = self._check_af_plan(plan)
-        if not self.done(plan, scores):
-            raise ValueError("accuracy_first is not done: no level passed yet; evaluate more")
-        return self._first_pass(plan, scores)
 
     def ex_post_epsilon(self, epsilon: float, index: int | None) -> float:
         """Realised ex-post loss (Lemma 2.8) of releasing level ``index`` (None: nothing) when

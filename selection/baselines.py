@@ -25,11 +25,10 @@ def _check_k(k: int) -> int:
 
 
 class _FixedK(BestOfPlanned):
+    repr_fields = ("k",)
+
     def __init__(self, k: int) -> None:
         self.k = _check_k(k)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(k={self.k})"
 
     @property
     def expected_trials(self) -> float:

@@ -9,6 +9,28 @@ from collections.abc import Sequence
 import numpy as np
 
 
+def set_frozen(obj: object, **values: object) -> None:
+    """Store validated values on a frozen dataclass (from its ``__post_init__``)."""
+    for name, value in values.items():
+        object.__setattr__(obj, name, value)
+
+
+def check_positive(value: float, name: str) -> float:
+    """``value`` as a float, if it is a finite number > 0."""
+    v = float(value)
+    if not (math.isfinite(v) and v > 0.0):
+        raise ValueError(f"{name} must be a finite number > 0, got {value}")
+    return v
+
+
+def check_poisson_mean(mean: float) -> float:
+    """The mean of a Poisson count: a finite number > 0."""
+    m = float(mean)
+    if not (math.isfinite(m) and m > 0.0):
+        raise ValueError(f"Poisson mean must be a finite number > 0, got {mean}")
+    return m
+
+
 def check_epsilon(epsilon: float, name: str = "epsilon") -> float:
     epsilon = float(epsilon)
     if not (epsilon >= 0.0) or math.isnan(epsilon):

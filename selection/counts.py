@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize, special
 
+from selection.checks import check_poisson_mean, set_frozen
+
 __all__ = [
     "CountDistribution",
     "TruncatedNegativeBinomial",
@@ -170,6 +172,8 @@ class TruncatedNegativeBinomial(CountDistribution):
     shape: float
     gamma: float
 
+    min_count = 1
+
     def __post_init__(self) -> None:
         shape, gamma = float(self.shape), float(self.gamma)
         if not (math.isfinite(shape) and shape > -1.0):
@@ -180,8 +184,7 @@ class TruncatedNegativeBinomial(CountDistribution):
             )
         if not (0.0 < gamma <= 1.0):
             raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
-        object.__setattr__(self, "shape", shape)
-        object.__setattr__(self, "gamma", gamma)
+        set_frozen(self, shape=shape, gamma=gamma)
 
     @classmethod
     def from_mean(cls, mean: float, shape: float) -> TruncatedNegativeBinomial:
@@ -223,10 +226,6 @@ class TruncatedNegativeBinomial(CountDistribution):
         if self.shape == 0.0:
             return "logarithmic"
         return "truncated_negative_binomial"
-
-    @property
-    def min_count(self) -> int:
-        return 1
 
     @property
     def mean(self) -> float:
@@ -318,19 +317,11 @@ class Poisson(CountDistribution):
 
     shape = math.inf
 
+    name = "poisson"
+    min_count = 0
+
     def __post_init__(self) -> None:
-        mean = float(self.mean)
-        if not (math.isfinite(mean) and mean > 0.0):
-            raise ValueError(f"Poisson mean must be a finite number > 0, got {self.mean}")
-        object.__setattr__(self, "mean", mean)
-
-    @property
-    def name(self) -> str:
-        return "poisson"
-
-    @property
-    def min_count(self) -> int:
-        return 0
+        set_frozen(self, mean=check_poisson_mean(self.mean))
 
     def log_pmf(self, k: np.ndarray | int) -> np.ndarray:
         k = np.asarray(k, dtype=np.float64)

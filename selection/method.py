@@ -16,7 +16,7 @@ import numpy as np
 from selection.plan import Plan, Selection, SelectionPrivate, best_index
 from selection.privacy import PrivacyTransform
 
-__all__ = ["Candidate", "SelectionMethod", "make_rng"]
+__all__ = ["Candidate", "FirstPassing", "SelectionMethod", "make_rng"]
 
 Candidate = Callable[[int, np.random.Generator], tuple[float, Any]]
 
@@ -77,6 +77,12 @@ class SelectionMethod:
     takes: tuple[str, ...] = ("covered",)
     #: what of the selected candidate the theorem covers (``selection.registry.PUBLISHABLE``)
     publishes: tuple[str, ...] = ("payload",)
+    #: the public settings ``repr`` shows, as ``name=value`` (never anything from a plan)
+    repr_fields: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.repr_fields)
+        return f"{type(self).__name__}({shown})"
 
     def plan(self, rng: np.random.Generator | int | None = None) -> Plan:
         raise NotImplementedError
@@ -91,7 +97,8 @@ class SelectionMethod:
     def privacy(self) -> PrivacyTransform:
         raise NotImplementedError
 
-    def _check_plan(self, plan: Plan) -> None:
+    def _check_plan(self, plan: Plan) -> Plan:
+        """``plan``, if this method drew it: a ``plan_class`` with this ``method_name``."""
         if not isinstance(plan, Plan):
             raise TypeError(f"plan must be a selection.Plan, got {type(plan).__name__}")
         if plan.method and plan.method != self.method_name:
@@ -99,6 +106,11 @@ class SelectionMethod:
                 f"this plan was drawn by {plan.method!r}, not by {self.method_name!r}; "
                 "a plan must be used with the method that drew it"
             )
+        if not isinstance(plan, self.plan_class):
+            raise TypeError(
+                f"{self.method_name} needs the {self.plan_class.__name__} drawn by its own plan()"
+            )
+        return plan
 
     def run(
         self,
@@ -167,3 +179,35 @@ class BestOfPlanned(SelectionMethod):
         if plan.num_trials == 0:
             return None
         return best_index(scores[: plan.num_trials])
+
+
+class FirstPassing(SelectionMethod):
+    """Methods that release the first candidate, among the plan's ``num_trials``, whose score
+    passes a test (thresholding, sparse vector, Accuracy First): their ``done`` and ``select``.
+
+    Subclasses implement `_first_pass`. Scores after the first pass (evaluated speculatively in a
+    batch) and beyond ``num_trials`` are ignored.
+    """
+
+    @property
+    def expected_trials(self) -> float:
+        """Upper bound on the number of candidates evaluated: T, the subclass's ``max_trials``."""
+        return float(self.max_trials)
+
+    def _first_pass(self, plan: Plan, scores: Sequence[float]) -> int | None:
+        """Index of the first of ``scores[:plan.num_trials]`` that passes; None if none did."""
+        raise NotImplementedError
+
+    def done(self, plan: Plan, scores: Sequence[float]) -> bool:
+        plan = self._check_plan(plan)
+        return len(scores) >= plan.num_trials or self._first_pass(plan, scores) is not None
+
+    def select(self, plan: Plan, scores: Sequence[float]) -> int | None:
+        """The first index < num_trials that passes the test; None if every planned one failed."""
+        plan = self._check_plan(plan)
+        if not self.done(plan, scores):
+            raise ValueError(
+                f"{self.method_name} is not done: no candidate passed yet and the plan's trials "
+                "are not all evaluated; evaluate more candidates first"
+            )
+        return self._first_pass(plan, scores)

@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 __all__ = ["Plan", "Selection", "SelectionPrivate", "best_index", "rank_key"]
 
 
@@ -137,6 +139,26 @@ class NoisyThresholdPlan(Plan):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(method={self.method!r}, <private noise>)"
+
+    @classmethod
+    def draw_laplace(
+        cls,
+        gen: np.random.Generator,
+        num_trials: int,
+        method: str,
+        threshold_scale: float,
+        query_scale: float,
+    ) -> NoisyThresholdPlan:
+        """Threshold noise Lap(``threshold_scale``), then ``num_trials`` query noises
+        Lap(``query_scale``), drawn from ``gen`` in that order."""
+        threshold_noise = float(gen.laplace(0.0, threshold_scale))
+        query_noise = gen.laplace(0.0, query_scale, size=num_trials)
+        return cls(
+            num_trials=num_trials,
+            method=method,
+            threshold_noise=threshold_noise,
+            query_noise=tuple(query_noise),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -32,6 +32,7 @@ not be checked against the paper) is in ``docs/selection.md``, "What was verifie
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -43,7 +44,9 @@ from selection.checks import (
     check_curve,
     check_delta,
     check_epsilon,
+    check_positive,
     monotone_envelope,
+    set_frozen,
 )
 from selection.counts import TruncatedNegativeBinomial
 from selection.profiles import (
@@ -54,6 +57,9 @@ from selection.profiles import (
     profile_approx_dp,
     profile_pure_dp,
 )
+
+#: A candidate's delta as a function of epsilon (input of the Poisson theorem).
+DeltaFn = Callable[[float], float]
 
 __all__ = [
     "PrivacyTransform",
@@ -82,8 +88,9 @@ class PrivacyTransform:
     is_private: bool = True
 
     def params(self) -> dict:
-        """Every input of the theorem, JSON-safe (floats, ints, strings; ``"inf"`` for infinity)."""
-        raise NotImplementedError
+        """Every input of the theorem, JSON-safe (floats, ints, strings; ``"inf"`` for infinity):
+        by default the dataclass's fields."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     def pure_dp(self, epsilon: float) -> float:
         """Total epsilon of the selection when every candidate is ``epsilon``-DP."""
@@ -96,8 +103,19 @@ class PrivacyTransform:
         *,
         delta_for_epsilon: Callable[[float], float] | None = None,
     ) -> np.ndarray:
-        """Total RDP epsilons at ``orders`` given one candidate's RDP epsilons ``rdp`` there."""
-        raise NotImplementedError(f"{self.name}: {self.theorem} gives no RDP statement")
+        """Total RDP epsilons at ``orders`` given one candidate's RDP epsilons ``rdp`` there.
+
+        The curve is checked (`check_curve`) before a subclass's `_rdp` sees it; a theorem with no
+        RDP statement raises NotImplementedError before that.
+        """
+        if type(self)._rdp is PrivacyTransform._rdp:
+            raise NotImplementedError(f"{self.name}: {self.theorem} gives no RDP statement")
+        o, r = check_curve(orders, rdp)
+        return self._rdp(o, r, delta_for_epsilon)
+
+    def _rdp(self, o: np.ndarray, r: np.ndarray, delta_for_epsilon: DeltaFn | None) -> np.ndarray:
+        """`rdp` on a checked curve: orders ``o`` and RDP epsilons ``r``, 1-D of one length."""
+        raise NotImplementedError
 
     def approx_dp(self, epsilon: float, delta: float) -> tuple[float, float]:
         """Total (epsilon, delta) when every candidate is (``epsilon``, ``delta``)-DP."""
@@ -146,8 +164,7 @@ class RandomStoppingPrivacy(PrivacyTransform):
 
     def __post_init__(self) -> None:
         count = TruncatedNegativeBinomial(self.shape, self.gamma)  # validates
-        object.__setattr__(self, "shape", count.shape)
-        object.__setattr__(self, "gamma", count.gamma)
+        set_frozen(self, shape=count.shape, gamma=count.gamma)
 
     @classmethod
     def from_mean(cls, mean: float, shape: float) -> RandomStoppingPrivacy:
@@ -192,15 +209,8 @@ class RandomStoppingPrivacy(PrivacyTransform):
         # Thm 2).
         return (2.0 + self.shape) * check_epsilon(epsilon)
 
-    def rdp(
-        self,
-        orders: Sequence[float],
-        rdp: Sequence[float],
-        *,
-        delta_for_epsilon: Callable[[float], float] | None = None,
-    ) -> np.ndarray:
+    def _rdp(self, o: np.ndarray, r: np.ndarray, delta_for_epsilon: DeltaFn | None) -> np.ndarray:
         del delta_for_epsilon  # Thm 2 needs only the RDP curve
-        o, r = check_curve(orders, rdp)
         eta, log_mean = self.shape, math.log(self.mean)
         # PS Thm 2, the lambda_hat terms: (1 - 1/lambda_hat) eps_hat + log(1/gamma)/lambda_hat,
         # minimised over the grid. At lambda_hat = 1 the first term is 0 * eps_hat; an infinite
@@ -231,23 +241,18 @@ class PoissonStoppingPrivacy(PrivacyTransform):
 
     mean: float
 
+    name = "random_stopping/poisson"
+    theorem = "Papernot & Steinke 2022, Thm 6 (Poisson number of candidates)"
+
     def __post_init__(self) -> None:
         mean = float(self.mean)
         if not (math.isfinite(mean) and mean >= 1.0):
             raise ValueError(f"Poisson mean must be a finite number >= 1, got {self.mean}")
-        object.__setattr__(self, "mean", mean)
+        set_frozen(self, mean=mean)
 
     @property
     def shape(self) -> float:
         return math.inf
-
-    @property
-    def name(self) -> str:
-        return "random_stopping/poisson"
-
-    @property
-    def theorem(self) -> str:
-        return "Papernot & Steinke 2022, Thm 6 (Poisson number of candidates)"
 
     def params(self) -> dict:
         return {"mean": self.mean, "shape": "inf"}
@@ -262,20 +267,13 @@ class PoissonStoppingPrivacy(PrivacyTransform):
             "use rdp() with the candidate's RDP curve and delta_for_epsilon"
         )
 
-    def rdp(
-        self,
-        orders: Sequence[float],
-        rdp: Sequence[float],
-        *,
-        delta_for_epsilon: Callable[[float], float] | None = None,
-    ) -> np.ndarray:
+    def _rdp(self, o: np.ndarray, r: np.ndarray, delta_for_epsilon: DeltaFn | None) -> np.ndarray:
         if delta_for_epsilon is None:
             raise ValueError(
                 "random_stopping/poisson (Papernot & Steinke 2022, Thm 6) needs delta_for_epsilon: "
                 "the single candidate's delta as a function of epsilon "
                 "(e.g. dp_accounting.rdp.compute_delta or a PLD)"
             )
-        o, r = check_curve(orders, rdp)
         out = np.full(o.shape, np.inf)
         for i, order in enumerate(o):
             if order <= 1.0:
@@ -315,25 +313,16 @@ class HardCappedRandomStoppingPrivacy(PrivacyTransform):
     gamma: float
     max_trials: int
 
+    name = "random_stopping/geometric_capped"
+    theorem = (
+        "best of min(K, T), K geometric: weight-bonus bounds derived in selection.privacy "
+        "(pgf representation of Koskela, Redberg & Wang 2024, arXiv:2402.06701), or basic "
+        "composition of T runs (Dwork & Roth 2014, Thm 3.16), whichever is smaller"
+    )
+
     def __post_init__(self) -> None:
         gamma, cap = check_cap(self.gamma, self.max_trials)
-        object.__setattr__(self, "gamma", gamma)
-        object.__setattr__(self, "max_trials", cap)
-
-    @property
-    def name(self) -> str:
-        return "random_stopping/geometric_capped"
-
-    @property
-    def theorem(self) -> str:
-        return (
-            "best of min(K, T), K geometric: weight-bonus bounds derived in selection.privacy "
-            "(pgf representation of Koskela, Redberg & Wang 2024, arXiv:2402.06701), or basic "
-            "composition of T runs (Dwork & Roth 2014, Thm 3.16), whichever is smaller"
-        )
-
-    def params(self) -> dict:
-        return {"gamma": self.gamma, "max_trials": self.max_trials}
+        set_frozen(self, gamma=gamma, max_trials=cap)
 
     def profile_bound(self) -> HardCappedRandomStoppingProfile:
         return HardCappedRandomStoppingProfile(self.gamma, self.max_trials)
@@ -386,11 +375,16 @@ class ThresholdingPrivacy(PrivacyTransform):
     gamma: float
     max_trials: int | None = None
 
+    theorem = (
+        "Liu & Talwar 2019, Thm 3.1(b) (pure DP); "
+        "Papernot & Steinke 2022, App. C, Cor. 16 with Q(S) >= gamma (RDP, uncapped only)"
+    )
+
     def __post_init__(self) -> None:
         gamma = float(self.gamma)
         if not (0.0 < gamma <= 1.0):
             raise ValueError(f"gamma (stop probability) must be in (0, 1], got {self.gamma}")
-        object.__setattr__(self, "gamma", gamma)
+        set_frozen(self, gamma=gamma)
         if self.max_trials is not None:
             if int(self.max_trials) != self.max_trials or self.max_trials < 1:
                 raise ValueError(
@@ -404,7 +398,7 @@ class ThresholdingPrivacy(PrivacyTransform):
                     f"Thm 3.1 needs T >= max(ln(2/eps0)/gamma, 1 + 1/(e*gamma)); "
                     f"use max_trials >= {math.ceil(minimum)} or None"
                 )
-            object.__setattr__(self, "max_trials", t)
+            set_frozen(self, max_trials=t)
 
     @property
     def eps0(self) -> float:
@@ -417,13 +411,6 @@ class ThresholdingPrivacy(PrivacyTransform):
     def name(self) -> str:
         return "thresholding" if self.max_trials is None else "thresholding/capped"
 
-    @property
-    def theorem(self) -> str:
-        return (
-            "Liu & Talwar 2019, Thm 3.1(b) (pure DP); "
-            "Papernot & Steinke 2022, App. C, Cor. 16 with Q(S) >= gamma (RDP, uncapped only)"
-        )
-
     def params(self) -> dict:
         t = self.max_trials
         return {"gamma": self.gamma, "max_trials": t if t is not None else "inf", "eps0": self.eps0}
@@ -432,13 +419,7 @@ class ThresholdingPrivacy(PrivacyTransform):
         # LT Thm 3.1(b): 2 eps1 + eps0.
         return 2.0 * check_epsilon(epsilon) + self.eps0
 
-    def rdp(
-        self,
-        orders: Sequence[float],
-        rdp: Sequence[float],
-        *,
-        delta_for_epsilon: Callable[[float], float] | None = None,
-    ) -> np.ndarray:
+    def _rdp(self, o: np.ndarray, r: np.ndarray, delta_for_epsilon: DeltaFn | None) -> np.ndarray:
         del delta_for_epsilon
         if self.max_trials is not None:
             raise NotImplementedError(
@@ -446,7 +427,6 @@ class ThresholdingPrivacy(PrivacyTransform):
                 "(PS App. C, Cor. 16 covers the uncapped "
                 "Alg. 1); use max_trials=None or pure_dp"
             )
-        o, r = check_curve(orders, rdp)
         log_inv_q = -math.log(self.gamma)
         out = np.full(o.shape, np.inf)
         for i, a in enumerate(o):
@@ -500,31 +480,18 @@ class PercentileSparseVectorPrivacy(PrivacyTransform):
     noise_scale: float
     max_trials: int
 
+    name = "sparse_vector"
+    theorem = (
+        "Liu & Talwar 2019, §4.1 (Alg. gensparse0, Thm 4.1: reduction to AboveThreshold on "
+        "logit percentiles, sensitivity 2 eps) with Dwork & Roth 2014, Thm 3.23 and Thm 3.16 "
+        "(constants: our derivation)"
+    )
+
     def __post_init__(self) -> None:
-        beta = float(self.noise_scale)
-        if not (math.isfinite(beta) and beta > 0.0):
-            raise ValueError(
-                f"noise_scale (beta) must be a finite number > 0, got {self.noise_scale}"
-            )
+        beta = check_positive(self.noise_scale, "noise_scale (beta)")
         if int(self.max_trials) != self.max_trials or self.max_trials < 1:
             raise ValueError(f"max_trials must be an integer >= 1, got {self.max_trials}")
-        object.__setattr__(self, "noise_scale", beta)
-        object.__setattr__(self, "max_trials", int(self.max_trials))
-
-    @property
-    def name(self) -> str:
-        return "sparse_vector"
-
-    @property
-    def theorem(self) -> str:
-        return (
-            "Liu & Talwar 2019, §4.1 (Alg. gensparse0, Thm 4.1: reduction to AboveThreshold on "
-            "logit percentiles, sensitivity 2 eps) with Dwork & Roth 2014, Thm 3.23 and Thm 3.16 "
-            "(constants: our derivation)"
-        )
-
-    def params(self) -> dict:
-        return {"noise_scale": self.noise_scale, "max_trials": self.max_trials}
+        set_frozen(self, noise_scale=beta, max_trials=int(self.max_trials))
 
     def index_epsilon(self, epsilon: float) -> float:
         """eps' of the stopping index alone: AboveThreshold with Delta = 2 eps, 4 eps / beta."""
@@ -579,9 +546,7 @@ class AccuracyFirstPrivacy(PrivacyTransform):
     sequence: str = "independent"
 
     def __post_init__(self) -> None:
-        e = float(self.iat_epsilon)
-        if not (math.isfinite(e) and e > 0.0):
-            raise ValueError(f"iat_epsilon must be a finite number > 0, got {self.iat_epsilon}")
+        e = check_positive(self.iat_epsilon, "iat_epsilon")
         t = self.num_levels
         if isinstance(t, bool) or int(t) != t or t < 1:
             raise ValueError(f"max_trials (levels T) must be an integer >= 1, got {t}")
@@ -589,8 +554,7 @@ class AccuracyFirstPrivacy(PrivacyTransform):
             raise ValueError(
                 f"sequence must be 'independent' or 'noise_reduction', got {self.sequence!r}"
             )
-        object.__setattr__(self, "iat_epsilon", e)
-        object.__setattr__(self, "num_levels", int(self.num_levels))
+        set_frozen(self, iat_epsilon=e, num_levels=int(self.num_levels))
 
     @property
     def name(self) -> str:
@@ -610,13 +574,6 @@ class AccuracyFirstPrivacy(PrivacyTransform):
             "charged: the worst case over stopping levels"
         )
 
-    def params(self) -> dict:
-        return {
-            "iat_epsilon": self.iat_epsilon,
-            "num_levels": self.num_levels,
-            "sequence": self.sequence,
-        }
-
     def ex_post(self, epsilon: float, level: int | None) -> float:
         """Realised ex-post loss (Lemma 2.8) of stopping at 0-based ``level`` (None: nothing
         passed, every test ran: the worst case).
@@ -635,20 +592,13 @@ class AccuracyFirstPrivacy(PrivacyTransform):
         # max over outcomes of Lemma 2.8's ex-post loss (see the class docstring)
         return self.ex_post(epsilon, None)
 
-    def rdp(
-        self,
-        orders: Sequence[float],
-        rdp: Sequence[float],
-        *,
-        delta_for_epsilon: Callable[[float], float] | None = None,
-    ) -> np.ndarray:
+    def _rdp(self, o: np.ndarray, r: np.ndarray, delta_for_epsilon: DeltaFn | None) -> np.ndarray:
         del delta_for_epsilon
         if self.sequence == "noise_reduction":
             raise NotImplementedError(
                 f"{self.name}: noise reduction (Ligett et al. 2017, Thm 2.7) is stated for pure "
                 "eps-DP only; give the last level's eps to pure_dp"
             )
-        _, r = check_curve(orders, rdp)
         # composition of T candidates [M17 Prop. 1] + the eps_A-DP test at every order
         return self.num_levels * r + self.iat_epsilon
 
@@ -690,40 +640,21 @@ class StabilityValidationPrivacy(PrivacyTransform):
     k: int
     stability_delta: float = 0.0
 
+    name = "stability_validation"
+    theorem = (
+        "Chaudhuri & Vinterbo 2013, Thm 2 (Alg. 2: Thm 1's (alpha2, delta)-DP selection with "
+        "exponential noise of scale 2 beta/alpha2, composed with alpha1-DP training); "
+        "algorithm and stability definition as reconstructed from their App. 6.4 proofs"
+    )
+
     def __post_init__(self) -> None:
-        a = float(self.validation_epsilon)
-        if not (math.isfinite(a) and a > 0.0):
-            raise ValueError(
-                f"validation_epsilon (alpha2) must be a finite number > 0, got "
-                f"{self.validation_epsilon}"
-            )
+        a = check_positive(self.validation_epsilon, "validation_epsilon (alpha2)")
         if isinstance(self.k, bool) or int(self.k) != self.k or self.k < 1:
             raise ValueError(f"k must be an integer >= 1, got {self.k}")
         d = float(self.stability_delta)
         if not (0.0 <= d < 1.0):
             raise ValueError(f"stability_delta must be in [0, 1), got {self.stability_delta}")
-        object.__setattr__(self, "validation_epsilon", a)
-        object.__setattr__(self, "k", int(self.k))
-        object.__setattr__(self, "stability_delta", d)
-
-    @property
-    def name(self) -> str:
-        return "stability_validation"
-
-    @property
-    def theorem(self) -> str:
-        return (
-            "Chaudhuri & Vinterbo 2013, Thm 2 (Alg. 2: Thm 1's (alpha2, delta)-DP selection with "
-            "exponential noise of scale 2 beta/alpha2, composed with alpha1-DP training); "
-            "algorithm and stability definition as reconstructed from their App. 6.4 proofs"
-        )
-
-    def params(self) -> dict:
-        return {
-            "validation_epsilon": self.validation_epsilon,
-            "k": self.k,
-            "stability_delta": self.stability_delta,
-        }
+        set_frozen(self, validation_epsilon=a, k=int(self.k), stability_delta=d)
 
     @property
     def delta(self) -> float:
@@ -773,38 +704,23 @@ class BestOfKPrivacy(PrivacyTransform):
 
     k: int
 
+    name = "best_of_k"
+    theorem = (
+        "basic composition (Dwork & Roth 2014, Thm 3.16); "
+        "RDP composition (Mironov 2017, Prop. 1); "
+        "tight for best-of-k by Liu & Talwar 2019, App. B.1"
+    )
+
     def __post_init__(self) -> None:
         if int(self.k) != self.k or self.k < 1:
             raise ValueError(f"k must be an integer >= 1, got {self.k}")
-        object.__setattr__(self, "k", int(self.k))
-
-    @property
-    def name(self) -> str:
-        return "best_of_k"
-
-    @property
-    def theorem(self) -> str:
-        return (
-            "basic composition (Dwork & Roth 2014, Thm 3.16); "
-            "RDP composition (Mironov 2017, Prop. 1); "
-            "tight for best-of-k by Liu & Talwar 2019, App. B.1"
-        )
-
-    def params(self) -> dict:
-        return {"k": self.k}
+        set_frozen(self, k=int(self.k))
 
     def pure_dp(self, epsilon: float) -> float:
         return self.k * check_epsilon(epsilon)
 
-    def rdp(
-        self,
-        orders: Sequence[float],
-        rdp: Sequence[float],
-        *,
-        delta_for_epsilon: Callable[[float], float] | None = None,
-    ) -> np.ndarray:
+    def _rdp(self, o: np.ndarray, r: np.ndarray, delta_for_epsilon: DeltaFn | None) -> np.ndarray:
         del delta_for_epsilon
-        _, r = check_curve(orders, rdp)
         return self.k * r
 
     def approx_dp(self, epsilon: float, delta: float) -> tuple[float, float]:
@@ -815,29 +731,14 @@ class BestOfKPrivacy(PrivacyTransform):
 class SingleRunPrivacy(PrivacyTransform):
     """One candidate, released as is: the identity transform (no selection)."""
 
-    @property
-    def name(self) -> str:
-        return "single_run"
-
-    @property
-    def theorem(self) -> str:
-        return "identity (a single candidate; no selection)"
-
-    def params(self) -> dict:
-        return {}
+    name = "single_run"
+    theorem = "identity (a single candidate; no selection)"
 
     def pure_dp(self, epsilon: float) -> float:
         return check_epsilon(epsilon)
 
-    def rdp(
-        self,
-        orders: Sequence[float],
-        rdp: Sequence[float],
-        *,
-        delta_for_epsilon: Callable[[float], float] | None = None,
-    ) -> np.ndarray:
+    def _rdp(self, o: np.ndarray, r: np.ndarray, delta_for_epsilon: DeltaFn | None) -> np.ndarray:
         del delta_for_epsilon
-        _, r = check_curve(orders, rdp)
         return r.copy()
 
     def approx_dp(self, epsilon: float, delta: float) -> tuple[float, float]:
@@ -855,17 +756,12 @@ class NotPrivate(PrivacyTransform):
 
     is_private: bool = False
 
+    name = "not_private"
+    theorem = "none: not differentially private (Liu & Talwar 2019, App. B.1)"
+
     def __post_init__(self) -> None:
         if self.is_private:
             raise ValueError("NotPrivate cannot be constructed with is_private=True")
-
-    @property
-    def name(self) -> str:
-        return "not_private"
-
-    @property
-    def theorem(self) -> str:
-        return "none: not differentially private (Liu & Talwar 2019, App. B.1)"
 
     def params(self) -> dict:
         return {}
@@ -874,15 +770,8 @@ class NotPrivate(PrivacyTransform):
         check_epsilon(epsilon)
         return math.inf
 
-    def rdp(
-        self,
-        orders: Sequence[float],
-        rdp: Sequence[float],
-        *,
-        delta_for_epsilon: Callable[[float], float] | None = None,
-    ) -> np.ndarray:
+    def _rdp(self, o: np.ndarray, r: np.ndarray, delta_for_epsilon: DeltaFn | None) -> np.ndarray:
         del delta_for_epsilon
-        o, _ = check_curve(orders, rdp)
         return np.full(o.shape, np.inf)
 
     def approx_dp(self, epsilon: float, delta: float) -> tuple[float, float]:

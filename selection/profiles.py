@@ -20,7 +20,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from selection.checks import check_cap, check_delta, check_epsilon
+from selection.checks import (
+    check_cap,
+    check_delta,
+    check_epsilon,
+    check_poisson_mean,
+    set_frozen,
+)
 from selection.counts import TruncatedNegativeBinomial
 
 __all__ = [
@@ -68,8 +74,7 @@ class CandidateProfile:
         d = np.clip(np.maximum.accumulate(d[::-1])[::-1], 0.0, 1.0)
         e.setflags(write=False)
         d.setflags(write=False)
-        object.__setattr__(self, "epsilons", e)
-        object.__setattr__(self, "deltas", d)
+        set_frozen(self, epsilons=e, deltas=d)
 
     def delta(self, epsilon: np.ndarray | float) -> np.ndarray:
         """An upper bound on the profile at any real ``epsilon`` (elementwise).
@@ -231,8 +236,7 @@ class RandomStoppingProfile(ProfileSelectionBound):
 
     def __post_init__(self) -> None:
         count = TruncatedNegativeBinomial(self.shape, self.gamma)  # validates
-        object.__setattr__(self, "shape", count.shape)
-        object.__setattr__(self, "gamma", count.gamma)
+        set_frozen(self, shape=count.shape, gamma=count.gamma)
 
     @property
     def mean(self) -> float:  # type: ignore[override]
@@ -265,22 +269,14 @@ class PoissonStoppingProfile(ProfileSelectionBound):
 
     mean: float
 
+    name = "random_stopping/poisson/profile"
+    theorem = (
+        "privacy-profile bound for best-of-K (pgf representation of Koskela, Redberg & Wang "
+        "2024, arXiv:2402.06701; bound (*) derived in selection.privacy), Poisson count"
+    )
+
     def __post_init__(self) -> None:
-        mean = float(self.mean)
-        if not (math.isfinite(mean) and mean > 0.0):
-            raise ValueError(f"Poisson mean must be a finite number > 0, got {self.mean}")
-        object.__setattr__(self, "mean", mean)
-
-    @property
-    def name(self) -> str:  # type: ignore[override]
-        return "random_stopping/poisson/profile"
-
-    @property
-    def theorem(self) -> str:  # type: ignore[override]
-        return (
-            "privacy-profile bound for best-of-K (pgf representation of Koskela, Redberg & Wang "
-            "2024, arXiv:2402.06701; bound (*) derived in selection.privacy), Poisson count"
-        )
+        set_frozen(self, mean=check_poisson_mean(self.mean))
 
     def log_weight(self, s: np.ndarray) -> np.ndarray:
         return math.log(self.mean) - self.mean * np.asarray(s, dtype=np.float64)
@@ -313,18 +309,15 @@ class HardCappedRandomStoppingProfile(ProfileSelectionBound):
     gamma: float
     max_trials: int
 
+    name = "random_stopping/geometric_capped/profile"
+
     def __post_init__(self) -> None:
         gamma, cap = check_cap(self.gamma, self.max_trials)
-        object.__setattr__(self, "gamma", gamma)
-        object.__setattr__(self, "max_trials", cap)
+        set_frozen(self, gamma=gamma, max_trials=cap)
 
     @property
     def mean(self) -> float:  # type: ignore[override]
         return -math.expm1(self.max_trials * math.log1p(-self.gamma)) / self.gamma
-
-    @property
-    def name(self) -> str:  # type: ignore[override]
-        return "random_stopping/geometric_capped/profile"
 
     @property
     def theorem(self) -> str:  # type: ignore[override]

@@ -40,6 +40,7 @@ class RandomStopping(BestOfPlanned):
     """
 
     method_name = "random_stopping"
+    repr_fields = ("count", "max_trials")
 
     def __init__(self, count: CountDistribution, max_trials: int | None = None) -> None:
         if not isinstance(count, (TruncatedNegativeBinomial, Poisson)):
@@ -75,9 +76,6 @@ class RandomStopping(BestOfPlanned):
     @classmethod
     def poisson(cls, mean: float) -> RandomStopping:
         return cls(Poisson(mean))
-
-    def __repr__(self) -> str:
-        return f"RandomStopping(count={self.count!r}, max_trials={self.max_trials!r})"
 
     @property
     def expected_trials(self) -> float:

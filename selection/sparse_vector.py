@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from selection.method import SelectionMethod, make_rng
-from selection.plan import NoisyThresholdPlan, Plan
+from selection.method import FirstPassing, make_rng
+from selection.plan import NoisyThresholdPlan
 from selection.privacy import PercentileSparseVectorPrivacy, PrivacyTransform
 
 __all__ = ["PercentileSparseVector", "SparseVectorPlan", "logit"]
@@ -54,7 +54,7 @@ class SparseVectorPlan(NoisyThresholdPlan):
     """
 
 
-class PercentileSparseVector(SelectionMethod):
+class PercentileSparseVector(FirstPassing):
     """Liu & Talwar 2019, §4.1: the first candidate whose percentile p_i(D) (its score) passes a
     noisy test against ``target_percentile`` on the log-odds scale.
 
@@ -72,6 +72,7 @@ class PercentileSparseVector(SelectionMethod):
     #: and the payload (one sample of Q_i), never the percentile itself
     takes = ("percentile",)
     publishes = ("payload", "index")
+    repr_fields = ("target_percentile", "noise_scale", "max_trials")
 
     def __init__(self, target_percentile: float, noise_scale: float, max_trials: int) -> None:
         target = float(target_percentile)
@@ -82,54 +83,21 @@ class PercentileSparseVector(SelectionMethod):
         self.noise_scale = self._privacy.noise_scale
         self.max_trials = self._privacy.max_trials
 
-    def __repr__(self) -> str:
-        return (
-            f"PercentileSparseVector(target_percentile={self.target_percentile!r}, "
-            f"noise_scale={self.noise_scale!r}, max_trials={self.max_trials!r})"
-        )
-
-    @property
-    def expected_trials(self) -> float:
-        """Upper bound on the number of candidates evaluated: T."""
-        return float(self.max_trials)
-
     def plan(self, rng: np.random.Generator | int | None = None) -> SparseVectorPlan:
-        gen = make_rng(rng)
-        rho = float(gen.laplace(0.0, self.noise_scale))
-        nu = gen.laplace(0.0, 2.0 * self.noise_scale, size=self.max_trials)
-        return SparseVectorPlan(
-            num_trials=self.max_trials,
-            method=self.method_name,
-            threshold_noise=rho,
-            query_noise=tuple(nu),
+        # rho ~ Lap(beta) on the target's logit, nu_i ~ Lap(2 beta) per candidate
+        beta = self.noise_scale
+        return SparseVectorPlan.draw_laplace(
+            make_rng(rng), self.max_trials, self.method_name, beta, 2.0 * beta
         )
-
-    def _check_sv_plan(self, plan: Plan) -> SparseVectorPlan:
-        self._check_plan(plan)
-        if not isinstance(plan, SparseVectorPlan):
-            raise TypeError("sparse_vector needs the SparseVectorPlan drawn by its own plan()")
-        return plan
 
     def _first_pass(self, plan: SparseVectorPlan, scores: Sequence[float]) -> int | None:
+        """First index whose noisy logit-percentile passes the noisy threshold."""
         bar = logit(self.target_percentile) + plan.threshold_noise
         for i in range(min(len(scores), plan.num_trials)):
             g = logit(scores[i])  # NaN (a failed candidate or a score outside [0, 1]) never passes
             if g + plan.query_noise[i] >= bar:
                 return i
         return None
-
-    def done(self, plan: Plan, scores: Sequence[float]) -> bool:
-        plan = self._check_sv_plan(plan)
-        return len(scores) >= plan.num_trials or self._first_pass(plan, scores) is not None
-
-    def select(self, plan: Plan, scores: Sequence[float]) -> int | None:
-        """First index whose noisy logit-percentile passes the noisy threshold; None if none."""
-        plan = self._check_sv_plan(plan)
-        if not self.done(plan, scores):
-            raise ValueError(
-                "sparse_vector is not done: no candidate passed yet; evaluate more candidates"
-            )
-        return self._first_pass(plan, scores)
 
     @property
     def privacy(self) -> PrivacyTransform:

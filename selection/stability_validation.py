@@ -91,6 +91,7 @@ class StabilityValidation(SelectionMethod):
     #: i* and h_{i*}, not the scores
     takes = ("exact", "covered")
     publishes = ("payload", "index")
+    repr_fields = ("k", "validation_epsilon", "beta")
 
     def __init__(
         self,
@@ -132,12 +133,6 @@ class StabilityValidation(SelectionMethod):
             raise ValueError(f"stability_beta must be a finite number > 0, got {beta}")
         return cls(k, validation_epsilon, beta, beta, 1, 1, stability_delta)
 
-    def __repr__(self) -> str:
-        return (
-            f"StabilityValidation(k={self.k}, validation_epsilon={self.validation_epsilon!r}, "
-            f"beta={self.beta!r})"
-        )
-
     @property
     def expected_trials(self) -> float:
         return float(self.k)
@@ -146,19 +141,12 @@ class StabilityValidation(SelectionMethod):
         z = make_rng(rng).exponential(self.noise_scale, size=self.k)
         return StabilityPlan(num_trials=self.k, method=self.method_name, noise=tuple(z))
 
-    def _check_sv_plan(self, plan: Plan) -> StabilityPlan:
-        self._check_plan(plan)
-        if not isinstance(plan, StabilityPlan):
-            raise TypeError("stability_validation needs the StabilityPlan drawn by its own plan()")
-        return plan
-
     def done(self, plan: Plan, scores: Sequence[float]) -> bool:
-        plan = self._check_sv_plan(plan)
-        return len(scores) >= plan.num_trials
+        return len(scores) >= self._check_plan(plan).num_trials
 
     def select(self, plan: Plan, scores: Sequence[float]) -> int | None:
         """argmax_i scores[i] + noise[i] (NaN scores lowest; ties to the lower index)."""
-        plan = self._check_sv_plan(plan)
+        plan = self._check_plan(plan)
         if len(scores) < plan.num_trials:
             raise ValueError("stability_validation needs all k scores before selecting")
         noisy = [

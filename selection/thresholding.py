@@ -19,14 +19,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from selection.method import SelectionMethod, make_rng
+from selection.method import FirstPassing, make_rng
 from selection.plan import Plan
 from selection.privacy import PrivacyTransform, ThresholdingPrivacy
 
 __all__ = ["Thresholding"]
 
 
-class Thresholding(SelectionMethod):
+class Thresholding(FirstPassing):
     """Liu & Talwar 2019, Alg. 1.
 
     Args:
@@ -39,6 +39,7 @@ class Thresholding(SelectionMethod):
     method_name = "thresholding"
     #: LT Thm 3.1 covers the released candidate's output, its score included
     publishes = ("payload", "score")
+    repr_fields = ("threshold", "stop_probability", "max_trials")
 
     def __init__(
         self, threshold: float, stop_probability: float, max_trials: int | None = None
@@ -51,12 +52,6 @@ class Thresholding(SelectionMethod):
         self._privacy = ThresholdingPrivacy(stop_probability, max_trials)
         self.stop_probability = self._privacy.gamma
         self.max_trials = self._privacy.max_trials
-
-    def __repr__(self) -> str:
-        return (
-            f"Thresholding(threshold={self.threshold!r}, stop_probability="
-            f"{self.stop_probability!r}, max_trials={self.max_trials!r})"
-        )
 
     @property
     def expected_trials(self) -> float:
@@ -74,25 +69,12 @@ class Thresholding(SelectionMethod):
             stop = min(stop, self.max_trials)
         return Plan(num_trials=stop, method=self.method_name)
 
-    def _first_hit(self, plan: Plan, scores: Sequence[float]) -> int | None:
+    def _first_pass(self, plan: Plan, scores: Sequence[float]) -> int | None:
+        """First index with score >= threshold (the stopping coins end the plan's trials)."""
         for i in range(min(len(scores), plan.num_trials)):
             if float(scores[i]) >= self.threshold:  # False for NaN
                 return i
         return None
-
-    def done(self, plan: Plan, scores: Sequence[float]) -> bool:
-        self._check_plan(plan)
-        return len(scores) >= plan.num_trials or self._first_hit(plan, scores) is not None
-
-    def select(self, plan: Plan, scores: Sequence[float]) -> int | None:
-        """First index < num_trials with score >= threshold; None if all planned ones missed."""
-        self._check_plan(plan)
-        if not self.done(plan, scores):
-            raise ValueError(
-                "thresholding is not done: no score reached the threshold yet and the stopping "
-                "coins have not stopped it; evaluate more candidates first"
-            )
-        return self._first_hit(plan, scores)
 
     @property
     def privacy(self) -> PrivacyTransform:

@@ -26,11 +26,14 @@ def blocks(page: Path, lang: str) -> list[str]:
     return [m.group(2) for m in FENCE.finditer(page.read_text()) if m.group(1) == lang]
 
 
-def _env() -> dict[str, str]:
+def _run_python(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    """``python ARGS`` in ``cwd`` with this checkout importable and a ledger of its own there."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     env["DPTUNE_LEDGER"] = "ledger.sqlite"  # never the user's own ledger
-    return env
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 PYTHON_PAGES = [p for p in PAGES if blocks(p, "python")]
@@ -40,14 +43,7 @@ PYTHON_PAGES = [p for p in PAGES if blocks(p, "python")]
 def test_python_blocks_run(page, tmp_path):
     script = "\n\n".join(blocks(page, "python"))
     (tmp_path / "page.py").write_text(script)
-    p = subprocess.run(
-        [sys.executable, "page.py"],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    p = _run_python(["page.py"], tmp_path, timeout=600)
     assert p.returncode == 0, f"{page.name}:\n{p.stderr[-3000:]}"
 
 
@@ -73,13 +69,6 @@ def test_docs_show_account_commands():
 @pytest.mark.parametrize("page, command", ACCOUNT, ids=[f"{p}:{c[25:70]}" for p, c in ACCOUNT])
 def test_account_commands_in_docs_run(page, command, tmp_path):
     argv = shlex.split(command)
-    p = subprocess.run(
-        [sys.executable, "-m", "dptune", *argv[1:]],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    p = _run_python(["-m", "dptune", *argv[1:]], tmp_path, timeout=300)
     assert p.returncode == 0, f"{page}: {command}\n{p.stderr[-2000:]}"
     assert "satisfies" in p.stdout or "total_epsilon" in p.stdout

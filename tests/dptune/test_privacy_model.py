@@ -36,6 +36,19 @@ REPLACE_ONE = privacy_accountant.NeighboringRelation.REPLACE_ONE
 FMNIST = shared_data("fashion-mnist")
 
 
+def _tune_logarithmic(trainer, fields: dict, epsilon: float, *, seed: int):
+    """dptune.tune: logarithmic random stopping (E[K] = 10), delta 1e-5, no ledger."""
+    return dptune.tune(
+        trainer,
+        dptune.Space(fields),
+        RandomStopping.logarithmic(mean=10),
+        (epsilon, 1e-5),
+        seed=seed,
+        progress=False,
+        ledger=None,
+    )
+
+
 def _val_digests(d) -> set[bytes]:
     return set(record_digests(d.val_x, d.val_y))
 
@@ -110,27 +123,11 @@ def test_user_trainer_is_accounted_over_every_field_its_privacy_depends_on():
     ).total_epsilon
     assert best_case < 1.5 and 12.0 < tightest <= worst
     calls: list = []
-    release = dptune.tune(
-        _gaussian_trainer(calls),
-        dptune.Space(fields),
-        RandomStopping.logarithmic(mean=10),
-        (20.0, 1e-5),
-        seed=1,
-        progress=False,
-        ledger=None,
-    )
+    release = _tune_logarithmic(_gaussian_trainer(calls), fields, 20.0, seed=1)
     assert release.privacy["total_epsilon"] == pytest.approx(tightest, rel=1e-3)
     calls.clear()
     with pytest.raises(dptune.ImpossibleBudgetError, match=f"{tightest:.2f}"):
-        dptune.tune(
-            _gaussian_trainer(calls),
-            dptune.Space(fields),
-            RandomStopping.logarithmic(mean=10),
-            (3.0, 1e-5),
-            seed=1,
-            progress=False,
-            ledger=None,
-        )
+        _tune_logarithmic(_gaussian_trainer(calls), fields, 3.0, seed=1)
     assert calls == []
 
 
@@ -149,27 +146,20 @@ def test_a_drawn_candidate_not_covered_by_the_statement_stops_the_run_before_tra
 
     fields = dict(a=space.choice(0, 1), b=space.choice(0, 1), lr=space.uniform(0.0, 1.0))
     with pytest.raises(TuningConfigError, match=r"not covered.*\['a', 'b'\]"):
-        dptune.tune(
-            train,
-            dptune.Space(fields),
-            RandomStopping.logarithmic(mean=10),
-            (3.0, 1e-5),
-            seed=3,
-            progress=False,
-            ledger=None,
-        )
+        _tune_logarithmic(train, fields, 3.0, seed=3)
     assert calls == []
 
 
-def test_dpsgd_trainer_goes_through_the_same_check():
-    d = make_synthetic(num_train=600, num_test=50, validation_size=100)
+class LeakyDpSgdTrainer(DpSgdTrainer):
+    """Less noise than accounted for large learning rates: the per-candidate check must notice."""
 
-    class Leaky(DpSgdTrainer):  # less noise for large learning rates: must be noticed
-        def privacy(self, hparams):
-            sigma = 0.3 if hparams["learning_rate"] > 1.0 else hparams["noise_multiplier"]
-            return super().privacy({**hparams, "noise_multiplier": sigma})
+    def privacy(self, hparams):
+        sigma = 0.3 if hparams["learning_rate"] > 1.0 else hparams["noise_multiplier"]
+        return super().privacy({**hparams, "noise_multiplier": sigma})
 
-    trainer = Leaky(d, dict(batch_size=50, epochs=1))
+
+def assert_leak_refused(trainer: LeakyDpSgdTrainer) -> None:
+    """Tuning ``trainer`` over learning rates 0.5 to 2 is refused before training, naming it."""
     with pytest.raises(TuningConfigError, match="learning_rate"):
         dptune.tune(
             trainer,
@@ -179,6 +169,11 @@ def test_dpsgd_trainer_goes_through_the_same_check():
             seed=0,
             progress=False,
         )
+
+
+def test_dpsgd_trainer_goes_through_the_same_check():
+    d = make_synthetic(num_train=600, num_test=50, validation_size=100)
+    assert_leak_refused(LeakyDpSgdTrainer(d, dict(batch_size=50, epochs=1)))
 
 
 def test_exact_validation_score_needs_a_public_separate_validation_set(tmp_path):

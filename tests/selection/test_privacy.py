@@ -206,12 +206,25 @@ BINARY_PAIRS = [(0.01, 0.01 * math.exp(0.5)), (0.2, 0.3), (0.5, 0.5 * math.exp(-
 SMALL_ORDERS = np.concatenate([np.linspace(1.5, 10.0, 18), [12.0, 16.0, 24.0, 32.0, 64.0, 256.0]])
 
 
+def _binary_candidates(p: float, q: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Score distributions (P[1], P[0]) of a binary-score candidate on D and D', and its exact
+    RDP curve at SMALL_ORDERS."""
+    cand_p, cand_q = np.array([p, 1 - p]), np.array([q, 1 - q])
+    return cand_p, cand_q, _sym_renyi(cand_p, cand_q, SMALL_ORDERS)
+
+
+def _assert_rdp_dominates(transform, out_p, out_q, curve, **rdp_kwargs) -> None:
+    """The transform's RDP bound is >= the exact divergence of the selection's outputs."""
+    exact = _sym_renyi(out_p, out_q, SMALL_ORDERS)
+    bound = transform.rdp(SMALL_ORDERS, curve, **rdp_kwargs)
+    assert np.all(exact <= bound + 1e-12)
+
+
 @pytest.mark.parametrize("shape", [-0.5, 0.0, 1.0, 2.0])
 @pytest.mark.parametrize("pair", BINARY_PAIRS)
 def test_tnb_bounds_dominate_exact_divergence(shape, pair):
     p, q = pair
-    cand_p, cand_q = np.array([p, 1 - p]), np.array([q, 1 - q])
-    curve = _sym_renyi(cand_p, cand_q, SMALL_ORDERS)
+    cand_p, cand_q, curve = _binary_candidates(p, q)
     transform = sp.RandomStoppingPrivacy.from_mean(8.0, shape)
     count = transform.count
     # P[best score = 0] = E[(1-p)^K]; check the closed-form PGF against the pmf first.
@@ -219,9 +232,7 @@ def test_tnb_bounds_dominate_exact_divergence(shape, pair):
     assert _tnb_pgf(count, 1 - p) == pytest.approx(np.sum(count.pmf(k) * (1 - p) ** k), rel=1e-9)
     out_p = np.array([1 - _tnb_pgf(count, 1 - p), _tnb_pgf(count, 1 - p)])
     out_q = np.array([1 - _tnb_pgf(count, 1 - q), _tnb_pgf(count, 1 - q)])
-    exact = _sym_renyi(out_p, out_q, SMALL_ORDERS)
-    bound = transform.rdp(SMALL_ORDERS, curve)
-    assert np.all(exact <= bound + 1e-12)
+    _assert_rdp_dominates(transform, out_p, out_q, curve)
     assert _max_log_ratio(out_p, out_q) <= transform.pure_dp(_max_log_ratio(cand_p, cand_q))
 
 
@@ -229,8 +240,7 @@ def test_tnb_bounds_dominate_exact_divergence(shape, pair):
 @pytest.mark.parametrize("mean", [1.0, 8.0])
 def test_poisson_bound_dominates_exact_divergence(pair, mean):
     p, q = pair
-    cand_p, cand_q = np.array([p, 1 - p]), np.array([q, 1 - q])
-    curve = _sym_renyi(cand_p, cand_q, SMALL_ORDERS)
+    cand_p, cand_q, curve = _binary_candidates(p, q)
 
     def delta_for_epsilon(eps: float) -> float:  # exact hockey-stick divergence, both directions
         return max(
@@ -243,28 +253,22 @@ def test_poisson_bound_dominates_exact_divergence(pair, mean):
             [-math.expm1(-mean * prob), math.exp(-mean * prob) - math.exp(-mean), math.exp(-mean)]
         )
 
-    exact = _sym_renyi(output(p), output(q), SMALL_ORDERS)
-    bound = sp.PoissonStoppingPrivacy(mean).rdp(
-        SMALL_ORDERS, curve, delta_for_epsilon=delta_for_epsilon
-    )
-    assert np.all(exact <= bound + 1e-12)
+    poisson = sp.PoissonStoppingPrivacy(mean)
+    _assert_rdp_dominates(poisson, output(p), output(q), curve, delta_for_epsilon=delta_for_epsilon)
 
 
 @pytest.mark.parametrize("pair", BINARY_PAIRS)
 @pytest.mark.parametrize("gamma", [0.02, 0.3])
 def test_thresholding_bounds_dominate_exact_divergence(pair, gamma):
     p, q = pair
-    cand_p, cand_q = np.array([p, 1 - p]), np.array([q, 1 - q])
-    curve = _sym_renyi(cand_p, cand_q, SMALL_ORDERS)
+    cand_p, cand_q, curve = _binary_candidates(p, q)
 
     def output(prob: float) -> np.ndarray:  # threshold 1: (released, nothing)
         released = prob / (prob + gamma * (1 - prob))
         return np.array([released, 1 - released])
 
     transform = sp.ThresholdingPrivacy(gamma)
-    exact = _sym_renyi(output(p), output(q), SMALL_ORDERS)
-    bound = transform.rdp(SMALL_ORDERS, curve)
-    assert np.all(exact <= bound + 1e-12)
+    _assert_rdp_dominates(transform, output(p), output(q), curve)
     assert _max_log_ratio(output(p), output(q)) <= transform.pure_dp(_max_log_ratio(cand_p, cand_q))
 
 

@@ -12,20 +12,9 @@ from scipy import optimize, stats
 
 import dptune
 from dptune import accounting, space
-from dptune.data import MNIST_10K_NUM_TRAIN
 from dptune.errors import TuningConfigError
 from dptune.learners import fisher
 from selection import RandomStopping
-from tests.paths import mnist_10k
-from trainers.data import load_dataset
-
-
-@pytest.fixture(scope="module")
-def mnist():
-    return load_dataset(
-        "mnist", str(mnist_10k()), validation_size=1000, source="idx",
-        num_examples=MNIST_10K_NUM_TRAIN,
-    )  # fmt: skip
 
 
 def analytic_gaussian_epsilon(mu: float, delta: float) -> float:

@@ -14,21 +14,12 @@ from scipy import optimize
 
 import dptune
 from dptune import accounting, space
-from dptune.data import MNIST_10K_NUM_TRAIN
 from dptune.errors import TuningConfigError
 from dptune.learners import public_data as pdl
 from selection import RandomStopping
 from tests.dptune.learners.test_fisher import analytic_gaussian_epsilon
 from tests.paths import mnist_10k, shared_data
-from trainers.data import load_dataset, record_digests, record_split_uniforms
-
-
-@pytest.fixture(scope="module")
-def mnist():
-    return load_dataset(
-        "mnist", str(mnist_10k()), validation_size=1000, source="idx",
-        num_examples=MNIST_10K_NUM_TRAIN,
-    )  # fmt: skip
+from trainers.data import record_digests, record_split_uniforms
 
 
 def test_public_pool_is_disjoint_from_the_private_split(mnist):

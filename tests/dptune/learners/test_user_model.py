@@ -15,6 +15,7 @@ import dptune
 from dptune import space
 from dptune.errors import TuningConfigError
 from selection import RandomStopping
+from tests.dptune.test_privacy_model import LeakyDpSgdTrainer, assert_leak_refused
 
 
 class MLP(nn.Module):
@@ -67,21 +68,8 @@ def test_user_module_gets_the_same_privacy_statement_and_ledger_id_as_a_shipped_
 def test_per_candidate_check_refuses_an_unaccounted_noise_multiplier_for_a_user_module():
     data = _data(600)
 
-    class Leaky(dptune.DpSgdTrainer):  # less noise for large learning rates: must be noticed
-        def privacy(self, hparams):
-            sigma = 0.3 if hparams["learning_rate"] > 1.0 else hparams["noise_multiplier"]
-            return super().privacy({**hparams, "noise_multiplier": sigma})
-
-    trainer = Leaky(data, model=MLP(), base=dict(batch_size=50, epochs=1), epoch_progress=False)
-    with pytest.raises(TuningConfigError, match="learning_rate"):
-        dptune.tune(
-            trainer,
-            dptune.Space(dict(learning_rate=space.log_uniform(0.5, 2.0), noise_multiplier=2.0)),
-            RandomStopping.logarithmic(mean=3),
-            (50.0, 1e-5),
-            seed=0,
-            progress=False,
-        )
+    base = dict(batch_size=50, epochs=1)
+    assert_leak_refused(LeakyDpSgdTrainer(data, model=MLP(), base=base, epoch_progress=False))
 
 
 def test_user_mistakes_are_one_line_refusals():
