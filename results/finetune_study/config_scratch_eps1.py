@@ -1,0 +1,11 @@
+from dptune import space
+from dptune.configs import finetune
+
+
+def get_config():
+    c = finetune.get_config()
+    c.privacy.epsilon = 1.0
+    c.init = ""
+    c.train.update(optimizer="momentum", momentum=0.9)
+    c.space = dict(learning_rate=space.log_uniform(0.5, 4.0), clip_norm=space.log_uniform(0.1, 2.0), noise_multiplier='auto')
+    return c
