@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from trainers import train_mode
 from trainers.spec import MODEL_NAMES  # one list of model names, JAX-free
 
 #: Models that train on scattering features (``trainers.scatter``) instead of raw images.
@@ -346,6 +347,13 @@ class ModelSpec:
         integer labels.
       metric: a ``trainers.evaluate.BoundedMetric`` scoring candidates; None: accuracy.
       shipped: whether this is one of the shipped models (with their hand-tuned fast paths).
+      input_layout: for dict inputs, how the stored (b, width) inputs unpack into the dict the
+        model is called with (``trainers.data.InputLayout``); None: the array as it is.
+      label_shape, label_dtype: one record's label (without the batch axis): () and "int32" for
+        class ids; what the loss and metric are probed with (shapes and dtypes, never values).
+      call_keyword: "train" or "deterministic" when the module's ``__call__`` takes it
+        (``trainers.train_mode``): called in training mode, with per-example dropout keys, while
+        it trains, and in evaluation mode otherwise; None: always called as it is.
     """
 
     name: str
@@ -358,15 +366,44 @@ class ModelSpec:
     loss: Callable | None = None
     metric: Any = None
     shipped: bool = True
+    input_layout: Any = None
+    label_shape: tuple[int, ...] = ()
+    label_dtype: str = "int32"
+    call_keyword: str | None = None
 
     def __repr__(self) -> str:
         return f"ModelSpec({self.name!r}, input {self.input_dtype}{self.input_shape})"
 
-    def apply(self, variables: dict, x: jax.Array) -> jax.Array:
-        """Outputs for a batch x, flax-style: ``variables = {"params": params}``."""
+    def apply(self, variables: dict, x: jax.Array) -> Any:
+        """Outputs for a batch x, flax-style: ``variables = {"params": params}``; a module with a
+        ``train`` / ``deterministic`` keyword is called in evaluation mode."""
+        x = self.model_input(x)
         if self.module is not None:
-            return self.module.apply(variables, x)
+            kwargs = train_mode.call_kwargs(self.call_keyword, False)
+            return self.module.apply(variables, x, **kwargs)
         return self.apply_fn(variables["params"], x)
+
+    def model_input(self, x: Any) -> Any:
+        """Stored inputs as the model reads them: the dict of a dict input, else x itself."""
+        return x if self.input_layout is None else self.input_layout.unpack(x)
+
+    def init(self, key: jax.Array) -> dict:
+        """The module's variables from one example of zeros (evaluation mode; a ``dropout`` rng
+        is supplied in case the module draws one while initialising)."""
+        x = self.model_input(self.example_input(1))
+        if self.module is None:
+            return {"params": self.init_fn(key, x)}
+        rngs = {"params": key, "dropout": jax.random.fold_in(key, 1)}
+        return self.module.init(rngs, x, **train_mode.call_kwargs(self.call_keyword, False))
+
+    @property
+    def stochastic(self) -> bool:
+        """Whether training calls the module in training mode (with dropout keys)."""
+        return self.module is not None and self.call_keyword is not None
+
+    def training(self, rng: jax.Array) -> train_mode.TrainingCall:
+        """The module in training mode with root dropout key ``rng`` (``trainers.train_mode``)."""
+        return train_mode.TrainingCall(self, rng)
 
     def example_input(self, batch: int = 1) -> jax.Array:
         """Zeros shaped like ``batch`` examples (what parameters are initialised from)."""
@@ -417,27 +454,44 @@ def user_model(
     metric: Any = None,
     num_classes: int | None = None,
     name: str | None = None,
+    label_shape: Sequence[int] = (),
+    label_dtype: Any = "int32",
+    input_layout: Any = None,
+    check_metric: bool = True,
 ) -> ModelSpec:
     """A user's model as a :class:`ModelSpec`, checked before anything trains.
 
     Args:
       model: a flax (linen) Module instance (unbound), or an ``(init_fn, apply_fn)`` pair.
-      input_shape, input_dtype: one example's shape and dtype (from the data).
-      loss: ``loss(outputs, labels) -> (b,)``; None: softmax cross-entropy on integer labels.
-      metric: a ``trainers.evaluate.BoundedMetric``; None: accuracy.
+      input_shape, input_dtype: one example's shape and dtype (from the data; for a dict input,
+        the stored (width,) row and ``input_layout`` says how it unpacks).
+      loss: ``loss(outputs, labels) -> (b,)``, outputs any pytree; None: softmax cross-entropy on
+        integer class labels and (b, classes) logits.
+      metric: a ``trainers.evaluate.BoundedMetric``; None: accuracy (class labels only).
       num_classes: with the default loss, the outputs must be (b, C) logits with C >=
         num_classes.
       name: a label for reports (default: the module's class name).
+      label_shape, label_dtype: one record's label (public shapes: the loss and metric are
+        probed with zeros shaped like them).
+      input_layout: ``trainers.data.InputLayout`` of a dict input.
+      check_metric: whether the validation metric (``metric`` or the default accuracy) must fit
+        the outputs and labels (False for the own-loop pieces, which score nothing).
 
     Raises:
       ValueError: the model keeps state other than its parameters (e.g. ``nn.BatchNorm``'s
-        batch statistics: they mix the examples of a batch), needs an rng to run, mixes examples
-        (one example's output moves when another example changes), or its loss / metric is not
-        one value per example. The message names the layer or function and the fix. The checks
-        run on synthetic inputs (zeros, and random inputs for the mixing check), never on data.
+        batch statistics: they mix the examples of a batch), needs an rng to evaluate, mixes
+        examples (one example's output moves when another example changes), its loss / metric
+        is not one value per example, or the default loss / metric do not fit the labels. The
+        message starts with ``dptune:`` and names the layer or function and the fix. The
+        checks run on synthetic inputs (zeros, and random inputs for the mixing check), never
+        on data.
     """
     input_shape = tuple(int(d) for d in input_shape)
     dtype = np.dtype(input_dtype).name
+    extra = dict(
+        input_layout=input_layout, label_shape=tuple(int(d) for d in label_shape),
+        label_dtype=np.dtype(jax.dtypes.canonicalize_dtype(label_dtype)).name,
+    )  # fmt: skip
     if isinstance(model, ModelSpec):
         return model
     if isinstance(model, str):
@@ -447,36 +501,48 @@ def user_model(
             raise ValueError(f"model={type(model).__name__}: pass an unbound flax Module")
         spec = ModelSpec(
             name or type(model).__name__, model, input_shape, None, dtype, loss=loss,
-            metric=metric, shipped=False,
+            metric=metric, shipped=False, call_keyword=train_mode.call_keyword(model), **extra,
         )  # fmt: skip
     elif isinstance(model, tuple) and len(model) == 2 and all(callable(f) for f in model):
         init_fn, apply_fn = model
         spec = ModelSpec(
             name or getattr(apply_fn, "__name__", "apply_fn"), None, input_shape, None, dtype,
-            init_fn, apply_fn, loss, metric, shipped=False,
+            init_fn, apply_fn, loss, metric, shipped=False, **extra,
         )  # fmt: skip
     else:
         raise TypeError(
             f"model={model!r:.80}: expected a shipped model name {MODEL_NAMES}, a flax.linen "
             "Module instance, or an (init_fn, apply_fn) pair"
         )
-    _check_user_model(spec, num_classes)
+    _check_user_model(spec, num_classes, check_metric)
     return spec
 
 
-def _check_user_model(spec: ModelSpec, num_classes: int | None) -> None:
+def _rng_hint(e: Exception) -> str:
+    """The call convention, for an error that asks for an rng (dropout outside training)."""
+    if "PRNG" not in str(e) and "rng" not in str(e).lower():
+        return ""
+    return (
+        ". dptune calls a module whose __call__ has a `train` (or `deterministic`) keyword with "
+        "train=False (deterministic=True) to initialise and evaluate it, and with train=True "
+        "and per-example dropout rngs while it trains: give it that keyword and use "
+        "nn.Dropout(rate, deterministic=not train)"
+    )
+
+
+def _leaf_name(path: tuple) -> str:
+    return "outputs" + jax.tree_util.keystr(path) if path else "outputs"
+
+
+def _check_user_model(spec: ModelSpec, num_classes: int | None, check_metric: bool = True) -> None:
     label = f"model {spec.name}"
     x1 = spec.example_input(1)
     try:
-        if spec.module is not None:
-            variables = spec.module.init(jax.random.PRNGKey(0), x1)
-        else:
-            variables = {"params": spec.init_fn(jax.random.PRNGKey(0), x1)}
+        variables = spec.init(jax.random.PRNGKey(0))
     except Exception as e:
         raise ValueError(
-            f"{label} could not be initialised on an input of shape {x1.shape} ({x1.dtype}): "
-            f"{type(e).__name__}: {e}. dptune applies the model deterministically, without rngs "
-            "(set Dropout's deterministic=True)"
+            f"dptune: {label} could not be initialised on an input of shape {x1.shape} "
+            f"({x1.dtype}): {type(e).__name__}: {e}{_rng_hint(e)}"
         ) from None
     for col, tree in variables.items():
         if col in _HARMLESS_COLLECTIONS:
@@ -502,36 +568,71 @@ def _check_user_model(spec: ModelSpec, num_classes: int | None) -> None:
         x2[0] = rng.standard_normal(spec.input_shape).astype(x.dtype)
     try:
         out = jax.jit(lambda p, x: spec.apply({"params": p}, x))
-        o1, o2 = np.asarray(out(params, x)), np.asarray(out(params, x2))
+        o1 = jax.tree_util.tree_map(np.asarray, out(params, x))
+        o2 = jax.tree_util.tree_map(np.asarray, out(params, x2))
     except Exception as e:
         raise ValueError(
-            f"{label} failed on a batch of shape {x.shape}: {type(e).__name__}: {e}"
+            f"dptune: {label} failed on a batch of shape {x.shape}: {type(e).__name__}: {e}"
+            f"{_rng_hint(e)}"
         ) from None
-    if o1.ndim < 1 or o1.shape[0] != 3:
-        raise ValueError(f"{label}: outputs for a batch of 3 have shape {o1.shape}, not (3, ...)")
-    if not np.allclose(o1[1:], o2[1:], rtol=1e-5, atol=1e-6):
+    leaves1 = jax.tree_util.tree_flatten_with_path(o1)[0]
+    leaves2 = jax.tree_util.tree_leaves(o2)
+    for (path, a), b in zip(leaves1, leaves2, strict=True):
+        if a.ndim < 1 or a.shape[0] != 3:
+            raise ValueError(
+                f"dptune: {label}: {_leaf_name(path)} has shape {a.shape} for a batch of 3: every "
+                "output array needs a leading example axis, (3, ...)"
+            )
+        if not np.allclose(a[1:], b[1:], rtol=1e-5, atol=1e-6, equal_nan=True):
+            raise ValueError(
+                f"{label} mixes examples: one example's output changes when another example of "
+                "the batch changes (batch statistics, e.g. nn.BatchNorm in training mode). DP-SGD "
+                "needs per-example gradients: use nn.GroupNorm or nn.LayerNorm"
+            )
+    single = isinstance(o1, np.ndarray)
+    classes = spec.label_shape == () and np.issubdtype(np.dtype(spec.label_dtype), np.integer)
+    labels = f"{spec.label_dtype}{spec.label_shape} labels per record"
+    if spec.loss is None:
+        if not classes:
+            raise ValueError(
+                f"dptune: {label}: the default loss (softmax cross-entropy) needs integer class "
+                f"labels of shape (n,), and the data has {labels}: pass loss=fn(outputs, labels) "
+                "-> (b,) per-example losses (e.g. the squared error for regression, sigmoid "
+                "cross-entropy summed over k labels, or token cross-entropy summed or averaged "
+                "over a sequence) and metric=dptune.Metric(fn, lo, hi)"
+            )
+        if not single:
+            raise ValueError(
+                f"dptune: {label} returns a {type(o1).__name__} of arrays; the default loss "
+                "needs one (b, classes) logits array: pass loss=fn(outputs, labels) -> (b,) "
+                "that picks the logits (and metric=dptune.Metric(...))"
+            )
+        if num_classes is not None and (o1.ndim != 2 or o1.shape[1] < num_classes):
+            raise ValueError(
+                f"dptune: {label}: outputs of shape {o1.shape[1:]} per example; the default loss "
+                f"(softmax cross-entropy) needs (num_classes,) = ({num_classes},) logits, or "
+                "pass loss=..."
+            )
+    if check_metric and spec.metric is None and not (classes and single and o1.ndim == 2):
+        what = labels if not classes else f"outputs {type(o1).__name__}"
         raise ValueError(
-            f"{label} mixes examples: one example's output changes when another example of the "
-            "batch changes (batch statistics, e.g. nn.BatchNorm in training mode). DP-SGD needs "
-            "per-example gradients: use nn.GroupNorm or nn.LayerNorm"
+            f"dptune: {label}: the default metric (accuracy) needs integer class labels (n,) and "
+            f"(b, classes) outputs, and here are {what}: pass metric=dptune.Metric(fn, lo, hi) "
+            "with fn(outputs, labels) -> one value per record in [lo, hi] (e.g. minus the "
+            "squared error clipped to [-4, 0], or a token accuracy in [0, 1])"
         )
-    if (
-        spec.loss is None
-        and num_classes is not None
-        and (o1.ndim != 2 or o1.shape[1] < num_classes)
-    ):
-        raise ValueError(
-            f"{label}: outputs of shape {o1.shape[1:]} per example; the default loss (softmax "
-            f"cross-entropy) needs (num_classes,) = ({num_classes},) logits, or pass loss=..."
-        )
-    y = np.zeros((3,), np.int32)
+    y = np.zeros((3, *spec.label_shape), spec.label_dtype)
+    abstract = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), o1)
     for what, fn in (("loss", spec.loss), ("metric", getattr(spec.metric, "fn", None))):
         if fn is None:
             continue
         try:
-            v = jax.eval_shape(fn, jax.ShapeDtypeStruct(o1.shape, o1.dtype), y)
+            v = jax.eval_shape(fn, abstract, y)
         except Exception as e:
-            raise ValueError(f"{what} failed on outputs of shape {o1.shape}: {e}") from None
+            raise ValueError(
+                f"dptune: {what} failed on outputs {jax.tree_util.tree_map(lambda a: a.shape, o1)} "
+                f"and labels of shape {y.shape} ({y.dtype}): {type(e).__name__}: {e}"
+            ) from None
         if tuple(getattr(v, "shape", ())) != (3,):
             raise ValueError(
                 f"{what}(outputs, labels) must return one value per example, shape (b,); for a "
@@ -547,13 +648,13 @@ def init_params(spec: ModelSpec, key: jax.Array) -> dict:
     which was most of what a warm-started run still compiled. An ``(init_fn, apply_fn)`` pair is
     called as it is (it may not be traceable)."""
     if spec.module is None:
-        return spec.init_fn(key, spec.example_input(1))
+        return spec.init(key)["params"]
     return _compiled_init(spec)(key)
 
 
 @functools.lru_cache(maxsize=64)
 def _compiled_init(spec: ModelSpec) -> Callable:
-    return jax.jit(lambda key: spec.module.init(key, spec.example_input(1))["params"])
+    return jax.jit(lambda key: spec.init(key)["params"])
 
 
 def param_count(params) -> int:

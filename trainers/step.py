@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from trainers import dpsgd, ghost, models, parallel
+from trainers import dpsgd, ghost, models, parallel, train_mode
 from trainers.runtime import tune_malloc
 from trainers.spec import Hyperparams
 
@@ -146,8 +146,12 @@ def ghost_plan(spec: models.ModelSpec) -> Any:
         params = jax.eval_shape(lambda: models.init_params(spec, jax.random.PRNGKey(0)))
         params = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), params)
         x = jax.ShapeDtypeStruct((3, *spec.input_shape), spec.input_dtype)
-        y = jax.ShapeDtypeStruct((3,), jnp.int32)
-        plan = ghost.analyze(spec.module, params, x, spec.loss or dpsgd.per_example_loss, y)
+        y = jax.ShapeDtypeStruct((3, *spec.label_shape), spec.label_dtype)
+        # The spec applies the module as training does (a dict input unpacked; a module with a
+        # train keyword in training mode, dropout on with a fixed key: the row probes compare
+        # two batches drawn with the same masks).
+        module = spec.training(jax.random.PRNGKey(0)) if spec.stochastic else spec
+        plan = ghost.analyze(module, params, x, spec.loss or dpsgd.per_example_loss, y)
     if not plan.supported:
         log.warning(
             "model %s: per-example clipping by vmap(grad) (correct for any model, slower): the "
@@ -318,6 +322,15 @@ class StepFunctions:
         self.trace_count = 0
         copies = self.augmult > 0
         model = self.spec.name if self.spec.shipped else None
+        # A module called in training mode gets per-example dropout keys each chunk
+        # (`_stochastic_sum`); its clipped sum is built per call, around that chunk's key.
+        self._stochastic = self.spec.stochastic
+        if self._stochastic and mesh is not None:
+            raise ValueError(
+                f"dptune: model {self.spec.name} trains in training mode (its `train` / "
+                "`deterministic` keyword, dropout), which data-parallel training does not "
+                "support yet: train on one device"
+            )
         if grad_impl == "bookkeeping":
             if model == "scatter_linear" and self.augmult == 0:
                 self._clipped_sum = dpsgd.clipped_sum_scatter_linear
@@ -338,7 +351,7 @@ class StepFunctions:
             if self.spec.module is None:
                 raise ValueError("grad_impl='ghost' needs a flax Module, not an (init, apply) pair")
             self._clipped_sum = functools.partial(
-                ghost.clipped_sum_ghost, self.spec.module, self.spec.loss or dpsgd.per_example_loss,
+                ghost.clipped_sum_ghost, self.spec, self.spec.loss or dpsgd.per_example_loss,
                 copies=copies,
             )  # fmt: skip
         else:
@@ -385,8 +398,24 @@ class StepFunctions:
             # stream apart from it (the two could only meet at step 0x41554755, ~1.1e9 steps).
             aug = jax.random.fold_in(jax.random.fold_in(key, 0x41554755), step)
             x = dpsgd.augment_copies(jax.random.fold_in(aug, chunk), x, self.augmult)
-        gsum, loss, _ = self._clipped_sum(params, x, data_y[idx], mask, clip_norm)
+        if self._stochastic:
+            clipped_sum = self._stochastic_sum(train_mode.dropout_key(key, step, chunk))
+        else:
+            clipped_sum = self._clipped_sum
+        gsum, loss, _ = clipped_sum(params, x, data_y[idx], mask, clip_norm)
         return gsum, loss
+
+    def _stochastic_sum(self, rng: jax.Array):
+        """The clipped-sum function of a module in training mode with root dropout key ``rng``
+        (``trainers.train_mode``): the same masks on the ghost and the vmap(grad) paths."""
+        call = self.spec.training(rng)
+        copies = self.augmult > 0
+        loss = self.spec.loss or dpsgd.per_example_loss
+        if self.grad_impl == "ghost":
+            return functools.partial(ghost.clipped_sum_ghost, call, loss, copies=copies)
+        return functools.partial(
+            dpsgd.clipped_sum_naive, call.apply_slots, loss=loss, copies=copies, per_slot=True
+        )
 
     def _accumulate(
         self, params, gsum, loss, data_x, data_y, idx, mask, clip_norm, key=None, step=0, chunk=0
