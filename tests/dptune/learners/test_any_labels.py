@@ -242,3 +242,93 @@ def test_labels_are_dropped_per_record_never_refused_on_private_values():
     data = dptune.Dataset.from_arrays(x, seq, num_examples=50, num_classes=5,
                                       validation_fraction=0.0)  # fmt: skip
     assert len(data.train_y) == 49
+
+
+CLI_MODULE = """
+import flax.linen as nn
+import jax.numpy as jnp
+import numpy as np
+
+import dptune
+
+
+class Reg(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(1)(jnp.tanh(nn.Dense(8)(x)))[:, 0]
+
+
+def make(num_classes):
+    assert num_classes == 0  # float labels are not class ids
+    return {
+        "model": Reg(),
+        "loss": lambda out, y: (out - y) ** 2,
+        "metric": dptune.Metric(lambda out, y: -jnp.abs(out - y), -2.0, 0.0, "neg_mae"),
+    }
+"""
+
+
+def test_cli_npz_with_float_labels_and_a_factory_that_names_loss_and_metric(tmp_path, monkeypatch):
+    import sys
+
+    from dptune.cli.build import run_config
+    from dptune.configs import user
+
+    (tmp_path / "labels_cli_mod.py").write_text(CLI_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "labels_cli_mod", raising=False)
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((N + 50, 3)).astype(np.float32)
+    y = (x @ np.array([0.4, -0.2, 0.1])).astype(np.float32)
+    np.savez(tmp_path / "d.npz", x_train=x[:N], y_train=y[:N], x_test=x[N:], y_test=y[N:])
+    c = user.get_config().to_dict()
+    c["model"] = "labels_cli_mod:make"
+    c["data"].update(source="npz", path=str(tmp_path / "d.npz"), num_examples=N,
+                     validation_size=100)  # fmt: skip
+    c["train"].update(epochs=1, batch_size=50, score_noise_std=4.0)
+    c["selection"]["mean_trials"] = 1.5
+    c["ledger"]["path"] = str(tmp_path / "ledger.sqlite")
+    release = run_config(c, tmp_path / "w", seed=0, progress=False)
+    assert release.released and release.test_metric["name"] == "neg_mae"
+    assert dptune.load_release(tmp_path / "w").test_metric == release.test_metric
+
+
+def test_a_validation_set_too_small_for_its_score_noise_is_warned_about(caplog):
+    """4 expected validation records and score noise 10: the score's noise is 2.5 accuracy
+    units, and the curator is told (from public numbers only); 400 records (0.025): silence."""
+    from dptune.learners.dpsgd import score_noise
+
+    x, y = _class_data(400)
+    tiny = dptune.Dataset.from_arrays(x, y, num_examples=400, num_classes=3,
+                                      validation_fraction=0.01)  # fmt: skip
+    assert score_noise(10.0, tiny.public_num_val) == pytest.approx(2.5)
+    with caplog.at_level("WARNING", logger="dptune"):
+        dptune.DpSgdTrainer(tiny, model=MultiLabelHead(), base=dict(batch_size=50, epochs=1))
+    assert "2.5 score units" in caplog.text and "at least 200 validation records" in caplog.text
+    caplog.clear()
+    ample = dptune.Dataset.from_arrays(x, y, num_examples=400, num_classes=3,
+                                       validation_fraction=0.5)  # fmt: skip
+    with caplog.at_level("WARNING", logger="dptune"):
+        dptune.DpSgdTrainer(ample, model=MultiLabelHead(), base=dict(batch_size=50, epochs=1))
+    assert "score units" not in caplog.text
+
+
+class MultiLabelHead(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(3)(x)
+
+
+def test_suggested_settings_follow_the_declared_size_and_the_optimiser():
+    from dptune.learners.dpsgd import MAX_SCORE_NOISE, suggested_settings
+
+    small, large = suggested_settings(2000), suggested_settings(60000, "adam")
+    assert small["validation_size"] == 200 and 10.0 / 200 <= MAX_SCORE_NOISE
+    assert (small["batch_size"], small["epochs"], small["mean_trials"]) == (64, 18, 2.0)
+    assert (large["validation_size"], large["batch_size"], large["epochs"]) == (1000, 256, 10)
+    assert large["learning_rate"] == (1e-4, 1e-2) and small["learning_rate"] == (0.05, 2.0)
+    # a user's model without batch size and epochs in `base` gets them from the table
+    x, y = _class_data(2000)
+    data = dptune.Dataset.from_arrays(x, y, num_examples=2000, num_classes=3)
+    trainer = dptune.DpSgdTrainer(data, model=MultiLabelHead(), base=dict(optimizer="momentum"))
+    assert (trainer.base["batch_size"], trainer.base["epochs"]) == (64, 18)
