@@ -332,3 +332,18 @@ def test_suggested_settings_follow_the_declared_size_and_the_optimiser():
     data = dptune.Dataset.from_arrays(x, y, num_examples=2000, num_classes=3)
     trainer = dptune.DpSgdTrainer(data, model=MultiLabelHead(), base=dict(optimizer="momentum"))
     assert (trainer.base["batch_size"], trainer.base["epochs"]) == (64, 18)
+
+
+def test_two_candidates_with_sequence_labels_train_together():
+    """The vectorise-or-not probe times a step on zeros shaped like the labels (b, L)."""
+    rng = np.random.default_rng(7)
+    x = rng.integers(0, VOCAB, size=(200, LENGTH))
+    data = dptune.Dataset.from_arrays(x, (x + 1) % VOCAB, num_examples=200, num_classes=VOCAB)
+    trainer = dptune.DpSgdTrainer(
+        data, model=TinyLM(), loss=token_loss,
+        metric=dptune.Metric(token_accuracy, 0.0, 1.0, "token_accuracy"),
+        base=dict(batch_size=40, epochs=1, noise_multiplier=1.0), epoch_progress=False,
+    )  # fmt: skip
+    hps = [{"learning_rate": 0.5}, {"learning_rate": 1.0}]
+    out = trainer.train_many(hps, [np.random.default_rng(i) for i in range(2)])
+    assert all(np.isfinite(score) for score, _ in out)
