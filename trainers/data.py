@@ -458,7 +458,8 @@ class Dataset:
             if _bad_labels(ys, num_classes).any():
                 raise ValueError(
                     f"{ywhat} must be integers in [0, {num_classes}) (num_classes)"
-                    if np.issubdtype(ys.dtype, np.integer) else f"{ywhat} must be finite"
+                    if np.issubdtype(ys.dtype, np.integer)
+                    else f"{ywhat} must be finite"
                 )
             return xs, ys
 

@@ -101,6 +101,7 @@ class clipped_grad_sum:  # noqa: N801 - used like a function: clipped_grad_sum(m
                 return dpsgd.clipped_sum_naive(
                     lambda v, x: apply_fn(v["params"], x), p, x, y, m, c, loss_fn, copies=False
                 )
+
         compiled = jax.jit(lambda p, x, y, m, c, rng=None: fn(p, x, y, m, c, rng)[:2])
         self._fns[key] = (impl, compiled)
         return impl, compiled

@@ -56,7 +56,9 @@ def test_tune_custom_jax_example_releases_within_budget(tmp_path):
         # slow (a transformer with dropout compiled cold: ~30 s of CPU); its fast twin is the
         # sequence-label test of tests/dptune/learners/test_any_labels.py
         pytest.param(
-            "user_next_token_lm.py", 8.0, "token accuracy of the loaded parameters",
+            "user_next_token_lm.py",
+            8.0,
+            "token accuracy of the loaded parameters",
             marks=pytest.mark.slow,
         ),  # fmt: skip
     ],
