@@ -674,6 +674,13 @@ def describe_model(spec: Any) -> dict[str, Any]:
         "input": [list(spec.input_shape), spec.input_dtype],
         "params": {jax.tree_util.keystr(k): list(v.shape) for k, v in flat},
     }
+    # Only where they differ from the defaults, so earlier descriptions stay the same.
+    if spec.input_layout is not None:
+        out["input_layout"] = spec.input_layout.describe()
+    if spec.label_shape != () or spec.label_dtype != "int32":
+        out["labels"] = [list(spec.label_shape), spec.label_dtype]
+    if spec.call_keyword is not None:
+        out["call_keyword"] = spec.call_keyword
     if spec.loss is not None:
         out["loss"] = qualname(spec.loss)
     if spec.metric is not None:
