@@ -269,10 +269,14 @@ class DpSgdTrainer(DatasetTrainer):
         ``apply_fn(params, x) -> outputs``); the input shape and dtype come from ``data``. Default:
         ``base["model"]`` or "cnn26k". A module is checked before anything trains (state other than
         parameters such as BatchNorm statistics, examples mixed in a batch, a per-example loss).
-      loss: ``loss(outputs, labels) -> (b,)`` per-example losses; default softmax cross-entropy on
-        integer labels.
+      loss: ``loss(outputs, labels) -> (b,)`` per-example losses (outputs any pytree, labels
+        the data's (b, ...) labels); default softmax cross-entropy on integer class labels (n,).
       metric: a ``dptune.Metric(fn, lo, hi)`` (per record, bounded, clipped to [lo, hi]) scoring
-        candidates on the validation split; default accuracy.
+        candidates on the validation split; default accuracy (integer class labels only).
+        A module with a ``train`` (or ``deterministic``) keyword trains with per-example dropout
+        and is evaluated deterministically (``trainers.train_mode``). With a user's model, a
+        ``batch_size`` or ``epochs`` missing from ``base`` comes from :func:`suggested_settings`;
+        a validation score noisier than ``MAX_SCORE_NOISE`` is warned about.
       grad_impl: per-example clipping: "auto" (a shipped model's hand-tuned path, else the ghost
         path when every parametrised layer is known, else vmap(grad), said once in the log),
         "ghost" or "vmap" to force one ("bookkeeping" / "naive": the old spellings).
