@@ -14,8 +14,8 @@ its slot and the layer, never on another example: removing one example (masking 
 every other example's forward pass, and so its gradient, unchanged, and the clipped sum moves by
 at most C. (When removing a record shifts the others to other slots, the slots' masks are i.i.d.
 draws from a secret key, independent of the data, so each record's mask can be coupled across
-the two datasets: the same bound.) The batched forward (ghost path) and the per-example forward (``vmap(grad)``) draw
-the same masks, so the two paths give the same clipped sums.
+the two datasets: the same bound.) The batched forward (ghost path) and the per-example
+forward (``vmap(grad)``) draw the same masks, so the two paths give the same clipped sums.
 
 Other code that calls ``make_rng("dropout")`` itself (e.g. the attention-weight dropout of
 ``nn.MultiHeadDotProductAttention``) gets keys per (step, chunk, layer): in the batched forward
