@@ -388,8 +388,10 @@ class Dataset:
         would depend on the private records.
 
         Raises:
-          ValueError: no or a malformed ``num_examples``, mismatched shapes or dtypes, labels that
-            are not integers, an impossible validation fraction, no way to know ``num_classes``.
+          ValueError: no or a malformed ``num_examples``, mismatched shapes or dtypes (a dict
+            input's fields must share the record axis; test and public validation records must
+            match x's and y's shapes and dtypes), string labels (encode them as integer ids), an
+            impossible validation fraction, no way to know ``num_classes`` for class labels (n,).
         """
         if num_examples is None:
             raise ValueError(
