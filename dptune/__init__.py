@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "tune": "dptune.tuner",
+    "TuneOptions": "dptune.tuner",
     "tune_subsampled": "dptune.subsampled",
     "plan_subsampled": "dptune.subsampled",
     "audit": "dptune.auditing.run",
@@ -32,7 +33,12 @@ _EXPORTS = {
     "clipped_grad_sum": "dptune.learners.dpsgd",
     "add_noise": "dptune.learners.dpsgd",
     "dpsgd_privacy": "dptune.learners.dpsgd",
+    "with_lora": "dptune.learners.dpsgd",
+    "shipped_with_lora": "dptune.learners.dpsgd",
     "load_release": "dptune.release",
+    "Refused": "dptune.errors",
+    "fix_model": "dptune.learners.dpsgd",
+    "NnxModel": "dptune.learners.dpsgd",
     "TuningConfigError": "dptune.errors",
     "ImpossibleBudgetError": "dptune.errors",
     "StateError": "dptune.errors",

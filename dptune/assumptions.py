@@ -2,7 +2,7 @@
 ``docs/privacy-model.md`` (a heading per name; a test keeps the two in step).
 
 ``make_privacy_plan`` names the ones that apply to a run in its statement (``privacy.txt`` lists
-them), next to what dptune checked and what it takes on the trainer's word (issue 25).
+them), next to what dptune checked and what it takes on the trainer's word.
 """
 
 from __future__ import annotations
@@ -38,4 +38,7 @@ ASSUMPTIONS: dict[str, str] = {
     "only, never used to select)",
     "public-validation": "a validation set declared public is public data, independent of the "
     "private records (its exact score costs nothing)",
+    "public-init": "the initial parameters a fine-tuning run starts from (named by their "
+    "fingerprint in the statement's notes) are public: chosen and trained independently of the "
+    "private records",
 }

@@ -2,9 +2,9 @@
 the record of a candidate that failed.
 
 The refusal rule (docs/errors.md): everything checkable without the private records is checked
-before any private computation, and a problem is one of these exceptions, whose message names the
-field (or file) and the fix; the command prints it as one ``dptune:`` line and exits with code 2,
-having charged nothing.
+before any private computation, and a problem is a :class:`Refused` (every refusal of dptune's
+derives from it), whose message names the field (or file) and the fix; the command prints it as
+one ``dptune:`` line and exits with code 2, having charged nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +13,24 @@ import traceback as traceback_mod
 from dataclasses import dataclass
 
 
-class TuningConfigError(ValueError):
+class Refused(ValueError):
+    """A user's mistake or a file on disk that dptune will not use, found before any private
+    computation: nothing ran, nothing was charged.
+
+    ``str(e)`` is the library's wording (keyword names: ``budget=``, ``dataset_budget=``);
+    :meth:`for_command` the command line's (``--config.`` fields) where the two differ.
+    """
+
+    def __init__(self, message: object = "", *, command: str | None = None) -> None:
+        super().__init__(message)
+        self.command = command
+
+    def for_command(self) -> str:
+        """The message as the ``dptune`` command words it."""
+        return self.command or str(self)
+
+
+class TuningConfigError(Refused):
     """An input to the tuner is invalid; nothing private has run."""
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dptune.errors import CandidateFailure, CodeChangedError, StateError
+from dptune.errors import CandidateFailure, CodeChangedError, Refused, StateError
 from dptune.owner_only import create_file, open_new, private_folder
 from dptune.state_files import open_state_db
 
@@ -69,7 +69,7 @@ def _fix(private_dir: Path) -> str:
     )
 
 
-class ConfigChangedError(RuntimeError):
+class ConfigChangedError(Refused):
     """The workdir holds a journal for a different config; resuming it would mix two runs."""
 
 

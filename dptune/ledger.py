@@ -1,14 +1,20 @@
 """The privacy ledger: every tuning run's spend, per dataset, in one SQLite file shared by all runs.
 
 A dataset is identified by its fingerprint (``Dataset.fingerprint()``: sha256 of the training and
-validation arrays), so the same data under another name or folder is the same dataset. A dataset's
-lifetime budget (epsilon, delta) is set explicitly (``dptune ledger --dataset=ID
---budget_epsilon=E --budget_delta=D``, ``Ledger.set_budget``, or a run's stated
-``config.ledger.budget_epsilon`` / ``dataset_budget=``); a run on a dataset the ledger has never
-seen, with no budget stated, registers the run's own budget as the lifetime budget and says so in a
-warning (the safe direction: later runs must fit in what this one spends). Each run's (epsilon,
-delta) is then added and a run that would exceed the budget is refused *before* any private
-computation.
+validation arrays), so the same data under another name or folder is the same dataset.
+
+A dataset's lifetime budget (epsilon, delta) is stated explicitly: ``dptune ledger --dataset=ID
+--budget_epsilon=E --budget_delta=D``, :meth:`Ledger.set_budget`, or a run's ``dataset_budget=``
+(``--config.ledger.budget_epsilon`` / ``budget_delta``). A run on a dataset the ledger has never
+seen, with no budget stated, registers the default, :data:`DEFAULT_LIFETIME_RUNS` times the run's
+own (epsilon, delta) (room for that many runs like it), and says so in a warning that names the
+ledger, the dataset and how to change it. Each run's (epsilon, delta) is then added, and a run that
+would exceed the budget is refused *before* any private computation.
+
+A ledger is created whole: its tables are written to a temporary file in the same folder, which
+then takes the ledger's name (``os.link``: never over an existing file), so a process that opens
+the path sees either no file or a complete ledger; creating one is a warning naming the file (a
+misspelt path would otherwise start a new ledger in silence).
 
 Runs compose by basic sequential composition: total epsilon = sum of epsilons, total delta = sum of
 deltas (Dwork & Roth 2014, "The Algorithmic Foundations of Differential Privacy", Thm 3.16). It is
@@ -21,16 +27,24 @@ charge is keyed by the run's id, so a resumed run is charged once, not again."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from dptune.owner_only import create_file, private_folder
+from dptune.errors import Refused, TuningConfigError
+from dptune.owner_only import FILE_MODE, create_file, private_folder
 from dptune.state_files import open_state_db
+
+log = logging.getLogger("dptune")
+
+#: A dataset with no stated lifetime budget gets this many times its first run's (epsilon, delta).
+DEFAULT_LIFETIME_RUNS = 10
 
 #: Relative slack for float sums when comparing against a budget (1e-9 of the budget).
 _REL_TOL = 1e-9
@@ -54,8 +68,15 @@ _TABLES = {
 def _fix(path: Path) -> str:
     return (
         f"Restore {path} from a backup (it holds every dataset's spend), or point dptune at "
-        "another ledger (config.ledger.path, $DPTUNE_LEDGER); deleting it forgets every spend"
+        "another ledger (ledger= in Python, --config.ledger.path, $DPTUNE_LEDGER); deleting it "
+        "forgets every spend"
     )
+
+
+def default_lifetime_budget(epsilon: float, delta: float) -> tuple[float, float]:
+    """The lifetime budget registered for a new dataset when none is stated:
+    :data:`DEFAULT_LIFETIME_RUNS` times the first run's (epsilon, delta), delta capped below 1."""
+    return DEFAULT_LIFETIME_RUNS * epsilon, min(DEFAULT_LIFETIME_RUNS * delta, 0.5)
 
 
 def default_ledger_path() -> Path:
@@ -64,12 +85,12 @@ def default_ledger_path() -> Path:
     return Path(env) if env else Path.home() / ".dptune" / "ledger.sqlite"
 
 
-class BudgetExceededError(RuntimeError):
+class BudgetExceededError(Refused):
     """The run would push the dataset's total spend over its budget; nothing private has run."""
 
 
-class LedgerBudgetMismatchError(ValueError):
-    """The config states a dataset budget that differs from the one registered in the ledger."""
+class LedgerBudgetMismatchError(Refused):
+    """The run states a dataset budget that differs from the one registered in the ledger."""
 
 
 @dataclass(frozen=True)
@@ -99,14 +120,23 @@ class Ledger:
     """Per-dataset budget ledger in one SQLite file (created with its folder if missing).
 
     An existing file is checked first: an empty, corrupt or foreign file is refused
-    (:class:`~dptune.errors.StateError` naming it), never taken for a new, empty ledger.
-    ``readonly=True`` opens an existing ledger without writing (``--dry_run``, listing)."""
+    (:class:`~dptune.errors.StateError` naming it), never taken for a new, empty ledger. A missing
+    file is created whole (module docstring). ``readonly=True`` opens a ledger without writing
+    (``--dry_run``, listing); a missing one then reads as the empty ledger it would be."""
 
     def __init__(self, path: str | os.PathLike | None = None, *, readonly: bool = False) -> None:
         self.path = Path(path) if path is not None else default_ledger_path()
-        if not readonly and not self.path.parent.is_dir():
-            # The curator's file (fingerprints and spends): a new folder is 0700, the file 0600.
-            private_folder(self.path.parent, "the ledger's folder")
+        if readonly and not self.path.exists():
+            log.warning(
+                "there is no budget ledger at %s: the run will create one (check the path if you "
+                "meant an existing ledger: a new one knows no earlier spend)", self.path,
+            )  # fmt: skip
+            self._db = sqlite3.connect(":memory:", isolation_level=None)
+            for stmt in _SCHEMA:
+                self._db.execute(stmt)
+            return
+        if not readonly and not self.path.exists():
+            _create(self.path)
         self._db = open_state_db(
             self.path, kind="ledger", tables=_TABLES, fix=_fix(self.path), readonly=readonly,
             timeout=60.0, make_file=create_file,
@@ -150,7 +180,7 @@ class Ledger:
         (``registered`` if the run would register the dataset's budget). Raises as ``charge``.
 
         A budget left None is the registered one (or, for a dataset the ledger has never seen,
-        the run's own (epsilon, delta))."""
+        :func:`default_lifetime_budget`)."""
         _check_numbers(epsilon, delta, budget_epsilon, budget_delta)
         return self._check(self._db, fingerprint, run_id, epsilon, delta, budget_epsilon,
                            budget_delta, name)  # fmt: skip
@@ -161,20 +191,27 @@ class Ledger:
         ).fetchone()
         label = name or fingerprint[:12]
         if row is None:
-            b_eps = epsilon if budget_epsilon is None else budget_epsilon
-            b_delta = delta if budget_delta is None else budget_delta
+            b_eps, b_delta = default_lifetime_budget(epsilon, delta)
+            b_eps = b_eps if budget_epsilon is None else budget_epsilon
+            b_delta = b_delta if budget_delta is None else budget_delta
             before = Spend(fingerprint, float(b_eps), float(b_delta), 0.0, 0.0, 0, True, name)
         else:
             stated_eps = row[0] if budget_epsilon is None else budget_epsilon
             stated_delta = row[1] if budget_delta is None else budget_delta
             if not (_close(row[0], stated_eps) and _close(row[1], stated_delta)):
-                raise LedgerBudgetMismatchError(
+                held = (
                     f"the ledger {self.path} holds a lifetime budget of (epsilon={row[0]:g}, "
                     f"delta={row[1]:g}) for dataset {label}, but this run states "
                     f"(epsilon={stated_eps:g}, delta={stated_delta:g}): state the registered one "
-                    "or none (config.ledger.budget_epsilon / budget_delta), or change it with "
+                    "or none (<dataset_budget>), or change it with "
                     f"`dptune ledger --dataset={fingerprint[:12]} --budget_epsilon=... "
                     "--budget_delta=...`"
+                )
+                raise LedgerBudgetMismatchError(
+                    held.replace("<dataset_budget>", "dataset_budget="),
+                    command=held.replace(
+                        "<dataset_budget>", "--config.ledger.budget_epsilon / budget_delta"
+                    ),
                 )
             before = _spend(db, fingerprint)
             assert before is not None
@@ -185,13 +222,20 @@ class Ledger:
         if new_eps > before.budget_epsilon * (1 + _REL_TOL) or new_delta > before.budget_delta * (
             1 + _REL_TOL
         ):
-            raise BudgetExceededError(
+            spent = (
                 "refused before any private computation: this run costs "
-                f"(epsilon={epsilon:.4g}, delta={delta:.3g}) but dataset {label} has spent "
-                f"(epsilon={before.spent_epsilon:.4g}, delta={before.spent_delta:.3g}) of its "
-                f"budget (epsilon={before.budget_epsilon:.4g}, delta={before.budget_delta:.3g}) "
-                f"in {before.runs} run(s); ledger: {self.path}. Lower this run's budget "
-                "(config.privacy.epsilon), or raise the dataset's with `dptune ledger`"
+                f"(epsilon={epsilon:.4g}, delta={delta:.3g}) but dataset {label} "
+                f"has spent (epsilon={before.spent_epsilon:.4g}, delta={before.spent_delta:.3g})"
+                f" of its lifetime budget (epsilon={before.budget_epsilon:.4g}, delta="
+                f"{before.budget_delta:.3g}) in {before.runs} run(s); ledger: {self.path}. Lower "
+                "this run's budget (<budget>), or raise the dataset's (<dataset_budget> or "
+                f"`dptune ledger --dataset={fingerprint[:12]} --budget_epsilon=E --budget_delta=D`)"
+            )
+            raise BudgetExceededError(
+                spent.replace("<budget>", "budget=").replace("<dataset_budget>", "dataset_budget="),
+                command=spent.replace("<budget>", "--config.privacy.epsilon / delta").replace(
+                    "<dataset_budget>", "--config.ledger.budget_epsilon / budget_delta"
+                ),
             )
         return Spend(
             fingerprint, before.budget_epsilon, before.budget_delta, new_eps, new_delta,
@@ -223,7 +267,7 @@ class Ledger:
         passes the same id and is not charged twice). epsilon, delta: the run's total (epsilon,
         delta), tuning included. budget_epsilon, budget_delta: the dataset's lifetime budget as
         stated by the run: None uses the registered one; a dataset the ledger has never seen is
-        registered with the stated budget, or with the run's own (epsilon, delta) when none is
+        registered with the stated budget, or with :func:`default_lifetime_budget` when none is
         stated (``Spend.registered`` then says so). Raises: BudgetExceededError: the charge would
         exceed the budget (nothing is recorded). LedgerBudgetMismatchError: the stated budget
         differs from the registered one."""
@@ -291,7 +335,7 @@ class Ledger:
                 if before.spent_epsilon > epsilon * (1 + _REL_TOL) or before.spent_delta > delta * (
                     1 + _REL_TOL
                 ):
-                    raise ValueError(
+                    raise TuningConfigError(
                         f"dataset {fingerprint[:12]} has already spent (epsilon="
                         f"{before.spent_epsilon:.4g}, delta={before.spent_delta:.3g}): its budget "
                         "cannot be set below that"
@@ -304,6 +348,44 @@ class Ledger:
         result = _spend(db, fingerprint)
         assert result is not None
         return result
+
+
+def _create(path: Path) -> None:
+    """A new ledger at ``path``, whole: the tables are written to a temporary file (mode 0600) in
+    the same folder, which is then linked to ``path``; if another process created the ledger
+    meanwhile, theirs is kept. Warns, naming the file."""
+    if not path.parent.is_dir():
+        # The curator's file (fingerprints and spends): a new folder is 0700, the file 0600.
+        private_folder(path.parent, "the ledger's folder")
+    tmp_name: str | None
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".new", dir=path.parent)
+    try:
+        os.fchmod(fd, FILE_MODE)
+        os.close(fd)
+        db = sqlite3.connect(tmp_name, isolation_level=None)
+        try:
+            for stmt in _SCHEMA:
+                db.execute(stmt)
+        finally:
+            db.close()
+        try:
+            os.link(tmp_name, path)
+        except FileExistsError:
+            return  # another process created it first: theirs is the ledger
+        except OSError:  # a file system without hard links: a rename, which cannot refuse
+            if path.exists():
+                return
+            os.replace(tmp_name, path)
+            tmp_name = None
+    finally:
+        if tmp_name is not None:
+            os.unlink(tmp_name)
+    log.warning(
+        "created a new budget ledger %s (no file was there). If you meant an existing ledger, "
+        "check the path (ledger= in Python, --config.ledger.path, $DPTUNE_LEDGER): a new ledger "
+        "knows no earlier spend",
+        path,
+    )
 
 
 @contextmanager
@@ -346,10 +428,10 @@ def _spend(db: sqlite3.Connection, fingerprint: str) -> Spend | None:
 def _check_numbers(epsilon, delta, budget_epsilon, budget_delta) -> None:
     for label, x in (("epsilon", epsilon), ("budget_epsilon", budget_epsilon)):
         if x is not None and not x > 0:
-            raise ValueError(f"ledger: {label} must be > 0, got {x}")
+            raise TuningConfigError(f"ledger: {label} must be > 0, got {x}")
     for label, x in (("delta", delta), ("budget_delta", budget_delta)):
         if x is not None and not 0 <= x < 1:
-            raise ValueError(f"ledger: {label} must be in [0, 1), got {x}")
+            raise TuningConfigError(f"ledger: {label} must be in [0, 1), got {x}")
 
 
 def _close(a: float, b: float) -> bool:

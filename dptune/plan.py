@@ -22,9 +22,9 @@ import numpy as np
 
 from dptune import space as space_mod
 from dptune.accounting import calibrate, total_privacy
+from dptune.accounting.calibration import default_memo
 from dptune.accounting.events import ADJACENCIES, with_adjacency
 from dptune.accounting.quiet import quiet_accounting
-from dptune.cachedir import calibration_memo
 from dptune.errors import ImpossibleBudgetError, TuningConfigError
 from dptune.space import Space, SpaceError
 from dptune.trainer_protocol import as_candidate
@@ -113,7 +113,7 @@ class PrivacyPlan:
 
 
 def _check_score_kind(trainer: Any, selection: Any, debug_nonprivate: bool) -> None:
-    """The trainer's score must be a kind the method's theorem takes (issue 25): e.g. random
+    """The trainer's score must be a kind the method's theorem takes: e.g. random
     stopping needs scores covered by the candidates' privacy, sparse vector the exact percentile
     of a pure-DP candidate. A trainer that declares nothing is taken to return an exact score
     (the safe default: a wrong "exact" only refuses, a wrong "covered" makes the statement
@@ -278,7 +278,7 @@ def _basis(
     adjacency: str,
     whole_space: bool,
 ) -> dict[str, tuple[str, ...]]:
-    """What the statement rests on (issue 25, item 9): the assumptions that apply to this run
+    """What the statement rests on: the assumptions that apply to this run
     (``dptune.assumptions``), what dptune checked, what it takes on the trainer's word, and what
     the release holds. Built-in trainers say what their code guarantees (``privacy_checks``);
     others say what they declare (``taken_on_word``)."""
@@ -321,6 +321,8 @@ def _basis(
         assumptions.append("public-test-split")
     if data is not None and getattr(data, "validation_public", False):
         assumptions.append("public-validation")
+    if getattr(trainer, "init_fingerprint", None):
+        assumptions.append("public-init")
     return {
         "assumptions": tuple(assumptions),
         "checked": tuple(checked),
@@ -348,23 +350,89 @@ def make_privacy_plan(
        ``privacy=True``, and any searched field whose value changes ``trainer.privacy``.
     3. Enumerate their values (the privacy grid): the candidates of the worst case.
     4. Calibrate the ``"auto"`` field so the selection theorem's total meets the budget (or check
-       the total when nothing is ``"auto"``).
+       the total when nothing is ``"auto"``). Nothing private runs here.
 
-    Nothing private runs here. Raises TuningConfigError / ImpossibleBudgetError.
+    Raises TuningConfigError / ImpossibleBudgetError.
     """
     budget = as_budget(budget)
+    space = _checked_space(space)
+    _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate)
+    transform = selection.privacy
+    field = getattr(trainer, "calibrated_field", None)
+    autos = [name for name, v in space.fields.items() if v == AUTO]
+    if any(name != field for name in autos):
+        raise TuningConfigError(
+            f"{autos} is 'auto', but this trainer calibrates only {field!r}; give a value"
+        )
+    auto = bool(autos)
+
+    def candidate_of(hp: Mapping[str, Any], value: float | None = None) -> Any:
+        hp = dict(hp)
+        if auto:
+            hp[field] = 1.0 if value is None else value
+        return _accounted(as_candidate(trainer.privacy(hp)), adjacency)
+
+    space = _privacy_space(space, set(getattr(trainer, "privacy_fields", ())) - set(autos),
+                           candidate_of)  # fmt: skip
+    try:
+        grid = space.privacy_grid()
+    except SpaceError as e:
+        raise TuningConfigError(str(e)) from None
+
+    # 3-4. the worst case over the grid, through the selection theorem
+    def candidates(value: float | None) -> list[Any]:
+        return [candidate_of({**space.example(), **combo}, value) for combo in grid]
+
+    calibrated: dict[str, Any] = {}
+    if auto:
+        calibrated[field], statement = _calibrate(candidates, transform, budget, accountant,
+                                                  seeded, field)  # fmt: skip
+    else:
+        statement = _statement(candidates(None), transform, budget, accountant, seeded)
+    cands = candidates(calibrated.get(field))
+    whole = _check_whole_support(space, grid, lambda hp: candidate_of(hp, calibrated.get(field)))
+    notes = tuple(trainer.privacy_notes()) if hasattr(trainer, "privacy_notes") else ()
+    statement = dataclasses.replace(
+        statement,
+        notes=tuple(statement.notes) + notes,
+        private=not debug_nonprivate,
+        **_basis(trainer, selection, space, cands, adjacency, whole),
+    )
+    if not debug_nonprivate:
+        _check_total(statement, budget, transform.name, field)
+    return PrivacyPlan(
+        space=space,
+        calibrated=calibrated,
+        statement=statement,
+        candidates=tuple(dict.fromkeys(cands)),
+        privacy_fields=tuple(space.privacy_relevant),
+        adjacency=adjacency,
+        transform=transform,
+        delta=budget.delta,
+        accountant=accountant,
+    )
+
+
+def _checked_space(space: Space | Mapping[str, Any]) -> Space:
+    """``space`` as a :class:`Space` with something to draw; TuningConfigError otherwise."""
     if not isinstance(space, Space):
         try:
             space = Space.from_config(space)
         except ValueError as e:
             raise TuningConfigError(str(e)) from None
-    if adjacency not in ADJACENCIES:
-        raise TuningConfigError(f"adjacency={adjacency!r} must be one of {ADJACENCIES}")
     if len(space) == 0 or not space.searched:
         raise TuningConfigError(
             "the search space is empty (no field is drawn at random): there is nothing to tune; "
             "declare at least one distribution, e.g. learning_rate=space.log_uniform(0.01, 1.0)"
         )
+    return space
+
+
+def _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate) -> None:
+    """Step 1 of ``make_privacy_plan``: the selection method (a private one, of a size that can
+    be planned, for the trainer's score kind), delta < 1/n and the adjacency."""
+    if adjacency not in ADJACENCIES:
+        raise TuningConfigError(f"adjacency={adjacency!r} must be one of {ADJACENCIES}")
     for attr in ("plan", "select", "done", "privacy"):
         if not hasattr(selection, attr):
             raise TuningConfigError(
@@ -381,27 +449,16 @@ def make_privacy_plan(
         )
     if hasattr(trainer, "check_adjacency"):
         trainer.check_adjacency(adjacency)
-    transform = selection.privacy
-    if not transform.is_private and not debug_nonprivate:
+    if not selection.privacy.is_private and not debug_nonprivate:
         raise TuningConfigError(
-            f"selection {transform.name} is not private; use it only with debug_nonprivate=True"
+            f"selection {selection.privacy.name} is not private; use it only with "
+            "debug_nonprivate=True"
         )
-    field = getattr(trainer, "calibrated_field", None)
-    autos = [name for name, v in space.fields.items() if v == AUTO]
-    if any(name != field for name in autos):
-        raise TuningConfigError(
-            f"{autos} is 'auto', but this trainer calibrates only {field!r}; give a value"
-        )
-    auto = bool(autos)
 
-    def candidate_of(hp: Mapping[str, Any], value: float | None = None) -> Any:
-        hp = dict(hp)
-        if auto:
-            hp[field] = 1.0 if value is None else value
-        return _accounted(as_candidate(trainer.privacy(hp)), adjacency)
 
-    # 2. every field the declared privacy depends on
-    known = set(getattr(trainer, "privacy_fields", ())) - set(autos)
+def _privacy_space(space: Space, known: set[str], candidate_of: Callable) -> Space:
+    """``space`` with every field the declared privacy depends on marked privacy-relevant: the
+    ``known`` ones, and any searched field whose value changes ``candidate_of``."""
     try:
         space = Space(space.to_dict(), privacy_fields=set(space.privacy_fields) | known)
         dependent = _privacy_dependent_fields(space, candidate_of)
@@ -410,66 +467,45 @@ def make_privacy_plan(
             space = Space(
                 space.to_dict(), privacy_fields=set(space.privacy_fields) | set(dependent)
             )
-        grid = space.privacy_grid()
     except SpaceError as e:
         raise TuningConfigError(str(e)) from None
+    return space
 
-    # 3-4. the worst case over the grid, through the selection theorem
-    def candidates(value: float | None) -> list[Any]:
-        return [candidate_of({**space.example(), **combo}, value) for combo in grid]
 
-    calibrated: dict[str, Any] = {}
-    if auto:
-        candidates(1.0)  # invalid settings raise their own message here, not "no sigma found"
-        try:
-            cal = calibrate(
-                candidates,
-                transform,
-                budget.epsilon,
-                budget.delta,
-                accountant,
-                seeded=seeded,
-                compare=False,
-                memo=calibration_memo(),  # a second run of the same plan skips the search
-            )
-        except ValueError as e:
-            log.info("calibration failed: %s", e)
-            raise ImpossibleBudgetError(
-                f"no {field.replace('_', ' ')} meets the total budget (epsilon={budget.epsilon:g}, "
-                f"delta={budget.delta:g}) with {transform.name}: raise the budget, lower the "
-                "mean number of trials, or train for fewer steps / a smaller sampling rate"
-            ) from None
-        calibrated[field] = float(cal.noise_multiplier)
-        cands, statement = candidates(calibrated[field]), cal.statement
-    else:
-        cands = candidates(None)
-        statement = _statement(cands, transform, budget, accountant, seeded)
-    whole = _check_whole_support(space, grid, lambda hp: candidate_of(hp, calibrated.get(field)))
-    notes = tuple(trainer.privacy_notes()) if hasattr(trainer, "privacy_notes") else ()
-    statement = dataclasses.replace(
-        statement,
-        notes=tuple(statement.notes) + notes,
-        private=not debug_nonprivate,
-        **_basis(trainer, selection, space, cands, adjacency, whole),
-    )
-    if not debug_nonprivate and statement.total_epsilon > budget.epsilon * (1 + 1e-9):
+def _check_total(statement: Any, budget: Budget, method: str, field: str | None) -> None:
+    """ImpossibleBudgetError unless the statement's total fits the budget."""
+    if statement.total_epsilon > budget.epsilon * (1 + 1e-9):
         raise ImpossibleBudgetError(
             f"the run would cost epsilon={statement.total_epsilon:.4g} > budget "
-            f"{budget.epsilon:g} at delta={budget.delta:g} ({transform.name}; one candidate "
+            f"{budget.epsilon:g} at delta={budget.delta:g} ({method}; one candidate "
             f"costs {statement.single_run_epsilon:.4g}). Use {field or 'the noise'}='auto', more "
             "noise, fewer steps or fewer trials"
         )
-    return PrivacyPlan(
-        space=space,
-        calibrated=calibrated,
-        statement=statement,
-        candidates=tuple(dict.fromkeys(cands)),
-        privacy_fields=tuple(space.privacy_relevant),
-        adjacency=adjacency,
-        transform=transform,
-        delta=budget.delta,
-        accountant=accountant,
-    )
+
+
+def _calibrate(candidates, transform, budget, accountant, seeded, field) -> tuple[float, Any]:
+    """Steps 3-4 with an ``"auto"`` field: the smallest value whose total meets the budget, and
+    the statement at it. ImpossibleBudgetError if none does."""
+    candidates(1.0)  # invalid settings raise their own message here, not "no sigma found"
+    try:
+        cal = calibrate(
+            candidates,
+            transform,
+            budget.epsilon,
+            budget.delta,
+            accountant,
+            seeded=seeded,
+            compare=False,
+            memo=default_memo(),  # a second run of the same plan skips the search
+        )
+    except ValueError as e:
+        log.info("calibration failed: %s", e)
+        raise ImpossibleBudgetError(
+            f"no {field.replace('_', ' ')} meets the total budget (epsilon={budget.epsilon:g}, "
+            f"delta={budget.delta:g}) with {transform.name}: raise the budget, lower the "
+            "mean number of trials, or train for fewer steps / a smaller sampling rate"
+        ) from None
+    return float(cal.noise_multiplier), cal.statement
 
 
 def check_selection_size(selection: Any) -> None:
@@ -511,7 +547,7 @@ def check_candidates(
     took. A drawn candidate that declares anything else -- even a less lossy one -- shows that the
     declaration depends on fields the accountant did not enumerate, so points of the space this
     run did not draw may be uncovered: TuningConfigError, naming the fields that make the
-    difference, before any candidate touches data (issue 25, item 6).
+    difference, before any candidate touches data.
 
     Returns each drawn candidate's declaration as checked (:func:`declared_candidate`), in order:
     what each candidate must still declare when it trains (:func:`check_unchanged`).

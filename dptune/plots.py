@@ -46,6 +46,8 @@ def training_curve(
     )
     if not rows or not keys:
         return None
+    from matplotlib.ticker import MaxNLocator  # with the figure: matplotlib loads only here
+
     xs = [h.get("epoch", i + 1) for i, h in enumerate(rows)]
     fig = _figure((4 * len(keys), 3))
     axes = fig.subplots(1, len(keys), squeeze=False)
@@ -56,6 +58,7 @@ def training_curve(
                        label=f"total epsilon, tuning included: {total_epsilon:.3g}")  # fmt: skip
             ax.legend(fontsize=7)
         ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
         ax.set_title(_TITLES.get(key, key), fontsize=9)
         ax.grid(alpha=0.3)
     fig.suptitle("released candidate (public quantities)")

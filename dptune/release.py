@@ -39,7 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from dptune import sidecar
+from dptune import plots
+from dptune.errors import StateError
 from dptune.report import write_report
 
 log = logging.getLogger("dptune")
@@ -54,7 +55,7 @@ RELEASED = "released"
 NONE_SELECTED = "none_selected"
 NO_CANDIDATE_SUCCEEDED = "no_candidate_succeeded"
 
-# The release whitelist (issue 25): every file a release folder may hold and every key its JSON
+# The release whitelist: every file a release folder may hold and every key its JSON
 # files may hold. ``write_release`` refuses anything else, and tests/dptune/test_privacy_edges.py
 # holds a literal copy, so that a key is added only by someone who checked that the theorem
 # covers it. What of the selected candidate appears is further limited by the selection method
@@ -267,11 +268,22 @@ def write_release(release: Release, folder: str | os.PathLike) -> Path:
     _write_json(tmp / RESULT_FILE, result)
     _write_json(tmp / PRIVACY_JSON, release.privacy)
     (tmp / PRIVACY_TXT).write_text(release.headline + "\n\n" + release.privacy_text.rstrip() + "\n")
-    try:
-        _write_contents(release, tmp)
-    except BaseException:
-        sidecar.abandon_drawing()  # no figure of this folder may land in a later one
-        raise
+    plots.epsilon_breakdown(release.privacy, tmp / "epsilon.png")
+    if release.released:
+        payload = release.payload
+        params = payload.get("params") if isinstance(payload, dict) else None
+        if params is not None and _is_array_tree(params):
+            _save_orbax(params, tmp / "checkpoint")
+        elif payload is not None:
+            with open(tmp / "payload.pkl", "wb") as f:
+                pickle.dump(payload, f)
+        curve = public_curve(release.curve)
+        if curve:
+            _write_json(tmp / "training_curve.json", curve)
+            plots.training_curve(
+                curve, tmp / "training_curve.png", release.privacy.get("total_epsilon")
+            )
+    write_report(release, tmp)  # report.md: a one-page summary linking the plots above
     unknown = sorted(p.name for p in tmp.iterdir() if p.name not in RELEASE_FILES)
     if unknown:
         raise ValueError(f"the release would hold {unknown}, which are not on the whitelist")
@@ -317,9 +329,12 @@ def _fsync_dir(path: Path) -> None:
 def read_release(folder: str | os.PathLike) -> Release:
     """Reads a release folder written by :func:`write_release` (the model stays on disk)."""
     folder = Path(folder)
-    result = json.loads((folder / RESULT_FILE).read_text())
-    privacy = json.loads((folder / PRIVACY_JSON).read_text())
-    text = (folder / PRIVACY_TXT).read_text()
+    result = _read_json(folder / RESULT_FILE)
+    privacy = _read_json(folder / PRIVACY_JSON)
+    try:
+        text = (folder / PRIVACY_TXT).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise _damaged(folder / PRIVACY_TXT, e) from None
     head = headline(privacy) + "\n\n"
     published = privacy.get("published")
     if published is None:  # a release written before the field existed
@@ -344,18 +359,47 @@ def load_params(folder: str | os.PathLike, like: Any = None) -> Any:
     ``like``: optional parameters (or ``jax.eval_shape`` of them, e.g. of ``module.init``) whose
     tree structure, shapes and dtypes the restored parameters must have; orbax refuses a
     checkpoint that does not match. Default: nested dicts of arrays, as ``module.apply({"params":
-    ...})`` takes them.
+    ...})`` takes them. Partitioning boxes in ``like`` (``nn.with_logical_partitioning``) come
+    back around the restored arrays (``apply`` takes them; the sharding names are kept). A Flax
+    NNX module as ``like`` (or its ``nnx.State``): its trainable state, an ``nnx.State`` with
+    the module's Variable metadata, for ``nnx.update(module, params)``.
     """
     import orbax.checkpoint as ocp  # heavy (JAX): only when a checkpoint is read or written
 
     path = Path(folder).absolute() / "checkpoint"
+    for meta in sorted(path.rglob("*METADATA*")):  # orbax's JSON files: a cut one names itself
+        if meta.is_file():
+            _read_json(meta)
     with ocp.StandardCheckpointer() as ckpt:
         if like is None:
             return ckpt.restore(path)
-        import jax  # heavy: the core stays JAX-free until a checkpoint is read
+        import flax.linen as nn  # heavy: the core stays JAX-free until a checkpoint is read
+        import jax
+        from flax import nnx
 
-        target = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), like)
-        return ckpt.restore(path, target)
+        if hasattr(like, "trainable_state"):  # trainers.nnx_model.NnxModel: its own filter
+            like = like.trainable_state()
+        elif isinstance(like, nnx.Module):
+            like = nnx.state(like, nnx.Param)
+        if isinstance(like, nnx.State):
+            plain = _string_keys(nnx.to_pure_dict(like))
+        else:
+            plain = nn.meta.unbox(like)
+        target = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), plain)
+        restored = ckpt.restore(path, target)
+        if isinstance(like, nnx.State):
+            state = jax.tree_util.tree_map(lambda v: v, like)  # a copy: like stays as it is
+            nnx.replace_by_pure_dict(state, restored)
+            return state
+        return nn.meta.replace_boxed(like, restored)
+
+
+def _string_keys(tree: Any) -> Any:
+    """A nested dict with its keys as strings (NNX list indices are ints; releases hold
+    strings)."""
+    if isinstance(tree, dict):
+        return {str(k): _string_keys(v) for k, v in tree.items()}
+    return tree
 
 
 def load_release(path: str | os.PathLike, like: Any = None) -> Release:
@@ -382,8 +426,11 @@ def load_release(path: str | os.PathLike, like: Any = None) -> Release:
         if (folder / "checkpoint").is_dir():
             release.payload = {"params": load_params(folder, like)}
         elif (folder / "payload.pkl").is_file():
-            with open(folder / "payload.pkl", "rb") as f:
-                release.payload = pickle.load(f)
+            try:
+                with open(folder / "payload.pkl", "rb") as f:
+                    release.payload = pickle.load(f)
+            except (OSError, EOFError, pickle.UnpicklingError) as e:
+                raise _damaged(folder / "payload.pkl", e) from None
     return release
 
 
@@ -411,37 +458,24 @@ def _is_array_tree(tree: Any) -> bool:
     return bool(leaves) and all(hasattr(x, "shape") and hasattr(x, "dtype") for x in leaves)
 
 
+def _read_json(path: Path) -> Any:
+    """The JSON file ``path`` of a release; StateError naming it when it is missing or damaged."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _damaged(path, e) from None
+
+
+def _damaged(path: Path, e: BaseException) -> StateError:
+    what = e.strerror if isinstance(e, OSError) else f"{type(e).__name__}: {e}"
+    return StateError(
+        f"the release file {path} cannot be read ({what}): the release is damaged (a copy or a "
+        "disk cut short?); restore its folder from a backup"
+    )
+
+
 def _write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
-
-
-def _write_contents(release: Release, tmp: Path) -> None:
-    """Everything in the release folder but the JSON written first: the plots (drawn from what
-    the JSON files hold, by the command's sidecar while the rest is written; in-process without
-    one: dptune.sidecar), the model and report.md."""
-    sidecar.draw("epsilon_breakdown", _as_json(release.privacy), str(tmp / "epsilon.png"))
-    curve = public_curve(release.curve) if release.released else None
-    if curve:
-        _write_json(tmp / "training_curve.json", curve)
-        sidecar.draw(
-            "training_curve", _as_json(curve), str(tmp / "training_curve.png"),
-            _as_json(release.privacy.get("total_epsilon")),
-        )  # fmt: skip
-    if release.released:
-        payload = release.payload
-        params = payload.get("params") if isinstance(payload, dict) else None
-        if params is not None and _is_array_tree(params):
-            _save_orbax(params, tmp / "checkpoint")
-        elif payload is not None:
-            with open(tmp / "payload.pkl", "wb") as f:
-                pickle.dump(payload, f)
-    write_report(release, tmp)  # report.md: a one-page summary linking the plots above
-    sidecar.finish_drawing()
-
-
-def _as_json(obj: Any) -> Any:
-    """``obj`` as its JSON file gives it back (numbers as Python numbers)."""
-    return json.loads(json.dumps(obj, default=_json_default))
 
 
 def _json_default(x: Any) -> Any:

@@ -9,10 +9,51 @@ other candidates, not even how many there were.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from selection import counts
+
 REPORT_FILE = "report.md"
+
+
+def single_candidate_odds(selection: Mapping[str, Any]) -> tuple[float, float] | None:
+    """(P[K = 0], P[K = 1]) of a random-stopping count, from the statement's ``selection``
+    parameters (public: a property of the configuration, never of a run's K); None for other
+    methods. Truncated negative binomial (Papernot & Steinke 2022, Def. 1: ``shape``, ``gamma``),
+    Poisson (``shape`` "inf", ``mean``), or the hard-capped geometric count min(K, T)
+    (``gamma``, ``max_trials``: P[min(K, T) = 1] = P[K = 1] = gamma for T >= 2)."""
+    try:
+        if selection.get("shape") == "inf":
+            mean = float(selection["mean"])
+            return math.exp(-mean), mean * math.exp(-mean)
+        if "shape" in selection and "gamma" in selection:
+            dist = counts.TruncatedNegativeBinomial(float(selection["shape"]),
+                                                    float(selection["gamma"]))  # fmt: skip
+            return 0.0, float(dist.pmf(1))
+        if "gamma" in selection and "eps0" not in selection and "max_trials" in selection:
+            gamma, cap = float(selection["gamma"]), int(selection["max_trials"])
+            return 0.0, (gamma if cap >= 2 else 1.0)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return None
+
+
+def _count_sentence(privacy: Mapping[str, Any]) -> list[str]:
+    """One sentence on how often a run of this configuration trains a single candidate."""
+    odds = single_candidate_odds(privacy.get("selection") or {})
+    if odds is None:
+        return []
+    p0, p1 = odds
+    none = (f", and none at all (nothing released) with probability {100 * p0:.0f} %"
+            if p0 > 0 else "")  # fmt: skip
+    return [
+        f"- What to expect from this configuration (public, not a fact about this run): its "
+        f"random count of candidates trains exactly one with probability {100 * p1:.0f} %{none}; "
+        "such a run releases an untuned candidate, so judge the configuration by several runs' "
+        "releases, not by one.",
+    ]
 
 
 def _num(x: Any, digits: int = 4) -> str:
@@ -40,9 +81,72 @@ def report_markdown(release: Any, files: set[str]) -> str:
     p = release.privacy or {}
     eps, delta = p.get("total_epsilon"), p.get("delta")
     trainer = getattr(release, "trainer_name", None) or "a private trainer"
-    lines = ["# dptune release report", "", release.headline, ""]
+    lines = ["# dptune release report", "", release.headline, "", *_released(release, trainer)]
+    lines += [
+        "",
+        "## Privacy",
+        "",
+        f"Everything in this folder, tuning included, is **({_num(eps)}, {_num(delta)})-"
+        "differentially private** with respect to one record of the training data"
+        + ("" if p.get("private", True) else " -- NO: this run was a non-private debug run")
+        + ".",
+        "",
+        f"- Selection: `{p.get('method', '?')}`; theorem: {p.get('theorem', '?')}",
+        f"- One training run alone would be ({_num(p.get('single_run_epsilon'))}, "
+        f"{_num(p.get('single_run_delta', delta))})-DP; the difference is the price of tuning.",
+        f"- Accountant: `{p.get('accountant', '?')}`"
+        + (
+            "; the run used a fixed seed, so the guarantee holds only while it is secret"
+            if p.get("seeded")
+            else "; randomness from OS entropy"
+        ),
+        *_count_sentence(p),
+        "",
+        "In words: an observer of this folder learns almost the same whether or not any one "
+        "person's record was in the training data (the epsilon bounds the change in the odds of "
+        "any conclusion; delta is the small probability that the bound fails).",
+        "",
+        "```text",
+        (release.privacy_text or "").rstrip(),
+        "```",
+        "",
+        "## Plots",
+        "",
+    ]
+    if "epsilon.png" in files:
+        lines.append("- [`epsilon.png`](epsilon.png): where the total epsilon comes from.")
+    if "training_curve.png" in files:
+        lines.append(
+            "- [`training_curve.png`](training_curve.png): the released model's epsilon of its "
+            "one training run so far (the dashed line is the total above, tuning included), and "
+            "its test accuracy when test curves were asked for, per epoch."
+        )
+    lines += [
+        "",
+        "## Files",
+        "",
+        "`result.json` (the result), `privacy.json` / `privacy.txt` (the statement)"
+        + (
+            ", `checkpoint/` (the model; `dptune.load_release(folder)` restores it with its "
+            "hyperparameters and statement)."
+            if "checkpoint" in files
+            else ", `payload.pkl` (the released payload; `dptune.load_release(folder)` restores "
+            "it with its hyperparameters and statement)."
+            if "payload.pkl" in files
+            else "."
+        ),
+        "",
+        "Not released, by design: the other candidates, their scores and how many there were "
+        "(revealing them would void the selection theorem's guarantee).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _released(release: Any, trainer: str) -> list[str]:
+    """The report's "What was released" section."""
     if release.released:
-        lines += [
+        lines = [
             "## What was released",
             "",
             "One trained model, chosen privately among candidates trained by "
@@ -74,8 +178,9 @@ def report_markdown(release: Any, files: set[str]) -> str:
             "|---|---|",
         ]
         lines += [f"| `{k}` | {_num(v)} |" for k, v in sorted((release.hparams or {}).items())]
-    elif release.no_candidate_succeeded:
-        lines += [
+        return lines
+    if release.no_candidate_succeeded:
+        return [
             "## What was released",
             "",
             f"Nothing: no candidate succeeded (every candidate trained by {trainer} failed), so "
@@ -83,69 +188,12 @@ def report_markdown(release: Any, files: set[str]) -> str:
             "(epsilon, delta) below stays charged to the dataset's budget. The curator can see "
             "why each failed with `dptune inspect WORKDIR` (private: never publish it).",
         ]
-    else:
-        lines += [
-            "## What was released",
-            "",
-            "Nothing: the private selection chose no candidate. This is a legitimate outcome of "
-            "random stopping (it may train zero candidates) and is covered by the same guarantee.",
-        ]
-    lines += [
+    return [
+        "## What was released",
         "",
-        "## Privacy",
-        "",
-        f"Everything in this folder, tuning included, is **({_num(eps)}, {_num(delta)})-"
-        "differentially private** with respect to one record of the training data"
-        + ("" if p.get("private", True) else " -- NO: this run was a non-private debug run")
-        + ".",
-        "",
-        f"- Selection: `{p.get('method', '?')}`; theorem: {p.get('theorem', '?')}",
-        f"- One training run alone would be ({_num(p.get('single_run_epsilon'))}, "
-        f"{_num(p.get('single_run_delta', delta))})-DP; the difference is the price of tuning.",
-        f"- Accountant: `{p.get('accountant', '?')}`"
-        + (
-            "; the run used a fixed seed, so the guarantee holds only while it is secret"
-            if p.get("seeded")
-            else "; randomness from OS entropy"
-        ),
-        "",
-        "In words: an observer of this folder learns almost the same whether or not any one "
-        "person's record was in the training data (the epsilon bounds the change in the odds of "
-        "any conclusion; delta is the small probability that the bound fails).",
-        "",
-        "```text",
-        (release.privacy_text or "").rstrip(),
-        "```",
-        "",
-        "## Plots",
-        "",
+        "Nothing: the private selection chose no candidate. This is a legitimate outcome of "
+        "random stopping (it may train zero candidates) and is covered by the same guarantee.",
     ]
-    if "epsilon.png" in files:
-        lines.append("- [`epsilon.png`](epsilon.png): where the total epsilon comes from.")
-    if "training_curve.png" in files:
-        lines.append(
-            "- [`training_curve.png`](training_curve.png): the released model's epsilon of its "
-            "one training run so far (the dashed line is the total above, tuning included), and "
-            "its test accuracy when test curves were asked for, per epoch."
-        )
-    lines += [
-        "",
-        "## Files",
-        "",
-        "`result.json` (the result), `privacy.json` / `privacy.txt` (the statement)"
-        + (
-            ", `checkpoint/` (the model; `dptune.release.load_params(folder)` restores it)."
-            if "checkpoint" in files
-            else ", `payload.pkl` (the released payload)."
-            if "payload.pkl" in files
-            else "."
-        ),
-        "",
-        "Not released, by design: the other candidates, their scores and how many there were "
-        "(revealing them would void the selection theorem's guarantee).",
-        "",
-    ]
-    return "\n".join(lines)
 
 
 def write_report(release: Any, folder: str | Path) -> Path:

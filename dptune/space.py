@@ -36,11 +36,13 @@ from typing import Any
 
 import numpy as np
 
+from dptune.errors import Refused
+
 #: Largest number of privacy-relevant combinations the accountant will enumerate.
 MAX_PRIVACY_GRID = 4096
 
 
-class SpaceError(ValueError):
+class SpaceError(Refused):
     """A search space or one of its distributions is malformed."""
 
 

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dptune.errors import Refused
+
 __all__ = ["STRATEGIES", "StrategyInfo", "check", "describe", "names"]
 
 
@@ -56,7 +58,7 @@ STRATEGIES: dict[str, StrategyInfo] = {
 }
 
 
-class StrategyConfigError(ValueError):
+class StrategyConfigError(Refused):
     """A strategy name or option is invalid; the message names the field."""
 
 

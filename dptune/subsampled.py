@@ -39,7 +39,7 @@ import os
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,13 +47,20 @@ from dptune.accounting import subsampled as acc
 from dptune.accounting.events import with_adjacency
 from dptune.accounting.statement import PrivacyStatement
 from dptune.errors import ImpossibleBudgetError, TuningConfigError
-from dptune.ledger import Ledger
 from dptune.plan import AUTO, Budget, PrivacyPlan, as_budget, make_privacy_plan
 from dptune.release import Release, read_release, write_release
 from dptune.space import Space
 from dptune.trainer_protocol import as_candidate
-from dptune.tuner import _charge_ledger, _open_journal, tune
-from dptune.workdir_lock import holds_workdir_lock
+from dptune.tuner import (
+    TuneOptions,
+    as_space,
+    bind_calibrated,
+    charge_ledger,
+    describe_run,
+    open_journal,
+    tune,
+)
+from dptune.workdir_lock import workdir_lock
 from selection.baselines import BestOfK
 
 __all__ = ["SubsampledPlan", "plan_subsampled", "tune_subsampled"]
@@ -137,11 +144,7 @@ def plan_subsampled(
       TuningConfigError, ImpossibleBudgetError (one line each, nothing charged).
     """
     budget = as_budget(budget)
-    if not isinstance(space, Space):
-        try:
-            space = Space.from_config(space)
-        except ValueError as e:
-            raise TuningConfigError(str(e)) from None
+    space = as_space(space)
     field = _check(trainer, space, accountant, adjacency)
     if not 0 < tuning_epsilon < budget.epsilon:
         raise TuningConfigError(
@@ -164,11 +167,34 @@ def plan_subsampled(
             f"{tuning.subset_epsilon:.4g} on the subset of rate {fraction:g}) is too small for "
             f"its candidates: raise strategy.tuning_epsilon or strategy.fraction ({e})"
         ) from None
-    eps_t, delta_t = acc.amplify(
-        tuning_plan.statement.total_epsilon, tuning_plan.statement.delta, fraction
+    try:
+        sigma, cands, statement = _final_run(
+            trainer, tuning_plan, field, fraction, budget, seeded, adjacency
+        )
+    except ValueError as e:
+        raise ImpossibleBudgetError(
+            f"no final {field.replace('_', ' ')} meets the total budget (epsilon="
+            f"{budget.epsilon:g}, delta={budget.delta:g}) after a tuning phase of epsilon "
+            f"{tuning_epsilon:g}: lower strategy.tuning_epsilon or raise the budget ({e})"
+        ) from None
+    if statement.total_epsilon > budget.epsilon * (1 + 1e-9):
+        raise ImpossibleBudgetError(
+            f"the run would cost epsilon={statement.total_epsilon:.4g} > budget {budget.epsilon:g}"
+        )
+    return SubsampledPlan(
+        tuning=tuning,
+        tuning_plan=tuning_plan,
+        calibrated={field: float(sigma)},
+        final_candidates=tuple(dict.fromkeys(cands)),
+        statement=statement,
     )
-    # The final run may get any setting of the privacy grid the tuning phase enumerated (the
-    # tuning plan's space carries every privacy-relevant field, probed ones included).
+
+
+def _final_run(trainer, tuning_plan, field, fraction, budget, seeded, adjacency):
+    """The final run's calibrated noise, its possible privacy settings and the whole run's
+    statement. The final run may get any setting of the privacy grid the tuning phase enumerated
+    (the tuning plan's space carries every privacy-relevant field, probed ones included).
+    ValueError if no noise meets the budget."""
     grid_space = tuning_plan.space
     grid = grid_space.privacy_grid()
 
@@ -181,25 +207,21 @@ def plan_subsampled(
             for combo in grid
         ]
 
-    try:
-        final_candidates(1.0)  # invalid settings raise their own message here
-        sigma = acc.calibrate_final(final_candidates, eps_t, delta_t, budget.epsilon, budget.delta)
-        cands = final_candidates(sigma)
-        notes = tuple(trainer.privacy_notes()) if hasattr(trainer, "privacy_notes") else ()
-        notes += (
-            f"Tuning on a per-record Poisson subset of rate {fraction:g} (each record's membership "
-            "a keyed hash of that record alone under a secret key), then one final run on all the "
-            "data with the selected hyperparameters.",
-        )
-        statement = acc.subsampled_statement(
-            cands, tuning_plan.statement, fraction, budget.delta, seeded=seeded, notes=notes
-        )
-    except ValueError as e:
-        raise ImpossibleBudgetError(
-            f"no final {field.replace('_', ' ')} meets the total budget (epsilon="
-            f"{budget.epsilon:g}, delta={budget.delta:g}) after a tuning phase of epsilon "
-            f"{tuning_epsilon:g}: lower strategy.tuning_epsilon or raise the budget ({e})"
-        ) from None
+    final_candidates(1.0)  # invalid settings raise their own message here
+    eps_t, delta_t = acc.amplify(
+        tuning_plan.statement.total_epsilon, tuning_plan.statement.delta, fraction
+    )
+    sigma = acc.calibrate_final(final_candidates, eps_t, delta_t, budget.epsilon, budget.delta)
+    cands = final_candidates(sigma)
+    notes = tuple(trainer.privacy_notes()) if hasattr(trainer, "privacy_notes") else ()
+    notes += (
+        f"Tuning on a per-record Poisson subset of rate {fraction:g} (each record's membership "
+        "a keyed hash of that record alone under a secret key), then one final run on all the "
+        "data with the selected hyperparameters.",
+    )
+    statement = acc.subsampled_statement(
+        cands, tuning_plan.statement, fraction, budget.delta, seeded=seeded, notes=notes
+    )
     # What the statement rests on: the tuning phase's basis (``make_privacy_plan``), plus what
     # this strategy's code guarantees.
     basis = tuning_plan.statement
@@ -216,17 +238,7 @@ def plan_subsampled(
         trainer_word=basis.trainer_word,
         published=basis.published,
     )
-    if statement.total_epsilon > budget.epsilon * (1 + 1e-9):
-        raise ImpossibleBudgetError(
-            f"the run would cost epsilon={statement.total_epsilon:.4g} > budget {budget.epsilon:g}"
-        )
-    return SubsampledPlan(
-        tuning=tuning,
-        tuning_plan=tuning_plan,
-        calibrated={field: float(sigma)},
-        final_candidates=tuple(dict.fromkeys(cands)),
-        statement=statement,
-    )
+    return sigma, cands, statement
 
 
 def _subset_key(journal: Any, seed: int | None) -> bytes:
@@ -240,7 +252,6 @@ def _subset_key(journal: Any, seed: int | None) -> bytes:
     return bytes.fromhex(journal.set_once("subset_key", fresh))
 
 
-@holds_workdir_lock  # one run per workdir, for the whole run (dptune/workdir_lock.py)
 def tune_subsampled(
     trainer: Any,
     space: Space | Mapping[str, Any],
@@ -249,104 +260,57 @@ def tune_subsampled(
     *,
     fraction: float,
     tuning_epsilon: float,
-    workdir: str | os.PathLike | None = None,
-    seed: int | None = None,
-    accountant: str = "auto",
-    ledger: Ledger | str | os.PathLike | None = None,
-    dataset_budget: Budget | tuple[float, float] | None = None,
-    fingerprint: str | None = None,
-    config: Mapping[str, Any] | None = None,
-    progress: bool = True,
-    adjacency: str = "add_remove",
-    executor: Any = None,
+    options: TuneOptions | None = None,
+    **kwargs: Any,
 ) -> Release:
     """Tunes on a per-record Poisson subset, retrains the selection on all the data, and releases
     that final model under one statement for both phases (module docstring).
 
-    Args are those of ``dptune.tune`` (no ``debug_nonprivate``, no ``group_size``: pass an
-    executor), plus ``fraction`` (the subset's Poisson rate, in (0, 1)) and ``tuning_epsilon`` (the
-    tuning phase's epsilon on the full data, amplification included; the final run gets the rest
-    of ``budget`` by composition). Returns the :class:`~dptune.release.Release` of the final run
-    (also written to ``workdir/release/``).
+    Args are those of ``dptune.tune`` (``TuneOptions``; the ledger defaults to None here, and
+    ``debug_nonprivate`` is refused), plus ``fraction`` (the subset's Poisson rate, in (0, 1)) and
+    ``tuning_epsilon`` (the tuning phase's epsilon on the full data, amplification included; the
+    final run gets the rest of ``budget`` by composition). Returns the
+    :class:`~dptune.release.Release` of the final run (also written to ``workdir/release/``).
     """
+    opts = TuneOptions.build(options or TuneOptions(ledger=None), kwargs)
+    opts.check()
+    if opts.debug_nonprivate:
+        raise TuningConfigError("strategy 'subsampled' has no debug_nonprivate: use 'full'")
     budget = as_budget(budget)
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise TuningConfigError(f"seed={seed!r} must be a non-negative integer or None")
-    if not isinstance(space, Space):
-        try:
-            space = Space.from_config(space)
-        except ValueError as e:
-            raise TuningConfigError(str(e)) from None
-    _check(trainer, space, accountant, adjacency)
+    space = as_space(space)
+    _check(trainer, space, opts.accountant, opts.adjacency)
+    config = opts.config
     if config is None:
-        config = {
-            "strategy": {
-                "name": "subsampled",
-                "fraction": fraction,
-                "tuning_epsilon": tuning_epsilon,
-            },
-            "space": space.to_dict(),
-            "selection": selection.privacy.describe() if hasattr(selection, "privacy") else None,
-            "budget": [budget.epsilon, budget.delta],
-            "trainer": getattr(trainer, "describe", lambda: {"kind": type(trainer).__name__})(),
-            "seed": seed,
-            "accountant": accountant,
-        }
-    root = None if workdir is None else Path(workdir)
+        strategy = {"name": "subsampled", "fraction": fraction, "tuning_epsilon": tuning_epsilon}
+        config = {"strategy": strategy, **describe_run(trainer, space, selection, budget, opts)}
+    # One run per workdir, for the whole run (dptune/workdir_lock.py).
+    with workdir_lock(opts.workdir):
+        return _tune_locked(
+            trainer, space, selection, budget, fraction, tuning_epsilon, config, opts
+        )
+
+
+def _tune_locked(trainer, space, selection, budget, fraction, tuning_epsilon, config, opts):
+    """``tune_subsampled`` holding the workdir's lock."""
+    root = None if opts.workdir is None else Path(opts.workdir)
     private_dir = None if root is None else root / "private"
     # An existing run: a changed config is refused before any (slow) accounting.
-    journal = _open_journal(private_dir, config, existing_only=True)
+    journal = open_journal(private_dir, config, existing_only=True)
     try:
         log.info("accounting: calibrating the tuning candidates' and the final run's noise")
         # The subset trainer's privacy depends on public sizes only, so the plan is the same for
         # every key: it is computed before anything is written (a refusal leaves no workdir).
         plan = plan_subsampled(
             trainer, space, selection, budget, fraction=fraction, tuning_epsilon=tuning_epsilon,
-            accountant=accountant, seeded=seed is not None, adjacency=adjacency,
+            accountant=opts.accountant, seeded=opts.seed is not None, adjacency=opts.adjacency,
         )  # fmt: skip
-        journal = journal or _open_journal(private_dir, config)
+        journal = journal or open_journal(private_dir, config)
         release_dir = None if root is None else root / "release"
         if release_dir is not None and journal.get("released_at") and release_dir.exists():
             log.info("this run already finished; its release is in %s", release_dir)
             return read_release(release_dir)
-        sub = trainer.subset(fraction, _subset_key(journal, seed))
-        run_id = journal.set_once("run_id", uuid.uuid4().hex)
-        calibrated = {
-            "tuning": dict(plan.tuning_plan.calibrated),
-            "final": dict(plan.calibrated),
-        }
-        if journal.get("calibrated", calibrated) != calibrated:
-            raise TuningConfigError(
-                f"this run was planned with {journal.get('calibrated')} but the accountant now "
-                f"gives {calibrated} (a different dptune version?): finish it with the version "
-                "that started it, or start a new workdir"
-            )
-        journal.set_once("calibrated", calibrated)
-        journal.set_once("privacy", plan.statement.to_dict())
-        if ledger is not None:
-            _charge_ledger(
-                ledger, trainer, plan, run_id, budget, dataset_budget, fingerprint, workdir
-            )
-        journal.set_once("started_at", time.time())
-        # ledger=None: the phases are charged above, once, as this run (tune's default would
-        # charge the curator's ledger again for each phase).
-        phase = {"accountant": accountant, "progress": progress, "adjacency": adjacency,
-                 "executor": executor, "ledger": None}  # fmt: skip
-        tuned = tune(
-            sub, space, selection, Budget(plan.tuning.subset_epsilon, plan.tuning.subset_delta),
-            workdir=None if private_dir is None else private_dir / "tuning", seed=seed,
-            config={"phase": "tuning", "run_id": run_id, "outer": dict(config)}, **phase,
-        )  # fmt: skip
-        privacy = plan.statement.to_dict()
-        privacy.update(budget_epsilon=budget.epsilon, budget_delta=budget.delta)
-        if not tuned.released:
-            release = Release(False, None, None, None, privacy, plan.statement.to_text())
-        else:
-            release = _final(trainer, plan, tuned, budget, private_dir, seed, run_id, config, phase)
-            release = dataclasses.replace(
-                release, privacy=privacy, privacy_text=plan.statement.to_text()
-            )
-        release.private = {"tuning": tuned.private}
+        run_id = _start(journal, plan, trainer, opts)
+        release = _phases(trainer, selection, space, plan, budget, journal, run_id, config, opts)
         if release_dir is not None:
             write_release(release, release_dir)
             journal.set("released_at", time.time())
@@ -356,10 +320,51 @@ def tune_subsampled(
             journal.close()
 
 
-def _final(trainer, plan, tuned, budget, private_dir, seed, run_id, config, phase) -> Release:
+def _start(journal: Any, plan: SubsampledPlan, trainer: Any, opts: TuneOptions) -> str:
+    """Journals the run id, the calibrated values and the statement (refused if the accountant
+    now calibrates otherwise), and charges the whole run to the ledger once. Returns the run id."""
+    run_id = journal.set_once("run_id", uuid.uuid4().hex)
+    calibrated = {"tuning": dict(plan.tuning_plan.calibrated), "final": dict(plan.calibrated)}
+    bind_calibrated(journal, calibrated)
+    journal.set_once("privacy", plan.statement.to_dict())
+    if opts.ledger is not None:
+        charge_ledger(
+            opts.ledger, trainer, plan.statement, run_id, opts.dataset_budget, opts.fingerprint,
+            opts.workdir,
+        )  # fmt: skip
+    journal.set_once("started_at", time.time())
+    return run_id
+
+
+def _phases(trainer, selection, space, plan, budget, journal, run_id, config, opts) -> Release:
+    """Phase 1 (``tune`` on the subset), then, if it released, phase 2 (the selected setting on
+    all the data); the release carries the whole run's statement. Both phases run with
+    ``ledger=None``: the run was charged once, as a whole."""
+    private_dir = None if opts.workdir is None else Path(opts.workdir) / "private"
+    phase = replace(opts, ledger=None)
+    sub = trainer.subset(plan.tuning.fraction, _subset_key(journal, opts.seed))
+    tuned = tune(
+        sub, space, selection, Budget(plan.tuning.subset_epsilon, plan.tuning.subset_delta),
+        phase, workdir=None if private_dir is None else private_dir / "tuning",
+        config={"phase": "tuning", "run_id": run_id, "outer": dict(config)},
+    )  # fmt: skip
+    privacy = plan.statement.to_dict()
+    privacy.update(budget_epsilon=budget.epsilon, budget_delta=budget.delta)
+    if not tuned.released:
+        release = Release(False, None, None, None, privacy, plan.statement.to_text())
+    else:
+        release = _final(trainer, plan, tuned, budget, private_dir, run_id, config, phase)
+        release = dataclasses.replace(
+            release, privacy=privacy, privacy_text=plan.statement.to_text()
+        )
+    release.private = {"tuning": tuned.private}
+    return release
+
+
+def _final(trainer, plan, tuned, budget, private_dir, run_id, config, phase) -> Release:
     """Phase 2: the selected setting once on all the data at the final noise (best of 1)."""
     hp = {**dict(tuned.hparams), **dict(plan.calibrated)}
-    cand = with_adjacency(as_candidate(trainer.privacy(hp)), phase["adjacency"])
+    cand = with_adjacency(as_candidate(trainer.privacy(hp)), phase.adjacency)
     dominating = acc.final_candidate(plan.final_candidates)
     if cand not in plan.final_candidates and cand != dominating:
         # Never expected (the tuning phase drew from the same privacy grid); refuse rather than
@@ -370,9 +375,8 @@ def _final(trainer, plan, tuned, budget, private_dir, seed, run_id, config, phas
     # One-value choices: the space of one candidate (tune refuses a space with nothing drawn).
     final_space = Space({name: {"distribution": "choice", "values": [v]} for name, v in hp.items()})
     return tune(
-        trainer, final_space, BestOfK(1), budget,
+        trainer, final_space, BestOfK(1), budget, phase,
         workdir=None if private_dir is None else private_dir / "final",
-        seed=None if seed is None else seed + 1,
+        seed=None if phase.seed is None else phase.seed + 1,
         config={"phase": "final", "run_id": run_id, "hparams": hp, "outer": dict(config)},
-        **phase,
     )  # fmt: skip

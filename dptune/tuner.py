@@ -7,18 +7,18 @@ the sequence of these named steps:
    the dataset's ledger) and ``make_privacy_plan`` (``dptune.plan``): account the worst case over
    everything the space can draw, calibrating ``"auto"`` so the *total* (tuning included) meets the
    budget. Nothing private has run and nothing is written yet; ``dptune --dry_run`` stops here.
-2. ``_open_journal``: ``DIR/private/journal.sqlite`` binds the config and the trainer's code (a
+2. ``open_journal``: ``DIR/private/journal.sqlite`` binds the config and the trainer's code (a
    different one is refused); a finished run returns its release.
-3. ``_draw_plan``: the run id, the root entropy, the selection's plan and every candidate's seed and
+3. ``draw_plan``: the run id, the root entropy, the selection's plan and every candidate's seed and
    hyperparameters, each drawn once: a resume reads them back and never draws them again.
 4. ``check_candidates`` (``dptune.plan``): every drawn candidate's declared privacy is what the
    statement accounted.
-5. ``_charge_ledger``: the run's (epsilon, delta) is charged to the dataset's budget (once per run
+5. ``charge_ledger``: the run's (epsilon, delta) is charged to the dataset's budget (once per run
    id; refused if it would exceed the budget).
-6. ``_run_candidates``: candidates train in index order, one at a time or in groups (vectorised
+6. ``run_candidates``: candidates train in index order, one at a time or in groups (vectorised
    ``train_many``), each journaled as it finishes behind one failure guard (a failure's type,
    message and traceback go to the journal); finished ones are never retrained on resume.
-7. ``_release``: select, and release only the selected candidate (``DIR/release/``); if the
+7. ``release_selected``: select, and release only the selected candidate (``DIR/release/``); if the
    selected candidate failed (so every candidate failed), no model is released and the release
    says so.
 
@@ -44,7 +44,6 @@ import dptune
 from dptune.accounting import ACCOUNTANTS
 from dptune.accounting.events import ADJACENCIES
 from dptune.accounting.quiet import quiet_accounting
-from dptune.curve_warmup import CurveWarmup
 from dptune.errors import (
     CandidateFailure,
     ImpossibleBudgetError,
@@ -53,7 +52,7 @@ from dptune.errors import (
 )
 from dptune.execution import Job, SequentialExecutor, VectorizedExecutor
 from dptune.journal import JOURNAL_FILE, Journal, MemoryJournal
-from dptune.ledger import BudgetExceededError, Ledger, Spend, default_ledger_path
+from dptune.ledger import Ledger, default_ledger_path
 from dptune.plan import (
     AUTO,
     MAX_PLANNED_TRIALS,
@@ -94,10 +93,19 @@ __all__ = [
     "ImpossibleBudgetError",
     "PrivacyPlan",
     "Trainer",
+    "TuneOptions",
     "TuningConfigError",
+    "as_space",
+    "bind_calibrated",
+    "charge_ledger",
+    "describe_run",
+    "draw_plan",
     "make_privacy_plan",
+    "open_journal",
     "plan_privacy",
     "preflight",
+    "release_selected",
+    "run_candidates",
     "trainer",
     "tune",
 ]
@@ -129,34 +137,12 @@ class _Private:
         return "<private: see DIR/private/>"
 
 
-@quiet_accounting
-def tune(
-    trainer: Any,
-    space: Space | Mapping[str, Any],
-    selection: Any,
-    budget: Budget | tuple[float, float],
-    *,
-    workdir: str | os.PathLike | None = None,
-    seed: int | None = None,
-    group_size: int = 1,
-    accountant: str = "auto",
-    ledger: Ledger | str | os.PathLike | None = DEFAULT_LEDGER,
-    dataset_budget: Budget | tuple[float, float] | None = None,
-    fingerprint: str | None = None,
-    config: Mapping[str, Any] | None = None,
-    progress: bool = True,
-    debug_nonprivate: bool = False,
-    adjacency: str = "add_remove",
-    executor: Any = None,
-) -> Release:
-    """Tunes privately and releases the selected candidate (or nothing).
+@dataclass(frozen=True)
+class TuneOptions:
+    """How a run goes, apart from what it tunes: every keyword argument of :func:`tune`, as one
+    frozen value that :func:`preflight` checks (the same value for the run and ``--dry_run``).
 
-    Args:
-      trainer: a trainer (``dptune.trainer_protocol``): e.g. ``dptune.DpSgdTrainer``, a
-        ``FunctionTrainer``.
-      space: the search space; ``noise_multiplier="auto"`` calibrates the noise to the budget.
-      selection: a ``selection`` method (``RandomStopping``, ``Thresholding``, ...).
-      budget: total (epsilon, delta) for everything released, tuning included.
+    Attributes:
       workdir: folder for ``private/`` (journal, candidates) and ``release/``; with it a killed run
         resumes when called again with the same arguments. None: everything stays in memory.
       seed: a fixed seed for every random choice (debugging, tests); default: OS entropy. The
@@ -169,17 +155,75 @@ def tune(
         (``$DPTUNE_LEDGER`` or ``~/.dptune/ledger.sqlite``), as for the ``dptune`` command;
         None runs without a ledger.
       dataset_budget: the dataset's lifetime budget as this run states it (default: the one the
-        ledger holds; for a dataset the ledger has never seen, this run's ``budget``, with a
-        warning).
+        ledger holds; for a dataset the ledger has never seen, 10 times this run's ``budget``,
+        with a warning: ``dptune.ledger.default_lifetime_budget``).
       fingerprint: the dataset id in the ledger (default: ``trainer.fingerprint``).
       config: what the journal binds the workdir to (default: a description of the arguments).
       progress: show a tqdm display (curator's console; it shows neither K nor scores).
       debug_nonprivate: print every candidate's score at the end; marks the statement NOT private.
       adjacency: "add_remove" (default: neighbours differ by one added or removed example) or
         "replace_one" (one example replaced; for datasets of fixed, public size).
-      executor: how candidates are trained (``dptune.executors``; default sequential). Random
-        stopping hands it all K candidates as it can take them; thresholding evaluates extra
-        candidates speculatively and consumes their scores in order.
+      executor: how candidates are trained (``dptune.executors``; default sequential, or
+        vectorised in groups of ``group_size``). Random stopping hands it all K candidates as it
+        can take them; thresholding evaluates extra candidates speculatively and consumes their
+        scores in order.
+    """
+
+    workdir: str | os.PathLike | None = None
+    seed: int | None = None
+    group_size: int = 1
+    accountant: str = "auto"
+    ledger: Ledger | str | os.PathLike | None = DEFAULT_LEDGER
+    dataset_budget: Budget | tuple[float, float] | None = None
+    fingerprint: str | None = None
+    config: Mapping[str, Any] | None = None
+    progress: bool = True
+    debug_nonprivate: bool = False
+    adjacency: str = "add_remove"
+    executor: Any = None
+
+    def check(self) -> None:
+        """The checks that need no data and read nothing (the command checks its flags with
+        this same method, so the library and ``dptune`` refuse the same values with the same
+        words), then :func:`check_workdir`. TuningConfigError / StateError naming the field."""
+        check_run_arguments(
+            self.group_size, self.accountant, self.seed, self.debug_nonprivate, self.ledger,
+            self.adjacency,
+        )  # fmt: skip
+        check_workdir(self.workdir)
+
+    @classmethod
+    def build(cls, options: TuneOptions | None, kwargs: Mapping[str, Any]) -> TuneOptions:
+        """``options`` (default: all defaults) with ``kwargs`` replacing its fields; a keyword
+        that is not a field is refused with the fields' names."""
+        unknown = sorted(set(kwargs) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise TuningConfigError(
+                f"unknown keyword argument(s) {unknown}; tune() takes "
+                f"{', '.join(cls.__dataclass_fields__)}"
+            )
+        return replace(options or cls(), **kwargs)
+
+
+@quiet_accounting
+def tune(
+    trainer: Any,
+    space: Space | Mapping[str, Any],
+    selection: Any,
+    budget: Budget | tuple[float, float],
+    options: TuneOptions | None = None,
+    **kwargs: Any,
+) -> Release:
+    """Tunes privately and releases the selected candidate (or nothing).
+
+    Args:
+      trainer: a trainer (``dptune.trainer_protocol``): e.g. ``dptune.DpSgdTrainer``, a
+        ``FunctionTrainer``.
+      space: the search space; ``noise_multiplier="auto"`` calibrates the noise to the budget.
+      selection: a ``selection`` method (``RandomStopping``, ``Thresholding``, ...).
+      budget: total (epsilon, delta) for everything released, tuning included.
+      options, **kwargs: how the run goes (:class:`TuneOptions`; keywords replace its fields,
+        e.g. ``workdir=``, ``seed=``, ``ledger=None``).
     Returns:
       The :class:`~dptune.release.Release` (also written to ``workdir/release/`` if given);
       ``release.outcome`` says whether a candidate was released, none was selected, or the
@@ -189,22 +233,15 @@ def tune(
       ConfigChangedError, WorkdirLockedError: refused before any private computation, nothing
       charged.
     """
+    opts = TuneOptions.build(options, kwargs)
     # The cheap checks first, so that a refused call creates nothing (not even the workdir).
-    check_run_arguments(group_size, accountant, seed, debug_nonprivate, ledger, adjacency)
+    opts.check()
     as_budget(budget)
-    check_workdir(workdir)
     # One run per workdir, for the whole run (dptune/workdir_lock.py); the checks read the
     # workdir's journal under the lock, so no other run can be writing it.
-    with workdir_lock(workdir):
-        pre = preflight(
-            trainer, space, selection, budget, workdir=workdir, seed=seed, group_size=group_size,
-            accountant=accountant, ledger=ledger, dataset_budget=dataset_budget,
-            fingerprint=fingerprint, config=config, debug_nonprivate=debug_nonprivate,
-            adjacency=adjacency,
-        )  # fmt: skip
-        if executor is None:
-            executor = VectorizedExecutor(group_size) if group_size > 1 else SequentialExecutor()
-        return _tune_checked(pre, trainer, selection, executor, seed, progress, debug_nonprivate)
+    with workdir_lock(opts.workdir):
+        pre = preflight(trainer, space, selection, budget, opts)
+        return _tune_checked(pre, trainer, selection, opts)
 
 
 @dataclass(frozen=True)
@@ -239,72 +276,79 @@ def preflight(
     space: Space | Mapping[str, Any],
     selection: Any,
     budget: Budget | tuple[float, float],
-    *,
-    workdir: str | os.PathLike | None = None,
-    seed: int | None = None,
-    group_size: int = 1,
-    accountant: str = "auto",
-    ledger: Ledger | str | os.PathLike | None = DEFAULT_LEDGER,
-    dataset_budget: Budget | tuple[float, float] | None = None,
-    fingerprint: str | None = None,
-    config: Mapping[str, Any] | None = None,
-    debug_nonprivate: bool = False,
-    adjacency: str = "add_remove",
+    options: TuneOptions | None = None,
+    **kwargs: Any,
 ) -> Preflight:
     """Every check of :func:`tune` that needs no private computation, writing nothing: the one
     validation shared by the run and ``dptune --dry_run`` (same arguments as ``tune``).
 
-    Checks the arguments, the workdir (a folder that can be written; a journal already in it must
+    Checks the options, the workdir (a folder that can be written; a journal already in it must
     be intact and belong to this config and this code), the privacy plan (calibration included)
     and the dataset's ledger (the run must fit its budget). Raises what ``tune`` raises.
     """
+    opts = TuneOptions.build(options, kwargs)
     budget = as_budget(budget)
-    check_run_arguments(group_size, accountant, seed, debug_nonprivate, ledger, adjacency)
-    if not isinstance(space, Space):
-        try:
-            space = Space.from_config(space)
-        except ValueError as e:
-            raise TuningConfigError(str(e)) from None
-    check_workdir(workdir)
-    if config is None:
-        config = {
-            "space": space.to_dict(),
-            "selection": selection.privacy.describe() if hasattr(selection, "privacy") else None,
-            "budget": [budget.epsilon, budget.delta],
-            "trainer": getattr(trainer, "describe", lambda: {"kind": type(trainer).__name__})(),
-            "seed": seed,
-            "accountant": accountant,
-            "debug_nonprivate": debug_nonprivate,
-            "adjacency": adjacency,
-        }
+    opts.check()
+    space = as_space(space)
+    config = opts.config if opts.config is not None else describe_run(
+        trainer, space, selection, budget, opts
+    )  # fmt: skip
     code = {"dptune": dptune.__version__, "trainer": code_digest(trainer)}
-    ledger_path = _ledger_path(ledger)
+    ledger_path = _ledger_path(opts.ledger)
     fp = None
     if ledger_path is not None:
-        fp = fingerprint or getattr(trainer, "fingerprint", None)
+        fp = opts.fingerprint or getattr(trainer, "fingerprint", None)
         if not fp:
             raise TuningConfigError(
                 f"the budget ledger ({ledger_path}) charges every run to its dataset, but this "
                 "trainer names no dataset: pass fingerprint='<an id of your dataset>' (to tune(), "
                 "or to dptune.trainer / FunctionTrainer), or ledger=None to run without a ledger"
             )
-    workdir = None if workdir is None else Path(workdir)
+    workdir = None if opts.workdir is None else Path(opts.workdir)
     run_id = None
     resuming = finished = False
     if workdir is not None:
         run_id, resuming, finished = _check_existing_run(workdir / "private", config, code)
     log.info("accounting: checking the total budget (calibrating the noise if 'auto')")
     plan = make_privacy_plan(
-        trainer, space, selection, budget, accountant=accountant, seeded=seed is not None,
-        debug_nonprivate=debug_nonprivate, adjacency=adjacency,
+        trainer, space, selection, budget, accountant=opts.accountant,
+        seeded=opts.seed is not None, debug_nonprivate=opts.debug_nonprivate,
+        adjacency=opts.adjacency,
     )  # fmt: skip
     if hasattr(trainer, "check_inputs"):  # the data's schema against a candidate's settings
         _check_inputs(trainer, plan)
-    dsb = as_budget(dataset_budget) if dataset_budget is not None else None
+    dsb = as_budget(opts.dataset_budget) if opts.dataset_budget is not None else None
     spend = None
     if ledger_path is not None and not finished:  # a finished run returns its release: no charge
         spend = _check_ledger(ledger_path, fp, run_id, plan, dsb, _dataset_name(trainer))
     return Preflight(plan, budget, config, code, workdir, ledger_path, fp, dsb, spend, resuming)
+
+
+def describe_run(
+    trainer: Any, space: Space, selection: Any, budget: Budget, opts: TuneOptions
+) -> dict[str, Any]:
+    """What the journal binds a workdir to when no config is given: every argument that changes
+    the run."""
+    return {
+        "space": space.to_dict(),
+        "selection": selection.privacy.describe() if hasattr(selection, "privacy") else None,
+        "budget": [budget.epsilon, budget.delta],
+        "trainer": getattr(trainer, "describe", lambda: {"kind": type(trainer).__name__})(),
+        "seed": opts.seed,
+        "accountant": opts.accountant,
+        "debug_nonprivate": opts.debug_nonprivate,
+        "adjacency": opts.adjacency,
+    }
+
+
+def as_space(space: Space | Mapping[str, Any]) -> Space:
+    """``space`` as a :class:`Space` (a mapping is read as a config); TuningConfigError if not."""
+    if isinstance(space, Space):
+        return space
+    try:
+        return Space.from_config(space)
+    except ValueError as e:
+        raise TuningConfigError(str(e)) from None
 
 
 def _check_inputs(trainer: Any, plan: Any) -> None:
@@ -327,13 +371,12 @@ def _check_inputs(trainer: Any, plan: Any) -> None:
             ) from None
 
 
-def _tune_checked(pre: Preflight, trainer, selection, executor, seed, progress, debug_nonprivate):
+def _tune_checked(pre: Preflight, trainer: Any, selection: Any, opts: TuneOptions) -> Release:
     """``tune`` once ``preflight`` passed (holding the workdir's lock)."""
     plan = pre.plan
     private_dir = None if pre.workdir is None else pre.workdir / "private"
     release_dir = None if pre.workdir is None else pre.workdir / "release"
-    journal = _open_journal(private_dir, pre.config, pre.code)
-    warmup = None
+    journal = open_journal(private_dir, pre.config, pre.code)
     try:
         if release_dir is not None and journal.get("released_at") and release_dir.exists():
             log.warning(
@@ -342,27 +385,12 @@ def _tune_checked(pre: Preflight, trainer, selection, executor, seed, progress, 
                 release_dir,
             )
             return read_release(release_dir)
-        if pre.resuming:
-            log.info(
-                "resuming the run started %s in %s: its plan and seeds are read back from the "
-                "journal; finished candidates are kept, unfinished ones train again with their "
-                "own seeds",
-                _when(journal.get("started_at") or journal.get("planned_at")),
-                pre.workdir,
-            )
-        if hasattr(trainer, "curator_view"):
-            view = trainer.curator_view()
-            journal.set("curator_view", view)
-            if view:
-                # No count here (the console's log may be shared): the curator's view has them.
-                log.warning(
-                    "the loader dropped malformed private records (%s), each judged on its own "
-                    "(the guarantee is unchanged: docs/privacy-model.md); `dptune inspect %s` "
-                    "shows how many",
-                    ", ".join(sorted(view)).replace("_", " "),
-                    pre.workdir or "WORKDIR",
-                )
-        run_id, sel_plan = _draw_plan(journal, plan, selection, seed)
+        _say_resuming_and_dropped(pre, trainer, journal)
+        if hasattr(trainer, "clipping_path"):  # public: a function of the model and shapes
+            clipping = trainer.clipping_path()
+            journal.set("clipping", clipping)
+            log.info("per-example clipping: %s (%s)", clipping["path"], clipping["why"])
+        run_id, sel_plan = draw_plan(journal, plan, selection, opts.seed)
         drawn = journal.candidates()
         checked = dict(
             zip(
@@ -375,25 +403,28 @@ def _tune_checked(pre: Preflight, trainer, selection, executor, seed, progress, 
             # the event a trainer reports is compared with what was accounted, not a fresh call
             trainer.bind_accounted([(plan.hparams(r.hparams), checked[r.index]) for r in drawn])
         if pre.ledger is not None:
-            _charge_preflight(pre, trainer, run_id)
+            charge_ledger(
+                pre.ledger, trainer, plan.statement, run_id, pre.dataset_budget, pre.fingerprint,
+                pre.workdir,
+            )  # fmt: skip
         journal.set_once("started_at", time.time())
         records = {r.index: r for r in journal.candidates()}
         payloads: dict[int, Any] = {}
-        # The curve's epsilons (public) are computed while the candidates train, at low priority;
-        # told to stop before the release computes (whatever is missing) itself, and in any case
-        # when this run returns.
-        warmup = CurveWarmup(trainer, plan, [r.hparams for r in drawn])
-        scores = _run_candidates(
-            trainer, selection, sel_plan, plan, records, journal, payloads, executor, progress,
-            checked,
+        executor = opts.executor
+        if executor is None:
+            executor = (
+                VectorizedExecutor(opts.group_size) if opts.group_size > 1 else SequentialExecutor()
+            )
+        scores = run_candidates(
+            trainer, selection, sel_plan, plan, records, journal, payloads, executor,
+            opts.progress, checked,
         )  # fmt: skip
         private = _Private(num_trials=sel_plan.num_trials, scores=list(scores), run_id=run_id)
-        warmup.stop()
-        release = _release(
+        release = release_selected(
             trainer, selection, sel_plan, plan, pre.budget, records, payloads, journal
         )
         release.private = private
-        if debug_nonprivate:
+        if opts.debug_nonprivate:
             # The curator asked for a non-private view: this print is why the statement says so.
             print(f"[debug_nonprivate] K={sel_plan.num_trials}; scores in order: {scores}")
         if release_dir is not None:
@@ -401,9 +432,31 @@ def _tune_checked(pre: Preflight, trainer, selection, executor, seed, progress, 
             journal.set("released_at", time.time())
         return release
     finally:
-        if warmup is not None:
-            warmup.stop()
         journal.close()
+
+
+def _say_resuming_and_dropped(pre: Preflight, trainer: Any, journal: Any) -> None:
+    """The curator's console: that the run resumes, and which kinds of malformed records the
+    loader dropped (no counts: the console's log may be shared; ``dptune inspect`` has them)."""
+    if pre.resuming:
+        log.info(
+            "resuming the run started %s in %s: its plan and seeds are read back from the "
+            "journal; finished candidates are kept, unfinished ones train again with their "
+            "own seeds",
+            _when(journal.get("started_at") or journal.get("planned_at")),
+            pre.workdir,
+        )
+    if hasattr(trainer, "curator_view"):
+        view = trainer.curator_view()
+        journal.set("curator_view", view)
+        if view:
+            log.warning(
+                "the loader dropped malformed private records (%s), each judged on its own "
+                "(the guarantee is unchanged: docs/privacy-model.md); `dptune inspect %s` "
+                "shows how many",
+                ", ".join(sorted(view)).replace("_", " "),
+                pre.workdir or "WORKDIR",
+            )
 
 
 def check_run_arguments(
@@ -525,16 +578,6 @@ def _check_ledger(path: Path, fp: str, run_id: str | None, plan: PrivacyPlan, ds
             f"the ledger {path} cannot be created: {parent} is a file; point config.ledger.path "
             "(ledger= in Python) elsewhere"
         )
-    if not path.exists():
-        # The empty ledger this run would create: it registers the stated budget, or its own.
-        b_eps, b_delta = (eps, delta) if dsb is None else (dsb.epsilon, dsb.delta)
-        if eps > b_eps * (1 + 1e-9) or delta > b_delta * (1 + 1e-9):
-            raise BudgetExceededError(
-                f"refused before any private computation: this run costs (epsilon={eps:.4g}, "
-                f"delta={delta:.3g}) but the dataset's stated budget is (epsilon={b_eps:.4g}, "
-                f"delta={b_delta:.3g}); ledger: {path}"
-            )
-        return Spend(fp, b_eps, b_delta, eps, delta, 1, True, name)
     with Ledger(path, readonly=True) as led:
         return led.check(
             fp, run_id, eps, delta,
@@ -549,7 +592,7 @@ def _when(t: Any) -> str:
     return time.strftime("on %Y-%m-%d at %H:%M:%S", time.localtime(float(t)))
 
 
-def _open_journal(
+def open_journal(
     private_dir: Path | None,
     config: Mapping[str, Any],
     code: Mapping[str, Any] | None = None,
@@ -571,20 +614,26 @@ def _open_journal(
     return journal
 
 
-def _draw_plan(journal: Any, plan: PrivacyPlan, selection: Any, seed: int | None):
+def bind_calibrated(journal: Any, calibrated: Mapping[str, Any]) -> None:
+    """Journals the calibrated values once; a resume whose accountant now calibrates otherwise
+    (another dptune version) is refused."""
+    if journal.get("calibrated", calibrated) != calibrated:
+        raise TuningConfigError(
+            f"this run was planned with {journal.get('calibrated')} but the accountant now gives "
+            f"{calibrated} (a different dptune version?): finish it with the version that "
+            "started it, or start a new workdir"
+        )
+    journal.set_once("calibrated", calibrated)
+
+
+def draw_plan(journal: Any, plan: PrivacyPlan, selection: Any, seed: int | None):
     """Draws (once) the run id, the entropy, the selection's plan and every candidate's seed and
     hyperparameters; a resume reads them back. Returns ``(run_id, selection plan)``."""
     run_id = journal.set_once("run_id", uuid.uuid4().hex)
     privacy = plan.statement.to_dict()
     privacy.update(calibrated=dict(plan.calibrated))
     journal.set_once("privacy", privacy)
-    if journal.get("calibrated", dict(plan.calibrated)) != dict(plan.calibrated):
-        raise TuningConfigError(
-            f"this run was planned with {journal.get('calibrated')} but the accountant now gives "
-            f"{dict(plan.calibrated)} (a different dptune version?): finish it with the version "
-            "that started it, or start a new workdir"
-        )
-    journal.set_once("calibrated", dict(plan.calibrated))
+    bind_calibrated(journal, dict(plan.calibrated))
     entropy = journal.set_once(
         "entropy", int(seed) if seed is not None else int(np.random.SeedSequence().entropy)
     )
@@ -611,20 +660,18 @@ def _draw_plan(journal: Any, plan: PrivacyPlan, selection: Any, seed: int | None
     return run_id, _plan_from_dict(selection, plan_dict)
 
 
-def _charge_preflight(pre: Preflight, trainer: Any, run_id: str) -> None:
-    """Charges the run that ``preflight`` checked to the dataset's budget, before anything
-    private runs (refused: nothing trains)."""
-    _charge_ledger(
-        pre.ledger, trainer, pre.plan, run_id, pre.budget, pre.dataset_budget, pre.fingerprint,
-        pre.workdir,
-    )  # fmt: skip
-
-
-def _charge_ledger(ledger, trainer, plan, run_id, budget, dataset_budget, fingerprint, workdir):
-    """Charges ``plan.statement``'s (epsilon, delta) to the dataset's budget in ``ledger`` (a
-    path, a Ledger or DEFAULT_LEDGER); ``dataset_budget`` None: the registered budget, or (a new
-    dataset) this run's, with a warning. Also what ``dptune.subsampled`` charges its run with."""
-    del budget  # the run's budget is the statement's bound; a new dataset registers its own
+def charge_ledger(
+    ledger: Any,
+    trainer: Any,
+    statement: Any,
+    run_id: str,
+    dataset_budget: Budget | tuple[float, float] | None,
+    fingerprint: str | None,
+    workdir: str | os.PathLike | None,
+) -> None:
+    """Charges ``statement``'s (epsilon, delta) to the dataset's budget in ``ledger`` (a path, a
+    Ledger or DEFAULT_LEDGER) once per ``run_id``; ``dataset_budget`` None: the registered budget,
+    or (a new dataset) the statement's, with a warning. BudgetExceededError if it does not fit."""
     path = _ledger_path(ledger)
     fp = fingerprint or getattr(trainer, "fingerprint", None)
     if not fp:
@@ -632,7 +679,7 @@ def _charge_ledger(ledger, trainer, plan, run_id, budget, dataset_budget, finger
             "a ledger needs the dataset's fingerprint: pass fingerprint= or a trainer with a "
             ".fingerprint"
         )
-    st = plan.statement
+    st = statement
     dsb = None if dataset_budget is None else as_budget(dataset_budget)
     with Ledger(path) as led:
         spend = led.charge(
@@ -655,7 +702,7 @@ def _charge_ledger(ledger, trainer, plan, run_id, budget, dataset_budget, finger
             "`dptune ledger --dataset=%s --budget_epsilon=E --budget_delta=D`",
             path, spend.name or "?", fp[:12], spend.budget_epsilon,
             spend.budget_delta,
-            "as this run states it" if dsb is not None else "from this run's own budget",
+            "as this run states it" if dsb is not None else "(the default: 10 runs like this one)",
             fp[:12],
         )  # fmt: skip
     log.info(
@@ -668,7 +715,7 @@ def _charge_ledger(ledger, trainer, plan, run_id, budget, dataset_budget, finger
     )
 
 
-def _run_candidates(
+def run_candidates(
     trainer: Any,
     selection: Any,
     sel_plan: Any,
@@ -726,7 +773,9 @@ def _run_candidates(
     return scores
 
 
-def _release(trainer, selection, sel_plan, plan, budget, records, payloads, journal) -> Release:
+def release_selected(
+    trainer, selection, sel_plan, plan, budget, records, payloads, journal
+) -> Release:
     """The selected candidate's release (or nothing): its hyperparameters, what its trainer says
     may be released of it, its score, and the statement; the curve's epsilon is the privacy its
     training produced per epoch, at the plan's delta and adjacency."""
@@ -736,7 +785,7 @@ def _release(trainer, selection, sel_plan, plan, budget, records, payloads, jour
         if records[i].status == "done"
     ]
     index = selection.select(sel_plan, scores)
-    # What the selection's theorem covers (issue 25): the score only where it is covered.
+    # What the selection's theorem covers: the score only where it is covered.
     published = tuple(getattr(selection, "publishes", ("payload",)))
     privacy = plan.statement.to_dict()
     privacy.update(budget_epsilon=budget.epsilon, budget_delta=budget.delta)

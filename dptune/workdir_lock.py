@@ -21,14 +21,14 @@ keeps the lock until it exits too.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+
+from dptune.errors import Refused
 
 try:
     import fcntl
@@ -40,10 +40,8 @@ log = logging.getLogger("dptune")
 #: The lock file, inside the workdir (next to ``private/`` and ``release/``).
 LOCK_FILE = ".dptune.lock"
 
-F = TypeVar("F", bound=Callable[..., Any])
 
-
-class WorkdirLockedError(RuntimeError):
+class WorkdirLockedError(Refused):
     """Another live process holds the workdir's lock; nothing was read, trained or written."""
 
 
@@ -101,14 +99,3 @@ def _read_holder(fd: int) -> str:
     if since.isdigit():
         when = ", started " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(int(since)))
     return f" (pid {fields['pid']} on {fields.get('host', '?')}{when})"
-
-
-def holds_workdir_lock(fn: F) -> F:
-    """Decorator: runs ``fn`` holding the lock of its ``workdir=`` keyword argument."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with workdir_lock(kwargs.get("workdir")):
-            return fn(*args, **kwargs)
-
-    return wrapper  # type: ignore[return-value]

@@ -2,7 +2,7 @@
 
     python scripts/bench_accounting.py [--repeats=3]
 
-The reference case of issue 3: q = 256/60000, sigma = 1.1, 7032 steps, delta = 1e-5, E[K] = 10.
+The reference case: q = 256/60000, sigma = 1.1, 7032 steps, delta = 1e-5, E[K] = 10.
 Targets: one RDP total < 0.1 s, one PLD total < 1 s, a calibration < 3 s (RDP) and < 15 s (PLD).
 """
 

@@ -40,11 +40,25 @@ per-example clipping of a user's model (``trainers.ghost`` when it applies), bat
                        automatic path (the ghost / book-keeping path here)
   cnn26k_handtuned     the shipped cnn26k's hand-tuned book-keeping step
   user_cnn_vmap        the user CNN with vmap(grad) per-example gradients (the generic path)
+  user_cnn_nnx_auto    the user CNN's Flax NNX twin (nnx.Conv / nnx.max_pool / nnx.Linear), the
+                       automatic path (goal: >= 0.9x user_cnn_auto)
   user_cnn_jaxprivacy  jax_privacy 2.0's clipped_grad on the same module (needs jax_privacy)
   user_cnn_nonprivate  the user CNN's non-private step
   text_auto / text_nonprivate        the text example's one-block transformer on 24 token ids
   tabular_auto / tabular_nonprivate  the tabular example's MLP on 30 features, batch 64
   (all DP rows: clipped sum + noise + SGD update in one jitted step, fixed batch)
+
+LoRA row set (--lora; ``lora_rows``): a 4-layer pre-norm transformer classifier (d 256, 4 heads,
+MLP 1024, sequence 128, vocabulary 512; --lora-d / --lora-seq / --lora-batch to shrink it), rank-8
+LoRA adapters (``dptune.with_lora``) on every attention projection and MLP layer, only the
+adapters trained; batch --lora-batch (default 16):
+  lora_dp              dptune's DP-SGD step (its automatic path: ghost norms in rank space over
+                       the adapters, the frozen base with no norm terms), noise, SGD update
+  lora_nonprivate      the same model's non-private LoRA step (grad w.r.t. the adapters only)
+  lora_jaxprivacy      jax_privacy 2.0's clipped_grad over the adapters (base closed over),
+                       noise, SGD update
+  full_dp              dptune's DP-SGD step training every parameter (full fine-tuning)
+  plus each row's compiled peak memory (XLA's buffer assignment), printed after the table
 
 CIFAR row set (--cifar): the 550,570-parameter tanh CIFAR CNN on 32x32x3 inputs, batch 256:
   cifar_nonprivate     its non-private step (flax, optax SGD)
@@ -310,6 +324,9 @@ def user_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
     shipped = models.init_params(models.get_model("cnn26k"), jax.random.PRNGKey(0))
     dp_row("cnn26k_handtuned", "cnn26k", "bookkeeping", data, shipped, idx, BATCH)
     dp_row("user_cnn_vmap", spec, "vmap", data, params0, idx, BATCH)
+    nnx_spec = _user_cnn_nnx_spec()
+    dp_row("user_cnn_nnx_auto", nnx_spec, step.resolve_grad_impl(nnx_spec, "auto", (28, 28, 1)),
+           data, models.init_params(nnx_spec, jax.random.PRNGKey(0)), idx, BATCH)  # fmt: skip
     try:
         from jax_privacy import clipped_grad  # optional: jax_privacy 2.0
     except ImportError:
@@ -475,6 +492,128 @@ def lm_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
 
     rows["lm_jaxprivacy"] = (run_jp, batch)
     return rows
+
+
+def lora_rows(quick: bool, d: int, seq: int, batch: int) -> tuple[dict, dict]:
+    """The LoRA row set (see the module docstring): (name -> (one step, examples per step),
+    name -> compiled peak MiB)."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from trainers import dpsgd, finetune, lora, models, step
+    from trainers.runtime import tune_malloc
+
+    tune_malloc()
+    vocab, layers, rank = 512, 2 if quick else 4, 8
+    rng = np.random.default_rng(0)
+    key = jax.random.PRNGKey(1)
+    clip, sigma = jnp.float32(CLIP), jnp.float32(SIGMA)
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, h):
+            h = h + nn.MultiHeadDotProductAttention(num_heads=4, name="attn")(nn.LayerNorm()(h))
+            mlp = nn.Dense(d, name="mlp_out")(nn.gelu(nn.Dense(4 * d, name="mlp_in")(
+                nn.LayerNorm()(h))))  # fmt: skip
+            return h + mlp
+
+    class Transformer(nn.Module):
+        @nn.compact
+        def __call__(self, ids):
+            pos = jnp.broadcast_to(jnp.arange(seq), ids.shape)  # a row per example
+            h = nn.Embed(vocab, d)(ids) + nn.Embed(seq, d, name="pos")(pos)
+            for _ in range(layers):
+                h = Block()(h)
+            return nn.Dense(2)(jnp.mean(nn.LayerNorm()(h), axis=1))
+
+    adapted = lora.with_lora(Transformer(), rank, [r"attn/(query|key|value|out)", "mlp_"])
+    tokens = rng.integers(0, vocab, (4 * batch, seq)).astype(np.int32)
+    labels = rng.integers(0, 2, len(tokens)).astype(np.int32)
+    data = (jax.device_put(tokens), jax.device_put(labels))
+    idx = np.arange(batch, dtype=np.int32)
+    ones = np.ones(batch, np.float32)
+    spec = models.user_model(adapted, (seq,), "int32", num_classes=2)
+    params0 = models.init_params(spec, jax.random.PRNGKey(0))
+    mask = finetune.trainable_mask(params0, lora.TRAINABLE)
+    lora_spec = models.ModelSpec(
+        "lora8", adapted, (seq,), None, "int32", shipped=False, trainable=mask
+    )
+    full_spec = models.user_model(Transformer(), (seq,), "int32", num_classes=2)
+    full0 = models.init_params(full_spec, jax.random.PRNGKey(0))
+    rows: dict = {}
+    memory: dict = {}
+
+    def dp_row(name, sp, p0):
+        impl = step.resolve_grad_impl(sp, "auto", sp.input_shape)
+        fns = step.get_step_functions(sp, 2, "sgd", impl)
+        zeros = jax.tree_util.tree_map(jnp.zeros_like, p0)
+        state = [p0, fns.init_opt(p0, {"learning_rate": np.float32(LR)}), 0]
+        args = lambda: (state[0], state[1], zeros, jnp.float32(0), *data, idx, ones, key,  # noqa: E731
+                        jnp.int32(state[2]), clip, sigma, jnp.float32(batch))  # fmt: skip
+        memory[name] = _memory_mib(fns.step, *args(), resident=tokens.nbytes + labels.nbytes)
+
+        def run():
+            state[0], state[1], loss = fns.step(*args())
+            state[2] += 1
+            return loss
+
+        rows[name] = (run, batch)
+        return impl
+
+    impl = dp_row("lora_dp", lora_spec, params0)
+    t0, f0 = finetune.partition(params0, mask)
+    print(f"lora_dp takes the {impl} path; {models.param_count(t0)} adapter parameters of "
+          f"{models.param_count(params0)}")  # fmt: skip
+    opt = optax.sgd(LR)
+
+    def loss_t(t, f, x, y):
+        return dpsgd.per_example_loss(
+            adapted.apply({"params": finetune.combine(t, f, mask)}, x), y
+        ).sum()
+
+    @jax.jit
+    def nonprivate(t, o, f):
+        g = jax.grad(loss_t)(t, f, data[0][idx], data[1][idx])
+        g = jax.tree_util.tree_map(lambda v: v / batch, g)
+        u, o = opt.update(g, o, t)
+        return optax.apply_updates(t, u), o
+
+    st = [t0, opt.init(t0)]
+    memory["lora_nonprivate"] = _memory_mib(nonprivate, t0, st[1], f0)
+
+    def run_np():
+        st[0], st[1] = nonprivate(st[0], st[1], f0)
+        return st[0]
+
+    rows["lora_nonprivate"] = (run_np, batch)
+    if _have_jax_privacy():
+        from jax_privacy import clipped_grad
+
+        grad_fn = clipped_grad(
+            lambda t, f, x, y: loss_t(t, f, x, y), l2_clip_norm=CLIP, batch_argnums=(2, 3)
+        )
+
+        @jax.jit
+        def jp_step(t, o, f, i):
+            g = grad_fn(t, f, data[0][idx], data[1][idx])
+            g = dpsgd.add_noise(g, jax.random.fold_in(key, i), sigma, clip)
+            g = jax.tree_util.tree_map(lambda v: v / batch, g)
+            u, o = opt.update(g, o, t)
+            return optax.apply_updates(t, u), o
+
+        sj = [t0, opt.init(t0), 0]
+        memory["lora_jaxprivacy"] = _memory_mib(jp_step, t0, sj[1], f0, jnp.int32(0))
+
+        def run_jp():
+            sj[0], sj[1] = jp_step(sj[0], sj[1], f0, jnp.int32(sj[2]))
+            sj[2] += 1
+            return sj[0]
+
+        rows["lora_jaxprivacy"] = (run_jp, batch)
+    dp_row("full_dp", full_spec, full0)
+    return rows, memory
 
 
 def jax_privacy_step(apply_fn, params0, data_x, data_y, batch: int):
@@ -799,6 +938,29 @@ def _user_cnn_spec():
     return models.user_model(UserCnn(), (28, 28, 1), name="user_cnn")
 
 
+def _user_cnn_nnx_spec():
+    """:func:`_user_cnn_spec`'s model written in Flax NNX (the same layers and shapes)."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from trainers import models
+
+    class UserCnnNnx(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs):
+            self.conv1 = nnx.Conv(1, 16, (8, 8), strides=2, padding="SAME", rngs=rngs)
+            self.conv2 = nnx.Conv(16, 32, (4, 4), strides=2, padding="VALID", rngs=rngs)
+            self.dense1 = nnx.Linear(4 * 4 * 32, 32, rngs=rngs)
+            self.dense2 = nnx.Linear(32, 10, rngs=rngs)
+
+        def __call__(self, x):
+            x = nnx.max_pool(jnp.tanh(self.conv1(x)), (2, 2), strides=(1, 1))
+            x = nnx.max_pool(jnp.tanh(self.conv2(x)), (2, 2), strides=(1, 1))
+            x = jnp.tanh(self.dense1(x.reshape((x.shape[0], -1))))
+            return self.dense2(x)
+
+    return models.user_model(UserCnnNnx(nnx.Rngs(0)), (28, 28, 1), name="user_cnn_nnx")
+
+
 def _memory_mib(jitted, *args, resident: int = 0) -> float:
     """Peak memory of one call of ``jitted`` from XLA's buffer assignment (arguments +
     temporaries + outputs - aliased), MiB, less ``resident`` bytes (the device-resident training
@@ -1106,6 +1268,14 @@ def main():
     parser.add_argument("--models", default=None, help="accelerator suite: comma-separated models")
     parser.add_argument("--ks", default=None, help="accelerator suite: candidates K, e.g. 2,4,8")
     parser.add_argument("--batch", type=int, default=None, help="accelerator suite: batch size")
+    parser.add_argument(
+        "--lora", action="store_true",
+        help="the LoRA row set instead (rank-8 adapters on a 4-layer transformer: DP vs its own "
+        "non-private LoRA step vs jax_privacy; full fine-tuning; peak memory)",
+    )  # fmt: skip
+    parser.add_argument("--lora-d", type=int, default=256, help="LoRA set: model width")
+    parser.add_argument("--lora-seq", type=int, default=128, help="LoRA set: sequence length")
+    parser.add_argument("--lora-batch", type=int, default=16, help="LoRA set: batch size")
     parser.add_argument("--torch-worker", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick and args.torch_threads == "1,2":
@@ -1119,9 +1289,12 @@ def main():
     steps = args.steps or (4 if args.quick else 10)
 
     t0 = time.perf_counter()
-    no_torch = args.no_torch or args.cifar or args.user or args.lm
+    no_torch = args.no_torch or args.cifar or args.user or args.lm or args.lora
     workers = [] if no_torch else [TorchRows(int(t)) for t in args.torch_threads.split(",")]
-    if args.lm:
+    memory: dict[str, float] = {}
+    if args.lora:
+        rows, memory = lora_rows(args.quick, args.lora_d, args.lora_seq, args.lora_batch)
+    elif args.lm:
         rows = lm_rows(args.quick)
     elif args.user:
         rows = user_rows(args.quick)
@@ -1172,12 +1345,16 @@ def main():
         "user_cnn auto / user_cnn vmap(grad)": ("user_cnn_auto", "user_cnn_vmap", 1.5),
         "user_cnn auto / jax_privacy clipped_grad": ("user_cnn_auto", "user_cnn_jaxprivacy", 1.5),
         "user_cnn auto / user_cnn nonprivate": ("user_cnn_auto", "user_cnn_nonprivate", None),
+        "user_cnn NNX twin / user_cnn (linen) auto": ("user_cnn_nnx_auto", "user_cnn_auto", 0.9),
         "text auto / text nonprivate": ("text_auto", "text_nonprivate", None),
         "tabular auto / tabular nonprivate": ("tabular_auto", "tabular_nonprivate", None),
         "lm dp (ghost) / lm nonprivate": ("lm_dp_ghost", "lm_nonprivate", 0.7),
         "lm dp (ghost) / lm jax_privacy clipped_grad": ("lm_dp_ghost", "lm_jaxprivacy", 1.5),
         "lm dp (vmap) / lm nonprivate": ("lm_dp_vmap", "lm_nonprivate", 0.7),
         "lm dp (vmap) / lm jax_privacy clipped_grad": ("lm_dp_vmap", "lm_jaxprivacy", 1.5),
+        "lora dp / lora nonprivate": ("lora_dp", "lora_nonprivate", 0.8),
+        "lora dp / jax_privacy clipped_grad": ("lora_dp", "lora_jaxprivacy", 2.0),
+        "lora dp / full fine-tuning dp": ("lora_dp", "full_dp", None),
     }
     for w in workers:  # one set of PyTorch ratios per thread count
         t = w.suffix
@@ -1204,6 +1381,8 @@ def main():
         tgt = "" if r["target"] is None else f">= {r['target']:.1f}"
         flag = "" if r["target"] is None else ("  ok" if r["ratio"] >= r["target"] else "  MISSED")
         print(f"{label:40s} {r['ratio']:6.2f}  {tgt}{flag}")
+    for name, mib in memory.items():
+        print(f"peak memory {name:20s} {mib:9.1f} MiB (compiled step, XLA buffer assignment)")
     if args.json:
         print(json.dumps({
             "machine": _cpu_name(), "cores": os.cpu_count(), "jax": jax.__version__,
@@ -1211,6 +1390,7 @@ def main():
             "rows": [{"name": n, "examples_per_s": eps[n], "ms_per_step": 1e3 * med[n]}
                      for n in rows],
             "ratios": {k: v["ratio"] for k, v in ratios.items()},
+            "peak_memory_mib": memory,
         }))  # fmt: skip
 
 

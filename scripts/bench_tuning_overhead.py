@@ -98,8 +98,8 @@ def main(argv: list[str] | None = None) -> dict:
         with tempfile.TemporaryDirectory() as work:
             with (
                 _timed(tuner, "make_privacy_plan", parts),
-                _timed(tuner, "_run_candidates", parts),
-                _timed(tuner, "_release", parts),
+                _timed(tuner, "run_candidates", parts),
+                _timed(tuner, "release_selected", parts),
                 _timed(tuner, "write_release", parts),
             ):
                 t0 = time.perf_counter()
@@ -127,8 +127,8 @@ def main(argv: list[str] | None = None) -> dict:
                 "tune": t_tune,
                 "pure": t_pure,
                 "plan": parts.get("make_privacy_plan", 0.0),
-                "train": parts.get("_run_candidates", 0.0),
-                "release": parts.get("_release", 0.0) + parts.get("write_release", 0.0),
+                "train": parts.get("run_candidates", 0.0),
+                "release": parts.get("release_selected", 0.0) + parts.get("write_release", 0.0),
             }
         )
     med = {key: statistics.median(r[key] for r in rows) for key in rows[0]}

@@ -23,7 +23,7 @@ their epsilons compose: a benchmark on data without a privacy budget to protect 
 data), not a private release. The ledger is disabled for the same reason.
 
     PYTHONPATH=. python scripts/privacy_utility.py --config fashion_mnist \\
-        --set data.dir=../shared/data/fashion-mnist --out docs/privacy_utility
+        --set data.dir=../shared/data/fashion-mnist --out results/privacy_utility
     PYTHONPATH=. python scripts/privacy_utility.py --config smoke --eps 4 --reps 1 \\
         --set train.epochs=1 --out /tmp/pu        # the small version CI runs
 """

@@ -30,7 +30,7 @@ from trainers.data import load_dataset
 
 def sigma_for(batch_size: int, epochs: int, n: int, transform=None) -> float:
     """The noise multiplier of a candidate of a (3, 1e-5) tuning run (phases 1-3: Poisson mean 8;
-    phase 4: the logarithmic count of mean 3 of the configs as revised for issue 26)."""
+    phase 4: the logarithmic count of mean 3 of the configs as revised later)."""
     steps = epochs * spec.steps_per_epoch(batch_size, n)
     cal = calibrate_noise(
         batch_size / n, steps, transform or PoissonStoppingPrivacy(mean=8.0), 3.0, 1e-5,
@@ -41,7 +41,7 @@ def sigma_for(batch_size: int, epochs: int, n: int, transform=None) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="docs/proxy_study.json")
+    ap.add_argument("--out", default="results/proxy_study.json")
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--phase", type=int, default=1)
     args = ap.parse_args()

@@ -15,7 +15,7 @@ until 4E. n is the PUBLIC nominal training size. The statistics (X^T X, X^T y) g
 
 Run (declared in docs/reproductions/accuracy_first.md before running):
   nice -n 10 python scripts/repro_accuracy_first.py --trials 20 \
-      --out docs/reproductions/accuracy_first
+      --out results/reproductions/accuracy_first
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def main() -> None:
     ap.add_argument("--alphas", default="0.01,0.02,0.05,0.1,0.15,0.2")
     ap.add_argument("--levels", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=str(REPO / "docs" / "reproductions" / "accuracy_first"))
+    ap.add_argument("--out", default=str(REPO / "results" / "reproductions" / "accuracy_first"))
     args = ap.parse_args()
     t0 = time.time()
     x, y, n = load(args.data)

@@ -23,7 +23,7 @@ noise to the minimiser).
 
 Run (declared in docs/reproductions/stability_validation.md before running):
   nice -n 10 python scripts/repro_stability_validation.py --trials 100 \
-      --out docs/reproductions/stability_validation
+      --out results/reproductions/stability_validation
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=100)
     ap.add_argument("--epsilons", default="0.1,0.25,0.5,1,2")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=str(REPO / "docs" / "reproductions" / "stability_validation"))
+    out = REPO / "results" / "reproductions" / "stability_validation"
+    ap.add_argument("--out", default=str(out))
     args = ap.parse_args()
     t0 = time.time()
     from trainers.data import load_dataset

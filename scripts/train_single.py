@@ -9,7 +9,7 @@ This is a research script, not a private release: it evaluates every epoch on th
 prints the curve. The hyperparameters are fixed up front (not tuned on this data).
 
     python scripts/train_single.py --data_dir=../shared/data/fashion-mnist --dataset=fashion_mnist \
-        --epsilon=3 --delta=1e-5 --out_json=/tmp/fmnist.json --plot=docs/accuracy_fmnist.png
+        --epsilon=3 --delta=1e-5 --out_json=/tmp/fmnist.json --plot=results/accuracy_fmnist.png
 """
 
 from __future__ import annotations

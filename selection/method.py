@@ -58,7 +58,7 @@ class _CallCandidate:
 class SelectionMethod:
     """Base class: subclasses implement `plan`, `select`, `done`, `privacy` and `_batch_limit`.
 
-    Each method declares (issue 25; the vocabularies are ``selection.registry.SCORE_KINDS`` and
+    Each method declares (the vocabularies are ``selection.registry.SCORE_KINDS`` and
     ``selection.registry.PUBLISHABLE``):
 
     * ``takes``: the kinds of candidate score its theorem is proved for; a trainer whose declared

@@ -393,7 +393,7 @@ def _max_bonus(bound: ProfileSelectionBound, epsilon: float, delta: float, rtol:
     non-decreasing, w non-increasing); intervals whose bound exceeds the best value seen by more
     than ``rtol * eps`` (at least 1e-9) are halved until none is left (or 60 rounds, or 1e5 of
     them). Returned: the largest bound of every interval ever dropped or still open, so the result
-    is >= b_max (rounded up, never down: issue 25) and <= best value seen + ``rtol * eps``.
+    is >= b_max (rounded up, never down) and <= best value seen + ``rtol * eps``.
     """
     with np.errstate(over="ignore"):
         e_lo, e_hi = np.exp(-epsilon), np.exp(epsilon)  # e_hi = inf for eps > ~709
@@ -413,7 +413,7 @@ def _max_bonus(bound: ProfileSelectionBound, epsilon: float, delta: float, rtol:
     best = float(np.max(lw(lower(edges)) - lw(edges)))
     tol = max(rtol * epsilon, 1e-9)
     upper = best
-    dropped = -math.inf  # largest bound of the intervals dropped so far (issue 25: round up)
+    dropped = -math.inf  # largest bound of the intervals dropped so far (rounded up)
     for _ in range(60):
         u = lw(lower(lo)) - lw(hi)
         keep = u > best + tol

@@ -67,7 +67,7 @@ OPTIONS: dict[str, tuple[type, str]] = {
 }
 
 
-#: What a candidate's score is, as its trainer declares it (``score_kind``; issue 25). Each method
+#: What a candidate's score is, as its trainer declares it (``score_kind``). Each method
 #: says which kinds its theorem takes (``SelectionMethod.takes``) and a mismatch is refused before
 #: anything trains.
 SCORE_KINDS: dict[str, str] = {

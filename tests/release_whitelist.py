@@ -1,4 +1,4 @@
-"""The release whitelist, written out here on purpose (issue 25 item 1; issue 24 item 8(b)): a key
+"""The release whitelist, written out here on purpose: a key
 added to a release file must be added here too, by someone who checked that the selection theorem
 covers it. ``dptune/release.py`` holds the same sets and its writer enforces them; any test that
 writes a release can call :func:`check_release_whitelist` on the folder."""
@@ -16,8 +16,8 @@ FILES = {
     "training_curve.json", "training_curve.png", "payload.pkl", "checkpoint",
 }  # fmt: skip
 # "reason" (with released: false): "none_selected" or "no_candidate_succeeded", a function of the
-# selected output alone (the selections rank a failure below every score: issue 24, item 2)
-# "test_metric" (issue 27's session, 2026-11-26): a model scored by its own declared metric
+# selected output alone (the selections rank a failure below every score)
+# "test_metric": a model scored by its own declared metric
 # reports that metric of the released model on the public test split, in place of arg-max
 # accuracy; like test_accuracy, post-processing of the released model on public data.
 RESULT_KEYS = {"released", "hparams", "validation_score", "test_accuracy", "test_metric", "reason"}

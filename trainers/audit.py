@@ -1,6 +1,5 @@
 """What ``dptune audit`` needs from the engine, in one place: canary records, the gradient-canary
-model, per-record scores of released parameters, and the deliberate faults of the audit's negative
-controls. Nothing here runs in an ordinary training run.
+model and per-record scores of released parameters. Nothing here runs in an ordinary training run.
 
 Three kinds of canaries (one record each: adding or removing a canary is adding or removing one
 record, the adjacency the guarantee is stated for):
@@ -17,15 +16,13 @@ record, the adjacency the guarantee is stated for):
 * **score**: input canaries chosen to fall in the validation split, read from the released
   validation score.
 
-Faults (negative controls only): ``noise_reused`` folds every step's noise key with step 0, so the
-same noise vector is added at every step (``trainers.loop`` asks :func:`noise_step`).
+The audit's negative controls break training through arguments of the loop (``noise_step`` of
+``trainers.loop.train_candidates``), never through state of this module.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Iterator
 
 import flax.linen as nn
 import jax
@@ -45,10 +42,6 @@ GAIN = 100.0
 #: Logit offset that keeps a canary's loss linear in its parameter (softmax saturated to 1.0 in
 #: float32) while ``|GAIN * w[j]|`` stays far below it.
 OFFSET = 1.0e4
-
-#: Deliberate faults of the negative controls that need the engine (``dptune audit --break``).
-FAULTS = ("noise_reused",)
-_active_fault: str | None = None
 
 
 class GradientCanaries(nn.Module):
@@ -193,26 +186,3 @@ def per_record(params, spec: ModelSpec, x: np.ndarray, y: np.ndarray):
     if not losses:
         return np.zeros(0), np.zeros(0)
     return np.concatenate(losses), np.concatenate(confs)
-
-
-# --- deliberate faults ---------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def fault(name: str | None) -> Iterator[None]:
-    """Within this block the engine runs with the deliberate fault ``name`` (one of ``FAULTS``, or
-    None for none). For ``dptune audit --break`` only: it makes training NOT private."""
-    global _active_fault
-    if name is not None and name not in FAULTS:
-        raise ValueError(f"unknown fault {name!r}; expected one of {FAULTS}")
-    previous, _active_fault = _active_fault, name
-    try:
-        yield
-    finally:
-        _active_fault = previous
-
-
-def noise_step(step: int) -> int:
-    """The step index that step ``step``'s noise key is folded with: ``step`` itself, or 0 under
-    the ``noise_reused`` fault (the same noise vector at every step)."""
-    return 0 if _active_fault == "noise_reused" else step

@@ -381,17 +381,20 @@ class Dataset:
           name: a label for reports and the ledger.
           seed_split: public seed of the split hash.
 
-        Records with an integer label outside [0, num_classes), a non-finite float label, or
-        (dict inputs with float32 storage) an integer field of magnitude >= 2^24 are dropped,
-        each on its own (a per-record rule: whether one record is kept never depends on the
-        others), with a warning on the curator's console; refusing the whole dataset instead
-        would depend on the private records.
+        Records with an integer label outside [0, num_classes), a non-finite float label, a NaN
+        or infinite feature, or (dict inputs with float32 storage) an integer field of magnitude
+        >= 2^24 are dropped, each on its own (a per-record rule: whether one record is kept never
+        depends on the others), with a warning on the curator's console and the counts in
+        ``sanitized`` (private: the curator's view only); refusing the whole dataset instead
+        would depend on the private records. Public arrays (``x_test``, ``public_validation``)
+        with a non-finite feature are refused instead.
 
         Raises:
           ValueError: no or a malformed ``num_examples``, mismatched shapes or dtypes (a dict
             input's fields must share the record axis; test and public validation records must
             match x's and y's shapes and dtypes), string labels (encode them as integer ids), an
-            impossible validation fraction, no way to know ``num_classes`` for class labels (n,).
+            impossible validation fraction, no way to know ``num_classes`` for class labels (n,),
+            a NaN or infinite feature in ``x_test`` or ``public_validation``.
         """
         if num_examples is None:
             raise ValueError(
@@ -427,15 +430,20 @@ class Dataset:
         num_classes = 0 if num_classes is None else int(num_classes)
         # Per record (each record alone decides whether it is kept: a stable transformation).
         bad_label = _bad_labels(y, num_classes)
-        for count, why in (
-            (int(bad_label.sum()), f"a label outside [0, {num_classes}) (num_classes)"
+        too_large &= ~bad_label
+        non_finite = ~finite_records(x) & ~bad_label & ~too_large
+        dropped: dict[str, int] = {}  # private counts: the curator's view only (sanitized)
+        for key, bad, why in (
+            (DROP_LABEL, bad_label, f"a label outside [0, {num_classes}) (num_classes)"
              if np.issubdtype(y.dtype, np.integer) else "a non-finite label"),
-            (int((too_large & ~bad_label).sum()), "an integer input field of magnitude >= 2^24 "
-             "(float32 storage beside floating-point fields keeps integers exact below it)"),
+            (DROP_LARGE_INT, too_large, "an integer input field of magnitude >= 2^24 (float32 "
+             "storage beside floating-point fields keeps integers exact below it)"),
+            (DROP_FEATURES, non_finite, "a feature that is NaN or infinite"),
         ):  # fmt: skip
-            if count:
-                log.warning("%d records of %r have %s: they are left out", count, name, why)
-        keep = ~(bad_label | too_large)
+            if bad.any():
+                dropped[key] = int(bad.sum())
+                log.warning("%d records of %r have %s: they are left out", dropped[key], name, why)
+        keep = ~(bad_label | too_large | non_finite)
         if not keep.all():
             x, y = x[keep], y[keep]
 
@@ -449,6 +457,7 @@ class Dataset:
             else:
                 xs = _as_inputs(xs, what)
                 _same_record_shape(x, xs, what)
+            _refuse_non_finite(xs, what)
             ys = _as_labels(ys, ywhat)
             if ys.shape[1:] != y.shape[1:] or ys.dtype != y.dtype:
                 raise ValueError(
@@ -484,6 +493,7 @@ class Dataset:
                 num_classes=num_classes, name=name, public_num_train=int(num_examples),
                 public_num_val=float(len(val_x)), validation_public=True,
                 split={"kind": "separate_files", "validation_public": True}, input_layout=layout,
+                sanitized=dropped,
             )  # fmt: skip
         if not 0 <= validation_fraction < 1:
             raise ValueError(f"validation_fraction={validation_fraction!r} must be in [0, 1)")
@@ -491,7 +501,9 @@ class Dataset:
             x, y, x_test, y_test, num_classes, name, validation_fraction * num_examples,
             seed_split, num_examples=num_examples,
         )  # fmt: skip
-        return dataclasses.replace(data, input_layout=layout) if layout is not None else data
+        if layout is not None:
+            data = dataclasses.replace(data, input_layout=layout)
+        return dataclasses.replace(data, sanitized=dropped) if dropped else data
 
     def describe_split(self) -> str:
         """One sentence for the privacy statement: how the validation split was formed."""
@@ -640,6 +652,8 @@ def load_dataset(
 #: Why ``drop_invalid_records`` drops a record (the keys of ``Dataset.sanitized``).
 DROP_LABEL = "label_out_of_range"
 DROP_FEATURES = "non_finite_features"
+#: ``Dataset.from_arrays``: a dict input's integer field too large for exact float32 storage.
+DROP_LARGE_INT = "integer_field_too_large"
 
 
 def invalid_records(x: np.ndarray, y: np.ndarray, num_classes: int) -> dict[str, np.ndarray]:
@@ -655,11 +669,28 @@ def invalid_records(x: np.ndarray, y: np.ndarray, num_classes: int) -> dict[str,
         yf = y.astype(np.float64, copy=False)
         with np.errstate(invalid="ignore"):
             bad_label = ~np.isfinite(yf) | (yf != np.round(yf)) | (yf < 0) | (yf >= num_classes)
+    return {DROP_LABEL: bad_label.reshape(n), DROP_FEATURES: ~finite_records(x)}
+
+
+def finite_records(x: np.ndarray) -> np.ndarray:
+    """(n,) bool: whether every feature of record i of ``x`` (n, ...) is finite (integer inputs
+    always are). Record i's entry depends on record i alone."""
+    x = np.asarray(x)
     if np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.complexfloating):
-        bad_x = ~np.isfinite(x.reshape(n, -1)).all(axis=1)
-    else:
-        bad_x = np.zeros(n, dtype=bool)
-    return {DROP_LABEL: bad_label.reshape(n), DROP_FEATURES: bad_x}
+        return np.isfinite(x.reshape(len(x), -1)).all(axis=1)
+    return np.ones(len(x), dtype=bool)
+
+
+def _refuse_non_finite(x: np.ndarray, what: str) -> None:
+    """Refuses a PUBLIC array with a NaN or infinite feature, naming it and the first records
+    (public: saying which reveals nothing private); ValueError."""
+    bad = ~finite_records(x)
+    if bad.any():
+        raise ValueError(
+            f"{what} has {int(bad.sum())} record(s) with a NaN or infinite feature, e.g. records "
+            f"{np.flatnonzero(bad)[:5].tolist()}: fix or remove them (public data is refused, "
+            "not filtered)"
+        )
 
 
 def drop_invalid_records(
@@ -712,7 +743,7 @@ def check_declared_size(actual: int, declared: int, name: str) -> None:
     """Warns (on the curator's console) when the record count is far from the declared public
     size: a guard against declaring the wrong size. Never a refusal: whether the private file
     holds more than ``SIZE_TOLERANCE`` more or fewer records than declared depends on the private
-    data, and a refusal of one neighbour but not the other would release it (issue 25). The
+    data, and a refusal of one neighbour but not the other would release it. The
     guarantee uses only the declared size."""
     if isinstance(declared, bool) or not isinstance(declared, (int, np.integer)) or declared < 1:
         raise ValueError(f"num_examples={declared!r} must be a positive integer")

@@ -17,7 +17,8 @@ Two implementations of the clipped sum ``sum_i mask_i * g_i * min(1, C / ||g_i||
 
 Shapes: images x (b, h, w, c) float32 (or (b, K, h, w, c) with K augmented copies per example),
 labels y (b,) int32, mask (b,) float32 in {0, 1}; the clipped sum has the parameters' pytree
-structure. Masked examples (padding of a Poisson batch) contribute exactly zero.
+structure. Masked examples (padding of a Poisson batch) and examples whose gradient norm is not
+finite contribute exactly zero (:func:`clip_factors`, :func:`keep_rows`).
 """
 
 from __future__ import annotations
@@ -42,9 +43,39 @@ def per_example_loss(logits: jax.Array, y: jax.Array) -> jax.Array:
 
 def clip_factors(sq_norms: jax.Array, mask: jax.Array, clip_norm: jax.Array) -> jax.Array:
     """mask_i * min(1, C / ||g_i||), written as C / max(||g_i||, C) so that a zero gradient gives 1,
-    not NaN."""
-    norms = jnp.sqrt(sq_norms)
-    return mask * (clip_norm / jnp.maximum(norms, clip_norm))
+    not NaN; exactly 0 where mask_i = 0 or ||g_i||² is not finite (NaN or inf: such an example is
+    dropped from the sum, :func:`keep_rows`). (b,) -> (b,)."""
+    kept = (mask > 0) & jnp.isfinite(sq_norms)
+    norms = jnp.sqrt(jnp.where(kept, sq_norms, 0.0))
+    return jnp.where(kept, mask * (clip_norm / jnp.maximum(norms, clip_norm)), 0.0)
+
+
+def keep_rows(c: jax.Array, v: jax.Array) -> jax.Array:
+    """``v`` (b * r, ...) (r rows per example, e.g. positions or augmented copies) with the rows
+    of every example whose clip factor ``c`` (b,) is 0 replaced by exact zeros.
+
+    A select, not a product: ``0 * NaN`` is NaN, so one example with a non-finite gradient (or a
+    padding slot that points at such a record) would otherwise make the whole clipped sum NaN.
+    Every clipped sum applies it to the per-example factors it contracts with ``c``, so a dropped
+    example (mask 0, or a gradient norm that is not finite) contributes exactly 0."""
+    b = c.shape[0]
+    kept = jnp.repeat(c > 0, v.shape[0] // b) if v.shape[0] != b else c > 0
+    return jnp.where(kept.reshape(-1, *[1] * (v.ndim - 1)), v, jnp.zeros((), v.dtype))
+
+
+def kept_loss_sum(losses: jax.Array, mask: jax.Array) -> jax.Array:
+    """Sum of ``mask_i * loss_i`` over the examples with mask_i > 0 and a finite loss (a
+    non-finite loss would make the reported training loss NaN; the record is left out, as its
+    gradient is)."""
+    kept = (mask > 0) & jnp.isfinite(losses)
+    return jnp.sum(jnp.where(kept, mask * losses, 0.0))
+
+
+def count_dropped(sq_norms: jax.Array, mask: jax.Array) -> jax.Array:
+    """Number of examples with mask_i > 0 whose squared gradient norm is not finite, () int32:
+    the records left out of a clipped sum. PRIVATE (it counts people's records): for the
+    curator's view only, never released."""
+    return jnp.sum((mask > 0) & ~jnp.isfinite(sq_norms)).astype(jnp.int32)
 
 
 def example_losses(
@@ -134,9 +165,9 @@ def clipped_sum_naive(
         jnp.sum(g.reshape(g.shape[0], -1) ** 2, axis=1) for g in jax.tree_util.tree_leaves(grads)
     )
     c = clip_factors(sq, mask, clip_norm)
-    summed = jax.tree_util.tree_map(lambda g: jnp.tensordot(c, g, axes=1), grads)
+    summed = jax.tree_util.tree_map(lambda g: jnp.tensordot(c, keep_rows(c, g), axes=1), grads)
     slots = jnp.arange(x.shape[0], dtype=jnp.int32) if per_slot else None
-    loss_sum = jnp.sum(mask * example_losses(apply_fn, params, x, y, loss, copies, slots))
+    loss_sum = kept_loss_sum(example_losses(apply_fn, params, x, y, loss, copies, slots), mask)
     return summed, loss_sum, jnp.sqrt(sq)
 
 
@@ -266,6 +297,8 @@ def clipped_sum_bookkeeping(
         sq(w1) + sq(bias1) + sq(w2) + sq(bias2) + g3sq * (sq(h2) + 1.0) + g4sq * (sq(h3) + 1.0)
     )
     c = clip_factors(sq_norms, mask, clip_norm)
+    w1, bias1, w2, bias2, g3, g4 = (keep_rows(c, v) for v in (w1, bias1, w2, bias2, g3, g4))
+    h2, h3 = keep_rows(c, h2 * c[:, None]), keep_rows(c, h3 * c[:, None])
     summed = {
         "conv1": {
             "kernel": kernel_from_s2d(jnp.einsum("b,bko->ko", c, w1), 8, 2, 1),
@@ -275,10 +308,10 @@ def clipped_sum_bookkeeping(
             "kernel": kernel_from_s2d(jnp.einsum("b,bok->ko", c, w2), 4, 2, c1),
             "bias": c @ bias2,
         },
-        "dense1": {"kernel": jnp.einsum("bi,bo->io", h2 * c[:, None], g3), "bias": c @ g3},
-        "dense2": {"kernel": jnp.einsum("bi,bo->io", h3 * c[:, None], g4), "bias": c @ g4},
+        "dense1": {"kernel": jnp.einsum("bi,bo->io", h2, g3), "bias": c @ g3},
+        "dense2": {"kernel": jnp.einsum("bi,bo->io", h3, g4), "bias": c @ g4},
     }
-    return summed, jnp.sum(mask * losses), jnp.sqrt(sq_norms)
+    return summed, kept_loss_sum(losses, mask), jnp.sqrt(sq_norms)
 
 
 # --- book-keeping clipping for CifarCNN (with augmentation multiplicity) --------------------------
@@ -368,18 +401,19 @@ def clipped_sum_bookkeeping_cifar(
     c = clip_factors(sq_norms, mask, clip_norm)
     summed = {}
     for name in conv_names:
-        w, bias = per_ex[name]
+        w, bias = (keep_rows(c, v) for v in per_ex[name])
         kshape = p[name]["kernel"].shape
         summed[name] = {
             "kernel": jnp.einsum("b,bok->ko", c, w).reshape(kshape),
             "bias": c @ bias,
         }
     for name, (a, g) in dense.items():
+        ca, g = keep_rows(c, a * c[:, None, None]), keep_rows(c, g)
         summed[name] = {
-            "kernel": jnp.einsum("bki,bko->io", a * c[:, None, None], g),
+            "kernel": jnp.einsum("bki,bko->io", ca, g),
             "bias": jnp.einsum("b,bko->o", c, g),
         }
-    return summed, jnp.sum(mask * losses), jnp.sqrt(sq_norms)
+    return summed, kept_loss_sum(losses, mask), jnp.sqrt(sq_norms)
 
 
 # --- augmentation multiplicity --------------------------------------------------------------------
@@ -407,18 +441,25 @@ def augment_copies(key: jax.Array, x: jax.Array, copies: int, pad: int = 4) -> j
     return jax.vmap(per_image)(xp, offsets, flips)  # over examples
 
 
-def add_noise(grad_sum: Params, key: jax.Array, noise_multiplier, clip_norm) -> Params:
+def add_noise(
+    grad_sum: Params, key: jax.Array, noise_multiplier, clip_norm, mask: Params | None = None
+) -> Params:
     """grad_sum + N(0, (noise_multiplier * clip_norm)^2 I), independently per coordinate (Abadi et
     al. 2016, Alg. 1).
 
     The sensitivity of the clipped sum to adding or removing one example is clip_norm, so this is
     the Gaussian mechanism with noise multiplier ``noise_multiplier`` that the accountant assumes.
+    ``mask``: a pytree of Python bools shaped like ``grad_sum`` (``trainers.finetune``): only the
+    True leaves (the trainable parameters, the only ones released as trained) get noise; the
+    others are returned as they are.
     """
     leaves, treedef = jax.tree_util.tree_flatten(grad_sum)
     keys = jax.random.split(key, len(leaves))
     std = noise_multiplier * clip_norm
+    noised = [True] * len(leaves) if mask is None else jax.tree_util.tree_leaves(mask)
     noisy = [
-        g + std * jax.random.normal(k, g.shape, g.dtype) for g, k in zip(leaves, keys, strict=True)
+        g + std * jax.random.normal(k, g.shape, g.dtype) if m else g
+        for g, k, m in zip(leaves, keys, noised, strict=True)
     ]
     return jax.tree_util.tree_unflatten(treedef, noisy)
 
@@ -444,6 +485,6 @@ def clipped_sum_scatter_linear(
     g = jax.nn.softmax(logits) - jax.nn.one_hot(y, logits.shape[-1], dtype=logits.dtype)  # (b, k)
     sq = (jnp.sum(z * z, axis=1) + 1.0) * jnp.sum(g * g, axis=1)
     c = clip_factors(sq, mask, clip_norm)
-    cg = c[:, None] * g
+    cg, z = keep_rows(c, c[:, None] * g), keep_rows(c, z)
     summed = {"dense": {"kernel": z.T @ cg, "bias": jnp.sum(cg, axis=0)}}
-    return summed, jnp.sum(mask * losses), jnp.sqrt(sq)
+    return summed, kept_loss_sum(losses, mask), jnp.sqrt(sq)

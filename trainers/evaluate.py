@@ -103,8 +103,10 @@ class BoundedMetric:
             raise ValueError(f"metric bounds [{self.lo}, {self.hi}]: need finite lo < hi")
 
     def unit(self, outputs: jax.Array, labels: jax.Array) -> jax.Array:
-        """Each record's value clipped to [lo, hi] and rescaled to [0, 1], (b,)."""
-        m = jnp.clip(self.fn(outputs, labels), self.lo, self.hi)
+        """Each record's value clipped to [lo, hi] and rescaled to [0, 1], (b,); a NaN value
+        counts as ``lo`` (0), so one record cannot make the sum NaN."""
+        m = self.fn(outputs, labels)
+        m = jnp.clip(jnp.where(jnp.isnan(m), self.lo, m), self.lo, self.hi)
         return (m - self.lo) / (self.hi - self.lo)
 
     def from_unit(self, u: float) -> float:
@@ -118,12 +120,30 @@ def _accuracy_unit(outputs: jax.Array, labels: jax.Array) -> jax.Array:
 
 @functools.lru_cache(maxsize=32)
 def _sum_fn(spec: models.ModelSpec, unit: Callable | None):
-    @jax.jit
-    def total(params, x, y, mask):
+    """Sum over a batch of each record's score (correct or not, or ``unit``), masked.
+
+    A user's model and metric are evaluated on each record as a batch of its own, under vmap:
+    record i's score is then a function of record i alone whatever the model or metric does
+    along the batch axis, so adding or removing one record moves the sum by at most 1, the
+    sensitivity the accountant assumes (a model that mixes the examples of a batch would
+    otherwise move other records' scores too). The shipped models act on each example alone."""
+
+    def scores(params, x, y):
         outputs = spec.apply({"params": params}, x)
         if unit is None:  # exact integer count of correct predictions
-            return jnp.sum(mask * (jnp.argmax(outputs, axis=-1) == y))
-        return jnp.sum(mask * unit(outputs, y))
+            return (jnp.argmax(outputs, axis=-1) == y).astype(jnp.int32)
+        return unit(outputs, y)
+
+    if not spec.shipped:
+        batched = scores
+
+        def scores(params, x, y):
+            one = jax.vmap(lambda xi, yi: batched(params, xi[None], yi[None])[0])
+            return one(x, y)
+
+    @jax.jit
+    def total(params, x, y, mask):
+        return jnp.sum(jnp.where(mask > 0, scores(params, x, y), 0))
 
     return total
 

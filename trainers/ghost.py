@@ -59,7 +59,9 @@ from flax import traverse_util
 from flax.linen.dtypes import promote_dtype as _flax_promote_dtype
 from jax.extend.core import Literal
 
-from trainers.dpsgd import clip_factors, im2col_s2d, kernel_from_s2d
+from trainers import models
+from trainers.dpsgd import clip_factors, im2col_s2d, keep_rows, kept_loss_sum, kernel_from_s2d
+from trainers.models import Reparametrized
 
 #: Layer types with a per-example gradient formula here (exact types: a subclass may change the
 #: computation, so it is treated as unknown).
@@ -89,30 +91,6 @@ class _Call:
     reparam: Reparametrized | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class Reparametrized:
-    """How a layer that reads its parameters through a data-independent map computes its output:
-    ``layer`` (an unbound ``nn.Dense`` / ``nn.Conv``, a known layer) applied to
-    ``transform(raw)``, where ``raw`` is the layer's own parameter subtree (what is trained and
-    clipped) and ``transform(raw)`` is ``layer``'s parameter subtree (e.g. ``{"kernel": ...}``).
-
-    A module declares this with a method ``as_known_layer(self) -> Reparametrized`` (see
-    :data:`REPARAM_METHOD`; ``trainers.models.WSConv``, the weight-standardised convolution, is
-    one); its ``__call__(x)`` must then equal ``layer.apply({"params": transform(raw)}, x)``,
-    which :func:`analyze` checks on a synthetic batch. ``transform`` must be a pure function of
-    the parameters (no data, no module state: it is called after the module's ``apply``); its
-    VJP is applied to every example's gradient, so a hand-written VJP (``jax.custom_vjp``) can
-    pay off (``trainers.models.standardize_kernel_fast_vjp``).
-
-    Example i's gradient with respect to ``raw`` is the transform's transposed Jacobian (VJP)
-    applied to its gradient with respect to the layer's parameters; norms are of the former,
-    the gradient of the actual parameters.
-    """
-
-    layer: nn.Module
-    transform: Callable[[Any], Any]
-
-
 #: The method by which a module declares itself a known layer on reparametrised parameters.
 REPARAM_METHOD = "as_known_layer"
 
@@ -121,9 +99,12 @@ class _Recorder:
     """Method interceptor: runs each known layer's ``__call__`` on parameters read from
     ``params`` (a separate copy), records its input, and adds the next tap to its output."""
 
-    def __init__(self, params: Any, taps: list | None = None):
+    def __init__(self, params: Any, taps: list | None = None, frozen: Callable | None = None):
         self.params = params
         self.taps = taps
+        # frozen(layer path) -> bool: a frozen layer's call runs as written (its parameters get
+        # no gradient, so nothing is recorded for it and no tap is added).
+        self.frozen = frozen
         self.calls: list[_Call] = []
         self.inputs: list[jax.Array] = []
         self.outputs: list[jax.Array] = []
@@ -134,12 +115,15 @@ class _Recorder:
         m = context.module
         if self._inside or context.method_name == "setup":
             return next_fun(*args, **kwargs)
+        if self.frozen is not None and m.scope is not None and self.frozen(tuple(m.path)):
+            return next_fun(*args, **kwargs)
         if callable(getattr(type(m), REPARAM_METHOD, None)):
             return self._reparametrized(next_fun, args, kwargs, context)
         kind = KNOWN_LAYERS.get(type(m))
         if kind is None:
             return next_fun(*args, **kwargs)
-        path = tuple(m.path)
+        # an NNX layer's linen twin is unbound: its path comes with the call (trainers.nnx_model)
+        path = tuple(getattr(context, "path", None) or m.path)
         if context.method_name != "__call__":
             self.unsupported.append(f"{'/'.join(path)}: method {context.method_name!r}")
             return next_fun(*args, **kwargs)
@@ -413,10 +397,11 @@ class _MatmulLayer:
     def clipped(self, c: jax.Array) -> tuple[jax.Array, jax.Array | None]:
         """(kernel sum (d_in, d_out), bias sum (d_out,) or None)."""
         if self.form == "materialise":
-            kernel = jnp.einsum("b,boi->io", c, self.w)
+            kernel = jnp.einsum("b,boi->io", c, keep_rows(c, self.w))
         else:
-            kernel = jnp.einsum("bti,bto->io", self.a * c[:, None, None], self.g)
-        bias = c @ self.bias if self.has_bias else None
+            ca = keep_rows(c, self.a * c[:, None, None].astype(self.a.dtype))
+            kernel = jnp.einsum("bti,bto->io", ca, keep_rows(c, self.g))
+        bias = c @ keep_rows(c, self.bias) if self.has_bias else None
         return kernel, bias
 
 
@@ -481,7 +466,7 @@ def _layer_terms(kind: str, calls: list[_Call], ins: list, gs: list, params: Any
         sq = jnp.sum(jnp.where(same, jnp.einsum("bsd,btd->bst", g, g), 0.0), axis=(1, 2))
 
         def clipped(c):
-            rows = (g * c[:, None, None]).reshape(-1, table.shape[1])
+            rows = keep_rows(c, g * c[:, None, None]).reshape(-1, table.shape[1])
             return {"embedding": jnp.zeros_like(table).at[ids.reshape(-1)].add(rows)}
 
         return sq, clipped
@@ -498,7 +483,7 @@ def _layer_terms(kind: str, calls: list[_Call], ins: list, gs: list, params: Any
     sq = sum(_sq(v) for v in per.values())
 
     def clipped(c):
-        return {k: (c @ v).astype(params[k].dtype) for k, v in per.items()}
+        return {k: (c @ keep_rows(c, v)).astype(params[k].dtype) for k, v in per.items()}
 
     return sq, clipped
 
@@ -549,11 +534,16 @@ def _reparam_terms(kind: str, calls: list[_Call], ins: list, gs: list, raw: Any,
     sq = jnp.concatenate([block_sq(lo, min(per_block, b - lo)) for lo in range(0, b, per_block)])
 
     def clipped(c):
+        kept_ins = [keep_rows(c, x) for x in ins]
+
         def outputs(r):
             p = rep.transform(r)
-            return [rep.layer.apply({"params": p}, x) for x in ins]
+            return [rep.layer.apply({"params": p}, x) for x in kept_ins]
 
-        cot = [(v.reshape(b, -1) * c[:, None].astype(v.dtype)).reshape(v.shape) for v in gs]
+        cot = [
+            keep_rows(c, (v.reshape(b, -1) * c[:, None].astype(v.dtype)).reshape(v.shape))
+            for v in gs
+        ]
         return jax.vjp(outputs, raw)[1](cot)[0]
 
     return sq, clipped
@@ -702,47 +692,101 @@ class GhostPlan:
         return self.reason is None
 
 
-def _record(module: nn.Module, params: Any, x: jax.Array, taps: list | None = None):
-    """Runs ``module`` with the known layers intercepted; returns (output, recorder). The module's
-    own parameter argument is ``params`` too (its known layers read the recorder's copy)."""
-    rec = _Recorder(params, taps)
-    with nn.intercept_methods(rec):
-        out = module.apply({"params": params}, x)
+def _apply_recording(
+    module: Any, params: Any, x: jax.Array, rec: _Recorder, slots: jax.Array | None = None
+) -> Any:
+    """``module`` applied to ``x`` with ``params``, its known layers' calls handed to ``rec``.
+
+    ``module``: a linen Module (applied as it is), or anything with ``apply_recording(params, x,
+    rec)``: a ``trainers.models.ModelSpec`` (its module as training calls it: a dict input
+    unpacked, evaluation mode), a ``trainers.nnx_model.NnxModel``, or a
+    ``trainers.train_mode.TrainingCall`` (training mode), which also takes ``slots`` (the
+    examples' positions in their chunk, which key their dropout masks)."""
+    if isinstance(module, nn.Module):
+        with nn.intercept_methods(rec):
+            return module.apply({"params": params}, x)
+    if slots is None:
+        return module.apply_recording(params, x, rec)
+    return module.apply_recording(params, x, rec, slots=slots)
+
+
+def _has_boxes(params: Any) -> bool:
+    leaves = jax.tree_util.tree_leaves(params, is_leaf=nn.meta.is_axis_metadata)
+    return any(isinstance(v, nn.meta.AxisMetadata) for v in leaves)
+
+
+def unboxed(params: Any) -> Any:
+    """``params`` with partitioning metadata (``nn.Partitioned``, ``nn.LogicallyPartitioned``)
+    removed: the arrays the formulas read."""
+    return nn.meta.unbox(params) if _has_boxes(params) else params
+
+
+def _record(
+    module: Any, params: Any, x: jax.Array, taps: list | None = None,
+    frozen: Callable | None = None, slots: jax.Array | None = None,
+):  # fmt: skip
+    """Runs ``module`` (see :func:`_apply_recording`) with the known layers intercepted; returns
+    (output, recorder). The module's own parameter argument is ``params`` too (its known layers
+    read the recorder's copy); layers for which ``frozen(path)`` holds are run as written,
+    unrecorded."""
+    rec = _Recorder(params, taps, frozen)
+    out = _apply_recording(module, params, x, rec, slots)
     return out, rec
 
 
 def analyze(
-    module: nn.Module,
+    module: Any,
     params: Any,
     x_example: jax.ShapeDtypeStruct | jax.Array,
     loss_fn: Callable,
     y_example: jax.ShapeDtypeStruct | jax.Array,
     probe: bool = True,
+    trainable: Any = None,
 ) -> GhostPlan:
-    """Decides whether ``module`` can take the ghost path for inputs shaped like ``x_example``
-    (leading axis: examples). Data-independent: it traces the program and runs it once on a
-    synthetic batch (random inputs, label 0), never on the user's data.
+    """Decides whether ``module`` (a linen Module, or a model as :func:`_apply_recording` takes
+    it) can take the ghost path for inputs shaped like ``x_example`` (leading axis: examples);
+    ``y_example``: labels of any shape and dtype (leading axis: examples). Data-independent: it
+    traces the program and runs it once on a synthetic batch (random inputs, label 0), never on
+    the user's data.
 
     Checks, in order: every known-layer call has a formula (:data:`KNOWN_LAYERS`, supported
     attributes); the module reads no parameter outside those calls (its parameter inputs are
-    unused in the traced program when the known layers read a separate copy); each recorded
-    layer input and output gradient has one leading row per example, which moves only when that
-    example moves (a synthetic batch of 3, example 0 replaced; ``probe=False`` skips this check,
+    unused in the traced program when the known layers read a separate copy); the module's
+    batched output, and each recorded layer input and output gradient as
+    :func:`clipped_sum_ghost` computes them, have rows that move only with their own example (a
+    synthetic batch of 3, every position replaced in turn, at ``params`` and at random draws
+    around them, ``trainers.models.probe_parameter_draws``; ``probe=False`` skips this check,
     which compiles the forward and backward pass once: for tests of the formulas only); layers
     that declare a reparametrisation (:class:`Reparametrized`) compute, as declared, the module's
     own output (the same synthetic batch, random parameters; skipped with ``probe=False`` too).
+
+    The clipped sum runs every example as a batch of its own under ``vmap``, so its rows are per
+    example by construction, whatever the parameters; the probe of the batched output keeps a
+    module that mixes examples (at the probed parameters) on ``vmap(grad)``, whose per-example
+    gradients are those of the same per-example function.
+
+    ``trainable``: None, or a pytree of Python bools shaped like ``params`` (a model with frozen
+    parameters, ``trainers.finetune``): only trainable parameters need a known layer; a frozen
+    layer's calls are not recorded (any computation may read frozen parameters); a layer whose
+    parameters are partly trainable is refused.
     """
     x_shape = tuple(x_example.shape[1:])
     x_dtype = x_example.dtype
+    params = unboxed(params)
     try:
         abstract = jax.tree_util.tree_map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), params)
-        b = 3
-        xs = jax.ShapeDtypeStruct((b, *x_shape), x_dtype)
+        # one example as a batch of its own: how clipped_sum_ghost runs the module (under vmap)
+        xs = jax.ShapeDtypeStruct((1, *x_shape), x_dtype)
+
+        frozen = None
+        if trainable is not None:
+            frozen, why = frozen_layers(params, trainable)
+            if why:
+                return GhostPlan(why)
 
         def forward(outer, inner, x):
-            rec = _Recorder(inner)
-            with nn.intercept_methods(rec):
-                out = module.apply({"params": outer}, x)
+            rec = _Recorder(inner, frozen=frozen)
+            out = _apply_recording(module, outer, x, rec)
             forward.rec = rec
             return out
 
@@ -759,7 +803,8 @@ def analyze(
         paths = [
             jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_flatten_with_path(params)[0]
         ]
-        read = [paths[i] for vid, i in outer_vars.items() if vid in used]
+        trains = [True] * len(paths) if trainable is None else jax.tree_util.tree_leaves(trainable)
+        read = [paths[i] for vid, i in outer_vars.items() if vid in used and trains[i]]
         if read:
             return GhostPlan(
                 f"parameter {read[0]} is used outside the known layers "
@@ -775,7 +820,7 @@ def analyze(
         # the tolerance and a correct declaration was refused (seen on an H100).
         with jax.default_matmul_precision("highest"):
             why = probe and (
-                _probe_rows(module, params, x_shape, x_dtype, loss_fn, y_example)
+                _probe_rows(module, params, x_shape, x_dtype, loss_fn, y_example, frozen)
                 or _probe_reparam(module, params, x_shape, x_dtype, rec.calls)
             )
         if why:
@@ -792,38 +837,35 @@ def _probe_batch(x_shape, x_dtype, b: int, seed: int) -> np.ndarray:
     return rng.standard_normal((b, *x_shape)).astype(x_dtype)
 
 
-def _probe_rows(module, params, x_shape, x_dtype, loss_fn, y_example) -> str | None:
-    """None if every recorded input and output gradient is per example (row i moves only with
-    example i) on a synthetic batch; else what is not."""
-    b = 3
+def _probe_rows(module, params, x_shape, x_dtype, loss_fn, y_example, frozen=None) -> str | None:
+    """None if the module's batched output, and every recorded input and output gradient of
+    :func:`_example_rows`, have rows that move only with their own example, on a synthetic batch
+    with each position replaced in turn, at ``params`` and random draws around them; else what
+    is not."""
+    base, variants = models.mixing_probe_batches(x_shape, x_dtype)
+    b = len(base)
     y = jnp.zeros((b, *tuple(y_example.shape[1:])), y_example.dtype)
+    own = jax.jit(lambda p, x: jax.tree_util.tree_leaves(module.apply({"params": p}, x)))
 
     @jax.jit
-    def rows(x):
-        shapes = jax.eval_shape(lambda p, x: _record(module, p, x)[1].outputs, params, x)
-        taps = [jnp.zeros(s.shape, s.dtype) for s in shapes]
+    def rows(p, x):
+        _, _, ins, gs = _example_rows(module, loss_fn, p, x, y, copies=False, frozen=frozen)
+        return ins, gs
 
-        def total(taps):
-            out, rec = _record(module, params, x, taps)
-            return jnp.sum(loss_fn(out, y)), (rec.inputs, out)
-
-        g, (ins, out) = jax.grad(total, has_aux=True)(taps)
-        return ins, g, out
-
-    x0 = _probe_batch(x_shape, x_dtype, b, 0)
-    x1 = x0.copy()
-    x1[0] = _probe_batch(x_shape, x_dtype, 1, 1)[0]
-    ins0, g0, out0 = rows(jnp.asarray(x0))
-    ins1, g1, out1 = rows(jnp.asarray(x1))
-    if not np.allclose(np.asarray(out0)[1:], np.asarray(out1)[1:], rtol=1e-5, atol=1e-6):
-        return "the output of one example depends on the others (the model mixes examples)"
-    for what, before, after in (("input", ins0, ins1), ("output gradient", g0, g1)):
-        for i, (u, v) in enumerate(zip(before, after, strict=True)):
-            u, v = np.asarray(u), np.asarray(v)
-            if u.ndim == 0 or u.shape[0] != b:
-                return f"layer call {i}'s {what} has no leading example axis (shape {u.shape})"
-            if not np.allclose(u[1:], v[1:], rtol=1e-5, atol=1e-6):
-                return f"layer call {i}'s {what} rows are not per example (the layout mixes them)"
+    for p in models.probe_parameter_draws(params):
+        mixed = models.moved_rows(lambda x, p=p: own(p, x), base, variants)
+        if mixed is not None:
+            return (
+                f"the output of one example depends on the others (the model mixes examples: "
+                f"example {mixed[1]}'s output moves with example {mixed[0]})"
+            )
+        mixed = models.moved_rows(lambda x, p=p: jax.tree_util.tree_leaves(rows(p, x)), base,
+                                  variants)  # fmt: skip
+        if mixed is not None:
+            return (
+                f"a recorded layer input or output gradient of example {mixed[1]} moves with "
+                f"example {mixed[0]} (rows not per example)"
+            )
     return None
 
 
@@ -842,8 +884,13 @@ def _probe_reparam(module, params, x_shape, x_dtype, calls: list[_Call]) -> str 
         tree, [jnp.asarray(rng.normal(0.0, 0.5, np.shape(v)), jnp.result_type(v)) for v in leaves]
     )
     both = jax.jit(lambda p, x: (module.apply({"params": p}, x), _record(module, p, x)[0]))
-    own, declared_out = (np.asarray(v) for v in both(noisy, jnp.asarray(x)))
-    if not np.allclose(own, declared_out, rtol=1e-4, atol=1e-5, equal_nan=True):
+    own, declared_out = both(noisy, jnp.asarray(x))
+    if not all(
+        np.allclose(np.asarray(u), np.asarray(v), rtol=1e-4, atol=1e-5, equal_nan=True)
+        for u, v in zip(
+            jax.tree_util.tree_leaves(own), jax.tree_util.tree_leaves(declared_out), strict=True
+        )
+    ):
         paths = ", ".join("/".join(p) for p in declared)
         return (
             f"the output with the layers that declare {REPARAM_METHOD}() ({paths}) computed as "
@@ -852,8 +899,64 @@ def _probe_reparam(module, params, x_shape, x_dtype, calls: list[_Call]) -> str 
     return None
 
 
+def _example_rows(
+    module: Any,
+    loss_fn: Callable,
+    params: Any,
+    x: jax.Array,
+    y: jax.Array,
+    copies: bool,
+    frozen: Callable | None = None,
+) -> tuple[list[_Call], jax.Array, list, list]:
+    """One forward and one backward pass with every example run as a batch of its own (its K
+    copies with ``copies``, x (b, K, ...); else a batch of 1) under ``vmap``: (the known-layer
+    calls, per-example losses (b,), each call's recorded inputs and output gradients with example
+    i's rows in block i of the leading axis).
+
+    Per example by construction: vmap gives the module no axis to reach the other examples by,
+    so example i's rows are a function of example i and the parameters alone, for every
+    parameter value (what a probe cannot check). XLA batches the vmapped layers back into the
+    same batched matmuls and convolutions. A module in training mode
+    (``trainers.train_mode.TrainingCall``) is told each example's slots in the chunk (copy j of
+    example i at ``i K + j``), which key its per-example dropout masks: the masks of the
+    ``vmap(grad)`` path (``trainers.dpsgd.per_example_grads_naive`` with ``per_slot``)."""
+    b = x.shape[0]
+    xs = x if copies else x[:, None]
+    ys = jnp.repeat(y[:, None], x.shape[1], axis=1) if copies else y[:, None]
+    k = xs.shape[1]
+    slots = None
+    if hasattr(module, "apply_slots"):
+        slots = jnp.arange(b * k, dtype=jnp.int32).reshape(b, k)
+    shapes = jax.eval_shape(lambda p, x: _record(module, p, x, frozen=frozen)[1].outputs, params,
+                            xs[0])  # fmt: skip
+    calls: list[_Call] = []
+
+    def forward(params, taps, xi, si):
+        out, rec = _record(module, params, xi, taps, frozen, si)
+        calls[:] = rec.calls
+        return out, rec.inputs
+
+    fast_forward = with_fast_pools(forward)
+
+    def example(taps, xi, yi, si):
+        out, inputs = fast_forward(params, taps, xi, si)
+        return jnp.mean(loss_fn(out, yi)), inputs
+
+    def total(taps):
+        losses, inputs = jax.vmap(example)(taps, xs, ys, slots)
+        return jnp.sum(losses), (losses, inputs)
+
+    taps = [jnp.zeros((b, *s.shape), s.dtype) for s in shapes]
+    gs, (losses, ins) = jax.grad(total, has_aux=True)(taps)
+
+    def merged(v):  # (b, n, ...) -> (b * n, ...): the batch-first layout of the formulas
+        return v.reshape(b * v.shape[1], *v.shape[2:]) if v.ndim > 2 else v
+
+    return list(calls), losses, [merged(v) for v in ins], [merged(v) for v in gs]
+
+
 def clipped_sum_ghost(
-    module: nn.Module,
+    module: Any,
     loss_fn: Callable,
     params: Any,
     x: jax.Array,
@@ -861,40 +964,23 @@ def clipped_sum_ghost(
     mask: jax.Array,
     clip_norm,
     copies: bool = False,
+    trainable: Any = None,
 ) -> tuple[Any, jax.Array, jax.Array]:
     """Clipped per-example gradient sum for a module that :func:`analyze` accepted.
 
     Same contract and return value as ``trainers.dpsgd.clipped_sum_naive``: (clipped sum pytree,
-    sum of masked per-example losses, per-example gradient norms (b,)). ``loss_fn(logits, labels)
-    -> (n,)`` per-example losses; with ``copies``, x is (b, K, ...) and example i's loss is the mean
-    over its K copies.
+    sum of masked per-example losses, per-example gradient norms (b,)). ``module``: what
+    :func:`analyze` accepted (a linen Module, a ``ModelSpec``, an ``NnxModel`` or a
+    ``TrainingCall``). ``loss_fn(outputs, labels) -> (n,)`` per-example losses (outputs any
+    pytree, labels any (n, ...) array); with ``copies``, x is (b, K, ...) and example i's loss
+    is the mean over its K copies. ``trainable``: None, or the pytree of Python bools
+    :func:`analyze` was given: frozen layers get no tap and no norm terms (the backward pass
+    stops at the lowest trainable layer), and their part of the sum is zero.
     """
+    boxed, params = params, unboxed(params)
+    frozen = None if trainable is None else frozen_layers(params, trainable)[0]
     b = x.shape[0]
-    if copies:
-        k = x.shape[1]
-        xf, yf = x.reshape(b * k, *x.shape[2:]), jnp.repeat(y, k, axis=0)
-    else:
-        k, xf, yf = 1, x, y
-    shapes = jax.eval_shape(lambda p, x: _record(module, p, x)[1].outputs, params, xf)
-    calls = []
-
-    def forward(params, taps):
-        out, rec = _record(module, params, xf, taps)
-        calls[:] = rec.calls
-        return out, rec.inputs
-
-    fast_forward = with_fast_pools(forward)
-
-    def total(taps):
-        out, inputs = fast_forward(params, taps)
-        losses = loss_fn(out, yf)
-        if copies:
-            losses = jnp.mean(losses.reshape(b, k), axis=1)
-        return jnp.sum(losses), (losses, inputs)
-
-    taps = [jnp.zeros(s.shape, s.dtype) for s in shapes]
-    gs, (losses, ins) = jax.grad(total, has_aux=True)(taps)
-    del forward
+    calls, losses, ins, gs = _example_rows(module, loss_fn, params, x, y, copies, frozen)
     groups: dict[tuple[str, ...], list[int]] = {}
     for i, call in enumerate(calls):
         groups.setdefault(call.path, []).append(i)
@@ -904,12 +990,13 @@ def clipped_sum_ghost(
         layer_params = _subtree(params, path)
         layer_ins = [ins[i] for i in idx]
         if calls[idx[0]].reparam is not None:
-            # A data dependency on the norms so far (adding 0 * their sum, which XLA keeps: it
-            # is NaN for a NaN) orders the layers' norms one after another, so their per-block
+            # A data dependency on the norms so far (adding min(their sum, 0), which is 0 but
+            # which XLA keeps) orders the layers' norms one after another, so their per-block
             # temporaries (im2col patches, per-example gradients) are not alive together: XLA
             # CPU otherwise scheduled them side by side (WRN-16-4, batch 256: 7.7 GB for the
-            # norms against 1.9 GB for the non-private gradient).
-            after = 0 * jnp.sum(sq)
+            # norms against 1.9 GB for the non-private gradient). Non-finite norms count as 0
+            # here: one example's NaN must not reach the other examples' inputs.
+            after = jnp.minimum(jnp.sum(jnp.where(sq >= 0, sq, 0.0)), 0.0)
             layer_ins = [x + after.astype(x.dtype) for x in layer_ins]
         s, fin = _layer_terms(
             calls[idx[0]].kind, [calls[i] for i in idx], layer_ins, [gs[i] for i in idx],
@@ -923,4 +1010,30 @@ def clipped_sum_ghost(
         for name, value in traverse_util.flatten_dict(fin(c.astype(jnp.float32))).items():
             flat[(*path, *name)] = value
     summed = traverse_util.unflatten_dict(flat)
-    return summed, jnp.sum(mask * losses), jnp.sqrt(sq)
+    if _has_boxes(boxed):  # the caller's partitioning metadata, around the sums
+        summed = nn.meta.replace_boxed(boxed, summed)
+    return summed, kept_loss_sum(losses, mask), jnp.sqrt(sq)
+
+
+def frozen_layers(params: Any, trainable: Any) -> tuple[Callable, str | None]:
+    """(frozen(layer path) -> bool, why not): a layer (a path prefix of parameter leaves) is
+    frozen when none of its leaves trains. ``why`` names a layer whose parameters are partly
+    trainable (no formula here splits one layer's gradient), else None."""
+    below: dict[tuple[str, ...], set[bool]] = {}  # a module's leaves and its submodules'
+    own: dict[tuple[str, ...], set[bool]] = {}  # the leaves a module holds itself
+    for keypath, m in jax.tree_util.tree_flatten_with_path(trainable)[0]:
+        names = tuple(str(getattr(k, "key", k)) for k in keypath)
+        own.setdefault(names[:-1], set()).add(bool(m))
+        for i in range(len(names)):
+            below.setdefault(names[:i], set()).add(bool(m))
+    why = None
+    for layer, flags in own.items():
+        if len(flags) > 1:
+            where = "/".join(layer) or "the top-level module"
+            why = f"layer {where} is partly trainable (train all its parameters or none)"
+            break
+
+    def frozen(path: tuple[str, ...]) -> bool:
+        return below.get(tuple(path)) == {False}
+
+    return frozen, why

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from trainers import audit, models, parallel, probe, scatter
+from trainers import models, parallel, probe, scatter
 from trainers.data import Dataset
 from trainers.evaluate import device_arrays, model_data, validation_score
 from trainers.sampling import PoissonSampler
@@ -92,7 +92,7 @@ def _check(hp: Hyperparams, data: Dataset) -> None:
             f"({data.train_x.dtype}): use augmult=0"
         )
     dpsgd_privacy(hp, data.public_num_train)  # raises if N < B
-    # Decided on public quantities only (issue 25): the expected validation size, and the length
+    # Decided on public quantities only: the expected validation size, and the length
     # of a validation set declared public. A private split that happens to be empty is scored
     # like its neighbour with one record (a noisy count of 0 over the public size).
     if data.public_num_val <= 0 or (data.validation_public and len(data.val_x) == 0):
@@ -113,6 +113,12 @@ def check_inputs(hp: Hyperparams, data: Dataset) -> None:
     the score's noise), for a caller that wants them before any private computation: they read
     the data's public schema and sizes only. Raises ValueError."""
     _check(hp, data)
+
+
+def same_step(step: int) -> int:
+    """``train_candidates``' default ``noise_step``: step ``step`` folds its noise key with
+    ``step`` itself (fresh noise at every step)."""
+    return step
 
 
 def train_candidate(
@@ -162,6 +168,7 @@ def train_candidates(
     grad_impl: str | None = None,
     on_epoch: Callable[[int, int, Any], None] | None = None,
     mesh: Any = None,
+    noise_step: Callable[[int], int] = same_step,
 ) -> list[CandidateResult]:
     """Trains K candidates; results in the order of ``hps``.
 
@@ -174,6 +181,9 @@ def train_candidates(
     ``mesh`` (default: the one set by ``trainers.parallel.data_parallel``, if any): train each
     candidate data-parallel over its devices, one candidate at a time (``trainers.parallel``); the
     same key gives the same candidate as on one device, up to float summation order.
+
+    ``noise_step(step)`` is the index step ``step``'s noise key is folded with: the step itself
+    (default), so every step draws fresh noise; only an audit's negative control passes another.
     """
     if mesh is None:
         mesh = parallel.current_mesh()
@@ -205,7 +215,7 @@ def train_candidates(
         gdata = model_data(data, hp_m.model)  # scattering features for the scatter models
         group = _train_group(
             [hps[i] for i in members], gdata, [keys[i] for i in members], members, progress,
-            progress_every, impl, on_epoch, mesh,
+            progress_every, impl, on_epoch, mesh, noise_step,
         )  # fmt: skip
         for i, r in zip(members, group, strict=True):
             results[i] = r
@@ -213,18 +223,18 @@ def train_candidates(
 
 
 def _train_group(
-    hps, data, keys, indices, progress, progress_every, impl, on_epoch, mesh=None
-) -> list[CandidateResult]:
+    hps, data, keys, indices, progress, progress_every, impl, on_epoch, mesh=None,
+    noise_step=same_step,
+) -> list[CandidateResult]:  # fmt: skip
     try:
         return _train_group_unsafe(
-            hps, data, keys, indices, progress, progress_every, impl, on_epoch, mesh
+            hps, data, keys, indices, progress, progress_every, impl, on_epoch, mesh, noise_step
         )
     except Exception as e:  # a candidate must never abort the search (OOM, XLA errors, ...)
         if len(hps) > 1:  # retry one by one so that one bad candidate does not fail its group
+            rest = (progress, progress_every, impl, on_epoch, mesh, noise_step)
             return [
-                _train_group([hp], data, [k], [i], progress, progress_every, impl, on_epoch, mesh)[
-                    0
-                ]
+                _train_group([hp], data, [k], [i], *rest)[0]
                 for hp, k, i in zip(hps, keys, indices, strict=True)
             ]
         log.warning("candidate %d failed with %s", indices[0], type(e).__name__)
@@ -236,8 +246,9 @@ def _train_group(
 
 
 def _train_group_unsafe(
-    hps, data, keys, indices, progress, progress_every, impl, on_epoch, mesh=None
-):
+    hps, data, keys, indices, progress, progress_every, impl, on_epoch, mesh=None,
+    noise_step=same_step,
+):  # fmt: skip
     """Trains a group of K >= 1 structurally identical candidates in lockstep. Per-candidate values
     are laid out by the group (``trainers.step.Group``: a leading candidate axis for K > 1), so
     this one path serves every K. With a ``mesh``, K is 1 and each chunk's clipped sum is computed
@@ -322,10 +333,9 @@ def _train_group_unsafe(
                     np.int32(j),
                 )  # fmt: skip
             idx, mask = group.chunk(chunked, 0)
-            # audit.noise_step(step) is step itself outside `dptune audit --break=noise_reused`.
             params, opt_states, loss_sum = group.step(
                 params, opt_states, gsum, loss, data_x, data_y, idx, mask, noise_keys,
-                np.int32(audit.noise_step(step)), clip, sigma, expected_b,
+                np.int32(noise_step(step)), clip, sigma, expected_b,
             )  # fmt: skip
             step += 1
             if progress is not None and progress_every > 0 and step % progress_every == 0:

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from trainers import train_mode
+from trainers.finetune import overlay
 from trainers.spec import MODEL_NAMES  # one list of model names, JAX-free
 
 #: Models that train on scattering features (``trainers.scatter``) instead of raw images.
@@ -185,6 +186,30 @@ def _standardize_bwd(eps, res, g):
 standardize_kernel_fast_vjp.defvjp(_standardize_fwd, _standardize_bwd)
 
 
+@dataclasses.dataclass(frozen=True)
+class Reparametrized:
+    """How a layer that reads its parameters through a data-independent map computes its output:
+    ``layer`` (an unbound ``nn.Dense`` / ``nn.Conv``, a known layer) applied to
+    ``transform(raw)``, where ``raw`` is the layer's own parameter subtree (what is trained and
+    clipped) and ``transform(raw)`` is ``layer``'s parameter subtree (e.g. ``{"kernel": ...}``).
+
+    A module declares this with a method ``as_known_layer(self) -> Reparametrized`` (see
+    ``trainers.ghost.REPARAM_METHOD``; :class:`WSConv`, the weight-standardised convolution, is
+    one); its ``__call__(x)`` must then equal ``layer.apply({"params": transform(raw)}, x)``,
+    which ``trainers.ghost.analyze`` checks on a synthetic batch. ``transform`` must be a pure
+    function of the parameters (no data, no module state: it is called after the module's
+    ``apply``); its VJP is applied to every example's gradient, so a hand-written VJP
+    (``jax.custom_vjp``) can pay off (:func:`standardize_kernel_fast_vjp`).
+
+    Example i's gradient with respect to ``raw`` is the transform's transposed Jacobian (VJP)
+    applied to its gradient with respect to the layer's parameters; norms are of the former,
+    the gradient of the actual parameters.
+    """
+
+    layer: nn.Module
+    transform: Callable[[Any], Any]
+
+
 class WSConv(nn.Module):
     """Weight-standardised convolution (Qiao et al. 2019, "Micro-Batch Training with Batch-Channel
     Normalization and Weight Standardization"), as used by De et al. 2022 ("Unlocking
@@ -218,9 +243,7 @@ class WSConv(nn.Module):
     def as_known_layer(self):
         """This layer as ``nn.Conv`` (same size, stride, SAME padding, no bias) on
         ``{"kernel": standardize_kernel(raw kernel)}`` (:func:`standardize_kernel_fast_vjp`, the
-        same values with a faster VJP): a ``trainers.ghost.Reparametrized``."""
-        from trainers.ghost import Reparametrized  # lazy: ghost -> dpsgd -> models
-
+        same values with a faster VJP): a :class:`Reparametrized`."""
         k, s = self.kernel_size, self.strides
         conv = nn.Conv(self.features, (k, k), strides=(s, s), padding="SAME", use_bias=False)
         eps = self.eps
@@ -354,6 +377,12 @@ class ModelSpec:
       call_keyword: "train" or "deterministic" when the module's ``__call__`` takes it
         (``trainers.train_mode``): called in training mode, with per-example dropout keys, while
         it trains, and in evaluation mode otherwise; None: always called as it is.
+      init: None (the module's initialisers), or initial parameters as {'/'-joined path: array}
+        (``trainers.finetune.match_init``: checked, public); paths it lacks (fresh adapters) keep
+        the initialisers' values.
+      trainable: None (every parameter trains), or a pytree of Python bools shaped like the
+        parameters (``trainers.finetune.trainable_mask``): only those leaves are clipped,
+        noised and updated.
     """
 
     name: str
@@ -370,6 +399,8 @@ class ModelSpec:
     label_shape: tuple[int, ...] = ()
     label_dtype: str = "int32"
     call_keyword: str | None = None
+    init: Any = None
+    trainable: Any = None
 
     def __repr__(self) -> str:
         return f"ModelSpec({self.name!r}, input {self.input_dtype}{self.input_shape})"
@@ -387,7 +418,7 @@ class ModelSpec:
         """Stored inputs as the model reads them: the dict of a dict input, else x itself."""
         return x if self.input_layout is None else self.input_layout.unpack(x)
 
-    def init(self, key: jax.Array) -> dict:
+    def init_variables(self, key: jax.Array) -> dict:
         """The module's variables from one example of zeros (evaluation mode; a ``dropout`` rng
         is supplied in case the module draws one while initialising)."""
         x = self.model_input(self.example_input(1))
@@ -404,6 +435,15 @@ class ModelSpec:
     def training(self, rng: jax.Array) -> train_mode.TrainingCall:
         """The module in training mode with root dropout key ``rng`` (``trainers.train_mode``)."""
         return train_mode.TrainingCall(self, rng)
+
+    def apply_recording(self, params: Any, x: jax.Array, recorder: Callable) -> Any:
+        """:meth:`apply` with ``variables = {"params": params}`` and every known layer's call
+        handed to ``recorder`` (a ``trainers.ghost`` recorder): a linen module through
+        ``nn.intercept_methods``, an NNX one through its own ``apply_recording``."""
+        if isinstance(self.module, nn.Module):
+            with nn.intercept_methods(recorder):
+                return self.apply({"params": params}, x)
+        return self.module.apply_recording(params, self.model_input(x), recorder)
 
     def example_input(self, batch: int = 1) -> jax.Array:
         """Zeros shaped like ``batch`` examples (what parameters are initialised from)."""
@@ -462,7 +502,9 @@ def user_model(
     """A user's model as a :class:`ModelSpec`, checked before anything trains.
 
     Args:
-      model: a flax (linen) Module instance (unbound), or an ``(init_fn, apply_fn)`` pair.
+      model: a flax (linen) Module instance (unbound), an ``nnx.Module`` instance (its
+        ``nnx.Param`` state trains: ``trainers.nnx_model.NnxModel``; wrap it yourself to choose
+        another filter), or an ``(init_fn, apply_fn)`` pair.
       input_shape, input_dtype: one example's shape and dtype (from the data; for a dict input,
         the stored (width,) row and ``input_layout`` says how it unpacks).
       loss: ``loss(outputs, labels) -> (b,)``, outputs any pytree; None: softmax cross-entropy on
@@ -496,7 +538,16 @@ def user_model(
         return model
     if isinstance(model, str):
         return get_model(model, num_classes or 10)
-    if isinstance(model, nn.Module):
+    from trainers import nnx_model  # lazy: flax.nnx is only imported for an NNX model
+
+    if nnx_model.is_nnx(model):
+        model = nnx_model.NnxModel(model)
+    if isinstance(model, nnx_model.NnxModel):
+        spec = ModelSpec(
+            name or model.name, model, input_shape, None, dtype, loss=loss, metric=metric,
+            shipped=False, **extra,
+        )  # fmt: skip
+    elif isinstance(model, nn.Module):
         if model.scope is not None:
             raise ValueError(f"model={type(model).__name__}: pass an unbound flax Module")
         spec = ModelSpec(
@@ -512,7 +563,7 @@ def user_model(
     else:
         raise TypeError(
             f"model={model!r:.80}: expected a shipped model name {MODEL_NAMES}, a flax.linen "
-            "Module instance, or an (init_fn, apply_fn) pair"
+            "or flax.nnx Module instance, or an (init_fn, apply_fn) pair"
         )
     _check_user_model(spec, num_classes, check_metric)
     return spec
@@ -538,7 +589,7 @@ def _check_user_model(spec: ModelSpec, num_classes: int | None, check_metric: bo
     label = f"model {spec.name}"
     x1 = spec.example_input(1)
     try:
-        variables = spec.init(jax.random.PRNGKey(0))
+        variables = spec.init_variables(jax.random.PRNGKey(0))
     except Exception as e:
         raise ValueError(
             f"dptune: {label} could not be initialised on an input of shape {x1.shape} "
@@ -556,38 +607,42 @@ def _check_user_model(spec: ModelSpec, num_classes: int | None, check_metric: bo
             "nn.GroupNorm or nn.LayerNorm instead"
         )
     params = variables["params"]
-    rng = np.random.default_rng(0)
-    if np.issubdtype(np.dtype(spec.input_dtype), np.integer):
-        x = rng.integers(0, 2, size=(3, *spec.input_shape)).astype(spec.input_dtype)
-    else:
-        x = rng.standard_normal((3, *spec.input_shape)).astype(spec.input_dtype)
-    x2 = x.copy()  # example 0 replaced by another input: the others' outputs must not move
-    if np.issubdtype(x.dtype, np.integer):
-        x2[0] = 1 - x[0]
-    else:
-        x2[0] = rng.standard_normal(spec.input_shape).astype(x.dtype)
+    base, variants = mixing_probe_batches(spec.input_shape, spec.input_dtype)
+    out = jax.jit(lambda p, x: spec.apply({"params": p}, x))
     try:
-        out = jax.jit(lambda p, x: spec.apply({"params": p}, x))
-        o1 = jax.tree_util.tree_map(np.asarray, out(params, x))
-        o2 = jax.tree_util.tree_map(np.asarray, out(params, x2))
+        o1 = jax.tree_util.tree_map(np.asarray, out(params, base))
     except Exception as e:
         raise ValueError(
-            f"dptune: {label} failed on a batch of shape {x.shape}: {type(e).__name__}: {e}"
+            f"dptune: {label} failed on a batch of shape {base.shape}: {type(e).__name__}: {e}"
             f"{_rng_hint(e)}"
         ) from None
-    leaves1 = jax.tree_util.tree_flatten_with_path(o1)[0]
-    leaves2 = jax.tree_util.tree_leaves(o2)
-    for (path, a), b in zip(leaves1, leaves2, strict=True):
-        if a.ndim < 1 or a.shape[0] != 3:
+    n = len(base)
+    for path, a in jax.tree_util.tree_flatten_with_path(o1)[0]:
+        if a.ndim < 1 or a.shape[0] != n:
             raise ValueError(
-                f"dptune: {label}: {_leaf_name(path)} has shape {a.shape} for a batch of 3: every "
-                "output array needs a leading example axis, (3, ...)"
+                f"dptune: {label}: {_leaf_name(path)} has shape {a.shape} for a batch of {n}: "
+                f"every output array needs a leading example axis, ({n}, ...)"
             )
-        if not np.allclose(a[1:], b[1:], rtol=1e-5, atol=1e-6, equal_nan=True):
+    # Every position replaced in turn, at the initial parameters and at random draws around them
+    # (mixing that is off at initialisation), every output leaf compared. What no probe can
+    # exclude, mixing that appears only for other parameters or inputs, cannot reach the clipped
+    # sums or the validation count either: those run each example on its own
+    # (docs/privacy-model.md, `per-example`).
+    for p in probe_parameter_draws(params):
+        try:
+            mixed = moved_rows(lambda x, p=p: jax.tree_util.tree_leaves(out(p, x)), base, variants)
+        except Exception as e:
             raise ValueError(
-                f"{label} mixes examples: one example's output changes when another example of "
-                "the batch changes (batch statistics, e.g. nn.BatchNorm in training mode). DP-SGD "
-                "needs per-example gradients: use nn.GroupNorm or nn.LayerNorm"
+                f"dptune: {label} failed on a batch of shape {base.shape} at random parameters: "
+                f"{type(e).__name__}: {e}"
+            ) from None
+        if mixed is not None:
+            raise ValueError(
+                f"{label} mixes examples: the output of example {mixed[1]} of a batch changes "
+                f"when example {mixed[0]} changes (batch statistics, e.g. nn.BatchNorm in "
+                "training mode, or an operation along the batch axis: a mean, a shift, attention "
+                "across examples). DP-SGD needs each example's output to depend on that example "
+                "alone: use nn.GroupNorm or nn.LayerNorm, and act on the other axes only"
             )
     single = isinstance(o1, np.ndarray)
     classes = spec.label_shape == () and np.issubdtype(np.dtype(spec.label_dtype), np.integer)
@@ -621,7 +676,7 @@ def _check_user_model(spec: ModelSpec, num_classes: int | None, check_metric: bo
             "with fn(outputs, labels) -> one value per record in [lo, hi] (e.g. minus the "
             "squared error clipped to [-4, 0], or a token accuracy in [0, 1])"
         )
-    y = np.zeros((3, *spec.label_shape), spec.label_dtype)
+    y = np.zeros((n, *spec.label_shape), spec.label_dtype)
     abstract = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), o1)
     for what, fn in (("loss", spec.loss), ("metric", getattr(spec.metric, "fn", None))):
         if fn is None:
@@ -633,11 +688,80 @@ def _check_user_model(spec: ModelSpec, num_classes: int | None, check_metric: bo
                 f"dptune: {what} failed on outputs {jax.tree_util.tree_map(lambda a: a.shape, o1)} "
                 f"and labels of shape {y.shape} ({y.dtype}): {type(e).__name__}: {e}"
             ) from None
-        if tuple(getattr(v, "shape", ())) != (3,):
+        if tuple(getattr(v, "shape", ())) != (n,):
             raise ValueError(
                 f"{what}(outputs, labels) must return one value per example, shape (b,); for a "
-                f"batch of 3 it returned shape {getattr(v, 'shape', None)}"
+                f"batch of {n} it returned shape {getattr(v, 'shape', None)}"
             )
+
+
+#: Examples in a mixing probe's batch: each position is replaced in turn, so a model whose
+#: example j reads example i is caught for every pair (i, j), earlier or later rows alike.
+PROBE_BATCH = 3
+
+
+def mixing_probe_batches(
+    input_shape: Sequence[int], input_dtype: Any, b: int = PROBE_BATCH, seed: int = 0
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """A synthetic batch (b, *input_shape) and b variants of it, variant i with example i
+    replaced (a fresh normal draw; integer ids 0/1 flipped): the inputs of the mixing probes,
+    never data."""
+    rng = np.random.default_rng(seed)
+    shape = (b, *tuple(input_shape))
+    integer = np.issubdtype(np.dtype(input_dtype), np.integer)
+    if integer:
+        base = rng.integers(0, 2, size=shape).astype(input_dtype)
+    else:
+        base = rng.standard_normal(shape).astype(input_dtype)
+    variants = []
+    for i in range(b):
+        v = base.copy()
+        v[i] = 1 - base[i] if integer else rng.standard_normal(shape[1:]).astype(input_dtype)
+        variants.append(v)
+    return base, variants
+
+
+def probe_parameter_draws(params: Any, draws: int = 2, seed: int = 1) -> list[Any]:
+    """``params`` itself, then ``draws`` random perturbations of it: each leaf plus N(0, s²) with
+    s = 1/sqrt(fan-in) (the product of all but the last axis; 1 for vectors and scalars), so that
+    a branch that is zero (or otherwise inactive) at initialisation, e.g. a zero-initialised
+    Dense after a mix of examples, is active in some draw. Data-independent."""
+    rng = np.random.default_rng(seed)
+    leaves, tree = jax.tree_util.tree_flatten(params)
+    out = [params]
+    for _ in range(draws):
+        noisy = []
+        for v in leaves:
+            shape = np.shape(v)
+            s = 1.0 / np.sqrt(max(int(np.prod(shape[:-1])), 1)) if len(shape) > 1 else 1.0
+            if jnp.issubdtype(jnp.result_type(v), jnp.inexact):
+                v = jnp.asarray(np.asarray(v) + rng.normal(0.0, s, shape), jnp.result_type(v))
+            noisy.append(v)
+        out.append(jax.tree_util.tree_unflatten(tree, noisy))
+    return out
+
+
+def moved_rows(
+    fn: Callable[[np.ndarray], Sequence[Any]], base: np.ndarray, variants: Sequence[np.ndarray]
+) -> tuple[int, int] | None:
+    """(i, j) for the first replaced example i and other example j whose row of some array of
+    ``fn(batch)`` (arrays with a leading example axis) moves with example i; None when every row
+    depends on its own example only (on these inputs, at float32 rounding; NaN equals NaN)."""
+
+    def rows(x):
+        return [np.asarray(a).astype(np.float64) for a in fn(x)]
+
+    ref = rows(base)
+    b = len(base)
+    for i, v in enumerate(variants):
+        for u, w in zip(ref, rows(v), strict=True):
+            scale = float(np.max(np.abs(u[np.isfinite(u)]), initial=1.0))
+            for j in range(b):
+                if j != i and not np.allclose(
+                    u[j], w[j], rtol=1e-5, atol=1e-6 * scale, equal_nan=True
+                ):
+                    return i, j
+    return None
 
 
 def init_params(spec: ModelSpec, key: jax.Array) -> dict:
@@ -646,15 +770,22 @@ def init_params(spec: ModelSpec, key: jax.Array) -> dict:
     A module's initialisation runs as one compiled program (cached per spec, and by JAX's
     persistent cache across runs): run eagerly, flax's ``init`` compiles every operation on its own,
     which was most of what a warm-started run still compiled. An ``(init_fn, apply_fn)`` pair is
-    called as it is (it may not be traceable)."""
+    called as it is (it may not be traceable). A spec with ``init`` starts from those values
+    (bitwise), its other leaves from the initialisers."""
     if spec.module is None:
-        return spec.init(key)["params"]
-    return _compiled_init(spec)(key)
+        params = spec.init_variables(key)["params"]
+    else:
+        params = _compiled_init(spec)(key)
+    if spec.init is not None:
+        params = overlay(params, spec.init)
+    return params
 
 
 @functools.lru_cache(maxsize=64)
 def _compiled_init(spec: ModelSpec) -> Callable:
-    return jax.jit(lambda key: spec.init(key)["params"])
+    # partitioning boxes (nn.with_logical_partitioning) removed: training reads plain arrays,
+    # which apply takes as well; the boxes stay with the module's own init for sharding
+    return jax.jit(lambda key: nn.meta.unbox(spec.init_variables(key)["params"]))
 
 
 def param_count(params) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -22,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from trainers import dpsgd, ghost, models, parallel, train_mode
+from trainers import dpsgd, finetune, ghost, lora, models, parallel, train_mode
 from trainers.runtime import tune_malloc
 from trainers.spec import Hyperparams
 
@@ -147,11 +148,16 @@ def ghost_plan(spec: models.ModelSpec) -> Any:
         params = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), params)
         x = jax.ShapeDtypeStruct((3, *spec.input_shape), spec.input_dtype)
         y = jax.ShapeDtypeStruct((3, *spec.label_shape), spec.label_dtype)
+        mask = None if finetune.all_trainable(spec.trainable) else spec.trainable
         # The spec applies the module as training does (a dict input unpacked; a module with a
         # train keyword in training mode, dropout on with a fixed key: the row probes compare
-        # two batches drawn with the same masks).
+        # batches drawn with the same masks).
         module = spec.training(jax.random.PRNGKey(0)) if spec.stochastic else spec
-        plan = ghost.analyze(module, params, x, spec.loss or dpsgd.per_example_loss, y)
+        plan = ghost.analyze(
+            module, params, x, spec.loss or dpsgd.per_example_loss, y, trainable=mask
+        )
+        if plan.supported and isinstance(spec.module, lora.LoRA):
+            plan = _lora_plan(spec.module, mask, x) or plan
     if not plan.supported:
         log.warning(
             "model %s: per-example clipping by vmap(grad) (correct for any model, slower): the "
@@ -160,6 +166,16 @@ def ghost_plan(spec: models.ModelSpec) -> Any:
             plan.reason,
         )
     return plan
+
+
+def _lora_plan(module: lora.LoRA, mask: Any, x: Any) -> ghost.GhostPlan | None:
+    """A refusal when a LoRA-adapted layer itself trains: the ghost path records a trainable
+    layer on its own copy of the parameters, which would drop the adapter added around it."""
+    flat = {} if mask is None else finetune.flat_paths(mask)
+    for layer in lora.targeted_layers(module, x):
+        if mask is None or any(v for p, v in flat.items() if p.startswith(layer + "/")):
+            return ghost.GhostPlan(f"the LoRA-adapted layer {layer} is trainable")
+    return None
 
 
 def resolve_grad_impl(model: Any, grad_impl: str | None, image_shape, augmult: int = 0) -> str:
@@ -320,7 +336,6 @@ class StepFunctions:
             Hyperparams(optimizer=optimizer, ema_decay=0.5 if ema else None)
         )
         self.trace_count = 0
-        copies = self.augmult > 0
         model = self.spec.name if self.spec.shipped else None
         # A module called in training mode gets per-example dropout keys each chunk
         # (`_stochastic_sum`); its clipped sum is built per call, around that chunk's key.
@@ -343,19 +358,23 @@ class StepFunctions:
                     f"grad_impl='bookkeeping' is not implemented for model={self.spec.name!r} "
                     f"with augmult={augmult}; use 'vmap' (or 'ghost')"
                 )
-        elif grad_impl in ("vmap", "naive"):
-            self._clipped_sum = functools.partial(
-                dpsgd.clipped_sum_naive, self.spec.apply, loss=self.spec.loss, copies=copies
-            )
-        elif grad_impl == "ghost":
-            if self.spec.module is None:
-                raise ValueError("grad_impl='ghost' needs a flax Module, not an (init, apply) pair")
-            self._clipped_sum = functools.partial(
-                ghost.clipped_sum_ghost, self.spec, self.spec.loss or dpsgd.per_example_loss,
-                copies=copies,
-            )  # fmt: skip
-        else:
+        elif grad_impl not in ("vmap", "naive", "ghost"):
             raise ValueError(f"grad_impl={grad_impl!r}: expected one of {GRAD_IMPLS[1:]}")
+        elif grad_impl == "ghost" and self.spec.module is None:
+            raise ValueError("grad_impl='ghost' needs a flax Module, not an (init, apply) pair")
+        # Fine-tuning (trainers.finetune): only the trainable leaves are differentiated, clipped,
+        # noised and updated; the optimiser keeps state for them alone (optax.masked).
+        mask = self.spec.trainable
+        self.trainable = None if finetune.all_trainable(mask) else mask
+        if self.trainable is not None:
+            if grad_impl == "bookkeeping":
+                raise ValueError(
+                    "grad_impl='bookkeeping' trains every parameter; a model with a trainable "
+                    "part takes 'ghost' or 'vmap'"
+                )
+            self.optimizer = optax.masked(self.optimizer, self.trainable)
+        if grad_impl != "bookkeeping":
+            self._clipped_sum = self._clipped_sum_of(self.spec)
         self.mesh = mesh
         if mesh is not None:
             # Data-parallel (trainers.parallel): each chunk's examples are split over the mesh,
@@ -385,7 +404,10 @@ class StepFunctions:
         for ``numbers = optimizer_numbers(hp)``, compiled once for every candidate of this
         structure (the numbers are arguments, not constants; eagerly, optax's init compiles an
         operation per parameter shape)."""
-        return _optimizer(self.optimizer_kind, **numbers).init(params)
+        opt = _optimizer(self.optimizer_kind, **numbers)
+        if self.trainable is not None:
+            opt = optax.masked(opt, self.trainable)
+        return opt.init(params)
 
     def _chunk_sum(self, params, data_x, data_y, idx, mask, clip_norm, key=None, step=0, chunk=0):
         """Clipped gradient sum and loss sum over one chunk (idx, mask) of a batch. With
@@ -405,17 +427,30 @@ class StepFunctions:
         gsum, loss, _ = clipped_sum(params, x, data_y[idx], mask, clip_norm)
         return gsum, loss
 
-    def _stochastic_sum(self, rng: jax.Array):
+    def _stochastic_sum(self, rng: jax.Array) -> Callable:
         """The clipped-sum function of a module in training mode with root dropout key ``rng``
         (``trainers.train_mode``): the same masks on the ghost and the vmap(grad) paths."""
-        call = self.spec.training(rng)
+        return self._clipped_sum_of(self.spec.training(rng))
+
+    def _clipped_sum_of(self, model: Any) -> Callable:
+        """``clipped(params, x, y, mask, clip_norm)`` on the ghost or the vmap(grad) path for
+        ``model``: the spec, or its ``TrainingCall`` (per-example dropout keyed by each
+        example's slot in the chunk). With a trainable part, only the trainable leaves are
+        differentiated and clipped (zeros at the frozen ones)."""
         copies = self.augmult > 0
         loss = self.spec.loss or dpsgd.per_example_loss
         if self.grad_impl == "ghost":
-            return functools.partial(ghost.clipped_sum_ghost, call, loss, copies=copies)
-        return functools.partial(
-            dpsgd.clipped_sum_naive, call.apply_slots, loss=loss, copies=copies, per_slot=True
+            return functools.partial(
+                ghost.clipped_sum_ghost, model, loss, copies=copies, trainable=self.trainable
+            )
+        per_slot = isinstance(model, train_mode.TrainingCall)
+        apply_fn = model.apply_slots if per_slot else model.apply
+        naive = functools.partial(
+            dpsgd.clipped_sum_naive, loss=loss, copies=copies, per_slot=per_slot
         )
+        if self.trainable is None:
+            return functools.partial(naive, apply_fn)
+        return finetune.masked_clipped_sum(naive, apply_fn, self.trainable)
 
     def _accumulate(
         self, params, gsum, loss, data_x, data_y, idx, mask, clip_norm, key=None, step=0, chunk=0
@@ -435,10 +470,15 @@ class StepFunctions:
         gsum, loss = self._accumulate(
             params, gsum, loss, data_x, data_y, idx, mask, clip_norm, key, step, 0
         )
-        noisy = dpsgd.add_noise(gsum, jax.random.fold_in(key, step), sigma, clip_norm)
+        noisy = dpsgd.add_noise(
+            gsum, jax.random.fold_in(key, step), sigma, clip_norm, mask=self.trainable
+        )
         grads = jax.tree_util.tree_map(lambda g: g / expected_batch, noisy)
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+        new_params = optax.apply_updates(params, updates)
+        if self.trainable is not None:  # frozen leaves: the arrays that came in, bitwise
+            new_params = finetune.keep_frozen(new_params, params, self.trainable)
+        return new_params, opt_state, loss
 
 
 def get_step_functions(
@@ -464,5 +504,11 @@ def _cached_step_functions(
 
 
 def _eval_params(params, opt_state, ema: bool):
-    """What a candidate outputs: the parameter average with EMA, else the last iterate."""
-    return opt_state.ema if ema else params
+    """What a candidate outputs: the parameter average with EMA, else the last iterate. With a
+    trainable part the optimiser is ``optax.masked`` and averages the trainable leaves only; the
+    frozen ones are the parameters' own."""
+    if not ema:
+        return params
+    if isinstance(opt_state, optax.MaskedState):
+        return finetune.fill_from(opt_state.inner_state.ema, params)
+    return opt_state.ema

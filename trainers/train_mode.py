@@ -14,13 +14,14 @@ its slot and the layer, never on another example: removing one example (masking 
 every other example's forward pass, and so its gradient, unchanged, and the clipped sum moves by
 at most C. (When removing a record shifts the others to other slots, the slots' masks are i.i.d.
 draws from a secret key, independent of the data, so each record's mask can be coupled across
-the two datasets: the same bound.) The batched forward (ghost path) and the per-example
-forward (``vmap(grad)``) draw the same masks, so the two paths give the same clipped sums.
+the two datasets: the same bound.) The ghost path and ``vmap(grad)`` both run each example on
+its own (under ``vmap``) with its slots, so they draw the same masks and give the same clipped
+sums; :meth:`TrainingCall.apply` (a whole batch, slots 0..rows-1) draws them too.
 
 Other code that calls ``make_rng("dropout")`` itself (e.g. the attention-weight dropout of
-``nn.MultiHeadDotProductAttention``) gets keys per (step, chunk, layer): in the batched forward
-its draw has one row per example; under ``vmap(grad)`` every example of a chunk draws the same
-values. Neither depends on any example's data.
+``nn.MultiHeadDotProductAttention``) gets keys per (step, chunk, layer): on both clipping paths
+every example of a chunk draws the same values (in a batched call, one row per example). Neither
+depends on any example's data.
 """
 
 from __future__ import annotations
@@ -125,3 +126,13 @@ class TrainingCall:
 
     def apply(self, variables: dict, x: jax.Array) -> Any:
         return self.apply_slots(variables, x, jnp.arange(x.shape[0], dtype=jnp.int32))
+
+    def apply_recording(
+        self, params: Any, x: jax.Array, recorder: Any, slots: jax.Array | None = None
+    ) -> Any:
+        """:meth:`apply_slots` (slots 0..rows-1 when None) with every known layer's call handed
+        to ``recorder`` (a ``trainers.ghost`` recorder): the ghost path's forward pass."""
+        if slots is None:
+            slots = jnp.arange(x.shape[0], dtype=jnp.int32)
+        with nn.intercept_methods(recorder):
+            return self.apply_slots({"params": params}, x, slots)

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from trainers import dpsgd, ghost, models, step
+from trainers import dpsgd, ghost, models, nnx_model, step
 
 
 class clipped_grad_sum:  # noqa: N801 - used like a function: clipped_grad_sum(model)(...)
@@ -34,8 +34,9 @@ class clipped_grad_sum:  # noqa: N801 - used like a function: clipped_grad_sum(m
     contribute exactly zero. ``loss_sum`` is the sum of the masked per-example losses.
 
     Args:
-      model: a ``flax.linen.Module`` (its bound ``.apply`` works too), or an apply function
-        ``apply_fn(params, x) -> outputs`` for other JAX code.
+      model: a ``flax.linen.Module`` (its bound ``.apply`` works too), an ``nnx.Module`` or
+        ``dptune.NnxModel`` (params: ``dptune.NnxModel(module).params()``, a dict), or an apply
+        function ``apply_fn(params, x) -> outputs`` for other JAX code.
       loss: ``loss(outputs, labels) -> (b,)`` (outputs any pytree, labels any (b, ...) array);
         default softmax cross-entropy on integer class labels (b,).
       grad_impl: "auto" (the ghost / book-keeping path when every parametrised layer of the module
@@ -59,7 +60,9 @@ class clipped_grad_sum:  # noqa: N801 - used like a function: clipped_grad_sum(m
         owner = getattr(model, "__self__", None)
         if isinstance(owner, nn.Module) and getattr(model, "__name__", "") == "apply":
             model = owner  # module.apply: the module itself, so the ghost path can apply
-        if not isinstance(model, nn.Module) and not callable(model):
+        if nnx_model.is_nnx(model):  # its Param state as a dict: NnxModel(model).params()
+            model = nnx_model.NnxModel(model)
+        if not isinstance(model, (nn.Module, nnx_model.NnxModel)) and not callable(model):
             raise TypeError(f"model={model!r:.60}: expected a flax Module or an apply function")
         self.model = model
         self.loss = loss
@@ -73,7 +76,7 @@ class clipped_grad_sum:  # noqa: N801 - used like a function: clipped_grad_sum(m
         hit = self._fns.get(key)
         if hit is not None:
             return hit
-        if isinstance(self.model, nn.Module):
+        if isinstance(self.model, (nn.Module, nnx_model.NnxModel)):
             spec = models.user_model(
                 self.model, key[0], key[1], loss=self.loss, label_shape=y_shape,
                 label_dtype=y_dtype, check_metric=False,

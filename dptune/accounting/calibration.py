@@ -24,12 +24,14 @@ import hashlib
 import json
 import math
 import os
+import sys
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from scipy import optimize
 
 from dptune.accounting import totals
@@ -38,13 +40,27 @@ from dptune.accounting.events import DpSgdCandidate, as_candidates
 from dptune.accounting.statement import PrivacyStatement
 from selection.privacy import BestOfKPrivacy, SingleRunPrivacy
 
-__all__ = ["Calibration", "FileMemo", "calibrate", "calibrate_noise", "naive_trials"]
+__all__ = [
+    "Calibration",
+    "FileMemo",
+    "cache_root",
+    "calibrate",
+    "calibrate_noise",
+    "default_memo",
+    "naive_trials",
+]
 
 #: sigma is searched in [SIGMA_MIN, SIGMA_MAX]; beyond, the target is called unreachable.
 SIGMA_MIN, SIGMA_MAX = 0.05, 1e4
 
 #: PLD discretisation (nats) of the coarse search; the answer is then refined at the default.
 COARSE_DISCRETIZATION = 1e-3
+
+#: Above this target epsilon (a sanity run with "almost no noise"), ``accountant="auto"``
+#: calibrates with RDP alone: the PLD of so little noise spans thousands of nats (minutes and GB
+#: to build) and its delta(epsilon) overflows float64 past epsilon ~ 709, while RDP stays exact
+#: and fast; tightness does not matter there. ``"pld"`` is refused above it.
+PLD_MAX_EPSILON = 100.0
 
 
 @dataclass(frozen=True)
@@ -107,15 +123,25 @@ def _epsilon_fn(
     discretization: float = PLD_DISCRETIZATION,
 ) -> Callable[[float], float]:
     def eps(sigma: float) -> float:
-        found = totals.routes(
-            make_candidates(sigma), transform, delta, accountant, discretization=discretization
-        )
+        # So little noise that the privacy loss is beyond float64 (exp(epsilon) overflows past
+        # epsilon ~ 709, e.g. while a target of 1000 is searched): the accountant's answer is not
+        # a number, which is read as "no guarantee at this sigma" (infinite epsilon), never as one
+        # that holds. The inputs were checked before the search, so a ValueError here is that.
+        candidates = make_candidates(sigma)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            try:
+                found = totals.routes(
+                    candidates, transform, delta, accountant, discretization=discretization
+                )
+            except ValueError:
+                return math.inf
         if not found:
             raise ValueError(
                 f"accountant={accountant!r} has no route for selection "
                 f"{getattr(transform, 'name', transform)!r}; try accountant='auto'."
             )
-        return min(r.epsilon for r in found)
+        best = min(r.epsilon for r in found)
+        return best if math.isfinite(best) else math.inf
 
     return eps
 
@@ -130,8 +156,8 @@ def _solve(
     cache: dict[float, float] = {}
 
     def gap(log_sigma: float) -> float:
-        if log_sigma not in cache:
-            cache[log_sigma] = eps(math.exp(log_sigma)) - target
+        if log_sigma not in cache:  # no guarantee (inf) as a large finite gap: Brent needs one
+            cache[log_sigma] = min(eps(math.exp(log_sigma)) - target, 1e300)
         return cache[log_sigma]
 
     step = math.log(ratio)
@@ -202,62 +228,31 @@ def calibrate(
         raise ValueError(f"target_epsilon={target_epsilon!r} must be a finite number > 0.")
     delta = check_delta(delta)
     totals.check_accountant(accountant)
+    if target_epsilon > PLD_MAX_EPSILON and accountant != "rdp":
+        if accountant == "pld":
+            raise ValueError(
+                f"target_epsilon={target_epsilon:g} is above {PLD_MAX_EPSILON:g}, beyond what the "
+                "PLD accountant computes (its numbers overflow); accountant='rdp' or 'auto' "
+                "calibrates it"
+            )
+        accountant = "rdp"  # "auto": its one route that computes here (PLD_MAX_EPSILON)
     transform = totals.check_transform(transform)
     if not transform.is_private:
         raise ValueError(
             f"selection {transform.name!r} is not private: no noise multiplier meets a budget."
         )
 
-    def solve(tr, acc: str, start: float, disc: float, ratio: float) -> float:
-        fn = _epsilon_fn(make_candidates, tr, delta, acc, disc)
-        return _solve(fn, float(target_epsilon), start, rtol, ratio)
-
-    def calibrated(tr) -> float:
-        # Coarse to fine (see module docstring): the fast RDP route gives a start, then the search
-        # runs on a PLD ten times coarser -- itself a valid pessimistic bound, so its answer already
-        # meets the target.
-        try:
-            start = solve(tr, "rdp", 1.0, PLD_DISCRETIZATION, 1.25)
-        except ValueError:
-            if accountant == "rdp":
-                raise
-            start = 1.0
-        if accountant == "rdp":
-            return start
-        return solve(tr, accountant, start, COARSE_DISCRETIZATION, 1.05)
-
-    def final(tr, key: str | None = None) -> tuple[float, PrivacyStatement]:
-        remembered = _recall(memo, key)
-        sigma = calibrated(tr) if remembered is None else remembered
-        statement = totals.total_privacy(
-            make_candidates(sigma), tr, delta, accountant, seeded=seeded
-        )
-        tight = target_epsilon * (1 - 5 * rtol) <= statement.total_epsilon <= target_epsilon
-        if remembered is not None and not tight:  # never trusted: searched as if not remembered
-            sigma, statement = final(tr)
-            memo[key] = sigma
-            return sigma, statement
-        if not tight:
-            # The coarse PLD was too loose (long compositions), or -- never seen -- looser than
-            # the default one: search again at the default discretisation, near the coarse answer.
-            sigma = solve(tr, accountant, sigma, PLD_DISCRETIZATION, 1.005)
-            statement = totals.total_privacy(
-                make_candidates(sigma), tr, delta, accountant, seeded=seeded
-            )
-        if key is not None and remembered is None:
-            memo[key] = sigma
-        return sigma, statement
-
+    search = _Search(make_candidates, float(target_epsilon), delta, accountant, rtol, seeded, memo)
     key = None
     if memo is not None:
         key = _memo_key(make_candidates, transform, target_epsilon, delta, accountant, rtol)
-    sigma, statement = final(transform, key)
+    sigma, statement = search.final(transform, key)
     untuned = naive = None
     k = naive_trials(transform)
     if compare:
-        untuned = final(SingleRunPrivacy())[0]
+        untuned = search.final(SingleRunPrivacy())[0]
         if k is not None:
-            naive = final(BestOfKPrivacy(k))[0]
+            naive = search.final(BestOfKPrivacy(k))[0]
     return Calibration(
         noise_multiplier=sigma,
         statement=statement,
@@ -267,6 +262,63 @@ def calibrate(
         naive_noise_multiplier=naive,
         naive_trials=k,
     )
+
+
+@dataclass(frozen=True)
+class _Search:
+    """``calibrate``'s search for one budget, for any selection theorem ``tr``."""
+
+    make_candidates: Callable[[float], Any]
+    target_epsilon: float
+    delta: float
+    accountant: str
+    rtol: float
+    seeded: bool
+    memo: MutableMapping[str, float] | None
+
+    def solve(self, tr, acc: str, start: float, disc: float, ratio: float) -> float:
+        fn = _epsilon_fn(self.make_candidates, tr, self.delta, acc, disc)
+        return _solve(fn, self.target_epsilon, start, self.rtol, ratio)
+
+    def calibrated(self, tr) -> float:
+        """Coarse to fine (module docstring): the fast RDP route gives a start, then the search
+        runs on a PLD ten times coarser -- itself a valid pessimistic bound, so its answer
+        already meets the target."""
+        try:
+            start = self.solve(tr, "rdp", 1.0, PLD_DISCRETIZATION, 1.25)
+        except ValueError:
+            if self.accountant == "rdp":
+                raise
+            start = 1.0
+        if self.accountant == "rdp":
+            return start
+        return self.solve(tr, self.accountant, start, COARSE_DISCRETIZATION, 1.05)
+
+    def statement(self, tr, sigma: float) -> PrivacyStatement:
+        return totals.total_privacy(
+            self.make_candidates(sigma), tr, self.delta, self.accountant, seeded=self.seeded
+        )
+
+    def final(self, tr, key: str | None = None) -> tuple[float, PrivacyStatement]:
+        """sigma and the statement at it, within ``5 * rtol`` below the target (a remembered
+        sigma under ``key`` is used only if its statement passes that same test)."""
+        remembered = _recall(self.memo, key)
+        sigma = self.calibrated(tr) if remembered is None else remembered
+        statement = self.statement(tr, sigma)
+        target = self.target_epsilon
+        tight = target * (1 - 5 * self.rtol) <= statement.total_epsilon <= target
+        if remembered is not None and not tight:  # never trusted: searched as if not remembered
+            sigma, statement = self.final(tr)
+            self.memo[key] = sigma
+            return sigma, statement
+        if not tight:
+            # The coarse PLD was too loose (long compositions), or -- never seen -- looser than
+            # the default one: search again at the default discretisation, near the coarse answer.
+            sigma = self.solve(tr, self.accountant, sigma, PLD_DISCRETIZATION, 1.005)
+            statement = self.statement(tr, sigma)
+        if key is not None and remembered is None:
+            self.memo[key] = sigma
+        return sigma, statement
 
 
 def _memo_key(make_candidates, transform, target_epsilon, delta, accountant, rtol) -> str:
@@ -337,6 +389,36 @@ class FileMemo(MutableMapping):
 
     def __len__(self) -> int:
         return len(self._read())
+
+
+#: Environment variable: the folder of JAX's compilation cache, or "off" (no warm starts: no
+#: compiled steps and no remembered calibrations are read or written).
+COMPILATION_CACHE_ENV = "DPTUNE_COMPILATION_CACHE"
+OFF_WORDS = ("off", "false", "no", "none", "0")
+
+
+def cache_root() -> Path:
+    """dptune's cache folder: ``$DPTUNE_CACHE``, else the platform's user cache folder +
+    ``dptune`` (``$XDG_CACHE_HOME`` or ``~/.cache``; ``~/Library/Caches`` on macOS;
+    ``%LOCALAPPDATA%`` on Windows). It holds only public values: the memo below and JAX's
+    compiled steps (``dptune.learners.dpsgd.use_compilation_cache``)."""
+    if os.environ.get("DPTUNE_CACHE"):
+        return Path(os.environ["DPTUNE_CACHE"])
+    if sys.platform == "darwin":
+        base = Path.home() / "Library" / "Caches"
+    elif os.name == "nt" and os.environ.get("LOCALAPPDATA"):
+        base = Path(os.environ["LOCALAPPDATA"])
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "dptune"
+
+
+def default_memo() -> FileMemo | None:
+    """The remembered calibrations (``cache_root()/calibration.json``), or None when warm starts
+    are off (``$DPTUNE_COMPILATION_CACHE=off``)."""
+    if os.environ.get(COMPILATION_CACHE_ENV, "").strip().lower() in OFF_WORDS:
+        return None
+    return FileMemo(cache_root() / "calibration.json")
 
 
 def calibrate_noise(

@@ -28,7 +28,6 @@ from dp_accounting import privacy_accountant as privacy_accountant_lib
 from dp_accounting.pld import pld_pmf, pld_privacy_accountant, privacy_loss_distribution
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from dptune import sidecar
 from dptune.accounting.events import (
     Candidate,
     ReplaceOneDpEvent,
@@ -142,7 +141,7 @@ def _step_rdp(
 
 def _replace_one_rdp(event: dp_event.DpEvent, orders: tuple[float, ...]) -> np.ndarray:
     """RDP curve of ``event`` (described under add/remove) under replace-one adjacency, by the
-    one rule of ``dptune.accounting.events`` (issue 25): the query moves by up to twice the
+    one rule of ``dptune.accounting.events``: the query moves by up to twice the
     add/remove sensitivity.
 
     * Gaussian(sigma), Laplace(b): the exact add/remove RDP of Gaussian(sigma / 2), Laplace(b / 2)
@@ -256,21 +255,8 @@ def _is_dpsgd_step(event: dp_event.DpEvent) -> bool:
 def _step_pld(noise_multiplier: float, sampling_prob: float, discretization: float, relation=None):
     """The PLD of one Poisson-subsampled Gaussian step, as ``PLDAccountant`` builds it. Cached:
     building it costs 0.3-0.7 s, composing it ``steps`` times 0.1-0.2 s, and runs of different
-    lengths (a candidate after each epoch, the released curve) share it. In the ``dptune``
-    command, a helper process may have built exactly this one while the command imported
-    (``dptune.sidecar``: same function, this run, never read from disk)."""
-    pld = sidecar.take(noise_multiplier, sampling_prob, discretization, relation)
-    if pld is None:
-        pld = build_step_pld(noise_multiplier, sampling_prob, discretization, relation)
-    sidecar.note(noise_multiplier, sampling_prob, discretization, relation)
-    return pld
-
-
-def build_step_pld(
-    noise_multiplier: float, sampling_prob: float, discretization: float, relation=None
-):
-    """dp_accounting's PLD of one Poisson-subsampled Gaussian step (noise multiplier sigma, rate q,
-    discretisation in nats, ``relation`` None for add/remove), uncached."""
+    lengths (a candidate after each epoch, the released curve) share it. ``relation`` None is
+    add/remove."""
     kwargs = {} if relation is None else {"neighboring_relation": relation}
     return privacy_loss_distribution.from_gaussian_mechanism(
         noise_multiplier,

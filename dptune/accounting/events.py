@@ -17,7 +17,7 @@ replace-one the two examples may fall in different splits (one leaves training, 
 validation), so the training and the score branches then compose
 (see :meth:`DpSgdCandidate.branches`).
 
-The replace-one rule (one rule on every route; issue 25). Every event describes its mechanism
+The replace-one rule (one rule on every route). Every event describes its mechanism
 under add/remove: a noise multiplier is the noise over the add/remove sensitivity (the bound on
 one example's contribution). A replacement removes one example and adds another, so it moves the
 query by up to twice that: dp_accounting's PLD accountant reads a ``GaussianDpEvent`` this way

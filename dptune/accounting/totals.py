@@ -330,7 +330,7 @@ def _approx_route(
     )
 
 
-def _routes_and_reasons(
+def routes(
     candidates,
     transform: PrivacyTransformLike | None,
     delta: float,
@@ -338,7 +338,13 @@ def _routes_and_reasons(
     *,
     orders: Sequence[float] = single.DEFAULT_ORDERS,
     discretization: float = single.PLD_DISCRETIZATION,
-) -> tuple[list[Route], list[str]]:
+    reasons: list[str] | None = None,
+) -> list[Route]:
+    """Every route valid for ``accountant`` with the epsilon it gives (see module docstring).
+
+    ``discretization`` is the PLD's loss discretisation (nats); coarser is faster and looser.
+    ``reasons``, if given, receives why each route that does not apply does not.
+    """
     cands = as_candidates(candidates)
     orders = single.check_orders(orders)
     disc = float(discretization)
@@ -359,31 +365,13 @@ def _routes_and_reasons(
             attempts.append(lambda: _approx_route(cands, transform, delta, "pld", orders, disc))
             attempts.append(lambda: _profile_route(cands, transform, delta, disc))
     found: list[Route] = []
-    reasons: list[str] = []
     for attempt in attempts:
         try:
             found.append(attempt())
         except (_NoRoute, privacy_accountant.UnsupportedEventError) as e:
-            reasons.append(str(e))
-    return found, reasons
-
-
-def routes(
-    candidates,
-    transform: PrivacyTransformLike | None,
-    delta: float,
-    accountant: str = "auto",
-    *,
-    orders: Sequence[float] = single.DEFAULT_ORDERS,
-    discretization: float = single.PLD_DISCRETIZATION,
-) -> list[Route]:
-    """Every route valid for ``accountant`` with the epsilon it gives (see module docstring).
-
-    ``discretization`` is the PLD's loss discretisation (nats); coarser is faster and looser.
-    """
-    return _routes_and_reasons(
-        candidates, transform, delta, accountant, orders=orders, discretization=discretization
-    )[0]
+            if reasons is not None:
+                reasons.append(str(e))
+    return found
 
 
 def check_accountant(accountant: str) -> str:
@@ -417,6 +405,26 @@ def _single_run_epsilon(cands, delta: float, accountant: str, orders) -> float:
     found = routes(cands, None, delta, accountant, orders=orders)
     found = [r for r in found if r.accountant != "pure"]
     return min(r.epsilon for r in found) if found else math.inf
+
+
+def _best_route(cands, transform, delta: float, accountant: str, orders) -> Route:
+    """The tightest route of ``accountant`` (lowest epsilon, then delta); ValueError naming the
+    accountants that would have one when it has none."""
+    reasons: list[str] = []
+    found = routes(cands, transform, delta, accountant, orders=orders, reasons=reasons)
+    if not found:
+        others = [a for a in ACCOUNTANTS if a != accountant]
+        why = "; ".join(dict.fromkeys(r for r in reasons if r))
+        hint = (
+            f"try accountant={others[0]!r} or {others[1]!r}"
+            if accountant != "auto"
+            else "no accountant has one"
+        )
+        raise ValueError(
+            f"accountant={accountant!r} has no route for selection {transform.name!r} "
+            f"({transform.theorem}) with these candidates ({why}); {hint}."
+        )
+    return min(found, key=lambda r: (r.epsilon, r.delta))
 
 
 def total_privacy(
@@ -459,35 +467,12 @@ def total_privacy(
 
     if not transform.is_private:
         return PrivacyStatement(
-            total_epsilon=math.inf,
-            delta=delta,
-            single_run_epsilon=single_eps,
-            single_run_delta=delta,
-            method=method,
-            theorem=theorem,
-            accountant=accountant,
-            route="no guarantee: the selection is not private",
-            candidates=cand_params,
-            selection=sel_params,
-            seeded=seeded,
-            private=False,
-            adjacency=adjacency,
-        )
+            math.inf, delta, single_eps, delta, method, theorem, accountant,
+            route="no guarantee: the selection is not private", candidates=cand_params,
+            selection=sel_params, seeded=seeded, private=False, adjacency=adjacency,
+        )  # fmt: skip
 
-    found, reasons = _routes_and_reasons(cands, transform, delta, accountant, orders=orders)
-    if not found:
-        others = [a for a in ACCOUNTANTS if a != accountant]
-        why = "; ".join(dict.fromkeys(r for r in reasons if r))
-        hint = (
-            f"try accountant={others[0]!r} or {others[1]!r}"
-            if accountant != "auto"
-            else "no accountant has one"
-        )
-        raise ValueError(
-            f"accountant={accountant!r} has no route for selection {method!r} ({theorem}) with "
-            f"these candidates ({why}); {hint}."
-        )
-    best = min(found, key=lambda r: (r.epsilon, r.delta))
+    best = _best_route(cands, transform, delta, accountant, orders)
     if best.accountant == "pure":
         single_eps, single_delta = _pure_route(cands, None).epsilon, 0.0
     else:

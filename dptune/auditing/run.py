@@ -7,8 +7,9 @@ The steps, in order (the order is part of the audit's validity):
    operating system's entropy (``dptune.auditing.canaries``); both are kept in
    ``DIR/private/audit_canaries.npz`` so a killed audit resumes with the same coins.
 2. Build the audited trainer: the given one on its data plus the included canaries
-   (``trainer.with_canaries``), with a deliberate break if one was asked for (negative controls:
-   ``BREAKS``). Its privacy declaration is the unbroken one: the audit checks training against it.
+   (``dptune.auditing.dpsgd`` for DP-SGD, else ``trainer.with_canaries``), with a deliberate
+   break if one was asked for (negative controls: ``BREAKS``). Its privacy declaration is the
+   unbroken one: the audit checks training against it.
 3. Run ``dptune.tune`` as a user would (``what="tuning"``), or one candidate at the tuning's noise
    (``what="training"``): canaries go through every candidate's training, the selection and the
    release. The ledger charges an *audit* entry (the canaries make it a different dataset), never
@@ -41,15 +42,17 @@ from typing import Any
 import numpy as np
 
 from dptune.auditing.canaries import KINDS, Canaries, design_rng, draw_inclusion
+from dptune.auditing.dpsgd import AuditDpSgdTrainer
 from dptune.auditing.guesses import evaluate
 from dptune.errors import TuningConfigError
 from dptune.journal import JOURNAL_FILE
+from dptune.learners.dpsgd import DpSgdTrainer
 from dptune.owner_only import open_new, private_folder
 from dptune.plan import AUTO, as_budget, make_privacy_plan
 from dptune.release import Release, load_params
 from dptune.space import Space
 from dptune.trainer_protocol import FunctionTrainer
-from dptune.tuner import tune
+from dptune.tuner import as_space, tune
 from selection import BestOfK
 
 __all__ = ["AUDIT_JSON", "AUDIT_MD", "BREAKS", "WHATS", "AuditResult", "audit"]
@@ -217,22 +220,8 @@ def audit(
     Returns:
       The :class:`AuditResult` (also written to ``DIR/audit.json`` and ``DIR/audit.md``).
     """
-    budget = as_budget(budget)
-    if not 0 < confidence < 1:
-        raise TuningConfigError(f"confidence={confidence!r} must be in (0, 1)")
-    if what not in WHATS:
-        raise TuningConfigError(f"what={what!r} must be one of {WHATS}")
-    if break_ is not None and break_ not in BREAKS:
-        raise TuningConfigError(f"break={break_!r} must be one of {BREAKS}")
-    if not isinstance(space, Space):
-        try:
-            space = Space.from_config(space)
-        except ValueError as e:
-            raise TuningConfigError(str(e)) from None
-    if break_ == "exact_score":
-        if kind not in (None, "score"):
-            raise TuningConfigError("break=exact_score is audited with score canaries: kind=score")
-        kind = "score"
+    budget, space = as_budget(budget), as_space(space)
+    kind = _check_args(confidence, what, break_, kind)
     workdir = None if workdir is None else Path(workdir)
     kind, m = _kind_and_size(trainer, canaries, kind)
     done = _finished(workdir, dict(canaries=m, kind=kind, what=what, break_=break_))
@@ -248,18 +237,42 @@ def audit(
                                           adjacency)  # fmt: skip
     if workdir is not None:
         _write_json(workdir / AUDIT_JSON, {"status": "running", **audited.audit_info})
-    fingerprint = "audit-" + hashlib.sha256(
-        f"{getattr(trainer, 'fingerprint', None)}/{design.digest()}/{included.tobytes().hex()}"
-        .encode()
-    ).hexdigest()  # fmt: skip
-    run_config = None
-    if config is not None:
-        run_config = {**dict(config), "_audit": audited.audit_info}
+    # The canaries make it another dataset: the ledger charges an audit entry of its own.
+    digest = f"{getattr(trainer, 'fingerprint', None)}/{design.digest()}/{included.tobytes().hex()}"
     release = tune(
         audited, space, selection, budget, workdir=workdir, seed=seed, accountant=accountant,
-        ledger=ledger, fingerprint=fingerprint, config=run_config, progress=progress,
-        adjacency=adjacency,
+        ledger=ledger, fingerprint="audit-" + hashlib.sha256(digest.encode()).hexdigest(),
+        config=None if config is None else {**dict(config), "_audit": audited.audit_info},
+        progress=progress, adjacency=adjacency,
     )  # fmt: skip
+    result = _result(release, inner, design, included, score, confidence, what, break_)
+    if workdir is not None:
+        (workdir / AUDIT_MD).write_text(result.to_markdown())
+        _write_json(workdir / AUDIT_JSON, {"status": "done", **result.to_dict()})
+    return result
+
+
+# --- the steps -----------------------------------------------------------------------------------
+
+
+def _check_args(confidence: float, what: str, break_: str | None, kind: str | None) -> str | None:
+    """The audit's own arguments; returns the canaries' kind (``score`` for ``exact_score``)."""
+    if not 0 < confidence < 1:
+        raise TuningConfigError(f"confidence={confidence!r} must be in (0, 1)")
+    if what not in WHATS:
+        raise TuningConfigError(f"what={what!r} must be one of {WHATS}")
+    if break_ is not None and break_ not in BREAKS:
+        raise TuningConfigError(f"break={break_!r} must be one of {BREAKS}")
+    if break_ == "exact_score":
+        if kind not in (None, "score"):
+            raise TuningConfigError("break=exact_score is audited with score canaries: kind=score")
+        kind = "score"
+    return kind
+
+
+def _result(release, inner, design, included, score, confidence, what, break_) -> AuditResult:
+    """The released candidate's canaries scored, guessed and turned into the bound (nothing to
+    score when nothing was released: a bound of 0)."""
     stated = float(release.privacy["total_epsilon"])
     delta = float(release.privacy["delta"])
     if release.released:
@@ -271,7 +284,7 @@ def audit(
         best, ceiling, rules = (0.0, "nothing released: no canary scored", 0, 0), 0.0, 0
     result = AuditResult(
         stated_epsilon=stated, delta=delta, epsilon_lower_bound=float(best[0]),
-        confidence=confidence, canaries=len(design), kind=kind, what=what, break_=break_,
+        confidence=confidence, canaries=len(design), kind=design.kind, what=what, break_=break_,
         guesses=int(best[2]), correct=int(best[3]), rule=str(best[1]), ceiling=float(ceiling),
         rules=int(rules), released=bool(release.released), included=int(included.sum()),
     )  # fmt: skip
@@ -281,13 +294,7 @@ def audit(
             "could not have shown a violation; use more canaries",
             result.ceiling, stated, len(design),
         )  # fmt: skip
-    if workdir is not None:
-        (workdir / AUDIT_MD).write_text(result.to_markdown())
-        _write_json(workdir / AUDIT_JSON, {"status": "done", **result.to_dict()})
     return result
-
-
-# --- the steps -----------------------------------------------------------------------------------
 
 
 def _finished(workdir: Path | None, asked: Mapping[str, Any]) -> AuditResult | None:
@@ -320,10 +327,10 @@ def _kind_and_size(trainer: Any, canaries: Any, kind: str | None) -> tuple[str, 
         if len(canaries) != 2 or len(canaries[0]) != len(canaries[1]):
             raise TuningConfigError("canaries=(x, y): the canary records' inputs and labels")
         kind = kind or "input"
-        if kind != "input" and not hasattr(trainer, "with_canaries"):
+        if kind != "input" and _hooks(trainer)[1] is None:
             raise TuningConfigError(f"kind={kind!r} needs a trainer that designs its canaries")
         return kind, len(canaries[1])
-    if not hasattr(trainer, "audit_canaries"):
+    if _hooks(trainer)[0] is None:
         raise TuningConfigError(
             "this trainer does not design canaries: pass canaries=(x, y), records to add to its "
             "training data, and score=fn(payload, x, y) -> membership scores"
@@ -354,10 +361,10 @@ def _design(trainer, canaries, kind, m, score, seed, workdir) -> tuple[Canaries,
         design = Canaries(kind, np.asarray(canaries[0]), np.asarray(canaries[1]))
     else:
         try:
-            design = trainer.audit_canaries(kind, m, design_rng(seed))
+            design = _hooks(trainer)[0](kind, m, design_rng(seed))
         except ValueError as e:
             raise TuningConfigError(f"canaries: {e}") from None
-    if score is None and not hasattr(trainer, "with_canaries"):
+    if score is None and _hooks(trainer)[1] is None:
         raise TuningConfigError(
             "score=fn(payload, x, y) is needed: this trainer does not score canaries itself"
         )
@@ -381,12 +388,24 @@ def _coins(design: Canaries, seed: int | None, workdir: Path | None) -> np.ndarr
     return included
 
 
+def _hooks(trainer: Any) -> tuple[Callable | None, Callable | None]:
+    """``(audit_canaries(kind, m, rng), with_canaries(canaries, included, fault))``: DP-SGD's
+    (``dptune.auditing.dpsgd``), else the trainer's own hooks of those names (None if absent)."""
+    if isinstance(trainer, DpSgdTrainer):
+        return (
+            functools.partial(AuditDpSgdTrainer.design, trainer),
+            functools.partial(AuditDpSgdTrainer, trainer),
+        )
+    return getattr(trainer, "audit_canaries", None), getattr(trainer, "with_canaries", None)
+
+
 def _with_canaries(trainer, design, included, break_, score) -> Any:
     """The trainer on its data plus the included canaries (and an engine fault if asked)."""
     fault = break_ if break_ in ("noise_reused", "exact_score") else None
-    if hasattr(trainer, "with_canaries"):
+    with_canaries = _hooks(trainer)[1]
+    if with_canaries is not None:
         try:
-            return trainer.with_canaries(design, included, fault)
+            return with_canaries(design, included, fault)
         except ValueError as e:
             raise TuningConfigError(f"canaries: {e}") from None
     if fault is not None:

@@ -8,7 +8,7 @@ subcommands, each in its own module so that one command's absl flags never mix w
     dptune audit --config=smoke --workdir=/tmp/dptune-audit   # an empirical privacy audit
 
 Every command refuses a mistake with one ``dptune:`` line and exit code 2
-(``dptune.cli.exits``, docs/errors.md).
+(``dptune.cli.common``, docs/errors.md).
 
 ``dptune.cli.build`` turns a config into the library's objects (the one place that does).
 """
@@ -34,10 +34,4 @@ def run() -> None:
         sys.argv[0] = f"dptune {name}"
         importlib.import_module(SUBCOMMANDS[name]).run()
         return
-    # Before the imports (2-3 s on one core): the sidecar builds, on another core, the one-step
-    # PLD the previous run of this command line needed, then draws the release's plots
-    # (dptune.sidecar).
-    from dptune import sidecar
-
-    sidecar.start(sys.argv[1:])
     importlib.import_module("dptune.cli.main").run()

@@ -38,7 +38,8 @@ from dp_accounting import dp_event
 
 from dptune import accounting
 from dptune.accounting.quiet import summarised_accounting_warnings
-from dptune.cli import exits
+from dptune.cli import common
+from dptune.errors import Refused
 from selection import privacy as sp
 from selection import registry
 
@@ -83,7 +84,7 @@ _LAPLACE = flags.DEFINE_float(
 _JSON = flags.DEFINE_bool("json", False, "Print one JSON object instead of text.")
 
 
-class InputError(ValueError):
+class InputError(Refused):
     """Invalid command-line input (the message names the flag and why)."""
 
 
@@ -226,28 +227,33 @@ def _result() -> tuple[dict, str]:
 
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
-        return exits.refuse(f"unexpected arguments {argv[1:]} (dptune account takes flags only)")
+        return common.refuse(f"unexpected arguments {argv[1:]} (dptune account takes flags only)")
     try:
         with summarised_accounting_warnings():
             out, text = _result()
     except ValueError as e:  # InputError and the library's own input checks
-        return exits.refuse(e)
+        return common.refuse(e)
     print(json.dumps(out) if _JSON.value else text)
-    return exits.OK
+    return common.OK
+
+
+def cli(argv: list[str]) -> int:
+    """``dptune account`` in this process: a flag error or an invalid input is one ``dptune:``
+    line and exit code 2; ``--help`` exits 0."""
+    if any(a in common.HELP for a in argv[1:]):
+        print(__doc__)
+        print(flags.FLAGS.module_help(sys.modules[__name__]))
+        return common.OK
+    try:
+        rest = flags.FLAGS(list(argv))
+    except flags.Error as e:
+        return common.refuse(e)
+    return main(rest)
 
 
 def run() -> None:
-    """Console entry (``dptune account``): a flag error or an invalid input is one ``dptune:``
-    line and exit code 2; ``--help`` exits 0."""
-    if any(a in ("-h", "--help", "-help", "--helpshort", "--helpfull") for a in sys.argv[1:]):
-        print(__doc__)
-        print(flags.FLAGS.module_help(sys.modules[__name__]))
-        sys.exit(exits.OK)
-    try:
-        rest = flags.FLAGS(sys.argv)
-    except flags.Error as e:
-        sys.exit(exits.refuse(e))
-    sys.exit(main(rest))
+    """Console entry (``dptune account``)."""
+    common.entry(cli)
 
 
 if __name__ == "__main__":

@@ -20,99 +20,100 @@ exact_score. docs/audit.md says what the number means and what it does not.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
+from typing import Any
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
 from dptune.auditing import BREAKS, KINDS, WHATS
 from dptune.auditing.run import AUDIT_JSON, AUDIT_MD, audit
-from dptune.cli import build
-from dptune.cli.common import parse_flags, resolve_config_names, setup_logging
-from dptune.errors import TuningConfigError
-from dptune.journal import ConfigChangedError
-from dptune.ledger import BudgetExceededError, LedgerBudgetMismatchError, default_ledger_path
-from dptune.plan import Budget
-from dptune.space import Space, SpaceError
-from dptune.workdir_lock import WorkdirLockedError
+from dptune.cli import build, common
+from dptune.errors import Refused
 
+#: This command's own flags (kept apart from the other commands' in one process).
+FLAGS = flags.FlagValues()
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "A shipped config's name (smoke, mnist, ...) or a config file."
+    "config", None, "A shipped config's name (smoke, mnist, ...) or a config file.",
+    flag_values=FLAGS,
+)  # fmt: skip
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "The audit's own folder (never a tuning run's).", flag_values=FLAGS
 )
-_WORKDIR = flags.DEFINE_string("workdir", None, "The audit's own folder (never a tuning run's).")
 _WHAT = flags.DEFINE_enum(
-    "what", "tuning", WHATS, "tuning: the whole run as released; training: one candidate."
-)
+    "what", "tuning", WHATS, "tuning: the whole run as released; training: one candidate.",
+    flag_values=FLAGS,
+)  # fmt: skip
 _CANARIES = flags.DEFINE_integer(
-    "canaries", None, "m, the number of canaries (default 1000; 20 for --kind=score)."
-)
+    "canaries", None, "m, the number of canaries (default 1000; 20 for --kind=score).",
+    flag_values=FLAGS,
+)  # fmt: skip
 _KIND = flags.DEFINE_enum(
-    "kind", None, KINDS, "Canaries: gradient (default for DP-SGD), input or score."
-)
+    "kind", None, KINDS, "Canaries: gradient (default for DP-SGD), input or score.",
+    flag_values=FLAGS,
+)  # fmt: skip
 _BREAK = flags.DEFINE_enum(
-    "break", None, BREAKS, "A negative control: training deliberately NOT private."
+    "break", None, BREAKS, "A negative control: training deliberately NOT private.",
+    flag_values=FLAGS,
+)  # fmt: skip
+_CONFIDENCE = flags.DEFINE_float(
+    "confidence", 0.95, "Confidence of the lower bound, in (0, 1).", flag_values=FLAGS
 )
-_CONFIDENCE = flags.DEFINE_float("confidence", 0.95, "Confidence of the lower bound, in (0, 1).")
 _SEED = flags.DEFINE_integer(
-    "seed", None, "Fixed seed of the canaries, their coins and the run (tests); default OS entropy"
+    "seed", None, "Fixed seed of the canaries, their coins and the run (tests); default OS entropy",
+    flag_values=FLAGS,
+)  # fmt: skip
+_PROGRESS = flags.DEFINE_bool(
+    "progress", True, "Show a progress display on stderr.", flag_values=FLAGS
 )
-_PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress display on stderr.")
 
 
-def run_audit(cfg, workdir: str, **kwargs):
+def run_audit(cfg: Any, workdir: str | Path, **kwargs: Any) -> Any:
     """The audit of config ``cfg`` (what the command does after parsing flags); ``kwargs`` go to
-    ``dptune.audit``. Config -> objects through ``dptune.cli.build``."""
-    cfg = build._plain(cfg)
-    build.check_config(cfg)
-    method = build.build_selection(cfg)
-    try:
-        space = Space.from_config(cfg["space"])
-        budget = Budget(build._number(cfg, "privacy.epsilon"), build._number(cfg, "privacy.delta"))
-    except ValueError as e:
-        raise build.ConfigError(str(e)) from None
-    trainer = build.build_trainer(cfg, build.load_data(cfg), progress=kwargs.get("progress", True))
-    ledger_cfg = cfg.get("ledger", {}) or {}
-    ledger = None
-    if ledger_cfg.get("enabled", True):
-        ledger = ledger_cfg.get("path") or default_ledger_path()
+    ``dptune.audit``. The config goes through the same validation as a tuning run's."""
+    checked = build.validate(cfg, workdir, seed=kwargs.get("seed"))
+    trainer = build.build_trainer(
+        checked.cfg, build.load_data(checked.cfg), progress=kwargs.get("progress", True)
+    )
     return audit(
-        trainer, space, method, budget, workdir=workdir, ledger=ledger, config=cfg,
-        accountant=str(build._get(cfg, "privacy.accountant", "auto")),
-        adjacency=str(build._get(cfg, "privacy.adjacency", "add_remove")), **kwargs,
+        trainer, checked.space, checked.method, checked.budget, workdir=workdir,
+        ledger=checked.ledger, config=checked.cfg, accountant=checked.accountant,
+        adjacency=checked.adjacency, **kwargs,
     )  # fmt: skip
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if _CONFIG.value is None:
-        raise app.UsageError("--config=NAME or a config file is required")
-    if not _WORKDIR.value:
-        raise app.UsageError("--workdir=DIR is required (the audit's own folder)")
-    setup_logging()
+def cli(argv: list[str]) -> int:
+    """``dptune audit`` in this process; returns the exit code."""
+    if any(a in common.HELP for a in argv[1:]):
+        print(common.help_text(__doc__, FLAGS))
+        return common.OK
     try:
+        rest = common.parse_config_command(FLAGS, argv)
+        if rest:
+            raise common.ArgumentError(f"unexpected arguments {rest}: every setting is a flag")
+        if _CONFIG.value is None:
+            raise common.ArgumentError("--config=NAME (a shipped config or a file) is required")
+        if not _WORKDIR.value:
+            raise common.ArgumentError("--workdir=DIR is required (the audit's own folder)")
+        common.setup_logging()
         result = run_audit(
             _CONFIG.value, _WORKDIR.value, what=_WHAT.value, canaries=_CANARIES.value,
-            kind=_KIND.value, break_=flags.FLAGS["break"].value, confidence=_CONFIDENCE.value,
+            kind=_KIND.value, break_=_BREAK.value, confidence=_CONFIDENCE.value,
             seed=_SEED.value, progress=_PROGRESS.value,
         )  # fmt: skip
-    except (
-        build.ConfigError, SpaceError, TuningConfigError, BudgetExceededError,
-        LedgerBudgetMismatchError, ConfigChangedError, WorkdirLockedError,
-    ) as e:  # fmt: skip
-        print(f"dptune: refused: {e}", file=sys.stderr)
-        return 2
+    except Refused as e:
+        return common.refuse(e)
+    except Exception as e:  # noqa: BLE001 - a full disk is the user's; anything else a bug
+        return common.unexpected(e, Path(_WORKDIR.value) / "private", argv)
     work = Path(_WORKDIR.value)
     print(str(result))
     print(f"\n{work / AUDIT_MD}\n{work / AUDIT_JSON}")
-    return 0
+    return common.OK
 
 
 def run() -> None:
     """Console-script entry point (``dptune audit``)."""
-    sys.argv = resolve_config_names(sys.argv)
-    app.run(lambda argv: sys.exit(main(argv)), flags_parser=parse_flags)
+    common.entry(cli)
 
 
 if __name__ == "__main__":

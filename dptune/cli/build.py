@@ -2,10 +2,12 @@
 place the CLI, ``--dry_run``, the Ray workers and the scripts turn config fields into a dataset, a
 trainer, a selection method, an executor and a ``dptune.tune`` call.
 
-Everything here checks public inputs only (the config, file formats); a problem is a
-:class:`ConfigError` naming the field. :func:`validate` is the one check of a config that both the
-run and ``--dry_run`` go through; ``dptune.tuner.preflight`` (which ``tune`` calls too) then checks
-what needs the loaded data's public schema, the workdir and the ledger.
+Everything here checks what only a config can get wrong (its fields, the data's kind, the form of
+a ``pkg.module:name``); the values it hands on (the budget, the accountant, the selection, the
+space, the hyperparameters) are checked by the library that receives them, in the library's words.
+A problem is a :class:`ConfigError` naming the field. :func:`validate` is the one check of a config
+that both the run and ``--dry_run`` go through; ``dptune.tuner.preflight`` (which ``tune`` calls
+too) then checks what needs the loaded data's public schema, the workdir and the ledger.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import difflib
 import functools
 import importlib
 import logging
-import math
 import os
 import sys
 from collections.abc import Mapping
@@ -24,15 +25,11 @@ from typing import Any
 
 from dptune import learners, strategies
 from dptune import space as space_mod
-from dptune.accounting import ACCOUNTANTS
-from dptune.accounting.events import ADJACENCIES
 from dptune.configs import base as base_config
 from dptune.data import MNIST_10K_DIR, MNIST_10K_NUM_TRAIN
-from dptune.errors import TuningConfigError
+from dptune.errors import Refused, TuningConfigError
 from dptune.executors import make_executor
 from dptune.learners.dpsgd import (
-    ARRAY_SOURCES,
-    DATASETS,
     MODEL_NAMES,
     Dataset,
     DatasetNotFoundError,
@@ -50,7 +47,7 @@ from selection import registry
 log = logging.getLogger("dptune")
 
 
-class ConfigError(ValueError):
+class ConfigError(Refused):
     """The config is malformed; nothing was loaded or trained."""
 
 
@@ -61,15 +58,6 @@ def _get(cfg: Mapping[str, Any], path: str, default: Any = None) -> Any:
             return default
         cur = cur[part]
     return cur
-
-
-def _number(cfg: Mapping[str, Any], path: str, *, positive: bool = True) -> float:
-    x = _get(cfg, path)
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
-        raise ConfigError(f"config.{path}={x!r} must be a finite number")
-    if positive and x <= 0:
-        raise ConfigError(f"config.{path}={x!r} must be > 0")
-    return float(x)
 
 
 def build_selection(cfg: Mapping[str, Any]) -> Any:
@@ -127,8 +115,17 @@ def import_object(spec: Any, field: str) -> Any:
         obj = importlib.import_module(module)
         for part in attribute.split("."):
             obj = getattr(obj, part)
+    except SyntaxError as e:  # the user's module: its file and line, not a bug of dptune's
+        raise ConfigError(
+            f"config.{field}={spec!r}: module {module!r} has a syntax error at {e.filename}, line "
+            f"{e.lineno}: {e.msg}; fix the module"
+        ) from None
     except (ImportError, AttributeError) as e:
         raise ConfigError(f"config.{field}={spec!r} cannot be imported: {e}") from None
+    except Exception as e:  # noqa: BLE001 - the user's module raised while it was imported
+        raise ConfigError(
+            f"config.{field}={spec!r}: importing module {module!r} raised {type(e).__name__}: {e}"
+        ) from None
     if not callable(obj):
         raise ConfigError(f"config.{field}={spec!r} is not callable")
     return obj
@@ -218,22 +215,22 @@ def _coerce_fixed_numbers(cfg: dict[str, Any]) -> None:
 
 
 def check_config(cfg: Mapping[str, Any]) -> None:
-    """Cheap checks of everything that needs no data (raises ConfigError naming the value)."""
+    """What only a config can get wrong, before any file is read (raises ConfigError naming the
+    field): its type, a field dptune does not know, the fields the data's kind needs, the form of
+    ``config.model``, a strategy or an executor that the config cannot have. The values handed to
+    the library (the budget, the accountant, the selection, the space) are the library's to
+    check."""
     if not isinstance(cfg, Mapping):
         raise ConfigError(
             f"the config's get_config() returned {type(cfg).__name__}, not a ConfigDict or dict: "
             "start from dptune.configs.base.get_config()"
         )
     _check_known_fields(cfg)
-    name = _get(cfg, "data.name")
     kind = user_arrays(cfg)
     if kind is not None:
         _check_user_data(cfg, kind)
-    elif name not in DATASETS:
-        raise ConfigError(
-            f"config.data.name={name!r} is not a known dataset; use one of {DATASETS}, or your "
-            f"own arrays (config.data.source in {ARRAY_SOURCES[:1]} or config.data.loader)"
-        )
+    if _get(cfg, "init") and _get(cfg, "trainer", "dpsgd") != "dpsgd":
+        raise ConfigError("config.init is a DP-SGD model's start: it needs config.trainer='dpsgd'")
     model = _get(cfg, "model")
     if model is not None:
         if _get(cfg, "trainer", "dpsgd") != "dpsgd":
@@ -243,31 +240,6 @@ def check_config(cfg: Mapping[str, Any]) -> None:
                 f"config.model={model!r} must be 'pkg.module:factory' (your Flax module) or a "
                 f"shipped model, one of {MODEL_NAMES}"
             )
-    eps = _number(cfg, "privacy.epsilon")
-    delta = _number(cfg, "privacy.delta")
-    if not delta < 1:
-        raise ConfigError(f"config.privacy.delta={delta:g} must be < 1 (and below 1/n)")
-    budget_eps = _get(cfg, "ledger.budget_epsilon")
-    if budget_eps is not None and _number(cfg, "ledger.budget_epsilon") < eps:
-        raise ConfigError(
-            f"config.ledger.budget_epsilon={budget_eps:g} is below this run's epsilon={eps:g}: "
-            "the run could never fit the dataset's budget"
-        )
-    budget_delta = _get(cfg, "ledger.budget_delta")
-    if budget_delta is not None and _number(cfg, "ledger.budget_delta") < delta:
-        raise ConfigError(
-            f"config.ledger.budget_delta={budget_delta:g} is below this run's delta={delta:g}"
-        )
-    acc = _get(cfg, "privacy.accountant", "auto")
-    if acc not in ACCOUNTANTS:
-        raise ConfigError(
-            f"config.privacy.accountant={acc!r} is unknown; choose one of {', '.join(ACCOUNTANTS)}"
-        )
-    adj = _get(cfg, "privacy.adjacency", "add_remove")
-    if adj not in ADJACENCIES:
-        raise ConfigError(
-            f"config.privacy.adjacency={adj!r} is unknown; choose one of {', '.join(ADJACENCIES)}"
-        )
     nex = _get(cfg, "data.num_examples")
     if nex is not None and (isinstance(nex, bool) or not isinstance(nex, int) or nex < 1):
         raise ConfigError(
@@ -283,19 +255,13 @@ def check_config(cfg: Mapping[str, Any]) -> None:
             "(config.data.validation_dir): a split of the private training file is private"
         )
     strategy = dict(_get(cfg, "strategy", {}) or {})
-    try:
-        strategies.check(strategy.pop("name", "full"), strategy, eps)
-    except strategies.StrategyConfigError as e:
-        raise ConfigError(str(e)) from None
+    strategies.check(strategy.pop("name", "full"), strategy, _get(cfg, "privacy.epsilon"))
     if _get(cfg, "strategy.name", "full") == "subsampled" and (_get(cfg, "executor.kind") == "ray"):
         raise ConfigError(
             "config.executor.kind='ray' is not supported with config.strategy.name='subsampled' "
             "(the workers would load all the data, not the subset): use 'sequential', "
             "'vectorized' or 'devices'"
         )
-    group = _get(cfg, "executor.group_size", 1)
-    if isinstance(group, bool) or not isinstance(group, int) or group < 1:
-        raise ConfigError(f"config.executor.group_size={group!r} must be an integer >= 1")
     build_executor(cfg)
     vsize = _get(cfg, "data.validation_size", 5000)
     if isinstance(vsize, bool) or not isinstance(vsize, int) or vsize < 1:
@@ -303,21 +269,48 @@ def check_config(cfg: Mapping[str, Any]) -> None:
     space = _get(cfg, "space")
     if not isinstance(space, Mapping) or not space:
         raise ConfigError("config.space is empty: declare the hyperparameters to search")
-    train = _get(cfg, "train", {})
-    overlap = set(train) & set(space)
+    overlap = set(_get(cfg, "train", {})) & set(space)
     if overlap:
         raise ConfigError(
             f"{sorted(overlap)} appear in both config.train and config.space; keep one"
         )
+
+
+def learner_sections(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``config.train`` and ``config.space`` as ``config.trainer``'s learner takes them.
+
+    A config's hyperparameter sections belong to the learner they were written for, so
+    ``--config.trainer=NAME`` works on any config: a field that another learner knows and this
+    one does not is that learner's, and is left out (logged); a field no learner knows is refused
+    (ConfigError), never silently ignored. The learner's own defaults fill what is left out.
+    """
     info = learner_info(cfg)
-    trainer_cls = info.trainer_class()
-    known = set(trainer_cls.hyperparams_class.__dataclass_fields__)
-    unknown = (set(train) | set(space)) - known
+    train = dict(_get(cfg, "train", {}) or {})
+    space = dict(_get(cfg, "space", {}) or {})
+    own = _fields(info)
+    foreign = (set(train) | set(space)) - own
+    if not foreign:
+        return train, space
+    others = set().union(*(_fields(i) for i in learners.LEARNERS.values() if i is not info))
+    unknown = foreign - others
     if unknown:
         raise ConfigError(
-            f"unknown hyperparameters {sorted(unknown)} for config.trainer={info.name!r}; "
-            f"{trainer_cls.kind} knows {sorted(known)}"
+            f"unknown hyperparameters {sorted(unknown)} for config.trainer={info.name!r}: no "
+            f"learner knows them; {info.name} knows {sorted(own)}"
         )
+    log.info(
+        "config.train / config.space: %s belong to another learner; config.trainer=%r uses its "
+        "own defaults for them", sorted(foreign), info.name,
+    )  # fmt: skip
+    keep = {k: v for k, v in space.items() if k in own}
+    return {k: v for k, v in train.items() if k in own}, keep
+
+
+def _fields(info: learners.LearnerInfo) -> set[str]:
+    """The hyperparameters a learner takes: its class's fields and its extra ones (LoRA's)."""
+    trainer_cls = info.trainer_class()
+    fields = set(trainer_cls.hyperparams_class.__dataclass_fields__)
+    return fields | set(getattr(trainer_cls, "extra_hyperparams", ()))
 
 
 def learner_info(cfg: Mapping[str, Any]) -> learners.LearnerInfo:
@@ -358,28 +351,18 @@ def validate(
     if isinstance(cfg, dict):
         _coerce_fixed_numbers(cfg)
     check_config(cfg)
+    budget = Budget(_get(cfg, "privacy.epsilon"), _get(cfg, "privacy.delta"))
+    cfg["train"], cfg["space"] = learner_sections(cfg)
     method = build_selection(cfg)
-    try:
-        space = space_mod.Space.from_config(cfg["space"])
-        budget = Budget(_number(cfg, "privacy.epsilon"), _number(cfg, "privacy.delta"))
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    space = space_mod.Space.from_config(cfg["space"])
     ledger_cfg = cfg.get("ledger", {}) or {}
     enabled = ledger_cfg.get("enabled", True)
     if not isinstance(enabled, bool):
         raise ConfigError(f"config.ledger.enabled={enabled!r} must be True or False")
     ledger = (ledger_cfg.get("path") or DEFAULT_LEDGER) if enabled else None
-    dataset_budget = None
-    if ledger_cfg.get("budget_epsilon") is not None:
-        try:
-            dataset_budget = Budget(
-                float(ledger_cfg["budget_epsilon"]),
-                float(ledger_cfg.get("budget_delta") or budget.delta),
-            )
-        except (TuningConfigError, TypeError, ValueError) as e:
-            raise ConfigError(f"config.ledger: {e}") from None
-    accountant = str(_get(cfg, "privacy.accountant", "auto"))
-    adjacency = str(_get(cfg, "privacy.adjacency", "add_remove"))
+    dataset_budget = _dataset_budget(ledger_cfg, budget)
+    accountant = _get(cfg, "privacy.accountant", "auto")
+    adjacency = _get(cfg, "privacy.adjacency", "add_remove")
     group = _get(cfg, "executor.group_size", 1)
     check_run_arguments(group, accountant, seed, debug_nonprivate, ledger, adjacency)
     check_selection_size(method)
@@ -395,6 +378,29 @@ class DryRun:
     space: Any
     statement: Any
     preflight: Any
+
+    def to_text(self) -> str:
+        """What ``--dry_run`` prints: the space, the privacy statement and the ledger's view."""
+        text = f"Dry run (nothing trained). Search space: {self.space.to_dict()}\n\n"
+        text += self.statement.to_text()
+        pre = self.preflight
+        if pre is None:  # a strategy with its own plan (config.strategy)
+            return text
+        if pre.ledger is None:
+            return text + "\n\nLedger: none (config.ledger.enabled=False): charged nowhere."
+        s = pre.spend
+        how = (
+            f"has no lifetime budget yet; the run would register the default, {s.budget_epsilon:g}"
+            f" epsilon and {s.budget_delta:g} delta (dptune.ledger)"
+            if s.registered
+            else f"has the lifetime budget (epsilon={s.budget_epsilon:g}, delta={s.budget_delta:g})"
+        )
+        return text + (
+            f"\n\nLedger {pre.ledger}: dataset {pre.fingerprint} {how}; after this run it would "
+            f"have spent epsilon={s.spent_epsilon:.4g}. Set a budget with `dptune ledger "
+            f"--dataset={pre.fingerprint[:12]} --budget_epsilon=E --budget_delta=D` or "
+            "--config.ledger.budget_epsilon / budget_delta."
+        )
 
 
 def run_config(
@@ -449,9 +455,8 @@ def _run_built(
     strategy = dict(_get(cfg, "strategy", {}) or {})
     if strategy.get("name", "full") == "subsampled":
         return _run_subsampled(
-            cfg, workdir, seed, debug_nonprivate, progress, dry_run, checked.method,
-            checked.space, checked.budget, executor, trainer, strategy,
-        )  # fmt: skip
+            checked, workdir, seed, debug_nonprivate, progress, dry_run, executor, trainer, strategy
+        )
     common = dict(
         workdir=workdir, seed=seed, accountant=checked.accountant, ledger=checked.ledger,
         dataset_budget=checked.dataset_budget, debug_nonprivate=debug_nonprivate,
@@ -488,25 +493,22 @@ def _binding(
     return bound
 
 
-def _ledger_args(cfg: Mapping[str, Any], budget: Any) -> tuple[Any, Any]:
-    """(ledger path or None, the dataset's budget or None) of ``config.ledger``."""
-    ledger_cfg = cfg.get("ledger", {}) or {}
-    if not ledger_cfg.get("enabled", True):
-        return None, None
-    path = ledger_cfg.get("path") or default_ledger_path()
-    dataset_budget = None
-    if ledger_cfg.get("budget_epsilon") is not None:
-        dataset_budget = Budget(
-            float(ledger_cfg["budget_epsilon"]),
-            float(ledger_cfg.get("budget_delta") or budget.delta),
-        )
-    return path, dataset_budget
+def _dataset_budget(ledger_cfg: Mapping[str, Any], budget: Budget) -> Budget | None:
+    """``config.ledger.budget_epsilon`` / ``budget_delta`` as the dataset's lifetime budget (None:
+    not stated; a stated epsilon without a delta takes this run's delta)."""
+    eps = ledger_cfg.get("budget_epsilon")
+    if eps is None:
+        return None
+    delta = ledger_cfg.get("budget_delta")
+    try:
+        return Budget(eps, budget.delta if delta is None else delta)
+    except TuningConfigError as e:
+        raise ConfigError(f"config.ledger.budget_epsilon / budget_delta: {e}") from None
 
 
 def _run_subsampled(
-    cfg: dict[str, Any], workdir: str | Path, seed: int | None, debug_nonprivate: bool,
-    progress: bool, dry_run: bool, method: Any, space: Any, budget: Any, executor: Any,
-    trainer: Any, strategy: Mapping[str, Any],
+    checked: Checked, workdir: str | Path, seed: int | None, debug_nonprivate: bool,
+    progress: bool, dry_run: bool, executor: Any, trainer: Any, strategy: Mapping[str, Any],
 ) -> Any:  # fmt: skip
     """Strategy ``subsampled`` (``dptune.subsampled``): the dry run's plan, or the run."""
     if debug_nonprivate:
@@ -516,18 +518,20 @@ def _run_subsampled(
     kw = dict(
         fraction=float(strategy["fraction"]),
         tuning_epsilon=float(strategy["tuning_epsilon"]),
-        accountant=str(_get(cfg, "privacy.accountant", "auto")),
-        adjacency=str(_get(cfg, "privacy.adjacency", "add_remove")),
+        accountant=checked.accountant,
+        adjacency=checked.adjacency,
     )
+    cfg, method, space, budget = checked.cfg, checked.method, checked.space, checked.budget
     if dry_run:
         plan = plan_subsampled(trainer, space, method, budget, seeded=seed is not None, **kw)
         final = space_mod.Space({**plan.tuning_plan.space.to_dict(), **plan.calibrated})
         return DryRun(final, plan.statement, None)
-    ledger, dataset_budget = _ledger_args(cfg, budget)
+    ledger = default_ledger_path() if checked.ledger is DEFAULT_LEDGER else checked.ledger
     bound = _binding(cfg, trainer, seed, debug_nonprivate)
     return tune_subsampled(
         trainer, space, method, budget, workdir=workdir, seed=seed, executor=executor,
-        ledger=ledger, dataset_budget=dataset_budget, config=bound, progress=progress, **kw,
+        ledger=ledger, dataset_budget=checked.dataset_budget, config=bound, progress=progress,
+        **kw,
     )  # fmt: skip
 
 
@@ -547,10 +551,13 @@ def build_trainer(cfg: Mapping[str, Any], data: Any, *, progress: bool = False) 
             # route for labels the default loss and accuracy do not read (float, (n, k), (n, L))
             parts = built if isinstance(built, Mapping) else {"model": built}
             options.update({k: parts[k] for k in ("model", "loss", "metric") if k in parts})
+        if cfg.get("init"):  # '' is no init: --config.init='' turns a config's start off
+            options["init"] = cfg["init"]
     try:
         return learners.build(info.name, data, base, **options)
     except ValueError as e:
-        raise ConfigError(f"config.learner: {e}") from None
+        where = "config." if str(e).startswith("init=") else "config.learner."
+        raise ConfigError(f"{where}{e}") from None
 
 
 def build_model(spec: str, data: Any) -> Any:
@@ -573,7 +580,7 @@ def build_model(spec: str, data: Any) -> Any:
 def _worker_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """What a worker needs to rebuild the trainer: the data spec, the learner and its fixed
     settings."""
-    keys = ("data", "train", "trainer", "learner", "model")
+    keys = ("data", "train", "trainer", "learner", "model", "init")
     return {k: (dict(cfg[k]) if isinstance(cfg[k], Mapping) else cfg[k]) for k in keys if k in cfg}
 
 
@@ -590,6 +597,7 @@ def load_user_arrays(cfg: Mapping[str, Any]) -> Any:
     kind = user_arrays(cfg)
     try:
         if kind == "npz":
+            _check_npz(Path(d["path"]).expanduser())
             arrays = read_npz(d["path"])
         else:
             out = import_object(d["loader"], "data.loader")()
@@ -617,6 +625,21 @@ def load_user_arrays(cfg: Mapping[str, Any]) -> Any:
         raise ConfigError(f"config.data: {e}") from None
     except Exception as e:  # a user's loader or file: one line naming the field
         raise ConfigError(f"config.data ({kind}): {type(e).__name__}: {e}") from None
+
+
+def _check_npz(path: Path) -> None:
+    """An existing ``config.data.path`` must be an npz file (a zip archive, as ``numpy.savez``
+    writes it): numpy would otherwise take it for a pickle and advise ``allow_pickle``."""
+    if not path.is_file():
+        return  # read_npz names a missing file
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not head.startswith(b"PK"):
+        raise ConfigError(
+            f"config.data.path={str(path)!r} is not an npz file (numpy.savez writes a zip archive; "
+            f"this file starts with {head!r}): save your arrays with numpy.savez(path, "
+            "x_train=..., y_train=..., x_test=..., y_test=...)"
+        )
 
 
 def load_data(cfg: Mapping[str, Any]) -> Any:

@@ -1,25 +1,169 @@
-"""What every ``dptune`` command line shares: logging (absl's ``--verbosity``), shipped config
-names, one-line refusals of bad flags. Defines no flag (each command's module defines its own)."""
+"""What every ``dptune`` command line shares: exit codes, the one-line refusal, flag and config
+parsing, logging, closed pipes, and the one line of an unexpected error. Defines no flag (each
+command's module defines its own).
+
+A user's mistake ends in ONE line on stderr that starts with ``dptune:``, names the field (or file)
+and the fix, and exit code 2 with nothing charged; never a traceback (docs/errors.md).
+"""
 
 from __future__ import annotations
 
 import difflib
+import errno
 import logging
+import os
+import re
+import shlex
+import sqlite3
 import sys
-from collections.abc import Sequence
+import tempfile
+import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from absl import flags
 from absl import logging as absl_logging
 
 from dptune import configs
-from dptune.cli import exits
+from dptune.errors import Refused
+from dptune.journal import JOURNAL_FILE
 
 log = logging.getLogger("dptune")
 
+#: The run finished: a candidate was released, or none was selected (a legitimate private outcome).
+OK = 0
+#: An unexpected error (a bug in dptune or in a trainer): one line, the traceback in a file.
+INTERNAL = 1
+#: Refused before any private computation (the input, a file on disk, the budget): nothing charged.
+REFUSED = 2
+#: The run finished but no candidate succeeded: nothing released, the run's spend stays charged.
+NO_CANDIDATE_SUCCEEDED = 3
+#: Stopped by Ctrl-C (SIGINT) or SIGTERM: what was saved and how to resume is printed.
+INTERRUPTED = 130
+TERMINATED = 143
 
-class ArgumentError(ValueError):
+#: Arguments that print a command's help instead of running it.
+HELP = ("-h", "--help", "-help", "-?", "--helpshort", "--helpfull")
+
+#: ``dptune.tune``'s keywords as the command's config fields, for the library's messages.
+_KEYWORD_FIELDS = {
+    "accountant": "--config.privacy.accountant",
+    "adjacency": "--config.privacy.adjacency",
+    "group_size": "--config.executor.group_size",
+    "budget epsilon": "--config.privacy.epsilon",
+    "budget delta": "--config.privacy.delta",
+}
+_KEYWORD = re.compile(r"(?<![\w.-])(" + "|".join(_KEYWORD_FIELDS) + r")=")
+
+#: What a full disk or a read-only folder looks like to dptune (OSError) and to SQLite.
+_NO_SPACE = (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM)
+_SQLITE_NO_SPACE = ("disk is full", "readonly database", "disk i/o error")
+
+
+class ArgumentError(Refused):
     """A command line that cannot name a config (a folder, a missing file, an ambiguous name)."""
+
+
+def one_line(text: object) -> str:
+    """``text`` on one line (newlines and runs of spaces collapsed)."""
+    return " ".join(str(text).split())
+
+
+def refuse(message: object) -> int:
+    """Prints the refusal line on stderr (a :class:`Refused` in the command's words) and returns
+    :data:`REFUSED`."""
+    if isinstance(message, Refused):
+        message = _KEYWORD.sub(lambda m: _KEYWORD_FIELDS[m.group(1)] + "=", message.for_command())
+    print("dptune: refused: " + one_line(message), file=sys.stderr)
+    return REFUSED
+
+
+def disk_refusal(e: BaseException, where: Path | None) -> str | None:
+    """The refusal text of a full disk or a read-only folder (``e`` an OSError or an SQLite
+    error), naming the folder; None for any other error."""
+    if isinstance(e, OSError) and e.errno in _NO_SPACE:
+        target = Path(e.filename) if e.filename else where
+        reason = e.strerror or str(e)
+    elif isinstance(e, sqlite3.OperationalError) and any(s in str(e) for s in _SQLITE_NO_SPACE):
+        target, reason = where, f"SQLite: {e}"
+    else:
+        return None
+    folder = target if target is None or target.is_dir() else target.parent
+    return (
+        f"cannot write to {folder or 'a folder of this run'} ({reason}): free space there or make "
+        "it writable, or choose another --workdir (a file dptune writes was left as it was; the "
+        "same command resumes a run it interrupted, without a second charge)"
+    )
+
+
+def unexpected(e: BaseException, private: Path, argv: Sequence[str]) -> int:
+    """An exception no check foresaw. A full disk or a read-only folder is the user's to fix: one
+    refusal line naming the folder. Anything else is a bug: the traceback goes to
+    ``private/error.log`` (the curator's, mode 0600) or a temporary file, one line on stderr;
+    returns :data:`INTERNAL`."""
+    disk = disk_refusal(e, private)
+    if disk is not None:
+        return refuse(disk)
+    text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    try:
+        if private.is_dir():
+            path = private / "error.log"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        else:
+            fd, name = tempfile.mkstemp(prefix="dptune-error-", suffix=".log")
+            path = Path(name)
+        with open(fd, "a") as f:
+            f.write(text + "\n")
+        where = f"the traceback is in {path}"
+    except OSError:
+        where = "the traceback could not be saved"
+    if absl_logging.get_verbosity() >= 1:
+        print(text, file=sys.stderr)
+    print(
+        f"dptune: error: unexpected {type(e).__name__}: {one_line(e)[:300]} ({where}; a bug in "
+        f"dptune or in the trainer). The journal is intact: `{resume_command(argv)}` resumes "
+        "once it is fixed",
+        file=sys.stderr,
+    )
+    return INTERNAL
+
+
+def interrupted(terminated: bool, private: Path, argv: Sequence[str]) -> int:
+    """The one line after Ctrl-C (SIGINT) or SIGTERM: what was saved in ``private`` (the run's
+    folder of it), and the command that resumes; returns the exit code."""
+    if (private / JOURNAL_FILE).exists():
+        saved = (
+            f"saved in {private}: the run's plan, seeds and every finished candidate (a candidate "
+            "in training starts again with its own seed; a resume is not charged again)"
+        )
+    else:
+        saved = "nothing was trained, saved or charged yet"
+    print(
+        f"dptune: interrupted ({'SIGTERM' if terminated else 'SIGINT'}); {saved}. Resume with: "
+        f"{resume_command(argv)}",
+        file=sys.stderr,
+    )
+    return TERMINATED if terminated else INTERRUPTED
+
+
+def resume_command(argv: Sequence[str]) -> str:
+    """The command line that reruns ``argv`` (as the user typed it) as ``dptune ...``."""
+    return shlex.join(["dptune", *argv[1:]])
+
+
+def entry(command: Callable[[list[str]], int]) -> None:
+    """Runs ``command(sys.argv)`` and exits with its code. A reader that closed the pipe
+    (``dptune inspect --help | head``) ends the command quietly: nothing more can be said."""
+    try:
+        code = command(sys.argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        try:  # the interpreter's own flush of stdout at exit must not fail again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives until the process ends
+        code = OK
+    sys.exit(code)
 
 
 class _Stderr(logging.StreamHandler):
@@ -34,27 +178,6 @@ _HANDLER = _Stderr()
 _HANDLER.setFormatter(logging.Formatter("dptune: %(message)s"))
 
 
-#: Arguments that print a subcommand's help (``dptune inspect --help``) instead of running it.
-SUBCOMMAND_HELP = ("-h", "--help", "-help", "--helpfull")
-
-
-def parse_subcommand(
-    flag_values: flags.FlagValues, argv: Sequence[str], doc: str
-) -> tuple[list[str], int | None]:
-    """A subcommand's ``argv`` parsed into its own ``flag_values``: ``(the arguments that are not
-    flags, None)``, or ``([], exit code)`` when the command has ended: its help printed (``doc``,
-    exit 0) or a flag refused in one ``dptune:`` line (exit 2; the flags are left unparsed, so
-    the next in-process call starts clean)."""
-    if any(a in SUBCOMMAND_HELP for a in argv[1:]):
-        print(doc)
-        return [], exits.OK
-    try:
-        return flag_values(list(argv))[1:], None
-    except flags.Error as e:
-        flag_values.unparse_flags()
-        return [], exits.refuse(e)
-
-
 def setup_logging() -> None:
     """dptune's messages (and its ``trainers`` package's) on stderr, one ``dptune:`` line each, at
     the level of absl's ``--verbosity`` (-v): INFO by default, -1 warnings only, >= 1 debug; other
@@ -62,23 +185,86 @@ def setup_logging() -> None:
     fv = flags.FLAGS
     chosen = fv["verbosity"].present if "verbosity" in fv else False
     verbosity = absl_logging.get_verbosity() if chosen else 0
-    level = (
-        logging.DEBUG
-        if verbosity >= 1
-        else logging.INFO
-        if verbosity == 0
-        else logging.WARNING
-        if verbosity == -1
-        else logging.ERROR
-    )
+    levels = {1: logging.DEBUG, 0: logging.INFO, -1: logging.WARNING}
+    level = logging.DEBUG if verbosity >= 1 else levels.get(verbosity, logging.ERROR)
     absl_logging.set_verbosity(absl_logging.DEBUG if verbosity >= 1 else absl_logging.ERROR)
-    # dptune's own messages and those of its trainers package (a size far from the declared one,
-    # a model that falls back to the generic clipping path, scattering progress) print alike.
     for logger in (log, logging.getLogger("trainers")):
         if _HANDLER not in logger.handlers:
             logger.addHandler(_HANDLER)
         logger.setLevel(level)
         logger.propagate = False
+
+
+def help_text(doc: str | None, flag_values: flags.FlagValues, names: Sequence[str] = ()) -> str:
+    """A command's ``--help``: its docstring and its flags (``names``, default all of them)."""
+    lines = [
+        f"  --{n}: {flag_values[n].help} (default: {flag_values[n].default!r})"
+        for n in (names or sorted(flag_values))
+    ]
+    return (doc or "") + "\nFlags:\n" + "\n".join(lines)
+
+
+def parse_subcommand(
+    flag_values: flags.FlagValues, argv: Sequence[str], doc: str | None
+) -> tuple[list[str], int | None]:
+    """A subcommand's ``argv`` parsed into its own ``flag_values``: ``(the arguments that are not
+    flags, None)``, or ``([], exit code)`` when the command has ended: its help printed (exit 0)
+    or a flag refused in one ``dptune:`` line (exit 2; the flags are left unparsed, so the next
+    in-process call starts clean)."""
+    if any(a in HELP for a in argv[1:]):
+        print(help_text(doc, flag_values))
+        return [], OK
+    try:
+        return flag_values(list(argv))[1:], None
+    except flags.Error as e:
+        flag_values.unparse_flags()
+        return [], refuse(e)
+
+
+def parse_config_command(flag_values: flags.FlagValues, argv: Sequence[str]) -> list[str]:
+    """absl's parsing of a command with a ``--config`` flag (in-process safe: the config's
+    override flags of an earlier parse are removed first); returns the arguments that are not
+    flags. Raises ArgumentError (a bad flag, a config that does not load, a bad override)."""
+    argv = normalise_argv(argv)
+    for name in list(flag_values):
+        if name.startswith("config."):
+            delattr(flag_values, name)
+    flag_values.unparse_flags()
+    # ml_collections loads the file as module "config_config" into the entry sys.modules keeps:
+    # a second parse in this process must not run a new file in the old file's namespace.
+    sys.modules.pop("config_config", None)
+    saved, sys.argv = sys.argv, argv  # ml_collections reads the overrides from sys.argv
+    try:
+        rest = flag_values(argv)[1:]
+        flag_values["config"].value  # noqa: B018 - config_flags defers a file's errors to here
+        return rest
+    except flags.Error as e:
+        raise ArgumentError(str(e)) from None
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        # ml_collections raises these for an override of a field the config does not have; with
+        # no override given, it is the config file that failed to load
+        overrides = [a.split("=")[0] for a in argv if a.startswith("--config.")]
+        if not overrides:
+            raise ArgumentError(config_load_error(argv, e)) from None
+        raise ArgumentError(
+            f"a config override names a field the config does not have or gives it a value of "
+            f"the wrong type ({type(e).__name__}: {e}); overrides given: {overrides}"
+        ) from None
+    except Exception as e:  # noqa: BLE001 - a config file that fails to load while parsing
+        raise ArgumentError(config_load_error(argv, e)) from None
+    finally:
+        sys.argv = saved
+
+
+def config_load_error(argv: Sequence[str], e: BaseException) -> str:
+    given = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), "?")
+    detail = " ".join(str(e).split())
+    if "No such file" in detail:
+        detail = "no such file"
+    return (
+        f"--config={given} could not be loaded ({type(e).__name__}: {detail[:300]}): fix the "
+        f"file, or use a shipped config ({', '.join(configs.NAMES)})"
+    )
 
 
 def normalise_argv(argv: Sequence[str]) -> list[str]:
@@ -128,32 +314,3 @@ def _resolve_config(value: str) -> str:
             f"--config={name}: no such config file{hint}; shipped configs: {shipped}"
         )
     return value
-
-
-def resolve_config_names(argv: list[str]) -> list[str]:
-    """:func:`normalise_argv`, a refusal printed as one line with exit code 2 (for commands that
-    parse with ``absl.app.run``)."""
-    try:
-        return normalise_argv(argv)
-    except ArgumentError as e:
-        print(f"dptune: refused: {e}", file=sys.stderr)
-        sys.exit(2)
-
-
-def parse_flags(argv: list[str]) -> list[str]:
-    """absl's parsing, with every bad flag or config override reported in one line (exit 2)."""
-    try:
-        return flags.FLAGS(argv)
-    except flags.Error as e:
-        print(f"dptune: refused: {e}", file=sys.stderr)
-        sys.exit(2)
-    except (AttributeError, KeyError, TypeError, ValueError) as e:
-        # ml_collections raises these for an override of a field the config does not have
-        overrides = [a.split("=")[0] for a in argv if a.startswith("--config.")]
-        print(
-            f"dptune: refused: a config override names a field the config does not have or "
-            f"gives it a value of the wrong type ({type(e).__name__}: {e}); overrides given: "
-            f"{overrides}",
-            file=sys.stderr,
-        )
-        sys.exit(2)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,8 +21,7 @@ from typing import Any
 
 from absl import flags
 
-from dptune.cli import exits
-from dptune.cli.common import parse_subcommand
+from dptune.cli import common
 from dptune.errors import StateError
 from dptune.journal import JOURNAL_FILE, Journal
 
@@ -81,6 +79,7 @@ def read_run(workdir: str | Path) -> dict[str, Any]:
         "started_at": meta.get("started_at"),
         "released_at": meta.get("released_at"),
         "curator_view": meta.get("curator_view") or {},
+        "clipping": meta.get("clipping"),
         "calibrated": meta.get("calibrated") or {},
         "total_epsilon": (meta.get("privacy") or {}).get("total_epsilon"),
         "delta": (meta.get("privacy") or {}).get("delta"),
@@ -123,6 +122,8 @@ def render(run: dict[str, Any], candidate: int | None = None) -> str:
             f"privacy: total epsilon {run['total_epsilon']:.4g} at delta {run['delta']:g}; "
             f"calibrated {run['calibrated'] or 'nothing'}"
         )
+    if run.get("clipping"):
+        lines.append(f"per-example clipping: {run['clipping']['path']} ({run['clipping']['why']})")
     for key, value in sorted(run["curator_view"].items()):
         lines.append(f"loader: {key}: {value}")
     lines += [
@@ -151,12 +152,12 @@ def render(run: dict[str, Any], candidate: int | None = None) -> str:
 
 def cli(argv: Sequence[str]) -> int:
     """``dptune inspect`` in this process; returns the exit code."""
-    rest, ended = parse_subcommand(FLAGS, argv, __doc__)
+    rest, ended = common.parse_subcommand(FLAGS, argv, __doc__)
     if ended is not None:
         return ended
     try:
         if len(rest) != 1:
-            return exits.refuse(
+            return common.refuse(
                 f"dptune inspect takes one WORKDIR (got {rest or 'none'}): dptune inspect DIR "
                 "[--candidate=N] [--json]"
             )
@@ -165,9 +166,9 @@ def cli(argv: Sequence[str]) -> int:
             print(json.dumps(run, indent=2, default=str))
         else:
             print(render(run, _CANDIDATE.value))
-        return exits.OK
+        return common.OK
     except StateError as e:
-        return exits.refuse(e)
+        return common.refuse(e)
     finally:
         FLAGS.unparse_flags()
 
@@ -182,7 +183,7 @@ def _fmt(v: Any) -> str:
 
 def run() -> None:
     """Console entry (``dptune inspect``)."""
-    sys.exit(cli(sys.argv))
+    common.entry(cli)
 
 
 if __name__ == "__main__":

@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import math
 import re
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from absl import flags
 
-from dptune.cli import exits
-from dptune.cli.common import parse_subcommand
+from dptune.cli import common
 from dptune.errors import StateError
 from dptune.ledger import Ledger, default_ledger_path
 
@@ -54,12 +52,12 @@ _FULL_ID = re.compile(r"^[0-9a-f]{64}$")
 
 def cli(argv: Sequence[str]) -> int:
     """``dptune ledger`` in this process; returns the exit code."""
-    rest, ended = parse_subcommand(FLAGS, argv, __doc__)
+    rest, ended = common.parse_subcommand(FLAGS, argv, __doc__)
     if ended is not None:
         return ended
     try:
         if rest:
-            return exits.refuse(
+            return common.refuse(
                 f"unexpected arguments {rest}: every setting is a flag (`dptune ledger --help`)"
             )
         path = Path(_LEDGER.value) if _LEDGER.value else default_ledger_path()
@@ -68,14 +66,14 @@ def cli(argv: Sequence[str]) -> int:
             return _set(path)
         if not path.exists():
             print(f"Ledger {path}: no dataset yet (no run has been charged to it).")
-            return exits.OK
+            return common.OK
         with Ledger(path, readonly=True) as led:
             if _DATASET.value:
                 return _show(led)
             _list(led)
-        return exits.OK
+        return common.OK
     except (StateError, ValueError) as e:
-        return exits.refuse(e)
+        return common.refuse(e)
     finally:
         FLAGS.unparse_flags()
 
@@ -128,7 +126,7 @@ def _show(led: Ledger) -> int:
     for c in led.charges(fp):
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c["created"]))
         print(f"  {when}  epsilon={c['epsilon']:.4g}  delta={c['delta']:.3g}  {c['workdir']}")
-    return exits.OK
+    return common.OK
 
 
 def _set(path: Path) -> int:
@@ -156,12 +154,12 @@ def _set(path: Path) -> int:
         f"Ledger {path}: dataset {fp[:12]}'s lifetime budget {was} to (epsilon={eps:g}, "
         f"delta={delta:g}); spent so far epsilon={after.spent_epsilon:.4g}."
     )
-    return exits.OK
+    return common.OK
 
 
 def run() -> None:
     """Console entry (``dptune ledger``)."""
-    sys.exit(cli(sys.argv))
+    common.entry(cli)
 
 
 if __name__ == "__main__":

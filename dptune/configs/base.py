@@ -42,6 +42,12 @@ def get_config() -> config_dict.ConfigDict:
     c.learner.num_public = config_dict.placeholder(int)  # public_data: records of the public pool
     # dpsgd: per-example clipping, "auto" (default), "ghost" or "vmap" (docs/your_model.md)
     c.learner.grad_impl = config_dict.placeholder(str)
+    # dpsgd fine-tuning (docs/finetune.md): which parameters train, a regex searched in their
+    # '/'-joined paths ("dense2", "lora_"); None: all (a LoRA model's: its adapters)
+    c.learner.trainable = config_dict.placeholder(str)
+    # dpsgd: public initial parameters (an .npz of '/'-joined paths, a .msgpack file, an orbax
+    # folder or a dptune release); None or '': the model's initialisers
+    c.init = config_dict.placeholder(str)
     c.train = dict(
         model="cnn26k", batch_size=256, epochs=10, optimizer="momentum", momentum=0.9,
         score_noise_std=10.0,  # Gaussian noise (in counts) on the number of correct val predictions
@@ -72,7 +78,8 @@ def get_config() -> config_dict.ConfigDict:
     c.ledger.path = config_dict.placeholder(
         str
     )  # default $DPTUNE_LEDGER or ~/.dptune/ledger.sqlite
-    c.ledger.budget_epsilon = config_dict.placeholder(float)  # default: this run's budget
+    # the dataset's lifetime budget; default (a dataset new to the ledger): 10 runs like this one
+    c.ledger.budget_epsilon = config_dict.placeholder(float)
     c.ledger.budget_delta = config_dict.placeholder(float)
     # how candidates are trained (dptune.executors): "sequential" (default on CPU), "vectorized"
     # (group_size candidates at once with jax.vmap, where it pays: accelerators), "devices" (one

@@ -46,6 +46,10 @@ class LearnerInfo:
         return getattr(importlib.import_module(self.module), self.attribute)
 
 
+#: ``DpSgdTrainer``'s own options (``config.learner`` and ``config.init``).
+_DPSGD_OPTIONS = ("epoch_progress", "test_curve", "model", "loss", "metric", "grad_impl", "init",
+                  "trainable")  # fmt: skip
+
 #: The candidate families a config can name, by ``config.trainer``.
 LEARNERS: dict[str, LearnerInfo] = {
     info.name: info
@@ -55,7 +59,7 @@ LEARNERS: dict[str, LearnerInfo] = {
             "dptune.learners.dpsgd",
             "DpSgdTrainer",
             "DP-SGD (JAX/Flax/Optax), shipped models or your own Flax module",
-            options=("epoch_progress", "test_curve", "model", "loss", "metric", "grad_impl"),
+            options=_DPSGD_OPTIONS,
         ),
         LearnerInfo(
             "fisher",

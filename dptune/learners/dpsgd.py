@@ -10,7 +10,8 @@ A candidate's privacy depends on (batch size, epochs, noise multiplier, score no
 size alone, never on the model: a user's Flax module goes through the same declaration, checks,
 ledger and release as a shipped model. This module also re-exports the pieces for users who keep
 their own training loop (``docs/your_model.md``): ``Dataset``, ``Metric``, ``DpSgdSchedule``,
-``clipped_grad_sum``, ``add_noise`` and :func:`dpsgd_privacy`.
+``clipped_grad_sum``, ``add_noise`` and :func:`dpsgd_privacy`; and ``with_lora`` (LoRA adapters
+on a linen module, ``docs/finetune.md``).
 """
 
 from __future__ import annotations
@@ -26,14 +27,12 @@ from typing import Any
 import jax
 import numpy as np
 
+from dptune.accounting.calibration import COMPILATION_CACHE_ENV, OFF_WORDS, cache_root
 from dptune.accounting.events import DpSgdCandidate
-from dptune.auditing.canaries import Canaries
-from dptune.auditing.decode import decode_subset_sum
-from dptune.cachedir import COMPILATION_CACHE_ENV, OFF_WORDS, cache_root
 from dptune.errors import CandidateFailure, TuningConfigError
 from dptune.progress import epoch_bar
 from dptune.trainer_protocol import DatasetTrainer, ReleaseView, source_digest
-from trainers import audit, loop, models, parallel, probe, runtime
+from trainers import finetune, loop, lora, models, parallel, probe, runtime
 from trainers import step as step_lib
 from trainers.data import (
     ARRAY_SOURCES,
@@ -46,7 +45,10 @@ from trainers.data import (
 from trainers.data import NAMES as DATASETS
 from trainers.data import check_arrays as check_user_arrays
 from trainers.evaluate import BoundedMetric, evaluate, evaluate_metric
-from trainers.spec import AUDIT_MODEL_SUFFIX, MODEL_NAMES, DpSgdSchedule, Hyperparams
+from trainers.fix_model import fix_model
+from trainers.lora import with_lora
+from trainers.nnx_model import NnxModel
+from trainers.spec import MODEL_NAMES, DpSgdSchedule, Hyperparams
 from trainers.spec import dpsgd_privacy as _hp_privacy
 from trainers.userloop import add_noise, clipped_grad_sum
 
@@ -56,7 +58,6 @@ Metric = BoundedMetric
 __all__ = [
     "ARRAY_SOURCES",
     "COMPILATION_CACHE_ENV",
-    "AuditDpSgdTrainer",
     "DATASETS",
     "MODEL_NAMES",
     "Dataset",
@@ -65,15 +66,19 @@ __all__ = [
     "DpSgdTrainer",
     "Hyperparams",
     "Metric",
+    "NnxModel",
     "add_noise",
     "check_user_arrays",
     "clipped_grad_sum",
     "default_compilation_cache_dir",
     "dpsgd_privacy",
+    "fix_model",
     "load_dataset",
     "read_npz",
+    "shipped_with_lora",
     "suggested_settings",
     "use_compilation_cache",
+    "with_lora",
 ]
 
 log = logging.getLogger("dptune")
@@ -86,8 +91,9 @@ _cache_decided = False
 
 
 def default_compilation_cache_dir() -> Path:
-    """The user's cache folder for dptune's compiled steps: ``dptune.cachedir.cache_root()/jax``
-    (``~/.cache/dptune/jax`` unless ``$DPTUNE_CACHE`` or ``$XDG_CACHE_HOME`` say otherwise)."""
+    """The user's cache folder for dptune's compiled steps: ``cache_root()/jax``
+    (``dptune.accounting.calibration``; ``~/.cache/dptune/jax`` unless ``$DPTUNE_CACHE`` or
+    ``$XDG_CACHE_HOME`` say otherwise)."""
     return cache_root() / "jax"
 
 
@@ -257,10 +263,12 @@ class DpSgdTrainer(DatasetTrainer):
       base: default hyperparameters (``trainers.spec.Hyperparams`` fields) that the space's values
         override.
       epoch_progress: whether to show a per-epoch tqdm bar (the curator's console only).
-      test_curve: the curator's view, on request: evaluate EVERY candidate on the public test split
-        after each epoch (one test-set pass per candidate and epoch) and keep the curves in their
-        payloads (``DIR/private/``); the released candidate's curve then shows its test accuracy
-        per epoch. Off by default: selection never reads the test split.
+      test_curve: evaluate every candidate on the public test split after each epoch (one
+        test-set forward pass per candidate and epoch, about 5 % of an epoch's DP training at
+        MNIST sizes) so that the released candidate's curve (``training_curve.png``) shows its
+        test metric per epoch beside its epsilon; the other candidates' curves stay in their
+        payloads (``DIR/private/``, the curator's). Selection never reads the test split. False
+        skips the passes.
       compilation_cache: JAX's persistent compilation cache (:func:`use_compilation_cache`): None
         (automatic: on, in the user's cache folder, unless already decided or
         ``$DPTUNE_COMPILATION_CACHE=off``), False (off) or a folder.
@@ -280,12 +288,26 @@ class DpSgdTrainer(DatasetTrainer):
       grad_impl: per-example clipping: "auto" (a shipped model's hand-tuned path, else the ghost
         path when every parametrised layer is known, else vmap(grad), said once in the log),
         "ghost" or "vmap" to force one ("bookkeeping" / "naive": the old spellings).
+      init: public initial parameters (fine-tuning, ``docs/finetune.md``): a params pytree, an
+        orbax checkpoint folder, a Flax msgpack file, an ``.npz`` of '/'-joined parameter paths,
+        or a dptune release (its workdir or ``release/`` folder). Checked against the model's
+        parameter shapes and dtypes before anything runs; for a ``dptune.with_lora`` model the
+        base's parameters, the adapters starting fresh. The statement names the assumption that
+        they are public (``public-init``) with their fingerprint.
+      trainable: which parameters train: regexes searched in the '/'-joined parameter paths
+        (``["Dense_1"]``, ``[".*lora.*"]``) or a callable ``(path, leaf) -> bool``; the others
+        stay bitwise as they start. Default: everything, or a LoRA model's adapters.
     """
 
     hyperparams_class = Hyperparams
     kind = "DP-SGD"
+    #: The step index each step's noise key is folded with (``trainers.loop.train_candidates``).
+    noise_step = staticmethod(loop.same_step)
 
     privacy_fields = DPSGD_PRIVACY_FIELDS
+    #: fields of the space besides ``Hyperparams``: a LoRA model's rank and scale (the model's
+    #: structure; privacy-irrelevant)
+    extra_hyperparams = ("lora_rank", "lora_scale")
     calibrated_field = "noise_multiplier"
     #: the validation count + Gaussian noise accounted in its privacy (or, on a separate public
     #: validation set, an exact score of public data): covered either way
@@ -296,14 +318,21 @@ class DpSgdTrainer(DatasetTrainer):
         data: Dataset,
         base: Mapping[str, Any] | None = None,
         epoch_progress: bool = True,
-        test_curve: bool = False,
+        test_curve: bool = True,
         compilation_cache: str | os.PathLike | bool | None = None,
         *,
         model: Any = None,
         loss: Any = None,
         metric: Any = None,
         grad_impl: str = "auto",
+        init: Any = None,
+        trainable: Any = None,
     ) -> None:
+        if not hasattr(data, "public_num_train"):  # e.g. (x, y): the public size is not known
+            raise TuningConfigError(
+                f"data={type(data).__name__} is not a dptune.Dataset: wrap your arrays with "
+                "dptune.Dataset.from_arrays(x, y, num_examples=N) (N: the public record count)"
+            )
         self.data = data
         self.test_curve = test_curve
         self.base = dict(base or {})
@@ -336,6 +365,16 @@ class DpSgdTrainer(DatasetTrainer):
             for name in ("batch_size", "epochs"):
                 self.base.setdefault(name, suggested[name])
         warn_score_noise(self._score_noise_std(), data)
+        #: the initial parameters' fingerprint (``trainers.finetune.fingerprint``), or None
+        self.init_fingerprint: str | None = None
+        self._finetune: tuple[Any, Any] | None = None  # (checked init, trainable) for variants
+        self._variants: dict[tuple, Any] = {}
+        if init is not None or trainable is not None:
+            try:
+                self.base["model"] = self._finetune_spec(self.model, init, trainable)
+            except ValueError as e:
+                raise TuningConfigError(str(e)) from None
+            self.model = self.base["model"]
         if grad_impl in ("ghost", "bookkeeping"):
             try:  # a forced path that does not apply is refused before anything private runs
                 step_lib.resolve_grad_impl(
@@ -343,6 +382,12 @@ class DpSgdTrainer(DatasetTrainer):
                 )
             except ValueError as e:
                 raise TuningConfigError(str(e)) from None
+            trains_part = getattr(self.model, "trainable", None) is not None
+            if grad_impl == "bookkeeping" and trains_part:
+                raise TuningConfigError(
+                    "grad_impl='bookkeeping' trains every parameter; with trainable=... use "
+                    "'auto', 'ghost' or 'vmap'"
+                )
 
     def _model_spec(self, model: Any, loss: Any, metric: Any) -> Any:
         """``model`` (+ loss, metric) as what ``Hyperparams.model`` holds: a shipped name as it
@@ -382,12 +427,76 @@ class DpSgdTrainer(DatasetTrainer):
             return self.base["score_noise_std"]
         return Hyperparams.__dataclass_fields__["score_noise_std"].default
 
+    def _finetune_spec(self, model: Any, init: Any, trainable: Any) -> models.ModelSpec:
+        """``model`` as a spec that starts from ``init`` and trains ``trainable``
+        (``trainers.finetune``); raises ValueError in one line naming the keyword."""
+        spec = models.resolve(model, self.data.num_classes)
+        if init is not None and spec.features is not None:
+            raise ValueError(f"init= is not supported for model {spec.name!r} (it reads features)")
+        shapes = jax.eval_shape(lambda: models.init_params(spec, jax.random.PRNGKey(0)))
+        adapted = isinstance(spec.module, lora.LoRA)
+        if adapted:
+            x = jax.ShapeDtypeStruct((1, *spec.input_shape), spec.input_dtype)
+            lora.targeted_layers(spec.module, x)  # a target that adapts nothing is refused
+        flat = None
+        if init is not None:
+            source = _release_checkpoint(init)
+            try:
+                given = finetune.read_init(source)
+                flat = finetune.match_init(given, shapes, lora.is_adapter if adapted else None)
+            except ValueError as e:
+                raise ValueError(f"init={str(init)!r:.200}: {e}") from None
+            self.init_fingerprint = finetune.fingerprint(flat)
+        if trainable is None and adapted:
+            trainable = lora.TRAINABLE
+        try:
+            mask = finetune.trainable_mask(shapes, trainable)
+        except ValueError as e:
+            raise ValueError(str(e)) from None
+        self._finetune = (flat, trainable)
+        whole = finetune.all_trainable(mask)
+        return dataclasses.replace(
+            spec, init=flat, trainable=None if whole else mask, shipped=spec.shipped and whole
+        )
+
+    def _lora_variant(self, spec: models.ModelSpec, rank: Any, scale: Any) -> models.ModelSpec:
+        """The LoRA model ``spec`` at another rank or scale (privacy-irrelevant fields of the
+        space), built once per (rank, scale) so candidates share its compiled step."""
+        if not isinstance(spec.module, lora.LoRA):
+            raise TuningConfigError(
+                "lora_rank / lora_scale are fields of a LoRA model: pass "
+                "model=dptune.with_lora(module, rank=..., targets=[...])"
+            )
+        m = spec.module
+        rank = m.rank if rank is None else rank
+        scale = m.scale if scale is None else float(scale)
+        key = (rank, scale)
+        if key not in self._variants:
+            try:
+                module = lora.with_lora(m.base, rank, m.targets, scale)
+            except ValueError as e:
+                raise TuningConfigError(f"lora_rank={rank!r}: {e}") from None
+            variant = dataclasses.replace(spec, module=module, init=None, trainable=None)
+            flat, trainable = self._finetune or (None, None)
+            shapes = jax.eval_shape(lambda: models.init_params(variant, jax.random.PRNGKey(0)))
+            mask = finetune.trainable_mask(shapes, trainable or lora.TRAINABLE)
+            whole = finetune.all_trainable(mask)
+            self._variants[key] = dataclasses.replace(
+                variant, init=flat, trainable=None if whole else mask
+            )
+        return self._variants[key]
+
     #: Every candidate's expected batch size is multiplied by this (rounded, at least 1): 1 on the
     #: full data; ``fraction`` on a subset (``subset``), so a candidate on the subset keeps the
     #: full run's sampling rate and number of steps.
     batch_scale: float = 1.0
 
     def hyperparams(self, hparams: Mapping[str, Any]) -> Hyperparams:
+        hparams = dict(hparams)
+        rank, scale = hparams.pop("lora_rank", None), hparams.pop("lora_scale", None)
+        if rank is not None or scale is not None:
+            spec = models.resolve(hparams.get("model", self.model), self.data.num_classes)
+            hparams["model"] = self._lora_variant(spec, rank, scale)
         hp = super().hyperparams(hparams)
         if self.batch_scale != 1.0:
             hp = dataclasses.replace(hp, batch_size=max(1, round(hp.batch_size * self.batch_scale)))
@@ -405,6 +514,7 @@ class DpSgdTrainer(DatasetTrainer):
             self.compilation_cache, grad_impl=self.grad_impl,
         )  # fmt: skip
         out.batch_scale = self.batch_scale * float(fraction)
+        out.init_fingerprint, out._finetune = self.init_fingerprint, self._finetune
         return out
 
     def _privacy(self, hp: Hyperparams, steps: int | None = None) -> DpSgdCandidate:
@@ -462,7 +572,7 @@ class DpSgdTrainer(DatasetTrainer):
         # The full 64 bits of a threefry key, drawn from the candidate's (OS-entropy) generator:
         # the DP noise must not be guessable from a small seed space.
         keys = [r.integers(0, 2**32, size=2, dtype=np.uint32) for r in rngs]
-        # Per-epoch accuracy on the public test split, only on request (the curator's view).
+        # Per-epoch test metric on the public split: the released candidate's is its curve.
         test_curve: dict[int, dict[int, float]] = {}
 
         def on_epoch(i: int, epoch: int, params: Any) -> None:
@@ -480,6 +590,7 @@ class DpSgdTrainer(DatasetTrainer):
                 hps, self.data, keys, progress=progress,
                 on_epoch=on_epoch if with_curve or hooked else None,
                 vectorize=execution["vectorized"], grad_impl=self.grad_impl,
+                noise_step=self.noise_step,
             )  # fmt: skip
         out: list[tuple[float, Any]] = []
         for i, r in enumerate(results):
@@ -513,16 +624,6 @@ class DpSgdTrainer(DatasetTrainer):
         except TuningConfigError:
             return []
 
-    def planned_privacy_by_epoch(self, hparams: Mapping[str, Any]) -> list[DpSgdCandidate]:
-        """The privacy of the training up to the end of each epoch, from the hyperparameters
-        alone (public: ``steps_per_epoch`` steps per epoch at q = B / N_public): what the
-        payload's ``privacy_by_epoch`` holds after a candidate trained every epoch. The tuner
-        turns it into the released curve's epsilons while candidates train (a cache warm-up:
-        the release still reads the payload's)."""
-        hp = self.hyperparams(hparams)
-        spe = DpSgdSchedule.from_hyperparams(hp, self.num_examples).steps_per_epoch
-        return [self._privacy(hp, epoch * spe) for epoch in range(1, hp.epochs + 1)]
-
     def check_inputs(self, hparams: Mapping[str, Any]) -> None:
         """Refuses, before any private computation, a candidate the loop would refuse when it
         starts (e.g. a model whose input shape is not the images'): public schema only."""
@@ -539,16 +640,6 @@ class DpSgdTrainer(DatasetTrainer):
     def epoch_hook(self, index: int, epoch: int, params: Any) -> None:
         """Called with candidate ``index``'s (private) parameters after each epoch of
         ``train_many``; nothing here (the audit's subclass reads its canaries there)."""
-
-    def audit_canaries(self, kind: str, m: int, rng: np.random.Generator) -> Canaries:
-        """m canaries of ``kind`` for ``dptune audit`` (``AuditDpSgdTrainer``)."""
-        return AuditDpSgdTrainer.design(self, kind, m, rng)
-
-    def with_canaries(
-        self, canaries: Canaries, included: np.ndarray, fault: str | None = None
-    ) -> AuditDpSgdTrainer:
-        """This trainer on its data plus the ``included`` canaries, for ``dptune audit``."""
-        return AuditDpSgdTrainer(self, canaries, included, fault)
 
     def data_parallel(self, devices: Sequence[Any]) -> Any:
         """Context manager under which each candidate trains data-parallel over ``devices``
@@ -595,13 +686,19 @@ class DpSgdTrainer(DatasetTrainer):
         return float(evaluate_metric(params, spec, x, y))
 
     def privacy_notes(self) -> list[str]:
-        """Sentences for the privacy statement: how the validation split was formed, and which
-        public size the sampling rate comes from."""
-        return [
+        """Sentences for the privacy statement: how the validation split was formed, which
+        public size the sampling rate comes from, and (fine-tuning) the public start."""
+        notes = [
             self.data.describe_split() + ".",
             f"Sampling rates and step counts use the public nominal training size "
             f"{self.num_examples}, not the private data's length.",
         ]
+        if self.init_fingerprint is not None:
+            notes.append(
+                f"Training starts from initial parameters with fingerprint "
+                f"{self.init_fingerprint}, assumed public (independent of the private data)."
+            )
+        return notes
 
     def privacy_checks(self) -> list[str]:
         """What dptune's own code guarantees for these candidates (the statement's "Checked by
@@ -643,6 +740,27 @@ class DpSgdTrainer(DatasetTrainer):
                 "(config.data.num_examples); declare the exact size or use 'add_remove'"
             )
 
+    def clipping_path(self) -> dict[str, Any]:
+        """How per-example gradients are clipped in this run, and why not faster: ``{"path":
+        "bookkeeping" | "ghost" | "vmap", "why": str}``. Decided from the model and the input's
+        shape alone (``trainers.step.resolve_grad_impl``), never from data; logged once per run
+        and kept in the curator's view (``dptune inspect``)."""
+        spec = models.resolve(self.model, self.data.num_classes)
+        augmult = int(self.base.get("augmult", 0) or 0)
+        impl = step_lib.resolve_grad_impl(spec, self.grad_impl, self.data.image_shape, augmult)
+        if impl == "bookkeeping":
+            why = f"the hand-tuned path of the shipped model {spec.name}"
+        elif impl == "ghost":
+            plan = step_lib.ghost_plan(spec)
+            why = f"every parametrised layer is a known layer ({len(plan.layers)} layers)"
+        elif self.grad_impl in ("vmap", "naive"):
+            why = "grad_impl='vmap' was asked for"
+        elif spec.shipped and spec.name != "wrn16_4":  # wrn16_4: the ghost plan's reason
+            why = f"the shipped model {spec.name} has no fast path for this input or augmult"
+        else:
+            why = f"the ghost path does not apply: {step_lib.ghost_plan(spec).reason}"
+        return {"path": impl, "why": why}
+
     def describe(self) -> dict[str, Any]:
         """What the journal binds a workdir to (JSON-safe, stable across processes)."""
         base = dict(self.base)
@@ -651,6 +769,7 @@ class DpSgdTrainer(DatasetTrainer):
         out = {
             "kind": "dpsgd",
             "dataset": self.data.name,
+            **({"init": self.init_fingerprint} if self.init_fingerprint else {}),
             "num_examples": self.num_examples,
             "base": base,
         }
@@ -672,7 +791,7 @@ def describe_model(spec: Any) -> dict[str, Any]:
     flat = jax.tree_util.tree_flatten_with_path(shapes)[0]
     out: dict[str, Any] = {
         "name": spec.name,
-        "class": qualname(type(spec.module))
+        "class": qualname(getattr(spec.module, "module_class", type(spec.module)))  # NNX: its own
         if spec.module is not None
         else qualname(spec.apply_fn),
         "input": [list(spec.input_shape), spec.input_dtype],
@@ -685,6 +804,8 @@ def describe_model(spec: Any) -> dict[str, Any]:
         out["labels"] = [list(spec.label_shape), spec.label_dtype]
     if spec.call_keyword is not None:
         out["call_keyword"] = spec.call_keyword
+    if spec.trainable is not None:
+        out["trainable"] = [p for p, m in finetune.flat_paths(spec.trainable).items() if m]
     if spec.loss is not None:
         out["loss"] = qualname(spec.loss)
     if spec.metric is not None:
@@ -693,160 +814,27 @@ def describe_model(spec: Any) -> dict[str, Any]:
     return out
 
 
-class AuditDpSgdTrainer(DpSgdTrainer):
-    """A DP-SGD trainer on its parent's data plus the included canaries (``dptune audit``).
+def shipped_with_lora(
+    name: str, num_classes: int, rank: int, targets: Sequence[str], scale: float = 1.0
+) -> Any:
+    """The shipped model ``name`` (``MODEL_NAMES``) with ``num_classes`` outputs and rank-``rank``
+    LoRA adapters on its layers matching ``targets`` (:func:`with_lora`)."""
+    try:
+        module = models.get_model(name, num_classes).module
+    except ValueError as e:
+        raise TuningConfigError(str(e)) from None
+    return with_lora(module, rank, targets, scale)
 
-    Its privacy declaration is the parent's (same public sizes, same hyperparameters): what the
-    audit checks is whether training lives up to it. ``gradient`` canaries train the parent's model
-    wrapped by ``trainers.audit.GradientCanaries`` (its canary block after every epoch goes into
-    the released parameters as ``canary_trace``); ``input`` canaries join the training split and
-    ``score`` canaries the validation split. ``fault``: a deliberate break for a negative control,
-    ``"noise_reused"`` (``trainers.audit.fault``) or ``"exact_score"`` (the released score is the
-    exact sum of the validation records' probabilities of their labels over the public validation
-    size, instead of the noisy accuracy).
-    """
 
-    #: Faults this trainer can inject (others are hyperparameter rewrites, ``dptune.auditing``).
-    FAULTS = ("noise_reused", "exact_score")
-
-    def __init__(
-        self, parent: DpSgdTrainer, canaries: Canaries, included: np.ndarray, fault: str | None
-    ) -> None:
-        if fault is not None and fault not in self.FAULTS:
-            raise TuningConfigError(f"fault={fault!r}: DP-SGD injects only {self.FAULTS}")
-        included = np.asarray(included, bool)
-        if included.shape != (len(canaries),):
-            raise ValueError(f"included has shape {included.shape}, not ({len(canaries)},)")
-        data = parent.data
-        x, y = canaries.subset(included)
-        if canaries.kind == "score":
-            data = dataclasses.replace(
-                data,
-                val_x=np.concatenate([data.val_x, x.astype(data.val_x.dtype)]),
-                val_y=np.concatenate([data.val_y, y.astype(data.val_y.dtype)]),
-            )
-        else:
-            data = dataclasses.replace(
-                data,
-                train_x=np.concatenate([data.train_x, x.astype(data.train_x.dtype)]),
-                train_y=np.concatenate([data.train_y, y.astype(data.train_y.dtype)]),
-            )
-        super().__init__(
-            data, parent.base, parent.epoch_progress, parent.test_curve,
-            parent.compilation_cache, grad_impl=parent.grad_impl,
-        )  # fmt: skip
-        self.parent = parent
-        self.canaries = canaries
-        self.fault = fault
-        self.num_real_val = len(parent.data.val_y)
-        self._trace: dict[int, list[np.ndarray]] = {}
-
-    @staticmethod
-    def design(trainer: DpSgdTrainer, kind: str, m: int, rng: np.random.Generator) -> Canaries:
-        """m canaries of ``kind`` placed by the dataset's own per-record split: gradient and input
-        canaries in the training split, score canaries in the validation split."""
-        data = trainer.data
-        shape = tuple(data.train_x.shape[1:])
-        if kind == "gradient":
-            if len(shape) != 3:
-                raise TuningConfigError(
-                    f"gradient canaries are images (a marker pixel); this data's records have "
-                    f"shape {shape}: audit it with --kind=input"
-                )
-            x, y = audit.gradient_canary_records(m, shape, data)
-        elif kind in ("input", "score"):
-            if kind == "score" and data.split.get("kind") != "record_hash":
-                raise TuningConfigError(
-                    "score canaries are placed in the validation split by its per-record hash; "
-                    "this dataset's validation set is separate: audit it with --kind=gradient"
-                )
-            x, y = audit.input_canary_records(
-                m, shape, data.num_classes, data, rng, validation=kind == "score"
-            )
-        else:
-            raise TuningConfigError(f"kind={kind!r}: DP-SGD canaries are gradient, input or score")
-        return Canaries(kind, x, y)
-
-    def hyperparams(self, hparams: Mapping[str, Any]) -> Any:
-        """The parent's hyperparameters; with gradient canaries, its model wrapped by
-        ``trainers.audit.GradientCanaries`` (refused for a model that reads features)."""
-        hp = super().hyperparams(hparams)
-        wrapped = getattr(hp.model, "name", "").endswith(AUDIT_MODEL_SUFFIX)
-        if self.canaries.kind == "gradient" and not wrapped:
-            if not isinstance(hp.model, str):
-                raise TuningConfigError(
-                    "gradient canaries wrap a shipped image model; audit your own model with "
-                    "--kind=input"
-                )
-            if models.get_model(hp.model, self.data.num_classes).features is not None:
-                raise TuningConfigError(
-                    f"gradient canaries need a model that reads images; {hp.model!r} reads "
-                    "features: audit it with --kind=input"
-                )
-            base = models.get_model(hp.model, self.data.num_classes)
-            hp = dataclasses.replace(hp, model=audit.gradient_canary_spec(base))
-        return hp
-
-    def epoch_hook(self, index: int, epoch: int, params: Any) -> None:
-        if self.canaries.kind == "gradient":
-            self._trace.setdefault(index, []).append(audit.canary_block(params))
-
-    def train_many(
-        self, hparams: Sequence[Mapping[str, Any]], rngs: Sequence[np.random.Generator]
-    ) -> list[tuple[float, Any]]:
-        self._trace = {}
-        with audit.fault(self.fault if self.fault in audit.FAULTS else None):
-            out = super().train_many(hparams, rngs)
-        for i, (score, payload) in enumerate(out):
-            if isinstance(payload, CandidateFailure):
-                continue  # journaled as the failure it is; never released, so no trace to read
-            if self.canaries.kind == "gradient":
-                trace = self._trace.get(i) or [np.zeros((0, audit.GRADIENT_CANARY_SLOTS))]
-                payload["canary_trace"] = np.vstack(trace)
-            if self.fault == "exact_score" and math.isfinite(score):
-                spec = models.resolve(self.hyperparams(hparams[i]).model, self.data.num_classes)
-                val_x, val_y = self.data.val_x, self.data.val_y
-                _, conf = audit.per_record(payload["params"], spec, val_x, val_y)
-                out[i] = (math.fsum(conf) / float(self.data.public_num_val), payload)
-        return out
-
-    def release_view(self, hparams: Mapping[str, Any], payload: Any) -> ReleaseView:
-        """The parent's view; with gradient canaries the parameters also carry ``canary_trace``
-        (the canary block after each epoch: a function of the iterates, which DP-SGD's guarantee
-        covers)."""
-        view = super().release_view(hparams, payload)
-        if self.canaries.kind == "gradient" and view.payload is not None:
-            params = {**view.payload["params"], "canary_trace": payload["canary_trace"]}
-            view = dataclasses.replace(view, payload={"params": params})
-        return view
-
-    def canary_scores(self, release: Any) -> dict[str, np.ndarray]:
-        """Per-canary statistics of the released candidate, higher = more likely included.
-
-        * gradient: ``displacement`` = -w[j] at the end (w starts at 0 and moves by -lr C / B per
-          sampling of an included canary, plus noise); ``dispersion`` = standard deviation over
-          epochs of w[j]'s per-epoch increments (0 for an excluded canary when the noise repeats).
-        * input: ``loss`` = minus the canary's cross-entropy under the released parameters.
-        * score: ``decoded`` = +1 / -1 / 0 from the released score read as an exact sum
-          (``dptune.auditing.decode``).
-        """
-        m = len(self.canaries)
-        params = release.payload["params"]
-        if self.canaries.kind == "gradient":
-            trace = np.asarray(params["canary_trace"], np.float64)[:, :m]
-            final = audit.canary_block(params)[:m]
-            steps = np.diff(np.vstack([np.zeros((1, m)), trace]), axis=0)
-            return {"displacement": -final, "dispersion": steps.std(axis=0)}
-        spec = models.resolve(self.hyperparams(release.hparams).model, self.data.num_classes)
-        losses, conf = audit.per_record(params, spec, self.canaries.x, self.canaries.y)
-        if self.canaries.kind == "input":
-            return {"loss": -losses}
-        real_val = slice(0, self.num_real_val)
-        _, real = audit.per_record(
-            params, spec, self.data.val_x[real_val], self.data.val_y[real_val]
-        )
-        target = float(release.validation_score) * float(self.data.public_num_val) - math.fsum(real)
-        return {"decoded": decode_subset_sum(target, conf)}
-
-    def check_adjacency(self, adjacency: str) -> None:
-        self.parent.check_adjacency(adjacency)
+def _release_checkpoint(init: Any) -> Any:
+    """A dptune release (a run's workdir or its ``release/`` folder) as the orbax checkpoint
+    folder that holds its parameters; anything else as it is."""
+    if not isinstance(init, (str, os.PathLike)):
+        return init
+    folder = Path(init).expanduser()
+    for release in (folder, folder / "release"):
+        if (release / "result.json").is_file():
+            if not (release / "checkpoint").is_dir():
+                raise TuningConfigError(f"init={str(init)!r}: the release holds no parameters")
+            return release / "checkpoint"
+    return init

@@ -1,7 +1,7 @@
 """DP feature selection + Fisher (linear discriminant) classifier, as a dptune trainer.
 
-The seed paper (``/work/shared/papers/dp-feature-selection-fisher-appendix.txt``, its Algorithm 1
-"DP Feature Release Algorithm with k classes" feeding a Fisher classifier) ranks the features by the
+The appendix of a paper on DP feature selection with a Fisher classifier (its Algorithm 1, "DP
+Feature Release Algorithm with k classes", feeding a Fisher classifier) ranks the features by the
 largest distance between class means, ``D_j = max_{k,k'} |mu_kj - mu_k'j|``, keeps the first m and
 adds Gaussian noise scaled to the largest record norm. As written it is not differentially private:
 the ranking uses the exact private class means, and the noise scale ``N_max`` is the data's own

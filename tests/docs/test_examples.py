@@ -61,6 +61,7 @@ def test_tune_custom_jax_example_releases_within_budget(tmp_path):
             "token accuracy of the loaded parameters",
             marks=pytest.mark.slow,
         ),  # fmt: skip
+        ("user_nnx_mnist.py", 3.0, "test accuracy of the loaded model"),
     ],
 )
 def test_user_model_examples_tune_and_load_their_release(name, budget, loaded, tmp_path):

@@ -1,4 +1,4 @@
-"""Issue 25: what a release publishes must be covered by the theorem that states it.
+"""What a release publishes must be covered by the theorem that states it.
 
 One test (at least) per item of the issue, each failing on the code before the fix: a declaration
 that changes after accounting (item 4), candidates covered jointly (item 6), owner-only private

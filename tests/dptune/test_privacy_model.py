@@ -69,7 +69,7 @@ def test_public_sizes_decide_the_privacy_not_the_arrays():
 
 
 def test_data_far_from_its_declared_size_is_warned_not_refused(caplog):
-    """A refusal would depend on the private file's size (issue 25): the curator is warned on
+    """A refusal would depend on the private file's size: the curator is warned on
     the console, and the public sizes come from the declaration either way."""
     import logging
 
@@ -281,7 +281,7 @@ def test_replace_one_dpsgd_equals_dp_accounting():
 def test_replace_one_random_stopping_equals_dp_accounting():
     """A candidate dp_accounting's RDP accountant supports under REPLACE_ONE (sampling without
     replacement): our random-stopping total = its RepeatAndSelectDpEvent total. dptune's one
-    replace-one rule (issue 25: noise multipliers are over the add/remove sensitivity, which a
+    replace-one rule (noise multipliers are over the add/remove sensitivity, which a
     replacement doubles, as dp_accounting's PLD accountant reads a Gaussian) halves the sigma
     that dp_accounting's RDP accountant reads as over the replace-one sensitivity."""
 

@@ -8,6 +8,7 @@ import dptune
 from dptune import space
 from dptune.accounting.events import DpSgdCandidate
 from dptune.release import Release, write_release
+from dptune.report import single_candidate_odds
 from dptune.tuner import FunctionTrainer
 from selection import RandomStopping
 
@@ -39,6 +40,34 @@ def test_report_restates_the_release_and_links_existing_plots(tmp_path):
         if i != best:
             assert f"{s:.4g}" not in text and f"{100 * s:.2f}" not in text
     assert "num_trials" not in text
+    # The count's odds of a single candidate (public), and the loader the README teaches.
+    p1 = single_candidate_odds(rel.privacy["selection"])[1]
+    assert f"exactly one with probability {100 * p1:.0f} %" in text
+    assert "dptune.load_release(" in text and "load_params" not in text
+
+
+def test_single_candidate_odds_match_the_counts_own_sampling():
+    """P[K = 1] (and P[K = 0]) from the statement's selection parameters, against independent
+    numbers: the closed forms (logarithmic: (1 - gamma) / log(1 / gamma); geometric: gamma;
+    Poisson: m e^-m) and the frequency of K = 1 in the count's own sampler (another code path:
+    rejection sampling), 200,000 draws, fixed seed."""
+    import numpy as np
+
+    from selection import counts
+
+    log3 = counts.logarithmic(3.0)
+    g = log3.gamma
+    odds = single_candidate_odds(RandomStopping.logarithmic(3.0).privacy.params())
+    assert odds[0] == 0.0 and math.isclose(odds[1], (1 - g) / math.log(1 / g), rel_tol=1e-12)
+    draws = log3.sample(np.random.default_rng(0), 200_000)
+    assert abs(np.mean(draws == 1) - odds[1]) < 5 * math.sqrt(odds[1] * (1 - odds[1]) / 200_000)
+    p0, p1 = single_candidate_odds(RandomStopping.geometric(4.0).privacy.params())
+    assert p0 == 0.0 and math.isclose(p1, 0.25)
+    p0, p1 = single_candidate_odds(RandomStopping.poisson(2.0).privacy.params())
+    assert math.isclose(p0, math.exp(-2)) and math.isclose(p1, 2 * math.exp(-2))
+    assert single_candidate_odds({"gamma": 0.1, "max_trials": 5}) == (0.0, 0.1)
+    assert single_candidate_odds({"gamma": 0.1, "max_trials": 5, "eps0": 0.0}) is None  # thresh.
+    assert single_candidate_odds({}) is None
 
 
 def test_report_of_an_empty_release(tmp_path):

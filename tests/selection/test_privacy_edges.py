@@ -1,4 +1,4 @@
-"""Issue 25, item 7: the capped procedure's pure-DP constant, re-derived by exact enumeration, and
+"""The capped procedure's pure-DP constant, re-derived by exact enumeration, and
 the weight bonus b_max rounded up (never down).
 
 * A three-level candidate pair attains eps + b_max in the limit: Y puts mass s above a level x,

@@ -1,6 +1,6 @@
 """``trainers.audit``: a gradient canary's per-example gradient is a Dirac on its own slot (zero on
 the model), real records never touch the canary block, the model is unchanged on real images, the
-canaries land in the split they are meant for, and the noise fault repeats the noise."""
+canaries land in the split they are meant for, and the loop's noise_step argument keys the noise."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def test_canaries_land_in_the_split_they_are_meant_for(data):
     assert vx.min() >= 0 and vx.max() < 1  # in the data's range: only the labels are off
 
 
-def test_model_names_and_fault():
+def test_model_names():
     spec = audit.gradient_canary_spec(models.get_model("cnn26k"))
     assert spec is audit.gradient_canary_spec(models.get_model("cnn26k"))  # one compiled step
     assert Hyperparams(model=spec).model.name.endswith(AUDIT_MODEL_SUFFIX)
@@ -78,9 +78,21 @@ def test_model_names_and_fault():
         Hyperparams(model="cnn26k" + AUDIT_MODEL_SUFFIX)  # a wrapped model is a spec, not a name
     with pytest.raises(ValueError, match="features"):
         audit.gradient_canary_spec(models.get_model("scatter_linear"))
-    assert audit.noise_step(7) == 7
-    with audit.fault("noise_reused"):
-        assert audit.noise_step(7) == 0
-    assert audit.noise_step(7) == 7
-    with pytest.raises(ValueError, match="unknown fault"), audit.fault("typo"):
-        pass
+
+
+def test_the_noise_key_is_the_loops_argument(data):
+    """``noise_step`` decides which step index each step's noise key is folded with: the default
+    folds with the step itself; the audit's ``noise_reused`` control (every step folded with 0)
+    trains to other parameters; an equal function to the same ones. No state of ``trainers``."""
+    from trainers.loop import same_step, train_candidates
+
+    hp = Hyperparams(model="cnn26k", batch_size=50, epochs=1, noise_multiplier=5.0)
+    key = jax.random.PRNGKey(1)
+
+    def params(noise_step):
+        (r,) = train_candidates([hp], data, [key], vectorize=False, noise_step=noise_step)
+        return np.concatenate([np.ravel(a) for a in jax.tree_util.tree_leaves(r.params)])
+
+    default = params(same_step)
+    np.testing.assert_array_equal(default, params(lambda step: step))
+    assert not np.allclose(default, params(lambda step: 0))

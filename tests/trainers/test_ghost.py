@@ -520,8 +520,8 @@ def test_parameters_outside_known_layers_fall_back_with_the_parameter_named():
     assert not plan.supported and "attend" in plan.reason
 
 
-def test_layouts_that_mix_examples_fall_back():
-    class Reversed(nn.Module):  # the Dense sees the batch in reverse order: rows not per example
+def test_models_that_mix_examples_fall_back_and_batch_layouts_are_per_example():
+    class Reversed(nn.Module):  # the Dense sees the batch in reverse order
         @nn.compact
         def __call__(self, x):
             return nn.Dense(3)(x[::-1])[::-1]
@@ -531,8 +531,14 @@ def test_layouts_that_mix_examples_fall_back():
         def __call__(self, x):
             return nn.Dense(3)(x - x.mean(axis=0))
 
-    assert "not per example" in _plan(Reversed()).reason
     assert "mixes examples" in _plan(Mixing()).reason
+    # The ghost path runs each example as a batch of its own: a layout along the batch axis
+    # cannot put another example's rows in its block, and the sum is vmap(grad)'s.
+    assert _plan(Reversed()).supported
+    x, y = _inputs((4,), np.float32, seed=1)
+    _, fast, ref, params = _both(Reversed(), x, y)
+    assert _rel_err(fast(params, np.ones(B, np.float32), 0.5)[0],
+                    ref(params, np.ones(B, np.float32), 0.5)[0]) <= 1e-5  # fmt: skip
 
 
 def test_auto_falls_back_once_with_a_log_and_forced_ghost_is_refused(caplog):

@@ -68,14 +68,14 @@ def test_a_damaged_memo_file_reads_as_empty(tmp_path):
 
 def test_the_plan_remembers_unless_warm_starts_are_off(monkeypatch, tmp_path):
     import dptune
-    from dptune.cachedir import calibration_memo
+    from dptune.accounting.calibration import default_memo
     from selection import RandomStopping
 
     monkeypatch.setenv("DPTUNE_CACHE", str(tmp_path))
     monkeypatch.setenv("DPTUNE_COMPILATION_CACHE", "off")
-    assert calibration_memo() is None
+    assert default_memo() is None
     monkeypatch.delenv("DPTUNE_COMPILATION_CACHE")
-    assert calibration_memo().path == tmp_path / "calibration.json"
+    assert default_memo().path == tmp_path / "calibration.json"
     trainer = dptune.FunctionTrainer(
         lambda hp, rng: (0.5, None),
         lambda hp: calibration.DpSgdCandidate(0.01, 200, hp["noise_multiplier"]),

@@ -1,4 +1,4 @@
-"""Issue 25, item 3: one replace-one rule for user DpEvents, on every route.
+"""One replace-one rule for user DpEvents, on every route.
 
 A user event describes its mechanism under add/remove (its noise multiplier is the noise over the
 add/remove sensitivity); a replacement is a removal plus an addition, so it moves the query by up

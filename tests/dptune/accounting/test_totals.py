@@ -1,6 +1,6 @@
 """Totals of whole tuning runs, pinned to independent numbers.
 
-The reference case (issue 3): delta = 1e-5, q = 256/60000, sigma = 1.1, 7032 steps (MNIST-like, 30
+The reference case: delta = 1e-5, q = 256/60000, sigma = 1.1, 7032 steps (MNIST-like, 30
 epochs of batch 256), numbers computed with dp_accounting 0.6.0.
 """
 
@@ -18,7 +18,7 @@ from dptune import accounting
 from selection import privacy as sp
 
 Q, SIGMA, STEPS, DELTA = 256 / 60000, 1.1, 7032, 1e-5
-REL = 1e-3  # "same method => within 1e-3 relative" (issue 3)
+REL = 1e-3  # same method => within 1e-3 relative
 
 CAND = accounting.DpSgdCandidate(Q, STEPS, SIGMA)
 
@@ -100,7 +100,7 @@ def test_poisson_with_pld_delta_hat_matches_independent_computation():
     st = accounting.total_privacy(CAND, sp.PoissonStoppingPrivacy(mean), DELTA)
     assert st.accountant == "pld"
     assert st.total_epsilon == pytest.approx(expected, rel=1e-9)
-    assert rel(st.total_epsilon, 3.245) < REL  # "about 4.00 -> 3.25" (issue 3)
+    assert rel(st.total_epsilon, 3.245) < REL  # about 4.00 -> 3.25
     assert st.single_run_epsilon == pytest.approx(1.6363, rel=REL)
 
 

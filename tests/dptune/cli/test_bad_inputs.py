@@ -1,4 +1,4 @@
-"""Ordinary mistakes and hostile inputs, through the ``dptune`` command and the library (issue 24).
+"""Ordinary mistakes and hostile inputs, through the ``dptune`` command and the library.
 
 Every refusal is exit code 2 and ONE ``dptune: refused:`` line on stderr that names the field (or
 file) and the fix, no traceback, and the budget ledger exactly as it was (nothing private ran).
@@ -25,8 +25,10 @@ import re
 import shutil
 import signal
 import sqlite3
+import stat
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +39,8 @@ from dptune import space
 from dptune.accounting.events import DpSgdCandidate
 from dptune.cli import inspect as inspect_cmd
 from dptune.cli import ledger as ledger_cmd
-from dptune.cli.main import REFUSALS, cli
+from dptune.cli.main import cli
+from dptune.errors import Refused
 from dptune.learners import fisher
 from dptune.ledger import Ledger
 from dptune.tuner import FunctionTrainer
@@ -142,7 +145,7 @@ ARG_CASES = [
     ("delta-above-1/n", ["--config.privacy.delta=0.01"], "1/n"),
     ("accountant", ["--config.privacy.accountant=magic"], "accountant"),
     ("adjacency", ["--config.privacy.adjacency=swap"], "adjacency"),
-    ("dataset-name", ["--config.data.name=imagenet"], "not a known dataset"),
+    ("dataset-name", ["--config.data.name=imagenet"], "unknown dataset name"),
     ("num-examples-zero", ["--config.data.num_examples=0"], "num_examples"),
     ("validation-size-zero", ["--config.data.validation_size=0"], "validation_size"),
     ("validation-size-negative", ["--config.data.validation_size=-5"], "validation_size"),
@@ -160,7 +163,6 @@ ARG_CASES = [
     ("executor-kind", ["--config.executor.kind=quantum"], "quantum"),
     ("trainer-name", ["--config.trainer=svm"], "svm"),
     ("space-low-negative", ["--config.space.clip_norm.low=-1.0"], "low"),
-    ("space-hyperparameter-unknown", ["--config.trainer=dpsgd"], "unknown hyperparameters"),
     ("fixed-noise-not-a-number", ["--config.space.noise_multiplier=lots"], "noise_multiplier"),
     ("fixed-noise-too-small", ["--config.space.noise_multiplier=0.5"], "budget"),
     ("budget-too-small-for-any-noise", ["--config.privacy.epsilon=0.001"], "no noise"),
@@ -200,6 +202,11 @@ CONFIG_FILES = {
         "from dptune.configs import base\n\ndef get_config():\n    c = base.get_config()\n"
         "    c.data.nme = 'mnist'\n    return c\n",
         "did you mean config.data.name",
+    ),
+    "hyperparameter-no-learner-knows": (
+        "from tests.dptune.cli.bad_inputs_config import get_config as tiny\n\n"
+        "def get_config():\n    c = tiny()\n    c.train.nmu_features = 3\n    return c\n",
+        "unknown hyperparameters ['nmu_features']",
     ),
     "unknown-section": (
         "from dptune.configs import base\n\ndef get_config():\n    c = base.get_config()\n"
@@ -752,7 +759,7 @@ LIBRARY_CASES = [
     ),  # fmt: skip
     ("workdir-is-a-file", dict(workdir="afile"), "is a file"),
     ("ledger-corrupt", dict(ledger="bad.sqlite"), "not an SQLite file"),
-    ("dataset-budget-below", dict(dataset_budget=(0.5, 1e-5)), "stated budget"),
+    ("dataset-budget-below", dict(dataset_budget=(0.5, 1e-5)), "dataset_budget="),
 ]
 
 
@@ -767,7 +774,7 @@ def test_library_refuses_like_the_command(tmp_path, monkeypatch, kwargs, fragmen
                 seed=1, workdir=tmp_path / "run", progress=False)  # fmt: skip
     args.update(kwargs)
     default_ledger = Path(os.environ["DPTUNE_LEDGER"])
-    with pytest.raises(REFUSALS) as err:
+    with pytest.raises(Refused) as err:
         dptune.tune(**args)
     assert fragment in str(err.value) and "\n" not in str(err.value).strip()
     assert calls == [] and not (tmp_path / "run" / "private").exists()
@@ -791,7 +798,7 @@ def test_a_fixed_trainer_is_not_handed_its_old_failed_release(tmp_path):
     args = (SPACE, BestOfK(2), (2.0, 1e-5))
     kw = dict(seed=1, workdir=tmp_path / "run", progress=False, ledger=None)
     assert dptune.tune(trainer(broken), *args, **kw).outcome == "no_candidate_succeeded"
-    with pytest.raises(REFUSALS, match="other code"):
+    with pytest.raises(Refused, match="other code"):
         dptune.tune(trainer(fixed), *args, **kw)
     assert dptune.tune(trainer(fixed), *args, **{**kw, "workdir": tmp_path / "new"}).released
 
@@ -809,7 +816,7 @@ def test_a_model_that_does_not_fit_the_images_is_refused_before_training(env):
 
 def test_library_and_command_refuse_with_the_same_words(env):
     r = env.run("--seed=-1")
-    with pytest.raises(REFUSALS) as err:
+    with pytest.raises(Refused) as err:
         dptune.tune(_toy(), SPACE, BestOfK(2), (2.0, 1e-5), seed=-1)
     assert refused(r) == f"dptune: refused: {err.value}"
 
@@ -890,11 +897,12 @@ def test_an_unexpected_error_is_one_line_with_the_traceback_in_a_file(env, monke
     def bug(*a, **k):
         raise TypeError("a bug, not the user's mistake")
 
-    monkeypatch.setattr(tuner, "_release", bug)
+    monkeypatch.setattr(tuner, "release_selected", bug)
     r = env.run()
     line = refused(r, "unexpected TypeError", "traceback is in", code=1, prefix="dptune: error")
     log_file = Path(line.split("traceback is in ")[1].split(";")[0])
     assert "Traceback" in log_file.read_text() and log_file.parent == env.work / "private"
+    assert stat.S_IMODE(log_file.stat().st_mode) == 0o600  # owner-only, like all of private/
 
 
 # --- through the installed entry point (a subprocess: exit codes, output before logging) ----------
@@ -943,3 +951,159 @@ def test_entry_point_exit_codes(tmp_path, args, code, fragment):
         lines = [ln for ln in p.stderr.splitlines() if ln.startswith("dptune: refused:")]
         assert len(lines) == 1 and fragment in lines[0], p.stderr
     assert not (tmp_path / "w").exists()
+
+
+# --- the refusal rule at the edges: the library's objects, released files, disks, pipes ---------
+
+
+def test_dpsgd_trainer_given_bare_arrays_is_refused_in_one_line():
+    from dptune.learners.dpsgd import DpSgdTrainer
+
+    x, y = np.zeros((10, 4), np.float32), np.zeros(10, np.int32)
+    with pytest.raises(Refused) as err:
+        DpSgdTrainer((x, y), base=dict(batch_size=5, epochs=1))
+    assert "Dataset.from_arrays" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory) -> Path:
+    """A finished toy run whose release holds a model checkpoint (orbax)."""
+    work = tmp_path_factory.mktemp("released") / "run"
+
+    def train(hp, rng):
+        return -abs(math.log(hp["learning_rate"] / 0.3)), {
+            "params": {"w": np.arange(3.0, dtype=np.float32)}
+        }
+
+    trainer = FunctionTrainer(train, lambda hp: DpSgdCandidate(0.01, 200, hp["noise_multiplier"]),
+                              10_000, "toy-release", score_kind="covered")  # fmt: skip
+    rel = dptune.tune(trainer, SPACE, BestOfK(2), (2.0, 1e-5), seed=1, workdir=work,
+                      progress=False, ledger=None)  # fmt: skip
+    assert rel.released and (work / "release" / "checkpoint").is_dir()
+    return work
+
+
+@pytest.mark.parametrize("target", ["privacy.json", "result.json", "checkpoint-metadata"])
+def test_a_damaged_release_names_the_damaged_file(released, tmp_path, target):
+    work = tmp_path / "copy"
+    shutil.copytree(released, work)
+    if target == "checkpoint-metadata":
+        found = sorted(p for p in (work / "release" / "checkpoint").rglob("*METADATA*")
+                       if p.is_file())  # fmt: skip
+        assert found, list((work / "release" / "checkpoint").rglob("*"))
+        path = found[0]
+    else:
+        path = work / "release" / target
+    path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+    with pytest.raises(Refused) as err:
+        dptune.load_release(work)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        OSError(28, "No space left on device"),
+        OSError(30, "Read-only file system"),
+        sqlite3.OperationalError("database or disk is full"),
+    ],
+    ids=["full-disk", "read-only", "sqlite-full"],
+)
+def test_a_full_disk_or_a_read_only_folder_is_refused_naming_the_folder(env, monkeypatch, error):
+    import dptune.cli.build as build
+
+    if isinstance(error, OSError):
+        error.filename = str(env.work / "private" / "journal.sqlite")
+
+    def fail(workdir):
+        raise error
+
+    monkeypatch.setattr(build, "workdir_lock", fail)
+    line = refused(env.run(), "cannot write to", str(env.work))
+    assert "bug" not in line
+    assert env.ledger_state() is None
+
+
+def test_a_syntax_error_in_the_users_model_names_the_module_and_line(env):
+    Path("badmodel.py").write_text("import flax.linen as nn\n\ndef make(num_classes:\n    pass\n")
+    r = env.run("--config.trainer=dpsgd", "--config.model=badmodel:make")
+    refused(r, "config.model", "syntax error", "badmodel.py", "line 3")
+    assert env.ledger_state() is None
+    no_private_files(env.work)
+
+
+def test_a_csv_given_as_an_npz_is_refused_as_not_an_npz(env):
+    Path("data.csv").write_text("x,y\n" + "".join(f"{i},{i % 2}\n" for i in range(50)))
+    r = env.run("--config.data.source=npz", "--config.data.path=data.csv",
+                "--config.data.num_examples=50", "--config.data.validation_size=10")  # fmt: skip
+    line = refused(r, "is not an npz file", "data.csv")
+    assert "allow_pickle" not in line
+    assert env.ledger_state() is None
+
+
+@pytest.mark.parametrize(
+    "command, flag",
+    [("account", "--sampling_rate"), ("inspect", "--candidate"), ("ledger", "--budget_epsilon"),
+     ("audit", "--canaries")],
+)  # fmt: skip
+def test_every_subcommand_help_prints_its_flags_and_exits_0(env, command, flag):
+    import importlib
+
+    module = importlib.import_module(f"dptune.cli.{command}")
+    r = env.call(module.cli, [f"dptune {command}", "--help"])
+    assert r.code == 0 and flag in r.out and "Traceback" not in r.err, (r.out[-500:], r.err)
+
+
+def test_audit_without_a_workdir_is_refused_in_one_line(env):
+    from dptune.cli import audit as audit_cmd
+
+    r = env.call(audit_cmd.cli, ["dptune audit", f"--config={CONFIG}"])
+    refused(r, "--workdir=DIR is required")
+    assert env.ledger_state() is None
+
+
+class _ClosedPipe:
+    """stdout whose reader has gone (``| head``): every write and flush raises."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def fileno(self) -> int:
+        raise ValueError("no file descriptor")
+
+
+def test_a_closed_pipe_ends_the_command_quietly(monkeypatch, capsys):
+    from dptune.cli import common
+
+    monkeypatch.setattr(sys, "argv", ["dptune inspect", "--help"])
+    monkeypatch.setattr(sys, "stdout", _ClosedPipe())
+    with pytest.raises(SystemExit) as ended:
+        common.entry(inspect_cmd.cli)
+    sys.stdout = sys.__stdout__  # the replacement devnull is the test's to drop
+    assert ended.value.code == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_a_huge_epsilon_calibrates_without_numeric_noise(env):
+    """epsilon = 1000 ("almost no noise", a usual sanity run): the accountant's numbers overflow
+    for sigma near the answer; those sigmas count as giving no guarantee, and the calibration
+    ends with a sigma whose epsilon is a number at most 1000, without warnings."""
+    from dptune.cli import account
+
+    argv = ["dptune account", "--sampling_rate=0.01", "--steps=50", "--target_epsilon=1000",
+            "--selection=logarithmic", "--mean_trials=2", "--json"]  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # an overflow warning fails the test
+        r = env.call(account.cli, argv)
+    assert r.code == 0, r.err
+    out = json.loads(r.out)
+    assert 0 < out["total_epsilon"] <= 1000 and out["noise_multiplier"] > 0
+    assert "NaN" not in r.err and "Warning" not in r.err
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        r = env.run("--config.privacy.epsilon=1000", "--config.ledger.budget_epsilon=1e4",
+                    "--dry_run")  # fmt: skip
+    assert r.code == 0 and "Traceback" not in r.err, r.err[-2000:]

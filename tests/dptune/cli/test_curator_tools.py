@@ -1,4 +1,4 @@
-"""The curator's tools and the run's state on disk (issue 24, items 3, 4 and 7): ``dptune ledger``
+"""The curator's tools and the run's state on disk: ``dptune ledger``
 sets and lists budgets, a first run's registration is said out loud, absl's ``--verbosity``
 controls the log, a workdir moved (with its data) resumes and holds no absolute path, and
 dp_accounting's expected warnings come as one line.
@@ -83,7 +83,7 @@ def test_library_first_run_says_it_fixed_the_datasets_budget(tmp_path, caplog):
                     progress=False)  # fmt: skip
     warned = [r for r in caplog.records if "had no lifetime budget" in r.message]
     assert len(warned) == 1 and warned[0].levelno == logging.WARNING
-    assert "from this run's own budget" in warned[0].message
+    assert "the default: 10 runs like this one" in warned[0].message
     assert "dptune ledger --dataset=" in warned[0].message
 
 

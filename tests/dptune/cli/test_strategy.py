@@ -8,8 +8,7 @@ import pytest
 
 from dptune import strategies
 from dptune.cli import build as cli
-from dptune.cli.build import ConfigError
-from dptune.errors import TuningConfigError
+from dptune.errors import Refused
 from tests.dptune.cli.test_main import SMOKE, _smoke, smoke_data  # noqa: F401 (fixture)
 from tests.paths import REPO
 
@@ -33,7 +32,7 @@ def test_malformed_strategy_refused(changes, message, smoke_data, monkeypatch, t
     monkeypatch.setattr(trainers.loop, "train_candidates", None)  # any call would fail
     monkeypatch.setattr(cli, "load_data", lambda cfg: smoke_data)
     cfg = _smoke(**changes, ledger__path=str(tmp_path / "ledger.sqlite"))
-    with pytest.raises((ConfigError, TuningConfigError)) as err:
+    with pytest.raises(Refused) as err:
         cli.run_config(cfg, tmp_path / "run", progress=False)
     assert message in str(err.value)
     assert not (tmp_path / "run" / "private").exists()

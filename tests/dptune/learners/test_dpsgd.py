@@ -100,13 +100,13 @@ def _tiny_run(tmp_path, monkeypatch, executor=None, **trainer_kw):
 
 
 def test_candidates_skip_the_test_split_and_their_privacy_travels(tmp_path, monkeypatch):
-    rel, tr, calls, hooks = _tiny_run(tmp_path, monkeypatch)
+    rel, tr, calls, hooks = _tiny_run(tmp_path, monkeypatch, test_curve=False)
     assert rel.released
     assert hooks == [None, None, None]  # no per-epoch callback: nothing but the validation score
     assert len(calls) == 1  # the test split once, for the released candidate (release_view)
     assert 0.0 <= rel.test_accuracy <= 1.0
     # The curve: the privacy each epoch of training spent (from the candidate's result), as
-    # epsilon at the plan's delta; no test accuracy per epoch unless asked for.
+    # epsilon at the plan's delta; no test accuracy per epoch when test curves are off.
     hp = tr.hyperparams(rel.hparams)
     spe = -(-tr.num_examples // 64)  # ceil(N_public / B)
     assert [row["epoch"] for row in rel.curve] == [1, 2]
@@ -121,8 +121,10 @@ def test_candidates_skip_the_test_split_and_their_privacy_travels(tmp_path, monk
     )
 
 
-def test_test_curves_on_request_are_the_curators_view(tmp_path, monkeypatch):
-    rel, _, calls, hooks = _tiny_run(tmp_path, monkeypatch, test_curve=True)
+def test_test_curves_by_default_are_the_curators_view_and_the_releases_curve(
+    tmp_path, monkeypatch
+):
+    rel, _, calls, hooks = _tiny_run(tmp_path, monkeypatch)
     assert all(h is not None for h in hooks)
     assert len(calls) == 3 * 2  # every candidate, every epoch; the release reuses the last
     assert [set(row) for row in rel.curve] == [{"epoch", "epsilon_one_run", "test_accuracy"}] * 2
@@ -132,13 +134,12 @@ def test_test_curves_on_request_are_the_curators_view(tmp_path, monkeypatch):
 def test_payload_carries_privacy_by_epoch(monkeypatch):
     monkeypatch.setenv("DPTUNE_COMPILATION_CACHE", "off")
     data = make_synthetic(num_train=400, num_test=50, validation_size=100, seed=0)
-    tr = dptune.DpSgdTrainer(data, dict(batch_size=64, epochs=2), epoch_progress=False)
+    tr = dptune.DpSgdTrainer(data, dict(batch_size=64, epochs=2), epoch_progress=False,
+                             test_curve=False)  # fmt: skip
     (score, payload), = tr.train_many([{}], [np.random.default_rng(0)])  # fmt: skip
     steps = [h["steps"] for h in payload["history"]]
     assert steps == [5, 10]  # ceil(300 / 64) steps per epoch
     assert payload["privacy_by_epoch"] == [tr._privacy(tr.hyperparams({}), s) for s in steps]
-    # what the tuner precomputes the curve from while candidates train
-    assert tr.planned_privacy_by_epoch({}) == payload["privacy_by_epoch"]
     view = tr.release_view({}, payload)
     assert list(view.privacy_by_epoch) == payload["privacy_by_epoch"]
     assert [set(h) for h in view.history] == [{"epoch"}] * 2  # exact losses stay private

@@ -3,10 +3,10 @@
 # path, the accountant's repeated numbers computed once, the curve's epsilons while candidates
 # train, the process exit without teardown). Declared (committed) before it ran; run ONCE on this
 # project's 2-core machine with nothing else of ours running, from the checkout's root:
-#   bash scripts/runs/issue27_cpu_final.sh
-# Each command's output goes to docs/performance_issue27_cpu_final/, with the load average.
+#   bash results/runs/issue27_cpu_final.sh
+# Each command's output goes to results/performance_issue27_cpu_final/, with the load average.
 set -u -o pipefail
-out=docs/performance_issue27_cpu_final
+out=results/performance_issue27_cpu_final
 mkdir -p "$out"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 py=/work/venv/bin/python

@@ -4,8 +4,8 @@
 # starts from an empty dptune cache (before, it reused the remembered calibration). Declared
 # (committed) before it ran; run ONCE on this project's 2-core machine with nothing else of ours
 # running, from the checkout's root:
-#   bash scripts/runs/issue27_warm_start.sh
-# Output in docs/performance_issue27_warm_start/, with the load average:
+#   bash results/runs/issue27_warm_start.sh
+# Output in results/performance_issue27_warm_start/, with the load average:
 #   warm_start_{before,after}_N: bench_warm_start.py --rounds 1 --json, the code of 4e5ec19
 #     (before this session) and of this commit, interleaved round after round (3 rounds each);
 #   medians.txt: their medians and ratios;
@@ -15,7 +15,7 @@
 #     DPTUNE_TEST_CACHE: a first run, which fills it), 10 min 29 s at 4e5ec19 on this machine
 #     earlier today (not interleaved: one run each).
 set -u -o pipefail
-out=docs/performance_issue27_warm_start
+out=results/performance_issue27_warm_start
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 before=/tmp/dptune-before-4e5ec19

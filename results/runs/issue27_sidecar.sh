@@ -4,8 +4,8 @@
 # command imports; the release's plots drawn there while the command writes the rest).
 # Declared (committed) before it ran; run ONCE, from the checkout's root, with nothing else
 # running on the machine:
-#   bash scripts/runs/issue27_sidecar.sh
-# Output in docs/performance_issue27_sidecar/:
+#   bash results/runs/issue27_sidecar.sh
+# Output in results/performance_issue27_sidecar/:
 #   warm_start_{before,after}_N: bench_warm_start.py --rounds 1 --json, 7e007ba (the code before
 #     the sidecar) and this commit, interleaved, 5 rounds each, each tree run with itself as the
 #     current folder (python -m puts the current folder first on sys.path) and printing the
@@ -14,7 +14,7 @@
 #     must say "is the sidecar's" (its step PLD came from the sidecar), the first must not;
 #   suite: the default `pytest` (the fast suite), its wall time, with the suite's cache as it is.
 set -u -o pipefail
-out=$PWD/docs/performance_issue27_sidecar
+out=$PWD/results/performance_issue27_sidecar
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 here=$PWD

@@ -6,26 +6,26 @@
 # jax-privacy 2.0.0 (+ pydantic 2.14.4, pydantic-core 2.50.5, annotated-types 0.8.0,
 # typing-inspection 0.4.5) and opacus 1.6.0 in .whl/ (the machine has jax, flax, optax, torch).
 #
-#   bash scripts/runs/issue27_gpu.sh check    # environment + the tiny accelerator suite: a check
+#   bash results/runs/issue27_gpu.sh check    # environment + the tiny accelerator suite: a check
 #                                             # that everything runs there, NOT a result
-#   bash scripts/runs/issue27_gpu.sh smoke    # result: bench_warm_start.py --rounds 2 (smoke run
+#   bash results/runs/issue27_gpu.sh smoke    # result: bench_warm_start.py --rounds 2 (smoke run
 #                                             # off / cold / warm) + one smoke run's choice line
-#   bash scripts/runs/issue27_gpu.sh table    # result: the accelerator suite at full size
+#   bash results/runs/issue27_gpu.sh table    # result: the accelerator suite at full size
 #                                             # (batch 256, K = 2, 4, 8, 5 rounds x 5 steps, torch
 #                                             # rows for cnn26k), --json
-#   bash scripts/runs/issue27_gpu.sh table2   # result, declared after `table` ran (commit 19cfc4e
+#   bash results/runs/issue27_gpu.sh table2   # result, declared after `table` ran (commit 19cfc4e
 #                                             # found its harness unfair: dptune's rows copied four
 #                                             # host arguments per step, the peers' one; torch ran on
 #                                             # the CPU): the same command on the fixed suite, in
 #                                             # two processes so that one call's 10 minutes hold it:
 #                                             # cnn26k, CIFAR CNN, user CNN (+ torch on the GPU),
 #                                             # then WRN-16-4 (now on the ghost path, merge abc9a3d)
-#   bash scripts/runs/issue27_gpu.sh table2_wrn  # result, declared after table2's WRN-16-4 half
+#   bash results/runs/issue27_gpu.sh table2_wrn  # result, declared after table2's WRN-16-4 half
 #                                             # stopped with an exception (the ghost plan's probe
 #                                             # compared TF32 products and refused WRN-16-4; fixed
 #                                             # in the commit that declares this): WRN-16-4 alone,
 #                                             # K = 8 only (what the session's device time left)
-#   bash scripts/runs/issue27_gpu.sh probe    # result: the vectorisation probe's choice (trainers.
+#   bash results/runs/issue27_gpu.sh probe    # result: the vectorisation probe's choice (trainers.
 #                                             # probe, as a tuning run calls it) for cnn26k, the
 #                                             # CIFAR CNN and WRN-16-4 at batch 256 on this device
 # Everything each stage prints goes to $OUT/<stage>.txt as well.

@@ -4,7 +4,7 @@
 # --config=fashion_mnist, OS entropy, one after another, each ONCE. Declared (committed) before it
 # runs; not run when it was committed (the lead decides). From the checkout's root:
 #
-#   OUT=/tmp/issue26 DATA=../shared/data/fashion-mnist nice -n 10 bash scripts/runs/issue26_fmnist.sh
+#   OUT=/tmp/issue26 DATA=../shared/data/fashion-mnist nice -n 10 bash results/runs/issue26_fmnist.sh
 #
 # On a lent GPU machine (offline) put the IDX files in .carry/fashion-mnist (DATA defaults to it)
 # and the wheels dp_accounting 0.6.0, ml_collections 1.1.0 and kymatio 0.3.0 in .whl/ (installed
@@ -35,7 +35,7 @@ run() {  # run NAME CONFIG: one dptune run, its log and release copied to $OUT
   echo "$name: exit $?, wall $((SECONDS - s)) s" | tee -a "$OUT/wall.txt"
   cp -r /tmp/issue26-$name/release "$OUT/release-$name"
 }
-run recipe scripts/runs/issue26_fmnist_recipe.py
+run recipe results/runs/issue26_fmnist_recipe.py
 for r in 1 2 3; do
   run tuned-r$r fashion_mnist
 done

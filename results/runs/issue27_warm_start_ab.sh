@@ -2,7 +2,7 @@
 # Issue 27: the before/after comparison of 2026-11-26 done right, and the tuning-overhead figure
 # again. Declared (committed) before it ran; run ONCE, from the checkout's root, with nothing
 # else running:
-#   bash scripts/runs/issue27_warm_start_ab.sh
+#   bash results/runs/issue27_warm_start_ab.sh
 # Why again (docs/performance.md says it too): in issue27_warm_start.sh,
 #   * the "before" rows ran this session's code, not 4e5ec19's: `python -m dptune` puts the
 #     current folder (the checkout) first on sys.path, ahead of PYTHONPATH; both row sets are
@@ -10,12 +10,12 @@
 #     current folder (and PYTHONPATH), and each row prints which trainers/loop.py it imported;
 #   * its tuning_overhead stage ran while the session's lead ran other smoke runs on the same
 #     2 cores (18:51-18:54 UTC), so that figure (1.178) is not a measurement of dptune.
-# Output in docs/performance_issue27_warm_start_ab/:
+# Output in results/performance_issue27_warm_start_ab/:
 #   warm_start_{before,after}_N: bench_warm_start.py --rounds 1 --json, 4e5ec19 and this commit,
 #     interleaved, 4 rounds each; medians.txt: medians and ratios per code;
 #   tuning_overhead: bench_tuning_overhead.py --rounds 3 --epochs 10 (goal <= 1.1).
 set -u -o pipefail
-out=$PWD/docs/performance_issue27_warm_start_ab
+out=$PWD/results/performance_issue27_warm_start_ab
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 here=$PWD

@@ -8,7 +8,7 @@
 #   (b) the step-level ratios of scripts/bench_dpsgd.py (JAX rows; PyTorch is not installed here),
 #       full row set, run 3 times per checkout, alternating A, B, B, A, A, B.
 set -eu
-OUT=${OUT:-docs/performance_issue9_run4}
+OUT=${OUT:-results/performance_issue9_run4}
 mkdir -p "$OUT"
 { nproc; lscpu | grep -i "model name"; python -c "import jax; print(jax.__version__)"; git rev-parse HEAD; uptime; } > "$OUT/machine.txt" 2>&1
 PYTHONPATH=. python scripts/bench_revisions.py --other .bench_old --rounds 15 --epochs 3 2>&1 | tee "$OUT/bench_revisions.txt"

@@ -1,0 +1,183 @@
+"""``dptune.fix_model``: batch normalisation replaced by group normalisation, so that a model's
+per-example gradients depend on that example alone (the rule of Opacus's ``ModuleValidator.fix``:
+``gcd(32, channels)`` groups, the same epsilon, scale and bias).
+
+* Flax NNX: the module graph is walked and every ``nnx.BatchNorm`` attribute (or list entry) is
+  replaced by an ``nnx.GroupNorm`` of the same feature count, on a copy of the module.
+* Flax linen: layers are built when the module is called (``@nn.compact`` modules such as
+  Flax's ResNet construct ``nn.BatchNorm`` inside ``__call__``), so the module is wrapped: while
+  the wrapper runs, an interceptor (``nn.intercept_methods``) answers every ``nn.BatchNorm`` call
+  with an ``nn.GroupNorm`` that shares the BatchNorm's scope. Its parameters (``scale``,
+  ``bias``) sit where the BatchNorm's did, no ``batch_stats`` are created, and the ghost path sees
+  a known ``nn.GroupNorm``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+from flax import nnx
+
+log = logging.getLogger("dptune")
+
+
+def groups_for(channels: int) -> int:
+    """Opacus's group count for ``channels`` channels: ``gcd(32, channels)``."""
+    return math.gcd(32, int(channels))
+
+
+@dataclasses.dataclass(frozen=True)
+class Replaced:
+    """One replaced layer: where it is and the group norm it became."""
+
+    path: str
+    channels: int | None
+    groups: int | None
+
+    def __str__(self) -> str:
+        if self.channels is None:
+            return f"{self.path}: BatchNorm -> GroupNorm(gcd(32, channels) groups)"
+        return f"{self.path}: BatchNorm({self.channels}) -> GroupNorm({self.groups} groups)"
+
+
+def fix_model(module: Any, x: Any = None) -> tuple[Any, list[Replaced]]:
+    """``module`` with every BatchNorm replaced by a GroupNorm of ``gcd(32, channels)`` groups,
+    and the list of replaced layers (also logged at INFO).
+
+    Args:
+      module: a flax NNX module (a fixed copy is returned; the original is unchanged) or an
+        unbound flax linen module (wrapped: the result's parameters have the original's paths,
+        the BatchNorms' ``scale`` and ``bias`` included; ``batch_stats`` disappear).
+      x: for a linen module, an example batch (an array or ``jax.ShapeDtypeStruct``) to list
+        the replaced layers: linen builds its layers when called. Without it the list is
+        empty for linen (the replacement still applies).
+
+    Returns:
+      (fixed module, replaced layers).
+    """
+    if isinstance(module, nnx.Module):
+        fixed, replaced = _fix_nnx(module)
+    elif isinstance(module, nn.Module):
+        if module.scope is not None:
+            raise ValueError(
+                f"dptune: fix_model(module={type(module).__name__}): pass an unbound module"
+            )
+        fixed = GroupNormForBatchNorm(module)
+        replaced = [] if x is None else _traced_replacements(fixed, x)
+    else:
+        raise TypeError(
+            f"dptune: fix_model(module={module!r:.60}): expected a flax linen or nnx Module"
+        )
+    if replaced:
+        log.info(
+            "fix_model: %d BatchNorm layer(s) replaced by GroupNorm: %s",
+            len(replaced), "; ".join(map(str, replaced)),
+        )  # fmt: skip
+    return fixed, replaced
+
+
+# --- NNX ---------------------------------------------------------------------------------------
+
+
+def _group_norm_for(bn: nnx.BatchNorm) -> nnx.GroupNorm:
+    if bn.axis not in (-1,):
+        raise ValueError(
+            f"dptune: fix_model: a BatchNorm over axis {bn.axis} (GroupNorm normalises the last "
+            "axis): move the channels last"
+        )
+    c = int(bn.num_features)
+    gn = nnx.GroupNorm(
+        c, num_groups=groups_for(c), epsilon=bn.epsilon, dtype=bn.dtype,
+        param_dtype=bn.param_dtype, use_bias=bn.use_bias, use_scale=bn.use_scale,
+        rngs=nnx.Rngs(0),
+    )  # fmt: skip
+    # the BatchNorm's learned affine map carries over (ones and zeros when fresh)
+    if bn.use_scale:
+        gn.scale.set_value(bn.scale.get_value())
+    if bn.use_bias:
+        gn.bias.set_value(bn.bias.get_value())
+    return gn
+
+
+def _fix_nnx(module: nnx.Module) -> tuple[nnx.Module, list[Replaced]]:
+    fixed = nnx.clone(module)
+    found = [(path, node) for path, node in nnx.iter_graph(fixed) if type(node) is nnx.BatchNorm]
+    replaced = []
+    for path, bn in found:
+        parent = fixed
+        for k in path[:-1]:
+            parent = parent[k] if isinstance(k, int) else getattr(parent, k)
+        gn = _group_norm_for(bn)
+        if isinstance(path[-1], int):
+            parent[path[-1]] = gn
+        else:
+            setattr(parent, path[-1], gn)
+        c = int(bn.num_features)
+        replaced.append(Replaced("/".join(str(k) for k in path), c, groups_for(c)))
+    return fixed, replaced
+
+
+# --- linen -------------------------------------------------------------------------------------
+
+
+class GroupNormForBatchNorm(nn.Module):
+    """``inner`` with every ``nn.BatchNorm`` call answered by an ``nn.GroupNorm`` (``gcd(32,
+    channels)`` groups, the BatchNorm's epsilon, dtypes, scale and bias settings) in the
+    BatchNorm's own scope. The parameters have ``inner``'s paths (the wrapper shares its scope).
+    """
+
+    inner: nn.Module
+
+    def setup(self):
+        nn.share_scope(self, self.inner)
+
+    def __call__(self, *args, **kwargs):
+        with nn.intercept_methods(_batchnorm_as_groupnorm):
+            return self.inner(*args, **kwargs)
+
+
+def _batchnorm_as_groupnorm(next_fun, args, kwargs, context):
+    bn = context.module
+    if type(bn) is not nn.BatchNorm or context.method_name != "__call__":
+        return next_fun(*args, **kwargs)
+    x = args[0]
+    if kwargs.get("mask") is not None or len(args) > 2:
+        where = "/".join(bn.path)
+        raise ValueError(f"dptune: fix_model: {where}: a BatchNorm mask is not supported")
+    if bn.axis not in (-1, x.ndim - 1):
+        raise ValueError(
+            f"dptune: fix_model: {'/'.join(bn.path)}: a BatchNorm over axis {bn.axis} (GroupNorm "
+            "normalises the last axis): move the channels last"
+        )
+    c = x.shape[-1]
+    gn = nn.GroupNorm(
+        num_groups=groups_for(c), epsilon=bn.epsilon, dtype=bn.dtype, param_dtype=bn.param_dtype,
+        use_bias=bn.use_bias, use_scale=bn.use_scale, bias_init=bn.bias_init,
+        scale_init=bn.scale_init, parent=bn.scope,
+    )  # fmt: skip
+    return gn(x)
+
+
+def _traced_replacements(fixed: GroupNormForBatchNorm, x: Any) -> list[Replaced]:
+    """The BatchNorm layers of ``fixed.inner`` (paths, channels), by tracing ``init`` on ``x``'s
+    shape (nothing is computed)."""
+    seen: list[Replaced] = []
+
+    def spy(next_fun, args, kwargs, context):
+        m = context.module
+        if type(m) is nn.BatchNorm and context.method_name == "__call__":
+            c = int(args[0].shape[-1])
+            seen.append(Replaced("/".join(m.path), c, groups_for(c)))
+        return next_fun(*args, **kwargs)
+
+    def init(x):
+        with nn.intercept_methods(spy):
+            return fixed.init(jax.random.PRNGKey(0), x)
+
+    jax.eval_shape(init, jax.ShapeDtypeStruct(x.shape, x.dtype))
+    return list(dict.fromkeys(seen))

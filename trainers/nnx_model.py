@@ -1,0 +1,336 @@
+"""Flax NNX models as the ``init`` / ``apply`` pair the rest of dptune uses, and their known layers
+for the ghost clipping path (``trainers.ghost``).
+
+An ``nnx.Module`` is split once into its graph definition, the trainable state (``nnx.Param``
+by default; any NNX filter, e.g. ``nnx.LoRAParam``, through ``trainable=``) and the rest (frozen
+parameters, rng state), which is kept as it is. The trainable state travels as a nested dict of
+arrays keyed by attribute names (list indices as strings, so orbax and optax see plain dicts):
+``apply({"params": p}, x)`` merges ``p`` into a fresh copy of the module and calls it. Variable
+metadata (``nnx.with_partitioning``'s sharding names) stays on the module's own Variables, so the
+arrays dptune clips are plain and :meth:`NnxModel.state` gives them back with it.
+
+For the ghost path each known NNX layer (``nnx.Linear``, ``LinearGeneral``, ``Conv``, ``Embed``,
+``LayerNorm``, ``RMSNorm``, ``GroupNorm``, and ``Einsum`` when it is a dense map of trailing
+axes; ``MultiHeadAttention`` through its ``LinearGeneral`` parts) is computed by its linen twin,
+which ``trainers.ghost`` already has formulas for: the same parameter names and shapes and the
+same computation. The copy of the module being traced has the class of each known layer swapped
+for a subclass whose ``__call__`` hands the call to the ghost recorder (NNX has no method
+interceptor like linen's ``nn.intercept_methods``); the classes of the user's own objects are
+never touched, and nothing global changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, traverse_util
+from flax.nnx.nn.dtypes import promote_dtype as _nnx_promote_dtype
+
+
+def is_nnx(model: Any) -> bool:
+    """Whether ``model`` is a Flax NNX module instance."""
+    return isinstance(model, nnx.Module)
+
+
+def _where(path: tuple) -> str:
+    return "/".join(str(k) for k in path) or "(the model itself)"
+
+
+class NnxModel:
+    """A Flax NNX module seen as ``init(key, x) -> {"params": p}`` and ``apply({"params": p}, x)``.
+
+    Args:
+      module: an ``nnx.Module`` instance (already initialised: NNX creates parameters in
+        ``__init__``). It is not modified; every ``apply`` works on a fresh copy.
+      trainable: an NNX filter choosing the trained state (default ``nnx.Param``); everything
+        else is held fixed at the module's values (e.g. frozen base weights when the filter is
+        ``nnx.LoRAParam``).
+
+    Raises:
+      ValueError: the module keeps batch statistics (``nnx.BatchStat``, e.g. ``nnx.BatchNorm``):
+        they mix the examples of a batch. The message names the layer and points at
+        ``dptune.fix_model``.
+    """
+
+    def __init__(self, module: nnx.Module, trainable: Any = nnx.Param):
+        graphdef, params, rest = nnx.split(module, trainable, ...)
+        for path, var in [*nnx.to_flat_state(params), *nnx.to_flat_state(rest)]:
+            if isinstance(var, nnx.BatchStat):
+                layer = _module_at(module, path[:-1])
+                raise ValueError(
+                    f"dptune: model={type(module).__name__}: layer {_where(path[:-1])!r} "
+                    f"({type(layer).__name__}) keeps batch statistics (nnx.BatchStat), which mix "
+                    "the examples of a batch; DP-SGD needs each example's gradient to depend on "
+                    "that example alone: model, replaced = dptune.fix_model(model) swaps "
+                    "BatchNorm for GroupNorm"
+                )
+        self.graphdef = graphdef
+        self.name = type(module).__name__
+        self.module_class = type(module)
+        self._params = params
+        self._rest = rest
+        self._paths = [(path, tuple(str(k) for k in path)) for path, _ in nnx.to_flat_state(params)]
+
+    def __repr__(self) -> str:
+        return f"NnxModel({self.name})"
+
+    def params(self) -> dict:
+        """The module's trainable arrays as a nested dict (string keys), metadata dropped: plain
+        arrays on the default device (a module made under a mesh holds arrays whose type names
+        mesh axes, which dptune's per-example computations do not carry)."""
+        flat = {keys: jnp.asarray(np.asarray(_value(var))) for (_, keys), (_, var) in zip(
+            self._paths, nnx.to_flat_state(self._params), strict=True)}  # fmt: skip
+        return traverse_util.unflatten_dict(flat)
+
+    def init(self, key: Any, x: Any) -> dict:
+        """``{"params": self.params()}``: the module's own initial values, the same for every
+        candidate (``key`` and ``x`` are accepted for the linen signature; NNX initialised the
+        parameters at construction, from the module's own rngs, never from data)."""
+        del key, x
+        return {"params": self.params()}
+
+    def trainable_state(self) -> nnx.State:
+        """The module's trainable ``nnx.State`` as constructed (what ``load_release(like=...)``
+        restores a release into)."""
+        return self._params
+
+    def state(self, params: Any) -> nnx.State:
+        """``params`` (a nested dict as :meth:`params` returns) as the module's trainable
+        ``nnx.State``, Variable metadata included: what ``nnx.update(module, state)`` and
+        ``nnx.merge(graphdef, state, ...)`` take."""
+        flat = traverse_util.flatten_dict(params)
+        return nnx.from_flat_state(
+            [
+                (path, var.replace(value=flat[keys]))
+                for (path, keys), (_, var) in zip(
+                    self._paths, nnx.to_flat_state(self._params), strict=True
+                )
+            ]  # fmt: skip
+        )
+
+    def merge(self, params: Any) -> nnx.Module:
+        """A fresh module with the trainable state ``params`` and the rest as constructed (fresh
+        Variables: a layer that updates its state when called, such as an rng counter, updates
+        the copy, inside the trace that made it)."""
+        rest = jax.tree_util.tree_map(lambda v: v, self._rest)
+        return nnx.merge(self.graphdef, self.state(params), rest)
+
+    def apply(self, variables: dict, x: Any) -> Any:
+        """The module's outputs on a batch ``x`` with ``variables["params"]``."""
+        return self.merge(variables["params"])(x)
+
+    def apply_recording(self, params: Any, x: Any, recorder: Callable) -> Any:
+        """:meth:`apply` with every known layer's call handed to ``recorder`` (a
+        ``trainers.ghost`` recorder: ``recorder(next_fun, args, kwargs, context)``)."""
+        module = self.merge(params)
+        for path, node in nnx.iter_graph(module):
+            if type(node) in NNX_LAYERS:
+                node.__class__ = _recording_class(type(node))
+                object.__setattr__(node, _RECORDING, (tuple(str(k) for k in path), recorder))
+        return module(x)
+
+
+def _value(var: Any) -> Any:
+    return var.get_value() if hasattr(var, "get_value") else var.value
+
+
+def _module_at(module: Any, path: tuple) -> Any:
+    node = module
+    for k in path:
+        node = node[k] if isinstance(k, int) else getattr(node, k)
+    return node
+
+
+# --- the known NNX layers and their linen twins -----------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Context:
+    """What ``trainers.ghost``'s recorder reads from linen's interceptor context."""
+
+    module: nn.Module
+    method_name: str
+    path: tuple[str, ...]
+
+
+#: Attribute on a traced copy of a known layer: (its path, the recorder).
+_RECORDING = "_dptune_recording"
+
+
+@functools.cache
+def _recording_class(cls: type) -> type:
+    """``cls`` with its ``__call__`` handed to the recorder stored on the instance (a subclass,
+    made once per layer class: the copies being traced are switched to it)."""
+    base_call = cls.__call__
+
+    def __call__(self, *args, **kwargs):
+        path, recorder = self.__dict__[_RECORDING]
+
+        def next_fun(*a, **k):
+            return base_call(self, *a, **k)
+
+        twin, why = linen_twin(self)
+        if twin is None:
+            recorder.unsupported.append(f"{'/'.join(path)}: {why}")
+            return next_fun(*args, **kwargs)
+        # keyword arguments that change nothing (e.g. MultiHeadAttention passes
+        # out_sharding=None to its projections) are dropped; any other reaches the recorder,
+        # which refuses it
+        same = {"out_sharding": None, "einsum_str": getattr(self, "einsum_str", None)}
+        kwargs = {k: v for k, v in kwargs.items() if k not in same or v != same[k]}
+        return recorder(next_fun, args, kwargs, _Context(twin, "__call__", path))
+
+    return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__})
+
+
+def _common(layer: Any) -> str | None:
+    if getattr(layer, "promote_dtype", _nnx_promote_dtype) is not _nnx_promote_dtype:
+        return "a custom promote_dtype"
+    if getattr(layer, "preferred_element_type", None) is not None:
+        return "preferred_element_type"
+    return None
+
+
+def _linear(layer: nnx.Linear) -> tuple[nn.Module | None, str | None]:
+    if layer.dot_general is not jax.lax.dot_general:
+        return None, "a custom dot_general"
+    return nn.Dense(
+        layer.out_features, use_bias=layer.use_bias, dtype=layer.dtype,
+        param_dtype=layer.param_dtype, precision=layer.precision,
+    ), None  # fmt: skip
+
+
+def _linear_general(layer: nnx.LinearGeneral) -> tuple[nn.Module | None, str | None]:
+    if layer.batch_axis:
+        return None, "batch_axis (parameters per batch entry)"
+    if layer.dot_general is not None or layer.dot_general_cls is not None:
+        return None, "a custom dot_general"
+    return nn.DenseGeneral(
+        layer.out_features, axis=layer.axis, use_bias=layer.use_bias, dtype=layer.dtype,
+        param_dtype=layer.param_dtype, precision=layer.precision,
+    ), None  # fmt: skip
+
+
+def _conv(layer: nnx.Conv) -> tuple[nn.Module | None, str | None]:
+    if layer.conv_general_dilated is not jax.lax.conv_general_dilated:
+        return None, "a custom conv_general_dilated"
+    return nn.Conv(
+        layer.out_features, layer.kernel_size, strides=layer.strides, padding=layer.padding,
+        input_dilation=layer.input_dilation, kernel_dilation=layer.kernel_dilation,
+        feature_group_count=layer.feature_group_count, use_bias=layer.use_bias,
+        mask=layer.mask, dtype=layer.dtype, param_dtype=layer.param_dtype,
+        precision=layer.precision,
+    ), None  # fmt: skip
+
+
+def _embed(layer: nnx.Embed) -> tuple[nn.Module | None, str | None]:
+    return nn.Embed(
+        layer.num_embeddings, layer.features, dtype=layer.dtype, param_dtype=layer.param_dtype
+    ), None
+
+
+def _norm_args(layer: Any) -> dict:
+    return dict(
+        epsilon=layer.epsilon, dtype=layer.dtype, param_dtype=layer.param_dtype,
+        use_scale=layer.use_scale, axis_name=layer.axis_name,
+        axis_index_groups=layer.axis_index_groups, use_fast_variance=layer.use_fast_variance,
+    )  # fmt: skip
+
+
+def _layer_norm(layer: nnx.LayerNorm) -> tuple[nn.Module | None, str | None]:
+    return nn.LayerNorm(
+        use_bias=layer.use_bias, reduction_axes=layer.reduction_axes,
+        feature_axes=layer.feature_axes, **_norm_args(layer),
+    ), None  # fmt: skip
+
+
+def _rms_norm(layer: nnx.RMSNorm) -> tuple[nn.Module | None, str | None]:
+    return nn.RMSNorm(
+        reduction_axes=layer.reduction_axes, feature_axes=layer.feature_axes, **_norm_args(layer)
+    ), None
+
+
+def _group_norm(layer: nnx.GroupNorm) -> tuple[nn.Module | None, str | None]:
+    if layer.feature_axis not in (-1,):
+        return None, f"feature_axis={layer.feature_axis!r} (only the last axis)"
+    return nn.GroupNorm(
+        num_groups=layer.num_groups, use_bias=layer.use_bias,
+        reduction_axes=layer.reduction_axes, **_norm_args(layer),
+    ), None  # fmt: skip
+
+
+def einsum_as_dense(einsum_str: str, kernel_shape: tuple, bias_shape: tuple | None):
+    """``(features, axis)`` of the ``nn.DenseGeneral`` that computes ``einsum(einsum_str, x,
+    kernel) (+ bias)`` when the kernel contracts the input's trailing axes in order and adds its
+    output axes at the end in order (e.g. ``"btd,dnh->btnh"``, ``"btnh,nhd->btd"``); else a
+    string saying why not (a kernel axis shared with the input and output, as in a per-head
+    kernel, makes the parameters per batch entry)."""
+    s = einsum_str.replace(" ", "")
+    if "..." in s or "->" not in s or s.count(",") != 1:
+        return f"einsum {einsum_str!r} (two operands, explicit output, no ellipsis)"
+    ins, out = s.split("->")
+    a, k = ins.split(",")
+    contracted = "".join(c for c in k if c in a and c not in out)
+    added = "".join(c for c in k if c not in a)
+    if (
+        len(k) != len(contracted) + len(added)
+        or not contracted
+        or k != contracted + added
+        or not a.endswith(contracted)
+        or out != a[: len(a) - len(contracted)] + added
+    ):
+        return (
+            f"einsum {einsum_str!r} is not a dense map of the input's trailing axes (kernel "
+            "axes: the contracted trailing input axes, then the output's trailing axes)"
+        )
+    features = tuple(int(d) for d in kernel_shape[len(contracted) :])
+    if bias_shape is not None and tuple(bias_shape) != features:
+        return f"einsum bias of shape {tuple(bias_shape)} (expected {features})"
+    return features, tuple(range(-len(contracted), 0))
+
+
+def _einsum(layer: nnx.Einsum) -> tuple[nn.Module | None, str | None]:
+    if layer.einsum_op is not jnp.einsum:
+        return None, "a custom einsum_op"
+    bias = None if layer.bias is None or _value(layer.bias) is None else layer.bias_shape
+    dense = einsum_as_dense(layer.einsum_str, tuple(layer.kernel_shape), bias)
+    if isinstance(dense, str):
+        return None, dense
+    features, axis = dense
+    return nn.DenseGeneral(
+        features, axis=axis, use_bias=bias is not None, dtype=layer.dtype,
+        param_dtype=layer.param_dtype, precision=layer.precision,
+    ), None  # fmt: skip
+
+
+#: Known NNX layer types (exact: a subclass may compute something else) -> their linen twin.
+NNX_LAYERS: dict[type, Callable] = {
+    nnx.Linear: _linear,
+    nnx.LinearGeneral: _linear_general,
+    nnx.Conv: _conv,
+    nnx.Embed: _embed,
+    nnx.LayerNorm: _layer_norm,
+    nnx.RMSNorm: _rms_norm,
+    nnx.GroupNorm: _group_norm,
+    nnx.Einsum: _einsum,
+}
+
+
+def linen_twin(layer: Any) -> tuple[nn.Module | None, str | None]:
+    """The unbound linen layer computing what the known NNX ``layer`` computes, from parameters
+    with the same names and shapes; or (None, why not)."""
+    why = _common(layer)
+    if why:
+        return None, why
+    for cls in type(layer).__mro__:
+        make = NNX_LAYERS.get(cls)
+        if make is not None:
+            return make(layer)
+    return None, f"{type(layer).__name__} is not a known layer"
