@@ -424,6 +424,8 @@ class ModelSpec:
         x = self.model_input(self.example_input(1))
         if self.module is None:
             return {"params": self.init_fn(key, x)}
+        if not isinstance(self.module, nn.Module):  # an NnxModel: its own values, no key needed
+            return self.module.init(key, x)
         rngs = {"params": key, "dropout": jax.random.fold_in(key, 1)}
         return self.module.init(rngs, x, **train_mode.call_kwargs(self.call_keyword, False))
 

@@ -156,3 +156,29 @@ def test_a_model_that_needs_an_rng_to_evaluate_is_refused_with_the_convention():
         ValueError, match=r"^dptune: .*needs PRNG.*`train` \(or `deterministic`\) keyword"
     ):
         models.user_model(AlwaysDrop(), (4,), "float32")
+
+
+def test_dropout_with_a_trainable_part_agrees_on_both_paths_and_leaves_the_frozen_part_zero():
+    """Fine-tuning's trainable mask and the per-example dropout keys together in the step: the
+    ghost and vmap(grad) sums agree (the same masks) and are zero at the frozen layer."""
+    import dataclasses
+
+    from trainers import finetune
+
+    base = _spec()
+    params = models.init_params(base, jax.random.PRNGKey(0))
+    trainable = finetune.trainable_mask(params, ["LayerNorm_0", "Dense_1"])
+    spec = dataclasses.replace(base, trainable=trainable)
+    x, y = _batch(8)
+    idx, mask = jnp.arange(8, dtype=jnp.int32), jnp.ones(8, jnp.float32).at[3].set(0.0)
+    key = jax.random.PRNGKey(4)
+    sums = [
+        step.get_step_functions(spec, 0, "sgd", impl).chunk_sum(
+            params, x, y, idx, mask, jnp.float32(1.0), key, 2, 1
+        )[0]
+        for impl in ("ghost", "vmap")
+    ]
+    assert not np.any(np.asarray(sums[0]["Dense_0"]["kernel"]))
+    assert np.any(np.asarray(sums[0]["Dense_1"]["kernel"]))
+    for a, b in zip(*(jax.tree_util.tree_leaves(s) for s in sums), strict=True):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6)
