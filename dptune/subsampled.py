@@ -169,7 +169,7 @@ def plan_subsampled(
         ) from None
     try:
         sigma, cands, statement = _final_run(
-            trainer, tuning_plan, field, fraction, budget, seeded, adjacency
+            trainer, sub, tuning_plan, field, fraction, budget, seeded, adjacency
         )
     except ValueError as e:
         raise ImpossibleBudgetError(
@@ -190,11 +190,12 @@ def plan_subsampled(
     )
 
 
-def _final_run(trainer, tuning_plan, field, fraction, budget, seeded, adjacency):
+def _final_run(trainer, sub, tuning_plan, field, fraction, budget, seeded, adjacency):
     """The final run's calibrated noise, its possible privacy settings and the whole run's
     statement. The final run may get any setting of the privacy grid the tuning phase enumerated
     (the tuning plan's space carries every privacy-relevant field, probed ones included).
-    ValueError if no noise meets the budget."""
+    ``sub`` is the subset's trainer the tuning plan was made for. ValueError if no noise meets
+    the budget."""
     grid_space = tuning_plan.space
     grid = grid_space.privacy_grid()
 
@@ -225,10 +226,25 @@ def _final_run(trainer, tuning_plan, field, fraction, budget, seeded, adjacency)
     # What the statement rests on: the tuning phase's basis (``make_privacy_plan``), plus what
     # this strategy's code guarantees.
     basis = tuning_plan.statement
+    # The trainer's own checks name its public sizes: the subset's (q = B f / (N f)) hold for the
+    # tuning candidates, the full trainer's for the final run; the statement says both.
+    sub_checks = tuple(getattr(sub, "privacy_checks", tuple)())
+    full_checks = tuple(getattr(trainer, "privacy_checks", tuple)())
+    checked = tuple(c for c in basis.checked if c not in sub_checks)
+    checked += tuple(
+        f"tuning candidates (on the subset of rate {fraction:g}): {c}"
+        for c in sub_checks
+        if c not in full_checks
+    )
+    checked += full_checks
+    # A public start (fine-tuning) is assumed by both phases: the final run starts from it too.
+    assumptions = tuple(basis.assumptions)
+    if getattr(trainer, "init_fingerprint", None) and "public-init" not in assumptions:
+        assumptions += ("public-init",)
     statement = dataclasses.replace(
         statement,
-        assumptions=basis.assumptions,
-        checked=tuple(basis.checked)
+        assumptions=assumptions,
+        checked=checked
         + (
             "the tuning subset is drawn per record: a keyed hash of each record and its copy "
             "number under a secret 32-byte key (trainers.data.record_subset_mask), so adding or "

@@ -63,19 +63,12 @@ def keep_rows(c: jax.Array, v: jax.Array) -> jax.Array:
     return jnp.where(kept.reshape(-1, *[1] * (v.ndim - 1)), v, jnp.zeros((), v.dtype))
 
 
-def kept_loss_sum(losses: jax.Array, mask: jax.Array) -> jax.Array:
-    """Sum of ``mask_i * loss_i`` over the examples with mask_i > 0 and a finite loss (a
-    non-finite loss would make the reported training loss NaN; the record is left out, as its
-    gradient is)."""
-    kept = (mask > 0) & jnp.isfinite(losses)
+def kept_loss_sum(losses: jax.Array, mask: jax.Array, sq_norms: jax.Array) -> jax.Array:
+    """Sum of ``mask_i * loss_i`` (b,) over the examples in the clipped sum: mask_i > 0, a finite
+    squared gradient norm ``sq_norms`` (b,) and a finite loss (the reported training loss of the
+    records that were trained on, never NaN because of one record)."""
+    kept = (mask > 0) & jnp.isfinite(sq_norms) & jnp.isfinite(losses)
     return jnp.sum(jnp.where(kept, mask * losses, 0.0))
-
-
-def count_dropped(sq_norms: jax.Array, mask: jax.Array) -> jax.Array:
-    """Number of examples with mask_i > 0 whose squared gradient norm is not finite, () int32:
-    the records left out of a clipped sum. PRIVATE (it counts people's records): for the
-    curator's view only, never released."""
-    return jnp.sum((mask > 0) & ~jnp.isfinite(sq_norms)).astype(jnp.int32)
 
 
 def example_losses(
@@ -167,7 +160,7 @@ def clipped_sum_naive(
     c = clip_factors(sq, mask, clip_norm)
     summed = jax.tree_util.tree_map(lambda g: jnp.tensordot(c, keep_rows(c, g), axes=1), grads)
     slots = jnp.arange(x.shape[0], dtype=jnp.int32) if per_slot else None
-    loss_sum = kept_loss_sum(example_losses(apply_fn, params, x, y, loss, copies, slots), mask)
+    loss_sum = kept_loss_sum(example_losses(apply_fn, params, x, y, loss, copies, slots), mask, sq)
     return summed, loss_sum, jnp.sqrt(sq)
 
 
@@ -311,7 +304,7 @@ def clipped_sum_bookkeeping(
         "dense1": {"kernel": jnp.einsum("bi,bo->io", h2, g3), "bias": c @ g3},
         "dense2": {"kernel": jnp.einsum("bi,bo->io", h3, g4), "bias": c @ g4},
     }
-    return summed, kept_loss_sum(losses, mask), jnp.sqrt(sq_norms)
+    return summed, kept_loss_sum(losses, mask, sq_norms), jnp.sqrt(sq_norms)
 
 
 # --- book-keeping clipping for CifarCNN (with augmentation multiplicity) --------------------------
@@ -413,7 +406,7 @@ def clipped_sum_bookkeeping_cifar(
             "kernel": jnp.einsum("bki,bko->io", ca, g),
             "bias": jnp.einsum("b,bko->o", c, g),
         }
-    return summed, kept_loss_sum(losses, mask), jnp.sqrt(sq_norms)
+    return summed, kept_loss_sum(losses, mask, sq_norms), jnp.sqrt(sq_norms)
 
 
 # --- augmentation multiplicity --------------------------------------------------------------------
@@ -487,4 +480,4 @@ def clipped_sum_scatter_linear(
     c = clip_factors(sq, mask, clip_norm)
     cg, z = keep_rows(c, c[:, None] * g), keep_rows(c, z)
     summed = {"dense": {"kernel": z.T @ cg, "bias": jnp.sum(cg, axis=0)}}
-    return summed, kept_loss_sum(losses, mask), jnp.sqrt(sq)
+    return summed, kept_loss_sum(losses, mask, sq), jnp.sqrt(sq)

@@ -347,6 +347,12 @@ class ScatterCNN(nn.Module):
         return nn.Dense(self.num_classes, name="dense2")(x)
 
 
+#: The model classes dptune ships: each acts on every example alone by its own code (no operation
+#: along the batch axis; tested against vmap(grad) in tests/trainers), so the ghost path may run
+#: them as one batch (``trainers.ghost``); a user's module runs each example under vmap instead.
+PER_EXAMPLE_MODULES = (MnistCNN, CifarCNN, WideResNet, ScatterLinear, ScatterCNN)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class ModelSpec:
     """A model, the input it reads, and (for a user's model) its loss and validation metric.
@@ -629,7 +635,7 @@ def _check_user_model(spec: ModelSpec, num_classes: int | None, check_metric: bo
     # (mixing that is off at initialisation), every output leaf compared. What no probe can
     # exclude, mixing that appears only for other parameters or inputs, cannot reach the clipped
     # sums or the validation count either: those run each example on its own
-    # (docs/privacy-model.md, `per-example`).
+    # (docs/privacy-model.md, "Per example by construction").
     for p in probe_parameter_draws(params):
         try:
             mixed = moved_rows(lambda x, p=p: jax.tree_util.tree_leaves(out(p, x)), base, variants)

@@ -230,7 +230,9 @@ def check_config(cfg: Mapping[str, Any]) -> None:
     if kind is not None:
         _check_user_data(cfg, kind)
     if _get(cfg, "init") and _get(cfg, "trainer", "dpsgd") != "dpsgd":
-        raise ConfigError("config.init is a DP-SGD model's start: it needs config.trainer='dpsgd'")
+        # a section of the config that belongs to another learner (learner_sections' rule)
+        log.info("config.init is DP-SGD's pretrained start: config.trainer=%r does not use it",
+                 _get(cfg, "trainer"))  # fmt: skip
     model = _get(cfg, "model")
     if model is not None:
         if _get(cfg, "trainer", "dpsgd") != "dpsgd":

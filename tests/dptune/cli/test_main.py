@@ -98,11 +98,12 @@ def test_end_to_end_release_folder(reference):
     assert '"num_trials"' not in shown and "K=" not in shown
     rows = journal_rows(run)
     assert len(rows) == 3 and all(r[1] == "done" and r[2] == 1 for r in rows)
-    # the released training curve: public per-epoch quantities only (the epsilon so far; the
-    # candidates never evaluated the test split, so there is no per-epoch test accuracy)
+    # the released training curve: public per-epoch quantities only (the epsilon so far and the
+    # test accuracy on the public test split; never the exact training loss)
     curve = json.loads((rel / "training_curve.json").read_text())
     assert [row["epoch"] for row in curve] == list(range(1, len(curve) + 1))
-    assert all(set(row) == {"epoch", "epsilon_one_run"} for row in curve)
+    assert all(set(row) == {"epoch", "epsilon_one_run", "test_accuracy"} for row in curve)
+    assert curve[-1]["test_accuracy"] == pytest.approx(result["test_accuracy"])
     assert curve[-1]["epsilon_one_run"] == pytest.approx(privacy["single_run_epsilon"], rel=1e-3)
     # the released checkpoint restores and reproduces the released test accuracy
     from dptune.data import MNIST_10K_DIR
