@@ -24,6 +24,15 @@ Rows:
     python scripts/bench_dpsgd.py --json     # ... and one JSON object as the last line
     python scripts/bench_dpsgd.py --cifar    # the CIFAR row set (CIFAR CNN, batch 256)
     python scripts/bench_dpsgd.py --user     # user models through the automatic path
+    python scripts/bench_dpsgd.py --lm       # a 2-layer transformer LM (``lm_rows``)
+
+Language-model row set (--lm; ``lm_rows``): a 2-layer pre-norm causal transformer LM (d 128, 4
+heads, MLP 512, vocabulary 256, learned positions) on 64 token ids with next-token labels (b, 64),
+one sequence one record (mean token cross-entropy), batch 64, one jitted step per row:
+  lm_dp_ghost          dptune's DP-SGD step through the automatic path (ghost here; lm_dp_vmap
+                       if the ghost path did not apply)
+  lm_nonprivate        the same module's non-private step (optax SGD)
+  lm_jaxprivacy        jax_privacy 2.0's clipped_grad on the same module, + noise + SGD
 
 User-model row set (--user; ``user_rows``): models written as a user would, through the automatic
 per-example clipping of a user's model (``trainers.ghost`` when it applies), batch 256 unless said:
@@ -366,6 +375,122 @@ def user_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
     dp_row("tabular_auto", spec, step.resolve_grad_impl(spec, "auto", spec.input_shape), data,
            params0, idx, 64)  # fmt: skip
     rows["tabular_nonprivate"] = nonpriv
+    return rows
+
+
+def lm_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
+    """The language-model row set (--lm; see the module docstring): a 2-layer pre-norm causal
+    transformer LM (width 128, 4 heads, MLP 512, vocabulary 256) on sequences of 64 token ids,
+    next-token labels (b, 64), the loss of a sequence the mean token cross-entropy; batch 64
+    (16 with --quick). name -> (one step, sequences per step)."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from trainers import dpsgd, models, step
+    from trainers.runtime import tune_malloc
+    from trainers.spec import Hyperparams
+    from trainers.step import make_optimizer
+
+    tune_malloc()
+    vocab, length, width, batch = 256, 64, 128, 16 if quick else 64
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, h):
+            mask = nn.make_causal_mask(jnp.ones(h.shape[:2]))
+            h = h + nn.MultiHeadDotProductAttention(4)(nn.LayerNorm()(h), mask=mask)
+            return h + nn.Dense(width)(nn.gelu(nn.Dense(4 * width)(nn.LayerNorm()(h))))
+
+    class LM(nn.Module):
+        @nn.compact
+        def __call__(self, tokens):
+            positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+            h = nn.Embed(vocab, width)(tokens) + nn.Embed(length, width)(positions)
+            h = Block()(Block()(h))
+            return nn.Dense(vocab)(nn.LayerNorm()(h))
+
+    def seq_loss(logits, y):
+        return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, y), axis=-1)
+
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, vocab, (2048, length + 1)).astype(np.int32)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    spec = models.user_model(
+        LM(), (length,), "int32", loss=seq_loss, label_shape=(length,), check_metric=False
+    )
+    data = (jax.device_put(x), jax.device_put(y))
+    params0 = models.init_params(spec, jax.random.PRNGKey(0))
+    idx = np.sort(rng.choice(len(x), batch, replace=False)).astype(np.int32)
+    key = jax.random.PRNGKey(1)
+    clip, sigma = jnp.float32(CLIP), jnp.float32(SIGMA)
+    rows: dict[str, tuple[Callable[[], object], int]] = {}
+    state: dict[str, object] = {}
+
+    impl = step.resolve_grad_impl(spec, "auto", spec.input_shape)
+    fns = step.get_step_functions(spec, 0, "sgd", impl)
+    hp = Hyperparams(learning_rate=LR, clip_norm=CLIP, noise_multiplier=SIGMA)
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, params0)
+    ones = np.ones(batch, np.float32)
+    state["auto"] = (params0, make_optimizer(hp).init(params0), 0)
+
+    def run_auto():
+        p, o, i = state["auto"]
+        p, o, loss = fns.step(
+            p, o, zeros, jnp.float32(0), *data, idx, ones, key, jnp.int32(i), clip, sigma,
+            jnp.float32(batch),
+        )  # fmt: skip
+        state["auto"] = (p, o, i + 1)
+        return loss
+
+    rows[f"lm_dp_{impl}"] = (run_auto, batch)
+    opt = optax.sgd(LR)
+
+    @jax.jit
+    def nonprivate(params, opt_state, idx):
+        def loss(p):
+            return seq_loss(spec.apply({"params": p}, data[0][idx]), data[1][idx]).mean()
+
+        value, grads = jax.value_and_grad(loss)(params)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    state["np"] = (params0, opt.init(params0))
+
+    def run_nonprivate():
+        p, o, v = nonprivate(*state["np"], idx)
+        state["np"] = (p, o)
+        return v
+
+    rows["lm_nonprivate"] = (run_nonprivate, batch)
+    try:
+        from jax_privacy import clipped_grad  # optional: jax_privacy 2.0
+    except ImportError:
+        return rows
+
+    def example_loss(p, x, y):  # one example, its batch axis kept
+        return seq_loss(spec.apply({"params": p}, x), y).sum()
+
+    grad_fn = clipped_grad(example_loss, l2_clip_norm=CLIP, batch_argnums=(1, 2))
+
+    @jax.jit
+    def jp_step(params, opt_state, i, idx):
+        g = grad_fn(params, data[0][idx], data[1][idx])
+        g = dpsgd.add_noise(g, jax.random.fold_in(key, i), sigma, clip)  # as dptune's step
+        g = jax.tree_util.tree_map(lambda v: v / batch, g)
+        updates, opt_state = opt.update(g, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    state["jp"] = (params0, opt.init(params0), 0)
+
+    def run_jp():
+        p, o, i = state["jp"]
+        p, o = jp_step(p, o, jnp.int32(i), idx)
+        state["jp"] = (p, o, i + 1)
+        return p
+
+    rows["lm_jaxprivacy"] = (run_jp, batch)
     return rows
 
 
@@ -1125,6 +1250,11 @@ def main():
         "jax_privacy and non-private; no PyTorch)",
     )  # fmt: skip
     parser.add_argument(
+        "--lm", action="store_true",
+        help="the language-model row set instead (2-layer transformer LM, d 128, sequence 64: "
+        "dptune's DP step vs its non-private step and jax_privacy's clipped_grad; no PyTorch)",
+    )  # fmt: skip
+    parser.add_argument(
         "--torch-threads", default="1,2",
         help="comma-separated torch.set_num_threads values, one worker each (0: torch default)",
     )  # fmt: skip
@@ -1159,11 +1289,13 @@ def main():
     steps = args.steps or (4 if args.quick else 10)
 
     t0 = time.perf_counter()
-    no_torch = args.no_torch or args.cifar or args.user or args.lora
+    no_torch = args.no_torch or args.cifar or args.user or args.lm or args.lora
     workers = [] if no_torch else [TorchRows(int(t)) for t in args.torch_threads.split(",")]
     memory: dict[str, float] = {}
     if args.lora:
         rows, memory = lora_rows(args.quick, args.lora_d, args.lora_seq, args.lora_batch)
+    elif args.lm:
+        rows = lm_rows(args.quick)
     elif args.user:
         rows = user_rows(args.quick)
     else:
@@ -1216,6 +1348,10 @@ def main():
         "user_cnn NNX twin / user_cnn (linen) auto": ("user_cnn_nnx_auto", "user_cnn_auto", 0.9),
         "text auto / text nonprivate": ("text_auto", "text_nonprivate", None),
         "tabular auto / tabular nonprivate": ("tabular_auto", "tabular_nonprivate", None),
+        "lm dp (ghost) / lm nonprivate": ("lm_dp_ghost", "lm_nonprivate", 0.7),
+        "lm dp (ghost) / lm jax_privacy clipped_grad": ("lm_dp_ghost", "lm_jaxprivacy", 1.5),
+        "lm dp (vmap) / lm nonprivate": ("lm_dp_vmap", "lm_nonprivate", 0.7),
+        "lm dp (vmap) / lm jax_privacy clipped_grad": ("lm_dp_vmap", "lm_jaxprivacy", 1.5),
         "lora dp / lora nonprivate": ("lora_dp", "lora_nonprivate", 0.8),
         "lora dp / jax_privacy clipped_grad": ("lora_dp", "lora_jaxprivacy", 2.0),
         "lora dp / full fine-tuning dp": ("lora_dp", "full_dp", None),

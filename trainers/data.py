@@ -87,12 +87,16 @@ def record_digests(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     integer = np.issubdtype(np.asarray(x).dtype, np.integer)
     dtype = np.int64 if integer else np.float32
     x = np.ascontiguousarray(x, dtype=dtype).reshape(len(x), -1)
-    y = np.ascontiguousarray(y, dtype=np.int32)
+    y = np.asarray(y)
+    # Integer labels of any shape as int32 (class ids (n,) hash exactly as they always did);
+    # floating-point labels (regression targets, soft multi-label) as float32, tagged.
+    y_tag = b"" if np.issubdtype(y.dtype, np.integer) else b"label-float32:"
+    y = np.ascontiguousarray(y, dtype=np.float32 if y_tag else np.int32).reshape(len(y), -1)
     out = np.empty(len(x), dtype=object)
     for i in range(len(x)):
         h = hashlib.sha256(b"int64:" if integer else b"")
         h.update(x[i].tobytes())
-        h.update(y[i].tobytes())
+        h.update(y_tag + y[i].tobytes())
         out[i] = h.digest()
     return out
 
@@ -154,6 +158,102 @@ def multiset_fingerprint(digests: Sequence[bytes]) -> str:
     return h.hexdigest()
 
 
+#: Largest integer magnitude a float32 holds exactly (2^24): the integer fields of a dict input
+#: stored beside floating-point fields (``InputLayout``) must stay below it.
+_FLOAT32_EXACT_INT = 2**24
+
+
+@dataclasses.dataclass(frozen=True)
+class InputLayout:
+    """How a dict of input arrays sharing the record axis is stored as one array (n, width).
+
+    Each field's per-record values are flattened and laid side by side, in the dict's key order.
+    Storage is int32 when every field is integer, else float32 (integer fields then hold exact
+    integers below 2^24 in magnitude: token ids, lengths). Public: it depends on the fields'
+    shapes and dtypes only. ``unpack`` rebuilds the dict the model is called with (NumPy or JAX
+    arrays, any leading axes).
+
+    Attributes:
+      fields: (key, per-record shape, dtype name) per field, in order.
+      dtype: the storage dtype name ("float32" or "int32").
+    """
+
+    fields: tuple[tuple[str, tuple[int, ...], str], ...]
+    dtype: str
+
+    @classmethod
+    def of(cls, x: dict) -> InputLayout:
+        fields = []
+        for key, a in x.items():
+            a = _as_inputs(a, f"x[{key!r}]", min_ndim=1)
+            fields.append((str(key), tuple(a.shape[1:]), a.dtype.name))
+        integer = all(np.issubdtype(np.dtype(d), np.integer) for _, _, d in fields)
+        return cls(tuple(fields), "int32" if integer else "float32")
+
+    @property
+    def width(self) -> int:
+        return sum(int(np.prod(shape, dtype=np.int64)) for _, shape, _ in self.fields)
+
+    def pack(self, x: dict, what: str = "x") -> np.ndarray:
+        """The fields of ``x`` (same keys, shapes and dtype kinds as the layout's) as (n, width)."""
+        if not isinstance(x, dict) or [str(k) for k in x] != [k for k, _, _ in self.fields]:
+            got = list(x) if isinstance(x, dict) else type(x).__name__
+            raise ValueError(
+                f"dptune: {what} must be a dict with keys {[k for k, _, _ in self.fields]} (the "
+                f"same as x's, in the same order), got {got}"
+            )
+        parts, n = [], None
+        for (key, shape, dtype), a in zip(self.fields, x.values(), strict=True):
+            a = _as_inputs(a, f"{what}[{key!r}]", min_ndim=1)
+            if tuple(a.shape[1:]) != shape or a.dtype.name != dtype:
+                raise ValueError(
+                    f"dptune: {what}[{key!r}] records are {a.dtype}{a.shape[1:]}, but x's are "
+                    f"{dtype}{shape}"
+                )
+            if n is not None and len(a) != n:
+                raise ValueError(
+                    f"dptune: the arrays of {what} must share the record axis: {what}[{key!r}] "
+                    f"has {len(a)} records, the others {n}"
+                )
+            n = len(a)
+            parts.append(a.reshape(len(a), -1).astype(self.dtype))
+        return np.ascontiguousarray(np.concatenate(parts, axis=1))
+
+    def too_large(self, x: dict) -> np.ndarray:
+        """Per record: whether an integer field holds a value float32 storage cannot keep exact
+        (|v| >= 2^24; never with int32 storage). A per-record rule (the record alone decides)."""
+        n = len(next(iter(x.values())))
+        bad = np.zeros(n, dtype=bool)
+        if self.dtype == "int32":
+            return bad
+        for (_, _, dtype), a in zip(self.fields, x.values(), strict=True):
+            if np.issubdtype(np.dtype(dtype), np.integer):
+                a = np.abs(np.asarray(a, np.int64).reshape(n, -1))
+                bad |= (a >= _FLOAT32_EXACT_INT).any(axis=1)
+        return bad
+
+    def unpack(self, x):
+        """The dict the model reads from stored inputs ``x`` (..., width): each field reshaped to
+        (..., *its shape) in its dtype (NumPy or JAX arrays alike)."""
+        out, lo = {}, 0
+        lead = tuple(x.shape[:-1])
+        for key, shape, dtype in self.fields:
+            hi = lo + int(np.prod(shape, dtype=np.int64))
+            v = x[..., lo:hi].reshape(lead + shape)
+            if dtype != self.dtype:
+                # An integer field in float32 storage: exact integers; round() maps the synthetic
+                # probes' real values onto integers too.
+                v = v.round() if np.issubdtype(np.dtype(dtype), np.integer) else v
+                v = v.astype(dtype)
+            out[key] = v
+            lo = hi
+        return out
+
+    def describe(self) -> list:
+        """JSON-safe: [[key, shape, dtype], ...]."""
+        return [[k, list(shape), d] for k, shape, d in self.fields]
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Dataset:
     """In-memory dataset split into train / validation / test.
@@ -162,8 +262,11 @@ class Dataset:
       train_x, val_x, test_x: the inputs, (n, ...): float32 images (n, height, width, channels) in
         [0, 1] from the loaders; any shape and dtype (float32 features, int32 token ids, ...) from
         :meth:`from_arrays`.
-      train_y, val_y, test_y: int32 arrays of shape (n,), values in [0, num_classes).
-      num_classes: number of classes.
+      train_y, val_y, test_y: labels with a leading record axis: int32 class ids (n,) in [0,
+        num_classes) from the loaders; from :meth:`from_arrays` any shape (n, ...), int32
+        (class ids, multi-label or next-token ids) or float32 (regression targets, soft labels).
+      num_classes: number of classes; 0 when the labels are not class ids (float labels, or
+        integer labels of shape (n, ...) declared without ``num_classes``).
       name: dataset name (one of ``NAMES``, or the user's name for :meth:`from_arrays`).
       public_num_train: the public nominal number of training examples: DP-SGD's sampling rate is
         ``batch_size / public_num_train`` and its step count ``epochs * ceil(public_num_train /
@@ -177,6 +280,8 @@ class Dataset:
         ``{"kind": "separate_files", ...}`` (validation supplied separately).
       sanitized: how many private records the loader dropped, by reason
         (``drop_invalid_records``); PRIVATE counts, for the curator's view only, never released.
+      input_layout: for a dict input (:meth:`from_arrays`), how its fields are stored in the
+        (n, width) arrays ``*_x`` (:class:`InputLayout`); the model is called with the dict.
     """
 
     train_x: np.ndarray
@@ -192,6 +297,13 @@ class Dataset:
     validation_public: bool = False
     split: dict = dataclasses.field(default_factory=dict)
     sanitized: dict = dataclasses.field(default_factory=dict)
+    input_layout: InputLayout | None = None
+
+    @property
+    def class_labels(self) -> bool:
+        """Whether the labels are integer class ids of shape (n,) (what the default loss,
+        softmax cross-entropy, and the default metric, accuracy, read)."""
+        return self.train_y.ndim == 1 and np.issubdtype(self.train_y.dtype, np.integer)
 
     def __post_init__(self) -> None:
         # Datasets built by hand (tests, users) without public sizes get the arrays' sizes: the
@@ -221,7 +333,7 @@ class Dataset:
     @classmethod
     def from_arrays(
         cls,
-        x: np.ndarray,
+        x: np.ndarray | dict[str, np.ndarray],
         y: np.ndarray,
         *,
         num_examples: int | None = None,
@@ -243,8 +355,15 @@ class Dataset:
         validation size, never from ``len(x)``.
 
         Args:
-          x, y: inputs (n, ...) and integer labels (n,). Floating-point inputs are stored as
+          x: inputs (n, ...), or a dict of arrays sharing the record axis (e.g. ``{"tokens":
+            (n, L) ids, "length": (n,)}``), which the model receives as that dict (stored as
+            one (n, width) array, :class:`InputLayout`). Floating-point inputs are stored as
             float32, integer inputs as int32.
+          y: labels with a leading record axis: integer class ids (n,) (the default loss and
+            metric read these), or any (n, ...) array with your own ``loss=`` and ``metric=``:
+            float regression targets (n,) or (n, k), multi-label (n, k), next-token ids (n, L)
+            (a sequence is one record). Integer labels are stored as int32, others as float32;
+            strings are refused (encode them as integer ids).
           num_examples: the PUBLIC number of records in (x, y), declared by you (required: the
             length of the private arrays changes when one person is added or removed). Arrays
             more than 1% away from it get a warning on the curator's console (a guard against a
@@ -255,20 +374,26 @@ class Dataset:
           public_validation: (x_val, y_val), a validation set that is public and separate from
             the private records; then (x, y) is not split, and candidates may be scored exactly.
           num_classes: the number of classes (public). Default: from the public labels (test or
-            public validation), never from the private ones; required when there are none.
+            public validation), never from the private ones; required when there are none and
+            the labels are class ids (n,). Labels of other shapes or float labels need none
+            (then 0); given for integer labels of any shape (e.g. a vocabulary size), it bounds
+            them.
           name: a label for reports and the ledger.
           seed_split: public seed of the split hash.
 
-        Records whose label is outside [0, num_classes) or with a NaN or infinite feature are
-        dropped, each on its own (a per-record rule: whether one record is kept never depends on
-        the others), with a warning on the curator's console and the counts in ``sanitized``
-        (private: the curator's view only); refusing the whole dataset instead would depend on
-        the private records. Public arrays (``x_test``, ``public_validation``) with a non-finite
-        feature are refused instead.
+        Records with an integer label outside [0, num_classes), a non-finite float label, a NaN
+        or infinite feature, or (dict inputs with float32 storage) an integer field of magnitude
+        >= 2^24 are dropped, each on its own (a per-record rule: whether one record is kept never
+        depends on the others), with a warning on the curator's console and the counts in
+        ``sanitized`` (private: the curator's view only); refusing the whole dataset instead
+        would depend on the private records. Public arrays (``x_test``, ``public_validation``)
+        with a non-finite feature are refused instead.
 
         Raises:
-          ValueError: no or a malformed ``num_examples``, mismatched shapes or dtypes, labels that
-            are not integers, an impossible validation fraction, no way to know ``num_classes``,
+          ValueError: no or a malformed ``num_examples``, mismatched shapes or dtypes (a dict
+            input's fields must share the record axis; test and public validation records must
+            match x's and y's shapes and dtypes), string labels (encode them as integer ids), an
+            impossible validation fraction, no way to know ``num_classes`` for class labels (n,),
             a NaN or infinite feature in ``x_test`` or ``public_validation``.
         """
         if num_examples is None:
@@ -278,12 +403,23 @@ class Dataset:
                 "length, which changes when one person is added or removed. Declare the size "
                 "you would publish (e.g. the size of the file as documented)"
             )
-        x, y = _as_inputs(x, "x"), _as_labels(y, "y")
+        layout = None
+        if isinstance(x, dict):
+            if not x:
+                raise ValueError("dptune: x is an empty dict: give at least one input array")
+            layout = InputLayout.of(x)
+            too_large = layout.too_large({k: np.asarray(v) for k, v in x.items()})
+            x = layout.pack(x)
+        else:
+            x = _as_inputs(x, "x")
+            too_large = np.zeros(len(x), dtype=bool)
+        y = _as_labels(y, "y")
         if len(x) != len(y):
             raise ValueError(f"x has {len(x)} records but y has {len(y)} labels")
+        classes = y.ndim == 1 and np.issubdtype(y.dtype, np.integer)
         public_labels = [a for a in (y_test, None if public_validation is None else
                                      public_validation[1]) if a is not None]  # fmt: skip
-        if num_classes is None:
+        if num_classes is None and classes:
             if not public_labels or not any(len(a) for a in public_labels):
                 raise ValueError(
                     "Dataset.from_arrays needs num_classes=... (public): with no public labels "
@@ -291,58 +427,73 @@ class Dataset:
                     "without looking at the private labels"
                 )
             num_classes = int(max(int(np.max(a)) for a in public_labels if len(a))) + 1
-        num_classes = int(num_classes)
+        num_classes = 0 if num_classes is None else int(num_classes)
+        # Per record (each record alone decides whether it is kept: a stable transformation).
+        bad_label = _bad_labels(y, num_classes)
+        too_large &= ~bad_label
+        non_finite = ~finite_records(x) & ~bad_label & ~too_large
         dropped: dict[str, int] = {}  # private counts: the curator's view only (sanitized)
-        valid = (y >= 0) & (y < num_classes)
-        if not valid.all():
-            dropped[DROP_LABEL] = int((~valid).sum())
-            log.warning(
-                "%d records of %r have a label outside [0, %d) (num_classes): they are left out",
-                int((~valid).sum()), name, num_classes,
-            )  # fmt: skip
-            x, y = x[valid], y[valid]
-        finite = finite_records(x)
-        if not finite.all():
-            dropped[DROP_FEATURES] = int((~finite).sum())
-            log.warning(
-                "%d records of %r have a feature that is NaN or infinite: they are left out",
-                int((~finite).sum()), name,
-            )  # fmt: skip
-            x, y = x[finite], y[finite]
-        public = [("y_test", y_test)]
-        if public_validation is not None:
-            public.append(("public_validation labels", public_validation[1]))
-        for what, labels in public:  # public labels: checking them reveals nothing private
-            labels = None if labels is None else np.asarray(labels)
-            if (
-                labels is not None
-                and len(labels)
-                and not (labels.min() >= 0 and labels.max() < num_classes)
-            ):
-                raise ValueError(f"{what} must be integers in [0, {num_classes}) (num_classes)")
+        for key, bad, why in (
+            (DROP_LABEL, bad_label, f"a label outside [0, {num_classes}) (num_classes)"
+             if np.issubdtype(y.dtype, np.integer) else "a non-finite label"),
+            (DROP_LARGE_INT, too_large, "an integer input field of magnitude >= 2^24 (float32 "
+             "storage beside floating-point fields keeps integers exact below it)"),
+            (DROP_FEATURES, non_finite, "a feature that is NaN or infinite"),
+        ):  # fmt: skip
+            if bad.any():
+                dropped[key] = int(bad.sum())
+                log.warning("%d records of %r have %s: they are left out", dropped[key], name, why)
+        keep = ~(bad_label | too_large | non_finite)
+        if not keep.all():
+            x, y = x[keep], y[keep]
+
+        def public_split(xs, ys, what: str, ywhat: str) -> tuple[np.ndarray, np.ndarray]:
+            # Public records: checking them reveals nothing private, so they are refused, not
+            # filtered.
+            if layout is not None:
+                if isinstance(xs, dict) and layout.too_large(xs).any():
+                    raise ValueError(f"dptune: {what} holds integers of magnitude >= 2^24")
+                xs = layout.pack(xs, what)
+            else:
+                xs = _as_inputs(xs, what)
+                _same_record_shape(x, xs, what)
+            _refuse_non_finite(xs, what)
+            ys = _as_labels(ys, ywhat)
+            if ys.shape[1:] != y.shape[1:] or ys.dtype != y.dtype:
+                raise ValueError(
+                    f"dptune: {ywhat} are {ys.dtype}{ys.shape[1:]} per record, but y's are "
+                    f"{y.dtype}{y.shape[1:]}"
+                )
+            if len(xs) != len(ys):
+                raise ValueError(f"dptune: {what} has {len(xs)} records but {len(ys)} labels")
+            if _bad_labels(ys, num_classes).any():
+                raise ValueError(
+                    f"{ywhat} must be integers in [0, {num_classes}) (num_classes)"
+                    if np.issubdtype(ys.dtype, np.integer)
+                    else f"{ywhat} must be finite"
+                )
+            return xs, ys
+
         if x_test is None:
             if y_test is not None:
                 raise ValueError("y_test given without x_test")
-            x_test, y_test = np.zeros((0, *x.shape[1:]), x.dtype), np.zeros((0,), np.int32)
+            x_test, y_test = np.zeros((0, *x.shape[1:]), x.dtype), np.zeros((0, *y.shape[1:]),
+                                                                             y.dtype)  # fmt: skip
         else:
-            x_test, y_test = _as_inputs(x_test, "x_test"), _as_labels(y_test, "y_test")
-            _same_record_shape(x, x_test, "x_test")
-            _refuse_non_finite(x_test, "x_test")
+            x_test, y_test = public_split(x_test, y_test, "x_test", "y_test")
         check_declared_size(len(x), num_examples, name)
         if public_validation is not None:
-            val_x, val_y = (
-                _as_inputs(public_validation[0], "public_validation x"),
-                _as_labels(public_validation[1], "public_validation y"),
+            val_x, val_y = public_split(
+                *public_validation, "public_validation", "public_validation labels"
             )
-            _same_record_shape(x, val_x, "public_validation")
-            _refuse_non_finite(val_x, "public_validation x")
             if not len(val_x):
                 raise ValueError("public_validation holds no records")
             return cls(
                 train_x=x, train_y=y, val_x=val_x, val_y=val_y, test_x=x_test, test_y=y_test,
                 num_classes=num_classes, name=name, public_num_train=int(num_examples),
                 public_num_val=float(len(val_x)), validation_public=True,
-                split={"kind": "separate_files", "validation_public": True}, sanitized=dropped,
+                split={"kind": "separate_files", "validation_public": True}, input_layout=layout,
+                sanitized=dropped,
             )  # fmt: skip
         if not 0 <= validation_fraction < 1:
             raise ValueError(f"validation_fraction={validation_fraction!r} must be in [0, 1)")
@@ -350,6 +501,8 @@ class Dataset:
             x, y, x_test, y_test, num_classes, name, validation_fraction * num_examples,
             seed_split, num_examples=num_examples,
         )  # fmt: skip
+        if layout is not None:
+            data = dataclasses.replace(data, input_layout=layout)
         return dataclasses.replace(data, sanitized=dropped) if dropped else data
 
     def describe_split(self) -> str:
@@ -499,6 +652,8 @@ def load_dataset(
 #: Why ``drop_invalid_records`` drops a record (the keys of ``Dataset.sanitized``).
 DROP_LABEL = "label_out_of_range"
 DROP_FEATURES = "non_finite_features"
+#: ``Dataset.from_arrays``: a dict input's integer field too large for exact float32 storage.
+DROP_LARGE_INT = "integer_field_too_large"
 
 
 def invalid_records(x: np.ndarray, y: np.ndarray, num_classes: int) -> dict[str, np.ndarray]:
@@ -678,10 +833,11 @@ def check_arrays(arrays: dict, where: str) -> dict[str, np.ndarray]:
     return {k: np.asarray(arrays[k]) for k in ARRAY_KEYS if k in arrays}
 
 
-def _as_inputs(x: np.ndarray, what: str) -> np.ndarray:
-    """Inputs as float32 (floating point) or int32 (integer ids), contiguous; at least 2-D."""
+def _as_inputs(x: np.ndarray, what: str, min_ndim: int = 2) -> np.ndarray:
+    """Inputs as float32 (floating point) or int32 (integer ids), contiguous; at least
+    ``min_ndim``-D (a dict input's fields may be one value per record, (n,))."""
     x = np.asarray(x)
-    if x.ndim < 2:
+    if x.ndim < min_ndim:
         raise ValueError(f"{what} has shape {x.shape}: expected (records, ...) with a feature axis")
     if np.issubdtype(x.dtype, np.floating) or x.dtype == bool:
         return np.ascontiguousarray(x, dtype=np.float32)
@@ -691,12 +847,32 @@ def _as_inputs(x: np.ndarray, what: str) -> np.ndarray:
 
 
 def _as_labels(y: np.ndarray, what: str) -> np.ndarray:
+    """Labels with a leading record axis: int32 (integers), float32 (floating point, bool)."""
     y = np.asarray(y)
-    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+    if y.dtype.kind in "USO":
         raise ValueError(
-            f"{what} must be integer class labels of shape (n,), got {y.dtype}{y.shape}"
+            f"dptune: {what} holds {y.dtype} labels: encode them as integer ids first, e.g. "
+            "classes, y = np.unique(y, return_inverse=True) (keep `classes` to decode "
+            "predictions), and pass the integer array"
         )
-    return np.ascontiguousarray(y, dtype=np.int32)
+    if y.ndim < 1:
+        raise ValueError(f"dptune: {what} has shape {y.shape}: expected (records, ...)")
+    if np.issubdtype(y.dtype, np.integer):
+        return np.ascontiguousarray(y, dtype=np.int32)
+    if np.issubdtype(y.dtype, np.floating) or y.dtype == bool:
+        return np.ascontiguousarray(y, dtype=np.float32)
+    raise ValueError(f"dptune: {what} has dtype {y.dtype}: expected integer or float labels")
+
+
+def _bad_labels(y: np.ndarray, num_classes: int) -> np.ndarray:
+    """Per record: an integer label (any element) outside [0, num_classes) when num_classes > 0,
+    or a non-finite float label. Shape (n,)."""
+    rows = y.reshape(len(y), -1)
+    if np.issubdtype(y.dtype, np.integer):
+        if num_classes <= 0:
+            return np.zeros(len(y), dtype=bool)
+        return ((rows < 0) | (rows >= num_classes)).any(axis=1)
+    return ~np.isfinite(rows).all(axis=1)
 
 
 def _same_record_shape(x: np.ndarray, other: np.ndarray, what: str) -> None:

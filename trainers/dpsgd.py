@@ -78,19 +78,29 @@ def example_losses(
     y: jax.Array,
     loss: Callable | None = None,
     copies: bool | None = None,
+    slots: jax.Array | None = None,
 ) -> jax.Array:
-    """Loss of each example, (b,): ``loss(logits, labels)`` (default :func:`per_example_loss`) of x
-    (b, ...) of any shape and dtype; with ``copies`` (augmentation multiplicity), x is (b, K, ...)
-    and an example's loss is the mean over its K augmented copies. ``copies=None``: only 5-D
-    image batches (b, K, h, w, c) carry copies, the shipped image models' convention."""
+    """Loss of each example, (b,): ``loss(outputs, labels)`` (default :func:`per_example_loss`) of
+    x (b, ...) of any shape and dtype; outputs may be any pytree, labels y any (b, ...) array;
+    with ``copies`` (augmentation multiplicity), x is (b, K, ...) and an example's loss is the
+    mean over its K augmented copies. ``copies=None``: only 5-D image batches (b, K, h, w, c)
+    carry copies, the shipped image models' convention. With ``slots`` (b,) int32 (the examples'
+    positions in their chunk), the model is called ``apply_fn(variables, x, slots)`` (copy j of
+    example i at slot ``slots_i K + j``): ``trainers.train_mode.TrainingCall.apply_slots``."""
     loss = loss or per_example_loss
     if copies is None:
         copies = x.ndim == 5
+    variables = {"params": params}
     if not copies:
-        return loss(apply_fn({"params": params}, x), y)
+        out = apply_fn(variables, x) if slots is None else apply_fn(variables, x, slots)
+        return loss(out, y)
     b, k = x.shape[:2]
-    logits = apply_fn({"params": params}, x.reshape(b * k, *x.shape[2:]))
-    return jnp.mean(loss(logits, jnp.repeat(y, k, axis=0)).reshape(b, k), axis=1)
+    xf = x.reshape(b * k, *x.shape[2:])
+    if slots is None:
+        out = apply_fn(variables, xf)
+    else:
+        out = apply_fn(variables, xf, (slots[:, None] * k + jnp.arange(k)).reshape(-1))
+    return jnp.mean(loss(out, jnp.repeat(y, k, axis=0)).reshape(b, k), axis=1)
 
 
 def per_example_grads_naive(
@@ -100,18 +110,23 @@ def per_example_grads_naive(
     y: jax.Array,
     loss: Callable | None = None,
     copies: bool | None = None,
+    per_slot: bool = False,
 ) -> Params:
     """Per-example gradients of :func:`example_losses`, each leaf with a leading batch axis, via
     ``vmap(grad)``. With ``copies`` (x of shape (b, K, ...)) the gradient of example i is the mean
-    of the gradients of its K augmented copies (augmentation multiplicity, De et al. 2022, §3.1)."""
+    of the gradients of its K augmented copies (augmentation multiplicity, De et al. 2022, §3.1).
+    With ``per_slot``, example i's forward pass is ``apply_fn(variables, x_i, slot i)`` (its
+    per-example randomness, ``trainers.train_mode``)."""
 
     if copies is None:
         copies = x.ndim == 5
 
-    def single(p, xi, yi):
-        return example_losses(apply_fn, p, xi[None], yi[None], loss, copies)[0]
+    def single(p, xi, yi, si):
+        slots = si[None] if per_slot else None
+        return example_losses(apply_fn, p, xi[None], yi[None], loss, copies, slots)[0]
 
-    return jax.vmap(jax.grad(single), in_axes=(None, 0, 0))(params, x, y)
+    slots = jnp.arange(x.shape[0], dtype=jnp.int32)
+    return jax.vmap(jax.grad(single), in_axes=(None, 0, 0, 0))(params, x, y, slots)
 
 
 def clipped_sum_naive(
@@ -123,11 +138,14 @@ def clipped_sum_naive(
     clip_norm,
     loss: Callable | None = None,
     copies: bool | None = None,
+    per_slot: bool = False,
 ) -> tuple[Params, jax.Array, jax.Array]:
     """Clipped gradient sum from ``vmap(grad)`` per-example gradients: correct for every model
     whose examples do not interact (each example's gradient is computed on that example alone).
 
-    ``apply_fn(variables, x)``: a flax ``Module.apply`` (or the same signature). ``copies``:
+    ``apply_fn(variables, x)``: a flax ``Module.apply`` (or the same signature); with
+    ``per_slot``, ``apply_fn(variables, x, slots)`` (per-example randomness keyed by each
+    example's position in the batch, ``trainers.train_mode``). ``copies``:
     whether x carries augmented copies (b, K, ...); None: only 5-D image batches (b, K, h, w, c)
     do, the convention of the shipped image models.
 
@@ -135,13 +153,14 @@ def clipped_sum_naive(
     """
     if copies is None:
         copies = x.ndim == 5
-    grads = per_example_grads_naive(apply_fn, params, x, y, loss, copies)
+    grads = per_example_grads_naive(apply_fn, params, x, y, loss, copies, per_slot)
     sq = sum(
         jnp.sum(g.reshape(g.shape[0], -1) ** 2, axis=1) for g in jax.tree_util.tree_leaves(grads)
     )
     c = clip_factors(sq, mask, clip_norm)
     summed = jax.tree_util.tree_map(lambda g: jnp.tensordot(c, keep_rows(c, g), axes=1), grads)
-    loss_sum = kept_loss_sum(example_losses(apply_fn, params, x, y, loss, copies), mask, sq)
+    slots = jnp.arange(x.shape[0], dtype=jnp.int32) if per_slot else None
+    loss_sum = kept_loss_sum(example_losses(apply_fn, params, x, y, loss, copies, slots), mask, sq)
     return summed, loss_sum, jnp.sqrt(sq)
 
 

@@ -252,7 +252,7 @@ def masked_clipped_sum(naive: Callable, apply_fn: Callable, mask: Any) -> Callab
     Args:
       naive: ``naive(apply_fn, params, x, y, mask, clip_norm) -> (sum, loss sum, norms)``, e.g.
         ``functools.partial(trainers.dpsgd.clipped_sum_naive, loss=..., copies=...)``.
-      apply_fn: the model's ``apply(variables, x)``.
+      apply_fn: the model's ``apply(variables, x)`` (or ``apply_slots(variables, x, slots)``).
       mask: the trainable mask (:func:`trainable_mask`).
 
     Returns:
@@ -263,8 +263,8 @@ def masked_clipped_sum(naive: Callable, apply_fn: Callable, mask: Any) -> Callab
     def clipped(params, x, y, batch_mask, clip_norm):
         t, f = partition(params, mask)
 
-        def apply_t(variables, xs):
-            return apply_fn({"params": combine(variables["params"], f, mask)}, xs)
+        def apply_t(variables, *args):  # (x) or (x, slots): trainers.train_mode
+            return apply_fn({"params": combine(variables["params"], f, mask)}, *args)
 
         g, loss_sum, norms = naive(apply_t, t, x, y, batch_mask, clip_norm)
         return zeros_at_frozen(g, params, mask), loss_sum, norms

@@ -692,13 +692,22 @@ class GhostPlan:
         return self.reason is None
 
 
-def _apply_recording(module: Any, params: Any, x: jax.Array, rec: _Recorder) -> Any:
-    """``module`` (a linen Module, or a ``trainers.nnx_model.NnxModel``) applied to ``x`` with
-    ``params``, its known layers' calls handed to ``rec``."""
+def _apply_recording(
+    module: Any, params: Any, x: jax.Array, rec: _Recorder, slots: jax.Array | None = None
+) -> Any:
+    """``module`` applied to ``x`` with ``params``, its known layers' calls handed to ``rec``.
+
+    ``module``: a linen Module (applied as it is), or anything with ``apply_recording(params, x,
+    rec)``: a ``trainers.models.ModelSpec`` (its module as training calls it: a dict input
+    unpacked, evaluation mode), a ``trainers.nnx_model.NnxModel``, or a
+    ``trainers.train_mode.TrainingCall`` (training mode), which also takes ``slots`` (the
+    examples' positions in their chunk, which key their dropout masks)."""
     if isinstance(module, nn.Module):
         with nn.intercept_methods(rec):
             return module.apply({"params": params}, x)
-    return module.apply_recording(params, x, rec)
+    if slots is None:
+        return module.apply_recording(params, x, rec)
+    return module.apply_recording(params, x, rec, slots=slots)
 
 
 def _has_boxes(params: Any) -> bool:
@@ -713,19 +722,20 @@ def unboxed(params: Any) -> Any:
 
 
 def _record(
-    module: nn.Module, params: Any, x: jax.Array, taps: list | None = None,
-    frozen: Callable | None = None,
+    module: Any, params: Any, x: jax.Array, taps: list | None = None,
+    frozen: Callable | None = None, slots: jax.Array | None = None,
 ):  # fmt: skip
-    """Runs ``module`` with the known layers intercepted; returns (output, recorder). The module's
-    own parameter argument is ``params`` too (its known layers read the recorder's copy); layers
-    for which ``frozen(path)`` holds are run as written, unrecorded."""
+    """Runs ``module`` (see :func:`_apply_recording`) with the known layers intercepted; returns
+    (output, recorder). The module's own parameter argument is ``params`` too (its known layers
+    read the recorder's copy); layers for which ``frozen(path)`` holds are run as written,
+    unrecorded."""
     rec = _Recorder(params, taps, frozen)
-    out = _apply_recording(module, params, x, rec)
+    out = _apply_recording(module, params, x, rec, slots)
     return out, rec
 
 
 def analyze(
-    module: nn.Module,
+    module: Any,
     params: Any,
     x_example: jax.ShapeDtypeStruct | jax.Array,
     loss_fn: Callable,
@@ -733,9 +743,11 @@ def analyze(
     probe: bool = True,
     trainable: Any = None,
 ) -> GhostPlan:
-    """Decides whether ``module`` can take the ghost path for inputs shaped like ``x_example``
-    (leading axis: examples). Data-independent: it traces the program and runs it once on a
-    synthetic batch (random inputs, label 0), never on the user's data.
+    """Decides whether ``module`` (a linen Module, or a model as :func:`_apply_recording` takes
+    it) can take the ghost path for inputs shaped like ``x_example`` (leading axis: examples);
+    ``y_example``: labels of any shape and dtype (leading axis: examples). Data-independent: it
+    traces the program and runs it once on a synthetic batch (random inputs, label 0), never on
+    the user's data.
 
     Checks, in order: every known-layer call has a formula (:data:`KNOWN_LAYERS`, supported
     attributes); the module reads no parameter outside those calls (its parameter inputs are
@@ -833,7 +845,7 @@ def _probe_rows(module, params, x_shape, x_dtype, loss_fn, y_example, frozen=Non
     base, variants = models.mixing_probe_batches(x_shape, x_dtype)
     b = len(base)
     y = jnp.zeros((b, *tuple(y_example.shape[1:])), y_example.dtype)
-    own = jax.jit(lambda p, x: module.apply({"params": p}, x))
+    own = jax.jit(lambda p, x: jax.tree_util.tree_leaves(module.apply({"params": p}, x)))
 
     @jax.jit
     def rows(p, x):
@@ -842,9 +854,9 @@ def _probe_rows(module, params, x_shape, x_dtype, loss_fn, y_example, frozen=Non
 
     # dptune's own model classes act on each example by their code: their plan (e.g. a 16-layer
     # WideResNet's, at the start of every run) probes the given parameters only
-    shipped = type(module) in models.PER_EXAMPLE_MODULES
+    shipped = _per_example_by_code(module)
     for p in [params] if shipped else models.probe_parameter_draws(params):
-        mixed = models.moved_rows(lambda x, p=p: [own(p, x)], base, variants)
+        mixed = models.moved_rows(lambda x, p=p: own(p, x), base, variants)
         if mixed is not None:
             return (
                 f"the output of one example depends on the others (the model mixes examples: "
@@ -875,8 +887,13 @@ def _probe_reparam(module, params, x_shape, x_dtype, calls: list[_Call]) -> str 
         tree, [jnp.asarray(rng.normal(0.0, 0.5, np.shape(v)), jnp.result_type(v)) for v in leaves]
     )
     both = jax.jit(lambda p, x: (module.apply({"params": p}, x), _record(module, p, x)[0]))
-    own, declared_out = (np.asarray(v) for v in both(noisy, jnp.asarray(x)))
-    if not np.allclose(own, declared_out, rtol=1e-4, atol=1e-5, equal_nan=True):
+    own, declared_out = both(noisy, jnp.asarray(x))
+    if not all(
+        np.allclose(np.asarray(u), np.asarray(v), rtol=1e-4, atol=1e-5, equal_nan=True)
+        for u, v in zip(
+            jax.tree_util.tree_leaves(own), jax.tree_util.tree_leaves(declared_out), strict=True
+        )
+    ):
         paths = ", ".join("/".join(p) for p in declared)
         return (
             f"the output with the layers that declare {REPARAM_METHOD}() ({paths}) computed as "
@@ -886,7 +903,7 @@ def _probe_reparam(module, params, x_shape, x_dtype, calls: list[_Call]) -> str 
 
 
 def _example_rows(
-    module: nn.Module,
+    module: Any,
     loss_fn: Callable,
     params: Any,
     x: jax.Array,
@@ -904,25 +921,32 @@ def _example_rows(
     parameter value (what a probe cannot check). XLA batches the vmapped layers back into the
     same batched matmuls and convolutions. The model classes dptune ships
     (``trainers.models.PER_EXAMPLE_MODULES``, per example by their own code) run as one batch
-    instead: the same values, about 7% less CPU time for a WideResNet's clipped sum."""
+    instead: the same values, about 7% less CPU time for a WideResNet's clipped sum. A module in
+    training mode (``trainers.train_mode.TrainingCall``) is told each example's slots in the
+    chunk (copy j of example i at ``i K + j``), which key its per-example dropout masks: the
+    masks of the ``vmap(grad)`` path (``trainers.dpsgd.per_example_grads_naive`` with
+    ``per_slot``)."""
     b = x.shape[0]
     k = x.shape[1] if copies else 1
     calls: list[_Call] = []
 
-    def forward(params, taps, xi):
-        out, rec = _record(module, params, xi, taps, frozen)
+    def forward(params, taps, xi, si):
+        out, rec = _record(module, params, xi, taps, frozen, si)
         calls[:] = rec.calls
         return out, rec.inputs
 
     fast_forward = with_fast_pools(forward)
 
-    def run(taps, xi, yi):  # the mean loss of each group of k copies, and the recorded inputs
-        out, inputs = fast_forward(params, taps, xi)
+    def run(taps, xi, yi, si):  # the mean loss of each group of k copies, the recorded inputs
+        out, inputs = fast_forward(params, taps, xi, si)
         return jnp.mean(loss_fn(out, yi).reshape(-1, k), axis=1), inputs
 
     xs = x if copies else x[:, None]  # (b, k, ...): each example's group of k
     ys = jnp.repeat(y[:, None], k, axis=1)
-    vmapped = type(module) not in models.PER_EXAMPLE_MODULES
+    slots = None
+    if hasattr(module, "apply_slots"):
+        slots = jnp.arange(b * k, dtype=jnp.int32).reshape(b, k)
+    vmapped = not _per_example_by_code(module)
     if vmapped:
         shapes = jax.eval_shape(
             lambda p, x: _record(module, p, x, frozen=frozen)[1].outputs, params, xs[0]
@@ -931,13 +955,14 @@ def _example_rows(
         run = jax.vmap(run)
     else:
         xs, ys = xs.reshape(b * k, *xs.shape[2:]), ys.reshape(b * k, *ys.shape[2:])
+        slots = None if slots is None else slots.reshape(b * k)
         shapes = jax.eval_shape(
             lambda p, x: _record(module, p, x, frozen=frozen)[1].outputs, params, xs
         )
         taps = [jnp.zeros(s.shape, s.dtype) for s in shapes]
 
     def total(taps):
-        losses, inputs = run(taps, xs, ys)
+        losses, inputs = run(taps, xs, ys, slots)
         losses = losses.reshape(b)
         return jnp.sum(losses), (losses, inputs)
 
@@ -949,8 +974,16 @@ def _example_rows(
     return list(calls), losses, [merged(v) for v in ins], [merged(v) for v in gs]
 
 
+def _per_example_by_code(module: Any) -> bool:
+    """Whether ``module`` (or the module of a ``ModelSpec``) is one of dptune's own model classes
+    (``trainers.models.PER_EXAMPLE_MODULES``): per example by their code, so run as one batch."""
+    if isinstance(module, models.ModelSpec):
+        module = module.module
+    return type(module) in models.PER_EXAMPLE_MODULES
+
+
 def clipped_sum_ghost(
-    module: nn.Module,
+    module: Any,
     loss_fn: Callable,
     params: Any,
     x: jax.Array,
@@ -963,11 +996,13 @@ def clipped_sum_ghost(
     """Clipped per-example gradient sum for a module that :func:`analyze` accepted.
 
     Same contract and return value as ``trainers.dpsgd.clipped_sum_naive``: (clipped sum pytree,
-    sum of masked per-example losses, per-example gradient norms (b,)). ``loss_fn(logits, labels)
-    -> (n,)`` per-example losses; with ``copies``, x is (b, K, ...) and example i's loss is the mean
-    over its K copies. ``trainable``: None, or the pytree of Python bools :func:`analyze` was
-    given: frozen layers get no tap and no norm terms (the backward pass stops at the lowest
-    trainable layer), and their part of the sum is zero.
+    sum of masked per-example losses, per-example gradient norms (b,)). ``module``: what
+    :func:`analyze` accepted (a linen Module, a ``ModelSpec``, an ``NnxModel`` or a
+    ``TrainingCall``). ``loss_fn(outputs, labels) -> (n,)`` per-example losses (outputs any
+    pytree, labels any (n, ...) array); with ``copies``, x is (b, K, ...) and example i's loss
+    is the mean over its K copies. ``trainable``: None, or the pytree of Python bools
+    :func:`analyze` was given: frozen layers get no tap and no norm terms (the backward pass
+    stops at the lowest trainable layer), and their part of the sum is zero.
     """
     boxed, params = params, unboxed(params)
     frozen = None if trainable is None else frozen_layers(params, trainable)[0]

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from trainers import train_mode
 from trainers.finetune import overlay
 from trainers.spec import MODEL_NAMES  # one list of model names, JAX-free
 
@@ -375,6 +376,13 @@ class ModelSpec:
         integer labels.
       metric: a ``trainers.evaluate.BoundedMetric`` scoring candidates; None: accuracy.
       shipped: whether this is one of the shipped models (with their hand-tuned fast paths).
+      input_layout: for dict inputs, how the stored (b, width) inputs unpack into the dict the
+        model is called with (``trainers.data.InputLayout``); None: the array as it is.
+      label_shape, label_dtype: one record's label (without the batch axis): () and "int32" for
+        class ids; what the loss and metric are probed with (shapes and dtypes, never values).
+      call_keyword: "train" or "deterministic" when the module's ``__call__`` takes it
+        (``trainers.train_mode``): called in training mode, with per-example dropout keys, while
+        it trains, and in evaluation mode otherwise; None: always called as it is.
       init: None (the module's initialisers), or initial parameters as {'/'-joined path: array}
         (``trainers.finetune.match_init``: checked, public); paths it lacks (fresh adapters) keep
         the initialisers' values.
@@ -393,17 +401,57 @@ class ModelSpec:
     loss: Callable | None = None
     metric: Any = None
     shipped: bool = True
+    input_layout: Any = None
+    label_shape: tuple[int, ...] = ()
+    label_dtype: str = "int32"
+    call_keyword: str | None = None
     init: Any = None
     trainable: Any = None
 
     def __repr__(self) -> str:
         return f"ModelSpec({self.name!r}, input {self.input_dtype}{self.input_shape})"
 
-    def apply(self, variables: dict, x: jax.Array) -> jax.Array:
-        """Outputs for a batch x, flax-style: ``variables = {"params": params}``."""
+    def apply(self, variables: dict, x: jax.Array) -> Any:
+        """Outputs for a batch x, flax-style: ``variables = {"params": params}``; a module with a
+        ``train`` / ``deterministic`` keyword is called in evaluation mode."""
+        x = self.model_input(x)
         if self.module is not None:
-            return self.module.apply(variables, x)
+            kwargs = train_mode.call_kwargs(self.call_keyword, False)
+            return self.module.apply(variables, x, **kwargs)
         return self.apply_fn(variables["params"], x)
+
+    def model_input(self, x: Any) -> Any:
+        """Stored inputs as the model reads them: the dict of a dict input, else x itself."""
+        return x if self.input_layout is None else self.input_layout.unpack(x)
+
+    def init_variables(self, key: jax.Array) -> dict:
+        """The module's variables from one example of zeros (evaluation mode; a ``dropout`` rng
+        is supplied in case the module draws one while initialising)."""
+        x = self.model_input(self.example_input(1))
+        if self.module is None:
+            return {"params": self.init_fn(key, x)}
+        if not isinstance(self.module, nn.Module):  # an NnxModel: its own values, no key needed
+            return self.module.init(key, x)
+        rngs = {"params": key, "dropout": jax.random.fold_in(key, 1)}
+        return self.module.init(rngs, x, **train_mode.call_kwargs(self.call_keyword, False))
+
+    @property
+    def stochastic(self) -> bool:
+        """Whether training calls the module in training mode (with dropout keys)."""
+        return self.module is not None and self.call_keyword is not None
+
+    def training(self, rng: jax.Array) -> train_mode.TrainingCall:
+        """The module in training mode with root dropout key ``rng`` (``trainers.train_mode``)."""
+        return train_mode.TrainingCall(self, rng)
+
+    def apply_recording(self, params: Any, x: jax.Array, recorder: Callable) -> Any:
+        """:meth:`apply` with ``variables = {"params": params}`` and every known layer's call
+        handed to ``recorder`` (a ``trainers.ghost`` recorder): a linen module through
+        ``nn.intercept_methods``, an NNX one through its own ``apply_recording``."""
+        if isinstance(self.module, nn.Module):
+            with nn.intercept_methods(recorder):
+                return self.apply({"params": params}, x)
+        return self.module.apply_recording(params, self.model_input(x), recorder)
 
     def example_input(self, batch: int = 1) -> jax.Array:
         """Zeros shaped like ``batch`` examples (what parameters are initialised from)."""
@@ -454,6 +502,10 @@ def user_model(
     metric: Any = None,
     num_classes: int | None = None,
     name: str | None = None,
+    label_shape: Sequence[int] = (),
+    label_dtype: Any = "int32",
+    input_layout: Any = None,
+    check_metric: bool = True,
 ) -> ModelSpec:
     """A user's model as a :class:`ModelSpec`, checked before anything trains.
 
@@ -461,22 +513,35 @@ def user_model(
       model: a flax (linen) Module instance (unbound), an ``nnx.Module`` instance (its
         ``nnx.Param`` state trains: ``trainers.nnx_model.NnxModel``; wrap it yourself to choose
         another filter), or an ``(init_fn, apply_fn)`` pair.
-      input_shape, input_dtype: one example's shape and dtype (from the data).
-      loss: ``loss(outputs, labels) -> (b,)``; None: softmax cross-entropy on integer labels.
-      metric: a ``trainers.evaluate.BoundedMetric``; None: accuracy.
+      input_shape, input_dtype: one example's shape and dtype (from the data; for a dict input,
+        the stored (width,) row and ``input_layout`` says how it unpacks).
+      loss: ``loss(outputs, labels) -> (b,)``, outputs any pytree; None: softmax cross-entropy on
+        integer class labels and (b, classes) logits.
+      metric: a ``trainers.evaluate.BoundedMetric``; None: accuracy (class labels only).
       num_classes: with the default loss, the outputs must be (b, C) logits with C >=
         num_classes.
       name: a label for reports (default: the module's class name).
+      label_shape, label_dtype: one record's label (public shapes: the loss and metric are
+        probed with zeros shaped like them).
+      input_layout: ``trainers.data.InputLayout`` of a dict input.
+      check_metric: whether the validation metric (``metric`` or the default accuracy) must fit
+        the outputs and labels (False for the own-loop pieces, which score nothing).
 
     Raises:
       ValueError: the model keeps state other than its parameters (e.g. ``nn.BatchNorm``'s
-        batch statistics: they mix the examples of a batch), needs an rng to run, mixes examples
-        (one example's output moves when another example changes), or its loss / metric is not
-        one value per example. The message names the layer or function and the fix. The checks
-        run on synthetic inputs (zeros, and random inputs for the mixing check), never on data.
+        batch statistics: they mix the examples of a batch), needs an rng to evaluate, mixes
+        examples (one example's output moves when another example changes), its loss / metric
+        is not one value per example, or the default loss / metric do not fit the labels. The
+        message starts with ``dptune:`` and names the layer or function and the fix. The
+        checks run on synthetic inputs (zeros, and random inputs for the mixing check), never
+        on data.
     """
     input_shape = tuple(int(d) for d in input_shape)
     dtype = np.dtype(input_dtype).name
+    extra = dict(
+        input_layout=input_layout, label_shape=tuple(int(d) for d in label_shape),
+        label_dtype=np.dtype(jax.dtypes.canonicalize_dtype(label_dtype)).name,
+    )  # fmt: skip
     if isinstance(model, ModelSpec):
         return model
     if isinstance(model, str):
@@ -488,43 +553,55 @@ def user_model(
     if isinstance(model, nnx_model.NnxModel):
         spec = ModelSpec(
             name or model.name, model, input_shape, None, dtype, loss=loss, metric=metric,
-            shipped=False,
+            shipped=False, **extra,
         )  # fmt: skip
     elif isinstance(model, nn.Module):
         if model.scope is not None:
             raise ValueError(f"model={type(model).__name__}: pass an unbound flax Module")
         spec = ModelSpec(
             name or type(model).__name__, model, input_shape, None, dtype, loss=loss,
-            metric=metric, shipped=False,
+            metric=metric, shipped=False, call_keyword=train_mode.call_keyword(model), **extra,
         )  # fmt: skip
     elif isinstance(model, tuple) and len(model) == 2 and all(callable(f) for f in model):
         init_fn, apply_fn = model
         spec = ModelSpec(
             name or getattr(apply_fn, "__name__", "apply_fn"), None, input_shape, None, dtype,
-            init_fn, apply_fn, loss, metric, shipped=False,
+            init_fn, apply_fn, loss, metric, shipped=False, **extra,
         )  # fmt: skip
     else:
         raise TypeError(
             f"model={model!r:.80}: expected a shipped model name {MODEL_NAMES}, a flax.linen "
             "or flax.nnx Module instance, or an (init_fn, apply_fn) pair"
         )
-    _check_user_model(spec, num_classes)
+    _check_user_model(spec, num_classes, check_metric)
     return spec
 
 
-def _check_user_model(spec: ModelSpec, num_classes: int | None) -> None:
+def _rng_hint(e: Exception) -> str:
+    """The call convention, for an error that asks for an rng (dropout outside training)."""
+    if "PRNG" not in str(e) and "rng" not in str(e).lower():
+        return ""
+    return (
+        ". dptune calls a module whose __call__ has a `train` (or `deterministic`) keyword with "
+        "train=False (deterministic=True) to initialise and evaluate it, and with train=True "
+        "and per-example dropout rngs while it trains: give it that keyword and use "
+        "nn.Dropout(rate, deterministic=not train)"
+    )
+
+
+def _leaf_name(path: tuple) -> str:
+    return "outputs" + jax.tree_util.keystr(path) if path else "outputs"
+
+
+def _check_user_model(spec: ModelSpec, num_classes: int | None, check_metric: bool = True) -> None:
     label = f"model {spec.name}"
     x1 = spec.example_input(1)
     try:
-        if spec.module is not None:
-            variables = spec.module.init(jax.random.PRNGKey(0), x1)
-        else:
-            variables = {"params": spec.init_fn(jax.random.PRNGKey(0), x1)}
+        variables = spec.init_variables(jax.random.PRNGKey(0))
     except Exception as e:
         raise ValueError(
-            f"{label} could not be initialised on an input of shape {x1.shape} ({x1.dtype}): "
-            f"{type(e).__name__}: {e}. dptune applies the model deterministically, without rngs "
-            "(set Dropout's deterministic=True)"
+            f"dptune: {label} could not be initialised on an input of shape {x1.shape} "
+            f"({x1.dtype}): {type(e).__name__}: {e}{_rng_hint(e)}"
         ) from None
     for col, tree in variables.items():
         if col in _HARMLESS_COLLECTIONS:
@@ -541,27 +618,30 @@ def _check_user_model(spec: ModelSpec, num_classes: int | None) -> None:
     base, variants = mixing_probe_batches(spec.input_shape, spec.input_dtype)
     out = jax.jit(lambda p, x: spec.apply({"params": p}, x))
     try:
-        o1 = np.asarray(out(params, base))
+        o1 = jax.tree_util.tree_map(np.asarray, out(params, base))
     except Exception as e:
         raise ValueError(
-            f"{label} failed on a batch of shape {base.shape}: {type(e).__name__}: {e}"
+            f"dptune: {label} failed on a batch of shape {base.shape}: {type(e).__name__}: {e}"
+            f"{_rng_hint(e)}"
         ) from None
-    if o1.ndim < 1 or o1.shape[0] != len(base):
-        raise ValueError(
-            f"{label}: outputs for a batch of {len(base)} have shape {o1.shape}, not "
-            f"({len(base)}, ...)"
-        )
+    n = len(base)
+    for path, a in jax.tree_util.tree_flatten_with_path(o1)[0]:
+        if a.ndim < 1 or a.shape[0] != n:
+            raise ValueError(
+                f"dptune: {label}: {_leaf_name(path)} has shape {a.shape} for a batch of {n}: "
+                f"every output array needs a leading example axis, ({n}, ...)"
+            )
     # Every position replaced in turn, at the initial parameters and at random draws around them
-    # (mixing that is off at initialisation). What no probe can exclude, mixing that appears only
-    # for other parameters or inputs, cannot reach the clipped sums or the validation count
-    # either: those run each example on its own (docs/privacy-model.md, "Per example by
-    # construction").
+    # (mixing that is off at initialisation), every output leaf compared. What no probe can
+    # exclude, mixing that appears only for other parameters or inputs, cannot reach the clipped
+    # sums or the validation count either: those run each example on its own
+    # (docs/privacy-model.md, "Per example by construction").
     for p in probe_parameter_draws(params):
         try:
-            mixed = moved_rows(lambda x, p=p: [out(p, x)], base, variants)
+            mixed = moved_rows(lambda x, p=p: jax.tree_util.tree_leaves(out(p, x)), base, variants)
         except Exception as e:
             raise ValueError(
-                f"{label} failed on a batch of shape {base.shape} at random parameters: "
+                f"dptune: {label} failed on a batch of shape {base.shape} at random parameters: "
                 f"{type(e).__name__}: {e}"
             ) from None
         if mixed is not None:
@@ -572,27 +652,54 @@ def _check_user_model(spec: ModelSpec, num_classes: int | None) -> None:
                 "across examples). DP-SGD needs each example's output to depend on that example "
                 "alone: use nn.GroupNorm or nn.LayerNorm, and act on the other axes only"
             )
-    if (
-        spec.loss is None
-        and num_classes is not None
-        and (o1.ndim != 2 or o1.shape[1] < num_classes)
-    ):
+    single = isinstance(o1, np.ndarray)
+    classes = spec.label_shape == () and np.issubdtype(np.dtype(spec.label_dtype), np.integer)
+    labels = f"{spec.label_dtype}{spec.label_shape} labels per record"
+    if spec.loss is None:
+        if not classes:
+            raise ValueError(
+                f"dptune: {label}: the default loss (softmax cross-entropy) needs integer class "
+                f"labels of shape (n,), and the data has {labels}: pass loss=fn(outputs, labels) "
+                "-> (b,) per-example losses (e.g. the squared error for regression, sigmoid "
+                "cross-entropy summed over k labels, or token cross-entropy summed or averaged "
+                "over a sequence) and metric=dptune.Metric(fn, lo, hi)"
+            )
+        if not single:
+            raise ValueError(
+                f"dptune: {label} returns a {type(o1).__name__} of arrays; the default loss "
+                "needs one (b, classes) logits array: pass loss=fn(outputs, labels) -> (b,) "
+                "that picks the logits (and metric=dptune.Metric(...))"
+            )
+        if num_classes is not None and (o1.ndim != 2 or o1.shape[1] < num_classes):
+            raise ValueError(
+                f"dptune: {label}: outputs of shape {o1.shape[1:]} per example; the default loss "
+                f"(softmax cross-entropy) needs (num_classes,) = ({num_classes},) logits, or "
+                "pass loss=..."
+            )
+    if check_metric and spec.metric is None and not (classes and single and o1.ndim == 2):
+        what = labels if not classes else f"outputs {type(o1).__name__}"
         raise ValueError(
-            f"{label}: outputs of shape {o1.shape[1:]} per example; the default loss (softmax "
-            f"cross-entropy) needs (num_classes,) = ({num_classes},) logits, or pass loss=..."
+            f"dptune: {label}: the default metric (accuracy) needs integer class labels (n,) and "
+            f"(b, classes) outputs, and here are {what}: pass metric=dptune.Metric(fn, lo, hi) "
+            "with fn(outputs, labels) -> one value per record in [lo, hi] (e.g. minus the "
+            "squared error clipped to [-4, 0], or a token accuracy in [0, 1])"
         )
-    y = np.zeros((len(base),), np.int32)
+    y = np.zeros((n, *spec.label_shape), spec.label_dtype)
+    abstract = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), o1)
     for what, fn in (("loss", spec.loss), ("metric", getattr(spec.metric, "fn", None))):
         if fn is None:
             continue
         try:
-            v = jax.eval_shape(fn, jax.ShapeDtypeStruct(o1.shape, o1.dtype), y)
+            v = jax.eval_shape(fn, abstract, y)
         except Exception as e:
-            raise ValueError(f"{what} failed on outputs of shape {o1.shape}: {e}") from None
-        if tuple(getattr(v, "shape", ())) != (len(base),):
+            raise ValueError(
+                f"dptune: {what} failed on outputs {jax.tree_util.tree_map(lambda a: a.shape, o1)} "
+                f"and labels of shape {y.shape} ({y.dtype}): {type(e).__name__}: {e}"
+            ) from None
+        if tuple(getattr(v, "shape", ())) != (n,):
             raise ValueError(
                 f"{what}(outputs, labels) must return one value per example, shape (b,); for a "
-                f"batch of {len(base)} it returned shape {getattr(v, 'shape', None)}"
+                f"batch of {n} it returned shape {getattr(v, 'shape', None)}"
             )
 
 
@@ -674,7 +781,7 @@ def init_params(spec: ModelSpec, key: jax.Array) -> dict:
     called as it is (it may not be traceable). A spec with ``init`` starts from those values
     (bitwise), its other leaves from the initialisers."""
     if spec.module is None:
-        params = spec.init_fn(key, spec.example_input(1))
+        params = spec.init_variables(key)["params"]
     else:
         params = _compiled_init(spec)(key)
     if spec.init is not None:
@@ -686,9 +793,7 @@ def init_params(spec: ModelSpec, key: jax.Array) -> dict:
 def _compiled_init(spec: ModelSpec) -> Callable:
     # partitioning boxes (nn.with_logical_partitioning) removed: training reads plain arrays,
     # which apply takes as well; the boxes stay with the module's own init for sharding
-    return jax.jit(
-        lambda key: nn.meta.unbox(spec.module.init(key, spec.example_input(1))["params"])
-    )
+    return jax.jit(lambda key: nn.meta.unbox(spec.init_variables(key)["params"]))
 
 
 def param_count(params) -> int:

@@ -53,6 +53,10 @@ class NnxModel:
         else is held fixed at the module's values (e.g. frozen base weights when the filter is
         ``nnx.LoRAParam``).
 
+    The module is always called as it is: unlike a linen module's ``train`` keyword
+    (``trainers.train_mode``), there are no per-step, per-example dropout keys yet; an
+    ``nnx.Dropout`` draws from the copied rng state, the same mask at every call.
+
     Raises:
       ValueError: the module keeps batch statistics (``nnx.BatchStat``, e.g. ``nnx.BatchNorm``):
         they mix the examples of a batch. The message names the layer and points at

@@ -127,7 +127,7 @@ def _time_steps(hp: Hyperparams, num_classes: int, impl: str, chunk: int):
         hp.model, num_classes, hp.optimizer, impl, hp.augmult, hp.ema_decay is not None
     )
     x = np.zeros((chunk, *fns.spec.input_shape), fns.spec.input_dtype)
-    y = np.zeros((chunk,), np.int32)
+    y = np.zeros((chunk, *fns.spec.label_shape), fns.spec.label_dtype)  # labels' public shape
     chunks = [(np.arange(chunk, dtype=np.int32), np.ones(chunk, np.float32))]
     # Zeros shaped like the parameters and optimiser state: the step does the same arithmetic on
     # any values, and building them costs no compilation (flax's eager init would).

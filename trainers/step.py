@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -22,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from trainers import dpsgd, finetune, ghost, lora, models, parallel
+from trainers import dpsgd, finetune, ghost, lora, models, parallel, train_mode
 from trainers.runtime import tune_malloc
 from trainers.spec import Hyperparams
 
@@ -146,10 +147,14 @@ def ghost_plan(spec: models.ModelSpec) -> Any:
         params = jax.eval_shape(lambda: models.init_params(spec, jax.random.PRNGKey(0)))
         params = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), params)
         x = jax.ShapeDtypeStruct((3, *spec.input_shape), spec.input_dtype)
-        y = jax.ShapeDtypeStruct((3,), jnp.int32)
+        y = jax.ShapeDtypeStruct((3, *spec.label_shape), spec.label_dtype)
         mask = None if finetune.all_trainable(spec.trainable) else spec.trainable
+        # The spec applies the module as training does (a dict input unpacked; a module with a
+        # train keyword in training mode, dropout on with a fixed key: the row probes compare
+        # batches drawn with the same masks).
+        module = spec.training(jax.random.PRNGKey(0)) if spec.stochastic else spec
         plan = ghost.analyze(
-            spec.module, params, x, spec.loss or dpsgd.per_example_loss, y, trainable=mask
+            module, params, x, spec.loss or dpsgd.per_example_loss, y, trainable=mask
         )
         if plan.supported and isinstance(spec.module, lora.LoRA):
             plan = _lora_plan(spec.module, mask, x) or plan
@@ -331,8 +336,16 @@ class StepFunctions:
             Hyperparams(optimizer=optimizer, ema_decay=0.5 if ema else None)
         )
         self.trace_count = 0
-        copies = self.augmult > 0
         model = self.spec.name if self.spec.shipped else None
+        # A module called in training mode gets per-example dropout keys each chunk
+        # (`_stochastic_sum`); its clipped sum is built per call, around that chunk's key.
+        self._stochastic = self.spec.stochastic
+        if self._stochastic and mesh is not None:
+            raise ValueError(
+                f"dptune: model {self.spec.name} trains in training mode (its `train` / "
+                "`deterministic` keyword, dropout), which data-parallel training does not "
+                "support yet: train on one device"
+            )
         if grad_impl == "bookkeeping":
             if model == "scatter_linear" and self.augmult == 0:
                 self._clipped_sum = dpsgd.clipped_sum_scatter_linear
@@ -345,19 +358,10 @@ class StepFunctions:
                     f"grad_impl='bookkeeping' is not implemented for model={self.spec.name!r} "
                     f"with augmult={augmult}; use 'vmap' (or 'ghost')"
                 )
-        elif grad_impl in ("vmap", "naive"):
-            self._clipped_sum = functools.partial(
-                dpsgd.clipped_sum_naive, self.spec.apply, loss=self.spec.loss, copies=copies
-            )
-        elif grad_impl == "ghost":
-            if self.spec.module is None:
-                raise ValueError("grad_impl='ghost' needs a flax Module, not an (init, apply) pair")
-            self._clipped_sum = functools.partial(
-                ghost.clipped_sum_ghost, self.spec.module, self.spec.loss or dpsgd.per_example_loss,
-                copies=copies,
-            )  # fmt: skip
-        else:
+        elif grad_impl not in ("vmap", "naive", "ghost"):
             raise ValueError(f"grad_impl={grad_impl!r}: expected one of {GRAD_IMPLS[1:]}")
+        elif grad_impl == "ghost" and self.spec.module is None:
+            raise ValueError("grad_impl='ghost' needs a flax Module, not an (init, apply) pair")
         # Fine-tuning (trainers.finetune): only the trainable leaves are differentiated, clipped,
         # noised and updated; the optimiser keeps state for them alone (optax.masked).
         mask = self.spec.trainable
@@ -368,16 +372,9 @@ class StepFunctions:
                     "grad_impl='bookkeeping' trains every parameter; a model with a trainable "
                     "part takes 'ghost' or 'vmap'"
                 )
-            if grad_impl == "ghost":
-                self._clipped_sum = functools.partial(self._clipped_sum, trainable=self.trainable)
-            else:
-                naive = functools.partial(
-                    dpsgd.clipped_sum_naive, loss=self.spec.loss, copies=copies
-                )
-                self._clipped_sum = finetune.masked_clipped_sum(
-                    naive, self.spec.apply, self.trainable
-                )
             self.optimizer = optax.masked(self.optimizer, self.trainable)
+        if grad_impl != "bookkeeping":
+            self._clipped_sum = self._clipped_sum_of(self.spec)
         self.mesh = mesh
         if mesh is not None:
             # Data-parallel (trainers.parallel): each chunk's examples are split over the mesh,
@@ -423,8 +420,37 @@ class StepFunctions:
             # stream apart from it (the two could only meet at step 0x41554755, ~1.1e9 steps).
             aug = jax.random.fold_in(jax.random.fold_in(key, 0x41554755), step)
             x = dpsgd.augment_copies(jax.random.fold_in(aug, chunk), x, self.augmult)
-        gsum, loss, _ = self._clipped_sum(params, x, data_y[idx], mask, clip_norm)
+        if self._stochastic:
+            clipped_sum = self._stochastic_sum(train_mode.dropout_key(key, step, chunk))
+        else:
+            clipped_sum = self._clipped_sum
+        gsum, loss, _ = clipped_sum(params, x, data_y[idx], mask, clip_norm)
         return gsum, loss
+
+    def _stochastic_sum(self, rng: jax.Array) -> Callable:
+        """The clipped-sum function of a module in training mode with root dropout key ``rng``
+        (``trainers.train_mode``): the same masks on the ghost and the vmap(grad) paths."""
+        return self._clipped_sum_of(self.spec.training(rng))
+
+    def _clipped_sum_of(self, model: Any) -> Callable:
+        """``clipped(params, x, y, mask, clip_norm)`` on the ghost or the vmap(grad) path for
+        ``model``: the spec, or its ``TrainingCall`` (per-example dropout keyed by each
+        example's slot in the chunk). With a trainable part, only the trainable leaves are
+        differentiated and clipped (zeros at the frozen ones)."""
+        copies = self.augmult > 0
+        loss = self.spec.loss or dpsgd.per_example_loss
+        if self.grad_impl == "ghost":
+            return functools.partial(
+                ghost.clipped_sum_ghost, model, loss, copies=copies, trainable=self.trainable
+            )
+        per_slot = isinstance(model, train_mode.TrainingCall)
+        apply_fn = model.apply_slots if per_slot else model.apply
+        naive = functools.partial(
+            dpsgd.clipped_sum_naive, loss=loss, copies=copies, per_slot=per_slot
+        )
+        if self.trainable is None:
+            return functools.partial(naive, apply_fn)
+        return finetune.masked_clipped_sum(naive, apply_fn, self.trainable)
 
     def _accumulate(
         self, params, gsum, loss, data_x, data_y, idx, mask, clip_norm, key=None, step=0, chunk=0

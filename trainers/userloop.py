@@ -14,7 +14,6 @@ A DP-SGD step with them (Abadi et al. 2016, Algorithm 1, with Poisson sampling):
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -38,13 +37,21 @@ class clipped_grad_sum:  # noqa: N801 - used like a function: clipped_grad_sum(m
       model: a ``flax.linen.Module`` (its bound ``.apply`` works too), an ``nnx.Module`` or
         ``dptune.NnxModel`` (params: ``dptune.NnxModel(module).params()``, a dict), or an apply
         function ``apply_fn(params, x) -> outputs`` for other JAX code.
-      loss: ``loss(outputs, labels) -> (b,)``; default softmax cross-entropy on integer labels.
+      loss: ``loss(outputs, labels) -> (b,)`` (outputs any pytree, labels any (b, ...) array);
+        default softmax cross-entropy on integer class labels (b,).
       grad_impl: "auto" (the ghost / book-keeping path when every parametrised layer of the module
         is known to ``trainers.ghost``, else ``vmap(grad)``), "ghost" or "vmap".
 
-    The path is chosen and the module checked (no batch statistics, no mixing of examples) on the
-    first call for each input shape and dtype, from the shapes alone; ``impl(x)`` tells which.
-    Each returned function is jitted (``clip_norm`` is traced: changing it does not recompile).
+    The path is chosen and the module checked (no batch statistics, no mixing of examples; the
+    loss probed with zeros shaped like the labels) on the first call for each input and label
+    shape and dtype, from the shapes alone; ``impl(x, y)`` tells which. Each returned function
+    is jitted (``clip_norm`` is traced: changing it does not recompile).
+
+    A module whose ``__call__`` has a ``train`` (or ``deterministic``) keyword is called in
+    training mode when a ``key`` is passed (``grad_sum(params, x, y, mask, C, key=k)``, a fresh
+    secret key per step and chunk): per-example dropout masks keyed by each example's position
+    in the batch (``trainers.train_mode``); without ``key``, in evaluation mode. Inputs are
+    arrays (for several inputs, pass an apply function that takes them packed).
     """
 
     def __init__(self, model: Any, loss: Callable | None = None, *, grad_impl: str = "auto"):
@@ -62,38 +69,57 @@ class clipped_grad_sum:  # noqa: N801 - used like a function: clipped_grad_sum(m
         self.grad_impl = grad_impl
         self._fns: dict[tuple, tuple[str, Callable]] = {}
 
-    def _resolve(self, x: Any) -> tuple[str, Callable]:
-        key = (tuple(x.shape[1:]), np.dtype(x.dtype).name)
+    def _resolve(self, x: Any, y: Any = None) -> tuple[str, Callable]:
+        y_shape = () if y is None else tuple(y.shape[1:])
+        y_dtype = "int32" if y is None else np.dtype(y.dtype).name
+        key = (tuple(x.shape[1:]), np.dtype(x.dtype).name, y_shape, y_dtype)
         hit = self._fns.get(key)
         if hit is not None:
             return hit
         if isinstance(self.model, (nn.Module, nnx_model.NnxModel)):
-            spec = models.user_model(self.model, key[0], key[1], loss=self.loss)
+            spec = models.user_model(
+                self.model, key[0], key[1], loss=self.loss, label_shape=y_shape,
+                label_dtype=y_dtype, check_metric=False,
+            )  # fmt: skip
             impl = step.resolve_grad_impl(spec, self.grad_impl, key[0])
             loss = self.loss or dpsgd.per_example_loss
-            if impl == "ghost":
-                fn = functools.partial(ghost.clipped_sum_ghost, self.model, loss, copies=False)
-            else:
-                fn = functools.partial(dpsgd.clipped_sum_naive, spec.apply, loss=loss, copies=False)
+
+            def fn(p, x, y, m, c, rng=None):
+                if rng is not None and spec.stochastic:
+                    call = spec.training(rng)
+                    if impl == "ghost":
+                        return ghost.clipped_sum_ghost(call, loss, p, x, y, m, c)
+                    return dpsgd.clipped_sum_naive(
+                        call.apply_slots, p, x, y, m, c, loss, copies=False, per_slot=True
+                    )
+                if impl == "ghost":  # the spec applies the module in evaluation mode
+                    return ghost.clipped_sum_ghost(spec, loss, p, x, y, m, c)
+                return dpsgd.clipped_sum_naive(spec.apply, p, x, y, m, c, loss, copies=False)
         else:
             if self.grad_impl == "ghost":
                 raise ValueError("grad_impl='ghost' needs a flax Module, not an apply function")
-            impl, apply_fn = "vmap", self.model
-            fn = functools.partial(
-                dpsgd.clipped_sum_naive, lambda v, x: apply_fn(v["params"], x), loss=self.loss,
-                copies=False,
-            )  # fmt: skip
-        compiled = jax.jit(lambda p, x, y, m, c: fn(p, x, y, m, c)[:2])
+            impl, apply_fn, loss_fn = "vmap", self.model, self.loss
+
+            def fn(p, x, y, m, c, rng=None):  # an apply function has no training mode
+                return dpsgd.clipped_sum_naive(
+                    lambda v, x: apply_fn(v["params"], x), p, x, y, m, c, loss_fn, copies=False
+                )
+
+        compiled = jax.jit(lambda p, x, y, m, c, rng=None: fn(p, x, y, m, c, rng)[:2])
         self._fns[key] = (impl, compiled)
         return impl, compiled
 
-    def impl(self, x: Any) -> str:
-        """ "ghost" or "vmap": the path used for inputs shaped like ``x`` (a batch)."""
-        return self._resolve(x)[0]
+    def impl(self, x: Any, y: Any = None) -> str:
+        """ "ghost" or "vmap": the path used for inputs shaped like ``x`` and labels like ``y``
+        (batches; default integer class labels)."""
+        return self._resolve(x, y)[0]
 
-    def __call__(self, params: Any, x: Any, y: Any, mask: Any, clip_norm: Any) -> tuple[Any, Any]:
-        """(clipped gradient sum with the parameters' structure, sum of masked losses)."""
-        return self._resolve(x)[1](params, x, y, mask, jnp.float32(clip_norm))
+    def __call__(
+        self, params: Any, x: Any, y: Any, mask: Any, clip_norm: Any, *, key: Any = None
+    ) -> tuple[Any, Any]:
+        """(clipped gradient sum with the parameters' structure, sum of masked losses). ``key``:
+        a fresh secret PRNG key for this call's dropout (training mode); None: evaluation mode."""
+        return self._resolve(x, y)[1](params, x, y, mask, jnp.float32(clip_norm), key)
 
 
 def add_noise(

@@ -548,7 +548,11 @@ def build_trainer(cfg: Mapping[str, Any], data: Any, *, progress: bool = False) 
         model = cfg.get("model")
         if model is not None:
             base.pop("model", None)  # config.model replaces config.train.model
-            options["model"] = build_model(model, data)
+            built = build_model(model, data)
+            # a factory may return {"model": module, "loss": fn, "metric": dptune.Metric}: the
+            # route for labels the default loss and accuracy do not read (float, (n, k), (n, L))
+            parts = built if isinstance(built, Mapping) else {"model": built}
+            options.update({k: parts[k] for k in ("model", "loss", "metric") if k in parts})
         if cfg.get("init"):  # '' is no init: --config.init='' turns a config's start off
             options["init"] = cfg["init"]
     try:
@@ -560,7 +564,9 @@ def build_trainer(cfg: Mapping[str, Any], data: Any, *, progress: bool = False) 
 
 def build_model(spec: str, data: Any) -> Any:
     """``config.model``: a shipped name as it is, or ``factory(num_classes=...)`` of
-    ``"pkg.module:factory"`` (a flax Module; its input shape comes from the data)."""
+    ``"pkg.module:factory"`` (a flax Module, or a dict with "model" and optionally "loss" and
+    "metric"; its input shape comes from the data; num_classes is 0 for labels that are not
+    class ids)."""
     if ":" not in spec:
         return spec
     factory = import_object(spec, "model")

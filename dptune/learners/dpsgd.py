@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -75,6 +76,7 @@ __all__ = [
     "load_dataset",
     "read_npz",
     "shipped_with_lora",
+    "suggested_settings",
     "use_compilation_cache",
     "with_lora",
 ]
@@ -157,6 +159,85 @@ def dpsgd_privacy(
     return dpsgd_candidate(schedule.privacy(noise_multiplier), score_noise_std)
 
 
+#: Largest standard deviation of a candidate's validation score, in units of the score's range
+#: (accuracy units for accuracy), before dptune warns that selection is mostly noise.
+MAX_SCORE_NOISE = 0.05
+
+#: Learning-rate ranges (log-uniform) by optimiser, from public recipes (as reported there, not
+#: re-derived here): momentum-0.9 SGD with learning rates of order 1 at batches of hundreds to
+#: thousands, as Tramer & Boneh 2021 train their CNNs and as the `user` config always had; plain
+#: SGD with larger rates (De et al. 2022: 2 to 4 at batch 4096, WRN on CIFAR-10); Adam with rates
+#: of order 1e-3 (Li et al. 2022, "Large language models can be strong differentially private
+#: learners", fine-tune with Adam at 5e-4; Opacus's tutorials use adaptive optimisers at 1e-3).
+LEARNING_RATE_RANGES = {"momentum": (0.05, 2.0), "sgd": (0.5, 8.0), "adam": (1e-4, 1e-2)}
+
+
+def score_noise(score_noise_std: float | None, expected_validation_size: float) -> float:
+    """Standard deviation of a candidate's noisy validation score in units of the score's range
+    (accuracy units): ``score_noise_std / expected_validation_size`` (``trainers.evaluate.
+    validation_score`` divides a sensitivity-1 sum plus N(0, std^2) by the public expected size);
+    0 for an exact score, inf without validation records."""
+    if score_noise_std is None:
+        return 0.0
+    if expected_validation_size <= 0:
+        return math.inf
+    return float(score_noise_std) / float(expected_validation_size)
+
+
+def warn_score_noise(score_noise_std: float | None, data: Dataset) -> None:
+    """Warns on the curator's console when the validation score's noise exceeds
+    ``MAX_SCORE_NOISE`` (from public numbers only: the noise and the expected validation size)."""
+    if data.public_num_val <= 0:
+        return  # refused with its own message when a candidate is declared
+    noise = score_noise(score_noise_std, data.public_num_val)
+    if noise > MAX_SCORE_NOISE:
+        needed = math.ceil(score_noise_std / MAX_SCORE_NOISE)
+        log.warning(
+            "dptune: the validation score's noise is %.3g score units (noise std %g over %.0f "
+            "expected validation records), above %g: selection between candidates is close to "
+            "a coin toss. Give at least %d validation records (validation_fraction / "
+            "config.data.validation_size) or a public validation set",
+            noise, score_noise_std, data.public_num_val, MAX_SCORE_NOISE, needed,
+        )  # fmt: skip
+
+
+def suggested_settings(
+    num_examples: int, optimizer: str = "momentum", score_noise_std: float = 10.0
+) -> dict[str, Any]:
+    """Tuning defaults that fit a dataset of ``num_examples`` (PUBLIC, declared) records and an
+    optimiser, from public facts only (docs/your_model.md, "Defaults that fit the model").
+
+    * ``validation_size``: enough records that the score's noise ``score_noise_std / size`` is at
+      most ``MAX_SCORE_NOISE``, else 10% of the records up to 1000, and never more than a quarter.
+    * ``batch_size``: 256, smaller (a power of two, at least 16) so that an epoch has >= 16 steps.
+    * ``epochs``: enough for about 500 steps (DP-SGD gains from many noisy steps, De et al.
+      2022), between 10 and 100.
+    * ``learning_rate``: :data:`LEARNING_RATE_RANGES` for the optimiser.
+    * ``mean_trials``: 4 candidates on average (random stopping), 2 below 5,000 records, where
+      each candidate's budget share matters more than the search.
+    Returns a dict with those keys (``learning_rate`` a (low, high) pair).
+    """
+    if optimizer not in LEARNING_RATE_RANGES:
+        raise ValueError(f"optimizer={optimizer!r}: expected one of {sorted(LEARNING_RATE_RANGES)}")
+    n = int(num_examples)
+    if n < 8:
+        raise ValueError(f"num_examples={num_examples!r}: too few records to tune on")
+    val = max(math.ceil(score_noise_std / MAX_SCORE_NOISE), min(1000, round(0.1 * n)))
+    val = min(val, n // 4)
+    train = n - val
+    batch = 256
+    while batch > 16 and train / batch < 16:
+        batch //= 2
+    epochs = int(min(100, max(10, math.ceil(500 * batch / train))))
+    return {
+        "validation_size": int(val),
+        "batch_size": batch,
+        "epochs": epochs,
+        "learning_rate": LEARNING_RATE_RANGES[optimizer],
+        "mean_trials": 4.0 if n >= 5000 else 2.0,
+    }
+
+
 def _failure(result: Any) -> CandidateFailure:
     """A failed ``trainers.spec.CandidateResult`` as the journal's failure record."""
     error = result.error or "NonFiniteParameters: the parameters became non-finite"
@@ -196,10 +277,14 @@ class DpSgdTrainer(DatasetTrainer):
         ``apply_fn(params, x) -> outputs``); the input shape and dtype come from ``data``. Default:
         ``base["model"]`` or "cnn26k". A module is checked before anything trains (state other than
         parameters such as BatchNorm statistics, examples mixed in a batch, a per-example loss).
-      loss: ``loss(outputs, labels) -> (b,)`` per-example losses; default softmax cross-entropy on
-        integer labels.
+      loss: ``loss(outputs, labels) -> (b,)`` per-example losses (outputs any pytree, labels
+        the data's (b, ...) labels); default softmax cross-entropy on integer class labels (n,).
       metric: a ``dptune.Metric(fn, lo, hi)`` (per record, bounded, clipped to [lo, hi]) scoring
-        candidates on the validation split; default accuracy.
+        candidates on the validation split; default accuracy (integer class labels only).
+        A module with a ``train`` (or ``deterministic``) keyword trains with per-example dropout
+        and is evaluated deterministically (``trainers.train_mode``). With a user's model, a
+        ``batch_size`` or ``epochs`` missing from ``base`` comes from :func:`suggested_settings`;
+        a validation score noisier than ``MAX_SCORE_NOISE`` is warned about.
       grad_impl: per-example clipping: "auto" (a shipped model's hand-tuned path, else the ghost
         path when every parametrised layer is known, else vmap(grad), said once in the log),
         "ghost" or "vmap" to force one ("bookkeeping" / "naive": the old spellings).
@@ -263,6 +348,23 @@ class DpSgdTrainer(DatasetTrainer):
         if model is not None or loss is not None or metric is not None:
             self.base["model"] = self._model_spec(model, loss, metric)
         self.model = self.base.get("model", "cnn26k")
+        if isinstance(self.model, str) and not data.class_labels:
+            raise TuningConfigError(
+                f"dptune: the data's labels are {data.train_y.dtype}{data.train_y.shape[1:]} per "
+                f"record, not integer class ids: the shipped model {self.model!r} and its default "
+                "loss and accuracy need class labels (n,). Pass model=<your flax Module>, "
+                "loss=fn(outputs, labels) -> (b,) and metric=dptune.Metric(fn, lo, hi)"
+            )
+        if isinstance(self.model, models.ModelSpec) and not self.model.shipped:
+            # A user's model: batch size and epochs, where not given, fit the declared size.
+            optimizer = self.base.get("optimizer", Hyperparams.optimizer)
+            suggested = suggested_settings(
+                self.num_examples + max(0, round(data.public_num_val)),
+                optimizer if optimizer in LEARNING_RATE_RANGES else "sgd",
+            )  # fmt: skip
+            for name in ("batch_size", "epochs"):
+                self.base.setdefault(name, suggested[name])
+        warn_score_noise(self._score_noise_std(), data)
         #: the initial parameters' fingerprint (``trainers.finetune.fingerprint``), or None
         self.init_fingerprint: str | None = None
         self._finetune: tuple[Any, Any] | None = None  # (checked init, trainable) for variants
@@ -309,14 +411,21 @@ class DpSgdTrainer(DatasetTrainer):
                 model = models.get_model(model, self.data.num_classes).module
             except ValueError as e:
                 raise TuningConfigError(str(e)) from None
-        x = self.data.train_x
+        x, y = self.data.train_x, self.data.train_y
         try:
             return models.user_model(
                 model, x.shape[1:], x.dtype, loss=loss, metric=metric,
-                num_classes=self.data.num_classes,
+                num_classes=self.data.num_classes or None, label_shape=y.shape[1:],
+                label_dtype=y.dtype, input_layout=self.data.input_layout,
             )  # fmt: skip
         except (TypeError, ValueError) as e:
             raise TuningConfigError(str(e)) from None
+
+    def _score_noise_std(self) -> float | None:
+        """The base setting's validation-score noise (Hyperparams' default unless overridden)."""
+        if "score_noise_std" in self.base:
+            return self.base["score_noise_std"]
+        return Hyperparams.__dataclass_fields__["score_noise_std"].default
 
     def _finetune_spec(self, model: Any, init: Any, trainable: Any) -> models.ModelSpec:
         """``model`` as a spec that starts from ``init`` and trains ``trainable``
@@ -688,6 +797,13 @@ def describe_model(spec: Any) -> dict[str, Any]:
         "input": [list(spec.input_shape), spec.input_dtype],
         "params": {jax.tree_util.keystr(k): list(v.shape) for k, v in flat},
     }
+    # Only where they differ from the defaults, so earlier descriptions stay the same.
+    if spec.input_layout is not None:
+        out["input_layout"] = spec.input_layout.describe()
+    if spec.label_shape != () or spec.label_dtype != "int32":
+        out["labels"] = [list(spec.label_shape), spec.label_dtype]
+    if spec.call_keyword is not None:
+        out["call_keyword"] = spec.call_keyword
     if spec.trainable is not None:
         out["trainable"] = [p for p, m in finetune.flat_paths(spec.trainable).items() if m]
     if spec.loss is not None:

@@ -51,6 +51,16 @@ def test_tune_custom_jax_example_releases_within_budget(tmp_path):
             marks=pytest.mark.slow,
         ),  # fmt: skip
         ("user_tabular.py", 5.0, "P(benign)"),
+        # float labels, own loss and metric (scikit-learn's bundled diabetes data)
+        ("user_regression_diabetes.py", 5.0, "predicted progression"),
+        # slow (a transformer with dropout compiled cold: ~30 s of CPU); its fast twin is the
+        # sequence-label test of tests/dptune/learners/test_any_labels.py
+        pytest.param(
+            "user_next_token_lm.py",
+            8.0,
+            "token accuracy of the loaded parameters",
+            marks=pytest.mark.slow,
+        ),  # fmt: skip
         ("user_nnx_mnist.py", 3.0, "test accuracy of the loaded model"),
     ],
 )
