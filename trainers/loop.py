@@ -315,16 +315,16 @@ def _train_group_unsafe(
     step = 0
     for epoch in range(hp0.epochs):
         t0 = time.perf_counter()
-        batches, n_seen = _epoch_batches(samplers, spe, step, noise_step, shards, progress_every)
+        batches, n_seen = _epoch_batches(samplers, spe, step, noise_step, shards)
         batches = jax.device_put(batches, placement)
-        carry = (params, opt_states, zero_loss, zero_count, zero_count)
-        for stop in _runs(spe, step, progress_every):
+        carry = (params, opt_states, zero_loss, zero_count)
+        for _ in range(spe):
             carry = group.run(carry, batches, data_x, data_y, noise_keys, clip, sigma, expected_b)
-            if progress is not None and progress_every > 0 and (step + stop) % progress_every == 0:
+            step += 1
+            if progress is not None and progress_every > 0 and step % progress_every == 0:
                 for i in indices:
-                    progress(_progress_dict("step", i, epoch, hp0.epochs, step + stop, total_steps))
+                    progress(_progress_dict("step", i, epoch, hp0.epochs, step, total_steps))
         params, opt_states, loss_sum = carry[:3]
-        step += spe
         # Failure is decided from the parameters alone (post-processing of the DP output), never
         # from the loss.
         out = _eval_params(params, opt_states, ema)
@@ -371,21 +371,11 @@ def _train_group_unsafe(
     return results
 
 
-def _runs(steps: int, step0: int, progress_every: int) -> list[int]:
-    """Where the runs of an epoch's steps end (local step counts, the last one ``steps``): after
-    every step whose global count ``step0 + stop`` is a multiple of ``progress_every`` (for the
-    progress events), else one run for the whole epoch."""
-    stops = [] if progress_every <= 0 else [
-        t for t in range(1, steps) if (step0 + t) % progress_every == 0
-    ]  # fmt: skip
-    return [*stops, steps]
-
-
 def _epoch_batches(
     samplers: list[PoissonSampler], steps: int, step0: int, noise_step: Callable[[int], int],
-    shards: int, progress_every: int,
+    shards: int,
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:  # fmt: skip
-    """An epoch's Poisson batches for K candidates, laid out for ``StepFunctions.run_steps``
+    """An epoch's Poisson batches for K candidates, laid out for ``StepFunctions.run_step``
     (host arrays, fixed shapes, so one compiled program serves every epoch), and each
     candidate's number of sampled examples.
 
@@ -419,10 +409,6 @@ def _epoch_batches(
     out["tail_chunks"] = np.maximum(most - nb, 0).astype(np.int32)
     out["step"] = np.arange(step0, step0 + steps, dtype=np.int32)
     out["noise_step"] = np.asarray([noise_step(i) for i in out["step"].tolist()], np.int32)
-    # Fixed length (runs past the last are never made), so every epoch has the same shapes.
-    stops = _runs(steps, step0, progress_every)
-    most_runs = steps // progress_every + 2 if progress_every > 0 else 1
-    out["stops"] = np.asarray(stops + [steps] * (most_runs - len(stops)), np.int32)
     if k == 1:  # the group's layout: no candidate axis for one candidate
         for name in ("body_idx", "body_mask", "tail_idx", "tail_mask"):
             out[name] = out[name][:, :, 0]

@@ -242,8 +242,8 @@ class Group:
     k: int
     accumulate: Any
     step: Any
-    #: ``StepFunctions.run_steps`` (K = 1) or ``vrun_steps`` (K > 1): a run of steps of an epoch
-    #: whose batches are already on the device.
+    #: ``StepFunctions.run_step`` (K = 1) or ``vrun_step`` (K > 1): a step of an epoch whose
+    #: batches are already on the device.
     run: Any = None
 
     def stack(self, trees: list) -> Any:
@@ -315,11 +315,11 @@ class StepFunctions:
 
     A step compiles once per chunk shape: ``accumulate`` for the tail chunks (if any) and the fused
     ``step`` for the main chunk, which adds the running sums, the noise and the optimiser update.
-    ``run_steps`` runs a stretch of an epoch's steps, its batches already on the device, in one
-    compiled program (no host value per step). The ``v*`` variants are the same functions vmapped
-    over K candidates; :meth:`group` gives the :class:`Group` the training loop uses for a group
-    of any size. ``trace_count`` counts Python
-    traces (a test checks that training does not retrace).
+    ``run_step`` is the whole step (chunks and update) of an epoch whose batches are already on
+    the device, in one compiled program taking no host value. The ``v*`` variants are the same
+    functions vmapped over K candidates; :meth:`group` gives the :class:`Group` the training loop
+    uses for a group of any size. ``trace_count`` counts Python traces (a test checks that
+    training does not retrace).
     """
 
     def __init__(
@@ -396,10 +396,10 @@ class StepFunctions:
         self.step = jax.jit(self._step)
         self.vaccumulate = jax.jit(jax.vmap(self._accumulate, in_axes=_ACCUMULATE_AXES))
         self.vstep = jax.jit(jax.vmap(self._step, in_axes=_STEP_AXES))
-        self.run_steps = jax.jit(functools.partial(self._run_steps, self._accumulate, self._step))
-        self.vrun_steps = jax.jit(
+        self.run_step = jax.jit(functools.partial(self._run_step, self._accumulate, self._step))
+        self.vrun_step = jax.jit(
             functools.partial(
-                self._run_steps,
+                self._run_step,
                 jax.vmap(self._accumulate, in_axes=_ACCUMULATE_AXES),
                 jax.vmap(self._step, in_axes=_STEP_AXES),
             )
@@ -412,8 +412,8 @@ class StepFunctions:
         if k > 1 and self.mesh is not None:
             raise ValueError("data-parallel training (a mesh) takes one candidate at a time")
         if k == 1:
-            return Group(1, self.accumulate, self.step, self.run_steps)
-        return Group(k, self.vaccumulate, self.vstep, self.vrun_steps)
+            return Group(1, self.accumulate, self.step, self.run_step)
+        return Group(k, self.vaccumulate, self.vstep, self.vrun_step)
 
     def _init_opt(self, params, numbers: dict):
         """The optimiser state of a candidate at ``params``: ``make_optimizer(hp).init(params)``
@@ -467,53 +467,47 @@ class StepFunctions:
             new_params = finetune.keep_frozen(new_params, params, self.trainable)
         return new_params, opt_state, loss
 
-    def _run_steps(
+    def _run_step(
         self, accumulate, step, carry, epoch, data_x, data_y, key, clip_norm, sigma,
         expected_batch,
     ):  # fmt: skip
-        """Steps ``t`` .. ``epoch["stops"][s] - 1`` of an epoch whose batches are on the device,
-        for ``carry = (params, opt_state, loss, t, s)``; returns the carry after them (``t`` the
-        stop, ``s + 1``). Every per-step value is read on the device, so a run of steps costs no
-        host-to-device transfer.
+        """Step ``t`` of an epoch whose batches are on the device, for ``carry = (params,
+        opt_state, loss, t)``; returns the carry after it (``t + 1``). Every per-step value is
+        read on the device, so a step costs no host-to-device transfer.
 
-        ``epoch`` (``trainers.loop`` builds it, K > 1 adds a candidate axis after the chunk
+        ``epoch`` (``trainers.loop`` builds it; K > 1 adds a candidate axis after the chunk
         axis): ``body_idx`` / ``body_mask`` (steps, body chunks, chunk size), ``tail_idx`` /
         ``tail_mask`` (steps, tail chunks, tail size), ``body_chunks`` / ``tail_chunks`` (steps,)
         the chunks step t uses, ``step`` / ``noise_step`` (steps,) its index and the index its
-        noise key is folded with, ``stops`` (runs,) where each run ends. Step t is the
-        loop's step exactly: ``accumulate`` on body chunks 1.. then on the tail chunks (chunk
-        index after the body chunks), in that order, then ``step`` on body chunk 0. A step's
-        unused chunks are never computed (the loops' trip counts are its own)."""
-        params, opt_state, loss, t, s = carry
+        noise key is folded with. The arithmetic is the step-by-step loop's: ``accumulate`` on
+        body chunks 1.. then on the tail chunks (chunk index after the body chunks), in that
+        order, then ``step`` on body chunk 0. A step's unused chunks are never computed (the
+        chunk loops' trip counts are its own). One step per call, not a loop over the epoch's
+        steps: XLA on CPU ran the step about 2x slower inside a while loop."""
+        params, opt_state, loss, t = carry
         nb = epoch["body_idx"].shape[1]
+        at = epoch["step"][t]
 
-        def one_step(t, state):
-            params, opt_state, loss = state
-            at = epoch["step"][t]
+        def chunks(name: str, offset: int):
+            def add(j, acc):
+                idx, mask = epoch[name + "_idx"][t, j], epoch[name + "_mask"][t, j]
+                return accumulate(
+                    params, *acc, data_x, data_y, idx, mask, clip_norm, key, at, j + offset
+                )
 
-            def chunks(name: str, offset: int):
-                def add(j, acc):
-                    idx, mask = epoch[name + "_idx"][t, j], epoch[name + "_mask"][t, j]
-                    return accumulate(
-                        params, *acc, data_x, data_y, idx, mask, clip_norm, key, at, j + offset
-                    )
+            return add
 
-                return add
-
-            acc = (jax.tree_util.tree_map(jnp.zeros_like, params), loss)
-            if nb > 1:
-                acc = jax.lax.fori_loop(1, epoch["body_chunks"][t], chunks("body", 0), acc)
-            if epoch["tail_idx"].shape[1] > 0:
-                acc = jax.lax.fori_loop(0, epoch["tail_chunks"][t], chunks("tail", nb), acc)
-            return step(
-                params, opt_state, *acc, data_x, data_y, epoch["body_idx"][t, 0],
-                epoch["body_mask"][t, 0], key, epoch["noise_step"][t], clip_norm, sigma,
-                expected_batch,
-            )  # fmt: skip
-
-        stop = epoch["stops"][s]
-        params, opt_state, loss = jax.lax.fori_loop(t, stop, one_step, (params, opt_state, loss))
-        return params, opt_state, loss, stop, s + 1
+        acc = (jax.tree_util.tree_map(jnp.zeros_like, params), loss)
+        if nb > 1:
+            acc = jax.lax.fori_loop(1, epoch["body_chunks"][t], chunks("body", 0), acc)
+        if epoch["tail_idx"].shape[1] > 0:
+            acc = jax.lax.fori_loop(0, epoch["tail_chunks"][t], chunks("tail", nb), acc)
+        params, opt_state, loss = step(
+            params, opt_state, *acc, data_x, data_y, epoch["body_idx"][t, 0],
+            epoch["body_mask"][t, 0], key, epoch["noise_step"][t], clip_norm, sigma,
+            expected_batch,
+        )  # fmt: skip
+        return params, opt_state, loss, t + 1
 
 
 def get_step_functions(
