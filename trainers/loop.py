@@ -304,8 +304,9 @@ def _train_group_unsafe(
     sigma = group.stack([np.float32(hp.noise_multiplier) for hp in hps])
     expected_b = jax.device_put(np.float32(hp0.batch_size))
 
+    zero_sum = jax.tree_util.tree_map(lambda a: jax.device_put(np.zeros(a.shape, a.dtype)), params)
     zero_loss = group.stack([np.float32(0.0)] * k)
-    zero_count = jax.device_put(np.int32(0))
+    zero, one = jax.device_put(np.int32(0)), jax.device_put(np.int32(1))
     # The epoch's batches go to the device in one transfer (to every device of a mesh, like the
     # data); the steps then read them there, so a step costs no host-to-device transfer.
     placement = replicated if mesh is not None else None
@@ -315,16 +316,28 @@ def _train_group_unsafe(
     step = 0
     for epoch in range(hp0.epochs):
         t0 = time.perf_counter()
-        batches, n_seen = _epoch_batches(samplers, spe, step, noise_step, shards)
+        batches, chunks, n_seen = _epoch_batches(samplers, spe, step, noise_step, shards)
         batches = jax.device_put(batches, placement)
-        carry = (params, opt_states, zero_loss, zero_count)
-        for _ in range(spe):
-            carry = group.run(carry, batches, data_x, data_y, noise_keys, clip, sigma, expected_b)
+        loss_sum, t = zero_loss, zero
+        for body, tail in chunks:
+            # Body chunks after the first (B > the microbatch size), then the tail chunks (~half
+            # the steps, when the Poisson batch outgrows the body) go through `run_chunk`; the
+            # fused step on the first chunk adds their sums, the noise and the optimiser update.
+            # The loss runs on from the epoch's sum, so the step returns the sum so far.
+            acc = (zero_sum, loss_sum, one)
+            for part, n in (("body", body - 1), ("tail", tail)):
+                for _ in range(n):
+                    acc = group.run_chunk(
+                        part, params, acc, batches, data_x, data_y, noise_keys, clip, t
+                    )
+            params, opt_states, loss_sum, t = group.run(
+                params, opt_states, acc, batches, data_x, data_y, noise_keys, clip, sigma,
+                expected_b, t,
+            )  # fmt: skip
             step += 1
             if progress is not None and progress_every > 0 and step % progress_every == 0:
                 for i in indices:
                     progress(_progress_dict("step", i, epoch, hp0.epochs, step, total_steps))
-        params, opt_states, loss_sum = carry[:3]
         # Failure is decided from the parameters alone (post-processing of the DP output), never
         # from the loss.
         out = _eval_params(params, opt_states, ema)
@@ -374,10 +387,11 @@ def _train_group_unsafe(
 def _epoch_batches(
     samplers: list[PoissonSampler], steps: int, step0: int, noise_step: Callable[[int], int],
     shards: int,
-) -> tuple[dict[str, np.ndarray], np.ndarray]:  # fmt: skip
-    """An epoch's Poisson batches for K candidates, laid out for ``StepFunctions.run_step``
-    (host arrays, fixed shapes, so one compiled program serves every epoch), and each
-    candidate's number of sampled examples.
+) -> tuple[dict[str, np.ndarray], list[tuple[int, int]], np.ndarray]:  # fmt: skip
+    """An epoch's Poisson batches for K candidates, laid out for ``StepFunctions.run_chunk`` /
+    ``run_step`` (host arrays, fixed shapes, so the compiled programs serve every epoch); each
+    step's number of body and tail chunks (the largest over the candidates); each candidate's
+    number of sampled examples.
 
     Each sampler draws ``steps`` batches in order (its stream is exactly the one a step-by-step
     loop would draw) and lays each out in chunks (``PoissonSampler.chunks``); every chunk is
@@ -405,15 +419,14 @@ def _epoch_batches(
                 out[name + "_idx"][t, at, c, : len(idx)] = idx
                 out[name + "_mask"][t, at, c, : len(mask)] = mask
     most = np.max(np.asarray(used, np.int32), axis=0)
-    out["body_chunks"] = np.minimum(most, nb).astype(np.int32)
-    out["tail_chunks"] = np.maximum(most - nb, 0).astype(np.int32)
+    chunks = [(min(m, nb), max(m - nb, 0)) for m in most.tolist()]
     out["step"] = np.arange(step0, step0 + steps, dtype=np.int32)
     out["noise_step"] = np.asarray([noise_step(i) for i in out["step"].tolist()], np.int32)
     if k == 1:  # the group's layout: no candidate axis for one candidate
         for name in ("body_idx", "body_mask", "tail_idx", "tail_mask"):
             out[name] = out[name][:, :, 0]
     n_seen = np.asarray([sum(len(b) for b in bs) for bs in drawn], np.float64)
-    return out, n_seen
+    return out, chunks, n_seen
 
 
 def _progress_dict(event, candidate, epoch, epochs, step, total_steps) -> dict:

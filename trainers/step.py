@@ -242,8 +242,9 @@ class Group:
     k: int
     accumulate: Any
     step: Any
-    #: ``StepFunctions.run_step`` (K = 1) or ``vrun_step`` (K > 1): a step of an epoch whose
-    #: batches are already on the device.
+    #: ``StepFunctions.run_chunk`` / ``run_step`` (K = 1) or ``vrun_chunk`` / ``vrun_step``
+    #: (K > 1): a chunk, and the step, of an epoch whose batches are already on the device.
+    run_chunk: Any = None
     run: Any = None
 
     def stack(self, trees: list) -> Any:
@@ -315,8 +316,8 @@ class StepFunctions:
 
     A step compiles once per chunk shape: ``accumulate`` for the tail chunks (if any) and the fused
     ``step`` for the main chunk, which adds the running sums, the noise and the optimiser update.
-    ``run_step`` is the whole step (chunks and update) of an epoch whose batches are already on
-    the device, in one compiled program taking no host value. The ``v*`` variants are the same
+    ``run_chunk`` / ``run_step`` are ``accumulate`` / ``step`` on a chunk of an epoch whose
+    batches are already on the device: they take no host value. The ``v*`` variants are the same
     functions vmapped over K candidates; :meth:`group` gives the :class:`Group` the training loop
     uses for a group of any size. ``trace_count`` counts Python traces (a test checks that
     training does not retrace).
@@ -396,13 +397,14 @@ class StepFunctions:
         self.step = jax.jit(self._step)
         self.vaccumulate = jax.jit(jax.vmap(self._accumulate, in_axes=_ACCUMULATE_AXES))
         self.vstep = jax.jit(jax.vmap(self._step, in_axes=_STEP_AXES))
-        self.run_step = jax.jit(functools.partial(self._run_step, self._accumulate, self._step))
+        self.run_chunk = jax.jit(
+            functools.partial(self._run_chunk, self._accumulate), static_argnums=0
+        )
+        self.run_step = jax.jit(functools.partial(self._run_step, self._step))
+        vaccumulate = jax.vmap(self._accumulate, in_axes=_ACCUMULATE_AXES)
+        self.vrun_chunk = jax.jit(functools.partial(self._run_chunk, vaccumulate), static_argnums=0)
         self.vrun_step = jax.jit(
-            functools.partial(
-                self._run_step,
-                jax.vmap(self._accumulate, in_axes=_ACCUMULATE_AXES),
-                jax.vmap(self._step, in_axes=_STEP_AXES),
-            )
+            functools.partial(self._run_step, jax.vmap(self._step, in_axes=_STEP_AXES))
         )
 
     def group(self, k: int) -> Group:
@@ -412,8 +414,8 @@ class StepFunctions:
         if k > 1 and self.mesh is not None:
             raise ValueError("data-parallel training (a mesh) takes one candidate at a time")
         if k == 1:
-            return Group(1, self.accumulate, self.step, self.run_step)
-        return Group(k, self.vaccumulate, self.vstep, self.vrun_step)
+            return Group(1, self.accumulate, self.step, self.run_chunk, self.run_step)
+        return Group(k, self.vaccumulate, self.vstep, self.vrun_chunk, self.vrun_step)
 
     def _init_opt(self, params, numbers: dict):
         """The optimiser state of a candidate at ``params``: ``make_optimizer(hp).init(params)``
@@ -467,43 +469,40 @@ class StepFunctions:
             new_params = finetune.keep_frozen(new_params, params, self.trainable)
         return new_params, opt_state, loss
 
-    def _run_step(
-        self, accumulate, step, carry, epoch, data_x, data_y, key, clip_norm, sigma,
-        expected_batch,
+    def _run_chunk(
+        self, accumulate, part, params, acc, epoch, data_x, data_y, key, clip_norm, t
     ):  # fmt: skip
-        """Step ``t`` of an epoch whose batches are on the device, for ``carry = (params,
-        opt_state, loss, t)``; returns the carry after it (``t + 1``). Every per-step value is
-        read on the device, so a step costs no host-to-device transfer.
+        """``accumulate`` on chunk ``j`` of step ``t`` of an epoch whose batches are on the device,
+        for ``acc = (gsum, loss, j)`` (``j`` counts the step's chunks, body chunks first, then
+        tail chunks); returns ``(gsum, loss, j + 1)``. ``part`` (static): "body" or "tail", the
+        array the chunk is in. No host value: the indices, mask and step number are read on the
+        device (``epoch``: see :meth:`_run_step`)."""
+        gsum, loss, j = acc
+        at = j if part == "body" else j - epoch["body_idx"].shape[1]
+        idx, mask = epoch[part + "_idx"][t, at], epoch[part + "_mask"][t, at]
+        gsum, loss = accumulate(
+            params, gsum, loss, data_x, data_y, idx, mask, clip_norm, key, epoch["step"][t], j
+        )
+        return gsum, loss, j + 1
+
+    def _run_step(
+        self, step, params, opt_state, acc, epoch, data_x, data_y, key, clip_norm, sigma,
+        expected_batch, t,
+    ):  # fmt: skip
+        """``step`` on body chunk 0 of step ``t`` of an epoch whose batches are on the device,
+        adding ``acc = (gsum, loss, j)`` (the step's other chunks, from :meth:`_run_chunk`);
+        returns ``(params, opt_state, loss, t + 1)``. No host value: a step costs no
+        host-to-device transfer.
 
         ``epoch`` (``trainers.loop`` builds it; K > 1 adds a candidate axis after the chunk
         axis): ``body_idx`` / ``body_mask`` (steps, body chunks, chunk size), ``tail_idx`` /
-        ``tail_mask`` (steps, tail chunks, tail size), ``body_chunks`` / ``tail_chunks`` (steps,)
-        the chunks step t uses, ``step`` / ``noise_step`` (steps,) its index and the index its
-        noise key is folded with. The arithmetic is the step-by-step loop's: ``accumulate`` on
-        body chunks 1.. then on the tail chunks (chunk index after the body chunks), in that
-        order, then ``step`` on body chunk 0. A step's unused chunks are never computed (the
-        chunk loops' trip counts are its own). One step per call, not a loop over the epoch's
-        steps: XLA on CPU ran the step about 2x slower inside a while loop."""
-        params, opt_state, loss, t = carry
-        nb = epoch["body_idx"].shape[1]
-        at = epoch["step"][t]
-
-        def chunks(name: str, offset: int):
-            def add(j, acc):
-                idx, mask = epoch[name + "_idx"][t, j], epoch[name + "_mask"][t, j]
-                return accumulate(
-                    params, *acc, data_x, data_y, idx, mask, clip_norm, key, at, j + offset
-                )
-
-            return add
-
-        acc = (jax.tree_util.tree_map(jnp.zeros_like, params), loss)
-        if nb > 1:
-            acc = jax.lax.fori_loop(1, epoch["body_chunks"][t], chunks("body", 0), acc)
-        if epoch["tail_idx"].shape[1] > 0:
-            acc = jax.lax.fori_loop(0, epoch["tail_chunks"][t], chunks("tail", nb), acc)
+        ``tail_mask`` (steps, tail chunks, tail size), ``step`` / ``noise_step`` (steps,) the
+        step's index and the index its noise key is folded with. Each chunk is its own program,
+        as in the step-by-step loop, not a loop inside one: XLA on CPU ran a step about 2x slower
+        inside a while loop."""
+        gsum, loss, _ = acc
         params, opt_state, loss = step(
-            params, opt_state, *acc, data_x, data_y, epoch["body_idx"][t, 0],
+            params, opt_state, gsum, loss, data_x, data_y, epoch["body_idx"][t, 0],
             epoch["body_mask"][t, 0], key, epoch["noise_step"][t], clip_norm, sigma,
             expected_batch,
         )  # fmt: skip

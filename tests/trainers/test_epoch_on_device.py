@@ -74,20 +74,26 @@ def _stepwise(fns, k, samplers, steps, data, noise_step, lr=0.5):
 
 
 def _on_device(fns, k, samplers, steps, data, noise_step, lr=0.5):
+    """The same steps from the epoch's batches put on the device in one transfer."""
     group, params, opt, (keys, clip, sigma, b) = _start(fns, k, lr)
-    host, _ = _epoch_batches(samplers, steps, 0, noise_step, 1)
+    host, chunks, _ = _epoch_batches(samplers, steps, 0, noise_step, 1)
     batches = jax.device_put(host)  # the epoch's one transfer
-    zero_loss = group.stack([np.float32(0.0)] * k)
-    t0 = jax.device_put(np.int32(0))
-    carry = (params, opt, zero_loss, t0)
+    zero = jax.tree_util.tree_map(lambda a: jax.device_put(np.zeros_like(a)), params)
+    loss = group.stack([np.float32(0.0)] * k)
+    t, one = jax.device_put(np.int32(0)), jax.device_put(np.int32(1))
     with jax.transfer_guard("disallow"):  # a per-step host value would raise here
-        for _ in range(steps):
-            carry = group.run(carry, batches, *data, keys, clip, sigma, b)
-        params, _, loss, t = carry
+        for body, tail in chunks:
+            acc = (zero, loss, one)
+            for part, n in (("body", body - 1), ("tail", tail)):
+                for _ in range(n):
+                    acc = group.run_chunk(part, params, acc, batches, *data, keys, clip, t)
+            params, opt, loss, t = group.run(
+                params, opt, acc, batches, *data, keys, clip, sigma, b, t
+            )
         # the guard does catch a step handed a host value (the step-by-step loop's way)
         with pytest.raises(Exception, match="Disallowed host-to-device transfer"):
             group.step(
-                params, _, params, loss, *data, host["body_idx"][0, 0], host["body_mask"][0, 0],
+                params, opt, zero, loss, *data, host["body_idx"][0, 0], host["body_mask"][0, 0],
                 keys, t, clip, sigma, b,
             )  # fmt: skip
     assert int(t) == steps
@@ -122,12 +128,15 @@ def test_a_training_run_makes_no_transfer_inside_its_epochs(monkeypatch):
     def guarded(self, k):
         g = group(self, k)
 
-        def run(*args):
-            runs.append(1)
-            with jax.transfer_guard("disallow"):
-                return g.run(*args)
+        def guard(fn):
+            def call(*args):
+                runs.append(fn is g.run)
+                with jax.transfer_guard("disallow"):
+                    return fn(*args)
 
-        return dataclasses.replace(g, run=run)
+            return call
+
+        return dataclasses.replace(g, run=guard(g.run), run_chunk=guard(g.run_chunk))
 
     monkeypatch.setattr(StepFunctions, "group", guarded)
     d = make_synthetic(num_train=N, num_test=10, validation_size=60, seed=3)
@@ -145,4 +154,4 @@ def test_a_training_run_makes_no_transfer_inside_its_epochs(monkeypatch):
     assert DpSgdSchedule.from_hyperparams(hps[0], d.public_num_train).steps_per_epoch == 4
     steps = [e["step"] for e in events if e["event"] == "step" and e["candidate"] == 0]
     assert steps == [3, 6]
-    assert len(runs) == 8  # one call per step, every one under the guard
+    assert sum(runs) == 8 and len(runs) > 8  # the steps and their other chunks, under the guard
