@@ -309,7 +309,6 @@ def _train_group_unsafe(
     zero, one = jax.device_put(np.int32(0)), jax.device_put(np.int32(1))
     # The epoch's batches go to the device in one transfer (to every device of a mesh, like the
     # data); the steps then read them there, so a step costs no host-to-device transfer.
-    placement = replicated if mesh is not None else None
     histories: list[list[dict]] = [[] for _ in hps]
     failed = [False] * k
     last_good = params
@@ -317,7 +316,7 @@ def _train_group_unsafe(
     for epoch in range(hp0.epochs):
         t0 = time.perf_counter()
         batches, chunks, n_seen = _epoch_batches(samplers, spe, step, noise_step, shards)
-        batches = jax.device_put(batches, placement)
+        batches = jax.device_put(batches, replicated)
         loss_sum, t = zero_loss, zero
         for body, tail in chunks:
             # Body chunks after the first (B > the microbatch size), then the tail chunks (~half
