@@ -263,6 +263,7 @@ def _train_group_unsafe(
     chunk = hp0.microbatch_size or default_microbatch_size(hp0.model, hp0.augmult, impl)
     data_x, data_y = device_arrays(data)
     shards = 1
+    replicated = None
     if mesh is not None:
         # Every device gathers its shard of each chunk from its own copy of the data.
         replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
@@ -305,37 +306,32 @@ def _train_group_unsafe(
 
     zero_sum = jax.tree_util.tree_map(lambda a: jax.device_put(np.zeros(a.shape, a.dtype)), params)
     zero_loss = group.stack([np.float32(0.0)] * k)
+    zero, one = jax.device_put(np.int32(0)), jax.device_put(np.int32(1))
+    # The epoch's batches go to the device in one transfer (to every device of a mesh, like the
+    # data); the steps then read them there, so a step costs no host-to-device transfer.
     histories: list[list[dict]] = [[] for _ in hps]
     failed = [False] * k
     last_good = params
     step = 0
     for epoch in range(hp0.epochs):
         t0 = time.perf_counter()
-        loss_sum = zero_loss
-        n_seen = np.zeros(k)
-        for _ in range(spe):
-            batches = [s.sample() for s in samplers]
-            chunked = [
-                _pad_chunks(s.chunks(b), shards) for s, b in zip(samplers, batches, strict=True)
-            ]
-            n_seen += [len(b) for b in batches]
-            n_chunks = max(len(c) for c in chunked)
-            step_arr = np.int32(step)
-            # Chunks after the first go through `accumulate` (further body chunks when B > 256; a
-            # tail chunk in ~half the steps, when the Poisson batch outgrows the body), then the
+        batches, chunks, n_seen = _epoch_batches(samplers, spe, step, noise_step, shards)
+        batches = jax.device_put(batches, replicated)
+        loss_sum, t = zero_loss, zero
+        for body, tail in chunks:
+            # Body chunks after the first (B > the microbatch size), then the tail chunks (~half
+            # the steps, when the Poisson batch outgrows the body) go through `run_chunk`; the
             # fused step on the first chunk adds their sums, the noise and the optimiser update.
             # The loss runs on from the epoch's sum, so the step returns the sum so far.
-            gsum, loss = zero_sum, loss_sum
-            for j in range(1, n_chunks):
-                idx, mask = group.chunk(chunked, j)
-                gsum, loss = group.accumulate(
-                    params, gsum, loss, data_x, data_y, idx, mask, clip, noise_keys, step_arr,
-                    np.int32(j),
-                )  # fmt: skip
-            idx, mask = group.chunk(chunked, 0)
-            params, opt_states, loss_sum = group.step(
-                params, opt_states, gsum, loss, data_x, data_y, idx, mask, noise_keys,
-                np.int32(noise_step(step)), clip, sigma, expected_b,
+            acc = (zero_sum, loss_sum, one)
+            for part, n in (("body", body - 1), ("tail", tail)):
+                for _ in range(n):
+                    acc = group.run_chunk(
+                        part, params, acc, batches, data_x, data_y, noise_keys, clip, t
+                    )
+            params, opt_states, loss_sum, t = group.run(
+                params, opt_states, acc, batches, data_x, data_y, noise_keys, clip, sigma,
+                expected_b, t,
             )  # fmt: skip
             step += 1
             if progress is not None and progress_every > 0 and step % progress_every == 0:
@@ -387,19 +383,49 @@ def _train_group_unsafe(
     return results
 
 
-def _pad_chunks(chunks, multiple: int):
-    """Each (idx, mask) chunk padded to a multiple of ``multiple`` slots (index 0, mask 0: the
-    padding adds nothing to the clipped sum), so a data-parallel chunk splits evenly."""
-    if multiple == 1:
-        return chunks
-    out = []
-    for idx, mask in chunks:
-        pad = -len(idx) % multiple
-        if pad:
-            idx = np.concatenate([idx, np.zeros(pad, idx.dtype)])
-            mask = np.concatenate([mask, np.zeros(pad, mask.dtype)])
-        out.append((idx, mask))
-    return out
+def _epoch_batches(
+    samplers: list[PoissonSampler], steps: int, step0: int, noise_step: Callable[[int], int],
+    shards: int,
+) -> tuple[dict[str, np.ndarray], list[tuple[int, int]], np.ndarray]:  # fmt: skip
+    """An epoch's Poisson batches for K candidates, laid out for ``StepFunctions.run_chunk`` /
+    ``run_step`` (host arrays, fixed shapes, so the compiled programs serve every epoch); each
+    step's number of body and tail chunks (the largest over the candidates); each candidate's
+    number of sampled examples.
+
+    Each sampler draws ``steps`` batches in order (its stream is exactly the one a step-by-step
+    loop would draw) and lays each out in chunks (``PoissonSampler.chunks``); every chunk is
+    padded to a multiple of ``shards`` slots (index 0, mask 0: the padding adds nothing to the
+    clipped sum), so a data-parallel chunk splits evenly. Slots of chunks a candidate does not
+    use are padding too; a step runs as many chunks as its largest candidate uses. Memory: about
+    8 bytes per slot, (steps x capacity x K) slots."""
+    s0 = samplers[0]
+    k, nb = len(samplers), s0.num_body_chunks
+    body, tail = s0.chunk_size + -s0.chunk_size % shards, s0.tail_size + -s0.tail_size % shards
+    drawn = [[s.sample() for _ in range(steps)] for s in samplers]
+    used = [[len(s.chunk_sizes(len(b))) for b in bs] for s, bs in zip(samplers, drawn, strict=True)]
+    # The capacity's tail chunks (overflow probability < 1e-9); a larger batch gets more chunks.
+    n_tail = max([s0.num_tail_chunks] + [u - nb for us in used for u in us])
+    out = {
+        "body_idx": np.zeros((steps, nb, k, body), np.int32),
+        "body_mask": np.zeros((steps, nb, k, body), np.float32),
+        "tail_idx": np.zeros((steps, n_tail, k, tail), np.int32),
+        "tail_mask": np.zeros((steps, n_tail, k, tail), np.float32),
+    }
+    for c, (s, bs) in enumerate(zip(samplers, drawn, strict=True)):
+        for t, b in enumerate(bs):
+            for j, (idx, mask) in enumerate(s.chunks(b)):
+                name, at = ("body", j) if j < nb else ("tail", j - nb)
+                out[name + "_idx"][t, at, c, : len(idx)] = idx
+                out[name + "_mask"][t, at, c, : len(mask)] = mask
+    most = np.max(np.asarray(used, np.int32), axis=0)
+    chunks = [(min(m, nb), max(m - nb, 0)) for m in most.tolist()]
+    out["step"] = np.arange(step0, step0 + steps, dtype=np.int32)
+    out["noise_step"] = np.asarray([noise_step(i) for i in out["step"].tolist()], np.int32)
+    if k == 1:  # the group's layout: no candidate axis for one candidate
+        for name in ("body_idx", "body_mask", "tail_idx", "tail_mask"):
+            out[name] = out[name][:, :, 0]
+    n_seen = np.asarray([sum(len(b) for b in bs) for bs in drawn], np.float64)
+    return out, chunks, n_seen
 
 
 def _progress_dict(event, candidate, epoch, epochs, step, total_steps) -> dict:
