@@ -9,6 +9,12 @@ Tasks (``TASKS``; every one a user's model on arrays, through ``dptune.Dataset.f
 * ``text``: a bag-of-embeddings classifier (Embed 1000 x 32, mean over tokens, Dense 32, Dense 2)
   on 12,000 generated "reviews" of 40 token ids; the label is the sign of a sum of hidden token
   polarities plus noise (fixed public seed).
+* ``lm``: a tiny next-token transformer (one causal attention block, width 32) on 6,000
+  generated sequences of 16 tokens from a fixed random Markov chain (vocabulary 32); metric: token
+  accuracy; per-sequence loss: mean token cross-entropy (a sequence is one record).
+* ``finetune``: the shipped ``finetune`` task (cnn26k pretrained on the public digits 0-4, tuned on
+  the digits 5-9; ``dptune/configs/finetune.py``): the dptune and best-of-k arms use that config's
+  recipe (Adam, small clip norms); the untuned arms start from the same public weights.
 * ``cnn``: a user-written CNN (two 3x3 convolutions, as in jax_privacy's linen MNIST example) on
   12,000 Fashion-MNIST training images (``--fashion_dir``, IDX files; the project's copy is
   ``../shared/data/fashion-mnist``) and its 10,000 test images: a model whose recipe (MNIST) came
@@ -17,7 +23,9 @@ Tasks (``TASKS``; every one a user's model on arrays, through ``dptune.Dataset.f
 Arms, per task, total epsilon and repetition (OS entropy every time; no seed):
 
 * ``dptune``: dptune's defaults for a user's model (``dptune/configs/user.py``: its search space,
-  count of candidates, epochs and batch size), noise calibrated so that the TOTAL meets the budget.
+  count of candidates, epochs, batch size and validation size, the size-dependent ones derived
+  from the task's public size as a run derives them), noise calibrated so that the TOTAL meets
+  the budget.
 * ``opacus``: one untuned run at the defaults of Opacus's MNIST example (``examples/mnist.py`` of
   pytorch/opacus: SGD without momentum, learning rate 0.1, clip norm 1.0, batch 64, 10 epochs),
   the noise calibrated to the total epsilon (as ``make_private_with_epsilon`` would).
@@ -111,6 +119,64 @@ def _cnn(num_classes: int) -> Any:
     return CNN()
 
 
+LM_VOCAB, LM_LENGTH = 32, 16
+
+
+def _tiny_lm(num_classes: int) -> Any:
+    import flax.linen as nn
+    import jax.numpy as jnp
+
+    class TinyLM(nn.Module):  # token ids (b, L) -> next-token logits (b, L, vocab)
+        @nn.compact
+        def __call__(self, tokens):
+            pos = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+            h = nn.Embed(LM_VOCAB, 32)(tokens) + nn.Embed(LM_LENGTH, 32)(pos)
+            mask = nn.make_causal_mask(jnp.ones(tokens.shape))
+            h = h + nn.MultiHeadDotProductAttention(2)(nn.LayerNorm()(h), mask=mask)
+            h = h + nn.Dense(32)(nn.gelu(nn.Dense(64)(nn.LayerNorm()(h))))
+            return nn.Dense(LM_VOCAB)(nn.LayerNorm()(h))
+
+    return TinyLM()
+
+
+def _sequence_loss(logits, next_ids):
+    import jax.numpy as jnp
+    import optax
+
+    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, next_ids), axis=-1)
+
+
+def _token_accuracy(logits, next_ids):
+    import jax.numpy as jnp
+
+    return jnp.mean(jnp.argmax(logits, axis=-1) == next_ids, axis=-1)
+
+
+def lm_arrays(n: int = 8_000) -> tuple[np.ndarray, ...]:
+    """Sequences of a fixed random first-order Markov chain (each token has 3 likely successors),
+    labels the next tokens: (n, L) ids and (n, L) next ids."""
+    rng = np.random.default_rng(20261127)
+    succ = rng.integers(0, LM_VOCAB, size=(LM_VOCAB, 3))
+    seq = np.empty((n, LM_LENGTH + 1), np.int32)
+    seq[:, 0] = rng.integers(0, LM_VOCAB, n)
+    for t in range(LM_LENGTH):
+        pick = rng.choice(3, size=n, p=[0.6, 0.25, 0.15])
+        seq[:, t + 1] = np.where(rng.random(n) < 0.1, rng.integers(0, LM_VOCAB, n),
+                                 succ[seq[:, t], pick])  # fmt: skip
+    x, y = seq[:, :-1], seq[:, 1:]
+    return x[:-TEST_SIZE], y[:-TEST_SIZE], x[-TEST_SIZE:], y[-TEST_SIZE:]
+
+
+def finetune_arrays() -> tuple[np.ndarray, ...]:
+    from dptune.configs.finetune import private_digits
+
+    return private_digits()
+
+
+def _shipped_cnn26k(num_classes: int) -> str:
+    return "cnn26k"
+
+
 def tabular_arrays(n: int = 12_000) -> tuple[np.ndarray, ...]:
     from sklearn.datasets import make_classification
 
@@ -148,25 +214,42 @@ def fashion_arrays(folder: str, n: int = 12_000) -> tuple[np.ndarray, ...]:
 class Task:
     arrays: Callable[..., tuple[np.ndarray, ...]]
     model: Callable[[int], Any]
-    num_classes: int
+    num_classes: int  # 0: not class labels (the task's own loss and metric)
+    loss: Callable | None = None
+    metric: tuple[Callable, str] | None = None  # (per-example fn in [0, 1], name)
+    finetune: bool = False  # the shipped finetune task: its start and its config's recipe
 
 
 TASKS = {
     "tabular": Task(tabular_arrays, _mlp, 4),
     "text": Task(text_arrays, _bag_of_embeddings, 2),
     "cnn": Task(fashion_arrays, _cnn, 10),
+    "lm": Task(lm_arrays, _tiny_lm, 0, _sequence_loss, (_token_accuracy, "token_accuracy")),
+    "finetune": Task(finetune_arrays, _shipped_cnn26k, 5, finetune=True),
 }
 
 
 # --- arms ---------------------------------------------------------------------------------------
 
 
-def user_defaults() -> dict[str, Any]:
-    """dptune's shipped defaults for a user's model (``dptune/configs/user.py``) as plain values."""
+def user_defaults(num_examples: int) -> dict[str, Any]:
+    """dptune's shipped defaults for a user's model of ``num_examples`` (public) records: the
+    ``user`` config (``dptune/configs/user.py``) with its size-dependent fields filled as a run
+    fills them (``suggested_settings``), as plain values."""
+    from dptune.cli.build import _fill_suggested
     from dptune.configs import user
 
-    c = user.get_config().to_dict()
-    return json.loads(json.dumps(c, default=str))
+    c = json.loads(json.dumps(user.get_config().to_dict(), default=str))
+    c["data"]["num_examples"] = int(num_examples)
+    _fill_suggested(c)
+    return c
+
+
+def finetune_defaults() -> dict[str, Any]:
+    """The shipped ``finetune`` config (dptune's recipe for fine-tuning its start), plain."""
+    from dptune.configs import finetune
+
+    return json.loads(json.dumps(finetune.get_config().to_dict(), default=str))
 
 
 def arm_setup(arm: str, defaults: dict[str, Any], small: bool) -> tuple[dict, dict, Any]:
@@ -176,8 +259,11 @@ def arm_setup(arm: str, defaults: dict[str, Any], small: bool) -> tuple[dict, di
 
     train = defaults["train"]
     epochs = 1 if small else int(train["epochs"])
+    keep = dict(score_noise_std=float(train["score_noise_std"]))
+    if defaults.get("init"):  # the finetune task: its shipped model under its public start
+        keep["model"] = train["model"]
     base = dict(batch_size=int(train["batch_size"]), epochs=epochs, optimizer=train["optimizer"],
-                momentum=float(train.get("momentum", 0.9)))  # fmt: skip
+                momentum=float(train.get("momentum", 0.9)), **keep)  # fmt: skip
     sp: dict[str, Any] = {"noise_multiplier": "auto"}
     for name in ("learning_rate", "clip_norm"):
         spec = defaults["space"][name]
@@ -188,7 +274,7 @@ def arm_setup(arm: str, defaults: dict[str, Any], small: bool) -> tuple[dict, di
     if arm == "best_of_k":
         return base, sp, BestOfK(max(1, round(mean)))
     if arm == "opacus":  # examples/mnist.py defaults (pytorch/opacus)
-        base = dict(batch_size=64, epochs=1 if small else 10, optimizer="sgd")
+        base = dict(batch_size=64, epochs=1 if small else 10, optimizer="sgd", **keep)
         fixed = dict(learning_rate=0.1, clip_norm=1.0)
     elif arm == "jax_privacy":  # examples/dp_sgd_flax_linen_mnist.py defaults
         base = dict(base, batch_size=256, optimizer="momentum", momentum=0.9)
@@ -199,8 +285,18 @@ def arm_setup(arm: str, defaults: dict[str, Any], small: bool) -> tuple[dict, di
     return base, {**one, "noise_multiplier": "auto"}, BestOfK(1)
 
 
+def _score(h: dict[str, Any]) -> float | None:
+    """A per-epoch row's (or a release's) test score: accuracy, or the task's own metric."""
+    if h.get("test_accuracy") is not None:
+        return float(h["test_accuracy"])
+    metric = h.get("test_metric")
+    if isinstance(metric, dict):
+        return float(metric["value"])
+    return None if metric is None else float(metric)
+
+
 def reference_accuracy(workdir: Path) -> float | None:
-    """The best last-epoch test accuracy among a run's candidates (its private journal): a
+    """The best last-epoch test score among a run's candidates (its private journal): a
     non-private number for this benchmark's table, never a release."""
     from dptune.journal import Journal
 
@@ -210,9 +306,9 @@ def reference_accuracy(workdir: Path) -> float | None:
             if row.failed or row.score is None:
                 continue
             history = journal.read_payload(row.index).get("history") or []
-            accs = [h["test_accuracy"] for h in history if "test_accuracy" in h]
-            if accs and math.isfinite(accs[-1]):
-                best = accs[-1] if best is None else max(best, accs[-1])
+            scores = [v for v in map(_score, history) if v is not None]
+            if scores and math.isfinite(scores[-1]):
+                best = scores[-1] if best is None else max(best, scores[-1])
     return best
 
 
@@ -223,14 +319,23 @@ def run_one(task: str, arm: str, epsilon: float, args: argparse.Namespace) -> di
     x, y, xt, yt = t.arrays(args.fashion_dir) if task == "cnn" else t.arrays()
     if args.small:
         x, y = x[:1500], y[:1500]
-    defaults = user_defaults()
     n = len(x)  # the benchmark's own public size (the data are generated or public)
+    defaults = finetune_defaults() if t.finetune else user_defaults(n)
     v = int(defaults["data"]["validation_size"])
     data = dptune.Dataset.from_arrays(x, y, num_examples=n, validation_fraction=min(v / n, 0.2),
-                                      x_test=xt, y_test=yt, num_classes=t.num_classes,
+                                      x_test=xt, y_test=yt, num_classes=t.num_classes or None,
                                       name=f"tuning-value-{task}")  # fmt: skip
     base, sp, selection = arm_setup(arm, defaults, args.small)
-    trainer = dptune.DpSgdTrainer(data, base, epoch_progress=False, model=t.model(t.num_classes))
+    kw: dict[str, Any] = {}
+    if not t.finetune:
+        kw["model"] = t.model(t.num_classes)
+    else:
+        kw["init"] = defaults["init"]
+    if t.loss is not None:
+        kw["loss"] = t.loss
+    if t.metric is not None:
+        kw["metric"] = dptune.Metric(t.metric[0], lo=0.0, hi=1.0, name=t.metric[1])
+    trainer = dptune.DpSgdTrainer(data, base, epoch_progress=False, **kw)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dptune-tv-") as work:
         rel = dptune.tune(trainer, sp, selection, (epsilon, DELTA), workdir=work, ledger=None,
@@ -238,7 +343,11 @@ def run_one(task: str, arm: str, epsilon: float, args: argparse.Namespace) -> di
         ref = reference_accuracy(Path(work)) if arm == "dptune" else None
     return {
         "released": bool(rel.released),
-        "test_accuracy": rel.test_accuracy if rel.released else None,
+        "test_accuracy": _score(
+            {"test_accuracy": rel.test_accuracy, "test_metric": rel.test_metric}
+        )
+        if rel.released
+        else None,
         "reference": ref,
         "hparams": rel.hparams,
         "total_epsilon": rel.privacy.get("total_epsilon"),
@@ -349,7 +458,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
                     tmp.write_text(json.dumps({"meta": meta, "runs": rows}, indent=1,
                                               default=str))  # fmt: skip
                     os.replace(tmp, store)
-    chance = {name: 1.0 / t.num_classes for name, t in TASKS.items()}
+    # a run that released nothing scores as a guess: 1 / classes (1 / vocabulary for the LM)
+    chance = {name: 1.0 / (t.num_classes or LM_VOCAB) for name, t in TASKS.items()}
     cells = summarise(rows, chance)
     tasks = [t for t in TASKS if any(r["task"] == t for r in rows)]
     table = markdown_table(cells, tasks, [float(e) for e in args.eps])

@@ -352,6 +352,7 @@ def validate(
     cfg = _plain(cfg)
     if isinstance(cfg, dict):
         _coerce_fixed_numbers(cfg)
+        _fill_suggested(cfg)
     check_config(cfg)
     budget = Budget(_get(cfg, "privacy.epsilon"), _get(cfg, "privacy.delta"))
     cfg["train"], cfg["space"] = learner_sections(cfg)
@@ -370,6 +371,41 @@ def validate(
     check_selection_size(method)
     check_workdir(workdir)
     return Checked(cfg, method, space, budget, ledger, dataset_budget, accountant, adjacency)
+
+
+def _fill_suggested(cfg: dict[str, Any]) -> None:
+    """Fills the fields a config leaves unset (None: the ``user`` config's validation size, batch
+    size, epochs, learning-rate range and mean number of candidates) from the declared PUBLIC size
+    ``config.data.num_examples`` and the optimiser (``suggested_settings``); a field that is set
+    is kept. Nothing is filled without a usable size: the checks then name the missing field."""
+    data, train = cfg.get("data") or {}, cfg.get("train") or {}
+    lr, sel = (cfg.get("space") or {}).get("learning_rate"), cfg.get("selection") or {}
+    open_lr = isinstance(lr, dict) and (lr.get("low") is None or lr.get("high") is None)
+    slots = [(data, "validation_size"), (train, "batch_size"), (train, "epochs"),
+             (sel, "mean_trials")]  # fmt: skip
+    if not open_lr and all(s.get(k) is not None or k not in s for s, k in slots):
+        return
+    n = data.get("num_examples")
+    optimizer = train.get("optimizer", "momentum")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 8:
+        return
+    from dptune.learners.dpsgd import LEARNING_RATE_RANGES, suggested_settings
+
+    if optimizer not in LEARNING_RATE_RANGES:
+        return  # check_config / the learner name the optimiser
+    got = suggested_settings(n, optimizer, train.get("score_noise_std") or 0.0)
+    filled = {}
+    for section, key in slots:
+        if key in section and section[key] is None:
+            section[key] = filled[key] = got[key]
+    if open_lr:
+        low, high = got["learning_rate"]
+        lr["low"] = filled["learning_rate_low"] = lr["low"] if lr.get("low") is not None else low
+        lr["high"] = filled["learning_rate_high"] = (
+            lr["high"] if lr.get("high") is not None else high
+        )
+    log.info("derived from config.data.num_examples=%d and optimizer %r (public): %s", n,
+             optimizer, filled)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)

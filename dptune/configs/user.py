@@ -8,18 +8,30 @@ model on the command line:
 ``config.model``: ``pkg.module:factory``, called as ``factory(num_classes=...)`` and returning a
 flax.linen Module. ``config.data.path``: an ``.npz`` file with ``x_train``, ``y_train`` and
 optionally ``x_test``, ``y_test`` (or ``config.data.loader=pkg.module:function`` returning them).
-``config.data.num_examples`` is the PUBLIC number of records (required).
+``config.data.num_examples`` is the PUBLIC number of records (required); the validation size,
+batch size, epochs, learning-rate range and mean number of candidates follow from it and the
+optimiser unless given (docs/your_model.md, "Defaults that fit the model").
 """
+
+from ml_collections import config_dict
 
 from dptune.configs import base
 
 
 def get_config():
     c = base.get_config()
-    c.data.update(name="user", source="npz", validation_size=1000, split_seed=0)
-    c.train.update(batch_size=256, epochs=10, optimizer="momentum", score_noise_std=10.0)
-    c.space.learning_rate.update(low=0.05, high=2.0)
+    c.data.update(name="user", source="npz", split_seed=0)
+    c.train.update(optimizer="momentum", score_noise_std=10.0)
     c.space.clip_norm.update(low=0.1, high=2.0)
-    c.selection.update(method="logarithmic", mean_trials=4.0)
     c.privacy.epsilon = 3.0
+    # Left unset on purpose: derived from the declared public size config.data.num_examples and
+    # the optimiser when the run starts (dptune.learners.dpsgd.suggested_settings; the table in
+    # docs/your_model.md). Setting any of them on the command line keeps your value.
+    c.data.validation_size = config_dict.placeholder(int)
+    c.train.batch_size = config_dict.placeholder(int)
+    c.train.epochs = config_dict.placeholder(int)
+    c.space.learning_rate.low = config_dict.placeholder(float)
+    c.space.learning_rate.high = config_dict.placeholder(float)
+    c.selection.method = "logarithmic"
+    c.selection.mean_trials = config_dict.placeholder(float)
     return c

@@ -344,3 +344,31 @@ def test_every_learner_runs_from_every_shipped_config(name, learner):
     known = set(learners.get(learner).trainer_class().hyperparams_class.__dataclass_fields__)
     assert set(checked.cfg["train"]) | set(checked.cfg["space"]) <= known
     assert "noise_multiplier" in checked.cfg["space"]
+
+
+def test_the_user_config_derives_its_size_dependent_defaults_from_the_declared_size():
+    """The ``user`` config leaves validation size, batch, epochs, learning-rate range and the mean
+    number of candidates unset; a run fills them from config.data.num_examples (public) and the
+    optimiser, and keeps any that the user set."""
+    from dptune.configs import user
+    from dptune.learners.dpsgd import LEARNING_RATE_RANGES, suggested_settings
+
+    def checked(n, **train):
+        cfg = user.get_config()
+        cfg.data.update(path="arrays.npz", num_examples=n)
+        cfg.train.update(**train)
+        return cli.validate(cfg, None).cfg
+
+    for n in (2_000, 60_000):
+        got, want = checked(n), suggested_settings(n, "momentum", 10.0)
+        assert got["data"]["validation_size"] == want["validation_size"]
+        assert (got["train"]["batch_size"], got["train"]["epochs"]) == (
+            want["batch_size"], want["epochs"])  # fmt: skip
+        assert got["selection"]["mean_trials"] == want["mean_trials"]
+        lr = got["space"]["learning_rate"]
+        assert (lr["low"], lr["high"]) == LEARNING_RATE_RANGES["momentum"]
+    assert checked(2_000)["train"]["epochs"] != checked(60_000)["train"]["epochs"]
+    mine = checked(2_000, epochs=3, optimizer="adam")
+    assert mine["train"]["epochs"] == 3  # the user's value is kept
+    assert (mine["space"]["learning_rate"]["low"], mine["space"]["learning_rate"]["high"]) == (
+        LEARNING_RATE_RANGES["adam"])  # fmt: skip
