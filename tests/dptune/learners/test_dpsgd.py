@@ -121,9 +121,7 @@ def test_candidates_skip_the_test_split_and_their_privacy_travels(tmp_path, monk
     )
 
 
-def test_test_curves_by_default_are_the_curators_view_and_the_releases_curve(
-    tmp_path, monkeypatch
-):
+def test_test_curves_by_default_are_the_curators_view_and_the_releases_curve(tmp_path, monkeypatch):
     rel, _, calls, hooks = _tiny_run(tmp_path, monkeypatch)
     assert all(h is not None for h in hooks)
     assert len(calls) == 3 * 2  # every candidate, every epoch; the release reuses the last
