@@ -119,11 +119,15 @@ def test_the_training_loop_passes_every_step_index_once(monkeypatch):
     def group(k):
         real = real_group(k)
 
-        def spy(*args):
-            seen.append((int(args[9]), np.asarray(args[8]).tobytes()))  # (step, noise key)
-            return real.step(*args)
+        def spy(params, opt_state, acc, epoch, data_x, data_y, key, *rest):
+            # the step's index as the compiled step reads it (its epoch's device arrays at the
+            # device counter t, the last argument), and the candidate key it folds it into
+            t = int(rest[-1])
+            step = int(np.asarray(epoch["noise_step"])[t])
+            seen.append((step, np.asarray(key).tobytes()))
+            return real.run(params, opt_state, acc, epoch, data_x, data_y, key, *rest)
 
-        return dataclasses.replace(real, step=spy)
+        return dataclasses.replace(real, run=spy)
 
     monkeypatch.setattr(fns, "group", group)
     res = train_candidate(hp, data, jax.random.PRNGKey(3), grad_impl="bookkeeping")
