@@ -2,10 +2,11 @@
 
 The model is Flax's, as written there, but for two things: its ``nnx.BatchNorm`` layers become
 ``nnx.GroupNorm`` (batch statistics mix the examples of a batch; ``dptune.fix_model`` does the
-swap, gcd(32, channels) groups as in Opacus), and its dropout layers are left out (dptune applies
-the model deterministically here). Every parametrised layer is an ``nnx.Conv``, ``nnx.GroupNorm``
-or ``nnx.Linear``, so per-example clipping takes the ghost / book-keeping path. The best candidate
-is released, loaded back into the module with ``nnx.update`` and used for prediction.
+swap, gcd(32, channels) groups as in Opacus), and its dropout layers are left out (a short run;
+``nnx.Dropout`` would train with per-example, per-step masks, docs/your_model.md). Every
+parametrised layer is an ``nnx.Conv``, ``nnx.GroupNorm`` or ``nnx.Linear``, so per-example
+clipping takes the ghost / book-keeping path. The best candidate is released, loaded back into
+the module with ``nnx.update`` and used for prediction.
 
     python examples/user_nnx_mnist.py          # DPTUNE_EXAMPLES_QUICK=1: a short run (tests)
 """

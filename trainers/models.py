@@ -437,8 +437,13 @@ class ModelSpec:
 
     @property
     def stochastic(self) -> bool:
-        """Whether training calls the module in training mode (with dropout keys)."""
-        return self.module is not None and self.call_keyword is not None
+        """Whether training calls the module in training mode (with dropout keys): a linen
+        module with a call keyword, an NNX model with rng state or a dropout switch."""
+        if self.module is None:
+            return False
+        if isinstance(self.module, nn.Module):
+            return self.call_keyword is not None
+        return bool(getattr(self.module, "stochastic", False))
 
     def training(self, rng: jax.Array) -> train_mode.TrainingCall:
         """The module in training mode with root dropout key ``rng`` (``trainers.train_mode``)."""

@@ -53,9 +53,16 @@ class NnxModel:
         else is held fixed at the module's values (e.g. frozen base weights when the filter is
         ``nnx.LoRAParam``).
 
-    The module is always called as it is: unlike a linen module's ``train`` keyword
-    (``trainers.train_mode``), there are no per-step, per-example dropout keys yet; an
-    ``nnx.Dropout`` draws from the copied rng state, the same mask at every call.
+    Evaluation (:meth:`apply`, :meth:`apply_recording` without ``rng``) calls a copy in
+    evaluation mode (``module.eval()``: dropout off, deterministic). Training
+    (:meth:`apply_training`, through ``trainers.train_mode.TrainingCall``) calls a copy in
+    training mode (``module.train()``) whose rng streams are reseeded from the step's key, the
+    i-th stream in graph order with ``fold_in(rng, i)``, so every step draws afresh; each
+    ``nnx.Dropout`` draws row r's mask from ``fold_in(layer key, slots[r])`` (the layer key: its
+    stream's next key), as linen's dropout does (``trainers.train_mode``): one example's mask
+    never depends on another example, and the ghost and ``vmap(grad)`` paths draw the same
+    masks. Other code drawing from a stream itself gets keys per (step, chunk, stream, call),
+    the same for every example of a chunk, never dependent on the data.
 
     Raises:
       ValueError: the module keeps batch statistics (``nnx.BatchStat``, e.g. ``nnx.BatchNorm``):
@@ -81,6 +88,13 @@ class NnxModel:
         self._params = params
         self._rest = rest
         self._paths = [(path, tuple(str(k) for k in path)) for path, _ in nnx.to_flat_state(params)]
+        #: Whether training differs from evaluation: the module holds rng state or a layer with
+        #: a ``deterministic`` switch (what ``train()`` / ``eval()`` set).
+        self.stochastic = any(
+            isinstance(node, nnx.RngStream)
+            or (isinstance(node, nnx.Module) and hasattr(node, "deterministic"))
+            for _, node in nnx.iter_graph(module)
+        )
 
     def __repr__(self) -> str:
         return f"NnxModel({self.name})"
@@ -126,14 +140,47 @@ class NnxModel:
         rest = jax.tree_util.tree_map(lambda v: v, self._rest)
         return nnx.merge(self.graphdef, self.state(params), rest)
 
-    def apply(self, variables: dict, x: Any) -> Any:
-        """The module's outputs on a batch ``x`` with ``variables["params"]``."""
-        return self.merge(variables["params"])(x)
-
-    def apply_recording(self, params: Any, x: Any, recorder: Callable) -> Any:
-        """:meth:`apply` with every known layer's call handed to ``recorder`` (a
-        ``trainers.ghost`` recorder: ``recorder(next_fun, args, kwargs, context)``)."""
+    def _copy(self, params: Any, rng: jax.Array | None, slots: jax.Array | None) -> nnx.Module:
+        """A fresh module with ``params``: in evaluation mode when ``rng`` is None, else in
+        training mode with its rng streams reseeded from ``rng`` and its ``nnx.Dropout`` layers
+        drawing per example, row r from ``slots[r]`` ((rows,) int32)."""
         module = self.merge(params)
+        if rng is None:
+            module.eval()
+            return module
+        module.train()
+        if not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
+            rng = jax.random.wrap_key_data(rng)
+        streams = [node for _, node in nnx.iter_graph(module) if isinstance(node, nnx.RngStream)]
+        for i, stream in enumerate(streams):
+            shape = stream.key.shape
+            key = jax.random.fold_in(rng, i)
+            stream.key.set_value(jax.random.split(key, shape) if shape else key)
+            stream.count.set_value(jnp.zeros(shape, jnp.uint32))
+        for _, node in nnx.iter_graph(module):
+            if type(node) is nnx.Dropout:
+                node.__class__ = _PerExampleDropout
+                object.__setattr__(node, _SLOTS, slots)
+        return module
+
+    def apply(self, variables: dict, x: Any) -> Any:
+        """The module's outputs on a batch ``x`` with ``variables["params"]``, in evaluation
+        mode (deterministic)."""
+        return self._copy(variables["params"], None, None)(x)
+
+    def apply_training(self, variables: dict, x: Any, rng: jax.Array, slots: jax.Array) -> Any:
+        """The module's outputs in training mode with root key ``rng``, example r's dropout
+        mask drawn from its slot ``slots[r]`` ((rows,) int32)."""
+        return self._copy(variables["params"], rng, slots)(x)
+
+    def apply_recording(
+        self, params: Any, x: Any, recorder: Callable, rng: jax.Array | None = None,
+        slots: jax.Array | None = None,
+    ) -> Any:  # fmt: skip
+        """:meth:`apply` (or :meth:`apply_training` with ``rng`` and ``slots``) with every known
+        layer's call handed to ``recorder`` (a ``trainers.ghost`` recorder:
+        ``recorder(next_fun, args, kwargs, context)``)."""
+        module = self._copy(params, rng, slots)
         for path, node in nnx.iter_graph(module):
             if type(node) in NNX_LAYERS:
                 node.__class__ = _recording_class(type(node))
@@ -150,6 +197,44 @@ def _module_at(module: Any, path: tuple) -> Any:
     for k in path:
         node = node[k] if isinstance(k, int) else getattr(node, k)
     return node
+
+
+#: Attribute on a training copy of an ``nnx.Dropout``: the examples' slots, (rows,) int32.
+_SLOTS = "_dptune_slots"
+
+
+class _PerExampleDropout(nnx.Dropout):
+    """``nnx.Dropout`` drawing row r's mask from ``fold_in(layer key, slots[r])`` (the layer key:
+    the next key of the rngs it would use); a call on another leading size, with a broadcast
+    over the leading axis, or off, keeps Flax's own behaviour."""
+
+    def __call__(self, inputs, *, deterministic=None, rngs=None):
+        slots = self.__dict__[_SLOTS]
+        det = self.deterministic if deterministic is None else deterministic
+        source = self.rngs if rngs is None else rngs
+        dims = {d % max(1, jnp.ndim(inputs)) for d in self.broadcast_dims}
+        if (
+            det is not False
+            or self.rate in (0.0, 1.0)
+            or source is None
+            or jnp.ndim(inputs) == 0
+            or inputs.shape[0] != slots.shape[0]
+            or 0 in dims
+        ):
+            return super().__call__(inputs, deterministic=deterministic, rngs=rngs)
+        if isinstance(source, nnx.Rngs):
+            layer_key = source[self.rng_collection]()
+        elif isinstance(source, nnx.RngStream):
+            layer_key = source()
+        else:
+            layer_key = source
+        keep = 1.0 - self.rate
+        row = tuple(1 if d + 1 in dims else n for d, n in enumerate(inputs.shape[1:]))
+        mask = jax.vmap(
+            lambda s: jax.random.bernoulli(jax.random.fold_in(layer_key, s), keep, row)
+        )(slots)
+        mask = jnp.broadcast_to(mask, inputs.shape)
+        return jax.lax.select(mask, inputs / keep, jnp.zeros_like(inputs))
 
 
 # --- the known NNX layers and their linen twins -----------------------------------------------

@@ -118,6 +118,8 @@ class TrainingCall:
 
     def apply_slots(self, variables: dict, x: jax.Array, slots: jax.Array) -> Any:
         spec = self.spec
+        if not isinstance(spec.module, nn.Module):  # an NNX model: its own per-example dropout
+            return spec.module.apply_training(variables, spec.model_input(x), self.rng, slots)
         with per_example_dropout(slots):
             return spec.module.apply(
                 variables, spec.model_input(x), rngs={"dropout": self.rng},
@@ -134,5 +136,9 @@ class TrainingCall:
         to ``recorder`` (a ``trainers.ghost`` recorder): the ghost path's forward pass."""
         if slots is None:
             slots = jnp.arange(x.shape[0], dtype=jnp.int32)
+        if not isinstance(self.spec.module, nn.Module):  # an NNX model: its layers record
+            return self.spec.module.apply_recording(
+                params, self.spec.model_input(x), recorder, rng=self.rng, slots=slots
+            )
         with nn.intercept_methods(recorder):
             return self.apply_slots({"params": params}, x, slots)

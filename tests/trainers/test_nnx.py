@@ -556,7 +556,8 @@ def test_nnx_sharding_metadata_is_unboxed_for_clipping_and_kept_in_the_state():
 
 def test_an_nnx_dropout_layer_with_its_rngs_runs():
     """A dropout layer holding its nnx.Rngs (state updated on each call) runs inside the traced
-    copies and keeps the ghost path; its randomness per step is the data pipeline's business."""
+    copies and keeps the ghost path (its per-example, per-step masks:
+    tests/trainers/test_nnx_dropout.py)."""
     spec = models.user_model(_Sharded(nnx.Rngs(0), dropout=True), (4,), np.float32)
     assert step.ghost_plan(spec).supported, step.ghost_plan(spec).reason
     params = models.init_params(spec, None)
