@@ -34,9 +34,7 @@ def _data(bad: tuple[int, ...] = ()) -> Dataset:
     y = rng.integers(0, 3, N).astype(np.int32)
     xv, yv = x[:20] % VOCAB, y[:20]
     x[list(bad), 1] = VOCAB
-    return Dataset.from_arrays(
-        x, y, num_examples=N, public_validation=(xv, yv), num_classes=3
-    )
+    return Dataset.from_arrays(x, y, num_examples=N, public_validation=(xv, yv), num_classes=3)
 
 
 def _sampled(hp: Hyperparams, data: Dataset, key, records: np.ndarray) -> int:
