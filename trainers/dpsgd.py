@@ -71,6 +71,13 @@ def kept_loss_sum(losses: jax.Array, mask: jax.Array, sq_norms: jax.Array) -> ja
     return jnp.sum(jnp.where(kept, mask * losses, 0.0))
 
 
+def count_dropped(sq_norms: jax.Array, mask: jax.Array) -> jax.Array:
+    """Number of examples with mask_i > 0 whose squared gradient norm ``sq_norms`` (b,) (or the
+    norm itself) is not finite, () int32: the records left out of a clipped sum. PRIVATE (it
+    counts people's records): for the curator's view only, never released."""
+    return jnp.sum((mask > 0) & ~jnp.isfinite(sq_norms)).astype(jnp.int32)
+
+
 def example_losses(
     apply_fn: Callable,
     params: Params,

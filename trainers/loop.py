@@ -305,7 +305,10 @@ def _train_group_unsafe(
     expected_b = jax.device_put(np.float32(hp0.batch_size))
 
     zero_sum = jax.tree_util.tree_map(lambda a: jax.device_put(np.zeros(a.shape, a.dtype)), params)
-    zero_loss = group.stack([np.float32(0.0)] * k)
+    # The epoch's loss sum and count of examples dropped from the clipped sums (their gradient
+    # norm was not finite), per candidate, on the device; read once per epoch.
+    zero_totals = (group.stack([np.float32(0.0)] * k), group.stack([np.int32(0)] * k))
+    dropped = np.zeros(k, np.int64)
     zero, one = jax.device_put(np.int32(0)), jax.device_put(np.int32(1))
     # The epoch's batches go to the device in one transfer (to every device of a mesh, like the
     # data); the steps then read them there, so a step costs no host-to-device transfer.
@@ -317,19 +320,19 @@ def _train_group_unsafe(
         t0 = time.perf_counter()
         batches, chunks, n_seen = _epoch_batches(samplers, spe, step, noise_step, shards)
         batches = jax.device_put(batches, replicated)
-        loss_sum, t = zero_loss, zero
+        totals, t = zero_totals, zero
         for body, tail in chunks:
             # Body chunks after the first (B > the microbatch size), then the tail chunks (~half
             # the steps, when the Poisson batch outgrows the body) go through `run_chunk`; the
             # fused step on the first chunk adds their sums, the noise and the optimiser update.
             # The loss runs on from the epoch's sum, so the step returns the sum so far.
-            acc = (zero_sum, loss_sum, one)
+            acc = (zero_sum, totals, one)
             for part, n in (("body", body - 1), ("tail", tail)):
                 for _ in range(n):
                     acc = group.run_chunk(
                         part, params, acc, batches, data_x, data_y, noise_keys, clip, t
                     )
-            params, opt_states, loss_sum, t = group.run(
+            params, opt_states, totals, t = group.run(
                 params, opt_states, acc, batches, data_x, data_y, noise_keys, clip, sigma,
                 expected_b, t,
             )  # fmt: skip
@@ -341,7 +344,9 @@ def _train_group_unsafe(
         # from the loss.
         out = _eval_params(params, opt_states, ema)
         finite = group.finite((params, out))
+        loss_sum, dropped_now = jax.device_get(totals)
         losses = np.asarray(loss_sum, dtype=np.float64).reshape(k) / np.maximum(n_seen, 1)
+        dropped_now = np.asarray(dropped_now, np.int64).reshape(k)
         seconds = time.perf_counter() - t0
         for c in range(k):
             if failed[c]:
@@ -349,6 +354,9 @@ def _train_group_unsafe(
             if not finite[c]:
                 failed[c] = True
                 continue
+            # Counted over the epochs that end finite: once the parameters are NaN, every
+            # gradient is, and the count would say nothing about the records.
+            dropped[c] += dropped_now[c]
             histories[c].append(
                 {
                     "epoch": epoch + 1,
@@ -376,10 +384,12 @@ def _train_group_unsafe(
                 "NonFiniteParameters: the parameters became NaN or infinite in epoch "
                 f"{len(histories[c]) + 1} (a smaller learning rate or clipping norm may help)"
             )
-            results.append(CandidateResult(p, FAILURE_SCORE, histories[c], True, why))
+            results.append(
+                CandidateResult(p, FAILURE_SCORE, histories[c], True, why, dropped=int(dropped[c]))
+            )
         else:
             score = validation_score(hp, p, data, jax.device_put(subkeys[c][3]))
-            results.append(CandidateResult(p, score, histories[c], False))
+            results.append(CandidateResult(p, score, histories[c], False, dropped=int(dropped[c])))
     return results
 
 

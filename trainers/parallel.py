@@ -70,11 +70,17 @@ def clipped_sum_sharded(
     Returns:
       (clipped sum pytree, replicated; loss sum over the batch, a scalar).
     """
+    summed, loss, _ = _sharded_sum(clipped_sum, mesh, params, x, y, mask, clip_norm)
+    return summed, loss
+
+
+def _sharded_sum(clipped_sum, mesh, params, x, y, mask, clip_norm):
+    """:func:`clipped_sum_sharded`'s sums and the per-example norms (b,), sharded as the batch."""
 
     def local(p, xs, ys, ms):
-        s, loss, _ = clipped_sum(p, xs, ys, ms, clip_norm)
+        s, loss, norms = clipped_sum(p, xs, ys, ms, clip_norm)
         # Per-example clipping was local; the sum over examples becomes a sum over devices.
-        return jax.lax.psum(s, AXIS), jax.lax.psum(loss, AXIS)
+        return jax.lax.psum(s, AXIS), jax.lax.psum(loss, AXIS), norms
 
     # check_vma=False: the per-shard code is exactly the single-device code. With JAX's
     # varying-axes checking on, differentiating w.r.t. a replicated value (the parameters, or the
@@ -82,7 +88,8 @@ def clipped_sum_sharded(
     # (the transpose of a broadcast), so each "per-example" gradient would mix examples of every
     # shard before clipping: a wrong sum with a sensitivity that is no longer C.
     fn = jax.shard_map(
-        local, mesh=mesh, in_specs=(P(), P(AXIS), P(AXIS), P(AXIS)), out_specs=(P(), P()),
+        local, mesh=mesh, in_specs=(P(), P(AXIS), P(AXIS), P(AXIS)),
+        out_specs=(P(), P(), P(AXIS)),
         check_vma=False,
     )  # fmt: skip
     return fn(params, x, y, mask)
@@ -122,12 +129,11 @@ def make_step(
 
 def sharded_clipped_sum(clipped_sum: Callable, mesh: Mesh) -> Callable:
     """``clipped_sum`` (``(params, x, y, mask, clip_norm) -> (sum, loss sum, norms)``) computed
-    over ``mesh``: same signature, the batch split across the devices inside, the sums reduced.
-    The per-example norms are not gathered (None): the training loop does not use them."""
+    over ``mesh``: same signature, the batch split across the devices inside, the sums reduced,
+    the per-example norms sharded as the batch (the training loop counts the non-finite ones)."""
 
     def fn(params, x, y, mask, clip_norm):
-        summed, loss = clipped_sum_sharded(clipped_sum, mesh, params, x, y, mask, clip_norm)
-        return summed, loss, None
+        return _sharded_sum(clipped_sum, mesh, params, x, y, mask, clip_norm)
 
     return fn
 

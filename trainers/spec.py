@@ -225,6 +225,10 @@ class CandidateResult:
       error: why it failed, ``"Type: message"`` (the exception's, or ``NonFiniteParameters``), else
         None.
       traceback: the exception's formatted traceback if training raised, else None.
+      dropped: how many sampled examples (mask > 0; a record counts once per step it is sampled
+        in) had a gradient norm that is not finite and were left out of the clipped sums, over
+        the epochs that ended with finite parameters. It depends on private records: for the
+        curator only, never released.
     """
 
     params: Any
@@ -233,3 +237,4 @@ class CandidateResult:
     failed: bool
     error: str | None = None
     traceback: str | None = None
+    dropped: int = 0

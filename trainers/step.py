@@ -394,14 +394,16 @@ class StepFunctions:
         self.step = jax.jit(self._step)
         self.vaccumulate = jax.jit(jax.vmap(self._accumulate, in_axes=_ACCUMULATE_AXES))
         self.vstep = jax.jit(jax.vmap(self._step, in_axes=_STEP_AXES))
+        # The epoch-on-device path carries the dropped count with the loss (the `*_counted`
+        # functions); the step-by-step functions above keep their signatures.
         self.run_chunk = jax.jit(
-            functools.partial(self._run_chunk, self._accumulate), static_argnums=0
+            functools.partial(self._run_chunk, self._accumulate_counted), static_argnums=0
         )
-        self.run_step = jax.jit(functools.partial(self._run_step, self._step))
-        vaccumulate = jax.vmap(self._accumulate, in_axes=_ACCUMULATE_AXES)
+        self.run_step = jax.jit(functools.partial(self._run_step, self._step_counted))
+        vaccumulate = jax.vmap(self._accumulate_counted, in_axes=_ACCUMULATE_AXES)
         self.vrun_chunk = jax.jit(functools.partial(self._run_chunk, vaccumulate), static_argnums=0)
         self.vrun_step = jax.jit(
-            functools.partial(self._run_step, jax.vmap(self._step, in_axes=_STEP_AXES))
+            functools.partial(self._run_step, jax.vmap(self._step_counted, in_axes=_STEP_AXES))
         )
 
     def group(self, k: int) -> Group:
@@ -428,6 +430,15 @@ class StepFunctions:
         """Clipped gradient sum and loss sum over one chunk (idx, mask) of a batch. With
         augmentation multiplicity K, the chunk's images are replaced by K augmented copies each,
         drawn from (key, step, chunk) on a stream separate from the noise's."""
+        gsum, loss, _ = self._chunk_terms(
+            params, data_x, data_y, idx, mask, clip_norm, key, step, chunk
+        )
+        return gsum, loss
+
+    def _chunk_terms(self, params, data_x, data_y, idx, mask, clip_norm, key, step, chunk):
+        """:meth:`_chunk_sum`'s clipped sum and loss sum, and the chunk's number of examples
+        dropped from the sum (mask > 0, gradient norm not finite: ``dpsgd.count_dropped``), ()
+        int32. The count is PRIVATE: for the curator's view only."""
         self.trace_count += 1
         x = data_x[idx]
         if self.augmult > 0:
@@ -439,8 +450,8 @@ class StepFunctions:
             clipped_sum = self._stochastic_sum(train_mode.dropout_key(key, step, chunk))
         else:
             clipped_sum = self._clipped_sum
-        gsum, loss, _ = clipped_sum(params, x, data_y[idx], mask, clip_norm)
-        return gsum, loss
+        gsum, loss, norms = clipped_sum(params, x, data_y[idx], mask, clip_norm)
+        return gsum, loss, dpsgd.count_dropped(norms, mask)
 
     def _stochastic_sum(self, rng: jax.Array) -> Callable:
         """The clipped-sum function of a module in training mode with root dropout key ``rng``
@@ -472,8 +483,22 @@ class StepFunctions:
     ):
         """Running totals plus one more chunk's clipped gradient sum and loss sum. ``key``, ``step``
         and ``chunk`` (the candidate key, step and chunk index) only seed the augmentation."""
-        g, lo = self._chunk_sum(params, data_x, data_y, idx, mask, clip_norm, key, step, chunk)
-        return jax.tree_util.tree_map(jnp.add, gsum, g), loss + lo
+        gsum, (loss, _) = self._accumulate_counted(
+            params, gsum, (loss, 0), data_x, data_y, idx, mask, clip_norm, key, step, chunk
+        )
+        return gsum, loss
+
+    def _accumulate_counted(
+        self, params, gsum, totals, data_x, data_y, idx, mask, clip_norm, key=None, step=0,
+        chunk=0,
+    ):  # fmt: skip
+        """:meth:`_accumulate` with ``totals = (loss sum, dropped count)``: the count of examples
+        dropped from the clipped sums (``dpsgd.count_dropped``, () int32) runs on with the loss.
+        Its parameters and sums are :meth:`_accumulate`'s, bitwise: the count only reads the
+        per-example norms."""
+        loss, dropped = totals
+        g, lo, d = self._chunk_terms(params, data_x, data_y, idx, mask, clip_norm, key, step, chunk)
+        return jax.tree_util.tree_map(jnp.add, gsum, g), (loss + lo, dropped + d)
 
     def _step(
         self, params, opt_state, gsum, loss, data_x, data_y, idx, mask, key, step, clip_norm,
@@ -482,8 +507,20 @@ class StepFunctions:
         """One DP-SGD step: clipped sum of the main chunk plus the running totals of the tail chunks
         (zeros if none), Gaussian noise keyed by (candidate key, step), division by the expected
         batch size, optimiser update. Returns (params, opt_state, loss sum of the batch)."""
-        gsum, loss = self._accumulate(
-            params, gsum, loss, data_x, data_y, idx, mask, clip_norm, key, step, 0
+        params, opt_state, (loss, _) = self._step_counted(
+            params, opt_state, gsum, (loss, 0), data_x, data_y, idx, mask, key, step, clip_norm,
+            sigma, expected_batch,
+        )  # fmt: skip
+        return params, opt_state, loss
+
+    def _step_counted(
+        self, params, opt_state, gsum, totals, data_x, data_y, idx, mask, key, step, clip_norm,
+        sigma, expected_batch,
+    ):  # fmt: skip
+        """:meth:`_step` with ``totals = (loss sum, dropped count)`` (as
+        :meth:`_accumulate_counted`); returns (params, opt_state, totals)."""
+        gsum, totals = self._accumulate_counted(
+            params, gsum, totals, data_x, data_y, idx, mask, clip_norm, key, step, 0
         )
         noisy = dpsgd.add_noise(
             gsum, jax.random.fold_in(key, step), sigma, clip_norm, mask=self.trainable
@@ -493,32 +530,35 @@ class StepFunctions:
         new_params = optax.apply_updates(params, updates)
         if self.trainable is not None:  # frozen leaves: the arrays that came in, bitwise
             new_params = finetune.keep_frozen(new_params, params, self.trainable)
-        return new_params, opt_state, loss
+        return new_params, opt_state, totals
 
     def _run_chunk(
         self, accumulate, part, params, acc, epoch, data_x, data_y, key, clip_norm, t
     ):  # fmt: skip
-        """``accumulate`` on chunk ``j`` of step ``t`` of an epoch whose batches are on the device,
-        for ``acc = (gsum, loss, j)`` (``j`` counts the step's chunks, body chunks first, then
-        tail chunks); returns ``(gsum, loss, j + 1)``. ``part`` (static): "body" or "tail", the
+        """``accumulate`` (:meth:`_accumulate_counted`) on chunk ``j`` of step ``t`` of an epoch
+        whose batches are on the device, for ``acc = (gsum, totals, j)`` (``totals``: the loss
+        sum and the dropped count; ``j`` counts the step's chunks, body chunks first, then tail
+        chunks); returns ``(gsum, totals, j + 1)``. ``part`` (static): "body" or "tail", the
         array the chunk is in. No host value: the indices, mask and step number are read on the
         device (``epoch``: see :meth:`_run_step`)."""
-        gsum, loss, j = acc
+        gsum, totals, j = acc
         at = j if part == "body" else j - epoch["body_idx"].shape[1]
         idx, mask = epoch[part + "_idx"][t, at], epoch[part + "_mask"][t, at]
-        gsum, loss = accumulate(
-            params, gsum, loss, data_x, data_y, idx, mask, clip_norm, key, epoch["step"][t], j
+        gsum, totals = accumulate(
+            params, gsum, totals, data_x, data_y, idx, mask, clip_norm, key, epoch["step"][t], j
         )
-        return gsum, loss, j + 1
+        return gsum, totals, j + 1
 
     def _run_step(
         self, step, params, opt_state, acc, epoch, data_x, data_y, key, clip_norm, sigma,
         expected_batch, t,
     ):  # fmt: skip
-        """``step`` on body chunk 0 of step ``t`` of an epoch whose batches are on the device,
-        adding ``acc = (gsum, loss, j)`` (the step's other chunks, from :meth:`_run_chunk`);
-        returns ``(params, opt_state, loss, t + 1)``. No host value: a step costs no
-        host-to-device transfer.
+        """``step`` (:meth:`_step_counted`) on body chunk 0 of step ``t`` of an epoch whose batches
+        are on the device, adding ``acc = (gsum, totals, j)`` (the step's other chunks, from
+        :meth:`_run_chunk`; ``totals``: the loss sum and the count of examples dropped from the
+        clipped sums, () float32 and () int32 per candidate, running on over the epoch); returns
+        ``(params, opt_state, totals, t + 1)``. No host value: a step costs no host-to-device
+        transfer.
 
         ``epoch`` (``trainers.loop`` builds it; K > 1 adds a candidate axis after the chunk
         axis): ``body_idx`` / ``body_mask`` (steps, body chunks, chunk size), ``tail_idx`` /
@@ -526,13 +566,13 @@ class StepFunctions:
         step's index and the index its noise key is folded with. Each chunk is its own program,
         as in the step-by-step loop, not a loop inside one: XLA on CPU ran a step about 2x slower
         inside a while loop."""
-        gsum, loss, _ = acc
-        params, opt_state, loss = step(
-            params, opt_state, gsum, loss, data_x, data_y, epoch["body_idx"][t, 0],
+        gsum, totals, _ = acc
+        params, opt_state, totals = step(
+            params, opt_state, gsum, totals, data_x, data_y, epoch["body_idx"][t, 0],
             epoch["body_mask"][t, 0], key, epoch["noise_step"][t], clip_norm, sigma,
             expected_batch,
         )  # fmt: skip
-        return params, opt_state, loss, t + 1
+        return params, opt_state, totals, t + 1
 
 
 def get_step_functions(

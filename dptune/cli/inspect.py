@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,8 +42,10 @@ WARNING = (
 def read_run(workdir: str | Path) -> dict[str, Any]:
     """The run in ``workdir`` as the curator sees it: ``{"workdir", "run_id", "started_at",
     "released_at", "curator_view", "privacy", "candidates": [...]}``, each candidate with its
-    index, status, score, failed, seconds, attempts, hyperparameters and failure (type, message,
-    traceback). Raises StateError if there is no intact journal."""
+    index, status, score, failed, seconds, attempts, hyperparameters, failure (type, message,
+    traceback) and ``dropped_nonfinite`` (a finished candidate's sampled examples whose gradient
+    norm was not finite, left out of its clipped sums, from its payload; None when its payload
+    holds no count). Raises StateError if there is no intact journal."""
     workdir = Path(workdir)
     private = workdir / "private"
     if not (private / JOURNAL_FILE).exists():
@@ -55,6 +58,7 @@ def read_run(workdir: str | Path) -> dict[str, Any]:
         failures = journal.failures()
         seconds = journal.seconds()
         rows = journal.candidates()
+        dropped = {r.index: _dropped(journal, r.index) for r in rows if r.status == "done"}
     calibrated = meta.get("calibrated") or {}
     cands = []
     for r in rows:
@@ -71,6 +75,7 @@ def read_run(workdir: str | Path) -> dict[str, Any]:
                 "failure": None
                 if f is None
                 else {"type": f.type, "message": f.message, "traceback": f.traceback},
+                "dropped_nonfinite": dropped.get(r.index),
             }
         )
     return {
@@ -99,6 +104,7 @@ def render(run: dict[str, Any], candidate: int | None = None) -> str:
             )
         c = match[0]
         lines.append(f"candidate {c['index']}: {c['status']}; hyperparameters {c['hparams']}")
+        lines += _dropped_lines([c])
         if c["failure"] is None:
             lines.append("it did not fail" if not c["failed"] else "failed; no reason recorded")
         else:
@@ -140,6 +146,9 @@ def render(run: dict[str, Any], candidate: int | None = None) -> str:
             reason = reason if len(reason) <= 40 else reason[:37] + "..."
         hp = ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(c["hparams"].items()))
         lines.append(f"{c['index']:>4}  {c['status']:<8} {score:>9} {secs:>8}  {reason:<40}  {hp}")
+    dropped = _dropped_lines(run["candidates"])
+    if dropped:
+        lines += ["", *dropped]
     failed = [c["index"] for c in run["candidates"] if c["failed"]]
     if failed:
         lines += [
@@ -171,6 +180,28 @@ def cli(argv: Sequence[str]) -> int:
         return common.refuse(e)
     finally:
         FLAGS.unparse_flags()
+
+
+def _dropped(journal: Journal, index: int) -> int | None:
+    """The ``dropped_nonfinite`` count in candidate ``index``'s payload, or None (a learner that
+    records none, or a payload that cannot be read now)."""
+    try:
+        payload = journal.read_payload(index)
+    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError):
+        return None
+    count = payload.get("dropped_nonfinite") if isinstance(payload, dict) else None
+    return int(count) if count is not None else None
+
+
+def _dropped_lines(candidates: list[dict[str, Any]]) -> list[str]:
+    """One line per candidate that left records with a non-finite gradient out of its clipped
+    sums (none when no candidate did)."""
+    return [
+        f"candidate {c['index']}: records with a non-finite gradient dropped: "
+        f"{c['dropped_nonfinite']} (sampled examples left out of the clipped sums)"
+        for c in candidates
+        if c.get("dropped_nonfinite")
+    ]
 
 
 def _when(t: Any) -> str:

@@ -559,7 +559,10 @@ class DpSgdTrainer(DatasetTrainer):
         step count), so the release reads the curve's privacy from the result, and
         ``execution``: whether structurally identical candidates were trained vectorised, as a
         short measurement on this device chose (``trainers.probe``; journaled with the payload,
-        never printed: whether a call had two candidates to vectorise depends on K)."""
+        never printed: whether a call had two candidates to vectorise depends on K), and
+        ``dropped_nonfinite``: ``CandidateResult.dropped``, the sampled examples whose gradient
+        norm was not finite, left out of the clipped sums (a count of private records: shown by
+        ``dptune inspect``, never logged, never in the release view)."""
         use_compilation_cache(self.compilation_cache)
         hps = [self.hyperparams(h) for h in hparams]
         impl = None if self.grad_impl == "auto" else self.grad_impl
@@ -611,6 +614,7 @@ class DpSgdTrainer(DatasetTrainer):
                 "history": history,
                 "privacy_by_epoch": self._privacy_curve(hps[i], history),
                 "execution": execution,
+                "dropped_nonfinite": int(r.dropped),
             }
             out.append((float(r.validation_score), payload))
         return out

@@ -79,25 +79,27 @@ def _on_device(fns, k, samplers, steps, data, noise_step, lr=0.5):
     host, chunks, _ = _epoch_batches(samplers, steps, 0, noise_step, 1)
     batches = jax.device_put(host)  # the epoch's one transfer
     zero = jax.tree_util.tree_map(lambda a: jax.device_put(np.zeros_like(a)), params)
-    loss = group.stack([np.float32(0.0)] * k)
+    # the loss sum and the count of examples dropped from the clipped sums
+    totals = (group.stack([np.float32(0.0)] * k), group.stack([np.int32(0)] * k))
     t, one = jax.device_put(np.int32(0)), jax.device_put(np.int32(1))
     with jax.transfer_guard("disallow"):  # a per-step host value would raise here
         for body, tail in chunks:
-            acc = (zero, loss, one)
+            acc = (zero, totals, one)
             for part, n in (("body", body - 1), ("tail", tail)):
                 for _ in range(n):
                     acc = group.run_chunk(part, params, acc, batches, *data, keys, clip, t)
-            params, opt, loss, t = group.run(
+            params, opt, totals, t = group.run(
                 params, opt, acc, batches, *data, keys, clip, sigma, b, t
             )
         # the guard does catch a step handed a host value (the step-by-step loop's way)
         with pytest.raises(Exception, match="Disallowed host-to-device transfer"):
             group.step(
-                params, opt, zero, loss, *data, host["body_idx"][0, 0], host["body_mask"][0, 0],
-                keys, t, clip, sigma, b,
+                params, opt, zero, totals[0], *data, host["body_idx"][0, 0],
+                host["body_mask"][0, 0], keys, t, clip, sigma, b,
             )  # fmt: skip
     assert int(t) == steps
-    return params, loss
+    assert not np.asarray(totals[1]).any()  # every gradient finite: nothing dropped
+    return params, totals[0]
 
 
 @pytest.mark.parametrize(
