@@ -380,7 +380,8 @@ def _fill_suggested(cfg: dict[str, Any]) -> None:
     is kept. Nothing is filled without a usable size: the checks then name the missing field."""
     data, train = cfg.get("data") or {}, cfg.get("train") or {}
     lr, sel = (cfg.get("space") or {}).get("learning_rate"), cfg.get("selection") or {}
-    open_lr = isinstance(lr, dict) and (lr.get("low") is None or lr.get("high") is None)
+    # a range whose ends the config left unset (keys present, values None); other specs as given
+    open_lr = isinstance(lr, dict) and any(k in lr and lr[k] is None for k in ("low", "high"))
     slots = [(data, "validation_size"), (train, "batch_size"), (train, "epochs"),
              (sel, "mean_trials")]  # fmt: skip
     if not open_lr and all(s.get(k) is not None or k not in s for s, k in slots):

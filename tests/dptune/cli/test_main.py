@@ -372,3 +372,15 @@ def test_the_user_config_derives_its_size_dependent_defaults_from_the_declared_s
     assert mine["train"]["epochs"] == 3  # the user's value is kept
     assert (mine["space"]["learning_rate"]["low"], mine["space"]["learning_rate"]["high"]) == (
         LEARNING_RATE_RANGES["adam"])  # fmt: skip
+
+
+def test_a_space_entry_that_is_not_an_open_range_is_left_as_given():
+    """Only a learning-rate range whose ends are unset is filled: a one-value choice (the
+    privacy-utility script's untuned arm) or a set range is kept as it is."""
+    from dptune.configs import user
+
+    cfg = user.get_config().to_dict()
+    cfg["data"].update(path="arrays.npz", num_examples=5_000)
+    cfg["space"]["learning_rate"] = {"distribution": "choice", "values": [0.3]}
+    assert cli.validate(cfg, None).cfg["space"]["learning_rate"] == {
+        "distribution": "choice", "values": [0.3]}  # fmt: skip
