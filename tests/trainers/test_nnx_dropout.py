@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from tests.trainers.test_dropout import _batch, _sums  # the same batch and both clipped sums
 from trainers import dpsgd, ghost, models, step
 
 
@@ -28,21 +29,6 @@ class DropMLP(nnx.Module):
 
 def _spec(rate: float = 0.5):
     return models.user_model(DropMLP(nnx.Rngs(0), rate), (5,), "float32")
-
-
-def _batch(b=6, seed=0):
-    rng = np.random.default_rng(seed)
-    x = jnp.asarray(rng.standard_normal((b, 5)), jnp.float32)
-    y = jnp.asarray(rng.integers(0, 3, b), jnp.int32)
-    return x, y
-
-
-def _sums(spec, params, x, y, mask, rng, impl):
-    call = spec.training(rng)
-    loss = dpsgd.per_example_loss
-    if impl == "ghost":
-        return ghost.clipped_sum_ghost(call, loss, params, x, y, mask, 1.0)
-    return dpsgd.clipped_sum_naive(call.apply_slots, params, x, y, mask, 1.0, loss, False, True)
 
 
 def _flat(tree):
