@@ -338,8 +338,15 @@ def run_one(task: str, arm: str, epsilon: float, args: argparse.Namespace) -> di
     trainer = dptune.DpSgdTrainer(data, base, epoch_progress=False, **kw)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dptune-tv-") as work:
-        rel = dptune.tune(trainer, sp, selection, (epsilon, DELTA), workdir=work, ledger=None,
-                          progress=False)  # fmt: skip
+        try:
+            rel = dptune.tune(trainer, sp, selection, (epsilon, DELTA), workdir=work,
+                              ledger=None, progress=False)  # fmt: skip
+        except dptune.Refused as e:
+            # e.g. best-of-k's composed budget leaves no noise multiplier: a user of this arm
+            # gets no model at this epsilon, which the table counts as released nothing.
+            return {"released": False, "test_accuracy": None, "reference": None, "hparams": None,
+                    "total_epsilon": None, "refused": str(e),
+                    "seconds": time.perf_counter() - t0}  # fmt: skip
         ref = reference_accuracy(Path(work)) if arm == "dptune" else None
     return {
         "released": bool(rel.released),
