@@ -7,10 +7,11 @@
   :func:`fingerprint` names them in the privacy statement: DP-SGD's guarantee holds for the
   training that starts from them only if they are public, i.e. independent of the private data.
 * **A trainable part** (:func:`trainable_mask`): regex patterns searched in the '/'-joined paths,
-  or a callable ``(path, leaf) -> bool``; the result is a pytree of Python bools shaped like the
-  parameters (static: it decides what a step computes, never a traced value). Only trainable
-  leaves are clipped, noised and updated (``trainers.step``); frozen leaves are passed through the
-  step as they came in, so they come out bitwise equal to the start.
+  or a callable ``(path, leaf) -> bool`` (an NNX model's filter, e.g. ``nnx.LoRAParam``, becomes
+  one through ``trainers.nnx_model.NnxModel.selects``); the result is a pytree of Python bools
+  shaped like the parameters (static: it decides what a step computes, never a traced value).
+  Only trainable leaves are clipped, noised and updated (``trainers.step``); frozen leaves are
+  passed through the step as they came in, so they come out bitwise equal to the start.
 
 Parameter paths: the keys of nested dicts (flax's params) joined by '/', sequence indices as
 their decimal string.
@@ -169,6 +170,17 @@ def overlay(params: Any, init: Mapping[str, Any]) -> Any:
 # --- the trainable part -----------------------------------------------------------------------
 
 
+def is_nnx_filter(trainable: Any) -> bool:
+    """Whether ``trainable`` is a Flax NNX filter (a Variable type such as ``nnx.LoRAParam``, or
+    a filter object such as ``nnx.PathContains("head")``), which chooses by the Variables of an
+    NNX model (``trainers.nnx_model.NnxModel.selects``), not by paths alone."""
+    from flax import nnx
+
+    if isinstance(trainable, type):
+        return issubclass(trainable, nnx.Variable)
+    return type(trainable).__module__ == nnx.filterlib.__name__
+
+
 def trainable_mask(params: Any, trainable: Any) -> Any:
     """A pytree of Python bools shaped like ``params``: which leaves train.
 
@@ -179,10 +191,18 @@ def trainable_mask(params: Any, trainable: Any) -> Any:
         ``(path, leaf) -> bool``.
 
     Raises:
-      ValueError: a pattern that is not a valid regex, or a choice that trains nothing.
+      ValueError: a pattern that is not a valid regex, a choice that trains nothing, or an NNX
+        filter (for an NNX model it is read by ``NnxModel.selects`` first).
     """
     if trainable is None:
         return jax.tree_util.tree_map(lambda _: True, params)
+    if is_nnx_filter(trainable):
+        name = trainable.__name__ if isinstance(trainable, type) else repr(trainable)
+        raise ValueError(
+            f"trainable={name}: an NNX filter chooses parameters of a Flax NNX model; for this "
+            "model give regexes searched in the '/'-joined parameter paths or a callable "
+            "(path, leaf) -> bool"
+        )
     if callable(trainable):
         test = trainable
     else:

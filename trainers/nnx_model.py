@@ -16,7 +16,10 @@ which ``trainers.ghost`` already has formulas for: the same parameter names and 
 same computation. The copy of the module being traced has the class of each known layer swapped
 for a subclass whose ``__call__`` hands the call to the ghost recorder (NNX has no method
 interceptor like linen's ``nn.intercept_methods``); the classes of the user's own objects are
-never touched, and nothing global changes.
+never touched, and nothing global changes. A known layer with no trainable parameter (the
+recorder's ``frozen``, from a ``trainable=`` mask) runs as written, unrecorded, as a frozen linen
+layer does. ``nnx.LoRA`` (and ``nnx.LoRALinear``, a subclass) has no twin: trainable factors keep a
+model on ``vmap(grad)``, whose per-example gradients are the factors' own (d_in x r, r x d_out).
 """
 
 from __future__ import annotations
@@ -114,6 +117,27 @@ class NnxModel:
         del key, x
         return {"params": self.params()}
 
+    def selects(self, nnx_filter: Any) -> Callable[[str, Any], bool]:
+        """``(path, leaf) -> bool`` over the '/'-joined paths of :meth:`params`: whether the NNX
+        filter (e.g. ``nnx.LoRAParam``, ``nnx.PathContains("head")``) selects that parameter's
+        Variable (what ``trainers.finetune.trainable_mask`` takes as ``trainable``)."""
+        return _Selected(nnx_filter, self._matching(nnx.filterlib.to_predicate(nnx_filter)))
+
+    def is_adapter(self, path: str) -> bool:
+        """Whether the '/'-joined parameter path is an ``nnx.LoRAParam`` (an ``nnx.LoRA`` /
+        ``nnx.LoRALinear`` factor: it starts at the module's own value when ``init=`` holds the
+        base model's parameters without it)."""
+        return path in self._matching(nnx.filterlib.OfType(nnx.LoRAParam))
+
+    def _matching(self, predicate: Callable) -> frozenset[str]:
+        return frozenset(
+            "/".join(keys)
+            for (path, keys), (_, var) in zip(
+                self._paths, nnx.to_flat_state(self._params), strict=True
+            )
+            if predicate(path, var)
+        )
+
     def trainable_state(self) -> nnx.State:
         """The module's trainable ``nnx.State`` as constructed (what ``load_release(like=...)``
         restores a release into)."""
@@ -186,6 +210,23 @@ class NnxModel:
                 node.__class__ = _recording_class(type(node))
                 object.__setattr__(node, _RECORDING, (tuple(str(k) for k in path), recorder))
         return module(x)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Selected:
+    """An NNX filter as ``trainable=``'s ``(path, leaf) -> bool``: the '/'-joined paths it
+    selects."""
+
+    nnx_filter: Any
+    paths: frozenset[str]
+
+    def __call__(self, path: str, leaf: Any) -> bool:
+        del leaf
+        return path in self.paths
+
+    def __repr__(self) -> str:
+        f = self.nnx_filter
+        return f.__name__ if isinstance(f, type) else repr(f)
 
 
 def _value(var: Any) -> Any:
@@ -264,6 +305,12 @@ def _recording_class(cls: type) -> type:
 
         def next_fun(*a, **k):
             return base_call(self, *a, **k)
+
+        frozen = getattr(recorder, "frozen", None)
+        if frozen is not None and frozen(path):
+            # a frozen layer (no trainable parameter) runs as written, unrecorded: what
+            # trainers.ghost does for a linen layer, which it recognises by its bound path
+            return next_fun(*args, **kwargs)
 
         twin, why = linen_twin(self)
         if twin is None:

@@ -292,10 +292,13 @@ class DpSgdTrainer(DatasetTrainer):
         orbax checkpoint folder, a Flax msgpack file, an ``.npz`` of '/'-joined parameter paths,
         or a dptune release (its workdir or ``release/`` folder). Checked against the model's
         parameter shapes and dtypes before anything runs; for a ``dptune.with_lora`` model the
-        base's parameters, the adapters starting fresh. The statement names the assumption that
+        base's parameters, the adapters starting fresh; for an NNX model, its ``nnx.Param``
+        state as a dict (``dptune.NnxModel(base).params()``), ``nnx.LoRAParam`` factors it
+        lacks starting at the module's own values. The statement names the assumption that
         they are public (``public-init``) with their fingerprint.
       trainable: which parameters train: regexes searched in the '/'-joined parameter paths
-        (``["Dense_1"]``, ``[".*lora.*"]``) or a callable ``(path, leaf) -> bool``; the others
+        (``["Dense_1"]``, ``[".*lora.*"]``), a callable ``(path, leaf) -> bool``, or for an NNX
+        model an NNX filter (``nnx.LoRAParam``, ``nnx.PathContains("head")``); the others
         stay bitwise as they start. Default: everything, or a LoRA model's adapters.
     """
 
@@ -435,6 +438,7 @@ class DpSgdTrainer(DatasetTrainer):
             raise ValueError(f"init= is not supported for model {spec.name!r} (it reads features)")
         shapes = jax.eval_shape(lambda: models.init_params(spec, jax.random.PRNGKey(0)))
         adapted = isinstance(spec.module, lora.LoRA)
+        on_nnx = isinstance(spec.module, NnxModel)
         if adapted:
             x = jax.ShapeDtypeStruct((1, *spec.input_shape), spec.input_dtype)
             lora.targeted_layers(spec.module, x)  # a target that adapts nothing is refused
@@ -443,12 +447,15 @@ class DpSgdTrainer(DatasetTrainer):
             source = _release_checkpoint(init)
             try:
                 given = finetune.read_init(source)
-                flat = finetune.match_init(given, shapes, lora.is_adapter if adapted else None)
+                fresh = lora.is_adapter if adapted else spec.module.is_adapter if on_nnx else None
+                flat = finetune.match_init(given, shapes, fresh)
             except ValueError as e:
                 raise ValueError(f"init={str(init)!r:.200}: {e}") from None
             self.init_fingerprint = finetune.fingerprint(flat)
         if trainable is None and adapted:
             trainable = lora.TRAINABLE
+        if on_nnx and finetune.is_nnx_filter(trainable):  # e.g. nnx.LoRAParam: by Variable type
+            trainable = spec.module.selects(trainable)
         try:
             mask = finetune.trainable_mask(shapes, trainable)
         except ValueError as e:
