@@ -289,3 +289,6 @@ def test_tuning_keeps_the_base_bitwise_and_the_release_reloads_into_the_module(t
     plain = {k: jax.tree_util.tree_map(np.asarray, v) for k, v in released.items()}
     want = tr.model.apply({"params": plain}, x)
     np.testing.assert_array_equal(module(x), want)
+    # the release is an init too (factors included): the next run starts from this one's output
+    again = _trainer(_Lora(4, 6, 2, nnx.Rngs(5)), data, init=tmp_path / "run")
+    _equal_bits(models.init_params(again.model, jax.random.PRNGKey(0)), plain)
