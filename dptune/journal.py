@@ -92,12 +92,8 @@ class CandidateRecord:
 class Journal(StateDb):
     """SQLite journal of one tuning run in the ``private/`` folder (created owner-only if missing:
     it holds K and every score), or in memory for ``private_dir=None`` (``workdir=None``: nothing
-    to resume, payloads stay in the tuner's memory).
-
-    An existing file is checked first (``dptune.state_files``): an empty, corrupt or foreign file
-    is refused with a :class:`~dptune.errors.StateError`, never taken for a new journal.
-    ``readonly=True`` opens an existing journal without writing anything (``dptune inspect``,
-    ``--dry_run``)."""
+    to resume, payloads stay in the tuner's memory). An existing file is checked first, and
+    ``readonly=True`` opens it without writing anything (:class:`dptune.state_files.StateDb`)."""
 
     kind, tables, schema = "journal", _TABLES, _SCHEMA
 

@@ -114,12 +114,11 @@ class Spend:
 
 
 class Ledger(StateDb):
-    """Per-dataset budget ledger in one SQLite file (created with its folder if missing).
+    """Per-dataset budget ledger in one SQLite file (created whole, with its folder, if missing).
 
-    An existing file is checked first: an empty, corrupt or foreign file is refused
-    (:class:`~dptune.errors.StateError` naming it), never taken for a new, empty ledger. A missing
-    file is created whole (module docstring). ``readonly=True`` opens a ledger without writing
-    (``--dry_run``, listing); a missing one then reads as the empty ledger it would be."""
+    An existing file is checked first (:class:`dptune.state_files.StateDb`). ``readonly=True``
+    opens a ledger without writing (``--dry_run``, listing); a missing one then reads as the empty
+    ledger it would be."""
 
     kind, tables, schema = "ledger", _TABLES, _SCHEMA
 

@@ -138,7 +138,21 @@ def _connect(
     if path.is_dir():
         raise StateError(f"the {kind} {path} is a folder, not a file. {fix}")
     if path.exists():
-        _check_header(path, kind, fix)
+        try:
+            with open(path, "rb") as f:
+                head = f.read(len(SQLITE_HEADER))
+        except OSError as e:
+            raise StateError(f"the {kind} {path} cannot be read ({e.strerror}). {fix}") from None
+        if not head:
+            raise StateError(
+                f"the {kind} {path} is empty (0 bytes): it is not a {kind} dptune wrote (a copy or "
+                f"a disk that was cut short?). {fix}"
+            )
+        if head != SQLITE_HEADER:
+            raise StateError(
+                f"the {kind} {path} is not an SQLite file (corrupt, or another program's file). "
+                f"{fix}"
+            )
     elif readonly:
         raise StateError(f"there is no {kind} at {path}. {fix}")
     else:
@@ -159,23 +173,6 @@ def _connect(
         db.close()
         raise
     return db
-
-
-def _check_header(path: Path, kind: str, fix: str) -> None:
-    try:
-        with open(path, "rb") as f:
-            head = f.read(len(SQLITE_HEADER))
-    except OSError as e:
-        raise StateError(f"the {kind} {path} cannot be read ({e.strerror}). {fix}") from None
-    if not head:
-        raise StateError(
-            f"the {kind} {path} is empty (0 bytes): it is not a {kind} dptune wrote (a copy or a "
-            f"disk that was cut short?). {fix}"
-        )
-    if head != SQLITE_HEADER:
-        raise StateError(
-            f"the {kind} {path} is not an SQLite file (corrupt, or another program's file). {fix}"
-        )
 
 
 def _check_tables(
