@@ -5,20 +5,10 @@ score, its test accuracy and the privacy statement. Nothing about the other cand
 not even how many there were: the selection theorems (Liu & Talwar 2019; Papernot & Steinke 2022)
 cover the selected output alone, and revealing K would turn random stopping back into best-of-K.
 
-Files (``DIR/release/``):
-
-* ``result.json``: ``released``, ``hparams``, ``validation_score`` (only where the selection's
-  theorem covers the score), ``test_accuracy`` (or ``released: false`` and its ``reason``:
-  ``none_selected``, a legitimate private outcome, or ``no_candidate_succeeded``: the selected
-  candidate failed, so every candidate did, and no model is released).
-* ``privacy.json`` / ``privacy.txt``: the privacy statement (machine- and human-readable);
-  ``privacy.txt`` opens with a one-line headline whose epsilon is rounded *up*.
-* ``checkpoint/``: the released model's parameters (orbax), or ``payload.pkl`` for payloads that
-  are not array pytrees (user trainers).
-* ``training_curve.json`` / ``training_curve.png`` (the selected candidate's public per-epoch
-  quantities: its test accuracy on the public test split, its epsilon so
-  far, metrics on public or privatised data; never the exact training loss), ``epsilon.png``.
-* ``report.md``: a one-page summary for a newcomer, linking the plots (``dptune.report``).
+Its files (``RELEASE_FILES``, described in docs/tuning.md) are ``result.json``, ``privacy.json`` /
+``privacy.txt`` (the statement; the text opens with a headline whose epsilon is rounded *up*),
+``checkpoint/`` (orbax) or ``payload.pkl``, ``training_curve.json`` / ``.png`` (public per-epoch
+quantities only, never the exact training loss), ``epsilon.png`` and ``report.md``.
 
 The folder is written to ``release.tmp/`` (fsynced) and renamed into place: it is complete or
 absent, whatever moment the process is killed at, and a rerun of a killed run writes it again
