@@ -27,6 +27,7 @@ charge is keyed by the run's id, so a resumed run is charged once, not again."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dptune.errors import Refused, TuningConfigError
-from dptune.state_files import FILE_MODE, StateDb, private_folder
+from dptune.state_files import StateDb, private_folder
 
 log = logging.getLogger("dptune")
 
@@ -316,22 +317,17 @@ class Ledger(StateDb):
 
 
 def _create(path: Path) -> None:
-    """A new ledger at ``path``, whole: the tables are written to a temporary file (mode 0600) in
-    the same folder, which is then linked to ``path``; if another process created the ledger
+    """A new ledger at ``path``, created whole (module docstring); if another process created one
     meanwhile, theirs is kept. Warns, naming the file."""
     if not path.parent.is_dir():
         # The curator's file (fingerprints and spends): a new folder is 0700, the file 0600.
         private_folder(path.parent, "the ledger's folder")
     tmp_name: str | None
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".new", dir=path.parent)
+    os.close(fd)  # mkstemp's file is the owner's alone (mode 0600)
     try:
-        os.fchmod(fd, FILE_MODE)
-        os.close(fd)
-        db = sqlite3.connect(tmp_name, isolation_level=None)
-        try:
+        with contextlib.closing(sqlite3.connect(tmp_name, isolation_level=None)) as db:
             db.executescript(_SCHEMA)
-        finally:
-            db.close()
         try:
             os.link(tmp_name, path)
         except FileExistsError:

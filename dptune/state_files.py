@@ -1,19 +1,17 @@
-"""The files dptune keeps for the curator: owner-only modes, and the SQLite files (a run's journal,
-the budget ledger) opened only after checks.
+"""The files dptune keeps for the curator: owner-only, and (journal, ledger) checked before use.
 
 ``DIR/private/`` holds what the selection theorems assume stays hidden (every candidate's score,
-seed and checkpoint, hence the number of candidates); the ledger holds each dataset's fingerprint
-(a hash of its records) and spends. On a shared filesystem the default umask (``022``) would make
-them readable by every account, so they are created owner-only: folders ``0700``, files ``0600``
-(SQLite gives its ``-wal``, ``-shm`` and ``-journal`` files the database file's mode). An existing
-private folder that others can read is refused before anything runs; an existing ledger file that
-others can read is reported loudly (a ledger may be shared on purpose by a team of curators).
+seed and checkpoint, hence K); the ledger holds each dataset's fingerprint and spends. The default
+umask (``022``) would make them readable by every account of a shared filesystem, so they are
+created owner-only: folders ``0700``, files ``0600`` (SQLite gives its side files the database
+file's mode). An existing private folder that others can read is refused before anything runs; an
+existing ledger that others can read is reported loudly (a team may share one on purpose).
 ``release/`` is for publishing and keeps the user's umask.
 
-A journal or ledger that is empty, truncated, corrupt or another program's file must never be
-taken for a new one: an empty journal would silently restart a run (a second draw of its plan and a
-second charge), and an empty ledger would forget every dataset's spend. Such a file is refused
-with a :class:`~dptune.errors.StateError` naming its path and what to do; the file is left as it is.
+A journal or ledger that is empty, truncated, corrupt or another program's file is never taken for
+a new one (an empty journal would restart a run: a second draw of its plan and a second charge; an
+empty ledger would forget every spend): it is refused with a :class:`~dptune.errors.StateError`
+naming its path and what to do, and left as it is.
 """
 
 from __future__ import annotations
