@@ -310,8 +310,7 @@ def read_release(folder: str | os.PathLike) -> Release:
     folder = Path(folder)
     result = _read(folder / RESULT_FILE)
     privacy = _read(folder / PRIVACY_JSON)
-    text = _read(folder / PRIVACY_TXT, bytes.decode)
-    head = headline(privacy) + "\n\n"
+    text = _read(folder / PRIVACY_TXT, bytes.decode).removeprefix(headline(privacy) + "\n\n")
     published = privacy.get("published")
     if published is None:  # a release written before the field existed
         published = ("payload", "score") if "validation_score" in result else ("payload",)
@@ -322,7 +321,7 @@ def read_release(folder: str | os.PathLike) -> Release:
         test_accuracy=result.get("test_accuracy"),
         test_metric=result.get("test_metric"),
         privacy=privacy,
-        privacy_text=(text[len(head) :] if text.startswith(head) else text).rstrip("\n"),
+        privacy_text=text.rstrip("\n"),
         path=folder,
         outcome=str(result.get("reason") or ""),
         published=tuple(published),
@@ -444,9 +443,7 @@ def _write_json(path: Path, obj: Any) -> None:
 
 
 def _json_default(x: Any) -> Any:
-    if hasattr(x, "item"):
-        return x.item()
-    if hasattr(x, "tolist"):
+    if hasattr(x, "tolist"):  # NumPy and JAX scalars and arrays (``item`` fails on an array)
         return x.tolist()
     if isinstance(x, Path):
         return str(x)
