@@ -14,24 +14,28 @@ __version__ = "0.1.0"
 
 #: Public name -> the module that defines it (imported on first use).
 _EXPORTS = {
-    name: module
-    for module, names in {
-        "dptune.tuner": "tune TuneOptions",
-        "dptune.subsampled": "tune_subsampled plan_subsampled",
-        "dptune.auditing.run": "audit AuditResult",
-        "dptune.plan": "plan_privacy make_privacy_plan PrivacyPlan Budget",
-        "dptune.trainer_protocol": "Trainer FunctionTrainer trainer",
-        "dptune.learners.dpsgd": "DpSgdTrainer Dataset Metric DpSgdSchedule clipped_grad_sum "
-        "add_noise dpsgd_privacy with_lora shipped_with_lora fix_model NnxModel",
-        "dptune.release": "load_release Release read_release load_params",
-        "dptune.errors": "Refused TuningConfigError ImpossibleBudgetError StateError "
-        "CandidateFailure",
-        "dptune.space": "Space",
-        "dptune.ledger": "Ledger BudgetExceededError",
-        "dptune.journal": "Journal ConfigChangedError",
-    }.items()
-    for name in names.split()
-}
+    "tune": "dptune.tuner", "TuneOptions": "dptune.tuner",
+    "tune_subsampled": "dptune.subsampled", "plan_subsampled": "dptune.subsampled",
+    "audit": "dptune.auditing.run", "AuditResult": "dptune.auditing.run",
+    "plan_privacy": "dptune.plan", "make_privacy_plan": "dptune.plan", "PrivacyPlan": "dptune.plan",
+    "Budget": "dptune.plan",
+    "Trainer": "dptune.trainer_protocol", "FunctionTrainer": "dptune.trainer_protocol",
+    "trainer": "dptune.trainer_protocol",
+    "DpSgdTrainer": "dptune.learners.dpsgd", "Dataset": "dptune.learners.dpsgd",
+    "Metric": "dptune.learners.dpsgd", "DpSgdSchedule": "dptune.learners.dpsgd",
+    "clipped_grad_sum": "dptune.learners.dpsgd", "add_noise": "dptune.learners.dpsgd",
+    "dpsgd_privacy": "dptune.learners.dpsgd", "with_lora": "dptune.learners.dpsgd",
+    "shipped_with_lora": "dptune.learners.dpsgd", "fix_model": "dptune.learners.dpsgd",
+    "NnxModel": "dptune.learners.dpsgd",
+    "load_release": "dptune.release", "Release": "dptune.release", "read_release": "dptune.release",
+    "load_params": "dptune.release",
+    "Refused": "dptune.errors", "TuningConfigError": "dptune.errors",
+    "ImpossibleBudgetError": "dptune.errors", "StateError": "dptune.errors",
+    "CandidateFailure": "dptune.errors",
+    "Space": "dptune.space",
+    "Ledger": "dptune.ledger", "BudgetExceededError": "dptune.ledger",
+    "Journal": "dptune.journal", "ConfigChangedError": "dptune.journal",
+}  # fmt: skip
 
 __all__ = sorted(_EXPORTS) + ["space"]
 

@@ -109,7 +109,8 @@ class Release:
 
     Attributes:
       released: whether a candidate was selected.
-      hparams: the selected candidate's hyperparameters (None when nothing is released).
+      hparams: the selected candidate's hyperparameters, calibrated noise included (None when
+        nothing is released).
       validation_score: its score as the selection saw it (noisy if the validation split is
         private).
       test_accuracy: accuracy on the test split (reported, not used for selection), if the trainer
@@ -379,13 +380,10 @@ def load_release(path: str | os.PathLike, like: Any = None) -> Release:
     """The release of a finished run, model included: ``path`` is the run's workdir or its
     ``release/`` folder.
 
-    Returns a :class:`Release` with ``hparams`` (the selected candidate's hyperparameters,
-    calibrated noise included), ``params`` (the parameters restored from the orbax checkpoint, in
-    the structure of ``like`` when given, e.g. ``jax.eval_shape(module.init, key, x)["params"]``;
-    use them as ``module.apply({"params": release.params}, x)``), the privacy statement
-    (``privacy`` as JSON, ``privacy_text`` in words), ``validation_score`` and ``test_accuracy``
-    (or, for a model scored by its own metric, ``test_metric``).
-    A run that released nothing returns ``released=False`` and no parameters.
+    Returns a :class:`Release` whose ``params`` are restored from the orbax checkpoint, in the
+    structure of ``like`` when given (:func:`load_params`), e.g. ``jax.eval_shape(module.init,
+    key, x)["params"]``; use them as ``module.apply({"params": release.params}, x)``. A run that
+    released nothing returns ``released=False`` and no parameters.
     """
     folder = Path(path)
     if not (folder / RESULT_FILE).is_file() and (folder / "release" / RESULT_FILE).is_file():
