@@ -1,20 +1,13 @@
 """The privacy ledger: every tuning run's spend, per dataset, in one SQLite file shared by all runs.
 
 A dataset is identified by its fingerprint (``Dataset.fingerprint()``: sha256 of the training and
-validation arrays), so the same data under another name or folder is the same dataset.
-
-A dataset's lifetime budget (epsilon, delta) is stated explicitly: ``dptune ledger --dataset=ID
---budget_epsilon=E --budget_delta=D``, :meth:`Ledger.set_budget`, or a run's ``dataset_budget=``
-(``--config.ledger.budget_epsilon`` / ``budget_delta``). A run on a dataset the ledger has never
-seen, with no budget stated, registers the default, :data:`DEFAULT_LIFETIME_RUNS` times the run's
-own (epsilon, delta) (room for that many runs like it), and says so in a warning that names the
+validation arrays), so the same data under another name or folder is the same dataset. Its lifetime
+budget (epsilon, delta) is stated with ``dptune ledger --dataset=ID --budget_epsilon=E
+--budget_delta=D``, :meth:`Ledger.set_budget`, or a run's ``dataset_budget=``
+(``--config.ledger.budget_epsilon`` / ``budget_delta``); a first run on a dataset with none stated
+registers :data:`DEFAULT_LIFETIME_RUNS` times its own (epsilon, delta), and a warning names the
 ledger, the dataset and how to change it. Each run's (epsilon, delta) is then added, and a run that
 would exceed the budget is refused *before* any private computation.
-
-A ledger is created whole: its tables are written to a temporary file in the same folder, which
-then takes the ledger's name (``os.link``: never over an existing file), so a process that opens
-the path sees either no file or a complete ledger; creating one is a warning naming the file (a
-misspelt path would otherwise start a new ledger in silence).
 
 Runs compose by basic sequential composition: total epsilon = sum of epsilons, total delta = sum of
 deltas (Dwork & Roth 2014, "The Algorithmic Foundations of Differential Privacy", Thm 3.16). It is
@@ -22,8 +15,11 @@ loose but needs no assumption about how the runs were done, so it holds for any 
 accountants.
 
 Two runs started at once cannot overspend: the check and the insert run in one ``BEGIN IMMEDIATE``
-transaction, which takes SQLite's write lock before reading, so concurrent charges are serialised. A
-charge is keyed by the run's id, so a resumed run is charged once, not again."""
+transaction, which takes SQLite's write lock before reading. A charge is keyed by the run's id, so
+a resumed run is charged once. A new ledger is created whole: its tables are written to a
+temporary file in the same folder, which then takes the ledger's name (``os.link``: never over an
+existing file), so another process sees either no file or a complete ledger; a warning names the
+new file (a misspelt path would otherwise start a new ledger in silence)."""
 
 from __future__ import annotations
 
@@ -167,11 +163,8 @@ class Ledger(StateDb):
         budget_delta: float | None = None,
         name: str = "",
     ) -> Spend:
-        """What :meth:`charge` would do, without writing: the dataset's spend after this run
-        (``registered`` if the run would register the dataset's budget). Raises as ``charge``.
-
-        A budget left None is the registered one (or, for a dataset the ledger has never seen,
-        :func:`default_lifetime_budget`)."""
+        """What :meth:`charge` would do (same arguments, same refusals), without writing: the
+        dataset's spend after this run (``registered`` if the run would register its budget)."""
         _check_numbers(epsilon, delta, budget_epsilon, budget_delta)
         label = name or fingerprint[:12]
         before = self.spend(fingerprint)

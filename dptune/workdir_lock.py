@@ -40,16 +40,10 @@ class WorkdirLockedError(Refused):
 
 @contextlib.contextmanager
 def workdir_lock(workdir: str | os.PathLike | None) -> Iterator[Path | None]:
-    """Holds the exclusive lock of ``workdir`` (created if missing) for the ``with`` block.
-
-    Args:
-      workdir: the run's folder; None (an in-memory run) locks nothing.
-    Yields:
-      The lock file's path (None for ``workdir=None``).
-    Raises:
-      WorkdirLockedError: another process holds the lock (it is alive: the kernel releases the lock
-        of a dead process).
-    """
+    """Holds the exclusive lock of ``workdir`` (created if missing) for the ``with`` block and
+    yields the lock file's path; ``workdir=None`` (an in-memory run) locks nothing and yields None.
+    WorkdirLockedError if another process holds the lock (a live one: the kernel releases the lock
+    of a dead process)."""
     if workdir is None:
         yield None
         return
