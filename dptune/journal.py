@@ -9,17 +9,16 @@ flips).
 Everything here is private to the data curator (it holds K and every candidate's score); nothing in
 this file is copied to the release folder.
 
-Each write is its own SQLite transaction (sqlite3 commits are durable against a killed process), and
-candidate payloads are written to a temporary file and renamed into place before their row says
-``done``, so a candidate is either finished with its payload on disk or is trained again, with the
-same seed, on resume."""
+Each write is its own SQLite ``BEGIN IMMEDIATE`` transaction (sqlite3 commits are durable against a
+killed process), and candidate payloads are written to a temporary file and renamed into place
+before their row says ``done``, so a candidate is either finished with its payload on disk or is
+trained again, with the same seed, on resume."""
 
 from __future__ import annotations
 
 import json
 import os
 import pickle
-import sqlite3
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -27,12 +26,15 @@ from pathlib import Path
 from typing import Any
 
 from dptune.errors import CandidateFailure, CodeChangedError, Refused, StateError
-from dptune.owner_only import create_file, open_new, private_folder
-from dptune.state_files import open_state_db
+from dptune.state_files import StateDb, open_new, private_folder
 
 JOURNAL_FILE = "journal.sqlite"
 
+# One script: the tables are created in one transaction, so a kill never leaves half of them.
 _SCHEMA = """
+PRAGMA journal_mode=WAL;
+PRAGMA synchronous=FULL;
+BEGIN;
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS candidates (
     idx INTEGER PRIMARY KEY,
@@ -51,18 +53,18 @@ CREATE TABLE IF NOT EXISTS failures (
     message TEXT NOT NULL,
     traceback TEXT NOT NULL
 );
+COMMIT;
 """
 
-#: The tables of a journal and the columns dptune reads (``failures``: since 0.1.0's failure
-#: records; a journal written before them lacks it and gets it on the next write).
+#: The tables of a journal and the columns dptune reads.
 _TABLES = {
     "meta": {"key", "value"},
     "candidates": {"idx", "seed", "hparams", "status", "score", "failed", "attempts", "seconds"},
+    "failures": {"idx", "type", "message", "traceback"},
 }
-_OPTIONAL_TABLES = {"failures": {"idx", "type", "message", "traceback"}}
 
 
-def _fix(private_dir: Path) -> str:
+def _fix(private_dir: Path | None) -> str:
     return (
         f"Use a new --workdir for a new run (any ledger charge of this one stays), or restore "
         f"{private_dir} from a backup to resume it"
@@ -87,57 +89,28 @@ class CandidateRecord:
     attempts: int
 
 
-class Journal:
-    """SQLite journal of one tuning run in the ``private/`` folder (created if missing).
+class Journal(StateDb):
+    """SQLite journal of one tuning run in the ``private/`` folder (created owner-only if missing:
+    it holds K and every score), or in memory for ``private_dir=None`` (``workdir=None``: nothing
+    to resume, payloads stay in the tuner's memory). An existing file is checked first, and
+    ``readonly=True`` opens it without writing anything (:class:`dptune.state_files.StateDb`)."""
 
-    An existing file is checked first (``dptune.state_files``): an empty, corrupt or foreign file
-    is refused with a :class:`~dptune.errors.StateError`, never taken for a new journal.
-    ``readonly=True`` opens an existing journal without writing anything (``dptune inspect``,
-    ``--dry_run``)."""
+    kind, tables, schema = "journal", _TABLES, _SCHEMA
 
-    def __init__(self, private_dir: str | os.PathLike, *, readonly: bool = False) -> None:
-        self.dir = Path(private_dir)
-        self.path = self.dir / JOURNAL_FILE
-        if not readonly:
-            # Owner-only (0700, files 0600): it holds K and every score (dptune.owner_only).
-            self.dir = private_folder(private_dir)
-        # isolation_level=None: we issue BEGIN/COMMIT ourselves so every write is one explicit
-        # transaction.
-        self._db = open_state_db(
-            self.path, kind="journal", tables=_TABLES, optional=_OPTIONAL_TABLES,
-            fix=_fix(self.dir), readonly=readonly, make_file=create_file,
-        )  # fmt: skip
-        self.readonly = readonly
-        if readonly:
-            return
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        for stmt in filter(None, (s.strip() for s in _SCHEMA.split(";"))):
-            self._db.execute(stmt)
+    def __init__(self, private_dir: str | os.PathLike | None, *, readonly: bool = False) -> None:
+        self.dir = None if private_dir is None else Path(private_dir)
+        self.path = None if self.dir is None else self.dir / JOURNAL_FILE
+        if self.dir is not None and not readonly:
+            private_folder(self.dir)
+        self._open(self.path, _fix(self.dir), readonly)
 
-    # --- transactions
-    # ----------------------------------------------------------------------------------------
-    def _tx(self) -> _Tx:
-        return _Tx(self._db)
-
-    def close(self) -> None:
-        self._db.close()
-
-    def __enter__(self) -> Journal:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # --- meta -------------------------------------------------------------------------------------
-    # -------------
     def get(self, key: str, default: Any = None) -> Any:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return default if row is None else json.loads(row[0])
 
     def set(self, key: str, value: Any) -> None:
-        with self._tx():
-            self._db.execute(
+        with self._tx() as db:
+            db.execute(
                 "INSERT INTO meta (key, value) VALUES (?, ?) "
                 "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                 (key, json.dumps(value, sort_keys=True)),
@@ -146,15 +119,24 @@ class Journal:
     def set_once(self, key: str, value: Any) -> Any:
         """Stores ``value`` unless the key exists; returns the stored value (never overwrites a plan
         or seed)."""
-        with self._tx():
-            row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        with self._tx() as db:
+            row = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
             if row is not None:
                 return json.loads(row[0])
-            self._db.execute(
+            db.execute(
                 "INSERT INTO meta (key, value) VALUES (?, ?)",
                 (key, json.dumps(value, sort_keys=True)),
             )
             return value
+
+    def _bind(self, key: str, value: dict[str, Any]) -> list[str]:
+        """Records ``value`` under ``key`` once (as JSON) or compares it with the recorded one:
+        the keys where they differ (none in memory, where nothing is resumed)."""
+        if self.dir is None:
+            return []
+        canonical = json.loads(json.dumps(value, sort_keys=True))
+        stored = self.get(key) if self.readonly else self.set_once(key, canonical)
+        return [] if stored is None else sorted(_diff_keys(stored, canonical))
 
     def bind_config(self, config: dict[str, Any]) -> bool:
         """Records the run's config, or checks it against the recorded one.
@@ -162,14 +144,11 @@ class Journal:
         Returns True if this is a resume (a config was already recorded and equals ``config``).
         Raises ConfigChangedError naming the differing keys if the workdir belongs to another
         config."""
-        canonical = json.loads(json.dumps(config, sort_keys=True))
-        stored = self.get("config") if self.readonly else self.set_once("config", canonical)
-        if stored is not None and stored != canonical:
-            diff = sorted(_diff_keys(stored, canonical))
+        diff = self._bind("config", config)
+        if diff:
             raise ConfigChangedError(
                 f"{self.dir.parent} already holds a run with a different config (differs at: "
-                f"{', '.join(diff[:10]) or '?'}). Resuming it with another config would mix two "
-                "runs: "
+                f"{', '.join(diff[:10])}). Resuming it with another config would mix two runs: "
                 "use a new --workdir, or rerun with the original config to resume."
             )
         return self.get("started_at") is not None
@@ -178,43 +157,36 @@ class Journal:
         """Records which code runs this workdir (dptune's version, the trainer's code digest), or
         checks it against the recorded one: CodeChangedError if a resume (or a rerun of a finished
         run) would mix the candidates, or the release, of two trainers."""
-        canonical = json.loads(json.dumps(code, sort_keys=True))
-        stored = self.get("code") if self.readonly else self.set_once("code", canonical)
-        if stored is not None and stored != canonical:
-            what = sorted(_diff_keys(stored, canonical))
+        diff = self._bind("code", code)
+        if diff:
             finished = self.get("released_at") is not None
             raise CodeChangedError(
                 f"{self.dir.parent} holds a run {'finished' if finished else 'started'} by other "
-                f"code (changed: {', '.join(what)}), e.g. a trainer edited since: "
-                + (
-                    "its release belongs to the old code. "
-                    if finished
-                    else "resuming it would mix candidates of two trainers. "
-                )
+                f"code (changed: {', '.join(diff)}), e.g. a trainer edited since: "
+                + ("its release belongs to the old code. " if finished
+                   else "resuming it would mix candidates of two trainers. ")
                 + "Use a new --workdir to run this code (a new run, charged anew), or restore "
                 "the old code to resume this one"
-            )
+            )  # fmt: skip
 
     def meta(self) -> dict[str, Any]:
         """Every meta key and value (the curator's view: ``dptune inspect``)."""
         rows = self._db.execute("SELECT key, value FROM meta ORDER BY key").fetchall()
         return {k: json.loads(v) for k, v in rows}
 
-    # --- candidates
-    # --------------------------------------------------------------------------------------------
     def add_candidates(self, rows: Iterable[tuple[int, int, dict[str, Any]]]) -> None:
         """Records planned candidates (index, seed, hparams); existing indices are kept."""
         now = time.time()
-        with self._tx():
-            self._db.executemany(
+        with self._tx() as db:
+            db.executemany(
                 "INSERT OR IGNORE INTO candidates (idx, seed, hparams, status, updated) "
                 "VALUES (?, ?, ?, 'planned', ?)",
                 [(i, str(seed), json.dumps(hp, sort_keys=True), now) for i, seed, hp in rows],
             )
 
     def mark_running(self, index: int) -> None:
-        with self._tx():
-            self._db.execute(
+        with self._tx() as db:
+            db.execute(
                 "UPDATE candidates SET status = 'running', attempts = attempts + 1, updated = ? "
                 "WHERE idx = ? AND status != 'done'",
                 (time.time(), index),
@@ -229,30 +201,23 @@ class Journal:
         failure: CandidateFailure | None = None,
     ) -> None:
         """Marks a candidate done (with its failure's record, in the same transaction)."""
-        with self._tx():
-            self._db.execute(
+        with self._tx() as db:
+            db.execute(
                 "UPDATE candidates SET status = 'done', score = ?, failed = ?, seconds = ?, "
-                "updated = ? "
-                "WHERE idx = ?",
+                "updated = ? WHERE idx = ?",
                 (float(score), int(bool(failed)), seconds, time.time(), index),
             )
             if failure is not None:
-                self._db.execute(
+                db.execute(
                     "INSERT OR REPLACE INTO failures (idx, type, message, traceback) "
                     "VALUES (?, ?, ?, ?)",
                     (index, failure.type, failure.message, failure.traceback),
                 )
 
     def failures(self) -> dict[int, CandidateFailure]:
-        """Each failed candidate's recorded failure, by index (journals written before failure
-        records hold none)."""
-        try:
-            rows = self._db.execute(
-                "SELECT idx, type, message, traceback FROM failures ORDER BY idx"
-            ).fetchall()
-        except sqlite3.OperationalError:  # an older journal opened read-only: no such table
-            return {}
-        return {r[0]: CandidateFailure(r[1], r[2], r[3]) for r in rows}
+        """Each failed candidate's recorded failure, by index."""
+        rows = self._db.execute("SELECT idx, type, message, traceback FROM failures ORDER BY idx")
+        return {r[0]: CandidateFailure(*r[1:]) for r in rows}
 
     def seconds(self) -> dict[int, float | None]:
         """Each finished candidate's training time in seconds, by index (curator's view)."""
@@ -261,27 +226,22 @@ class Journal:
 
     def candidates(self) -> list[CandidateRecord]:
         rows = self._db.execute(
-            "SELECT idx, seed, hparams, status, score, failed, attempts FROM candidates ORDER BY "
-            "idx"
-        ).fetchall()
+            "SELECT idx, seed, hparams, status, score, failed, attempts FROM candidates "
+            "ORDER BY idx"
+        )
         return [
-            CandidateRecord(
-                index=r[0],
-                seed=int(r[1]),
-                hparams=json.loads(r[2]),
-                status=r[3],
-                score=r[4],
-                failed=bool(r[5]),
-                attempts=r[6],
-            )
-            for r in rows
+            CandidateRecord(i, int(seed), json.loads(hp), status, score, bool(failed), attempts)
+            for i, seed, hp, status, score, failed, attempts in rows
         ]
 
     def payload_path(self, index: int) -> Path:
         return self.dir / "candidates" / f"{index:06d}.msgpack"
 
-    def write_payload(self, index: int, data: bytes) -> Path:
-        """Writes a candidate's payload atomically (temp file + rename) and returns its path."""
+    def write_payload(self, index: int, data: bytes) -> Path | None:
+        """Writes a candidate's payload atomically (temp file + rename) and returns its path (in
+        memory: nothing, the tuner keeps the payload)."""
+        if self.dir is None:
+            return None
         path = self.payload_path(index)
         if not path.parent.is_dir():
             private_folder(path.parent)
@@ -319,19 +279,6 @@ class Journal:
                 )
 
 
-class _Tx:
-    """``with``-block running BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error)."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
-
-    def __enter__(self) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, exc_type: object, *rest: object) -> None:
-        self._db.execute("ROLLBACK" if exc_type else "COMMIT")
-
-
 def _diff_keys(a: Any, b: Any, prefix: str = "") -> set[str]:
     if isinstance(a, dict) and isinstance(b, dict):
         out: set[str] = set()
@@ -342,65 +289,3 @@ def _diff_keys(a: Any, b: Any, prefix: str = "") -> set[str]:
 
 
 _MISSING = object()
-
-
-class MemoryJournal:
-    """The journal's interface kept in memory (``workdir=None``): no resume, nothing on disk."""
-
-    def __init__(self) -> None:
-        self._meta: dict[str, Any] = {}
-        self._rows: dict[int, Any] = {}
-        self._payloads: dict[int, bytes] = {}
-        self._failures: dict[int, CandidateFailure] = {}
-
-    def bind_config(self, config: dict[str, Any]) -> bool:
-        self._meta["config"] = config
-        return False
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self._meta.get(key, default)
-
-    def set(self, key: str, value: Any) -> None:
-        self._meta[key] = value
-
-    def set_once(self, key: str, value: Any) -> Any:
-        return self._meta.setdefault(key, value)
-
-    def add_candidates(self, rows: Any) -> None:
-        for i, seed, hp in rows:
-            self._rows.setdefault(i, CandidateRecord(i, seed, hp, "planned", None, False, 0))
-
-    def candidates(self) -> list[Any]:
-        return [self._rows[i] for i in sorted(self._rows)]
-
-    def mark_running(self, index: int) -> None:
-        pass
-
-    def mark_done(
-        self,
-        index: int,
-        score: float,
-        failed: bool,
-        seconds: float | None = None,
-        failure: CandidateFailure | None = None,
-    ) -> None:
-        if failure is not None:
-            self._failures[index] = failure
-
-    def failures(self) -> dict[int, CandidateFailure]:
-        return dict(self._failures)
-
-    def bind_code(self, code: dict[str, Any]) -> None:
-        self._meta.setdefault("code", code)
-
-    def check_complete(self) -> None:
-        pass
-
-    def write_payload(self, index: int, data: bytes) -> None:
-        pass  # payloads stay in the tuner's memory
-
-    def read_payload(self, index: int) -> Any:
-        raise KeyError(index)
-
-    def close(self) -> None:
-        pass

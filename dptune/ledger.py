@@ -1,20 +1,13 @@
 """The privacy ledger: every tuning run's spend, per dataset, in one SQLite file shared by all runs.
 
 A dataset is identified by its fingerprint (``Dataset.fingerprint()``: sha256 of the training and
-validation arrays), so the same data under another name or folder is the same dataset.
-
-A dataset's lifetime budget (epsilon, delta) is stated explicitly: ``dptune ledger --dataset=ID
---budget_epsilon=E --budget_delta=D``, :meth:`Ledger.set_budget`, or a run's ``dataset_budget=``
-(``--config.ledger.budget_epsilon`` / ``budget_delta``). A run on a dataset the ledger has never
-seen, with no budget stated, registers the default, :data:`DEFAULT_LIFETIME_RUNS` times the run's
-own (epsilon, delta) (room for that many runs like it), and says so in a warning that names the
+validation arrays), so the same data under another name or folder is the same dataset. Its lifetime
+budget (epsilon, delta) is stated with ``dptune ledger --dataset=ID --budget_epsilon=E
+--budget_delta=D``, :meth:`Ledger.set_budget`, or a run's ``dataset_budget=``
+(``--config.ledger.budget_epsilon`` / ``budget_delta``); a first run on a dataset with none stated
+registers :data:`DEFAULT_LIFETIME_RUNS` times its own (epsilon, delta), and a warning names the
 ledger, the dataset and how to change it. Each run's (epsilon, delta) is then added, and a run that
 would exceed the budget is refused *before* any private computation.
-
-A ledger is created whole: its tables are written to a temporary file in the same folder, which
-then takes the ledger's name (``os.link``: never over an existing file), so a process that opens
-the path sees either no file or a complete ledger; creating one is a warning naming the file (a
-misspelt path would otherwise start a new ledger in silence).
 
 Runs compose by basic sequential composition: total epsilon = sum of epsilons, total delta = sum of
 deltas (Dwork & Roth 2014, "The Algorithmic Foundations of Differential Privacy", Thm 3.16). It is
@@ -22,24 +15,25 @@ loose but needs no assumption about how the runs were done, so it holds for any 
 accountants.
 
 Two runs started at once cannot overspend: the check and the insert run in one ``BEGIN IMMEDIATE``
-transaction, which takes SQLite's write lock before reading, so concurrent charges are serialised. A
-charge is keyed by the run's id, so a resumed run is charged once, not again."""
+transaction, which takes SQLite's write lock before reading. A charge is keyed by the run's id, so
+a resumed run is charged once. A new ledger is created whole: its tables are written to a
+temporary file in the same folder, which then takes the ledger's name (``os.link``: never over an
+existing file), so another process sees either no file or a complete ledger; a warning names the
+new file (a misspelt path would otherwise start a new ledger in silence)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from dptune.errors import Refused, TuningConfigError
-from dptune.owner_only import FILE_MODE, create_file, private_folder
-from dptune.state_files import open_state_db
+from dptune.state_files import StateDb, private_folder
 
 log = logging.getLogger("dptune")
 
@@ -49,13 +43,13 @@ DEFAULT_LIFETIME_RUNS = 10
 #: Relative slack for float sums when comparing against a budget (1e-9 of the budget).
 _REL_TOL = 1e-9
 
-_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS datasets ( fingerprint TEXT PRIMARY KEY, name TEXT, epsilon REAL
-    NOT NULL, delta REAL NOT NULL, created REAL NOT NULL)""",
-    """CREATE TABLE IF NOT EXISTS charges ( run_id TEXT PRIMARY KEY, fingerprint TEXT NOT NULL
-    REFERENCES datasets(fingerprint), epsilon REAL NOT NULL, delta REAL NOT NULL, workdir TEXT, note
-    TEXT, created REAL NOT NULL)""",
-)
+_SCHEMA = """BEGIN;
+CREATE TABLE IF NOT EXISTS datasets (fingerprint TEXT PRIMARY KEY, name TEXT, epsilon REAL NOT NULL,
+    delta REAL NOT NULL, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS charges (run_id TEXT PRIMARY KEY, fingerprint TEXT NOT NULL
+    REFERENCES datasets(fingerprint), epsilon REAL NOT NULL, delta REAL NOT NULL, workdir TEXT,
+    note TEXT, created REAL NOT NULL);
+COMMIT;"""
 
 
 #: The tables of a ledger and the columns dptune reads.
@@ -116,48 +110,41 @@ class Spend:
         return self.budget_delta - self.spent_delta
 
 
-class Ledger:
-    """Per-dataset budget ledger in one SQLite file (created with its folder if missing).
+class Ledger(StateDb):
+    """Per-dataset budget ledger in one SQLite file (created whole, with its folder, if missing).
 
-    An existing file is checked first: an empty, corrupt or foreign file is refused
-    (:class:`~dptune.errors.StateError` naming it), never taken for a new, empty ledger. A missing
-    file is created whole (module docstring). ``readonly=True`` opens a ledger without writing
-    (``--dry_run``, listing); a missing one then reads as the empty ledger it would be."""
+    An existing file is checked first (:class:`dptune.state_files.StateDb`). ``readonly=True``
+    opens a ledger without writing (``--dry_run``, listing); a missing one then reads as the empty
+    ledger it would be."""
+
+    kind, tables, schema = "ledger", _TABLES, _SCHEMA
 
     def __init__(self, path: str | os.PathLike | None = None, *, readonly: bool = False) -> None:
         self.path = Path(path) if path is not None else default_ledger_path()
-        if readonly and not self.path.exists():
+        missing = not self.path.exists()
+        if missing and readonly:
             log.warning(
                 "there is no budget ledger at %s: the run will create one (check the path if you "
                 "meant an existing ledger: a new one knows no earlier spend)", self.path,
             )  # fmt: skip
-            self._db = sqlite3.connect(":memory:", isolation_level=None)
-            for stmt in _SCHEMA:
-                self._db.execute(stmt)
-            return
-        if not readonly and not self.path.exists():
+        elif missing:
             _create(self.path)
-        self._db = open_state_db(
-            self.path, kind="ledger", tables=_TABLES, fix=_fix(self.path), readonly=readonly,
-            timeout=60.0, make_file=create_file,
-        )  # fmt: skip
-        self._db.execute("PRAGMA busy_timeout = 60000")
-        if not readonly:
-            for stmt in _SCHEMA:
-                self._db.execute(stmt)
-
-    def close(self) -> None:
-        self._db.close()
-
-    def __enter__(self) -> Ledger:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        where = None if missing and readonly else self.path  # None: the empty ledger, in memory
+        self._open(where, _fix(self.path), readonly, timeout=60.0)
 
     def spend(self, fingerprint: str) -> Spend | None:
         """The dataset's budget and spend so far, or None if the ledger has never seen it."""
-        return _spend(self._db, fingerprint)
+        row = self._db.execute(
+            "SELECT epsilon, delta FROM datasets WHERE fingerprint = ?", (fingerprint,)
+        ).fetchone()
+        if row is None:
+            return None
+        eps, delta, n = self._db.execute(
+            "SELECT COALESCE(SUM(epsilon), 0), COALESCE(SUM(delta), 0), COUNT(*) FROM charges "
+            "WHERE fingerprint = ?",
+            (fingerprint,),
+        ).fetchone()
+        return Spend(fingerprint, row[0], row[1], float(eps), float(delta), int(n))
 
     def is_charged(self, run_id: str) -> bool:
         return (
@@ -176,77 +163,50 @@ class Ledger:
         budget_delta: float | None = None,
         name: str = "",
     ) -> Spend:
-        """What :meth:`charge` would do, without writing: the dataset's spend after this run
-        (``registered`` if the run would register the dataset's budget). Raises as ``charge``.
-
-        A budget left None is the registered one (or, for a dataset the ledger has never seen,
-        :func:`default_lifetime_budget`)."""
+        """What :meth:`charge` would do (same arguments, same refusals), without writing: the
+        dataset's spend after this run (``registered`` if the run would register its budget)."""
         _check_numbers(epsilon, delta, budget_epsilon, budget_delta)
-        return self._check(self._db, fingerprint, run_id, epsilon, delta, budget_epsilon,
-                           budget_delta, name)  # fmt: skip
-
-    def _check(self, db, fingerprint, run_id, epsilon, delta, budget_epsilon, budget_delta, name):
-        row = db.execute(
-            "SELECT epsilon, delta FROM datasets WHERE fingerprint = ?", (fingerprint,)
-        ).fetchone()
         label = name or fingerprint[:12]
-        if row is None:
+        before = self.spend(fingerprint)
+        if before is None:
             b_eps, b_delta = default_lifetime_budget(epsilon, delta)
             b_eps = b_eps if budget_epsilon is None else budget_epsilon
             b_delta = b_delta if budget_delta is None else budget_delta
             before = Spend(fingerprint, float(b_eps), float(b_delta), 0.0, 0.0, 0, True, name)
         else:
-            stated_eps = row[0] if budget_epsilon is None else budget_epsilon
-            stated_delta = row[1] if budget_delta is None else budget_delta
-            if not (_close(row[0], stated_eps) and _close(row[1], stated_delta)):
-                held = (
-                    f"the ledger {self.path} holds a lifetime budget of (epsilon={row[0]:g}, "
-                    f"delta={row[1]:g}) for dataset {label}, but this run states "
+            held_eps, held_delta = before.budget_epsilon, before.budget_delta
+            stated_eps = held_eps if budget_epsilon is None else budget_epsilon
+            stated_delta = held_delta if budget_delta is None else budget_delta
+            if not (_close(held_eps, stated_eps) and _close(held_delta, stated_delta)):
+                raise _refused(
+                    LedgerBudgetMismatchError,
+                    f"the ledger {self.path} holds a lifetime budget of (epsilon={held_eps:g}, "
+                    f"delta={held_delta:g}) for dataset {label}, but this run states "
                     f"(epsilon={stated_eps:g}, delta={stated_delta:g}): state the registered one "
                     "or none (<dataset_budget>), or change it with "
                     f"`dptune ledger --dataset={fingerprint[:12]} --budget_epsilon=... "
-                    "--budget_delta=...`"
+                    "--budget_delta=...`",
                 )
-                raise LedgerBudgetMismatchError(
-                    held.replace("<dataset_budget>", "dataset_budget="),
-                    command=held.replace(
-                        "<dataset_budget>", "--config.ledger.budget_epsilon / budget_delta"
-                    ),
-                )
-            before = _spend(db, fingerprint)
-            assert before is not None
-        if run_id is not None and self._charged(db, run_id):
+        if run_id is not None and self.is_charged(run_id):
             return before
         new_eps = before.spent_epsilon + epsilon
         new_delta = before.spent_delta + delta
-        if new_eps > before.budget_epsilon * (1 + _REL_TOL) or new_delta > before.budget_delta * (
-            1 + _REL_TOL
-        ):
-            spent = (
+        if _over(new_eps, before.budget_epsilon) or _over(new_delta, before.budget_delta):
+            raise _refused(
+                BudgetExceededError,
                 "refused before any private computation: this run costs "
                 f"(epsilon={epsilon:.4g}, delta={delta:.3g}) but dataset {label} "
                 f"has spent (epsilon={before.spent_epsilon:.4g}, delta={before.spent_delta:.3g})"
                 f" of its lifetime budget (epsilon={before.budget_epsilon:.4g}, delta="
                 f"{before.budget_delta:.3g}) in {before.runs} run(s); ledger: {self.path}. Lower "
                 "this run's budget (<budget>), or raise the dataset's (<dataset_budget> or "
-                f"`dptune ledger --dataset={fingerprint[:12]} --budget_epsilon=E --budget_delta=D`)"
-            )
-            raise BudgetExceededError(
-                spent.replace("<budget>", "budget=").replace("<dataset_budget>", "dataset_budget="),
-                command=spent.replace("<budget>", "--config.privacy.epsilon / delta").replace(
-                    "<dataset_budget>", "--config.ledger.budget_epsilon / budget_delta"
-                ),
+                f"`dptune ledger --dataset={fingerprint[:12]} --budget_epsilon=E "
+                "--budget_delta=D`)",
             )
         return Spend(
             fingerprint, before.budget_epsilon, before.budget_delta, new_eps, new_delta,
             before.runs + 1, before.registered, name,
         )  # fmt: skip
-
-    @staticmethod
-    def _charged(db: sqlite3.Connection, run_id: str) -> bool:
-        return (
-            db.execute("SELECT 1 FROM charges WHERE run_id = ?", (run_id,)).fetchone() is not None
-        )
 
     def charge(
         self,
@@ -271,21 +231,20 @@ class Ledger:
         stated (``Spend.registered`` then says so). Raises: BudgetExceededError: the charge would
         exceed the budget (nothing is recorded). LedgerBudgetMismatchError: the stated budget
         differs from the registered one."""
-        _check_numbers(epsilon, delta, budget_epsilon, budget_delta)
-        db = self._db
-        with _write_locked(db):
-            after = self._check(db, fingerprint, run_id, epsilon, delta, budget_epsilon,
-                                budget_delta, name)  # fmt: skip
+        with self._tx() as db:
+            after = self.check(
+                fingerprint, run_id, epsilon, delta, name=name,
+                budget_epsilon=budget_epsilon, budget_delta=budget_delta,
+            )  # fmt: skip
             if after.registered:
-                _register(db, fingerprint, name, after.budget_epsilon, after.budget_delta)
-            if not self._charged(db, run_id):
+                self._register(fingerprint, name, after.budget_epsilon, after.budget_delta)
+            if not self.is_charged(run_id):
                 db.execute(
                     "INSERT INTO charges (run_id, fingerprint, epsilon, delta, workdir, note, "
-                    "created) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    "created) VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (run_id, fingerprint, float(epsilon), float(delta), workdir, note, time.time()),
                 )
-        result = _spend(db, fingerprint)
+        result = self.spend(fingerprint)
         assert result is not None
         return Spend(**{**result.__dict__, "registered": after.registered, "name": name})
 
@@ -294,12 +253,7 @@ class Ledger:
         rows = self._db.execute(
             "SELECT fingerprint, name, created FROM datasets ORDER BY created"
         ).fetchall()
-        out = []
-        for fp, name, created in rows:
-            spend = _spend(self._db, fp)
-            assert spend is not None
-            out.append((spend, name or "", float(created)))
-        return out
+        return [(self.spend(fp), name or "", float(created)) for fp, name, created in rows]
 
     def charges(self, fingerprint: str) -> list[dict]:
         """The runs charged to a dataset (run id, epsilon, delta, workdir, time), oldest first."""
@@ -326,48 +280,47 @@ class Ledger:
         """Sets a dataset's lifetime budget explicitly (registers the dataset if new). Refused
         (ValueError) below what its runs have already spent."""
         _check_numbers(epsilon, delta, epsilon, delta)
-        db = self._db
-        with _write_locked(db):
-            before = _spend(db, fingerprint)
+        with self._tx() as db:
+            before = self.spend(fingerprint)
             if before is None:
-                _register(db, fingerprint, name, epsilon, delta)
+                self._register(fingerprint, name, epsilon, delta)
+            elif _over(before.spent_epsilon, epsilon) or _over(before.spent_delta, delta):
+                raise TuningConfigError(
+                    f"dataset {fingerprint[:12]} has already spent (epsilon="
+                    f"{before.spent_epsilon:.4g}, delta={before.spent_delta:.3g}): its budget "
+                    "cannot be set below that"
+                )
             else:
-                if before.spent_epsilon > epsilon * (1 + _REL_TOL) or before.spent_delta > delta * (
-                    1 + _REL_TOL
-                ):
-                    raise TuningConfigError(
-                        f"dataset {fingerprint[:12]} has already spent (epsilon="
-                        f"{before.spent_epsilon:.4g}, delta={before.spent_delta:.3g}): its budget "
-                        "cannot be set below that"
-                    )
                 db.execute(
                     "UPDATE datasets SET epsilon = ?, delta = ?, name = COALESCE(NULLIF(?, ''), "
                     "name) WHERE fingerprint = ?",
                     (float(epsilon), float(delta), name, fingerprint),
                 )
-        result = _spend(db, fingerprint)
+        result = self.spend(fingerprint)
         assert result is not None
         return result
 
+    def _register(self, fingerprint: str, name: str, eps: float, delta: float) -> None:
+        """Registers a dataset the ledger has not seen, with its lifetime budget (eps, delta)."""
+        self._db.execute(
+            "INSERT INTO datasets (fingerprint, name, epsilon, delta, created) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (fingerprint, name, float(eps), float(delta), time.time()),
+        )
+
 
 def _create(path: Path) -> None:
-    """A new ledger at ``path``, whole: the tables are written to a temporary file (mode 0600) in
-    the same folder, which is then linked to ``path``; if another process created the ledger
+    """A new ledger at ``path``, created whole (module docstring); if another process created one
     meanwhile, theirs is kept. Warns, naming the file."""
     if not path.parent.is_dir():
         # The curator's file (fingerprints and spends): a new folder is 0700, the file 0600.
         private_folder(path.parent, "the ledger's folder")
     tmp_name: str | None
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".new", dir=path.parent)
+    os.close(fd)  # mkstemp's file is the owner's alone (mode 0600)
     try:
-        os.fchmod(fd, FILE_MODE)
-        os.close(fd)
-        db = sqlite3.connect(tmp_name, isolation_level=None)
-        try:
-            for stmt in _SCHEMA:
-                db.execute(stmt)
-        finally:
-            db.close()
+        with contextlib.closing(sqlite3.connect(tmp_name, isolation_level=None)) as db:
+            db.executescript(_SCHEMA)
         try:
             os.link(tmp_name, path)
         except FileExistsError:
@@ -388,41 +341,18 @@ def _create(path: Path) -> None:
     )
 
 
-@contextmanager
-def _write_locked(db: sqlite3.Connection) -> Iterator[None]:
-    """One transaction that takes the write lock before it reads (``BEGIN IMMEDIATE``), so that
-    concurrent charges serialise; committed on success, rolled back on any exception."""
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-        db.execute("COMMIT")
-    except BaseException:
-        db.execute("ROLLBACK")
-        raise
+_WORDS = {  # a refusal's placeholders: (the library's keyword, the command's flags)
+    "<budget>": ("budget=", "--config.privacy.epsilon / delta"),
+    "<dataset_budget>": ("dataset_budget=", "--config.ledger.budget_epsilon / budget_delta"),
+}
 
 
-def _register(
-    db: sqlite3.Connection, fingerprint: str, name: str, eps: float, delta: float
-) -> None:
-    """Registers a dataset the ledger has not seen, with its lifetime budget (eps, delta)."""
-    db.execute(
-        "INSERT INTO datasets (fingerprint, name, epsilon, delta, created) VALUES (?, ?, ?, ?, ?)",
-        (fingerprint, name, float(eps), float(delta), time.time()),
-    )
-
-
-def _spend(db: sqlite3.Connection, fingerprint: str) -> Spend | None:
-    row = db.execute(
-        "SELECT epsilon, delta FROM datasets WHERE fingerprint = ?", (fingerprint,)
-    ).fetchone()
-    if row is None:
-        return None
-    eps, delta, n = db.execute(
-        "SELECT COALESCE(SUM(epsilon), 0), COALESCE(SUM(delta), 0), COUNT(*) FROM charges "
-        "WHERE fingerprint = ?",
-        (fingerprint,),
-    ).fetchone()
-    return Spend(fingerprint, row[0], row[1], float(eps), float(delta), int(n))
+def _refused(cls: type[Refused], text: str) -> Refused:
+    """``cls(text)`` in the library's words, with the command's wording (``--config.`` flags)."""
+    library, command = text, text
+    for key, (keyword, flags) in _WORDS.items():
+        library, command = library.replace(key, keyword), command.replace(key, flags)
+    return cls(library, command=command)
 
 
 def _check_numbers(epsilon, delta, budget_epsilon, budget_delta) -> None:
@@ -432,6 +362,11 @@ def _check_numbers(epsilon, delta, budget_epsilon, budget_delta) -> None:
     for label, x in (("delta", delta), ("budget_delta", budget_delta)):
         if x is not None and not 0 <= x < 1:
             raise TuningConfigError(f"ledger: {label} must be in [0, 1), got {x}")
+
+
+def _over(x: float, budget: float) -> bool:
+    """Whether ``x`` exceeds ``budget`` by more than float slack (:data:`_REL_TOL`)."""
+    return x > budget * (1 + _REL_TOL)
 
 
 def _close(a: float, b: float) -> bool:

@@ -30,16 +30,11 @@ _TITLES = {
 def training_curve(
     history: Sequence[Mapping[str, Any]], path: str | Path, total_epsilon: float | None = None
 ) -> Path | None:
-    """Plots every numeric per-epoch quantity of the released candidate (one panel each).
-
-    Args:
-      history: per-epoch dicts of releasable quantities, e.g. ``{"epoch": 1,
-        "epsilon_one_run": 0.8}`` (the caller filters out non-private ones such as exact losses).
-      path: output file (``.png``).
-      total_epsilon: the release's total epsilon (tuning included), drawn as a labelled line on
-        the epsilon panel so one run's epsilon is never read as the total.
-    Returns the path, or None when the history has no numeric metric.
-    """
+    """Plots every numeric quantity of ``history`` (the released candidate's per-epoch dicts of
+    releasable quantities, e.g. ``{"epoch": 1, "epsilon_one_run": 0.8}``: the caller drops the
+    non-private ones such as exact losses), one panel each, to ``path`` (``.png``). The release's
+    ``total_epsilon`` (tuning included) is a labelled line on the epsilon panel, so one run's
+    epsilon is never read as the total. Returns the path, or None without a numeric metric."""
     rows = [dict(h) for h in history if isinstance(h, Mapping)]
     keys = sorted(
         {k for h in rows for k, v in h.items() if k != "epoch" and isinstance(v, (int, float))}
@@ -68,13 +63,8 @@ def training_curve(
 
 
 def epsilon_breakdown(privacy: Mapping[str, Any], path: str | Path) -> Path:
-    """Bar chart: one candidate's epsilon, the selection's overhead, the total, and the budget.
-
-    Args:
-      privacy: the statement's JSON (``total_epsilon``, ``single_run_epsilon``, optional
-        ``budget_epsilon``).
-      path: output file (``.png``).
-    """
+    """Bar chart of the statement ``privacy`` (its JSON) to ``path`` (``.png``): one candidate's
+    epsilon, the selection's overhead, the total, and the budget (``budget_epsilon``) if any."""
     single = float(privacy.get("single_run_epsilon") or 0.0)
     total = float(privacy["total_epsilon"])
     labels = ["one candidate", "selection overhead", "total (released)"]

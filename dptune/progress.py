@@ -15,48 +15,26 @@ from typing import Any
 from tqdm.auto import tqdm
 
 
-class NullBar:
-    """A bar that shows nothing."""
-
-    def update(self, n: int = 1) -> None:
-        pass
+def _bar(enabled: bool, **kwargs: Any) -> Any:
+    return tqdm(file=sys.stderr, leave=False, disable=None if enabled else True, **kwargs)
 
 
-@contextlib.contextmanager
-def tuning_bar(enabled: bool) -> Iterator[Any]:
-    """Elapsed time of the whole run (a count of candidates would put K on screen)."""
-    if not enabled:
-        yield NullBar()
-        return
-    bar = tqdm(
-        desc="tuning", bar_format="{desc}: {elapsed}", file=sys.stderr, leave=False, disable=None
-    )
-    try:
-        yield bar
-    finally:
-        bar.close()
+def tuning_bar(enabled: bool) -> Any:
+    """Elapsed time of the whole run (a count of candidates would put K on screen), as a context
+    manager yielding the bar (a disabled bar shows nothing)."""
+    return _bar(enabled, desc="tuning", bar_format="{desc}: {elapsed}")
 
 
 @contextlib.contextmanager
 def epoch_bar(enabled: bool, total_epochs: int) -> Iterator[Callable[[dict], None] | None]:
-    """A per-epoch bar fed by a trainer's progress dicts (public counts only)."""
+    """A per-epoch bar fed by a trainer's progress dicts (public counts only); None if disabled."""
     if not enabled:
         yield None
         return
-    bar = tqdm(
-        total=total_epochs,
-        desc="training",
-        unit="epoch",
-        leave=False,
-        file=sys.stderr,
-        disable=None,
-    )
+    with _bar(True, total=total_epochs, desc="training", unit="epoch") as bar:
 
-    def update(event: dict) -> None:
-        if event.get("event") == "epoch":
-            bar.update(1)
+        def update(event: dict) -> None:
+            if event.get("event") == "epoch":
+                bar.update(1)
 
-    try:
         yield update
-    finally:
-        bar.close()

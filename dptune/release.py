@@ -5,20 +5,10 @@ score, its test accuracy and the privacy statement. Nothing about the other cand
 not even how many there were: the selection theorems (Liu & Talwar 2019; Papernot & Steinke 2022)
 cover the selected output alone, and revealing K would turn random stopping back into best-of-K.
 
-Files (``DIR/release/``):
-
-* ``result.json``: ``released``, ``hparams``, ``validation_score`` (only where the selection's
-  theorem covers the score), ``test_accuracy`` (or ``released: false`` and its ``reason``:
-  ``none_selected``, a legitimate private outcome, or ``no_candidate_succeeded``: the selected
-  candidate failed, so every candidate did, and no model is released).
-* ``privacy.json`` / ``privacy.txt``: the privacy statement (machine- and human-readable);
-  ``privacy.txt`` opens with a one-line headline whose epsilon is rounded *up*.
-* ``checkpoint/``: the released model's parameters (orbax), or ``payload.pkl`` for payloads that
-  are not array pytrees (user trainers).
-* ``training_curve.json`` / ``training_curve.png`` (the selected candidate's public per-epoch
-  quantities: its test accuracy on the public test split, its epsilon so
-  far, metrics on public or privatised data; never the exact training loss), ``epsilon.png``.
-* ``report.md``: a one-page summary for a newcomer, linking the plots (``dptune.report``).
+Its files (``RELEASE_FILES``, described in docs/tuning.md) are ``result.json``, ``privacy.json`` /
+``privacy.txt`` (the statement; the text opens with a headline whose epsilon is rounded *up*),
+``checkpoint/`` (orbax) or ``payload.pkl``, ``training_curve.json`` / ``.png`` (public per-epoch
+quantities only, never the exact training loss), ``epsilon.png`` and ``report.md``.
 
 The folder is written to ``release.tmp/`` (fsynced) and renamed into place: it is complete or
 absent, whatever moment the process is killed at, and a rerun of a killed run writes it again
@@ -33,6 +23,7 @@ import math
 import os
 import pickle
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,7 +100,7 @@ def public_curve(rows: list[dict[str, Any]] | None) -> list[dict[str, Any]] | No
 def _check_keys(what: str, keys: Any, allowed: frozenset) -> None:
     extra = sorted(set(keys) - allowed)
     if extra:  # a dptune bug, never a user's: refuse to publish it
-        raise ValueError(f"{what} would release {extra}, which are not on the release whitelist")
+        raise ValueError(f"{what} would hold {extra}, which are not on the release whitelist")
 
 
 @dataclass
@@ -118,7 +109,8 @@ class Release:
 
     Attributes:
       released: whether a candidate was selected.
-      hparams: the selected candidate's hyperparameters (None when nothing is released).
+      hparams: the selected candidate's hyperparameters, calibrated noise included (None when
+        nothing is released).
       validation_score: its score as the selection saw it (noisy if the validation split is
         private).
       test_accuracy: accuracy on the test split (reported, not used for selection), if the trainer
@@ -284,44 +276,32 @@ def write_release(release: Release, folder: str | os.PathLike) -> Path:
                 curve, tmp / "training_curve.png", release.privacy.get("total_epsilon")
             )
     write_report(release, tmp)  # report.md: a one-page summary linking the plots above
-    unknown = sorted(p.name for p in tmp.iterdir() if p.name not in RELEASE_FILES)
-    if unknown:
-        raise ValueError(f"the release would hold {unknown}, which are not on the whitelist")
-    _fsync_tree(tmp)  # the files are on disk before the rename makes them the release
+    _check_keys("the release", (p.name for p in tmp.iterdir()), RELEASE_FILES)
+    for dirpath, _, names in os.walk(tmp):  # on disk before the rename makes them the release
+        for name in names:
+            _fsync(os.path.join(dirpath, name))
+        _fsync(dirpath, folder=True)
     if folder.exists():
         # Renamed away, not deleted in place: a kill during a deletion would leave half a release.
         # Between the two renames there is no release at all (complete or absent, never partial);
         # the journal has no ``released_at`` yet, so a rerun writes it again.
         os.replace(folder, old)
     os.replace(tmp, folder)
-    _fsync_dir(folder.parent)
+    _fsync(folder.parent, folder=True)
     if old.exists():
         shutil.rmtree(old)
     release.path = folder
     return folder
 
 
-def _fsync_tree(root: Path) -> None:
-    """fsync every file and folder under ``root`` (durability of the release across a power cut)."""
-    for dirpath, _, filenames in os.walk(root):
-        for name in filenames:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(Path(dirpath))
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms that cannot open a folder
-        return
+def _fsync(path: str | os.PathLike, folder: bool = False) -> None:
+    """fsync ``path`` (durability of the release across a power cut)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
-    except OSError:  # pragma: no cover - some file systems refuse fsync on a folder
-        pass
+    except OSError:
+        if not folder:  # some file systems refuse fsync on a folder: the files are what count
+            raise
     finally:
         os.close(fd)
 
@@ -329,13 +309,9 @@ def _fsync_dir(path: Path) -> None:
 def read_release(folder: str | os.PathLike) -> Release:
     """Reads a release folder written by :func:`write_release` (the model stays on disk)."""
     folder = Path(folder)
-    result = _read_json(folder / RESULT_FILE)
-    privacy = _read_json(folder / PRIVACY_JSON)
-    try:
-        text = (folder / PRIVACY_TXT).read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise _damaged(folder / PRIVACY_TXT, e) from None
-    head = headline(privacy) + "\n\n"
+    result = _read(folder / RESULT_FILE)
+    privacy = _read(folder / PRIVACY_JSON)
+    text = _read(folder / PRIVACY_TXT, bytes.decode).removeprefix(headline(privacy) + "\n\n")
     published = privacy.get("published")
     if published is None:  # a release written before the field existed
         published = ("payload", "score") if "validation_score" in result else ("payload",)
@@ -346,7 +322,7 @@ def read_release(folder: str | os.PathLike) -> Release:
         test_accuracy=result.get("test_accuracy"),
         test_metric=result.get("test_metric"),
         privacy=privacy,
-        privacy_text=(text[len(head) :] if text.startswith(head) else text).rstrip("\n"),
+        privacy_text=text.rstrip("\n"),
         path=folder,
         outcome=str(result.get("reason") or ""),
         published=tuple(published),
@@ -369,7 +345,7 @@ def load_params(folder: str | os.PathLike, like: Any = None) -> Any:
     path = Path(folder).absolute() / "checkpoint"
     for meta in sorted(path.rglob("*METADATA*")):  # orbax's JSON files: a cut one names itself
         if meta.is_file():
-            _read_json(meta)
+            _read(meta)
     with ocp.StandardCheckpointer() as ckpt:
         if like is None:
             return ckpt.restore(path)
@@ -381,17 +357,15 @@ def load_params(folder: str | os.PathLike, like: Any = None) -> Any:
             like = like.trainable_state()
         elif isinstance(like, nnx.Module):
             like = nnx.state(like, nnx.Param)
-        if isinstance(like, nnx.State):
-            plain = _string_keys(nnx.to_pure_dict(like))
-        else:
-            plain = nn.meta.unbox(like)
+        is_nnx = isinstance(like, nnx.State)
+        plain = _string_keys(nnx.to_pure_dict(like)) if is_nnx else nn.meta.unbox(like)
         target = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), plain)
         restored = ckpt.restore(path, target)
-        if isinstance(like, nnx.State):
-            state = jax.tree_util.tree_map(lambda v: v, like)  # a copy: like stays as it is
-            nnx.replace_by_pure_dict(state, restored)
-            return state
-        return nn.meta.replace_boxed(like, restored)
+        if not is_nnx:
+            return nn.meta.replace_boxed(like, restored)
+        state = jax.tree_util.tree_map(lambda v: v, like)  # a copy: like stays as it is
+        nnx.replace_by_pure_dict(state, restored)
+        return state
 
 
 def _string_keys(tree: Any) -> Any:
@@ -406,13 +380,10 @@ def load_release(path: str | os.PathLike, like: Any = None) -> Release:
     """The release of a finished run, model included: ``path`` is the run's workdir or its
     ``release/`` folder.
 
-    Returns a :class:`Release` with ``hparams`` (the selected candidate's hyperparameters,
-    calibrated noise included), ``params`` (the parameters restored from the orbax checkpoint, in
-    the structure of ``like`` when given, e.g. ``jax.eval_shape(module.init, key, x)["params"]``;
-    use them as ``module.apply({"params": release.params}, x)``), the privacy statement
-    (``privacy`` as JSON, ``privacy_text`` in words), ``validation_score`` and ``test_accuracy``
-    (or, for a model scored by its own metric, ``test_metric``).
-    A run that released nothing returns ``released=False`` and no parameters.
+    Returns a :class:`Release` whose ``params`` are restored from the orbax checkpoint, in the
+    structure of ``like`` when given (:func:`load_params`), e.g. ``jax.eval_shape(module.init,
+    key, x)["params"]``; use them as ``module.apply({"params": release.params}, x)``. A run that
+    released nothing returns ``released=False`` and no parameters.
     """
     folder = Path(path)
     if not (folder / RESULT_FILE).is_file() and (folder / "release" / RESULT_FILE).is_file():
@@ -426,11 +397,7 @@ def load_release(path: str | os.PathLike, like: Any = None) -> Release:
         if (folder / "checkpoint").is_dir():
             release.payload = {"params": load_params(folder, like)}
         elif (folder / "payload.pkl").is_file():
-            try:
-                with open(folder / "payload.pkl", "rb") as f:
-                    release.payload = pickle.load(f)
-            except (OSError, EOFError, pickle.UnpicklingError) as e:
-                raise _damaged(folder / "payload.pkl", e) from None
+            release.payload = _read(folder / "payload.pkl", pickle.loads)
     return release
 
 
@@ -450,28 +417,23 @@ def _save_orbax(params: Any, path: Path) -> None:
 
 
 def _is_array_tree(tree: Any) -> bool:
-    try:
-        import jax  # heavy: the core stays JAX-free unless a payload holds arrays
-    except ImportError:  # pragma: no cover - jax is a dependency
-        return False
+    import jax  # heavy: the core stays JAX-free unless a payload holds arrays
+
     leaves = jax.tree_util.tree_leaves(tree)
     return bool(leaves) and all(hasattr(x, "shape") and hasattr(x, "dtype") for x in leaves)
 
 
-def _read_json(path: Path) -> Any:
-    """The JSON file ``path`` of a release; StateError naming it when it is missing or damaged."""
+def _read(path: Path, parse: Callable[[bytes], Any] = json.loads) -> Any:
+    """``parse`` of the release file ``path``; StateError naming it when it is missing or damaged
+    (JSON and decoding errors are ValueErrors)."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise _damaged(path, e) from None
-
-
-def _damaged(path: Path, e: BaseException) -> StateError:
-    what = e.strerror if isinstance(e, OSError) else f"{type(e).__name__}: {e}"
-    return StateError(
-        f"the release file {path} cannot be read ({what}): the release is damaged (a copy or a "
-        "disk cut short?); restore its folder from a backup"
-    )
+        return parse(path.read_bytes())
+    except (OSError, ValueError, EOFError, pickle.UnpicklingError) as e:
+        what = e.strerror if isinstance(e, OSError) else f"{type(e).__name__}: {e}"
+        raise StateError(
+            f"the release file {path} cannot be read ({what}): the release is damaged (a copy or a "
+            "disk cut short?); restore its folder from a backup"
+        ) from None
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -479,9 +441,7 @@ def _write_json(path: Path, obj: Any) -> None:
 
 
 def _json_default(x: Any) -> Any:
-    if hasattr(x, "item"):
-        return x.item()
-    if hasattr(x, "tolist"):
+    if hasattr(x, "tolist"):  # NumPy and JAX scalars and arrays (``item`` fails on an array)
         return x.tolist()
     if isinstance(x, Path):
         return str(x)

@@ -66,12 +66,10 @@ def _num(x: Any, digits: int = 4) -> str:
 
 def _pct(x: Any) -> str:
     """A fraction as a percentage; "n/a" when missing or not finite (never "nan %")."""
-    if x is None or isinstance(x, bool):
-        return "n/a"
     try:
-        v = float(x)
+        v = math.nan if x is None or isinstance(x, bool) else float(x)
     except (TypeError, ValueError):
-        return "n/a"
+        v = math.nan
     return f"{100.0 * v:.2f} %" if math.isfinite(v) else "n/a"
 
 
@@ -145,10 +143,10 @@ def report_markdown(release: Any, files: set[str]) -> str:
 
 def _released(release: Any, trainer: str) -> list[str]:
     """The report's "What was released" section."""
+    head = ["## What was released", ""]
     if release.released:
         lines = [
-            "## What was released",
-            "",
+            *head,
             "One trained model, chosen privately among candidates trained by "
             f"{trainer} on the private training split.",
             "",
@@ -172,25 +170,19 @@ def _released(release: Any, trainer: str) -> list[str]:
                 "- Validation score the selection saw (noisy when the validation split is "
                 f"private): {score}"
             )
-        lines += [
-            "",
-            "| hyperparameter | value |",
-            "|---|---|",
-        ]
+        lines += ["", "| hyperparameter | value |", "|---|---|"]
         lines += [f"| `{k}` | {_num(v)} |" for k, v in sorted((release.hparams or {}).items())]
         return lines
     if release.no_candidate_succeeded:
         return [
-            "## What was released",
-            "",
+            *head,
             f"Nothing: no candidate succeeded (every candidate trained by {trainer} failed), so "
             "no model is released. The candidates touched the private data, so the run's "
             "(epsilon, delta) below stays charged to the dataset's budget. The curator can see "
             "why each failed with `dptune inspect WORKDIR` (private: never publish it).",
         ]
     return [
-        "## What was released",
-        "",
+        *head,
         "Nothing: the private selection chose no candidate. This is a legitimate outcome of "
         "random stopping (it may train zero candidates) and is covered by the same guarantee.",
     ]
@@ -198,8 +190,6 @@ def _released(release: Any, trainer: str) -> list[str]:
 
 def write_report(release: Any, folder: str | Path) -> Path:
     """Writes ``folder/report.md`` for ``release``; returns its path."""
-    folder = Path(folder)
-    files = {f.name for f in folder.iterdir()}
-    path = folder / REPORT_FILE
-    path.write_text(report_markdown(release, files))
+    path = Path(folder) / REPORT_FILE
+    path.write_text(report_markdown(release, {f.name for f in path.parent.iterdir()}))
     return path

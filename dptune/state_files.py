@@ -1,109 +1,180 @@
-"""Opening the SQLite files dptune keeps (a run's journal, the budget ledger) with their checks.
+"""The files dptune keeps for the curator: owner-only, and (journal, ledger) checked before use.
 
-A journal or ledger that is empty, truncated, corrupt or another program's file must never be
-taken for a new one: an empty journal would silently restart a run (a second draw of its plan and a
-second charge), and an empty ledger would forget every dataset's spend. Such a file is refused
-with a :class:`~dptune.errors.StateError` naming its path and what to do; the file is left as it is.
+``DIR/private/`` holds what the selection theorems assume stays hidden (every candidate's score,
+seed and checkpoint, hence K); the ledger holds each dataset's fingerprint and spends. The default
+umask (``022``) would make them readable by every account of a shared filesystem, so they are
+created owner-only: folders ``0700``, files ``0600`` (SQLite gives its side files the database
+file's mode). An existing private folder that others can read is refused before anything runs; an
+existing ledger that others can read is reported loudly (a team may share one on purpose).
+``release/`` is for publishing and keeps the user's umask.
+
+A journal or ledger that is empty, truncated, corrupt or another program's file is never taken for
+a new one (an empty journal would restart a run: a second draw of its plan and a second charge; an
+empty ledger would forget every spend): it is refused with a :class:`~dptune.errors.StateError`
+naming its path and what to do, and left as it is.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
-from collections.abc import Callable, Mapping
+import stat
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
-from dptune.errors import StateError
+from dptune.errors import StateError, TuningConfigError
+
+log = logging.getLogger("dptune")
+
+#: Mode of the curator's folders and files.
+FOLDER_MODE, FILE_MODE = 0o700, 0o600
 
 #: The first 16 bytes of every SQLite 3 database file.
 SQLITE_HEADER = b"SQLite format 3\x00"
 
+_S = TypeVar("_S", bound="StateDb")
 
-def open_state_db(
-    path: str | os.PathLike,
-    *,
-    kind: str,
-    tables: Mapping[str, set[str]],
-    fix: str,
-    optional: Mapping[str, set[str]] | None = None,
-    create: bool = True,
-    readonly: bool = False,
-    timeout: float = 30.0,
-    make_file: Callable[[Path], object] | None = None,
-) -> sqlite3.Connection:
-    """A connection to the ``kind`` file at ``path`` after checking it is one dptune wrote.
 
-    Args:
-      path: the file.
-      kind: what it is, for messages ("journal", "ledger").
-      tables: the tables (and their columns) a file of this kind has; a file holding other tables
-        or lacking these columns is foreign.
-      fix: what the user can do about a bad file (one sentence, appended to the message).
-      optional: tables a file written by an earlier dptune may lack (created when it is opened
-        for writing).
-      create: create the file if missing (else a missing file is a StateError).
-      readonly: open it read-only (``dptune inspect``, ``--dry_run``): nothing is ever written.
-      timeout: SQLite's busy timeout, in seconds.
-      make_file: called with the path before SQLite opens it (unless ``readonly``), once the
-        existing file, if any, passed the checks: e.g. ``dptune.owner_only.create_file``, which
-        creates a missing file with mode 0600 (an empty file SQLite then fills) and reports an
-        existing one that others can read.
-    Raises:
-      StateError: the path is a folder, or the file is empty, not SQLite, corrupt or foreign.
-    """
+def _others_can_access(path: Path) -> bool:
+    return bool(stat.S_IMODE(path.stat().st_mode) & 0o077)
+
+
+def private_folder(path: str | os.PathLike, what: str = "the run's private folder") -> Path:
+    """``path`` as an owner-only folder: created with mode 0700 (its parents as the umask makes
+    them); an existing one that group or others can access is refused (TuningConfigError, naming
+    the fix), since whatever it already holds may have been read."""
     path = Path(path)
+    if path.is_dir():
+        if _others_can_access(path):
+            mode = stat.S_IMODE(path.stat().st_mode)
+            raise TuningConfigError(
+                f"{what} {path} can be accessed by other accounts (mode {mode:o}); it holds what "
+                "the privacy statement assumes stays hidden (every candidate's score, seed and "
+                f"model). Check who read it, then: chmod 700 {path} && chmod -R go-rwx {path}"
+            )
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.mkdir(mode=FOLDER_MODE, exist_ok=True)
+    os.chmod(path, FOLDER_MODE)  # mkdir's mode is masked by the umask: set it exactly
+    return path
+
+
+def create_file(path: Path) -> None:
+    """Creates ``path`` empty with mode 0600 if it does not exist (before SQLite opens it, so its
+    side files get the same mode); an existing file that others can read is reported loudly."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE))
+    except FileExistsError:
+        if _others_can_access(path):
+            log.warning(
+                "%s can be read by other accounts (mode %o); it is the curator's: "
+                "chmod 600 %s unless it is shared on purpose",
+                path, stat.S_IMODE(path.stat().st_mode), path,
+            )  # fmt: skip
+        return
+    os.chmod(path, FILE_MODE)
+
+
+def open_new(path: str | os.PathLike):
+    """``open(path, "wb")`` of a new or truncated file with mode 0600 (a candidate's payload)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    os.fchmod(fd, FILE_MODE)
+    return os.fdopen(fd, "wb")
+
+
+class StateDb:
+    """One SQLite file of ``kind`` (``"journal"``, ``"ledger"``) holding ``tables`` (name: the
+    columns dptune reads), opened after the checks above; ``path=None`` keeps it in memory.
+
+    ``readonly`` opens it read-only (``dptune inspect``, ``--dry_run``): nothing is ever written.
+    Otherwise a missing file is created (mode 0600) and ``schema`` (an SQL script of ``CREATE
+    TABLE IF NOT EXISTS`` statements and pragmas) is run. ``timeout``: SQLite's busy timeout (s).
+    Raises StateError (naming the path and ``fix``, one sentence on what the user can do): the
+    path is a folder, missing (read-only), or empty, not SQLite, corrupt or foreign."""
+
+    kind: str
+    tables: Mapping[str, set[str]]
+    schema: str
+
+    def _open(self, path: Path | None, fix: str, readonly: bool, timeout: float = 30.0) -> None:
+        self.readonly = readonly
+        if path is None:
+            self._db = sqlite3.connect(":memory:", isolation_level=None)
+        else:
+            self._db = _connect(path, self.kind, self.tables, fix, readonly, timeout)
+        if path is None or not readonly:
+            self._db.executescript(self.schema)
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One transaction that takes the write lock before it reads (``BEGIN IMMEDIATE``), so that
+        concurrent writers serialise; committed on success, rolled back on any exception."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self: _S) -> _S:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _connect(
+    path: Path, kind: str, tables: Mapping[str, set[str]], fix: str, readonly: bool, timeout: float
+) -> sqlite3.Connection:
     if path.is_dir():
         raise StateError(f"the {kind} {path} is a folder, not a file. {fix}")
     if path.exists():
-        _check_header(path, kind, fix)
-    elif not create or readonly:
+        try:
+            with open(path, "rb") as f:
+                head = f.read(len(SQLITE_HEADER))
+        except OSError as e:
+            raise StateError(f"the {kind} {path} cannot be read ({e.strerror}). {fix}") from None
+        if not head:
+            raise StateError(
+                f"the {kind} {path} is empty (0 bytes): it is not a {kind} dptune wrote (a copy or "
+                f"a disk that was cut short?). {fix}"
+            )
+        if head != SQLITE_HEADER:
+            raise StateError(
+                f"the {kind} {path} is not an SQLite file (corrupt, or another program's file). "
+                f"{fix}"
+            )
+    elif readonly:
         raise StateError(f"there is no {kind} at {path}. {fix}")
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
-    if make_file is not None and not readonly:
-        make_file(path)  # creates a missing file; may report an existing one's mode
+    if not readonly:
+        create_file(path)  # creates a missing file; reports an existing one that others can read
     try:
         if readonly:
-            db = sqlite3.connect(
-                f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=timeout,
-                isolation_level=None,
-            )  # fmt: skip
+            uri = f"{path.absolute().as_uri()}?mode=ro"
+            db = sqlite3.connect(uri, uri=True, timeout=timeout, isolation_level=None)
         else:
             db = sqlite3.connect(path, timeout=timeout, isolation_level=None)
     except sqlite3.Error as e:
         raise StateError(f"the {kind} {path} cannot be opened ({e}). {fix}") from None
     try:
-        _check_tables(db, path, kind, tables, dict(optional or {}), fix)
+        _check_tables(db, path, kind, tables, fix)
     except BaseException:
         db.close()
         raise
     return db
 
 
-def _check_header(path: Path, kind: str, fix: str) -> None:
-    try:
-        with open(path, "rb") as f:
-            head = f.read(len(SQLITE_HEADER))
-    except OSError as e:
-        raise StateError(f"the {kind} {path} cannot be read ({e.strerror}). {fix}") from None
-    if not head:
-        raise StateError(
-            f"the {kind} {path} is empty (0 bytes): it is not a {kind} dptune wrote (a copy or a "
-            f"disk that was cut short?). {fix}"
-        )
-    if head != SQLITE_HEADER:
-        raise StateError(
-            f"the {kind} {path} is not an SQLite file (corrupt, or another program's file). {fix}"
-        )
-
-
 def _check_tables(
-    db: sqlite3.Connection,
-    path: Path,
-    kind: str,
-    tables: Mapping[str, set[str]],
-    optional: Mapping[str, set[str]],
-    fix: str,
+    db: sqlite3.Connection, path: Path, kind: str, tables: Mapping[str, set[str]], fix: str
 ) -> None:
     try:
         found = {
@@ -117,16 +188,12 @@ def _check_tables(
         raise StateError(f"the {kind} {path} is corrupt (SQLite: {ok[0] if ok else '?'}). {fix}")
     if not found:
         return  # a new file (just created, or killed before its tables were written)
-    foreign = sorted(found - set(tables) - set(optional) - {"sqlite_sequence"})
-    missing = sorted(set(tables) - found)
-    if foreign or missing:
+    if found - {"sqlite_sequence"} != set(tables):
         raise StateError(
             f"the file {path} is not a dptune {kind} (tables {sorted(found)}; a {kind} has "
             f"{sorted(tables)}). {fix}"
         )
-    for table, columns in {**tables, **optional}.items():
-        if table not in found:
-            continue
+    for table, columns in tables.items():
         have = {r[1] for r in db.execute(f"PRAGMA table_info({table})").fetchall()}
         if not columns <= have:
             raise StateError(

@@ -51,7 +51,7 @@ from dptune.errors import (
     TuningConfigError,
 )
 from dptune.execution import Job, SequentialExecutor, VectorizedExecutor
-from dptune.journal import JOURNAL_FILE, Journal, MemoryJournal
+from dptune.journal import JOURNAL_FILE, Journal
 from dptune.ledger import Ledger, default_ledger_path
 from dptune.plan import (
     AUTO,
@@ -602,7 +602,7 @@ def open_journal(
     without a workdir); with ``existing_only``, None unless a journal is already there."""
     if existing_only and (private_dir is None or not (private_dir / JOURNAL_FILE).exists()):
         return None
-    journal: Any = MemoryJournal() if private_dir is None else Journal(private_dir)
+    journal: Any = Journal(private_dir)
     try:
         journal.bind_config(dict(config))
         if code is not None:

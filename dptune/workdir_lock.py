@@ -21,7 +21,7 @@ keeps the lock until it exits too.
 from __future__ import annotations
 
 import contextlib
-import logging
+import fcntl
 import os
 import socket
 import time
@@ -29,13 +29,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from dptune.errors import Refused
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows: no flock
-    fcntl = None  # type: ignore[assignment]
-
-log = logging.getLogger("dptune")
 
 #: The lock file, inside the workdir (next to ``private/`` and ``release/``).
 LOCK_FILE = ".dptune.lock"
@@ -47,25 +40,15 @@ class WorkdirLockedError(Refused):
 
 @contextlib.contextmanager
 def workdir_lock(workdir: str | os.PathLike | None) -> Iterator[Path | None]:
-    """Holds the exclusive lock of ``workdir`` (created if missing) for the ``with`` block.
-
-    Args:
-      workdir: the run's folder; None (an in-memory run) locks nothing.
-    Yields:
-      The lock file's path (None for ``workdir=None``).
-    Raises:
-      WorkdirLockedError: another process holds the lock (it is alive: the kernel releases the lock
-        of a dead process).
-    """
+    """Holds the exclusive lock of ``workdir`` (created if missing) for the ``with`` block and
+    yields the lock file's path; ``workdir=None`` (an in-memory run) locks nothing and yields None.
+    WorkdirLockedError if another process holds the lock (a live one: the kernel releases the lock
+    of a dead process)."""
     if workdir is None:
         yield None
         return
     path = Path(workdir) / LOCK_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    if fcntl is None:  # pragma: no cover - Windows
-        log.warning("no flock on this platform: %s is not protected against a second run", path)
-        yield path
-        return
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         try:
@@ -95,7 +78,6 @@ def _read_holder(fd: int) -> str:
     if "pid" not in fields:
         return ""
     since = fields.get("since", "")
-    when = ""
-    if since.isdigit():
-        when = ", started " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(int(since)))
+    started = time.localtime(int(since)) if since.isdigit() else None
+    when = time.strftime(", started %Y-%m-%d %H:%M:%S", started) if started else ""
     return f" (pid {fields['pid']} on {fields.get('host', '?')}{when})"

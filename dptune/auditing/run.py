@@ -47,10 +47,10 @@ from dptune.auditing.guesses import evaluate
 from dptune.errors import TuningConfigError
 from dptune.journal import JOURNAL_FILE
 from dptune.learners.dpsgd import DpSgdTrainer
-from dptune.owner_only import open_new, private_folder
 from dptune.plan import AUTO, as_budget, make_privacy_plan
 from dptune.release import Release, load_params
 from dptune.space import Space
+from dptune.state_files import open_new, private_folder
 from dptune.trainer_protocol import FunctionTrainer
 from dptune.tuner import as_space, tune
 from selection import BestOfK
