@@ -111,22 +111,14 @@ def example_losses(
 
 
 def per_example_grads_naive(
-    apply_fn: Callable,
-    params: Params,
-    x: jax.Array,
-    y: jax.Array,
-    loss: Callable | None = None,
-    copies: bool | None = None,
-    per_slot: bool = False,
-) -> Params:
+    apply_fn: Callable, params: Params, x: jax.Array, y: jax.Array, loss: Callable | None = None,
+    copies: bool | None = None, per_slot: bool = False,
+) -> Params:  # fmt: skip
     """Per-example gradients of :func:`example_losses`, each leaf with a leading batch axis, via
     ``vmap(grad)``. With ``copies`` (x of shape (b, K, ...)) the gradient of example i is the mean
     of the gradients of its K augmented copies (augmentation multiplicity, De et al. 2022, §3.1).
     With ``per_slot``, example i's forward pass is ``apply_fn(variables, x_i, slot i)`` (its
     per-example randomness, ``trainers.train_mode``)."""
-
-    if copies is None:
-        copies = x.ndim == 5
 
     def single(p, xi, yi, si):
         slots = si[None] if per_slot else None
@@ -158,8 +150,6 @@ def clipped_sum_naive(
 
     Returns (clipped sum pytree, sum of masked per-example losses, per-example gradient norms (b,)).
     """
-    if copies is None:
-        copies = x.ndim == 5
     grads = per_example_grads_naive(apply_fn, params, x, y, loss, copies, per_slot)
     sq = sum(
         jnp.sum(g.reshape(g.shape[0], -1) ** 2, axis=1) for g in jax.tree_util.tree_leaves(grads)
