@@ -653,7 +653,7 @@ def _read_named(
     a named dataset from its ``source`` ("auto": a local folder if ``data_dir`` holds one, else
     TFDS). The synthetic data's declared size defaults to its length."""
     if name == "synthetic" or source == "synthetic":
-        arrays = _synthetic_arrays(10000, 2000, (28, 28, 1), 10, 0.3, 0)  # 28x28x1, 10 classes
+        arrays = _synthetic_arrays()[:4]
         return "synthetic", len(arrays[0]) if num_examples is None else num_examples, arrays
     if source == "auto":
         source = _detect_source(name, data_dir)
@@ -914,7 +914,7 @@ def make_synthetic(
     ``num_train`` counts the training-file records before the per-record split (``validation_size``
     of them expected in validation).
     """
-    train_x, train_y, test_x, test_y = _synthetic_arrays(
+    train_x, train_y, test_x, test_y, _ = _synthetic_arrays(
         num_train, num_test, image_shape, num_classes, noise, seed
     )
     return split_validation(
@@ -923,9 +923,11 @@ def make_synthetic(
 
 
 def _synthetic_arrays(
-    num_train: int, num_test: int, image_shape: tuple, num_classes: int, noise: float, seed: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(train_x, train_y, test_x, test_y): float32 images in [0, 1], int32 labels."""
+    num_train: int = 10000, num_test: int = 2000, image_shape: tuple = (28, 28, 1),
+    num_classes: int = 10, noise: float = 0.3, seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:  # fmt: skip
+    """(train_x, train_y, test_x, test_y, num_classes): float32 images in [0, 1], int32 labels;
+    the defaults are the "synthetic" dataset of :func:`load_dataset`."""
     rng = np.random.default_rng(seed)
     # Smooth-ish templates (upsampled 7x7 blobs) so that a small CNN with 8x8 filters can tell them
     # apart.
@@ -938,7 +940,7 @@ def _synthetic_arrays(
         x = templates[y] + noise * rng.standard_normal((n, h, w, c))
         return np.clip(x, 0.0, 1.0).astype(np.float32), y
 
-    return (*draw(num_train), *draw(num_test))
+    return (*draw(num_train), *draw(num_test), num_classes)
 
 
 def _require_dir(name: str, data_dir) -> Path:
