@@ -19,6 +19,7 @@ images and labels of different counts, wrong shapes) is refused with its path.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gzip
 import hashlib
 import importlib.util
@@ -332,19 +333,12 @@ class Dataset:
 
     @classmethod
     def from_arrays(
-        cls,
-        x: np.ndarray | dict[str, np.ndarray],
-        y: np.ndarray,
-        *,
-        num_examples: int | None = None,
-        validation_fraction: float = 0.1,
-        x_test: np.ndarray | None = None,
-        y_test: np.ndarray | None = None,
+        cls, x: np.ndarray | dict[str, np.ndarray], y: np.ndarray, *,
+        num_examples: int | None = None, validation_fraction: float = 0.1,
+        x_test: np.ndarray | None = None, y_test: np.ndarray | None = None,
         public_validation: tuple[np.ndarray, np.ndarray] | None = None,
-        num_classes: int | None = None,
-        name: str = "arrays",
-        seed_split: int = 0,
-    ) -> Dataset:
+        num_classes: int | None = None, name: str = "arrays", seed_split: int = 0,
+    ) -> Dataset:  # fmt: skip
         """A dataset from in-memory arrays of any shape: images (n, h, w, c), tabular rows (n, d),
         token ids (n, length), ...
 
@@ -373,137 +367,50 @@ class Dataset:
           x_test, y_test: a public test split, only for reporting (not covered by the guarantee).
           public_validation: (x_val, y_val), a validation set that is public and separate from
             the private records; then (x, y) is not split, and candidates may be scored exactly.
-          num_classes: the number of classes (public). Default: from the public labels (test or
-            public validation), never from the private ones; required when there are none and
-            the labels are class ids (n,). Labels of other shapes or float labels need none
-            (then 0); given for integer labels of any shape (e.g. a vocabulary size), it bounds
-            them.
+          num_classes: the number of classes (public). Default: read from the public labels
+            (test or public validation), never the private ones; required without them for class
+            labels (n,); 0 for other labels, where a given value bounds integer labels of any
+            shape (e.g. a vocabulary size).
           name: a label for reports and the ledger.
           seed_split: public seed of the split hash.
 
-        Records with an integer label outside [0, num_classes), a non-finite float label, a NaN
-        or infinite feature, or (dict inputs with float32 storage) an integer field of magnitude
-        >= 2^24 are dropped, each on its own (a per-record rule: whether one record is kept never
-        depends on the others), with a warning on the curator's console and the counts in
-        ``sanitized`` (private: the curator's view only); refusing the whole dataset instead
-        would depend on the private records. Public arrays (``x_test``, ``public_validation``)
-        with a non-finite feature are refused instead.
+        Private records with an integer label outside [0, num_classes), a non-finite float label,
+        a NaN or infinite feature, or (dict inputs stored as float32) an integer field of
+        magnitude >= 2^24 are dropped, each on its own (a refusal would depend on the private
+        records), with a warning on the curator's console and the private counts in
+        ``sanitized``. Such public records (``x_test``, ``public_validation``) are refused.
 
         Raises:
-          ValueError: no or a malformed ``num_examples``, mismatched shapes or dtypes (a dict
-            input's fields must share the record axis; test and public validation records must
-            match x's and y's shapes and dtypes), string labels (encode them as integer ids), an
-            impossible validation fraction, no way to know ``num_classes`` for class labels (n,),
-            a NaN or infinite feature in ``x_test`` or ``public_validation``.
+          ValueError: a missing or malformed ``num_examples``; shapes or dtypes that do not match
+            (a dict's fields; public records against x's and y's); string labels; a validation
+            fraction outside [0, 1); class labels (n,) with no public ``num_classes``.
         """
-        if num_examples is None:
-            raise ValueError(
-                "Dataset.from_arrays needs num_examples=<the public number of records in x>: "
-                "DP-SGD's sampling rate and step count must not depend on the private arrays' "
-                "length, which changes when one person is added or removed. Declare the size "
-                "you would publish (e.g. the size of the file as documented)"
-            )
-        layout = None
-        if isinstance(x, dict):
-            if not x:
-                raise ValueError("dptune: x is an empty dict: give at least one input array")
-            layout = InputLayout.of(x)
-            too_large = layout.too_large({k: np.asarray(v) for k, v in x.items()})
-            x = layout.pack(x)
-        else:
-            x = _as_inputs(x, "x")
-            too_large = np.zeros(len(x), dtype=bool)
-        y = _as_labels(y, "y")
-        if len(x) != len(y):
-            raise ValueError(f"x has {len(x)} records but y has {len(y)} labels")
-        classes = y.ndim == 1 and np.issubdtype(y.dtype, np.integer)
-        public_labels = [a for a in (y_test, None if public_validation is None else
-                                     public_validation[1]) if a is not None]  # fmt: skip
-        if num_classes is None and classes:
-            if not public_labels or not any(len(a) for a in public_labels):
-                raise ValueError(
-                    "Dataset.from_arrays needs num_classes=... (public): with no public labels "
-                    "(x_test/y_test or public_validation) it cannot be read from the data "
-                    "without looking at the private labels"
-                )
-            num_classes = int(max(int(np.max(a)) for a in public_labels if len(a))) + 1
-        num_classes = 0 if num_classes is None else int(num_classes)
-        # Per record (each record alone decides whether it is kept: a stable transformation).
-        bad_label = _bad_labels(y, num_classes)
-        too_large &= ~bad_label
-        non_finite = ~finite_records(x) & ~bad_label & ~too_large
-        dropped: dict[str, int] = {}  # private counts: the curator's view only (sanitized)
-        for key, bad, why in (
-            (DROP_LABEL, bad_label, f"a label outside [0, {num_classes}) (num_classes)"
-             if np.issubdtype(y.dtype, np.integer) else "a non-finite label"),
-            (DROP_LARGE_INT, too_large, "an integer input field of magnitude >= 2^24 (float32 "
-             "storage beside floating-point fields keeps integers exact below it)"),
-            (DROP_FEATURES, non_finite, "a feature that is NaN or infinite"),
-        ):  # fmt: skip
-            if bad.any():
-                dropped[key] = int(bad.sum())
-                log.warning("%d records of %r have %s: they are left out", dropped[key], name, why)
-        keep = ~(bad_label | too_large | non_finite)
-        if not keep.all():
-            x, y = x[keep], y[keep]
-
-        def public_split(xs, ys, what: str, ywhat: str) -> tuple[np.ndarray, np.ndarray]:
-            # Public records: checking them reveals nothing private, so they are refused, not
-            # filtered.
-            if layout is not None:
-                if isinstance(xs, dict) and layout.too_large(xs).any():
-                    raise ValueError(f"dptune: {what} holds integers of magnitude >= 2^24")
-                xs = layout.pack(xs, what)
-            else:
-                xs = _as_inputs(xs, what)
-                _same_record_shape(x, xs, what)
-            _refuse_non_finite(xs, what)
-            ys = _as_labels(ys, ywhat)
-            if ys.shape[1:] != y.shape[1:] or ys.dtype != y.dtype:
-                raise ValueError(
-                    f"dptune: {ywhat} are {ys.dtype}{ys.shape[1:]} per record, but y's are "
-                    f"{y.dtype}{y.shape[1:]}"
-                )
-            if len(xs) != len(ys):
-                raise ValueError(f"dptune: {what} has {len(xs)} records but {len(ys)} labels")
-            if _bad_labels(ys, num_classes).any():
-                raise ValueError(
-                    f"{ywhat} must be integers in [0, {num_classes}) (num_classes)"
-                    if np.issubdtype(ys.dtype, np.integer)
-                    else f"{ywhat} must be finite"
-                )
-            return xs, ys
-
-        if x_test is None:
-            if y_test is not None:
-                raise ValueError("y_test given without x_test")
-            x_test, y_test = np.zeros((0, *x.shape[1:]), x.dtype), np.zeros((0, *y.shape[1:]),
-                                                                             y.dtype)  # fmt: skip
-        else:
-            x_test, y_test = public_split(x_test, y_test, "x_test", "y_test")
+        x, y, layout, too_large = _private_records(x, y, num_examples)
+        num_classes = _public_num_classes(y, num_classes, y_test, public_validation)
+        x, y, dropped = _drop_unusable(x, y, too_large, num_classes, name)
+        public = functools.partial(_public_records, x, y, layout, num_classes)
+        x_test, y_test = public(x_test, y_test, "x_test", "y_test")
         check_declared_size(len(x), num_examples, name)
         if public_validation is not None:
-            val_x, val_y = public_split(
+            val_x, val_y = public(
                 *public_validation, "public_validation", "public_validation labels"
             )
             if not len(val_x):
                 raise ValueError("public_validation holds no records")
-            return cls(
+            data = cls(
                 train_x=x, train_y=y, val_x=val_x, val_y=val_y, test_x=x_test, test_y=y_test,
                 num_classes=num_classes, name=name, public_num_train=int(num_examples),
                 public_num_val=float(len(val_x)), validation_public=True,
-                split={"kind": "separate_files", "validation_public": True}, input_layout=layout,
-                sanitized=dropped,
+                split={"kind": "separate_files", "validation_public": True},
             )  # fmt: skip
-        if not 0 <= validation_fraction < 1:
+        elif not 0 <= validation_fraction < 1:
             raise ValueError(f"validation_fraction={validation_fraction!r} must be in [0, 1)")
-        data = split_validation(
-            x, y, x_test, y_test, num_classes, name, validation_fraction * num_examples,
-            seed_split, num_examples=num_examples,
-        )  # fmt: skip
-        if layout is not None:
-            data = dataclasses.replace(data, input_layout=layout)
-        return dataclasses.replace(data, sanitized=dropped) if dropped else data
+        else:
+            data = split_validation(
+                x, y, x_test, y_test, num_classes, name, validation_fraction * num_examples,
+                seed_split, num_examples=num_examples,
+            )  # fmt: skip
+        return dataclasses.replace(data, input_layout=layout, sanitized=dropped)
 
     def describe_split(self) -> str:
         """One sentence for the privacy statement: how the validation split was formed."""
@@ -525,6 +432,116 @@ class Dataset:
             f"Dataset(name={self.name!r}, train={self.train_x.shape}, val={self.val_x.shape}, "
             f"test={self.test_x.shape}, num_classes={self.num_classes})"
         )
+
+
+def _private_records(
+    x: np.ndarray | dict[str, np.ndarray], y: np.ndarray, num_examples: int | None
+) -> tuple[np.ndarray, np.ndarray, InputLayout | None, np.ndarray]:
+    """``Dataset.from_arrays``' private records as stored: (x (n, ...) or a dict input packed to
+    (n, width), y (n, ...), the dict's layout or None, (n,) bool: a dict record with an integer
+    field too large for exact float32 storage). Refuses what is wrong whatever the records hold."""
+    if num_examples is None:
+        raise ValueError(
+            "Dataset.from_arrays needs num_examples=<the public number of records in x>: "
+            "DP-SGD's sampling rate and step count must not depend on the private arrays' "
+            "length, which changes when one person is added or removed. Declare the size "
+            "you would publish (e.g. the size of the file as documented)"
+        )
+    layout = None
+    if isinstance(x, dict):
+        if not x:
+            raise ValueError("dptune: x is an empty dict: give at least one input array")
+        layout = InputLayout.of(x)
+        too_large = layout.too_large({k: np.asarray(v) for k, v in x.items()})
+        x = layout.pack(x)
+    else:
+        x = _as_inputs(x, "x")
+        too_large = np.zeros(len(x), dtype=bool)
+    y = _as_labels(y, "y")
+    if len(x) != len(y):
+        raise ValueError(f"x has {len(x)} records but y has {len(y)} labels")
+    return x, y, layout, too_large
+
+
+def _public_num_classes(
+    y: np.ndarray, num_classes: int | None, y_test: np.ndarray | None, public_validation
+) -> int:
+    """``num_classes`` as given, else read from the PUBLIC labels (test or public validation),
+    never from the private ``y``; 0 for labels that are not class ids (n,) given without it."""
+    if num_classes is None and y.ndim == 1 and np.issubdtype(y.dtype, np.integer):
+        public_labels = [a for a in (y_test, None if public_validation is None else
+                                     public_validation[1]) if a is not None]  # fmt: skip
+        if not public_labels or not any(len(a) for a in public_labels):
+            raise ValueError(
+                "Dataset.from_arrays needs num_classes=... (public): with no public labels "
+                "(x_test/y_test or public_validation) it cannot be read from the data "
+                "without looking at the private labels"
+            )
+        num_classes = int(max(int(np.max(a)) for a in public_labels if len(a))) + 1
+    return 0 if num_classes is None else int(num_classes)
+
+
+def _drop_unusable(
+    x: np.ndarray, y: np.ndarray, too_large: np.ndarray, num_classes: int, name: str
+) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
+    """The private records without those with a bad label, a ``too_large`` integer field or a
+    non-finite feature, and ``{reason: number dropped}`` (PRIVATE counts: the curator's view
+    only). Each record alone decides whether it is kept (a stable transformation, as in
+    ``drop_invalid_records``), with a warning on the curator's console per reason."""
+    bad_label = _bad_labels(y, num_classes)
+    too_large = too_large & ~bad_label
+    non_finite = ~finite_records(x) & ~bad_label & ~too_large
+    dropped: dict[str, int] = {}
+    for key, bad, why in (
+        (DROP_LABEL, bad_label, f"a label outside [0, {num_classes}) (num_classes)"
+         if np.issubdtype(y.dtype, np.integer) else "a non-finite label"),
+        (DROP_LARGE_INT, too_large, "an integer input field of magnitude >= 2^24 (float32 "
+         "storage beside floating-point fields keeps integers exact below it)"),
+        (DROP_FEATURES, non_finite, "a feature that is NaN or infinite"),
+    ):  # fmt: skip
+        if bad.any():
+            dropped[key] = int(bad.sum())
+            log.warning("%d records of %r have %s: they are left out", dropped[key], name, why)
+    keep = ~(bad_label | too_large | non_finite)
+    if not keep.all():
+        x, y = x[keep], y[keep]
+    return x, y, dropped
+
+
+def _public_records(
+    x: np.ndarray, y: np.ndarray, layout: InputLayout | None, num_classes: int, xs, ys,
+    what: str, ywhat: str,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Public records (``x_test``, ``public_validation``) stored like the private ``x``, ``y``;
+    empty arrays shaped like them when ``xs`` is None. Checking public records reveals nothing
+    private, so malformed ones are refused, not filtered."""
+    if xs is None:
+        if ys is not None:
+            raise ValueError(f"{ywhat} given without {what}")
+        return np.zeros_like(x[:0]), np.zeros_like(y[:0])
+    if layout is not None:
+        if isinstance(xs, dict) and layout.too_large(xs).any():
+            raise ValueError(f"dptune: {what} holds integers of magnitude >= 2^24")
+        xs = layout.pack(xs, what)
+    else:
+        xs = _as_inputs(xs, what)
+        _same_record_shape(x, xs, what)
+    _refuse_non_finite(xs, what)
+    ys = _as_labels(ys, ywhat)
+    if ys.shape[1:] != y.shape[1:] or ys.dtype != y.dtype:
+        raise ValueError(
+            f"dptune: {ywhat} are {ys.dtype}{ys.shape[1:]} per record, but y's are "
+            f"{y.dtype}{y.shape[1:]}"
+        )
+    if len(xs) != len(ys):
+        raise ValueError(f"dptune: {what} has {len(xs)} records but {len(ys)} labels")
+    if _bad_labels(ys, num_classes).any():
+        raise ValueError(
+            f"{ywhat} must be integers in [0, {num_classes}) (num_classes)"
+            if np.issubdtype(ys.dtype, np.integer)
+            else f"{ywhat} must be finite"
+        )
+    return xs, ys
 
 
 def subset_dataset(data: Dataset, fraction: float, key: bytes) -> Dataset:
@@ -599,23 +616,10 @@ def load_dataset(
             "validation_public=True needs a separate validation set (validation_dir=...): a "
             "validation split cut from the private training file is private"
         )
-    if name == "synthetic" or source == "synthetic":
-        train_x, train_y, test_x, test_y, num_classes = _synthetic_arrays()
-        name = "synthetic"
-        declared = len(train_x) if num_examples is None else num_examples
-    else:
-        if source == "auto":
-            source = _detect_source(name, data_dir)
-        if source == "idx":
-            train_x, train_y, test_x, test_y = _load_idx(_require_dir(name, data_dir))
-            num_classes = 10
-        elif source == "cifar_pickle":
-            train_x, train_y, test_x, test_y = _load_cifar_pickle(_require_dir(name, data_dir))
-            num_classes = 10
-        else:
-            train_x, train_y, test_x, test_y = _load_tfds(name, data_dir)
-            num_classes = 10
-        declared = PUBLISHED_TRAIN_SIZES[name] if num_examples is None else num_examples
+    name, declared, (train_x, train_y, test_x, test_y) = _read_named(
+        name, data_dir, source, num_examples
+    )
+    num_classes = 10  # every named dataset
     check_public_split(test_x, test_y, num_classes, f"the {name!r} test split")
     test_y = np.asarray(test_y).astype(np.int32)
     check_declared_size(len(train_x), declared, name)  # the file's records, as declared
@@ -628,25 +632,38 @@ def load_dataset(
                 k: dropped.get(k, 0) + val_dropped.get(k, 0) for k in {*dropped, *val_dropped}
             }
         return Dataset(
-            train_x=train_x,
-            train_y=train_y,
-            val_x=val_x,
-            val_y=val_y,
-            test_x=test_x,
-            test_y=test_y,
-            num_classes=num_classes,
-            name=name,
-            public_num_train=int(declared),
+            train_x=train_x, train_y=train_y, val_x=val_x, val_y=val_y, test_x=test_x,
+            test_y=test_y, num_classes=num_classes, name=name, public_num_train=int(declared),
             public_num_val=float(len(val_x) if validation_public else validation_size),
             validation_public=bool(validation_public),
             split={"kind": "separate_files", "validation_public": bool(validation_public)},
             sanitized=dropped,
-        )
+        )  # fmt: skip
     data = split_validation(
         train_x, train_y, test_x, test_y, num_classes, name, validation_size, seed_split,
         num_examples=declared,
     )  # fmt: skip
     return dataclasses.replace(data, sanitized=dropped) if dropped else data
+
+
+def _read_named(
+    name: str, data_dir, source: str, num_examples: int | None
+) -> tuple[str, int, tuple[np.ndarray, ...]]:
+    """(name, declared public size of the training file, (train_x, train_y, test_x, test_y)) of
+    a named dataset from its ``source`` ("auto": a local folder if ``data_dir`` holds one, else
+    TFDS). The synthetic data's declared size defaults to its length."""
+    if name == "synthetic" or source == "synthetic":
+        arrays = _synthetic_arrays()[:4]
+        return "synthetic", len(arrays[0]) if num_examples is None else num_examples, arrays
+    if source == "auto":
+        source = _detect_source(name, data_dir)
+    if source == "idx":
+        arrays = _load_idx(_require_dir(name, data_dir))
+    elif source == "cifar_pickle":
+        arrays = _load_cifar_pickle(_require_dir(name, data_dir))
+    else:
+        arrays = _load_tfds(name, data_dir)
+    return name, PUBLISHED_TRAIN_SIZES[name] if num_examples is None else num_examples, arrays
 
 
 #: Why ``drop_invalid_records`` drops a record (the keys of ``Dataset.sanitized``).
@@ -906,13 +923,11 @@ def make_synthetic(
 
 
 def _synthetic_arrays(
-    num_train: int = 10000,
-    num_test: int = 2000,
-    image_shape: tuple[int, int, int] = (28, 28, 1),
-    num_classes: int = 10,
-    noise: float = 0.3,
-    seed: int = 0,
-):
+    num_train: int = 10000, num_test: int = 2000, image_shape: tuple = (28, 28, 1),
+    num_classes: int = 10, noise: float = 0.3, seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:  # fmt: skip
+    """(train_x, train_y, test_x, test_y, num_classes): float32 images in [0, 1], int32 labels;
+    the defaults are the "synthetic" dataset of :func:`load_dataset`."""
     rng = np.random.default_rng(seed)
     # Smooth-ish templates (upsampled 7x7 blobs) so that a small CNN with 8x8 filters can tell them
     # apart.
@@ -925,9 +940,7 @@ def _synthetic_arrays(
         x = templates[y] + noise * rng.standard_normal((n, h, w, c))
         return np.clip(x, 0.0, 1.0).astype(np.float32), y
 
-    train_x, train_y = draw(num_train)
-    test_x, test_y = draw(num_test)
-    return train_x, train_y, test_x, test_y, num_classes
+    return (*draw(num_train), *draw(num_test), num_classes)
 
 
 def _require_dir(name: str, data_dir) -> Path:

@@ -111,22 +111,14 @@ def example_losses(
 
 
 def per_example_grads_naive(
-    apply_fn: Callable,
-    params: Params,
-    x: jax.Array,
-    y: jax.Array,
-    loss: Callable | None = None,
-    copies: bool | None = None,
-    per_slot: bool = False,
-) -> Params:
+    apply_fn: Callable, params: Params, x: jax.Array, y: jax.Array, loss: Callable | None = None,
+    copies: bool | None = None, per_slot: bool = False,
+) -> Params:  # fmt: skip
     """Per-example gradients of :func:`example_losses`, each leaf with a leading batch axis, via
     ``vmap(grad)``. With ``copies`` (x of shape (b, K, ...)) the gradient of example i is the mean
     of the gradients of its K augmented copies (augmentation multiplicity, De et al. 2022, §3.1).
     With ``per_slot``, example i's forward pass is ``apply_fn(variables, x_i, slot i)`` (its
     per-example randomness, ``trainers.train_mode``)."""
-
-    if copies is None:
-        copies = x.ndim == 5
 
     def single(p, xi, yi, si):
         slots = si[None] if per_slot else None
@@ -158,8 +150,6 @@ def clipped_sum_naive(
 
     Returns (clipped sum pytree, sum of masked per-example losses, per-example gradient norms (b,)).
     """
-    if copies is None:
-        copies = x.ndim == 5
     grads = per_example_grads_naive(apply_fn, params, x, y, loss, copies, per_slot)
     sq = sum(
         jnp.sum(g.reshape(g.shape[0], -1) ** 2, axis=1) for g in jax.tree_util.tree_leaves(grads)
@@ -326,6 +316,45 @@ def im2col_3x3_same(x: jax.Array) -> jax.Array:
     return jnp.concatenate(cols, axis=-1).reshape(n, h * w, 9 * c)
 
 
+#: CifarCNN's conv layers and their output sizes (height = width; 32x32x3 input).
+_CIFAR_CONVS = tuple(f"conv{i}" for i in range(1, 7))
+_CIFAR_HW = (32, 32, 16, 16, 8, 8)
+
+
+def _cifar_backward(
+    p: Params, xf: jax.Array, y: jax.Array, b: int, k: int
+) -> tuple[list[jax.Array], jax.Array, list[jax.Array]]:
+    """One forward and one backward pass of CifarCNN over the b*K images ``xf``: the gradients of
+    the summed per-example losses (each the mean over its K copies) with respect to each layer's
+    pre-activation (8 arrays, (b*K, ...)), the per-example losses (b,), and each layer's input."""
+    n = b * k
+
+    def forward(zs):
+        h = xf
+        inputs = []
+        for i, name in enumerate(_CIFAR_CONVS):
+            inputs.append(h)
+            z = _conv(h, p[name]["kernel"], 1, "SAME") + p[name]["bias"] + zs[i]
+            h = jnp.tanh(z)
+            if i % 2 == 1:
+                h = models_pool2(h)
+        h = h.reshape(n, -1)
+        inputs.append(h)
+        z = h @ p["dense1"]["kernel"] + p["dense1"]["bias"] + zs[6]
+        h = jnp.tanh(z)
+        inputs.append(h)
+        z = h @ p["dense2"]["kernel"] + p["dense2"]["bias"] + zs[7]
+        losses = jnp.mean(per_example_loss(z, jnp.repeat(y, k)).reshape(b, k), axis=1)
+        return jnp.sum(losses), (losses, inputs)
+
+    zeros = [jnp.zeros((n, s, s, p[name]["kernel"].shape[-1]), xf.dtype) for name, s in
+             zip(_CIFAR_CONVS, _CIFAR_HW, strict=True)]  # fmt: skip
+    zeros += [jnp.zeros((n, p["dense1"]["kernel"].shape[1]), xf.dtype)]
+    zeros += [jnp.zeros((n, p["dense2"]["kernel"].shape[1]), xf.dtype)]
+    gz, (losses, inputs) = jax.grad(forward, has_aux=True)(zeros)
+    return gz, losses, inputs
+
+
 def clipped_sum_bookkeeping_cifar(
     params: Params, x: jax.Array, y: jax.Array, mask: jax.Array, clip_norm
 ) -> tuple[Params, jax.Array, jax.Array]:
@@ -348,34 +377,9 @@ def clipped_sum_bookkeeping_cifar(
     p = params
     x5 = x[:, None] if x.ndim == 4 else x
     b, k = x5.shape[:2]
-    n = b * k
-    xf = x5.reshape(n, *x5.shape[2:])
-    conv_names = [f"conv{i}" for i in range(1, 7)]
-    hw = (32, 32, 16, 16, 8, 8)
-
-    def forward(zs):
-        h = xf
-        inputs = []
-        for i, name in enumerate(conv_names):
-            inputs.append(h)
-            z = _conv(h, p[name]["kernel"], 1, "SAME") + p[name]["bias"] + zs[i]
-            h = jnp.tanh(z)
-            if i % 2 == 1:
-                h = models_pool2(h)
-        h = h.reshape(n, -1)
-        inputs.append(h)
-        z = h @ p["dense1"]["kernel"] + p["dense1"]["bias"] + zs[6]
-        h = jnp.tanh(z)
-        inputs.append(h)
-        z = h @ p["dense2"]["kernel"] + p["dense2"]["bias"] + zs[7]
-        losses = jnp.mean(per_example_loss(z, jnp.repeat(y, k)).reshape(b, k), axis=1)
-        return jnp.sum(losses), (losses, inputs)
-
-    zeros = [jnp.zeros((n, s, s, p[name]["kernel"].shape[-1]), xf.dtype) for name, s in
-             zip(conv_names, hw, strict=True)]  # fmt: skip
-    zeros += [jnp.zeros((n, p["dense1"]["kernel"].shape[1]), xf.dtype)]
-    zeros += [jnp.zeros((n, p["dense2"]["kernel"].shape[1]), xf.dtype)]
-    gz, (losses, inputs) = jax.grad(forward, has_aux=True)(zeros)
+    xf = x5.reshape(b * k, *x5.shape[2:])
+    conv_names, hw = _CIFAR_CONVS, _CIFAR_HW
+    gz, losses, inputs = _cifar_backward(p, xf, y, b, k)
 
     def sq(a):
         return jnp.sum(a.reshape(b, -1) ** 2, axis=1)

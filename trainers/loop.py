@@ -15,7 +15,7 @@ import logging
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -273,98 +273,38 @@ def _train_group_unsafe(
     # sampler then includes each of the actual records with probability q (Poisson sampling does
     # not need the actual size to be public, the accountant's q does).
     schedule = DpSgdSchedule.from_hyperparams(hp0, data.public_num_train)
-    n_train = len(data.train_x)
-    spe = schedule.steps_per_epoch
     total_steps = schedule.steps
-
-    # init, sampling, noise, score: split on the device, kept as host rows. The setup below
-    # builds host values with NumPy and copies them (jax.device_put), and derives device values
-    # in a few compiled programs: an eager jnp operation compiles a program of its own per shape,
-    # and even a warm start traces and looks up each one.
+    # init, sampling, noise, score: split on the device, kept as host rows.
     subkeys = [np.asarray(jax.random.split(jax.device_put(key), 4)) for key in keys]
-    # The sampler DpSgdSchedule.sampler builds (each actual record at the accountant's rate q).
-    samplers = [
-        PoissonSampler(
-            n_train,
-            schedule.batch_size,
-            _numpy_rng(sk[1]),
-            sampling_rate=schedule.sampling_rate,
-            max_chunk=chunk,
-        )  # fmt: skip
-        for sk in subkeys
-    ]
-    inits = [models.init_params(fns.spec, jax.device_put(sk[0])) for sk in subkeys]
-    # make_optimizer(hp).init(params), compiled once for the structure
-    opt_states = group.stack(
-        [fns.init_opt(p, optimizer_numbers(hp)) for p, hp in zip(inits, hps, strict=True)]
-    )
-    params = group.stack(inits)
-    noise_keys = group.stack([sk[2] for sk in subkeys])
-    clip = group.stack([np.float32(hp.clip_norm) for hp in hps])
-    sigma = group.stack([np.float32(hp.noise_multiplier) for hp in hps])
-    expected_b = jax.device_put(np.float32(hp0.batch_size))
-
-    zero_sum = jax.tree_util.tree_map(lambda a: jax.device_put(np.zeros(a.shape, a.dtype)), params)
-    # The epoch's loss sum and count of examples dropped from the clipped sums (their gradient
-    # norm was not finite), per candidate, on the device; read once per epoch.
-    zero_totals = (group.stack([np.float32(0.0)] * k), group.stack([np.int32(0)] * k))
-    dropped = np.zeros(k, np.int64)
-    zero, one = jax.device_put(np.int32(0)), jax.device_put(np.int32(1))
-    # The epoch's batches go to the device in one transfer (to every device of a mesh, like the
-    # data); the steps then read them there, so a step costs no host-to-device transfer.
+    samplers = [_sampler(len(data.train_x), schedule, chunk, sk[1]) for sk in subkeys]
+    params, opt_states, consts = _group_start(fns, group, hps, subkeys)
     histories: list[list[dict]] = [[] for _ in hps]
     failed = [False] * k
+    dropped = np.zeros(k, np.int64)
     last_good = params
     step = 0
     for epoch in range(hp0.epochs):
         t0 = time.perf_counter()
-        batches, chunks, n_seen = _epoch_batches(samplers, spe, step, noise_step, shards)
+        batches, chunks, n_seen = _epoch_batches(
+            samplers, schedule.steps_per_epoch, step, noise_step, shards
+        )
+        # The epoch's batches go to the device in one transfer (to every device of a mesh, like
+        # the data); the steps then read them there, so a step costs no host-to-device transfer.
         batches = jax.device_put(batches, replicated)
-        totals, t = zero_totals, zero
-        for body, tail in chunks:
-            # Body chunks after the first (B > the microbatch size), then the tail chunks (~half
-            # the steps, when the Poisson batch outgrows the body) go through `run_chunk`; the
-            # fused step on the first chunk adds their sums, the noise and the optimiser update.
-            # The loss runs on from the epoch's sum, so the step returns the sum so far.
-            acc = (zero_sum, totals, one)
-            for part, n in (("body", body - 1), ("tail", tail)):
-                for _ in range(n):
-                    acc = group.run_chunk(
-                        part, params, acc, batches, data_x, data_y, noise_keys, clip, t
-                    )
-            params, opt_states, totals, t = group.run(
-                params, opt_states, acc, batches, data_x, data_y, noise_keys, clip, sigma,
-                expected_b, t,
-            )  # fmt: skip
-            step += 1
+
+        def on_step(step, epoch=epoch):
             if progress is not None and progress_every > 0 and step % progress_every == 0:
                 for i in indices:
                     progress(_progress_dict("step", i, epoch, hp0.epochs, step, total_steps))
+
+        params, opt_states, totals, step = _run_epoch(
+            group, params, opt_states, consts, batches, chunks, data_x, data_y, step, on_step
+        )
         # Failure is decided from the parameters alone (post-processing of the DP output), never
         # from the loss.
         out = _eval_params(params, opt_states, ema)
         finite = group.finite((params, out))
-        loss_sum, dropped_now = jax.device_get(totals)
-        losses = np.asarray(loss_sum, dtype=np.float64).reshape(k) / np.maximum(n_seen, 1)
-        dropped_now = np.asarray(dropped_now, np.int64).reshape(k)
-        seconds = time.perf_counter() - t0
-        for c in range(k):
-            if failed[c]:
-                continue
-            if not finite[c]:
-                failed[c] = True
-                continue
-            # Counted over the epochs that end finite: once the parameters are NaN, every
-            # gradient is, and the count would say nothing about the records.
-            dropped[c] += dropped_now[c]
-            histories[c].append(
-                {
-                    "epoch": epoch + 1,
-                    "steps": step,
-                    "train_loss": float(losses[c]),
-                    "seconds": seconds,
-                }
-            )
+        _record_epoch(histories, failed, dropped, finite, totals, n_seen, epoch + 1, step, t0)
         if all(failed):
             break
         last_good = group.keep_finite(last_good, out, finite)
@@ -375,7 +315,122 @@ def _train_group_unsafe(
         if progress is not None:
             for i in indices:
                 progress(_progress_dict("epoch", i, epoch, hp0.epochs, step, total_steps))
+    return _group_results(hps, data, group, last_good, failed, histories, dropped, subkeys)
 
+
+def _sampler(n_train: int, schedule: DpSgdSchedule, chunk: int, key) -> PoissonSampler:
+    """The sampler ``DpSgdSchedule.sampler`` builds (each of the ``n_train`` actual records at the
+    accountant's rate q), drawing from ``key`` on the host, in chunks of at most ``chunk``."""
+    return PoissonSampler(
+        n_train, schedule.batch_size, _numpy_rng(key), sampling_rate=schedule.sampling_rate,
+        max_chunk=chunk,
+    )  # fmt: skip
+
+
+class _StepConstants(NamedTuple):
+    """The device values every step of a group reads: per candidate (the group's layout) the noise
+    keys, clipping norms and noise multipliers; the expected batch size; the zeros an epoch's
+    sums start from (the clipped sum, and the (loss sum, dropped count) totals)."""
+
+    noise_keys: Any
+    clip: Any
+    sigma: Any
+    expected_b: Any
+    zero_sum: Any
+    zero_totals: tuple
+    zero: Any
+    one: Any
+
+
+def _group_start(fns, group, hps, subkeys) -> tuple[Any, Any, _StepConstants]:
+    """The group's initial parameters and optimiser states (from each candidate's ``subkeys[c][0]``)
+    and its step constants (noise from ``subkeys[c][2]``). Host values are built with NumPy and
+    copied (jax.device_put), device values derived in a few compiled programs: an eager jnp
+    operation compiles a program of its own per shape, and even a warm start traces and looks up
+    each one."""
+    k = len(hps)
+    inits = [models.init_params(fns.spec, jax.device_put(sk[0])) for sk in subkeys]
+    # make_optimizer(hp).init(params), compiled once for the structure
+    opt_states = group.stack(
+        [fns.init_opt(p, optimizer_numbers(hp)) for p, hp in zip(inits, hps, strict=True)]
+    )
+    params = group.stack(inits)
+    consts = _StepConstants(
+        noise_keys=group.stack([sk[2] for sk in subkeys]),
+        clip=group.stack([np.float32(hp.clip_norm) for hp in hps]),
+        sigma=group.stack([np.float32(hp.noise_multiplier) for hp in hps]),
+        expected_b=jax.device_put(np.float32(hps[0].batch_size)),
+        zero_sum=jax.tree_util.tree_map(
+            lambda a: jax.device_put(np.zeros(a.shape, a.dtype)), params
+        ),
+        # The epoch's loss sum and count of examples dropped from the clipped sums (their
+        # gradient norm was not finite), per candidate, on the device; read once per epoch.
+        zero_totals=(group.stack([np.float32(0.0)] * k), group.stack([np.int32(0)] * k)),
+        zero=jax.device_put(np.int32(0)),
+        one=jax.device_put(np.int32(1)),
+    )
+    return params, opt_states, consts
+
+
+def _run_epoch(
+    group, params, opt_states, consts: _StepConstants, batches, chunks, data_x, data_y,
+    step: int, on_step: Callable[[int], None],
+):  # fmt: skip
+    """One epoch's steps (``chunks``: each step's number of body and tail chunks); returns the
+    parameters, optimiser states, the epoch's device totals (loss sum, dropped count) and the
+    step count. ``on_step(step)`` after each step."""
+    c = consts
+    totals, t = c.zero_totals, c.zero
+    for body, tail in chunks:
+        # Body chunks after the first (B > the microbatch size), then the tail chunks (~half
+        # the steps, when the Poisson batch outgrows the body) go through `run_chunk`; the
+        # fused step on the first chunk adds their sums, the noise and the optimiser update.
+        # The loss runs on from the epoch's sum, so the step returns the sum so far.
+        acc = (c.zero_sum, totals, c.one)
+        for part, n in (("body", body - 1), ("tail", tail)):
+            for _ in range(n):
+                acc = group.run_chunk(
+                    part, params, acc, batches, data_x, data_y, c.noise_keys, c.clip, t
+                )
+        params, opt_states, totals, t = group.run(
+            params, opt_states, acc, batches, data_x, data_y, c.noise_keys, c.clip, c.sigma,
+            c.expected_b, t,
+        )  # fmt: skip
+        step += 1
+        on_step(step)
+    return params, opt_states, totals, step
+
+
+def _record_epoch(
+    histories, failed, dropped, finite, totals, n_seen, epoch: int, step: int, t0: float
+) -> None:
+    """Appends the epoch's history row (its mean training loss, and the seconds since ``t0``) of
+    each candidate still finite, adds its dropped count, and marks the candidates that became
+    non-finite."""
+    k = len(failed)
+    loss_sum, dropped_now = jax.device_get(totals)
+    losses = np.asarray(loss_sum, dtype=np.float64).reshape(k) / np.maximum(n_seen, 1)
+    dropped_now = np.asarray(dropped_now, np.int64).reshape(k)
+    seconds = time.perf_counter() - t0
+    for c in range(k):
+        if failed[c]:
+            continue
+        if not finite[c]:
+            failed[c] = True
+            continue
+        # Counted over the epochs that end finite: once the parameters are NaN, every
+        # gradient is, and the count would say nothing about the records.
+        dropped[c] += dropped_now[c]
+        histories[c].append(
+            {"epoch": epoch, "steps": step, "train_loss": float(losses[c]), "seconds": seconds}
+        )
+
+
+def _group_results(
+    hps, data, group, last_good, failed, histories, dropped, subkeys
+) -> list[CandidateResult]:
+    """Each candidate's result: its last finite parameters, scored on validation (key
+    ``subkeys[c][3]``) unless it failed."""
     results = []
     for c, hp in enumerate(hps):
         p = jax.tree_util.tree_map(np.asarray, group.row(last_good, c))

@@ -551,35 +551,38 @@ def user_model(
         return model
     if isinstance(model, str):
         return get_model(model, num_classes or 10)
+    spec = _unchecked_spec(
+        model, name, input_shape=input_shape, input_dtype=dtype, loss=loss, metric=metric, **extra
+    )
+    _check_user_model(spec, num_classes, check_metric)
+    return spec
+
+
+def _unchecked_spec(model: Any, name: str | None, **fields: Any) -> ModelSpec:
+    """The :class:`ModelSpec` of a user's NNX or linen module or ``(init_fn, apply_fn)`` pair
+    (``shipped=False``), labelled ``name`` or after the model; ``fields``: the spec's other
+    fields (input shape and dtype, loss, metric, label shape and dtype, input layout)."""
     from trainers import nnx_model  # lazy: flax.nnx is only imported for an NNX model
 
     if nnx_model.is_nnx(model):
         model = nnx_model.NnxModel(model)
     if isinstance(model, nnx_model.NnxModel):
-        spec = ModelSpec(
-            name or model.name, model, input_shape, None, dtype, loss=loss, metric=metric,
-            shipped=False, **extra,
-        )  # fmt: skip
-    elif isinstance(model, nn.Module):
+        return ModelSpec(name or model.name, model, shipped=False, **fields)
+    if isinstance(model, nn.Module):
         if model.scope is not None:
             raise ValueError(f"model={type(model).__name__}: pass an unbound flax Module")
-        spec = ModelSpec(
-            name or type(model).__name__, model, input_shape, None, dtype, loss=loss,
-            metric=metric, shipped=False, call_keyword=train_mode.call_keyword(model), **extra,
-        )  # fmt: skip
-    elif isinstance(model, tuple) and len(model) == 2 and all(callable(f) for f in model):
-        init_fn, apply_fn = model
-        spec = ModelSpec(
-            name or getattr(apply_fn, "__name__", "apply_fn"), None, input_shape, None, dtype,
-            init_fn, apply_fn, loss, metric, shipped=False, **extra,
-        )  # fmt: skip
-    else:
-        raise TypeError(
-            f"model={model!r:.80}: expected a shipped model name {MODEL_NAMES}, a flax.linen "
-            "or flax.nnx Module instance, or an (init_fn, apply_fn) pair"
+        keyword = train_mode.call_keyword(model)
+        return ModelSpec(
+            name or type(model).__name__, model, shipped=False, call_keyword=keyword, **fields
         )
-    _check_user_model(spec, num_classes, check_metric)
-    return spec
+    if isinstance(model, tuple) and len(model) == 2 and all(callable(f) for f in model):
+        init_fn, apply_fn = model
+        name = name or getattr(apply_fn, "__name__", "apply_fn")
+        return ModelSpec(name, None, init_fn=init_fn, apply_fn=apply_fn, shipped=False, **fields)
+    raise TypeError(
+        f"model={model!r:.80}: expected a shipped model name {MODEL_NAMES}, a flax.linen "
+        "or flax.nnx Module instance, or an (init_fn, apply_fn) pair"
+    )
 
 
 def _rng_hint(e: Exception) -> str:
@@ -599,7 +602,35 @@ def _leaf_name(path: tuple) -> str:
 
 
 def _check_user_model(spec: ModelSpec, num_classes: int | None, check_metric: bool = True) -> None:
+    """Refuses a user's model (ValueError naming the layer or function and the fix) that keeps
+    state besides its parameters, fails or needs an rng to evaluate, mixes examples, or whose
+    loss / metric does not fit its outputs and labels; on synthetic inputs only, never data."""
     label = f"model {spec.name}"
+    params = _initial_params(spec, label)
+    base, variants = mixing_probe_batches(spec.input_shape, spec.input_dtype)
+    out = jax.jit(lambda p, x: spec.apply({"params": p}, x))
+    try:
+        o1 = jax.tree_util.tree_map(np.asarray, out(params, base))
+    except Exception as e:
+        raise ValueError(
+            f"dptune: {label} failed on a batch of shape {base.shape}: {type(e).__name__}: {e}"
+            f"{_rng_hint(e)}"
+        ) from None
+    n = len(base)
+    for path, a in jax.tree_util.tree_flatten_with_path(o1)[0]:
+        if a.ndim < 1 or a.shape[0] != n:
+            raise ValueError(
+                f"dptune: {label}: {_leaf_name(path)} has shape {a.shape} for a batch of {n}: "
+                f"every output array needs a leading example axis, ({n}, ...)"
+            )
+    _refuse_mixing(out, params, base, variants, label)
+    _check_default_loss_and_metric(spec, label, o1, num_classes, check_metric)
+    _check_loss_and_metric_shapes(spec, o1, n)
+
+
+def _initial_params(spec: ModelSpec, label: str) -> Any:
+    """The model's parameters from one example of zeros; refused when it cannot be initialised
+    or keeps state in another collection (batch statistics mix a batch's examples)."""
     x1 = spec.example_input(1)
     try:
         variables = spec.init_variables(jax.random.PRNGKey(0))
@@ -619,28 +650,16 @@ def _check_user_model(spec: ModelSpec, num_classes: int | None, check_metric: bo
             "that example alone, and batch statistics mix the examples of a batch: use "
             "nn.GroupNorm or nn.LayerNorm instead"
         )
-    params = variables["params"]
-    base, variants = mixing_probe_batches(spec.input_shape, spec.input_dtype)
-    out = jax.jit(lambda p, x: spec.apply({"params": p}, x))
-    try:
-        o1 = jax.tree_util.tree_map(np.asarray, out(params, base))
-    except Exception as e:
-        raise ValueError(
-            f"dptune: {label} failed on a batch of shape {base.shape}: {type(e).__name__}: {e}"
-            f"{_rng_hint(e)}"
-        ) from None
-    n = len(base)
-    for path, a in jax.tree_util.tree_flatten_with_path(o1)[0]:
-        if a.ndim < 1 or a.shape[0] != n:
-            raise ValueError(
-                f"dptune: {label}: {_leaf_name(path)} has shape {a.shape} for a batch of {n}: "
-                f"every output array needs a leading example axis, ({n}, ...)"
-            )
-    # Every position replaced in turn, at the initial parameters and at random draws around them
-    # (mixing that is off at initialisation), every output leaf compared. What no probe can
-    # exclude, mixing that appears only for other parameters or inputs, cannot reach the clipped
-    # sums or the validation count either: those run each example on its own
-    # (docs/privacy-model.md, "Per example by construction").
+    return variables["params"]
+
+
+def _refuse_mixing(out: Callable, params: Any, base, variants, label: str) -> None:
+    """Refuses a model whose outputs ``out(params, x)`` mix examples: every position replaced in
+    turn (``variants``), at the initial parameters and at random draws around them (mixing that
+    is off at initialisation), every output leaf compared. What no probe can exclude, mixing that
+    appears only for other parameters or inputs, cannot reach the clipped sums or the validation
+    count either: those run each example on its own (docs/privacy-model.md, "Per example by
+    construction")."""
     for p in probe_parameter_draws(params):
         try:
             mixed = moved_rows(lambda x, p=p: jax.tree_util.tree_leaves(out(p, x)), base, variants)
@@ -657,6 +676,13 @@ def _check_user_model(spec: ModelSpec, num_classes: int | None, check_metric: bo
                 "across examples). DP-SGD needs each example's output to depend on that example "
                 "alone: use nn.GroupNorm or nn.LayerNorm, and act on the other axes only"
             )
+
+
+def _check_default_loss_and_metric(
+    spec: ModelSpec, label: str, o1: Any, num_classes: int | None, check_metric: bool
+) -> None:
+    """Refuses the default loss (softmax cross-entropy) or metric (accuracy) where they do not fit:
+    labels that are not class ids (n,), or outputs ``o1`` that are not (b, classes) logits."""
     single = isinstance(o1, np.ndarray)
     classes = spec.label_shape == () and np.issubdtype(np.dtype(spec.label_dtype), np.integer)
     labels = f"{spec.label_dtype}{spec.label_shape} labels per record"
@@ -689,6 +715,11 @@ def _check_user_model(spec: ModelSpec, num_classes: int | None, check_metric: bo
             "with fn(outputs, labels) -> one value per record in [lo, hi] (e.g. minus the "
             "squared error clipped to [-4, 0], or a token accuracy in [0, 1])"
         )
+
+
+def _check_loss_and_metric_shapes(spec: ModelSpec, o1: Any, n: int) -> None:
+    """Refuses a user's loss or metric that fails on the outputs ``o1`` of a batch of ``n`` and
+    zero labels, or does not return one value per example (shapes only: ``jax.eval_shape``)."""
     y = np.zeros((n, *spec.label_shape), spec.label_dtype)
     abstract = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), o1)
     for what, fn in (("loss", spec.loss), ("metric", getattr(spec.metric, "fn", None))):

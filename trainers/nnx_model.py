@@ -36,6 +36,8 @@ import numpy as np
 from flax import nnx, traverse_util
 from flax.nnx.nn.dtypes import promote_dtype as _nnx_promote_dtype
 
+from trainers import train_mode
+
 
 def is_nnx(model: Any) -> bool:
     """Whether ``model`` is a Flax NNX module instance."""
@@ -269,13 +271,7 @@ class _PerExampleDropout(nnx.Dropout):
             layer_key = source()
         else:
             layer_key = source
-        keep = 1.0 - self.rate
-        row = tuple(1 if d + 1 in dims else n for d, n in enumerate(inputs.shape[1:]))
-        mask = jax.vmap(
-            lambda s: jax.random.bernoulli(jax.random.fold_in(layer_key, s), keep, row)
-        )(slots)
-        mask = jnp.broadcast_to(mask, inputs.shape)
-        return jax.lax.select(mask, inputs / keep, jnp.zeros_like(inputs))
+        return train_mode.slot_dropout(inputs, slots, layer_key, self.rate, dims)
 
 
 # --- the known NNX layers and their linen twins -----------------------------------------------

@@ -94,17 +94,25 @@ def per_example_dropout(slots: jax.Array):
             or 0 in dims
         ):
             return next_fun(*args, **kwargs)
-        keep = 1.0 - m.rate
-        layer_key = m.make_rng(m.rng_collection)
-        row = tuple(1 if d + 1 in dims else s for d, s in enumerate(inputs.shape[1:]))
-        mask = jax.vmap(
-            lambda s: jax.random.bernoulli(jax.random.fold_in(layer_key, s), keep, row)
-        )(slots)
-        mask = jnp.broadcast_to(mask, inputs.shape)
-        return jax.lax.select(mask, inputs / keep, jnp.zeros_like(inputs))
+        return slot_dropout(inputs, slots, m.make_rng(m.rng_collection), m.rate, dims)
 
     with nn.intercept_methods(interceptor):
         yield
+
+
+def slot_dropout(
+    inputs: jax.Array, slots: jax.Array, layer_key: jax.Array, rate: float, dims: set[int]
+) -> jax.Array:
+    """Inverted dropout of ``inputs`` (rows, ...) with row r's mask Bernoulli(1 - ``rate``) from
+    ``fold_in(layer_key, slots[r])``, shared along the broadcast axes ``dims`` (never 0); kept
+    values are scaled by 1 / (1 - rate)."""
+    keep = 1.0 - rate
+    row = tuple(1 if d + 1 in dims else n for d, n in enumerate(inputs.shape[1:]))
+    mask = jax.vmap(lambda s: jax.random.bernoulli(jax.random.fold_in(layer_key, s), keep, row))(
+        slots
+    )
+    mask = jnp.broadcast_to(mask, inputs.shape)
+    return jax.lax.select(mask, inputs / keep, jnp.zeros_like(inputs))
 
 
 class TrainingCall:

@@ -150,13 +150,9 @@ def logistic_sensitivity(regularization: float, n_public: int, dim: int) -> floa
 
 
 def logistic_output_perturbation(
-    x: np.ndarray,
-    y: np.ndarray,
-    noise_multiplier: float,
-    regularization: float,
-    n_public: int,
+    x: np.ndarray, y: np.ndarray, noise_multiplier: float, regularization: float, n_public: int,
     rng: np.random.Generator,
-) -> np.ndarray:
+) -> np.ndarray:  # fmt: skip
     """w* + Laplace(noise_multiplier x `logistic_sensitivity`) per coordinate; rows clipped to
     ||x||_2 <= 1, labels in {-1, +1}: (1/noise_multiplier)-DP."""
     xc = clip_rows(x, "l2")
@@ -283,12 +279,9 @@ def ridge_trainer(
 
 
 def logistic_trainer(
-    train: tuple[np.ndarray, np.ndarray],
-    val: tuple[np.ndarray, np.ndarray],
-    n_public: int,
-    m_public: int,
-    score_noise_multiplier: float,
-) -> FunctionTrainer:
+    train: tuple[np.ndarray, np.ndarray], val: tuple[np.ndarray, np.ndarray], n_public: int,
+    m_public: int, score_noise_multiplier: float,
+) -> FunctionTrainer:  # fmt: skip
     """Logistic regression by output perturbation as a dptune trainer (hyperparameters:
     ``noise_multiplier``, ``regularization``); score: noisy validation accuracy."""
     (xt, yt), (xv, yv) = train, val

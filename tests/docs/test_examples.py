@@ -38,29 +38,23 @@ def test_tune_custom_jax_example_releases_within_budget(tmp_path):
     assert "Released:" in out or "nothing released" in out.lower()
 
 
+def _slow(name: str, budget: float, loaded: str):
+    return pytest.param(name, budget, loaded, marks=pytest.mark.slow)
+
+
 @pytest.mark.parametrize(
     "name, budget, loaded",
     [
         ("user_mlp_mnist.py", 3.0, "predictions"),
         # slow (a transformer compiled cold: ~20 s); its fast twins: the attention layer of
         # tests/trainers/test_ghost.py and the token-input model of tests/trainers/test_user_data.py
-        pytest.param(
-            "user_text_classifier.py",
-            4.0,
-            "test accuracy of the loaded parameters",
-            marks=pytest.mark.slow,
-        ),  # fmt: skip
+        _slow("user_text_classifier.py", 4.0, "test accuracy of the loaded parameters"),
         ("user_tabular.py", 5.0, "P(benign)"),
         # float labels, own loss and metric (scikit-learn's bundled diabetes data)
         ("user_regression_diabetes.py", 5.0, "predicted progression"),
         # slow (a transformer with dropout compiled cold: ~30 s of CPU); its fast twin is the
         # sequence-label test of tests/dptune/learners/test_any_labels.py
-        pytest.param(
-            "user_next_token_lm.py",
-            8.0,
-            "token accuracy of the loaded parameters",
-            marks=pytest.mark.slow,
-        ),  # fmt: skip
+        _slow("user_next_token_lm.py", 8.0, "token accuracy of the loaded parameters"),
         ("user_nnx_mnist.py", 3.0, "test accuracy of the loaded model"),
     ],
 )

@@ -50,6 +50,85 @@ def _sums(spec, params, x, y, mask, rng, impl):
     return dpsgd.clipped_sum_naive(call.apply_slots, params, x, y, mask, 1.0, loss, False, True)
 
 
+def _flat(tree):
+    return np.concatenate([np.ravel(v) for v in jax.tree_util.tree_leaves(tree)])
+
+
+# Checks shared with the NNX twins (tests/trainers/test_nnx_dropout.py), for a model spec with
+# dropout on 5 float features and 3 classes, and its parameters.
+
+
+def check_masks_follow_the_key(spec, params, x):
+    """Two steps' keys give different masks, the same key the same; evaluation is deterministic.
+    Returns (a training-mode output, the evaluation output)."""
+    v = {"params": params}
+    a = spec.training(jax.random.PRNGKey(1)).apply(v, x)
+    b = spec.training(jax.random.PRNGKey(2)).apply(v, x)
+    again = spec.training(jax.random.PRNGKey(1)).apply(v, x)
+    assert not np.allclose(a, b)  # two steps' keys: different masks
+    np.testing.assert_array_equal(a, again)  # the same key: the same masks
+    evaluated = spec.apply(v, x)
+    np.testing.assert_array_equal(evaluated, spec.apply(v, x))  # deterministic
+    return a, evaluated
+
+
+def check_one_example_alone(spec, params):
+    """Example 0 changed: the other rows' outputs stay; the examples do not share one mask."""
+    x, _ = _batch()
+    x2 = x.at[0].set(jnp.ones(5) * 3.0)
+    call = spec.training(jax.random.PRNGKey(3))
+    a, b = call.apply({"params": params}, x), call.apply({"params": params}, x2)
+    np.testing.assert_array_equal(a[1:], b[1:])
+    assert not np.allclose(a[0], b[0])
+    # slot i's mask differs from slot j's: the examples do not share one mask
+    rows = call.apply({"params": params}, jnp.tile(x[:1], (6, 1)))
+    assert len({tuple(np.round(np.asarray(r), 5)) for r in rows}) > 1
+
+
+def check_removal_moves_at_most_c(spec, params, impl):
+    """Removing example k moves the clipped sum by exactly its clipped gradient, at most C = 1."""
+    x, y = _batch(8)
+    rng = jax.random.PRNGKey(11)
+    full = jnp.ones(8, jnp.float32)
+    base, _, norms = _sums(spec, params, x, y, full, rng, impl)
+    assert float(jnp.min(norms)) > 0
+    for k in range(8):
+        other, _, _ = _sums(spec, params, x, y, full.at[k].set(0.0), rng, impl)
+        moved = float(np.linalg.norm(_flat(base) - _flat(other)))
+        assert moved <= 1.0 + 1e-5
+        # exactly example k's clipped gradient: min(1, C / |g_k|) |g_k|
+        assert moved == pytest.approx(min(1.0, float(norms[k])), rel=1e-4, abs=1e-6)
+
+
+def check_ghost_and_vmap_agree(spec, params):
+    """The ghost and vmap(grad) paths draw the same masks: the same norms, losses and sums.
+    Returns (the ghost sum, x, y, mask)."""
+    x, y = _batch(7)
+    mask = jnp.ones(7, jnp.float32).at[2].set(0.0)
+    rng = jax.random.PRNGKey(5)
+    g1, l1, n1 = _sums(spec, params, x, y, mask, rng, "ghost")
+    g2, l2, n2 = _sums(spec, params, x, y, mask, rng, "vmap")
+    np.testing.assert_allclose(n1, n2, rtol=2e-5, atol=1e-6)
+    np.testing.assert_allclose(l1, l2, rtol=2e-5)
+    np.testing.assert_allclose(_flat(g1), _flat(g2), rtol=2e-4, atol=2e-6)
+    return g1, x, y, mask
+
+
+def check_compiled_step_keys(spec, params, impl):
+    """The compiled step's chunk sum: two candidate keys differ, the same key repeats."""
+    fns = step.get_step_functions(spec, 0, "sgd", impl)
+    x, y = _batch(8)
+    idx, mask = jnp.arange(8, dtype=jnp.int32), jnp.ones(8, jnp.float32)
+
+    def run(seed):
+        key = jax.random.PRNGKey(seed)
+        return _flat(fns.chunk_sum(params, x, y, idx, mask, jnp.float32(1.0), key, 0, 0)[0])
+
+    a, b, a2 = run(1), run(2), run(1)
+    assert not np.allclose(a, b)
+    np.testing.assert_array_equal(a, a2)
+
+
 def test_the_call_keyword_is_detected_and_the_ghost_path_still_applies():
     spec = _spec()
     assert spec.call_keyword == "train" and spec.stochastic
@@ -62,15 +141,8 @@ def test_dropout_is_on_at_training_time_per_key_and_off_at_evaluation():
     spec = _spec()
     params = models.init_params(spec, jax.random.PRNGKey(0))
     x, _ = _batch()
-    v = {"params": params}
-    a = spec.training(jax.random.PRNGKey(1)).apply(v, x)
-    b = spec.training(jax.random.PRNGKey(2)).apply(v, x)
-    again = spec.training(jax.random.PRNGKey(1)).apply(v, x)
-    assert not np.allclose(a, b)  # two steps' keys: different masks
-    np.testing.assert_array_equal(a, again)  # the same key: the same masks
-    evaluated = spec.apply(v, x)
-    np.testing.assert_array_equal(evaluated, DropMLP().apply(v, x, train=False))
-    np.testing.assert_array_equal(evaluated, spec.apply(v, x))  # deterministic
+    _, evaluated = check_masks_follow_the_key(spec, params, x)
+    np.testing.assert_array_equal(evaluated, DropMLP().apply({"params": params}, x, train=False))
     # the step keys: one stream per (candidate key, step, chunk), apart from the noise's
     key = jax.random.PRNGKey(7)
     keys = {tuple(np.asarray(train_mode.dropout_key(key, s, c))) for s in range(3) for c in (0, 1)}
@@ -79,50 +151,18 @@ def test_dropout_is_on_at_training_time_per_key_and_off_at_evaluation():
 
 def test_one_examples_mask_and_output_do_not_depend_on_another_example():
     spec = _spec()
-    params = models.init_params(spec, jax.random.PRNGKey(0))
-    x, _ = _batch()
-    x2 = x.at[0].set(jnp.ones(5) * 3.0)
-    call = spec.training(jax.random.PRNGKey(3))
-    a, b = call.apply({"params": params}, x), call.apply({"params": params}, x2)
-    np.testing.assert_array_equal(a[1:], b[1:])
-    assert not np.allclose(a[0], b[0])
-    # slot i's mask differs from slot j's: the examples do not share one mask
-    same = jnp.tile(x[:1], (6, 1))
-    rows = call.apply({"params": params}, same)
-    assert len({tuple(np.round(np.asarray(r), 5)) for r in rows}) > 1
+    check_one_example_alone(spec, models.init_params(spec, jax.random.PRNGKey(0)))
 
 
 @pytest.mark.parametrize("impl", ["ghost", "vmap"])
 def test_removing_one_example_moves_the_clipped_sum_by_at_most_c(impl):
     spec = _spec()
-    params = models.init_params(spec, jax.random.PRNGKey(0))
-    x, y = _batch(8)
-    rng = jax.random.PRNGKey(11)
-    full = jnp.ones(8, jnp.float32)
-    base, _, norms = _sums(spec, params, x, y, full, rng, impl)
-    assert float(jnp.min(norms)) > 0
-    for k in range(8):
-        without = full.at[k].set(0.0)
-        other, _, _ = _sums(spec, params, x, y, without, rng, impl)
-        diff = jax.tree_util.tree_map(lambda a, b: a - b, base, other)
-        moved = float(jnp.sqrt(sum(jnp.sum(d**2) for d in jax.tree_util.tree_leaves(diff))))
-        assert moved <= 1.0 + 1e-5
-        # exactly example k's clipped gradient: min(1, C / |g_k|) |g_k|
-        assert moved == pytest.approx(min(1.0, float(norms[k])), rel=1e-4, abs=1e-6)
+    check_removal_moves_at_most_c(spec, models.init_params(spec, jax.random.PRNGKey(0)), impl)
 
 
 def test_ghost_and_vmap_paths_draw_the_same_masks_and_agree():
     spec = _spec()
-    params = models.init_params(spec, jax.random.PRNGKey(0))
-    x, y = _batch(7)
-    mask = jnp.ones(7, jnp.float32).at[2].set(0.0)
-    rng = jax.random.PRNGKey(5)
-    g1, l1, n1 = _sums(spec, params, x, y, mask, rng, "ghost")
-    g2, l2, n2 = _sums(spec, params, x, y, mask, rng, "vmap")
-    np.testing.assert_allclose(n1, n2, rtol=2e-5, atol=1e-6)
-    np.testing.assert_allclose(l1, l2, rtol=2e-5)
-    for a, b in zip(jax.tree_util.tree_leaves(g1), jax.tree_util.tree_leaves(g2), strict=True):
-        np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6)
+    check_ghost_and_vmap_agree(spec, models.init_params(spec, jax.random.PRNGKey(0)))
 
 
 @pytest.mark.parametrize("impl", ["ghost", "vmap"])
@@ -130,20 +170,7 @@ def test_the_compiled_step_trains_with_dropout_on_both_paths(impl):
     """The built-in step draws the chunk's dropout key from the candidate key: two different
     candidate keys give different clipped sums, the same key the same."""
     spec = _spec()
-    fns = step.get_step_functions(spec, 0, "sgd", impl)
-    params = models.init_params(spec, jax.random.PRNGKey(0))
-    x, y = _batch(8)
-    idx, mask = jnp.arange(8, dtype=jnp.int32), jnp.ones(8, jnp.float32)
-
-    def run(seed):
-        key = jax.random.PRNGKey(seed)
-        return fns.chunk_sum(params, x, y, idx, mask, jnp.float32(1.0), key, 0, 0)[0]
-
-    a, b, a2 = run(1), run(2), run(1)
-    leaves = list(zip(*(jax.tree_util.tree_leaves(t) for t in (a, b, a2)), strict=True))
-    assert any(not np.allclose(u, v) for u, v, _ in leaves)
-    for u, _, w in leaves:
-        np.testing.assert_array_equal(u, w)
+    check_compiled_step_keys(spec, models.init_params(spec, jax.random.PRNGKey(0)), impl)
 
 
 def test_a_model_that_needs_an_rng_to_evaluate_is_refused_with_the_convention():

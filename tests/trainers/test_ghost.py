@@ -122,6 +122,20 @@ GHOST_FORMS = ["dense_sequence", "dense_general", "conv_same_stride2", "conv_spa
                "attention", "wsconv"]  # fmt: skip
 
 
+def _assert_matches_vmap_grad(fast_fn, ref_fn, params):
+    """With the last example masked and the clip at the median norm (about half the examples
+    clipped): the ghost sum ``fast_fn(params, mask, clip)`` equals vmap(grad)'s ``ref_fn`` to
+    f32 precision, and so do the loss sum and the per-example norms."""
+    mask = np.ones(B, np.float32)
+    mask[-1] = 0
+    clip = jnp.float32(np.median(np.asarray(ref_fn(params, mask, 1.0)[2])))
+    fast, fast_loss, fast_norms = fast_fn(params, mask, clip)
+    ref, ref_loss, ref_norms = ref_fn(params, mask, clip)
+    assert _rel_err(fast, ref) <= 2e-5
+    np.testing.assert_allclose(float(fast_loss), float(ref_loss), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(fast_norms), np.asarray(ref_norms), rtol=2e-5)
+
+
 @pytest.mark.parametrize("name", sorted(LAYERS) + [f"{n}:ghost_norms" for n in GHOST_FORMS])
 def test_each_layer_type_matches_vmap_grad(name, monkeypatch):
     """Per layer type, with about half the examples clipped and one masked: the ghost sum equals
@@ -135,16 +149,9 @@ def test_each_layer_type_matches_vmap_grad(name, monkeypatch):
     body, shape, dtype = LAYERS[name]
     module = _Head(body)
     x, y = _inputs(shape, dtype, seed=1)
-    mask = np.ones(B, np.float32)
-    mask[-1] = 0
     plan, fast_fn, ref_fn, params = _both(module, x, y)
     assert plan.supported, plan.reason
-    clip = jnp.float32(np.median(np.asarray(ref_fn(params, mask, 1.0)[2])))
-    fast, fast_loss, fast_norms = fast_fn(params, mask, clip)
-    ref, ref_loss, ref_norms = ref_fn(params, mask, clip)
-    assert _rel_err(fast, ref) <= 2e-5
-    np.testing.assert_allclose(float(fast_loss), float(ref_loss), rtol=1e-5)
-    np.testing.assert_allclose(np.asarray(fast_norms), np.asarray(ref_norms), rtol=2e-5)
+    _assert_matches_vmap_grad(fast_fn, ref_fn, params)
 
 
 @pytest.mark.parametrize("budget", [0, 2**26])  # ghost norms forced, or forms by the rule
@@ -181,22 +188,29 @@ class UserCNN(nn.Module):
         return nn.Dense(10)(jnp.tanh(nn.Dense(32)(x.reshape(x.shape[0], -1))))
 
 
+def _full_size_rel_err(spec, b: int, masked: int) -> float:
+    """The compiled ghost step's chunk sum against vmap(grad)'s, on b uniform images of the
+    spec's input shape, 10 classes, the last ``masked`` masked out, clipped at the median norm of
+    the others (examples above and below the clip): ``_rel_err``."""
+    fns = step.get_step_functions(spec, 10, "sgd", "ghost")
+    params = models.init_params(spec, jax.random.PRNGKey(3))
+    rng = np.random.default_rng(4)
+    x = rng.uniform(0, 1, size=(b, *spec.input_shape)).astype(np.float32)
+    y = rng.integers(0, 10, size=b).astype(np.int32)
+    mask = np.ones(b, np.float32)
+    mask[-masked:] = 0
+    ref = jax.jit(lambda p, c: dpsgd.clipped_sum_naive(spec.apply, p, x, y, mask, c))
+    clip = jnp.float32(np.median(np.asarray(ref(params, 1.0)[2])[:-masked]))
+    fast, _ = fns.chunk_sum(params, x, y, np.arange(b, dtype=np.int32), mask, clip)
+    return _rel_err(fast, ref(params, clip)[0])
+
+
 def test_user_cnn_at_full_size_matches_vmap_grad_as_compiled():
     """The compiled step's chunk sum at the real shape (28x28x1, the shapes where an XLA CPU
     miscompilation of slice-based im2col + slice max-pools was once seen:
     cpu-dpsgd-performance note) equals vmap(grad)'s, with half the examples clipped."""
     spec = models.user_model(UserCNN(), (28, 28, 1), "float32")
-    fns = step.get_step_functions(spec, 10, "sgd", "ghost")
-    params = models.init_params(spec, jax.random.PRNGKey(3))
-    rng = np.random.default_rng(4)
-    x = rng.uniform(0, 1, size=(16, 28, 28, 1)).astype(np.float32)
-    y = rng.integers(0, 10, size=16).astype(np.int32)
-    mask = np.ones(16, np.float32)
-    mask[-2:] = 0
-    ref = jax.jit(lambda p, c: dpsgd.clipped_sum_naive(spec.apply, p, x, y, mask, c))
-    clip = jnp.float32(np.median(np.asarray(ref(params, 1.0)[2])[:-2]))
-    fast, _ = fns.chunk_sum(params, x, y, np.arange(16, dtype=np.int32), mask, clip)
-    assert _rel_err(fast, ref(params, clip)[0]) <= 1e-5
+    assert _full_size_rel_err(spec, b=16, masked=2) <= 1e-5
 
 
 # --- layers on reparametrised parameters (weight standardisation), WRN-16-4 ---------------------
@@ -400,18 +414,7 @@ def test_wrn16_4_at_full_size_matches_vmap_grad_as_compiled():
     import dataclasses
 
     spec = dataclasses.replace(models.get_model("wrn16_4"), module=_smooth_wrn(16, 4))
-    fns = step.get_step_functions(spec, 10, "sgd", "ghost")
-    params = models.init_params(spec, jax.random.PRNGKey(3))
-    rng = np.random.default_rng(4)
-    x = rng.uniform(0, 1, size=(8, 32, 32, 3)).astype(np.float32)
-    y = rng.integers(0, 10, size=8).astype(np.int32)
-    mask = np.ones(8, np.float32)
-    mask[-1] = 0
-    ref = jax.jit(lambda p, c: dpsgd.clipped_sum_naive(spec.apply, p, x, y, mask, c))
-    norms = np.asarray(ref(params, 1e9)[2])[:-1]
-    clip = jnp.float32(np.median(norms))
-    fast, _ = fns.chunk_sum(params, x, y, np.arange(8, dtype=np.int32), mask, clip)
-    assert _rel_err(fast, ref(params, clip)[0]) <= 1e-5
+    assert _full_size_rel_err(spec, b=8, masked=1) <= 1e-5
 
 
 # --- randomly composed modules -------------------------------------------------------------------

@@ -61,6 +61,14 @@ def _both(model, params, x, y, clip=0.05):
     return fast(params, x, y), naive(params, x, y, m, clip), mask
 
 
+def _assert_both_agree(model, params, x, y):
+    """The ghost path's norms and clipped sum equal vmap(grad)'s (``_both``)."""
+    (g1, _, n1), (g2, _, n2), _ = _both(model, params, x, y)
+    np.testing.assert_allclose(n1, n2, rtol=2e-5, atol=1e-6)
+    for u, v in zip(jax.tree_util.tree_leaves(g1), jax.tree_util.tree_leaves(g2), strict=True):
+        np.testing.assert_allclose(u, v, rtol=2e-4, atol=1e-6)
+
+
 def test_the_adapted_model_starts_equal_to_the_base_and_keeps_its_paths():
     base = _Net(8)
     model = lora.with_lora(base, rank=2, targets=["up", "head"], scale=2.0)
@@ -125,10 +133,7 @@ def test_lora_on_conv_and_embed_layers_matches_vmap_grad(front):
     y = jnp.asarray([0, 1, 2], jnp.int32)
     model = lora.with_lora(_Net(4, front=front), rank=2, targets=[front, "head"])
     params = _perturbed(model.init(jax.random.PRNGKey(0), x)["params"], 3)
-    (g1, _, n1), (g2, _, n2), _ = _both(model, params, x, y)
-    np.testing.assert_allclose(n1, n2, rtol=2e-5, atol=1e-6)
-    for u, v in zip(jax.tree_util.tree_leaves(g1), jax.tree_util.tree_leaves(g2), strict=True):
-        np.testing.assert_allclose(u, v, rtol=2e-4, atol=1e-6)
+    _assert_both_agree(model, params, x, y)
 
 
 def test_no_per_example_d_in_by_d_out_matrix_on_the_fast_path():
@@ -209,10 +214,7 @@ def test_lora_on_attention_and_mlp_of_a_transformer_block_matches_vmap_grad():
     y = jnp.asarray([0, 1, 2], jnp.int32)
     assert len(lora.targeted_layers(model, x)) == 6
     params = _perturbed(model.init(jax.random.PRNGKey(0), x)["params"], 4)
-    (g1, _, n1), (g2, _, n2), _ = _both(model, params, x, y)
-    np.testing.assert_allclose(n1, n2, rtol=2e-5, atol=1e-6)
-    for u, v in zip(jax.tree_util.tree_leaves(g1), jax.tree_util.tree_leaves(g2), strict=True):
-        np.testing.assert_allclose(u, v, rtol=2e-4, atol=1e-6)
+    _assert_both_agree(model, params, x, y)
 
 
 def test_a_frozen_parameter_of_the_top_level_module_leaves_the_adapters_on_the_ghost_path():

@@ -12,33 +12,17 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from flax import nnx
 
+from tests.trainers.test_ghost import (  # the same loss, inputs and comparison
+    B,
+    _assert_matches_vmap_grad,
+    _inputs,
+    _loss,
+)
+from tests.trainers.test_ghost import _global_rel_err as _rel_err
 from trainers import dpsgd, ghost, models, nnx_model, step
-
-B = 5
-
-
-def _loss(logits, y):
-    return optax.softmax_cross_entropy_with_integer_labels(logits, y)
-
-
-def _inputs(shape, dtype, seed, b=B, vocab=7):
-    rng = np.random.default_rng(seed)
-    if np.issubdtype(np.dtype(dtype), np.integer):
-        x = rng.integers(0, vocab, size=(b, *shape)).astype(dtype)
-    else:
-        x = rng.standard_normal((b, *shape)).astype(dtype)
-    return x, rng.integers(0, 3, size=b).astype(np.int32)
-
-
-def _rel_err(a, b):
-    diff = max(float(jnp.max(jnp.abs(u - v))) for u, v in zip(
-        jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True))  # fmt: skip
-    scale = max(float(jnp.max(jnp.abs(v))) for v in jax.tree_util.tree_leaves(b))
-    return diff / max(scale, 1e-30)
 
 
 class _Head(nnx.Module):
@@ -143,17 +127,10 @@ def test_each_nnx_layer_matches_vmap_grad(name):
     body, width = make()
     module = _Head(body, width, nnx.Rngs(1))
     x, y = _inputs(shape, dtype, seed=1)
-    mask = np.ones(B, np.float32)
-    mask[-1] = 0
     plan, fast_fn, ref_fn, params = _both(module, x, y)
     assert plan.supported, plan.reason
     assert all(kind != "?" for _, kind, _ in plan.layers) and len(plan.layers) >= 2
-    clip = jnp.float32(np.median(np.asarray(ref_fn(params, mask, 1.0)[2])))
-    fast, fast_loss, fast_norms = fast_fn(params, mask, clip)
-    ref, ref_loss, ref_norms = ref_fn(params, mask, clip)
-    assert _rel_err(fast, ref) <= 2e-5
-    np.testing.assert_allclose(float(fast_loss), float(ref_loss), rtol=1e-5)
-    np.testing.assert_allclose(np.asarray(fast_norms), np.asarray(ref_norms), rtol=2e-5)
+    _assert_matches_vmap_grad(fast_fn, ref_fn, params)
 
 
 class _NnxNet(nnx.Module):
@@ -276,23 +253,23 @@ def test_clipped_grad_sum_takes_an_nnx_module():
     assert _rel_err(fast(params, x, y, mask, 0.3)[0], ref(params, x, y, mask, 0.3)[0]) <= 2e-5
 
 
+class _Mlp(nnx.Module):
+    def __init__(self, rngs):
+        self.a = nnx.Linear(4, 8, rngs=rngs)
+        self.b = nnx.Linear(8, 3, rngs=rngs)
+
+    def __call__(self, x):
+        return self.b(jnp.tanh(self.a(x)))
+
+
 def test_a_trainable_filter_chooses_what_trains():
     """Only the filtered state is trained and clipped; the rest is held at its values."""
-
-    class Frozen(nnx.Module):
-        def __init__(self, rngs):
-            self.base = nnx.Linear(3, 4, rngs=rngs)
-            self.adapter = nnx.Linear(4, 3, rngs=rngs)
-
-        def __call__(self, x):
-            return self.adapter(jnp.tanh(self.base(x)))
-
-    module = Frozen(nnx.Rngs(0))
-    wrapped = nnx_model.NnxModel(module, trainable=nnx.PathContains("adapter"))
-    spec = models.user_model(wrapped, (3,), np.float32)
+    module = _Mlp(nnx.Rngs(0))
+    wrapped = nnx_model.NnxModel(module, trainable=nnx.PathContains("b"))
+    spec = models.user_model(wrapped, (4,), np.float32)
     params = models.init_params(spec, jax.random.PRNGKey(0))
-    assert set(params) == {"adapter"}
-    x, y = _inputs((3,), np.float32, seed=0)
+    assert set(params) == {"b"}
+    x, y = _inputs((4,), np.float32, seed=0)
     mask = np.ones(B, np.float32)
     plan = step.ghost_plan(spec)
     assert plan.supported, plan.reason
@@ -566,15 +543,6 @@ def test_an_nnx_dropout_layer_with_its_rngs_runs():
     loss = dpsgd.per_example_loss
     fast = jax.jit(lambda p: ghost.clipped_sum_ghost(spec.module, loss, p, x, y, mask, 0.2))
     assert np.isfinite(float(fast(params)[1]))
-
-
-class _Mlp(nnx.Module):
-    def __init__(self, rngs):
-        self.a = nnx.Linear(4, 8, rngs=rngs)
-        self.b = nnx.Linear(8, 3, rngs=rngs)
-
-    def __call__(self, x):
-        return self.b(jnp.tanh(self.a(x)))
 
 
 def test_a_tuning_run_of_an_nnx_model_says_its_clipping_path_and_reloads(tmp_path, caplog):
