@@ -153,6 +153,25 @@ def _accounted(candidate: Any, adjacency: str) -> Any:
         ) from None
 
 
+def accounted_candidate(trainer: Any, hparams: Mapping[str, Any], adjacency: str) -> Any:
+    """The trainer's declared privacy at ``hparams`` as an accounting candidate under
+    ``adjacency``."""
+    return _accounted(as_candidate(trainer.privacy(dict(hparams))), adjacency)
+
+
+def grid_candidates(
+    trainer: Any,
+    space: Space,
+    grid: Sequence[Mapping[str, Any]],
+    adjacency: str,
+    fill: Mapping[str, Any] = {},  # noqa: B006 - read only
+) -> list[Any]:
+    """:func:`accounted_candidate` at every point of the privacy ``grid`` (the other fields at
+    ``space.example()``; ``fill`` over both, e.g. a calibrated noise multiplier)."""
+    base = space.example()
+    return [accounted_candidate(trainer, {**base, **combo, **fill}, adjacency) for combo in grid]
+
+
 def _statement(cands: Sequence[Any], transform: Any, budget: Budget, accountant: str, seeded: bool):
     try:
         return total_privacy(cands, transform, budget.delta, accountant, seeded=seeded)
@@ -355,7 +374,12 @@ def make_privacy_plan(
     Raises TuningConfigError / ImpossibleBudgetError.
     """
     budget = as_budget(budget)
-    space = _checked_space(space)
+    space = as_space(space)
+    if len(space) == 0 or not space.searched:
+        raise TuningConfigError(
+            "the search space is empty (no field is drawn at random): there is nothing to tune; "
+            "declare at least one distribution, e.g. learning_rate=space.log_uniform(0.01, 1.0)"
+        )
     _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate)
     transform = selection.privacy
     field = getattr(trainer, "calibrated_field", None)
@@ -366,11 +390,11 @@ def make_privacy_plan(
         )
     auto = bool(autos)
 
+    def fill(value: float | None) -> dict[str, Any]:
+        return {field: 1.0 if value is None else value} if auto else {}
+
     def candidate_of(hp: Mapping[str, Any], value: float | None = None) -> Any:
-        hp = dict(hp)
-        if auto:
-            hp[field] = 1.0 if value is None else value
-        return _accounted(as_candidate(trainer.privacy(hp)), adjacency)
+        return accounted_candidate(trainer, {**hp, **fill(value)}, adjacency)
 
     space = _privacy_space(space, set(getattr(trainer, "privacy_fields", ())) - set(autos),
                            candidate_of)  # fmt: skip
@@ -381,7 +405,7 @@ def make_privacy_plan(
 
     # 3-4. the worst case over the grid, through the selection theorem
     def candidates(value: float | None) -> list[Any]:
-        return [candidate_of({**space.example(), **combo}, value) for combo in grid]
+        return grid_candidates(trainer, space, grid, adjacency, fill(value))
 
     calibrated: dict[str, Any] = {}
     if auto:
@@ -413,19 +437,14 @@ def make_privacy_plan(
     )
 
 
-def _checked_space(space: Space | Mapping[str, Any]) -> Space:
-    """``space`` as a :class:`Space` with something to draw; TuningConfigError otherwise."""
-    if not isinstance(space, Space):
-        try:
-            space = Space.from_config(space)
-        except ValueError as e:
-            raise TuningConfigError(str(e)) from None
-    if len(space) == 0 or not space.searched:
-        raise TuningConfigError(
-            "the search space is empty (no field is drawn at random): there is nothing to tune; "
-            "declare at least one distribution, e.g. learning_rate=space.log_uniform(0.01, 1.0)"
-        )
-    return space
+def as_space(space: Space | Mapping[str, Any]) -> Space:
+    """``space`` as a :class:`Space` (a mapping is read as a config); TuningConfigError if not."""
+    if isinstance(space, Space):
+        return space
+    try:
+        return Space.from_config(space)
+    except ValueError as e:
+        raise TuningConfigError(str(e)) from None
 
 
 def _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate) -> None:

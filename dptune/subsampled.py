@@ -36,28 +36,32 @@ import dataclasses
 import hashlib
 import logging
 import os
-import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from dptune.accounting import subsampled as acc
-from dptune.accounting.events import with_adjacency
 from dptune.accounting.statement import PrivacyStatement
 from dptune.errors import ImpossibleBudgetError, TuningConfigError
-from dptune.plan import AUTO, Budget, PrivacyPlan, as_budget, make_privacy_plan
-from dptune.release import Release, read_release, write_release
+from dptune.plan import (
+    AUTO,
+    Budget,
+    PrivacyPlan,
+    accounted_candidate,
+    as_budget,
+    as_space,
+    grid_candidates,
+    make_privacy_plan,
+)
+from dptune.release import Release
 from dptune.space import Space
-from dptune.trainer_protocol import as_candidate
 from dptune.tuner import (
     TuneOptions,
-    as_space,
     bind_calibrated,
     charge_ledger,
+    check_run,
     describe_run,
-    open_journal,
+    run_in_workdir,
     tune,
 )
 from dptune.workdir_lock import workdir_lock
@@ -196,17 +200,10 @@ def _final_run(trainer, sub, tuning_plan, field, fraction, budget, seeded, adjac
     (the tuning plan's space carries every privacy-relevant field, probed ones included).
     ``sub`` is the subset's trainer the tuning plan was made for. ValueError if no noise meets
     the budget."""
-    grid_space = tuning_plan.space
-    grid = grid_space.privacy_grid()
+    space, grid = tuning_plan.space, tuning_plan.space.privacy_grid()
 
     def final_candidates(sigma: float) -> list[Any]:
-        return [
-            with_adjacency(
-                as_candidate(trainer.privacy({**grid_space.example(), **combo, field: sigma})),
-                adjacency,
-            )
-            for combo in grid
-        ]
+        return grid_candidates(trainer, space, grid, adjacency, {field: sigma})
 
     final_candidates(1.0)  # invalid settings raise their own message here
     eps_t, delta_t = acc.amplify(
@@ -294,105 +291,75 @@ def tune_subsampled(
         raise TuningConfigError("strategy 'subsampled' has no debug_nonprivate: use 'full'")
     budget = as_budget(budget)
     space = as_space(space)
-    _check(trainer, space, opts.accountant, opts.adjacency)
+    _check(trainer, space, opts.accountant, opts.adjacency)  # before the lock makes the workdir
     config = opts.config
     if config is None:
         strategy = {"name": "subsampled", "fraction": fraction, "tuning_epsilon": tuning_epsilon}
         config = {"strategy": strategy, **describe_run(trainer, space, selection, budget, opts)}
-    # One run per workdir, for the whole run (dptune/workdir_lock.py).
-    with workdir_lock(opts.workdir):
-        return _tune_locked(
-            trainer, space, selection, budget, fraction, tuning_epsilon, config, opts
-        )
 
-
-def _tune_locked(trainer, space, selection, budget, fraction, tuning_epsilon, config, opts):
-    """``tune_subsampled`` holding the workdir's lock."""
-    root = None if opts.workdir is None else Path(opts.workdir)
-    private_dir = None if root is None else root / "private"
-    # An existing run: a changed config is refused before any (slow) accounting.
-    journal = open_journal(private_dir, config, existing_only=True)
-    try:
-        log.info("accounting: calibrating the tuning candidates' and the final run's noise")
+    def plan() -> SubsampledPlan:
         # The subset trainer's privacy depends on public sizes only, so the plan is the same for
-        # every key: it is computed before anything is written (a refusal leaves no workdir).
-        plan = plan_subsampled(
+        # every key: it is computed before anything is written (a refusal leaves no journal).
+        return plan_subsampled(
             trainer, space, selection, budget, fraction=fraction, tuning_epsilon=tuning_epsilon,
             accountant=opts.accountant, seeded=opts.seed is not None, adjacency=opts.adjacency,
         )  # fmt: skip
-        journal = journal or open_journal(private_dir, config)
-        release_dir = None if root is None else root / "release"
-        if release_dir is not None and journal.get("released_at") and release_dir.exists():
-            log.info("this run already finished; its release is in %s", release_dir)
-            return read_release(release_dir)
-        run_id = _start(journal, plan, trainer, opts)
-        release = _phases(trainer, selection, space, plan, budget, journal, run_id, config, opts)
-        if release_dir is not None:
-            write_release(release, release_dir)
-            journal.set("released_at", time.time())
-        return release
-    finally:
-        if journal is not None:
-            journal.close()
+
+    # One run per workdir, for the whole run (dptune/workdir_lock.py).
+    with workdir_lock(opts.workdir):
+        pre = check_run(trainer, budget, config, opts, plan)
+        return run_in_workdir(pre, lambda j: _phases(trainer, selection, space, pre, j, opts))
 
 
-def _start(journal: Any, plan: SubsampledPlan, trainer: Any, opts: TuneOptions) -> str:
-    """Journals the run id, the calibrated values and the statement (refused if the accountant
-    now calibrates otherwise), and charges the whole run to the ledger once. Returns the run id."""
-    run_id = journal.set_once("run_id", uuid.uuid4().hex)
+def _subset_key(journal: Any, seed: int | None) -> bytes:
+    """The subset's secret key, drawn once (OS entropy; from ``seed`` for debugging)."""
+    if seed is None:
+        fresh = os.urandom(32).hex()
+    else:
+        fresh = hashlib.blake2b(
+            f"dptune/subset-key/{int(seed)}".encode(), digest_size=32
+        ).hexdigest()
+    return bytes.fromhex(journal.set_once("subset_key", fresh))
+
+
+def _phases(trainer, selection, space, pre, journal, opts) -> Release:
+    """Journals the run id and the calibrated values, charges the whole run to the ledger once,
+    then phase 1 (``tune`` on the subset) and, if it released, phase 2 (the selected setting
+    once on all the data at the final noise, best of 1); the release carries the whole run's
+    statement. Both phases run with ``ledger=None``: the run was charged once, as a whole."""
+    plan, budget = pre.plan, pre.budget
     calibrated = {"tuning": dict(plan.tuning_plan.calibrated), "final": dict(plan.calibrated)}
-    bind_calibrated(journal, calibrated)
-    journal.set_once("privacy", plan.statement.to_dict())
-    if opts.ledger is not None:
-        charge_ledger(
-            opts.ledger, trainer, plan.statement, run_id, opts.dataset_budget, opts.fingerprint,
-            opts.workdir,
-        )  # fmt: skip
-    journal.set_once("started_at", time.time())
-    return run_id
-
-
-def _phases(trainer, selection, space, plan, budget, journal, run_id, config, opts) -> Release:
-    """Phase 1 (``tune`` on the subset), then, if it released, phase 2 (the selected setting on
-    all the data); the release carries the whole run's statement. Both phases run with
-    ``ledger=None``: the run was charged once, as a whole."""
-    private_dir = None if opts.workdir is None else Path(opts.workdir) / "private"
+    run_id = bind_calibrated(journal, plan.statement, calibrated)
+    charge_ledger(pre, journal)
+    private_dir = None if pre.workdir is None else pre.workdir / "private"
     phase = replace(opts, ledger=None)
+    outer = {"run_id": run_id, "outer": dict(pre.config)}
     sub = trainer.subset(plan.tuning.fraction, _subset_key(journal, opts.seed))
     tuned = tune(
         sub, space, selection, Budget(plan.tuning.subset_epsilon, plan.tuning.subset_delta),
         phase, workdir=None if private_dir is None else private_dir / "tuning",
-        config={"phase": "tuning", "run_id": run_id, "outer": dict(config)},
+        config={"phase": "tuning", **outer},
     )  # fmt: skip
     privacy = plan.statement.to_dict()
     privacy.update(budget_epsilon=budget.epsilon, budget_delta=budget.delta)
-    if not tuned.released:
-        release = Release(False, None, None, None, privacy, plan.statement.to_text())
-    else:
-        release = _final(trainer, plan, tuned, budget, private_dir, run_id, config, phase)
-        release = dataclasses.replace(
-            release, privacy=privacy, privacy_text=plan.statement.to_text()
-        )
+    release = Release(False, None, None, None, privacy, plan.statement.to_text())
+    if tuned.released:
+        hp = {**dict(tuned.hparams), **dict(plan.calibrated)}
+        cand = accounted_candidate(trainer, hp, opts.adjacency)
+        if cand not in plan.final_candidates and cand != acc.final_candidate(plan.final_candidates):
+            # Never expected (the tuning phase drew from the same privacy grid); refuse rather
+            # than train a run the statement may not cover.
+            raise TuningConfigError(
+                f"the selected setting's final run {cand} is not one the statement accounted"
+            )
+        # One-value choices: the space of one candidate (tune refuses a space with nothing drawn).
+        one = Space({name: {"distribution": "choice", "values": [v]} for name, v in hp.items()})
+        final = tune(
+            trainer, one, BestOfK(1), budget, phase,
+            workdir=None if private_dir is None else private_dir / "final",
+            seed=None if phase.seed is None else phase.seed + 1,
+            config={"phase": "final", "hparams": hp, **outer},
+        )  # fmt: skip
+        release = dataclasses.replace(final, privacy=privacy, privacy_text=release.privacy_text)
     release.private = {"tuning": tuned.private}
     return release
-
-
-def _final(trainer, plan, tuned, budget, private_dir, run_id, config, phase) -> Release:
-    """Phase 2: the selected setting once on all the data at the final noise (best of 1)."""
-    hp = {**dict(tuned.hparams), **dict(plan.calibrated)}
-    cand = with_adjacency(as_candidate(trainer.privacy(hp)), phase.adjacency)
-    dominating = acc.final_candidate(plan.final_candidates)
-    if cand not in plan.final_candidates and cand != dominating:
-        # Never expected (the tuning phase drew from the same privacy grid); refuse rather than
-        # train a run the statement may not cover.
-        raise TuningConfigError(
-            f"the selected setting's final run {cand} is not one the statement accounted"
-        )
-    # One-value choices: the space of one candidate (tune refuses a space with nothing drawn).
-    final_space = Space({name: {"distribution": "choice", "values": [v]} for name, v in hp.items()})
-    return tune(
-        trainer, final_space, BestOfK(1), budget, phase,
-        workdir=None if private_dir is None else private_dir / "final",
-        seed=None if phase.seed is None else phase.seed + 1,
-        config={"phase": "final", "run_id": run_id, "hparams": hp, "outer": dict(config)},
-    )  # fmt: skip

@@ -4,17 +4,20 @@ The order of operations is the privacy argument, so it is fixed here and nowhere
 the sequence of these named steps:
 
 1. ``preflight``: check every input (the arguments, the workdir and the files already in it,
-   the dataset's ledger) and ``make_privacy_plan`` (``dptune.plan``): account the worst case over
-   everything the space can draw, calibrating ``"auto"`` so the *total* (tuning included) meets the
-   budget. Nothing private has run and nothing is written yet; ``dptune --dry_run`` stops here.
-2. ``open_journal``: ``DIR/private/journal.sqlite`` binds the config and the trainer's code (a
-   different one is refused); a finished run returns its release.
+   the dataset's ledger: ``check_run``) and ``make_privacy_plan`` (``dptune.plan``): account the
+   worst case over everything the space can draw, calibrating ``"auto"`` so the *total* (tuning
+   included) meets the budget. Nothing private has run and nothing is written yet; ``dptune
+   --dry_run`` stops here.
+2. ``run_in_workdir`` / ``open_journal``: ``DIR/private/journal.sqlite`` binds the config and the
+   trainer's code (a different one is refused); a finished run returns its release.
 3. ``draw_plan``: the run id, the root entropy, the selection's plan and every candidate's seed and
    hyperparameters, each drawn once: a resume reads them back and never draws them again.
 4. ``check_candidates`` (``dptune.plan``): every drawn candidate's declared privacy is what the
    statement accounted.
 5. ``charge_ledger``: the run's (epsilon, delta) is charged to the dataset's budget (once per run
    id; refused if it would exceed the budget).
+
+``dptune.subsampled`` runs steps 1, 2 and 5 around its own plan and two calls of ``tune``.
 6. ``run_candidates``: candidates train in index order, one at a time or in groups (vectorised
    ``train_many``), each journaled as it finishes behind one failure guard (a failure's type,
    message and traceback go to the journal); finished ones are never retrained on resume.
@@ -33,7 +36,7 @@ import os
 import pickle
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -59,6 +62,7 @@ from dptune.plan import (
     Budget,
     PrivacyPlan,
     as_budget,
+    as_space,
     check_candidates,
     check_unchanged,
     make_privacy_plan,
@@ -98,6 +102,7 @@ __all__ = [
     "as_space",
     "bind_calibrated",
     "charge_ledger",
+    "check_run",
     "describe_run",
     "draw_plan",
     "make_privacy_plan",
@@ -106,6 +111,7 @@ __all__ = [
     "preflight",
     "release_selected",
     "run_candidates",
+    "run_in_workdir",
     "trainer",
     "tune",
 ]
@@ -241,7 +247,7 @@ def tune(
     # workdir's journal under the lock, so no other run can be writing it.
     with workdir_lock(opts.workdir):
         pre = preflight(trainer, space, selection, budget, opts)
-        return _tune_checked(pre, trainer, selection, opts)
+        return run_in_workdir(pre, lambda j: _tune_steps(pre, trainer, selection, opts, j))
 
 
 @dataclass(frozen=True)
@@ -249,16 +255,17 @@ class Preflight:
     """Everything :func:`preflight` checked, for the run that follows (nothing private yet).
 
     Attributes:
-      plan: the privacy plan (calibrated values, statement).
+      plan: the privacy plan (a :class:`PrivacyPlan`, or a strategy's plan with a ``statement``).
       budget, config, code: the run's budget, what the journal binds it to, and the code digest.
       workdir: the run folder (None: in memory).
       ledger: the ledger's path (None: no ledger), fingerprint: the dataset's id in it,
-        dataset_budget: the lifetime budget the run states (None: the registered one).
+        dataset_budget: the lifetime budget the run states (None: the registered one),
+        dataset_name: the dataset's name for the ledger.
       spend: the dataset's spend after this run, as the ledger would record it (None: no ledger).
       resuming: the workdir holds this run's journal already (a resume, or a finished run).
     """
 
-    plan: PrivacyPlan
+    plan: Any
     budget: Budget
     config: Mapping[str, Any]
     code: Mapping[str, Any]
@@ -266,25 +273,23 @@ class Preflight:
     ledger: Path | None
     fingerprint: str | None
     dataset_budget: Budget | None
-    spend: Any
-    resuming: bool
+    dataset_name: str
+    spend: Any = None
+    resuming: bool = False
 
 
 @quiet_accounting
 def preflight(
-    trainer: Any,
-    space: Space | Mapping[str, Any],
-    selection: Any,
-    budget: Budget | tuple[float, float],
-    options: TuneOptions | None = None,
-    **kwargs: Any,
-) -> Preflight:
+    trainer: Any, space: Space | Mapping[str, Any], selection: Any,
+    budget: Budget | tuple[float, float], options: TuneOptions | None = None, **kwargs: Any,
+) -> Preflight:  # fmt: skip
     """Every check of :func:`tune` that needs no private computation, writing nothing: the one
     validation shared by the run and ``dptune --dry_run`` (same arguments as ``tune``).
 
     Checks the options, the workdir (a folder that can be written; a journal already in it must
-    be intact and belong to this config and this code), the privacy plan (calibration included)
-    and the dataset's ledger (the run must fit its budget). Raises what ``tune`` raises.
+    be intact and belong to this config and this code), the privacy plan (calibration included),
+    the data's schema at every probe point of the space, and the dataset's ledger (the run must
+    fit its budget). Raises what ``tune`` raises.
     """
     opts = TuneOptions.build(options, kwargs)
     budget = as_budget(budget)
@@ -293,35 +298,60 @@ def preflight(
     config = opts.config if opts.config is not None else describe_run(
         trainer, space, selection, budget, opts
     )  # fmt: skip
-    code = {"dptune": dptune.__version__, "trainer": code_digest(trainer)}
-    ledger_path = _ledger_path(opts.ledger)
+
+    def plan() -> PrivacyPlan:
+        p = make_privacy_plan(
+            trainer, space, selection, budget, accountant=opts.accountant,
+            seeded=opts.seed is not None, debug_nonprivate=opts.debug_nonprivate,
+            adjacency=opts.adjacency,
+        )  # fmt: skip
+        if hasattr(trainer, "check_inputs"):  # the data's schema against a candidate's settings
+            _check_inputs(trainer, p)
+        return p
+
+    return check_run(trainer, budget, config, opts, plan)
+
+
+def check_run(
+    trainer: Any,
+    budget: Budget,
+    config: Mapping[str, Any],
+    opts: TuneOptions,
+    make_plan: Callable[[], Any],
+) -> Preflight:
+    """The checks of :func:`preflight` around ``make_plan()`` (the accounting; a strategy passes
+    its own), read-only: the ledger needs the dataset's fingerprint, the workdir's journal must
+    belong to ``config`` and this code, and the run must fit the dataset's budget (a finished
+    run, which returns its release, is not charged again)."""
+    ledger = _ledger_path(opts.ledger)
     fp = None
-    if ledger_path is not None:
+    if ledger is not None:
         fp = opts.fingerprint or getattr(trainer, "fingerprint", None)
         if not fp:
             raise TuningConfigError(
-                f"the budget ledger ({ledger_path}) charges every run to its dataset, but this "
+                f"the budget ledger ({ledger}) charges every run to its dataset, but this "
                 "trainer names no dataset: pass fingerprint='<an id of your dataset>' (to tune(), "
                 "or to dptune.trainer / FunctionTrainer), or ledger=None to run without a ledger"
             )
+    code = {"dptune": dptune.__version__, "trainer": code_digest(trainer)}
     workdir = None if opts.workdir is None else Path(opts.workdir)
-    run_id = None
-    resuming = finished = False
+    run_id, resuming, finished = None, False, False
     if workdir is not None:
         run_id, resuming, finished = _check_existing_run(workdir / "private", config, code)
     log.info("accounting: checking the total budget (calibrating the noise if 'auto')")
-    plan = make_privacy_plan(
-        trainer, space, selection, budget, accountant=opts.accountant,
-        seeded=opts.seed is not None, debug_nonprivate=opts.debug_nonprivate,
-        adjacency=opts.adjacency,
-    )  # fmt: skip
-    if hasattr(trainer, "check_inputs"):  # the data's schema against a candidate's settings
-        _check_inputs(trainer, plan)
+    plan = make_plan()
     dsb = as_budget(opts.dataset_budget) if opts.dataset_budget is not None else None
-    spend = None
-    if ledger_path is not None and not finished:  # a finished run returns its release: no charge
-        spend = _check_ledger(ledger_path, fp, run_id, plan, dsb, _dataset_name(trainer))
-    return Preflight(plan, budget, config, code, workdir, ledger_path, fp, dsb, spend, resuming)
+    name = str(getattr(getattr(trainer, "data", None), "name", "") or "")
+    pre = Preflight(plan, budget, config, code, workdir, ledger, fp, dsb, name, None, resuming)
+    if ledger is None or finished:
+        return pre
+    parent = next((p for p in ledger.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise StateError(
+            f"the ledger {ledger} cannot be created: {parent} is a file; point config.ledger.path "
+            "(ledger= in Python) elsewhere"
+        )
+    return replace(pre, spend=_on_ledger(pre, run_id, charge=False))
 
 
 def describe_run(
@@ -339,16 +369,6 @@ def describe_run(
         "debug_nonprivate": opts.debug_nonprivate,
         "adjacency": opts.adjacency,
     }
-
-
-def as_space(space: Space | Mapping[str, Any]) -> Space:
-    """``space`` as a :class:`Space` (a mapping is read as a config); TuningConfigError if not."""
-    if isinstance(space, Space):
-        return space
-    try:
-        return Space.from_config(space)
-    except ValueError as e:
-        raise TuningConfigError(str(e)) from None
 
 
 def _check_inputs(trainer: Any, plan: Any) -> None:
@@ -371,9 +391,10 @@ def _check_inputs(trainer: Any, plan: Any) -> None:
             ) from None
 
 
-def _tune_checked(pre: Preflight, trainer: Any, selection: Any, opts: TuneOptions) -> Release:
-    """``tune`` once ``preflight`` passed (holding the workdir's lock)."""
-    plan = pre.plan
+def run_in_workdir(pre: Preflight, steps: Callable[[Any], Release]) -> Release:
+    """Opens the run's journal (bound to ``pre.config`` and ``pre.code``); a finished run returns
+    its release, trains and charges nothing; otherwise ``steps(journal)`` runs and its release is
+    written to ``workdir/release/`` and marked in the journal."""
     private_dir = None if pre.workdir is None else pre.workdir / "private"
     release_dir = None if pre.workdir is None else pre.workdir / "release"
     journal = open_journal(private_dir, pre.config, pre.code)
@@ -385,54 +406,52 @@ def _tune_checked(pre: Preflight, trainer: Any, selection: Any, opts: TuneOption
                 release_dir,
             )
             return read_release(release_dir)
-        _say_resuming_and_dropped(pre, trainer, journal)
-        if hasattr(trainer, "clipping_path"):  # public: a function of the model and shapes
-            clipping = trainer.clipping_path()
-            journal.set("clipping", clipping)
-            log.info("per-example clipping: %s (%s)", clipping["path"], clipping["why"])
-        run_id, sel_plan = draw_plan(journal, plan, selection, opts.seed)
-        drawn = journal.candidates()
-        checked = dict(
-            zip(
-                (r.index for r in drawn),
-                check_candidates(trainer, plan, [r.hparams for r in drawn]),
-                strict=True,
-            )
-        )
-        if hasattr(trainer, "bind_accounted"):
-            # the event a trainer reports is compared with what was accounted, not a fresh call
-            trainer.bind_accounted([(plan.hparams(r.hparams), checked[r.index]) for r in drawn])
-        if pre.ledger is not None:
-            charge_ledger(
-                pre.ledger, trainer, plan.statement, run_id, pre.dataset_budget, pre.fingerprint,
-                pre.workdir,
-            )  # fmt: skip
-        journal.set_once("started_at", time.time())
-        records = {r.index: r for r in journal.candidates()}
-        payloads: dict[int, Any] = {}
-        executor = opts.executor
-        if executor is None:
-            executor = (
-                VectorizedExecutor(opts.group_size) if opts.group_size > 1 else SequentialExecutor()
-            )
-        scores = run_candidates(
-            trainer, selection, sel_plan, plan, records, journal, payloads, executor,
-            opts.progress, checked,
-        )  # fmt: skip
-        private = _Private(num_trials=sel_plan.num_trials, scores=list(scores), run_id=run_id)
-        release = release_selected(
-            trainer, selection, sel_plan, plan, pre.budget, records, payloads, journal
-        )
-        release.private = private
-        if opts.debug_nonprivate:
-            # The curator asked for a non-private view: this print is why the statement says so.
-            print(f"[debug_nonprivate] K={sel_plan.num_trials}; scores in order: {scores}")
+        release = steps(journal)
         if release_dir is not None:
             write_release(release, release_dir)
             journal.set("released_at", time.time())
         return release
     finally:
         journal.close()
+
+
+def _tune_steps(
+    pre: Preflight, trainer: Any, selection: Any, opts: TuneOptions, journal: Any
+) -> Release:
+    """``tune`` once ``preflight`` passed, in the run's open journal (holding the lock)."""
+    plan = pre.plan
+    _say_resuming_and_dropped(pre, trainer, journal)
+    if hasattr(trainer, "clipping_path"):  # public: a function of the model and shapes
+        clipping = trainer.clipping_path()
+        journal.set("clipping", clipping)
+        log.info("per-example clipping: %s (%s)", clipping["path"], clipping["why"])
+    run_id, sel_plan = draw_plan(journal, plan, selection, opts.seed)
+    drawn = journal.candidates()
+    declared = check_candidates(trainer, plan, [r.hparams for r in drawn])
+    checked = dict(zip((r.index for r in drawn), declared, strict=True))
+    if hasattr(trainer, "bind_accounted"):
+        # the event a trainer reports is compared with what was accounted, not a fresh call
+        trainer.bind_accounted([(plan.hparams(r.hparams), checked[r.index]) for r in drawn])
+    charge_ledger(pre, journal)
+    records = {r.index: r for r in journal.candidates()}
+    payloads: dict[int, Any] = {}
+    executor = opts.executor
+    if executor is None:
+        executor = (
+            VectorizedExecutor(opts.group_size) if opts.group_size > 1 else SequentialExecutor()
+        )
+    scores = run_candidates(
+        trainer, selection, sel_plan, plan, records, journal, payloads, executor,
+        opts.progress, checked,
+    )  # fmt: skip
+    release = release_selected(
+        trainer, selection, sel_plan, plan, pre.budget, records, payloads, journal
+    )
+    release.private = _Private(num_trials=sel_plan.num_trials, scores=list(scores), run_id=run_id)
+    if opts.debug_nonprivate:
+        # The curator asked for a non-private view: this print is why the statement says so.
+        print(f"[debug_nonprivate] K={sel_plan.num_trials}; scores in order: {scores}")
+    return release
 
 
 def _say_resuming_and_dropped(pre: Preflight, trainer: Any, journal: Any) -> None:
@@ -563,27 +582,20 @@ def _ledger_path(ledger: Any) -> Path | None:
     return ledger.path if isinstance(ledger, Ledger) else Path(ledger)
 
 
-def _dataset_name(trainer: Any) -> str:
-    return str(getattr(getattr(trainer, "data", None), "name", "") or "")
-
-
-def _check_ledger(path: Path, fp: str, run_id: str | None, plan: PrivacyPlan, dsb, name: str):
-    """What charging the run would do (refusals included), read-only: a missing ledger is the
-    empty ledger it would create."""
-    st = plan.statement
-    eps, delta = float(st.total_epsilon), float(st.delta)
-    parent = next((p for p in path.parents if p.exists()), None)
-    if parent is not None and not parent.is_dir():
-        raise StateError(
-            f"the ledger {path} cannot be created: {parent} is a file; point config.ledger.path "
-            "(ledger= in Python) elsewhere"
-        )
-    with Ledger(path, readonly=True) as led:
-        return led.check(
-            fp, run_id, eps, delta,
-            budget_epsilon=None if dsb is None else dsb.epsilon,
-            budget_delta=None if dsb is None else dsb.delta, name=name,
-        )  # fmt: skip
+def _on_ledger(pre: Preflight, run_id: str | None, charge: bool) -> Any:
+    """``Ledger.charge`` (``charge``) or its read-only ``check`` of the run's (epsilon, delta) on
+    the dataset's budget; a missing ledger is checked as the empty one a charge would create."""
+    st, dsb = pre.plan.statement, pre.dataset_budget
+    args = (pre.fingerprint, run_id, float(st.total_epsilon), float(st.delta))
+    kw = dict(
+        budget_epsilon=None if dsb is None else dsb.epsilon,
+        budget_delta=None if dsb is None else dsb.delta,
+        name=pre.dataset_name,
+    )
+    with Ledger(pre.ledger, readonly=not charge) as led:
+        if not charge:
+            return led.check(*args, **kw)
+        return led.charge(*args, **kw, workdir=str(pre.workdir or ""))
 
 
 def _when(t: Any) -> str:
@@ -593,20 +605,13 @@ def _when(t: Any) -> str:
 
 
 def open_journal(
-    private_dir: Path | None,
-    config: Mapping[str, Any],
-    code: Mapping[str, Any] | None = None,
-    existing_only: bool = False,
+    private_dir: Path | None, config: Mapping[str, Any], code: Mapping[str, Any]
 ) -> Any:
-    """The run's journal bound to ``config`` and ``code`` (None: not bound to code; in memory
-    without a workdir); with ``existing_only``, None unless a journal is already there."""
-    if existing_only and (private_dir is None or not (private_dir / JOURNAL_FILE).exists()):
-        return None
+    """The run's journal bound to ``config`` and ``code`` (in memory without a workdir)."""
     journal: Any = MemoryJournal() if private_dir is None else Journal(private_dir)
     try:
         journal.bind_config(dict(config))
-        if code is not None:
-            journal.bind_code(dict(code))
+        journal.bind_code(dict(code))
         journal.check_complete()
     except BaseException:
         journal.close()
@@ -614,9 +619,12 @@ def open_journal(
     return journal
 
 
-def bind_calibrated(journal: Any, calibrated: Mapping[str, Any]) -> None:
-    """Journals the calibrated values once; a resume whose accountant now calibrates otherwise
-    (another dptune version) is refused."""
+def bind_calibrated(journal: Any, statement: Any, calibrated: Mapping[str, Any]) -> str:
+    """Journals, once, the run id, the statement and the calibrated values; a resume whose
+    accountant now calibrates otherwise (another dptune version) is refused. Returns the run
+    id."""
+    run_id = journal.set_once("run_id", uuid.uuid4().hex)
+    journal.set_once("privacy", {**statement.to_dict(), "calibrated": dict(calibrated)})
     if journal.get("calibrated", calibrated) != calibrated:
         raise TuningConfigError(
             f"this run was planned with {journal.get('calibrated')} but the accountant now gives "
@@ -624,16 +632,13 @@ def bind_calibrated(journal: Any, calibrated: Mapping[str, Any]) -> None:
             "started it, or start a new workdir"
         )
     journal.set_once("calibrated", calibrated)
+    return run_id
 
 
 def draw_plan(journal: Any, plan: PrivacyPlan, selection: Any, seed: int | None):
     """Draws (once) the run id, the entropy, the selection's plan and every candidate's seed and
     hyperparameters; a resume reads them back. Returns ``(run_id, selection plan)``."""
-    run_id = journal.set_once("run_id", uuid.uuid4().hex)
-    privacy = plan.statement.to_dict()
-    privacy.update(calibrated=dict(plan.calibrated))
-    journal.set_once("privacy", privacy)
-    bind_calibrated(journal, dict(plan.calibrated))
+    run_id = bind_calibrated(journal, plan.statement, dict(plan.calibrated))
     entropy = journal.set_once(
         "entropy", int(seed) if seed is not None else int(np.random.SeedSequence().entropy)
     )
@@ -657,62 +662,36 @@ def draw_plan(journal: Any, plan: PrivacyPlan, selection: Any, seed: int | None)
             rows.append((i, seed_i, plan.space.sample(hp_rng)))
         journal.add_candidates(rows)
         plan_dict = journal.set_once("plan", sel_plan.to_dict())
-    return run_id, _plan_from_dict(selection, plan_dict)
+    plan_cls = getattr(selection, "plan_class", None) or Plan
+    return run_id, plan_cls.from_dict(dict(plan_dict))
 
 
-def charge_ledger(
-    ledger: Any,
-    trainer: Any,
-    statement: Any,
-    run_id: str,
-    dataset_budget: Budget | tuple[float, float] | None,
-    fingerprint: str | None,
-    workdir: str | os.PathLike | None,
-) -> None:
-    """Charges ``statement``'s (epsilon, delta) to the dataset's budget in ``ledger`` (a path, a
-    Ledger or DEFAULT_LEDGER) once per ``run_id``; ``dataset_budget`` None: the registered budget,
-    or (a new dataset) the statement's, with a warning. BudgetExceededError if it does not fit."""
-    path = _ledger_path(ledger)
-    fp = fingerprint or getattr(trainer, "fingerprint", None)
-    if not fp:
-        raise TuningConfigError(
-            "a ledger needs the dataset's fingerprint: pass fingerprint= or a trainer with a "
-            ".fingerprint"
-        )
-    st = statement
-    dsb = None if dataset_budget is None else as_budget(dataset_budget)
-    with Ledger(path) as led:
-        spend = led.charge(
-            fp,
-            run_id,
-            float(st.total_epsilon),
-            float(st.delta),
-            budget_epsilon=None if dsb is None else dsb.epsilon,
-            budget_delta=None if dsb is None else dsb.delta,
-            name=_dataset_name(trainer),
-            workdir=str(workdir or ""),
-        )
-    if spend.registered:
-        # A budget the run states is explicit: INFO. One taken from the run itself: a WARNING,
-        # since it fixes the dataset's lifetime budget.
-        log.log(
-            logging.INFO if dsb is not None else logging.WARNING,
-            "ledger %s: dataset %s (%s) had no lifetime budget; registered (epsilon=%g, "
-            "delta=%g) %s. Every later run on it must fit in what is left; change it with "
-            "`dptune ledger --dataset=%s --budget_epsilon=E --budget_delta=D`",
-            path, spend.name or "?", fp[:12], spend.budget_epsilon,
-            spend.budget_delta,
-            "as this run states it" if dsb is not None else "(the default: 10 runs like this one)",
-            fp[:12],
+def charge_ledger(pre: Preflight, journal: Any) -> None:
+    """Charges the run's (epsilon, delta) to the dataset's budget in ``pre.ledger`` (if any) once
+    per journaled run id, then marks the run started. ``pre.dataset_budget`` None: the registered
+    budget, or (a new dataset) 10 times the run's, with a warning. BudgetExceededError if it does
+    not fit."""
+    if pre.ledger is not None:
+        spend = _on_ledger(pre, journal.get("run_id"), charge=True)
+        fp, explicit = pre.fingerprint or "", pre.dataset_budget is not None
+        if spend.registered:
+            # A budget the run states is explicit: INFO. One taken from the run itself: a
+            # WARNING, since it fixes the dataset's lifetime budget.
+            log.log(
+                logging.INFO if explicit else logging.WARNING,
+                "ledger %s: dataset %s (%s) had no lifetime budget; registered (epsilon=%g, "
+                "delta=%g) %s. Every later run on it must fit in what is left; change it with "
+                "`dptune ledger --dataset=%s --budget_epsilon=E --budget_delta=D`",
+                pre.ledger, spend.name or "?", fp[:12], spend.budget_epsilon, spend.budget_delta,
+                "as this run states it" if explicit else "(the default: 10 runs like this one)",
+                fp[:12],
+            )  # fmt: skip
+        log.info(
+            "ledger %s: this run costs epsilon=%.4g; dataset %s has spent %.4g of %.4g",
+            pre.ledger, pre.plan.statement.total_epsilon, fp[:12], spend.spent_epsilon,
+            spend.budget_epsilon,
         )  # fmt: skip
-    log.info(
-        "ledger %s: this run costs epsilon=%.4g; dataset %s has spent %.4g of %.4g",
-        path,
-        st.total_epsilon,
-        fp[:12],
-        spend.spent_epsilon,
-        spend.budget_epsilon,
-    )
+    journal.set_once("started_at", time.time())
 
 
 def run_candidates(
@@ -843,10 +822,3 @@ def _trainer_name(trainer: Any) -> str:
     if isinstance(trainer, FunctionTrainer):
         return f"your function {trainer.name!r}"
     return str(getattr(trainer, "kind", "") or type(trainer).__name__)
-
-
-def _plan_from_dict(selection: Any, d: Mapping[str, Any]) -> Any:
-    plan_cls = getattr(selection, "plan_class", None)
-    if plan_cls is None:
-        plan_cls = Plan
-    return plan_cls.from_dict(dict(d))
