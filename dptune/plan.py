@@ -113,11 +113,9 @@ class PrivacyPlan:
 
 
 def _check_score_kind(trainer: Any, selection: Any, debug_nonprivate: bool) -> None:
-    """The trainer's score must be a kind the method's theorem takes: e.g. random
-    stopping needs scores covered by the candidates' privacy, sparse vector the exact percentile
-    of a pure-DP candidate. A trainer that declares nothing is taken to return an exact score
-    (the safe default: a wrong "exact" only refuses, a wrong "covered" makes the statement
-    false)."""
+    """The trainer's score must be a kind the method's theorem takes; a trainer that declares
+    nothing returns an exact score (a wrong "exact" only refuses, a wrong "covered" would make
+    the statement false)."""
     kind = getattr(trainer, "score_kind", "exact")
     if kind not in SCORE_KINDS:
         raise TuningConfigError(
@@ -180,8 +178,8 @@ def _statement(cands: Sequence[Any], transform: Any, budget: Budget, accountant:
 
 
 def _probe_values(dist: Any) -> list[Any]:
-    """Values of a searched field at which the trainer's declared privacy is probed: the whole
-    support of a finite distribution (up to 64 values), else both ends and interior points."""
+    """The whole support of a finite distribution (up to 64 values), else both ends and
+    interior points."""
     if isinstance(dist, (space_mod.Choice, space_mod.Integer)):
         support = dist.support()
         if len(support) <= 64:
@@ -196,10 +194,8 @@ def _probe_values(dist: Any) -> list[Any]:
 
 def probe_points(space: Space) -> list[dict[str, Any]]:
     """Points of ``space`` for checks that read only public settings (e.g. a trainer's
-    ``check_inputs``: the model against the data's schema): ``space.example()``, then each searched
-    field varied alone over its probe values (``_probe_values``: every value of a choice or an
-    integer range up to 64, else both ends and interior points). Joint values of two fields are
-    not combined."""
+    ``check_inputs``): ``space.example()``, then each searched field varied alone over its probe
+    values (``_probe_values``); joint values of two fields are not combined."""
     base = space.example()
     points, seen = [base], {repr(sorted(base.items()))}
     for _, point in _one_field_variations(space, space.searched):
@@ -220,14 +216,10 @@ def _one_field_variations(space: Space, names: Sequence[str]):
 
 
 def _privacy_dependent_fields(space: Space, candidate_of: Callable[[dict], Any]) -> list[str]:
-    """Searched fields (not already privacy-relevant) that change the trainer's declared privacy.
-
-    The accountant must take the worst case over every field the declaration depends on, not only
-    over the fields it was told about. Each searched field is varied alone from
-    ``space.example()``; a field that changes the declared candidate is privacy-relevant.
-    (Interactions this one-at-a-time probe misses are still caught: every drawn candidate is
-    checked against the accounted set before it trains.)
-    """
+    """Searched fields (not already privacy-relevant) whose value, varied alone from
+    ``space.example()``, changes the trainer's declared privacy: the accountant must take the
+    worst case over them too. (Joint effects this probe misses are caught by
+    ``_check_whole_support`` and ``check_candidates``.)"""
     base = candidate_of(space.example())
     relevant = set(space.privacy_relevant)
     found: list[str] = []
@@ -241,18 +233,11 @@ def _privacy_dependent_fields(space: Space, candidate_of: Callable[[dict], Any])
 def _check_whole_support(
     space: Space, grid: Sequence[Mapping[str, Any]], candidate_of: Callable[[dict], Any]
 ) -> bool:
-    """Every candidate a finite space can draw declares its accounted candidate.
-
-    The selection theorems hold for one mechanism repeated: "draw hyperparameters from the space,
-    then train", whose privacy is the worst case over the whole support of the space (docs/
-    privacy-model.md, "Every candidate is what was accounted"), not over the points one run
-    happens to draw. The accountant enumerated the privacy-relevant fields with every other field
-    at ``space.example()``; when all searched fields are finite and their product is at most
-    ``MAX_PRIVACY_GRID``, every point of the space is checked to declare what its accounted twin
-    (same privacy-relevant values) declares. Larger or continuous spaces are checked one field at
-    a time (``_privacy_dependent_fields``) and at every drawn point (``check_candidates``).
-    Returns whether the whole space was checked.
-    """
+    """Every candidate a finite space can draw declares what its accounted twin (same
+    privacy-relevant values, other fields at ``space.example()``) declares: the selection
+    theorems hold for "draw from the space, then train", whose privacy is the worst case over the
+    whole support (docs/privacy-model.md). Checked when every searched field is finite and the
+    product is at most ``MAX_PRIVACY_GRID``; returns whether it was."""
     others = [n for n in space.searched if n not in space.privacy_relevant]
     dists = [space.fields[n] for n in others]
     if not others:
@@ -279,24 +264,10 @@ def _check_whole_support(
     return True
 
 
-def _default_trainer_word(trainer: Any) -> list[str]:
-    """What a trainer that says nothing about itself is taken to do."""
-    kind = getattr(trainer, "score_kind", "exact")
-    return [
-        f"{type(trainer).__name__}: its training does what privacy(hparams) declares for each "
-        "candidate (clipping, noise, sampling, any split into the declared parallel parts)",
-        f"its score is score_kind={kind!r}: {SCORE_KINDS.get(kind, '?')}",
-    ]
-
-
 def _basis(
-    trainer: Any,
-    selection: Any,
-    space: Space,
-    cands: Sequence[Any],
-    adjacency: str,
+    trainer: Any, selection: Any, space: Space, cands: Sequence[Any], adjacency: str,
     whole_space: bool,
-) -> dict[str, tuple[str, ...]]:
+) -> dict[str, tuple[str, ...]]:  # fmt: skip
     """What the statement rests on: the assumptions that apply to this run
     (``dptune.assumptions``), what dptune checked, what it takes on the trainer's word, and what
     the release holds. Built-in trainers say what their code guarantees (``privacy_checks``);
@@ -324,8 +295,13 @@ def _basis(
         word = list(trainer.taken_on_word())
     elif hasattr(trainer, "privacy_checks"):
         word = []
-    else:
-        word = _default_trainer_word(trainer)
+    else:  # a trainer that says nothing about itself
+        word = [
+            f"{type(trainer).__name__}: its training does what privacy(hparams) declares for "
+            "each candidate (clipping, noise, sampling, any split into the declared parallel "
+            "parts)",
+            f"its score is score_kind={kind!r}: {SCORE_KINDS.get(kind, '?')}",
+        ]
     assumptions = ["neighbours"]
     data = getattr(trainer, "data", None)
     if data is not None or getattr(trainer, "num_examples", None) is not None:
@@ -352,16 +328,10 @@ def _basis(
 
 @quiet_accounting
 def make_privacy_plan(
-    trainer: Any,
-    space: Space | Mapping[str, Any],
-    selection: Any,
-    budget: Budget | tuple[float, float],
-    *,
-    accountant: str = "auto",
-    seeded: bool = False,
-    debug_nonprivate: bool = False,
-    adjacency: str = "add_remove",
-) -> PrivacyPlan:
+    trainer: Any, space: Space | Mapping[str, Any], selection: Any,
+    budget: Budget | tuple[float, float], *, accountant: str = "auto", seeded: bool = False,
+    debug_nonprivate: bool = False, adjacency: str = "add_remove",
+) -> PrivacyPlan:  # fmt: skip
     """Validates the inputs, calibrates ``"auto"``, and accounts the whole run.
 
     1. Check the space, the selection method, delta < 1/n and the adjacency.
@@ -373,22 +343,9 @@ def make_privacy_plan(
 
     Raises TuningConfigError / ImpossibleBudgetError.
     """
-    budget = as_budget(budget)
-    space = as_space(space)
-    if len(space) == 0 or not space.searched:
-        raise TuningConfigError(
-            "the search space is empty (no field is drawn at random): there is nothing to tune; "
-            "declare at least one distribution, e.g. learning_rate=space.log_uniform(0.01, 1.0)"
-        )
-    _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate)
+    budget, space = as_budget(budget), as_space(space)
+    field, auto = _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate)
     transform = selection.privacy
-    field = getattr(trainer, "calibrated_field", None)
-    autos = [name for name, v in space.fields.items() if v == AUTO]
-    if any(name != field for name in autos):
-        raise TuningConfigError(
-            f"{autos} is 'auto', but this trainer calibrates only {field!r}; give a value"
-        )
-    auto = bool(autos)
 
     def fill(value: float | None) -> dict[str, Any]:
         return {field: 1.0 if value is None else value} if auto else {}
@@ -396,8 +353,8 @@ def make_privacy_plan(
     def candidate_of(hp: Mapping[str, Any], value: float | None = None) -> Any:
         return accounted_candidate(trainer, {**hp, **fill(value)}, adjacency)
 
-    space = _privacy_space(space, set(getattr(trainer, "privacy_fields", ())) - set(autos),
-                           candidate_of)  # fmt: skip
+    known = set(getattr(trainer, "privacy_fields", ())) - ({field} if auto else set())
+    space = _privacy_space(space, known, candidate_of)
     try:
         grid = space.privacy_grid()
     except SpaceError as e:
@@ -425,16 +382,9 @@ def make_privacy_plan(
     if not debug_nonprivate:
         _check_total(statement, budget, transform.name, field)
     return PrivacyPlan(
-        space=space,
-        calibrated=calibrated,
-        statement=statement,
-        candidates=tuple(dict.fromkeys(cands)),
-        privacy_fields=tuple(space.privacy_relevant),
-        adjacency=adjacency,
-        transform=transform,
-        delta=budget.delta,
-        accountant=accountant,
-    )
+        space, calibrated, statement, tuple(dict.fromkeys(cands)), tuple(space.privacy_relevant),
+        adjacency, transform, budget.delta, accountant,
+    )  # fmt: skip
 
 
 def as_space(space: Space | Mapping[str, Any]) -> Space:
@@ -447,9 +397,15 @@ def as_space(space: Space | Mapping[str, Any]) -> Space:
         raise TuningConfigError(str(e)) from None
 
 
-def _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate) -> None:
-    """Step 1 of ``make_privacy_plan``: the selection method (a private one, of a size that can
-    be planned, for the trainer's score kind), delta < 1/n and the adjacency."""
+def _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate):
+    """Step 1 of ``make_privacy_plan``: a space with something to draw, the selection method (a
+    private one, of a size that can be planned, for the trainer's score kind), delta < 1/n, the
+    adjacency and the ``"auto"`` fields. Returns ``(calibrated field, whether it is "auto")``."""
+    if len(space) == 0 or not space.searched:
+        raise TuningConfigError(
+            "the search space is empty (no field is drawn at random): there is nothing to tune; "
+            "declare at least one distribution, e.g. learning_rate=space.log_uniform(0.01, 1.0)"
+        )
     if adjacency not in ADJACENCIES:
         raise TuningConfigError(f"adjacency={adjacency!r} must be one of {ADJACENCIES}")
     for attr in ("plan", "select", "done", "privacy"):
@@ -473,6 +429,13 @@ def _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate
             f"selection {selection.privacy.name} is not private; use it only with "
             "debug_nonprivate=True"
         )
+    field = getattr(trainer, "calibrated_field", None)
+    autos = [name for name, v in space.fields.items() if v == AUTO]
+    if any(name != field for name in autos):
+        raise TuningConfigError(
+            f"{autos} is 'auto', but this trainer calibrates only {field!r}; give a value"
+        )
+    return field, bool(autos)
 
 
 def _privacy_space(space: Space, known: set[str], candidate_of: Callable) -> Space:
@@ -558,22 +521,15 @@ def declared_candidate(trainer: Any, plan: PrivacyPlan, drawn: Mapping[str, Any]
 def check_candidates(
     trainer: Any, plan: PrivacyPlan, drawn: Sequence[Mapping[str, Any]]
 ) -> list[Any]:
-    """Every drawn candidate's declared privacy must be covered by what the statement accounted.
-
-    Covered: it declares exactly what its accounted twin declares (the candidate of the same
-    privacy-relevant values, every other field at ``space.example()``). Then every drawn candidate
-    is one of the accounted ones, and the set is covered jointly by the worst case the statement
-    took. A drawn candidate that declares anything else -- even a less lossy one -- shows that the
-    declaration depends on fields the accountant did not enumerate, so points of the space this
-    run did not draw may be uncovered: TuningConfigError, naming the fields that make the
-    difference, before any candidate touches data.
-
-    Returns each drawn candidate's declaration as checked (:func:`declared_candidate`), in order:
-    what each candidate must still declare when it trains (:func:`check_unchanged`).
-    """
+    """Every drawn candidate must declare exactly what its accounted twin (same privacy-relevant
+    values, other fields at ``space.example()``) declares. Anything else -- even a less lossy
+    candidate -- shows that the declaration depends on fields the accountant did not enumerate,
+    so undrawn points may be uncovered: TuningConfigError naming those fields, before any
+    candidate touches data. Returns each drawn candidate's declaration (:func:`declared_candidate`),
+    in order: what it must still declare when it trains (:func:`check_unchanged`)."""
 
     def candidate(hp: Mapping[str, Any]) -> Any:
-        return _accounted(declared_candidate(trainer, plan, hp), plan.adjacency)
+        return accounted_candidate(trainer, plan.hparams(hp), plan.adjacency)
 
     accounted = set(plan.candidates)
     example = plan.space.example()

@@ -1,36 +1,27 @@
 """``dptune.tune``: from a total privacy budget to one released candidate, crash-safe and budgeted.
 
 The order of operations is the privacy argument, so it is fixed here and nowhere else; ``tune`` is
-the sequence of these named steps:
+the sequence of these named steps (``dptune.subsampled`` runs 1, 2 and 5 around its own plan):
 
-1. ``preflight``: check every input (the arguments, the workdir and the files already in it,
-   the dataset's ledger: ``check_run``) and ``make_privacy_plan`` (``dptune.plan``): account the
-   worst case over everything the space can draw, calibrating ``"auto"`` so the *total* (tuning
-   included) meets the budget. Nothing private has run and nothing is written yet; ``dptune
-   --dry_run`` stops here.
+1. ``preflight``: check every input (the options, the workdir and its journal, the ledger:
+   ``check_run``) and ``make_privacy_plan`` (``dptune.plan``): the worst case over everything the
+   space can draw, ``"auto"`` calibrated so the *total* meets the budget. Nothing private has run
+   and nothing is written; ``dptune --dry_run`` stops here.
 2. ``run_in_workdir`` / ``open_journal``: ``DIR/private/journal.sqlite`` binds the config and the
    trainer's code (a different one is refused); a finished run returns its release.
-3. ``draw_plan``: the run id, the root entropy, the selection's plan and every candidate's seed and
-   hyperparameters, each drawn once: a resume reads them back and never draws them again.
-4. ``check_candidates`` (``dptune.plan``): every drawn candidate's declared privacy is what the
-   statement accounted.
-5. ``charge_ledger``: the run's (epsilon, delta) is charged to the dataset's budget (once per run
-   id; refused if it would exceed the budget).
-
-``dptune.subsampled`` runs steps 1, 2 and 5 around its own plan and two calls of ``tune``.
-6. ``run_candidates``: candidates train in index order, one at a time or in groups (vectorised
-   ``train_many``), each journaled as it finishes behind one failure guard (a failure's type,
-   message and traceback go to the journal); finished ones are never retrained on resume.
-7. ``release_selected``: select, and release only the selected candidate (``DIR/release/``); if the
-   selected candidate failed (so every candidate failed), no model is released and the release
-   says so.
-
-Trainers: ``dptune.trainer_protocol`` (the protocol, ``FunctionTrainer``) and
-``dptune.learners`` (``DpSgdTrainer`` and the other candidate families).
+3. ``draw_plan``: the run id, the entropy, the selection's plan and every candidate's seed and
+   hyperparameters, each drawn once: a resume reads them back.
+4. ``check_candidates`` (``dptune.plan``): every drawn candidate declares what was accounted.
+5. ``charge_ledger``: the run's (epsilon, delta) is charged to the dataset's budget once per run id.
+6. ``run_candidates``: candidates train in index order, alone or in groups (``train_many``), each
+   journaled as it finishes behind one failure guard; finished ones never train again.
+7. ``release_selected``: only the selected candidate is released (``DIR/release/``); if it failed
+   (so every candidate failed), no model is released and the release says so.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import pickle
@@ -47,17 +38,12 @@ import dptune
 from dptune.accounting import ACCOUNTANTS
 from dptune.accounting.events import ADJACENCIES
 from dptune.accounting.quiet import quiet_accounting
-from dptune.errors import (
-    CandidateFailure,
-    ImpossibleBudgetError,
-    StateError,
-    TuningConfigError,
-)
+from dptune.errors import CandidateFailure, StateError, TuningConfigError
+from dptune.errors import ImpossibleBudgetError as ImpossibleBudgetError  # re-exported
 from dptune.execution import Job, SequentialExecutor, VectorizedExecutor
 from dptune.journal import JOURNAL_FILE, Journal, MemoryJournal
 from dptune.ledger import Ledger, default_ledger_path
 from dptune.plan import (
-    AUTO,
     MAX_PLANNED_TRIALS,
     Budget,
     PrivacyPlan,
@@ -66,7 +52,6 @@ from dptune.plan import (
     check_candidates,
     check_unchanged,
     make_privacy_plan,
-    plan_privacy,
     probe_points,
 )
 from dptune.progress import tuning_bar
@@ -78,43 +63,9 @@ from dptune.release import (
     write_release,
 )
 from dptune.space import Space
-from dptune.trainer_protocol import (
-    FunctionTrainer,
-    Trainer,
-    checked_result,
-    code_digest,
-    release_view,
-    trainer,
-)
+from dptune.trainer_protocol import FunctionTrainer, checked_result, code_digest, release_view
 from dptune.workdir_lock import workdir_lock
 from selection import Plan
-
-__all__ = [
-    "AUTO",
-    "DEFAULT_LEDGER",
-    "Budget",
-    "FunctionTrainer",
-    "ImpossibleBudgetError",
-    "PrivacyPlan",
-    "Trainer",
-    "TuneOptions",
-    "TuningConfigError",
-    "as_space",
-    "bind_calibrated",
-    "charge_ledger",
-    "check_run",
-    "describe_run",
-    "draw_plan",
-    "make_privacy_plan",
-    "open_journal",
-    "plan_privacy",
-    "preflight",
-    "release_selected",
-    "run_candidates",
-    "run_in_workdir",
-    "trainer",
-    "tune",
-]
 
 log = logging.getLogger("dptune")
 
@@ -522,9 +473,7 @@ def check_workdir(workdir: str | os.PathLike | None) -> None:
     if path.exists() and not path.is_dir():
         raise StateError(f"the workdir {path} is a file, not a folder: {fix}")
     existing = path
-    while not existing.exists():
-        if existing.parent == existing:
-            break
+    while not existing.exists() and existing.parent != existing:
         existing = existing.parent
     if existing.exists() and not existing.is_dir():
         raise StateError(f"the workdir {path} cannot be created: {existing} is a file: {fix}")
@@ -533,8 +482,7 @@ def check_workdir(workdir: str | os.PathLike | None) -> None:
             f"the workdir {path} is not writable ({existing} is read-only for this user): {fix}, "
             "or make it writable"
         )
-    for sub in ("private", "release"):
-        p = path / sub
+    for p in (path / "private", path / "release"):
         if p.exists() and not p.is_dir():
             raise StateError(f"{p} is a file; dptune keeps a folder there: {fix}")
     private = path / "private"
@@ -712,22 +660,17 @@ def run_candidates(
     to declare what was accounted for it (``checked``: ``check_unchanged``); each result is
     journaled as it comes back (score NaN = failure), so a kill loses at most the candidates in
     flight, which a rerun trains again with the same seeds."""
+    n = sel_plan.num_trials
 
     def prefix() -> list[float]:
-        out = []
-        for i in range(sel_plan.num_trials):
-            r = records[i]
-            if r.status != "done":
-                break
-            out.append(float("nan") if r.failed else float(r.score))
-        return out
+        done = itertools.takewhile(lambda r: r.status == "done", (records[i] for i in range(n)))
+        return [float("nan") if r.failed else float(r.score) for r in done]
 
     scores = prefix()
     with tuning_bar(progress) as bar:
-        while len(scores) < sel_plan.num_trials and not selection.done(sel_plan, scores):
-            todo = [
-                i for i in range(len(scores), sel_plan.num_trials) if records[i].status != "done"
-            ][: max(1, int(executor.parallelism))]
+        while len(scores) < n and not selection.done(sel_plan, scores):
+            todo = [i for i in range(len(scores), n) if records[i].status != "done"]
+            todo = todo[: max(1, int(executor.parallelism))]
             for i in todo:
                 check_unchanged(trainer, plan, records[i].hparams, checked[i])
             for i in todo:
@@ -736,16 +679,13 @@ def run_candidates(
             t0 = time.time()
             for i, raw_score, raw_payload in executor.run(trainer, jobs):
                 score, payload = checked_result(raw_score, raw_payload)
-                failure = payload if isinstance(payload, CandidateFailure) else None
-                failed = failure is not None
+                failed = isinstance(payload, CandidateFailure)
                 if not failed:
-                    journal.write_payload(
-                        i, pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
-                    )
-                journal.mark_done(i, score, failed, time.time() - t0, failure)
+                    journal.write_payload(i, pickle.dumps(payload, pickle.HIGHEST_PROTOCOL))
+                journal.mark_done(i, score, failed, time.time() - t0, payload if failed else None)
                 payloads[i] = None if failed else payload
                 records[i] = replace(
-                    records[i], status="done", score=None if failed else float(score), failed=failed
+                    records[i], status="done", score=None if failed else score, failed=failed
                 )
                 bar.update()
             scores = prefix()
@@ -758,38 +698,37 @@ def release_selected(
     """The selected candidate's release (or nothing): its hyperparameters, what its trainer says
     may be released of it, its score, and the statement; the curve's epsilon is the privacy its
     training produced per epoch, at the plan's delta and adjacency."""
-    scores = [
-        float("nan") if records[i].failed else float(records[i].score)
-        for i in range(sel_plan.num_trials)
-        if records[i].status == "done"
-    ]
+    done = [records[i] for i in range(sel_plan.num_trials) if records[i].status == "done"]
+    scores = [float("nan") if r.failed else float(r.score) for r in done]
     index = selection.select(sel_plan, scores)
     # What the selection's theorem covers: the score only where it is covered.
     published = tuple(getattr(selection, "publishes", ("payload",)))
-    privacy = plan.statement.to_dict()
-    privacy.update(budget_epsilon=budget.epsilon, budget_delta=budget.delta)
-    text = plan.statement.to_text()
+    st = plan.statement
+    privacy = {**st.to_dict(), "budget_epsilon": budget.epsilon, "budget_delta": budget.delta}
+    text = st.to_text()
     ex_post = getattr(selection, "ex_post_epsilon", None)
-    if ex_post is not None and plan.statement.accountant == "pure" and "index" in published:
+    if ex_post is not None and st.accountant == "pure" and "index" in published:
         # Ex-post privacy (Ligett et al. 2017, Lemma 2.8; pure-DP candidates only, their Remark
         # 2.9): reported next to the worst case above, which is what the budget and ledger hold.
-        privacy["ex_post_epsilon"] = float(ex_post(plan.statement.single_run_epsilon, index))
+        privacy["ex_post_epsilon"] = float(ex_post(st.single_run_epsilon, index))
         text += (
             f"\nRealised ex-post privacy loss of this outcome: {privacy['ex_post_epsilon']:.4g} "
             "(Ligett et al. 2017, Lemma 2.8); charged: the worst case above."
         )
+    name = (
+        f"your function {trainer.name!r}"
+        if isinstance(trainer, FunctionTrainer)
+        else str(getattr(trainer, "kind", "") or type(trainer).__name__)
+    )
+    common = dict(published=published, trainer_name=name)
     if index is None:
-        return Release(
-            False, None, None, None, privacy, text, published=published,
-            trainer_name=_trainer_name(trainer),
-        )  # fmt: skip
+        return Release(False, None, None, None, privacy, text, **common)
     if records[index].failed:
         # The selected candidate failed: the selections rank a failure below every score, so
         # every candidate failed (a function of the selected output: post-processing). No model.
         return Release(
-            False, None, None, None, privacy, text, outcome=NO_CANDIDATE_SUCCEEDED,
-            published=published, trainer_name=_trainer_name(trainer),
-        )  # fmt: skip
+            False, None, None, None, privacy, text, outcome=NO_CANDIDATE_SUCCEEDED, **common
+        )
     hp = plan.hparams(records[index].hparams)
     payload = payloads[index] if index in payloads else journal.read_payload(index)
     view = release_view(trainer, hp, payload)
@@ -808,17 +747,8 @@ def release_selected(
             "no training curve: the trainer gave %d per-epoch privacy values for %d rows",
             len(spent), len(rows),
         )  # fmt: skip
-    score = float(scores[index]) if "score" in published else None
     return Release(
-        True, hp, score, view.test_accuracy, privacy, text, payload=view.payload,
-        curve=public_curve(curve), published=published, trainer_name=_trainer_name(trainer),
+        True, hp, float(scores[index]) if "score" in published else None, view.test_accuracy,
+        privacy, text, payload=view.payload, curve=public_curve(curve), **common,
         test_metric=None if view.test_metric is None else dict(view.test_metric),
     )  # fmt: skip
-
-
-def _trainer_name(trainer: Any) -> str:
-    """What trained the candidates, for the report: the trainer's ``kind`` (e.g. "DP-SGD"), a
-    function trainer's name, else its class name."""
-    if isinstance(trainer, FunctionTrainer):
-        return f"your function {trainer.name!r}"
-    return str(getattr(trainer, "kind", "") or type(trainer).__name__)
