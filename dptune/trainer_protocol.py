@@ -10,29 +10,24 @@ A trainer declares its privacy before it runs (``privacy(hparams)``) and trains 
 * ``fingerprint``: the dataset's id in the budget ledger.
 * ``privacy_fields``: fields known to change ``privacy(hparams)`` (others are found by probing).
 * ``calibrated_field``: the field that ``"auto"`` calibrates (default ``"noise_multiplier"``).
-* ``privacy_notes()``: sentences for the statement (e.g. how the validation split was made).
+* ``privacy_notes()``, ``privacy_checks()``, ``taken_on_word()``: sentences for the statement:
+  notes (e.g. how the validation split was made), what dptune's own code guarantees (the
+  built-in learners), what is taken on the trainer's word (a trainer with neither of the last
+  two is described as a user's trainer).
 * ``check_adjacency(adjacency)``: refuse an adjacency the data does not support.
 * ``release_view(hparams, payload) -> ReleaseView``: what of the selected candidate may be
-  released (default: the payload as it is), with the per-epoch privacy its training produced
-  (the released curve's epsilon so far).
+  released (default: the payload as it is), with the per-epoch privacy of its training.
 * ``score_kind``: what the score is (``selection.registry.SCORE_KINDS``; default ``"exact"``).
-* ``privacy_checks()``: sentences for the statement: what dptune's own code guarantees for this
-  trainer (the built-in learners).
-* ``taken_on_word()``: sentences for the statement: what it takes on the trainer's word (its
-  declarations). A trainer with neither hook is described as a user's trainer.
 * ``bind_accounted(pairs)``: the accounted declaration of every candidate it will train.
-* ``code_digest()``: a digest of the code that trains the candidates (default: see
-  :func:`code_digest`); a workdir is bound to it, so that an edited trainer never resumes, or
-  returns the release of, a run of the old code.
+* ``code_digest()``: a digest of the code that trains the candidates (:func:`code_digest`); a
+  workdir is bound to it, so an edited trainer never resumes a run of the old code.
 * ``check_inputs(hparams)``: refuse (TuningConfigError), before any private computation, a
   candidate the trainer would refuse when it starts (checks of the data's public schema).
-* ``curator_view()``: JSON-safe facts for the curator's view of a run (``dptune inspect``), e.g.
-  how many records the loader dropped; never released.
+* ``curator_view()``: JSON-safe facts for ``dptune inspect`` (e.g. records the loader dropped);
+  never released.
 
 A failed candidate is a NaN score with a :class:`~dptune.errors.CandidateFailure` as its payload
 (:func:`checked_result` makes one of any non-finite or non-numeric score).
-
-The DP-SGD trainer is ``dptune.learners.dpsgd.DpSgdTrainer``.
 """
 
 from __future__ import annotations
@@ -162,13 +157,6 @@ class ReleaseView:
     test_metric: Mapping[str, Any] | None = None  # last: trainers build views positionally
 
 
-def release_view(trainer: Any, hparams: Mapping[str, Any], payload: Any) -> ReleaseView:
-    """``trainer.release_view(hparams, payload)`` if it has one, else the payload as it is."""
-    if hasattr(trainer, "release_view"):
-        return trainer.release_view(hparams, payload)
-    return ReleaseView(payload)
-
-
 class DatasetTrainer:
     """Shared by the trainers over a ``trainers.data.Dataset`` (DP-SGD, DP-Fisher, public-data
     learners): the ledger fingerprint and the parsing of a candidate's hyperparameters.
@@ -247,11 +235,8 @@ class FunctionTrainer:
     num_examples: int | None = None
     fingerprint: str | None = None
     name: str = "user function"
-    #: fields known to change the declared privacy (the accountant takes their worst case)
     privacy_fields: tuple[str, ...] = ("noise_multiplier",)
-    #: the field that ``"auto"`` in a space calibrates to the budget
     calibrated_field: str = "noise_multiplier"
-    #: what the score is (see Args); "exact" unless the user says otherwise
     score_kind: str = "exact"
     #: the accounted declaration of each candidate the tuner will train (``bind_accounted``)
     _accounted: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -326,13 +311,7 @@ def trainer(
     """
 
     def wrap(fn: Callable) -> FunctionTrainer:
-        return FunctionTrainer(
-            fn,
-            privacy,
-            num_examples,
-            fingerprint,
-            getattr(fn, "__name__", "user function"),
-            score_kind=score_kind,
-        )
+        name = getattr(fn, "__name__", "user function")
+        return FunctionTrainer(fn, privacy, num_examples, fingerprint, name, score_kind=score_kind)
 
     return wrap

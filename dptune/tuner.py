@@ -63,7 +63,7 @@ from dptune.release import (
     write_release,
 )
 from dptune.space import Space
-from dptune.trainer_protocol import FunctionTrainer, checked_result, code_digest, release_view
+from dptune.trainer_protocol import FunctionTrainer, ReleaseView, checked_result, code_digest
 from dptune.workdir_lock import workdir_lock
 from selection import Plan
 
@@ -731,7 +731,8 @@ def release_selected(
         )
     hp = plan.hparams(records[index].hparams)
     payload = payloads[index] if index in payloads else journal.read_payload(index)
-    view = release_view(trainer, hp, payload)
+    has_view = hasattr(trainer, "release_view")
+    view = trainer.release_view(hp, payload) if has_view else ReleaseView(payload)
     # The curve's privacy travelled with the candidate's result (what its training spent up to
     # each epoch); only the conversion to epsilon at the plan's delta happens here.
     spent = list(view.privacy_by_epoch)
