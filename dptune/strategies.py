@@ -1,14 +1,7 @@
-"""One vocabulary of tuning strategies: how the candidates use the private data.
-
-``config.strategy.name`` (and ``dptune.tune_subsampled`` in Python) picks one; the configs, the
-``dptune`` command, ``--dry_run`` and the docs read the names and options from here.
-
-* ``full`` (default): every candidate trains on all the private data; the selection theorem prices
-  the whole run (``dptune.tune``).
-* ``subsampled``: candidates train on a per-record Poisson subset (rate ``fraction``) with their own
-  budget ``tuning_epsilon``; the selected hyperparameters are retrained once on all the data; the
-  two phases are accounted as one composition (Koskela & Kulkarni 2023; ``dptune.subsampled``,
-  ``dptune.accounting.subsampled``).
+"""One vocabulary of tuning strategies: how the candidates use the private data. The configs
+(``config.strategy.name``), the ``dptune`` command, ``--dry_run`` and the docs read the names and
+options from here: ``full`` (``dptune.tune``: every candidate on all the data) and ``subsampled``
+(``dptune.tune_subsampled``: candidates on a Poisson subset, the selection retrained once).
 """
 
 from __future__ import annotations

@@ -5,24 +5,15 @@ Subsampling", arXiv:2301.11989). The two phases are accounted as one composition
 (``dptune.accounting.subsampled``: the selection theorem on the subset, amplification by Poisson
 subsampling, PLD composition with the final run).
 
-It is built from ``dptune.tune``'s steps, run twice:
-
-1. ``plan_subsampled``: everything checkable without data; the tuning phase's noise (calibrated so
-   that the selection over the subset is (eps_T, delta_T)-DP on the subset, i.e. (tuning_epsilon,
-   delta') on the full data after amplification) and the final run's noise (calibrated so the
-   composition meets the total budget). Nothing private has run.
-2. The outer journal (``DIR/private/``) binds the config and draws, once, the subset's secret key
-   (32 bytes of OS entropy, or derived from ``seed``) and the run id; the whole run's (epsilon,
-   delta) is charged to the ledger once.
-3. Phase 1: ``tune`` on the subset's trainer (``trainer.subset(fraction, key)``) with the budget
-   (eps_T, delta_T), in ``DIR/private/tuning`` (its release is private: only the hyperparameters it
-   selects go on).
-4. Phase 2: ``tune`` of the one selected setting on all the data (best of 1) at the final noise, in
-   ``DIR/private/final``; its model, score and curve become the release, under the whole run's
-   statement (``DIR/release/``). If phase 1 releases nothing, nothing is released.
-
-A killed run resumes: each phase resumes from its own journal, the subset key and the plan are read
-back, never drawn again.
+Built on ``dptune.tuner``'s public steps: ``check_run`` around ``plan_subsampled`` (the tuning
+candidates' noise, calibrated so the selection over the subset is (tuning_epsilon, delta') on the
+full data after amplification, and the final run's, so the composition meets the total budget),
+then in ``run_in_workdir``: the run id and the subset's secret key (32 bytes of OS entropy, or
+derived from ``seed``) drawn once, one ``charge_ledger`` for the whole run, phase 1 (``tune`` on
+``trainer.subset(fraction, key)`` in ``DIR/private/tuning``; its release stays private) and
+phase 2 (``tune`` of the selected setting on all the data, best of 1, in ``DIR/private/final``;
+its model, score and curve are released under the whole run's statement). If phase 1 releases
+nothing, nothing is released. A killed run resumes phase by phase from the journals.
 
 The trainer must have the hook ``subset(fraction, key) -> trainer``: the same trainer on the
 records whose keyed hash falls below ``fraction`` (``DpSgdTrainer.subset``). Scope: add/remove
@@ -119,19 +110,12 @@ def _check(trainer: Any, space: Space, accountant: str, adjacency: str) -> str:
 
 
 def plan_subsampled(
-    trainer: Any,
-    space: Space | Mapping[str, Any],
-    selection: Any,
-    budget: Budget | tuple[float, float],
-    *,
-    fraction: float,
-    tuning_epsilon: float,
-    subset_trainer: Any = None,
-    accountant: str = "auto",
-    seeded: bool = False,
+    trainer: Any, space: Space | Mapping[str, Any], selection: Any,
+    budget: Budget | tuple[float, float], *, fraction: float, tuning_epsilon: float,
+    subset_trainer: Any = None, accountant: str = "auto", seeded: bool = False,
     adjacency: str = "add_remove",
-) -> SubsampledPlan:
-    """Checks the inputs and accounts a subsampled tuning run (module docstring, step 1).
+) -> SubsampledPlan:  # fmt: skip
+    """Checks the inputs and accounts a subsampled tuning run; nothing private runs.
 
     Args:
       trainer: the trainer on all the data (with a ``subset`` hook).
@@ -186,20 +170,14 @@ def plan_subsampled(
             f"the run would cost epsilon={statement.total_epsilon:.4g} > budget {budget.epsilon:g}"
         )
     return SubsampledPlan(
-        tuning=tuning,
-        tuning_plan=tuning_plan,
-        calibrated={field: float(sigma)},
-        final_candidates=tuple(dict.fromkeys(cands)),
-        statement=statement,
+        tuning, tuning_plan, {field: float(sigma)}, tuple(dict.fromkeys(cands)), statement
     )
 
 
 def _final_run(trainer, sub, tuning_plan, field, fraction, budget, seeded, adjacency):
-    """The final run's calibrated noise, its possible privacy settings and the whole run's
-    statement. The final run may get any setting of the privacy grid the tuning phase enumerated
-    (the tuning plan's space carries every privacy-relevant field, probed ones included).
-    ``sub`` is the subset's trainer the tuning plan was made for. ValueError if no noise meets
-    the budget."""
+    """The final run's calibrated noise, its possible privacy settings (any point of the privacy
+    grid the tuning plan enumerated) and the whole run's statement; ``sub`` is the subset's
+    trainer the tuning plan was made for. ValueError if no noise meets the budget."""
     space, grid = tuning_plan.space, tuning_plan.space.privacy_grid()
 
     def final_candidates(sigma: float) -> list[Any]:
@@ -220,8 +198,7 @@ def _final_run(trainer, sub, tuning_plan, field, fraction, budget, seeded, adjac
     statement = acc.subsampled_statement(
         cands, tuning_plan.statement, fraction, budget.delta, seeded=seeded, notes=notes
     )
-    # What the statement rests on: the tuning phase's basis (``make_privacy_plan``), plus what
-    # this strategy's code guarantees.
+    # What the statement rests on: the tuning phase's basis, plus this strategy's guarantees.
     basis = tuning_plan.statement
     # The trainer's own checks name its public sizes: the subset's (q = B f / (N f)) hold for the
     # tuning candidates, the full trainer's for the final run; the statement says both.
