@@ -231,17 +231,6 @@ def _final_run(trainer, sub, tuning_plan, field, fraction, budget, seeded, adjac
     return sigma, cands, statement
 
 
-def _subset_key(journal: Any, seed: int | None) -> bytes:
-    """The subset's secret key, drawn once (OS entropy; from ``seed`` for debugging)."""
-    if seed is None:
-        fresh = os.urandom(32).hex()
-    else:
-        fresh = hashlib.blake2b(
-            f"dptune/subset-key/{int(seed)}".encode(), digest_size=32
-        ).hexdigest()
-    return bytes.fromhex(journal.set_once("subset_key", fresh))
-
-
 def tune_subsampled(
     trainer: Any,
     space: Space | Mapping[str, Any],
