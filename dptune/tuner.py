@@ -203,18 +203,12 @@ def tune(
 
 @dataclass(frozen=True)
 class Preflight:
-    """Everything :func:`preflight` checked, for the run that follows (nothing private yet).
-
-    Attributes:
-      plan: the privacy plan (a :class:`PrivacyPlan`, or a strategy's plan with a ``statement``).
-      budget, config, code: the run's budget, what the journal binds it to, and the code digest.
-      workdir: the run folder (None: in memory).
-      ledger: the ledger's path (None: no ledger), fingerprint: the dataset's id in it,
-        dataset_budget: the lifetime budget the run states (None: the registered one),
-        dataset_name: the dataset's name for the ledger.
-      spend: the dataset's spend after this run, as the ledger would record it (None: no ledger).
-      resuming: the workdir holds this run's journal already (a resume, or a finished run).
-    """
+    """Everything :func:`preflight` checked, for the run that follows (nothing private yet):
+    the plan (a :class:`PrivacyPlan`, or a strategy's plan with a ``statement``), the budget, what
+    the journal binds the workdir to (``config``, ``code``), the workdir (None: in memory), the
+    ledger's path (None: no ledger) with the dataset's ``fingerprint``, stated ``dataset_budget``
+    (None: the registered one) and name, the dataset's ``spend`` after this run as the ledger
+    would record it, and whether the workdir holds this run's journal already (``resuming``)."""
 
     plan: Any
     budget: Budget
@@ -264,12 +258,9 @@ def preflight(
 
 
 def check_run(
-    trainer: Any,
-    budget: Budget,
-    config: Mapping[str, Any],
-    opts: TuneOptions,
+    trainer: Any, budget: Budget, config: Mapping[str, Any], opts: TuneOptions,
     make_plan: Callable[[], Any],
-) -> Preflight:
+) -> Preflight:  # fmt: skip
     """The checks of :func:`preflight` around ``make_plan()`` (the accounting; a strategy passes
     its own), read-only: the ledger needs the dataset's fingerprint, the workdir's journal must
     belong to ``config`` and this code, and the run must fit the dataset's budget (a finished
@@ -409,11 +400,15 @@ def _say_resuming_and_dropped(pre: Preflight, trainer: Any, journal: Any) -> Non
     """The curator's console: that the run resumes, and which kinds of malformed records the
     loader dropped (no counts: the console's log may be shared; ``dptune inspect`` has them)."""
     if pre.resuming:
+        t = journal.get("started_at") or journal.get("planned_at")
+        when = (
+            time.strftime("on %Y-%m-%d at %H:%M:%S", time.localtime(float(t))) if t else "earlier"
+        )
         log.info(
             "resuming the run started %s in %s: its plan and seeds are read back from the "
             "journal; finished candidates are kept, unfinished ones train again with their "
             "own seeds",
-            _when(journal.get("started_at") or journal.get("planned_at")),
+            when,
             pre.workdir,
         )
     if hasattr(trainer, "curator_view"):
@@ -493,20 +488,15 @@ def check_workdir(workdir: str | os.PathLike | None) -> None:
 def _check_existing_run(
     private_dir: Path, config: Mapping[str, Any], code: Mapping[str, Any]
 ) -> tuple[str | None, bool, bool]:
-    """Checks what the workdir already holds, without writing: ``(run_id or None, resuming,
-    finished)``.
-
-    A journal must be intact (not empty, corrupt or foreign), complete, and belong to this config
-    and this code; a release or candidate results without their journal are refused (the run
-    that wrote them can be neither resumed nor checked)."""
+    """What the workdir already holds, read-only: ``(run_id or None, resuming, finished)``. A
+    journal must be intact, complete, and belong to this config and this code; a release or
+    candidate results without their journal are refused (the run that wrote them can be neither
+    resumed nor checked)."""
     workdir = private_dir.parent
     journal_path = private_dir / JOURNAL_FILE
     if not journal_path.exists():
-        orphans = [
-            p
-            for p in (workdir / "release", private_dir / "candidates")
-            if p.is_dir() and any(p.iterdir())
-        ]
+        dirs = (workdir / "release", private_dir / "candidates")
+        orphans = [p for p in dirs if p.is_dir() and any(p.iterdir())]
         if orphans:
             raise StateError(
                 f"{orphans[0]} exists but its journal {journal_path} does not: the run that wrote "
@@ -514,10 +504,7 @@ def _check_existing_run(
                 "copied without it?). Restore the journal from a backup, or use a new --workdir"
             )
         return None, False, False
-    with Journal(private_dir, readonly=True) as journal:
-        journal.bind_config(dict(config))
-        journal.bind_code(dict(code))
-        journal.check_complete()
+    with open_journal(private_dir, config, code, readonly=True) as journal:
         finished = bool(journal.get("released_at")) and (workdir / "release").exists()
         return journal.get("run_id"), journal.get("config") is not None, finished
 
@@ -535,28 +522,22 @@ def _on_ledger(pre: Preflight, run_id: str | None, charge: bool) -> Any:
     the dataset's budget; a missing ledger is checked as the empty one a charge would create."""
     st, dsb = pre.plan.statement, pre.dataset_budget
     args = (pre.fingerprint, run_id, float(st.total_epsilon), float(st.delta))
-    kw = dict(
-        budget_epsilon=None if dsb is None else dsb.epsilon,
-        budget_delta=None if dsb is None else dsb.delta,
-        name=pre.dataset_name,
-    )
+    kw: dict[str, Any] = {"name": pre.dataset_name}
+    if dsb is not None:
+        kw.update(budget_epsilon=dsb.epsilon, budget_delta=dsb.delta)
     with Ledger(pre.ledger, readonly=not charge) as led:
         if not charge:
             return led.check(*args, **kw)
         return led.charge(*args, **kw, workdir=str(pre.workdir or ""))
 
 
-def _when(t: Any) -> str:
-    if t is None:
-        return "earlier"
-    return time.strftime("on %Y-%m-%d at %H:%M:%S", time.localtime(float(t)))
-
-
 def open_journal(
-    private_dir: Path | None, config: Mapping[str, Any], code: Mapping[str, Any]
+    private_dir: Path | None, config: Mapping[str, Any], code: Mapping[str, Any], readonly=False
 ) -> Any:
     """The run's journal bound to ``config`` and ``code`` (in memory without a workdir)."""
-    journal: Any = MemoryJournal() if private_dir is None else Journal(private_dir)
+    journal: Any = MemoryJournal()
+    if private_dir is not None:
+        journal = Journal(private_dir, readonly=readonly)
     try:
         journal.bind_config(dict(config))
         journal.bind_code(dict(code))
