@@ -158,23 +158,13 @@ def accounted_candidate(trainer: Any, hparams: Mapping[str, Any], adjacency: str
 
 
 def grid_candidates(
-    trainer: Any,
-    space: Space,
-    grid: Sequence[Mapping[str, Any]],
-    adjacency: str,
+    trainer: Any, space: Space, grid: Sequence[Mapping[str, Any]], adjacency: str,
     fill: Mapping[str, Any] = {},  # noqa: B006 - read only
-) -> list[Any]:
+) -> list[Any]:  # fmt: skip
     """:func:`accounted_candidate` at every point of the privacy ``grid`` (the other fields at
     ``space.example()``; ``fill`` over both, e.g. a calibrated noise multiplier)."""
     base = space.example()
     return [accounted_candidate(trainer, {**base, **combo, **fill}, adjacency) for combo in grid]
-
-
-def _statement(cands: Sequence[Any], transform: Any, budget: Budget, accountant: str, seeded: bool):
-    try:
-        return total_privacy(cands, transform, budget.delta, accountant, seeded=seeded)
-    except ValueError as e:
-        raise TuningConfigError(f"cannot account this run: {e}") from None
 
 
 def _probe_values(dist: Any) -> list[Any]:
@@ -364,12 +354,8 @@ def make_privacy_plan(
     def candidates(value: float | None) -> list[Any]:
         return grid_candidates(trainer, space, grid, adjacency, fill(value))
 
-    calibrated: dict[str, Any] = {}
-    if auto:
-        calibrated[field], statement = _calibrate(candidates, transform, budget, accountant,
-                                                  seeded, field)  # fmt: skip
-    else:
-        statement = _statement(candidates(None), transform, budget, accountant, seeded)
+    calibrated, statement = _worst_case(candidates, transform, budget, accountant, seeded, field,
+                                        auto)  # fmt: skip
     cands = candidates(calibrated.get(field))
     whole = _check_whole_support(space, grid, lambda hp: candidate_of(hp, calibrated.get(field)))
     notes = tuple(trainer.privacy_notes()) if hasattr(trainer, "privacy_notes") else ()
@@ -465,21 +451,22 @@ def _check_total(statement: Any, budget: Budget, method: str, field: str | None)
         )
 
 
-def _calibrate(candidates, transform, budget, accountant, seeded, field) -> tuple[float, Any]:
-    """Steps 3-4 with an ``"auto"`` field: the smallest value whose total meets the budget, and
-    the statement at it. ImpossibleBudgetError if none does."""
+def _worst_case(candidates, transform, budget, accountant, seeded, field, auto):
+    """Steps 3-4: ``(calibrated values, statement)``; with an ``"auto"`` field, the smallest value
+    whose total meets the budget (ImpossibleBudgetError if none does)."""
+    if not auto:
+        cands = candidates(None)
+        try:
+            return {}, total_privacy(cands, transform, budget.delta, accountant, seeded=seeded)
+        except ValueError as e:
+            raise TuningConfigError(f"cannot account this run: {e}") from None
     candidates(1.0)  # invalid settings raise their own message here, not "no sigma found"
     try:
+        # the memo: a second run of the same plan skips the search
         cal = calibrate(
-            candidates,
-            transform,
-            budget.epsilon,
-            budget.delta,
-            accountant,
-            seeded=seeded,
-            compare=False,
-            memo=default_memo(),  # a second run of the same plan skips the search
-        )
+            candidates, transform, budget.epsilon, budget.delta, accountant, seeded=seeded,
+            compare=False, memo=default_memo(),
+        )  # fmt: skip
     except ValueError as e:
         log.info("calibration failed: %s", e)
         raise ImpossibleBudgetError(
@@ -487,7 +474,7 @@ def _calibrate(candidates, transform, budget, accountant, seeded, field) -> tupl
             f"delta={budget.delta:g}) with {transform.name}: raise the budget, lower the "
             "mean number of trials, or train for fewer steps / a smaller sampling rate"
         ) from None
-    return float(cal.noise_multiplier), cal.statement
+    return {field: float(cal.noise_multiplier)}, cal.statement
 
 
 def check_selection_size(selection: Any) -> None:

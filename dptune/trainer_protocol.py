@@ -116,14 +116,10 @@ def source_digest(objects: Sequence[Any] = (), files: Sequence[Path] = ()) -> st
 
 @runtime_checkable
 class Trainer(Protocol):
-    """A private candidate generator: its privacy is declared before it runs.
-
-    ``privacy(hparams)`` returns the candidate's privacy for those hyperparameters (only the
-    privacy-relevant fields may matter): a ``dptune.accounting`` candidate (``DpSgdCandidate``,
-    ``EventCandidate``) or a ``dp_accounting`` ``DpEvent``. ``__call__(hparams, rng)`` trains one
-    candidate with the randomness of ``rng`` (a numpy Generator seeded from the candidate's seed)
-    and returns ``(score, payload)``: higher scores are better, NaN means failure.
-    """
+    """A private candidate generator. ``privacy(hparams)``: the candidate's privacy, declared
+    before it runs (a ``dptune.accounting`` candidate or a ``dp_accounting`` ``DpEvent``).
+    ``__call__(hparams, rng)``: trains one candidate with the randomness of ``rng`` (seeded from
+    the candidate's seed) and returns ``(score, payload)``; higher is better, NaN is a failure."""
 
     def privacy(self, hparams: Mapping[str, Any]) -> Any: ...
 
@@ -142,12 +138,10 @@ class ReleaseView:
         candidates were scored by accuracy.
       history: per-epoch public rows (metrics on public or privatised data), oldest first.
       privacy_by_epoch: the privacy of the training up to each row of ``history`` (accounting
-        candidates, as ``Trainer.privacy`` declares them; the last is the whole run), carried
-        with the candidate's result; the release turns them into the curve's epsilon so far.
-        Empty: no curve.
-      test_metric: ``{"name": ..., "value": ...}``: the model's own validation metric (a declared
-        ``Metric``, in its units) on the public test split, for a model scored by that metric
-        instead of accuracy (arg-max accuracy means nothing for, e.g., a regression output).
+        candidates; the last is the whole run): the released curve's epsilon so far. Empty: no
+        curve.
+      test_metric: ``{"name": ..., "value": ...}``: the model's own declared ``Metric`` on the
+        public test split, for a model scored by it instead of accuracy.
     """
 
     payload: Any
@@ -219,15 +213,12 @@ class FunctionTrainer:
         dptune accounts it before the run and checks it again before each candidate trains.
       num_examples: size of the private dataset (checks delta < 1/n), if known.
       fingerprint: an id of the private dataset for the budget ledger, if one is used.
-      privacy_fields: fields known to change the declared privacy. Others that do are found by
-        probing ``privacy`` (``dptune.plan``), so this is a speed-up, not a safety requirement.
-      calibrated_field: the field whose ``"auto"`` value the tuner calibrates.
-      score_kind: what ``fn``'s score is (``selection.registry.SCORE_KINDS``): ``"covered"`` (a
-        noisy statistic of the private data whose noise is part of ``privacy``, or a statistic of
-        public data), ``"exact"`` (an exact statistic of the private data) or ``"percentile"``.
-        Default ``"exact"``: dptune cannot look inside ``fn``, and a wrong ``"exact"`` only makes
-        a method refuse or keep the score out of the release, while a wrong ``"covered"`` makes
-        the statement false (docs/privacy-model.md).
+      privacy_fields: fields known to change the declared privacy (a speed-up: others that do are
+        found by probing ``privacy``); calibrated_field: the field ``"auto"`` calibrates.
+      score_kind: what ``fn``'s score is (``selection.registry.SCORE_KINDS``): ``"covered"`` (its
+        noise is part of ``privacy``, or it reads public data only), ``"exact"`` (the default:
+        dptune cannot look inside ``fn``, and a wrong ``"exact"`` only refuses where a wrong
+        ``"covered"`` makes the statement false) or ``"percentile"``.
     """
 
     fn: Callable[..., tuple]
@@ -295,12 +286,9 @@ class FunctionTrainer:
 
 
 def trainer(
-    privacy: Any,
-    *,
-    num_examples: int | None = None,
-    fingerprint: str | None = None,
+    privacy: Any, *, num_examples: int | None = None, fingerprint: str | None = None,
     score_kind: str = "exact",
-) -> Callable[[Callable], FunctionTrainer]:
+) -> Callable[[Callable], FunctionTrainer]:  # fmt: skip
     """Decorator form of :class:`FunctionTrainer`::
 
     @dptune.trainer(privacy=lambda hp: make_event(hp["noise_multiplier"]), num_examples=n,
