@@ -104,16 +104,13 @@ class TuneOptions:
         resumes when called again with the same arguments. None: everything stays in memory.
       seed: a fixed seed for every random choice (debugging, tests); default: OS entropy. The
         statement then says it holds only while the seed is secret.
-      group_size: candidates trained at once through ``trainer.train_many`` (vectorised); a
-        shortcut for ``executor=dptune.executors.VectorizedExecutor(group_size)``.
+      group_size: candidates trained at once through ``trainer.train_many`` (vectorised).
       accountant: "auto" (the tightest valid route), "rdp" or "pld" (``dptune.accounting``).
       ledger: where the run is charged to the dataset's budget: a
         :class:`~dptune.ledger.Ledger` or its path; by default the curator's ledger
-        (``$DPTUNE_LEDGER`` or ``~/.dptune/ledger.sqlite``), as for the ``dptune`` command;
-        None runs without a ledger.
+        (``$DPTUNE_LEDGER`` or ``~/.dptune/ledger.sqlite``); None runs without a ledger.
       dataset_budget: the dataset's lifetime budget as this run states it (default: the one the
-        ledger holds; for a dataset the ledger has never seen, 10 times this run's ``budget``,
-        with a warning: ``dptune.ledger.default_lifetime_budget``).
+        ledger holds; for a new dataset 10 times this run's ``budget``, with a warning).
       fingerprint: the dataset id in the ledger (default: ``trainer.fingerprint``).
       config: what the journal binds the workdir to (default: a description of the arguments).
       progress: show a tqdm display (curator's console; it shows neither K nor scores).
@@ -121,9 +118,7 @@ class TuneOptions:
       adjacency: "add_remove" (default: neighbours differ by one added or removed example) or
         "replace_one" (one example replaced; for datasets of fixed, public size).
       executor: how candidates are trained (``dptune.executors``; default sequential, or
-        vectorised in groups of ``group_size``). Random stopping hands it all K candidates as it
-        can take them; thresholding evaluates extra candidates speculatively and consumes their
-        scores in order.
+        vectorised in groups of ``group_size``).
     """
 
     workdir: str | os.PathLike | None = None
@@ -140,9 +135,8 @@ class TuneOptions:
     executor: Any = None
 
     def check(self) -> None:
-        """The checks that need no data and read nothing (the command checks its flags with
-        this same method, so the library and ``dptune`` refuse the same values with the same
-        words), then :func:`check_workdir`. TuningConfigError / StateError naming the field."""
+        """:func:`check_run_arguments`, then :func:`check_workdir`: the checks that need no data
+        and read nothing. TuningConfigError / StateError naming the field."""
         check_run_arguments(
             self.group_size, self.accountant, self.seed, self.debug_nonprivate, self.ledger,
             self.adjacency,
@@ -299,8 +293,7 @@ def check_run(
 def describe_run(
     trainer: Any, space: Space, selection: Any, budget: Budget, opts: TuneOptions
 ) -> dict[str, Any]:
-    """What the journal binds a workdir to when no config is given: every argument that changes
-    the run."""
+    """What the journal binds a workdir to when no config is given (what changes the run)."""
     return {
         "space": space.to_dict(),
         "selection": selection.privacy.describe() if hasattr(selection, "privacy") else None,
@@ -314,10 +307,9 @@ def describe_run(
 
 
 def _check_inputs(trainer: Any, plan: Any) -> None:
-    """``trainer.check_inputs`` at every probe point of the space (``dptune.plan.probe_points``),
-    so that a setting the search can draw and the data cannot take (say ``augmult > 0`` on
-    tabular rows) is refused here, before anything is charged, not found by a candidate that
-    fails mid-run after the run was charged. The refusal names the field and value."""
+    """``trainer.check_inputs`` at every probe point of the space (``dptune.plan.probe_points``):
+    a setting the search can draw and the data cannot take (say ``augmult > 0`` on tabular rows)
+    is refused, naming the field and value, before anything is charged."""
     base = plan.space.example()
     for point in probe_points(plan.space):
         try:
@@ -344,9 +336,8 @@ def run_in_workdir(pre: Preflight, steps: Callable[[Any], Release]) -> Release:
         if release_dir is not None and journal.get("released_at") and release_dir.exists():
             log.warning(
                 "this workdir's run finished already: its release is in %s (nothing was trained "
-                "or charged now; use a new --workdir for a new run)",
-                release_dir,
-            )
+                "or charged now; use a new --workdir for a new run)", release_dir,
+            )  # fmt: skip
             return read_release(release_dir)
         release = steps(journal)
         if release_dir is not None:
@@ -377,11 +368,8 @@ def _tune_steps(
     charge_ledger(pre, journal)
     records = {r.index: r for r in journal.candidates()}
     payloads: dict[int, Any] = {}
-    executor = opts.executor
-    if executor is None:
-        executor = (
-            VectorizedExecutor(opts.group_size) if opts.group_size > 1 else SequentialExecutor()
-        )
+    group = opts.group_size
+    executor = opts.executor or (VectorizedExecutor(group) if group > 1 else SequentialExecutor())
     scores = run_candidates(
         trainer, selection, sel_plan, plan, records, journal, payloads, executor,
         opts.progress, checked,
@@ -401,16 +389,12 @@ def _say_resuming_and_dropped(pre: Preflight, trainer: Any, journal: Any) -> Non
     loader dropped (no counts: the console's log may be shared; ``dptune inspect`` has them)."""
     if pre.resuming:
         t = journal.get("started_at") or journal.get("planned_at")
-        when = (
-            time.strftime("on %Y-%m-%d at %H:%M:%S", time.localtime(float(t))) if t else "earlier"
-        )
+        when = time.strftime("on %Y-%m-%d at %H:%M:%S", time.localtime(t)) if t else "earlier"
         log.info(
             "resuming the run started %s in %s: its plan and seeds are read back from the "
             "journal; finished candidates are kept, unfinished ones train again with their "
-            "own seeds",
-            when,
-            pre.workdir,
-        )
+            "own seeds", when, pre.workdir,
+        )  # fmt: skip
     if hasattr(trainer, "curator_view"):
         view = trainer.curator_view()
         journal.set("curator_view", view)
@@ -419,19 +403,14 @@ def _say_resuming_and_dropped(pre: Preflight, trainer: Any, journal: Any) -> Non
                 "the loader dropped malformed private records (%s), each judged on its own "
                 "(the guarantee is unchanged: docs/privacy-model.md); `dptune inspect %s` "
                 "shows how many",
-                ", ".join(sorted(view)).replace("_", " "),
-                pre.workdir or "WORKDIR",
-            )
+                ", ".join(sorted(view)).replace("_", " "), pre.workdir or "WORKDIR",
+            )  # fmt: skip
 
 
 def check_run_arguments(
-    group_size: Any = 1,
-    accountant: Any = "auto",
-    seed: Any = None,
-    debug_nonprivate: bool = False,
-    ledger: Any = None,
-    adjacency: Any = "add_remove",
-) -> None:
+    group_size: Any = 1, accountant: Any = "auto", seed: Any = None,
+    debug_nonprivate: bool = False, ledger: Any = None, adjacency: Any = "add_remove",
+) -> None:  # fmt: skip
     """The arguments of ``tune`` that need no data (the command checks its flags with this same
     function, so the library and ``dptune`` refuse the same values with the same words)."""
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
