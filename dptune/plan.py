@@ -387,7 +387,7 @@ def _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate
     """Step 1 of ``make_privacy_plan``: a space with something to draw, the selection method (a
     private one, of a size that can be planned, for the trainer's score kind), delta < 1/n, the
     adjacency and the ``"auto"`` fields. Returns ``(calibrated field, whether it is "auto")``."""
-    if len(space) == 0 or not space.searched:
+    if not space.searched:
         raise TuningConfigError(
             "the search space is empty (no field is drawn at random): there is nothing to tune; "
             "declare at least one distribution, e.g. learning_rate=space.log_uniform(0.01, 1.0)"

@@ -305,16 +305,13 @@ class Space:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe description (for the journal and the release's hyperparameter file)."""
-        out: dict[str, Any] = {}
-        for n, v in self.fields.items():
-            if isinstance(v, _DISTRIBUTIONS):
-                d = v.to_dict()
-                if v.privacy:
-                    d["privacy"] = True
-                out[n] = d
-            else:
-                out[n] = v
-        return out
+
+        def entry(v: Any) -> Any:
+            if not isinstance(v, _DISTRIBUTIONS):
+                return v
+            return {**v.to_dict(), "privacy": True} if v.privacy else v.to_dict()
+
+        return {n: entry(v) for n, v in self.fields.items()}
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.fields)
