@@ -1,11 +1,10 @@
 """The privacy plan of a tuning run: from the total budget to the noise in every candidate, once.
 
 ``make_privacy_plan`` checks the inputs, finds every field the trainer's declared privacy depends
-on, calibrates ``"auto"`` (the noise multiplier, for DP-SGD) so that the *total* -- the selection
-theorem applied to the worst case over the search space -- meets the budget, and returns a frozen
-:class:`PrivacyPlan`: the calibrated values, the statement, and the candidates it holds for. The
-tuner, the trainers, the journal and the release all read this one value; nothing is accounted
-twice. Every number comes from ``dptune.accounting`` (which applies ``selection.privacy``).
+on, calibrates ``"auto"`` so that the *total* -- the selection theorem applied to the worst case
+over the search space -- meets the budget, and returns a frozen :class:`PrivacyPlan` that the
+tuner, the journal and the release all read: nothing is accounted twice. Every number comes from
+``dptune.accounting`` (which applies ``selection.privacy``).
 """
 
 from __future__ import annotations
@@ -32,8 +31,7 @@ from selection.registry import SCORE_KINDS
 
 log = logging.getLogger("dptune")
 
-#: Value of a field meaning "calibrate it from the total budget" (the trainer's
-#: ``calibrated_field``: the noise multiplier for DP-SGD).
+#: Value of a field meaning "calibrate it from the total budget" (``trainer.calibrated_field``).
 AUTO = "auto"
 
 #: Points tried along a continuous field when probing whether a trainer's privacy depends on it.
@@ -266,17 +264,13 @@ def _basis(
     takes = tuple(getattr(selection, "takes", ("covered",)))
     published = tuple(getattr(selection, "publishes", ("payload",)))
     name = getattr(selection.privacy, "name", type(selection).__name__)
-    fields = list(space.privacy_relevant)
+    how = "the whole (finite) space was checked point by point" if whole_space else (
+        "the other fields were probed one at a time"
+    )  # fmt: skip
     checked = [
         f"every candidate the space can draw is covered: the {len(set(cands))} accounted "
-        f"setting(s) enumerate the privacy-relevant fields {fields}; "
-        + (
-            "the whole (finite) space was checked point by point"
-            if whole_space
-            else "the other fields were probed one at a time"
-        )
-        + "; each drawn candidate must declare its accounted setting, again just before it "
-        "trains",
+        f"setting(s) enumerate the privacy-relevant fields {list(space.privacy_relevant)}; {how}"
+        "; each drawn candidate must declare its accounted setting, again just before it trains",
         f"the score kind {kind!r} is one {name} is proved for; the release holds "
         f"{' + '.join(published)} only",
     ]
@@ -478,9 +472,8 @@ def _worst_case(candidates, transform, budget, accountant, seeded, field, auto):
 
 
 def check_selection_size(selection: Any) -> None:
-    """Refuses a selection that expects to train more than ``MAX_EXPECTED_TRIALS`` candidates
-    (e.g. a mean number of trials of 1e9): a public property of its settings, checked before any
-    plan is drawn."""
+    """Refuses a selection that expects to train more than ``MAX_EXPECTED_TRIALS`` candidates (a
+    public property of its settings, checked before any plan is drawn)."""
     expected = getattr(selection, "expected_trials", None)
     if expected is None:
         return
@@ -518,24 +511,17 @@ def check_candidates(
     def candidate(hp: Mapping[str, Any]) -> Any:
         return accounted_candidate(trainer, plan.hparams(hp), plan.adjacency)
 
-    accounted = set(plan.candidates)
-    example = plan.space.example()
+    accounted, fields, example = set(plan.candidates), plan.privacy_fields, plan.space.example()
     twins: dict[tuple, Any] = {}
     declared = [declared_candidate(trainer, plan, hp) for hp in drawn]
     for hp, raw in zip(drawn, declared, strict=True):
         cand = _accounted(raw, plan.adjacency)
-        key = tuple(repr(hp.get(n)) for n in plan.privacy_fields)
+        key = tuple(repr(hp.get(n)) for n in fields)
         if key not in twins:
-            twins[key] = candidate(
-                {**example, **{n: hp[n] for n in plan.privacy_fields if n in hp}}
-            )
+            twins[key] = candidate({**example, **{n: hp[n] for n in fields if n in hp}})
         if cand != twins[key] or cand not in accounted:
-            culprits = [
-                name
-                for name in plan.space.searched
-                if name not in plan.privacy_fields
-                and candidate({**hp, name: example[name]}) != cand
-            ]
+            others = [n for n in plan.space.searched if n not in fields]
+            culprits = [n for n in others if candidate({**hp, n: example[n]}) != cand]
             raise TuningConfigError(
                 "a drawn candidate's declared privacy is not covered by the accounted statement "
                 f"(fields {culprits or sorted(hp)} change it beyond what was accounted): declare "
