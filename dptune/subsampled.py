@@ -204,30 +204,24 @@ def _final_run(trainer, sub, tuning_plan, field, fraction, budget, seeded, adjac
     # tuning candidates, the full trainer's for the final run; the statement says both.
     sub_checks = tuple(getattr(sub, "privacy_checks", tuple)())
     full_checks = tuple(getattr(trainer, "privacy_checks", tuple)())
-    checked = tuple(c for c in basis.checked if c not in sub_checks)
-    checked += tuple(
-        f"tuning candidates (on the subset of rate {fraction:g}): {c}"
-        for c in sub_checks
-        if c not in full_checks
-    )
-    checked += full_checks
+    checked = (
+        *(c for c in basis.checked if c not in sub_checks),
+        *(f"tuning candidates (on the subset of rate {fraction:g}): {c}" for c in sub_checks
+          if c not in full_checks),
+        *full_checks,
+        "the tuning subset is drawn per record: a keyed hash of each record and its copy "
+        "number under a secret 32-byte key (trainers.data.record_subset_mask), so adding or "
+        "removing a record changes only its own membership (Poisson subsampling)",
+        "the final run's setting is one the statement accounted, checked before it trains",
+    )  # fmt: skip
     # A public start (fine-tuning) is assumed by both phases: the final run starts from it too.
     assumptions = tuple(basis.assumptions)
     if getattr(trainer, "init_fingerprint", None) and "public-init" not in assumptions:
         assumptions += ("public-init",)
     statement = dataclasses.replace(
-        statement,
-        assumptions=assumptions,
-        checked=checked
-        + (
-            "the tuning subset is drawn per record: a keyed hash of each record and its copy "
-            "number under a secret 32-byte key (trainers.data.record_subset_mask), so adding or "
-            "removing a record changes only its own membership (Poisson subsampling)",
-            "the final run's setting is one the statement accounted, checked before it trains",
-        ),
-        trainer_word=basis.trainer_word,
+        statement, assumptions=assumptions, checked=checked, trainer_word=basis.trainer_word,
         published=basis.published,
-    )
+    )  # fmt: skip
     return sigma, cands, statement
 
 
