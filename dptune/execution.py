@@ -70,8 +70,7 @@ class SequentialExecutor:
 
     def run(self, trainer: Any, jobs: Sequence[Job]) -> Iterator[tuple[int, float, Any]]:
         for job in jobs:
-            score, payload = train_one(trainer, job)
-            yield job.index, score, payload
+            yield (job.index, *train_one(trainer, job))
 
 
 class VectorizedExecutor:

@@ -203,11 +203,9 @@ class Space:
     """
 
     def __init__(
-        self,
-        fields: Mapping[str, Any] | None = None,
-        privacy_fields: frozenset[str] | set[str] = frozenset(),
-        **kwargs: Any,
-    ) -> None:
+        self, fields: Mapping[str, Any] | None = None,
+        privacy_fields: frozenset[str] | set[str] = frozenset(), **kwargs: Any,
+    ) -> None:  # fmt: skip
         if fields is None:
             fields = kwargs
         elif kwargs:
@@ -230,10 +228,7 @@ class Space:
                     f"space field {name!r}: a bare list {value!r} is ambiguous; "
                     "use space.choice(...) for a choice or a scalar for a constant"
                 )
-            elif (
-                not isinstance(value, (*_DISTRIBUTIONS, int, float, str, bool))
-                and value is not None
-            ):
+            elif not isinstance(value, (*_DISTRIBUTIONS, int, float, str, bool, type(None))):
                 raise SpaceError(f"space field {name!r}: unsupported value {value!r}")
             parsed[name] = value
         self.fields: dict[str, Any] = parsed

@@ -152,13 +152,10 @@ class ReleaseView:
 
 
 class DatasetTrainer:
-    """Shared by the trainers over a ``trainers.data.Dataset`` (DP-SGD, DP-Fisher, public-data
-    learners): the ledger fingerprint and the parsing of a candidate's hyperparameters.
-
-    Subclasses set ``data`` (the Dataset), ``base`` (fixed hyperparameters under the drawn ones),
-    and the class attributes ``hyperparams_class`` (a dataclass validating its fields) and
-    ``kind`` (its name in error messages).
-    """
+    """Shared by the trainers over a ``trainers.data.Dataset``: the ledger fingerprint and the
+    parsing of a candidate's hyperparameters. Subclasses set ``data``, ``base`` (fixed
+    hyperparameters under the drawn ones), ``hyperparams_class`` (a dataclass validating its
+    fields) and ``kind`` (its name in error messages)."""
 
     hyperparams_class: type
     kind: str = "trainer"

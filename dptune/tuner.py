@@ -353,7 +353,26 @@ def _tune_steps(
 ) -> Release:
     """``tune`` once ``preflight`` passed, in the run's open journal (holding the lock)."""
     plan = pre.plan
-    _say_resuming_and_dropped(pre, trainer, journal)
+    # The curator's console: that the run resumes, and which kinds of malformed records the
+    # loader dropped (no counts: the console's log may be shared; ``dptune inspect`` has them).
+    if pre.resuming:
+        t = journal.get("started_at") or journal.get("planned_at")
+        when = time.strftime("on %Y-%m-%d at %H:%M:%S", time.localtime(t)) if t else "earlier"
+        log.info(
+            "resuming the run started %s in %s: its plan and seeds are read back from the "
+            "journal; finished candidates are kept, unfinished ones train again with their "
+            "own seeds", when, pre.workdir,
+        )  # fmt: skip
+    if hasattr(trainer, "curator_view"):
+        view = trainer.curator_view()
+        journal.set("curator_view", view)
+        if view:
+            log.warning(
+                "the loader dropped malformed private records (%s), each judged on its own "
+                "(the guarantee is unchanged: docs/privacy-model.md); `dptune inspect %s` "
+                "shows how many",
+                ", ".join(sorted(view)).replace("_", " "), pre.workdir or "WORKDIR",
+            )  # fmt: skip
     if hasattr(trainer, "clipping_path"):  # public: a function of the model and shapes
         clipping = trainer.clipping_path()
         journal.set("clipping", clipping)
@@ -382,29 +401,6 @@ def _tune_steps(
         # The curator asked for a non-private view: this print is why the statement says so.
         print(f"[debug_nonprivate] K={sel_plan.num_trials}; scores in order: {scores}")
     return release
-
-
-def _say_resuming_and_dropped(pre: Preflight, trainer: Any, journal: Any) -> None:
-    """The curator's console: that the run resumes, and which kinds of malformed records the
-    loader dropped (no counts: the console's log may be shared; ``dptune inspect`` has them)."""
-    if pre.resuming:
-        t = journal.get("started_at") or journal.get("planned_at")
-        when = time.strftime("on %Y-%m-%d at %H:%M:%S", time.localtime(t)) if t else "earlier"
-        log.info(
-            "resuming the run started %s in %s: its plan and seeds are read back from the "
-            "journal; finished candidates are kept, unfinished ones train again with their "
-            "own seeds", when, pre.workdir,
-        )  # fmt: skip
-    if hasattr(trainer, "curator_view"):
-        view = trainer.curator_view()
-        journal.set("curator_view", view)
-        if view:
-            log.warning(
-                "the loader dropped malformed private records (%s), each judged on its own "
-                "(the guarantee is unchanged: docs/privacy-model.md); `dptune inspect %s` "
-                "shows how many",
-                ", ".join(sorted(view)).replace("_", " "), pre.workdir or "WORKDIR",
-            )  # fmt: skip
 
 
 def check_run_arguments(
