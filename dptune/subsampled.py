@@ -226,16 +226,10 @@ def _final_run(trainer, sub, tuning_plan, field, fraction, budget, seeded, adjac
 
 
 def tune_subsampled(
-    trainer: Any,
-    space: Space | Mapping[str, Any],
-    selection: Any,
-    budget: Budget | tuple[float, float],
-    *,
-    fraction: float,
-    tuning_epsilon: float,
-    options: TuneOptions | None = None,
-    **kwargs: Any,
-) -> Release:
+    trainer: Any, space: Space | Mapping[str, Any], selection: Any,
+    budget: Budget | tuple[float, float], *, fraction: float, tuning_epsilon: float,
+    options: TuneOptions | None = None, **kwargs: Any,
+) -> Release:  # fmt: skip
     """Tunes on a per-record Poisson subset, retrains the selection on all the data, and releases
     that final model under one statement for both phases (module docstring).
 

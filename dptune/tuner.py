@@ -299,11 +299,9 @@ def describe_run(
         "selection": selection.privacy.describe() if hasattr(selection, "privacy") else None,
         "budget": [budget.epsilon, budget.delta],
         "trainer": getattr(trainer, "describe", lambda: {"kind": type(trainer).__name__})(),
-        "seed": opts.seed,
-        "accountant": opts.accountant,
-        "debug_nonprivate": opts.debug_nonprivate,
-        "adjacency": opts.adjacency,
-    }
+        "seed": opts.seed, "accountant": opts.accountant,
+        "debug_nonprivate": opts.debug_nonprivate, "adjacency": opts.adjacency,
+    }  # fmt: skip
 
 
 def _check_inputs(trainer: Any, plan: Any) -> None:
@@ -599,17 +597,10 @@ def charge_ledger(pre: Preflight, journal: Any) -> None:
 
 
 def run_candidates(
-    trainer: Any,
-    selection: Any,
-    sel_plan: Any,
-    plan: PrivacyPlan,
-    records: dict[int, Any],
-    journal: Any,
-    payloads: dict[int, Any],
-    executor: Any,
-    progress: bool,
+    trainer: Any, selection: Any, sel_plan: Any, plan: PrivacyPlan, records: dict[int, Any],
+    journal: Any, payloads: dict[int, Any], executor: Any, progress: bool,
     checked: Mapping[int, Any],
-) -> list[float]:
+) -> list[float]:  # fmt: skip
     """Trains candidates until the selection is done; returns the scores prefix (index order).
 
     The executor gets the next ``executor.parallelism`` unfinished candidates, each first checked
