@@ -1,23 +1,16 @@
 """How candidates are trained: the executor seam between the tuner and the trainers, and the
-in-process executors (one candidate at a time, the default; groups through ``trainer.train_many``).
-The executors that spread candidates over devices or a Ray cluster are the ``dptune.executors``
-wing, whose ``make_executor`` names them all.
+in-process executors (one candidate at a time, the default; groups through ``trainer.train_many``);
+``dptune.executors`` names them all, with those that spread candidates over devices or Ray.
 
-The tuner hands an executor the next candidates as :class:`Job` s (index, 128-bit seed,
-hyperparameters with the calibrated values filled in) and journals each ``(index, score, payload)``
-as it comes back; the selection decides from the journaled scores, in index order, so an executor
-may finish candidates in any order. Two rules every executor keeps:
+The tuner hands an executor its next ``parallelism`` candidates as :class:`Job` s and journals each
+``(index, score, payload)`` as it comes back, in any order (the selection reads the journaled
+scores in index order). Two rules every executor keeps:
 
 * A trainer exception is that candidate's failure (score NaN, payload a
-  ``dptune.errors.CandidateFailure`` with the exception's type, message and traceback, which the
-  tuner journals in ``private/``), never an abort: whether a run fails can depend on the private
-  data (DESIGN.md). A non-finite or non-numeric score is a failure too.
+  ``dptune.errors.CandidateFailure``), never an abort: whether a run fails can depend on the
+  private data (DESIGN.md). A non-finite or non-numeric score is a failure too.
 * An infrastructure error (a lost machine, a dead cluster) propagates: the run stops, and a rerun
   retrains the unfinished candidates with the *same* seeds (the journal never draws them again).
-
-``parallelism`` is how many candidates the tuner hands over at once: random stopping's K are all
-needed, so they run as they can; thresholding's extra candidates are speculative and their scores
-are consumed in order.
 """
 
 from __future__ import annotations
@@ -77,8 +70,7 @@ class SequentialExecutor:
 
     def run(self, trainer: Any, jobs: Sequence[Job]) -> Iterator[tuple[int, float, Any]]:
         for job in jobs:
-            score, payload = train_one(trainer, job)
-            yield job.index, score, payload
+            yield (job.index, *train_one(trainer, job))
 
 
 class VectorizedExecutor:

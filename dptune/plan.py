@@ -1,11 +1,10 @@
 """The privacy plan of a tuning run: from the total budget to the noise in every candidate, once.
 
 ``make_privacy_plan`` checks the inputs, finds every field the trainer's declared privacy depends
-on, calibrates ``"auto"`` (the noise multiplier, for DP-SGD) so that the *total* -- the selection
-theorem applied to the worst case over the search space -- meets the budget, and returns a frozen
-:class:`PrivacyPlan`: the calibrated values, the statement, and the candidates it holds for. The
-tuner, the trainers, the journal and the release all read this one value; nothing is accounted
-twice. Every number comes from ``dptune.accounting`` (which applies ``selection.privacy``).
+on, calibrates ``"auto"`` so that the *total* -- the selection theorem applied to the worst case
+over the search space -- meets the budget, and returns a frozen :class:`PrivacyPlan` that the
+tuner, the journal and the release all read: nothing is accounted twice. Every number comes from
+``dptune.accounting`` (which applies ``selection.privacy``).
 """
 
 from __future__ import annotations
@@ -32,8 +31,7 @@ from selection.registry import SCORE_KINDS
 
 log = logging.getLogger("dptune")
 
-#: Value of a field meaning "calibrate it from the total budget" (the trainer's
-#: ``calibrated_field``: the noise multiplier for DP-SGD).
+#: Value of a field meaning "calibrate it from the total budget" (``trainer.calibrated_field``).
 AUTO = "auto"
 
 #: Points tried along a continuous field when probing whether a trainer's privacy depends on it.
@@ -113,11 +111,9 @@ class PrivacyPlan:
 
 
 def _check_score_kind(trainer: Any, selection: Any, debug_nonprivate: bool) -> None:
-    """The trainer's score must be a kind the method's theorem takes: e.g. random
-    stopping needs scores covered by the candidates' privacy, sparse vector the exact percentile
-    of a pure-DP candidate. A trainer that declares nothing is taken to return an exact score
-    (the safe default: a wrong "exact" only refuses, a wrong "covered" makes the statement
-    false)."""
+    """The trainer's score must be a kind the method's theorem takes; a trainer that declares
+    nothing returns an exact score (a wrong "exact" only refuses, a wrong "covered" would make
+    the statement false)."""
     kind = getattr(trainer, "score_kind", "exact")
     if kind not in SCORE_KINDS:
         raise TuningConfigError(
@@ -153,16 +149,25 @@ def _accounted(candidate: Any, adjacency: str) -> Any:
         ) from None
 
 
-def _statement(cands: Sequence[Any], transform: Any, budget: Budget, accountant: str, seeded: bool):
-    try:
-        return total_privacy(cands, transform, budget.delta, accountant, seeded=seeded)
-    except ValueError as e:
-        raise TuningConfigError(f"cannot account this run: {e}") from None
+def accounted_candidate(trainer: Any, hparams: Mapping[str, Any], adjacency: str) -> Any:
+    """The trainer's declared privacy at ``hparams`` as an accounting candidate under
+    ``adjacency``."""
+    return _accounted(as_candidate(trainer.privacy(dict(hparams))), adjacency)
+
+
+def grid_candidates(
+    trainer: Any, space: Space, grid: Sequence[Mapping[str, Any]], adjacency: str,
+    fill: Mapping[str, Any] = {},  # noqa: B006 - read only
+) -> list[Any]:  # fmt: skip
+    """:func:`accounted_candidate` at every point of the privacy ``grid`` (the other fields at
+    ``space.example()``; ``fill`` over both, e.g. a calibrated noise multiplier)."""
+    base = space.example()
+    return [accounted_candidate(trainer, {**base, **combo, **fill}, adjacency) for combo in grid]
 
 
 def _probe_values(dist: Any) -> list[Any]:
-    """Values of a searched field at which the trainer's declared privacy is probed: the whole
-    support of a finite distribution (up to 64 values), else both ends and interior points."""
+    """The whole support of a finite distribution (up to 64 values), else both ends and
+    interior points."""
     if isinstance(dist, (space_mod.Choice, space_mod.Integer)):
         support = dist.support()
         if len(support) <= 64:
@@ -177,10 +182,8 @@ def _probe_values(dist: Any) -> list[Any]:
 
 def probe_points(space: Space) -> list[dict[str, Any]]:
     """Points of ``space`` for checks that read only public settings (e.g. a trainer's
-    ``check_inputs``: the model against the data's schema): ``space.example()``, then each searched
-    field varied alone over its probe values (``_probe_values``: every value of a choice or an
-    integer range up to 64, else both ends and interior points). Joint values of two fields are
-    not combined."""
+    ``check_inputs``): ``space.example()``, then each searched field varied alone over its probe
+    values (``_probe_values``); joint values of two fields are not combined."""
     base = space.example()
     points, seen = [base], {repr(sorted(base.items()))}
     for _, point in _one_field_variations(space, space.searched):
@@ -201,14 +204,10 @@ def _one_field_variations(space: Space, names: Sequence[str]):
 
 
 def _privacy_dependent_fields(space: Space, candidate_of: Callable[[dict], Any]) -> list[str]:
-    """Searched fields (not already privacy-relevant) that change the trainer's declared privacy.
-
-    The accountant must take the worst case over every field the declaration depends on, not only
-    over the fields it was told about. Each searched field is varied alone from
-    ``space.example()``; a field that changes the declared candidate is privacy-relevant.
-    (Interactions this one-at-a-time probe misses are still caught: every drawn candidate is
-    checked against the accounted set before it trains.)
-    """
+    """Searched fields (not already privacy-relevant) whose value, varied alone from
+    ``space.example()``, changes the trainer's declared privacy: the accountant must take the
+    worst case over them too. (Joint effects this probe misses are caught by
+    ``_check_whole_support`` and ``check_candidates``.)"""
     base = candidate_of(space.example())
     relevant = set(space.privacy_relevant)
     found: list[str] = []
@@ -222,18 +221,11 @@ def _privacy_dependent_fields(space: Space, candidate_of: Callable[[dict], Any])
 def _check_whole_support(
     space: Space, grid: Sequence[Mapping[str, Any]], candidate_of: Callable[[dict], Any]
 ) -> bool:
-    """Every candidate a finite space can draw declares its accounted candidate.
-
-    The selection theorems hold for one mechanism repeated: "draw hyperparameters from the space,
-    then train", whose privacy is the worst case over the whole support of the space (docs/
-    privacy-model.md, "Every candidate is what was accounted"), not over the points one run
-    happens to draw. The accountant enumerated the privacy-relevant fields with every other field
-    at ``space.example()``; when all searched fields are finite and their product is at most
-    ``MAX_PRIVACY_GRID``, every point of the space is checked to declare what its accounted twin
-    (same privacy-relevant values) declares. Larger or continuous spaces are checked one field at
-    a time (``_privacy_dependent_fields``) and at every drawn point (``check_candidates``).
-    Returns whether the whole space was checked.
-    """
+    """Every candidate a finite space can draw declares what its accounted twin (same
+    privacy-relevant values, other fields at ``space.example()``) declares: the selection
+    theorems hold for "draw from the space, then train", whose privacy is the worst case over the
+    whole support (docs/privacy-model.md). Checked when every searched field is finite and the
+    product is at most ``MAX_PRIVACY_GRID``; returns whether it was."""
     others = [n for n in space.searched if n not in space.privacy_relevant]
     dists = [space.fields[n] for n in others]
     if not others:
@@ -260,24 +252,10 @@ def _check_whole_support(
     return True
 
 
-def _default_trainer_word(trainer: Any) -> list[str]:
-    """What a trainer that says nothing about itself is taken to do."""
-    kind = getattr(trainer, "score_kind", "exact")
-    return [
-        f"{type(trainer).__name__}: its training does what privacy(hparams) declares for each "
-        "candidate (clipping, noise, sampling, any split into the declared parallel parts)",
-        f"its score is score_kind={kind!r}: {SCORE_KINDS.get(kind, '?')}",
-    ]
-
-
 def _basis(
-    trainer: Any,
-    selection: Any,
-    space: Space,
-    cands: Sequence[Any],
-    adjacency: str,
+    trainer: Any, selection: Any, space: Space, cands: Sequence[Any], adjacency: str,
     whole_space: bool,
-) -> dict[str, tuple[str, ...]]:
+) -> dict[str, tuple[str, ...]]:  # fmt: skip
     """What the statement rests on: the assumptions that apply to this run
     (``dptune.assumptions``), what dptune checked, what it takes on the trainer's word, and what
     the release holds. Built-in trainers say what their code guarantees (``privacy_checks``);
@@ -286,17 +264,13 @@ def _basis(
     takes = tuple(getattr(selection, "takes", ("covered",)))
     published = tuple(getattr(selection, "publishes", ("payload",)))
     name = getattr(selection.privacy, "name", type(selection).__name__)
-    fields = list(space.privacy_relevant)
+    how = "the whole (finite) space was checked point by point" if whole_space else (
+        "the other fields were probed one at a time"
+    )  # fmt: skip
     checked = [
         f"every candidate the space can draw is covered: the {len(set(cands))} accounted "
-        f"setting(s) enumerate the privacy-relevant fields {fields}; "
-        + (
-            "the whole (finite) space was checked point by point"
-            if whole_space
-            else "the other fields were probed one at a time"
-        )
-        + "; each drawn candidate must declare its accounted setting, again just before it "
-        "trains",
+        f"setting(s) enumerate the privacy-relevant fields {list(space.privacy_relevant)}; {how}"
+        "; each drawn candidate must declare its accounted setting, again just before it trains",
         f"the score kind {kind!r} is one {name} is proved for; the release holds "
         f"{' + '.join(published)} only",
     ]
@@ -305,8 +279,13 @@ def _basis(
         word = list(trainer.taken_on_word())
     elif hasattr(trainer, "privacy_checks"):
         word = []
-    else:
-        word = _default_trainer_word(trainer)
+    else:  # a trainer that says nothing about itself
+        word = [
+            f"{type(trainer).__name__}: its training does what privacy(hparams) declares for "
+            "each candidate (clipping, noise, sampling, any split into the declared parallel "
+            "parts)",
+            f"its score is score_kind={kind!r}: {SCORE_KINDS.get(kind, '?')}",
+        ]
     assumptions = ["neighbours"]
     data = getattr(trainer, "data", None)
     if data is not None or getattr(trainer, "num_examples", None) is not None:
@@ -333,16 +312,10 @@ def _basis(
 
 @quiet_accounting
 def make_privacy_plan(
-    trainer: Any,
-    space: Space | Mapping[str, Any],
-    selection: Any,
-    budget: Budget | tuple[float, float],
-    *,
-    accountant: str = "auto",
-    seeded: bool = False,
-    debug_nonprivate: bool = False,
-    adjacency: str = "add_remove",
-) -> PrivacyPlan:
+    trainer: Any, space: Space | Mapping[str, Any], selection: Any,
+    budget: Budget | tuple[float, float], *, accountant: str = "auto", seeded: bool = False,
+    debug_nonprivate: bool = False, adjacency: str = "add_remove",
+) -> PrivacyPlan:  # fmt: skip
     """Validates the inputs, calibrates ``"auto"``, and accounts the whole run.
 
     1. Check the space, the selection method, delta < 1/n and the adjacency.
@@ -354,26 +327,18 @@ def make_privacy_plan(
 
     Raises TuningConfigError / ImpossibleBudgetError.
     """
-    budget = as_budget(budget)
-    space = _checked_space(space)
-    _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate)
+    budget, space = as_budget(budget), as_space(space)
+    field, auto = _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate)
     transform = selection.privacy
-    field = getattr(trainer, "calibrated_field", None)
-    autos = [name for name, v in space.fields.items() if v == AUTO]
-    if any(name != field for name in autos):
-        raise TuningConfigError(
-            f"{autos} is 'auto', but this trainer calibrates only {field!r}; give a value"
-        )
-    auto = bool(autos)
+
+    def fill(value: float | None) -> dict[str, Any]:
+        return {field: 1.0 if value is None else value} if auto else {}
 
     def candidate_of(hp: Mapping[str, Any], value: float | None = None) -> Any:
-        hp = dict(hp)
-        if auto:
-            hp[field] = 1.0 if value is None else value
-        return _accounted(as_candidate(trainer.privacy(hp)), adjacency)
+        return accounted_candidate(trainer, {**hp, **fill(value)}, adjacency)
 
-    space = _privacy_space(space, set(getattr(trainer, "privacy_fields", ())) - set(autos),
-                           candidate_of)  # fmt: skip
+    known = set(getattr(trainer, "privacy_fields", ())) - ({field} if auto else set())
+    space = _privacy_space(space, known, candidate_of)
     try:
         grid = space.privacy_grid()
     except SpaceError as e:
@@ -381,14 +346,10 @@ def make_privacy_plan(
 
     # 3-4. the worst case over the grid, through the selection theorem
     def candidates(value: float | None) -> list[Any]:
-        return [candidate_of({**space.example(), **combo}, value) for combo in grid]
+        return grid_candidates(trainer, space, grid, adjacency, fill(value))
 
-    calibrated: dict[str, Any] = {}
-    if auto:
-        calibrated[field], statement = _calibrate(candidates, transform, budget, accountant,
-                                                  seeded, field)  # fmt: skip
-    else:
-        statement = _statement(candidates(None), transform, budget, accountant, seeded)
+    calibrated, statement = _worst_case(candidates, transform, budget, accountant, seeded, field,
+                                        auto)  # fmt: skip
     cands = candidates(calibrated.get(field))
     whole = _check_whole_support(space, grid, lambda hp: candidate_of(hp, calibrated.get(field)))
     notes = tuple(trainer.privacy_notes()) if hasattr(trainer, "privacy_notes") else ()
@@ -401,36 +362,30 @@ def make_privacy_plan(
     if not debug_nonprivate:
         _check_total(statement, budget, transform.name, field)
     return PrivacyPlan(
-        space=space,
-        calibrated=calibrated,
-        statement=statement,
-        candidates=tuple(dict.fromkeys(cands)),
-        privacy_fields=tuple(space.privacy_relevant),
-        adjacency=adjacency,
-        transform=transform,
-        delta=budget.delta,
-        accountant=accountant,
-    )
+        space, calibrated, statement, tuple(dict.fromkeys(cands)), tuple(space.privacy_relevant),
+        adjacency, transform, budget.delta, accountant,
+    )  # fmt: skip
 
 
-def _checked_space(space: Space | Mapping[str, Any]) -> Space:
-    """``space`` as a :class:`Space` with something to draw; TuningConfigError otherwise."""
-    if not isinstance(space, Space):
-        try:
-            space = Space.from_config(space)
-        except ValueError as e:
-            raise TuningConfigError(str(e)) from None
-    if len(space) == 0 or not space.searched:
+def as_space(space: Space | Mapping[str, Any]) -> Space:
+    """``space`` as a :class:`Space` (a mapping is read as a config); TuningConfigError if not."""
+    if isinstance(space, Space):
+        return space
+    try:
+        return Space.from_config(space)
+    except ValueError as e:
+        raise TuningConfigError(str(e)) from None
+
+
+def _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate):
+    """Step 1 of ``make_privacy_plan``: a space with something to draw, the selection method (a
+    private one, of a size that can be planned, for the trainer's score kind), delta < 1/n, the
+    adjacency and the ``"auto"`` fields. Returns ``(calibrated field, whether it is "auto")``."""
+    if not space.searched:
         raise TuningConfigError(
             "the search space is empty (no field is drawn at random): there is nothing to tune; "
             "declare at least one distribution, e.g. learning_rate=space.log_uniform(0.01, 1.0)"
         )
-    return space
-
-
-def _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate) -> None:
-    """Step 1 of ``make_privacy_plan``: the selection method (a private one, of a size that can
-    be planned, for the trainer's score kind), delta < 1/n and the adjacency."""
     if adjacency not in ADJACENCIES:
         raise TuningConfigError(f"adjacency={adjacency!r} must be one of {ADJACENCIES}")
     for attr in ("plan", "select", "done", "privacy"):
@@ -454,6 +409,13 @@ def _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate
             f"selection {selection.privacy.name} is not private; use it only with "
             "debug_nonprivate=True"
         )
+    field = getattr(trainer, "calibrated_field", None)
+    autos = [name for name, v in space.fields.items() if v == AUTO]
+    if any(name != field for name in autos):
+        raise TuningConfigError(
+            f"{autos} is 'auto', but this trainer calibrates only {field!r}; give a value"
+        )
+    return field, bool(autos)
 
 
 def _privacy_space(space: Space, known: set[str], candidate_of: Callable) -> Space:
@@ -483,21 +445,22 @@ def _check_total(statement: Any, budget: Budget, method: str, field: str | None)
         )
 
 
-def _calibrate(candidates, transform, budget, accountant, seeded, field) -> tuple[float, Any]:
-    """Steps 3-4 with an ``"auto"`` field: the smallest value whose total meets the budget, and
-    the statement at it. ImpossibleBudgetError if none does."""
+def _worst_case(candidates, transform, budget, accountant, seeded, field, auto):
+    """Steps 3-4: ``(calibrated values, statement)``; with an ``"auto"`` field, the smallest value
+    whose total meets the budget (ImpossibleBudgetError if none does)."""
+    if not auto:
+        cands = candidates(None)
+        try:
+            return {}, total_privacy(cands, transform, budget.delta, accountant, seeded=seeded)
+        except ValueError as e:
+            raise TuningConfigError(f"cannot account this run: {e}") from None
     candidates(1.0)  # invalid settings raise their own message here, not "no sigma found"
     try:
+        # the memo: a second run of the same plan skips the search
         cal = calibrate(
-            candidates,
-            transform,
-            budget.epsilon,
-            budget.delta,
-            accountant,
-            seeded=seeded,
-            compare=False,
-            memo=default_memo(),  # a second run of the same plan skips the search
-        )
+            candidates, transform, budget.epsilon, budget.delta, accountant, seeded=seeded,
+            compare=False, memo=default_memo(),
+        )  # fmt: skip
     except ValueError as e:
         log.info("calibration failed: %s", e)
         raise ImpossibleBudgetError(
@@ -505,13 +468,12 @@ def _calibrate(candidates, transform, budget, accountant, seeded, field) -> tupl
             f"delta={budget.delta:g}) with {transform.name}: raise the budget, lower the "
             "mean number of trials, or train for fewer steps / a smaller sampling rate"
         ) from None
-    return float(cal.noise_multiplier), cal.statement
+    return {field: float(cal.noise_multiplier)}, cal.statement
 
 
 def check_selection_size(selection: Any) -> None:
-    """Refuses a selection that expects to train more than ``MAX_EXPECTED_TRIALS`` candidates
-    (e.g. a mean number of trials of 1e9): a public property of its settings, checked before any
-    plan is drawn."""
+    """Refuses a selection that expects to train more than ``MAX_EXPECTED_TRIALS`` candidates (a
+    public property of its settings, checked before any plan is drawn)."""
     expected = getattr(selection, "expected_trials", None)
     if expected is None:
         return
@@ -539,41 +501,27 @@ def declared_candidate(trainer: Any, plan: PrivacyPlan, drawn: Mapping[str, Any]
 def check_candidates(
     trainer: Any, plan: PrivacyPlan, drawn: Sequence[Mapping[str, Any]]
 ) -> list[Any]:
-    """Every drawn candidate's declared privacy must be covered by what the statement accounted.
-
-    Covered: it declares exactly what its accounted twin declares (the candidate of the same
-    privacy-relevant values, every other field at ``space.example()``). Then every drawn candidate
-    is one of the accounted ones, and the set is covered jointly by the worst case the statement
-    took. A drawn candidate that declares anything else -- even a less lossy one -- shows that the
-    declaration depends on fields the accountant did not enumerate, so points of the space this
-    run did not draw may be uncovered: TuningConfigError, naming the fields that make the
-    difference, before any candidate touches data.
-
-    Returns each drawn candidate's declaration as checked (:func:`declared_candidate`), in order:
-    what each candidate must still declare when it trains (:func:`check_unchanged`).
-    """
+    """Every drawn candidate must declare exactly what its accounted twin (same privacy-relevant
+    values, other fields at ``space.example()``) declares. Anything else -- even a less lossy
+    candidate -- shows that the declaration depends on fields the accountant did not enumerate,
+    so undrawn points may be uncovered: TuningConfigError naming those fields, before any
+    candidate touches data. Returns each drawn candidate's declaration (:func:`declared_candidate`),
+    in order: what it must still declare when it trains (:func:`check_unchanged`)."""
 
     def candidate(hp: Mapping[str, Any]) -> Any:
-        return _accounted(declared_candidate(trainer, plan, hp), plan.adjacency)
+        return accounted_candidate(trainer, plan.hparams(hp), plan.adjacency)
 
-    accounted = set(plan.candidates)
-    example = plan.space.example()
+    accounted, fields, example = set(plan.candidates), plan.privacy_fields, plan.space.example()
     twins: dict[tuple, Any] = {}
     declared = [declared_candidate(trainer, plan, hp) for hp in drawn]
     for hp, raw in zip(drawn, declared, strict=True):
         cand = _accounted(raw, plan.adjacency)
-        key = tuple(repr(hp.get(n)) for n in plan.privacy_fields)
+        key = tuple(repr(hp.get(n)) for n in fields)
         if key not in twins:
-            twins[key] = candidate(
-                {**example, **{n: hp[n] for n in plan.privacy_fields if n in hp}}
-            )
+            twins[key] = candidate({**example, **{n: hp[n] for n in fields if n in hp}})
         if cand != twins[key] or cand not in accounted:
-            culprits = [
-                name
-                for name in plan.space.searched
-                if name not in plan.privacy_fields
-                and candidate({**hp, name: example[name]}) != cand
-            ]
+            others = [n for n in plan.space.searched if n not in fields]
+            culprits = [n for n in others if candidate({**hp, n: example[n]}) != cand]
             raise TuningConfigError(
                 "a drawn candidate's declared privacy is not covered by the accounted statement "
                 f"(fields {culprits or sorted(hp)} change it beyond what was accounted): declare "

@@ -6,13 +6,11 @@ every candidate's hyperparameters independently from it, which is the hypothesis
 stopping theorems (Papernot & Steinke 2022, §3.3: each run draws its hyperparameters independently,
 with one uniform privacy bound over all of them).
 
-Privacy-relevant fields (those the trainer names, e.g. DP-SGD's noise multiplier, batch size and
-epochs; any field a config marks with ``privacy=True``; and any field the trainer's declared
-privacy is found to depend on, ``dptune.plan``) change each candidate's privacy loss. The
-accountant must take the worst case over everything the sampler can draw, so such fields may only
-be constants,
-:class:`Choice` or :class:`Integer` (finite supports that :meth:`Space.privacy_grid` enumerates
-exactly); a continuous distribution over a privacy field is refused rather than approximated.
+Privacy-relevant fields (those the trainer names, those marked ``privacy=True``, and those the
+trainer's declared privacy is found to depend on, ``dptune.plan``) change each candidate's privacy
+loss. The accountant takes the worst case over everything the sampler can draw, so such fields may
+only be constants, :class:`Choice` or :class:`Integer` (finite supports that
+:meth:`Space.privacy_grid` enumerates exactly); a continuous one is refused, not approximated.
 
 In a config file (ml_collections)::
 
@@ -32,7 +30,7 @@ import itertools
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -52,6 +50,7 @@ class Choice:
 
     values: tuple
     privacy: bool = False
+    kind: ClassVar[str] = "choice"
 
     def __post_init__(self) -> None:
         if len(self.values) == 0:
@@ -68,63 +67,65 @@ class Choice:
 
 
 @dataclass(frozen=True)
-class Uniform:
-    """Uniform on the real interval [low, high]."""
+class _Interval:
+    """A distribution on [low, high] (finite numbers, low <= high)."""
 
     low: float
     high: float
     privacy: bool = False
+    kind: ClassVar[str]
 
     def __post_init__(self) -> None:
-        _check_interval("uniform", self.low, self.high)
+        for label, x in (("low", self.low), ("high", self.high)):
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+                raise SpaceError(f"{self.kind} needs finite numeric bounds, got {label}={x!r}")
+        if self.low > self.high:
+            raise SpaceError(f"{self.kind} needs low <= high, got low={self.low}, high={self.high}")
+
+    def to_dict(self) -> dict:
+        return {"distribution": self.kind, "low": self.low, "high": self.high}
+
+
+@dataclass(frozen=True)
+class Uniform(_Interval):
+    """Uniform on the real interval [low, high]."""
+
+    kind: ClassVar[str] = "uniform"
 
     def sample(self, rng: np.random.Generator) -> float:
         return float(rng.uniform(self.low, self.high))
 
     def support(self) -> tuple:
-        raise SpaceError("a continuous uniform distribution has no finite support")
-
-    def to_dict(self) -> dict:
-        return {"distribution": "uniform", "low": self.low, "high": self.high}
+        raise SpaceError(f"a continuous {self.kind} distribution has no finite support")
 
 
 @dataclass(frozen=True)
-class LogUniform:
+class LogUniform(Uniform):
     """Log-uniform on [low, high], 0 < low <= high: log(x) is uniform on [log low, log high]."""
 
-    low: float
-    high: float
-    privacy: bool = False
+    kind: ClassVar[str] = "log_uniform"
 
     def __post_init__(self) -> None:
-        _check_interval("log_uniform", self.low, self.high)
+        super().__post_init__()
         if self.low <= 0:
             raise SpaceError(f"log_uniform needs low > 0, got low={self.low}")
 
     def sample(self, rng: np.random.Generator) -> float:
         return float(math.exp(rng.uniform(math.log(self.low), math.log(self.high))))
 
-    def support(self) -> tuple:
-        raise SpaceError("a continuous log-uniform distribution has no finite support")
-
-    def to_dict(self) -> dict:
-        return {"distribution": "log_uniform", "low": self.low, "high": self.high}
-
 
 @dataclass(frozen=True)
-class Integer:
+class Integer(_Interval):
     """Uniform on the integers low, low+1, ..., high (both ends included)."""
 
-    low: int
-    high: int
-    privacy: bool = False
+    kind: ClassVar[str] = "integer"
 
     def __post_init__(self) -> None:
         if int(self.low) != self.low or int(self.high) != self.high:
             raise SpaceError(
                 f"integer() needs integer bounds, got low={self.low}, high={self.high}"
             )
-        _check_interval("integer", self.low, self.high)
+        super().__post_init__()
 
     def sample(self, rng: np.random.Generator) -> int:
         return int(rng.integers(int(self.low), int(self.high) + 1))
@@ -137,11 +138,11 @@ class Integer:
 
 
 Distribution = Choice | Uniform | LogUniform | Integer
-_DISTRIBUTIONS = (Choice, Uniform, LogUniform, Integer)
+_DISTRIBUTIONS = (Choice, _Interval)
+_BY_KIND = {c.kind: c for c in (Choice, Uniform, LogUniform, Integer)}
 
 
 # --- helpers for config files: they return plain dicts so ml_collections can override their fields
-# -------------
 
 
 def choice(*values: Any, privacy: bool = False) -> dict:
@@ -169,27 +170,23 @@ def distribution_from_dict(name: str, spec: Mapping[str, Any]) -> Distribution:
     spec = dict(spec)
     kind = spec.pop("distribution", None)
     privacy = bool(spec.pop("privacy", False))
+    cls = _BY_KIND.get(kind)
+    if cls is None:
+        raise SpaceError(
+            f"space field {name!r}: unknown distribution {kind!r} "
+            "(expected 'choice', 'uniform', 'log_uniform' or 'integer')"
+        )
     try:
-        if kind == "choice":
+        if cls is Choice:
             values = spec.pop("values", None)
             if values is None or isinstance(values, (str, bytes)):
-                raise SpaceError(
-                    f"space field {name!r}: choice needs a list of values, got {values!r}"
-                )
+                raise SpaceError(f"choice needs a list of values, got {values!r}")
             dist: Distribution = Choice(tuple(values), privacy)
-        elif kind in ("uniform", "log_uniform", "integer"):
-            cls = {"uniform": Uniform, "log_uniform": LogUniform, "integer": Integer}[kind]
-            if "low" not in spec or "high" not in spec:
-                raise SpaceError(f"space field {name!r}: {kind} needs 'low' and 'high'")
-            dist = cls(spec.pop("low"), spec.pop("high"), privacy)
         else:
-            raise SpaceError(
-                f"space field {name!r}: unknown distribution {kind!r} "
-                "(expected 'choice', 'uniform', 'log_uniform' or 'integer')"
-            )
+            if "low" not in spec or "high" not in spec:
+                raise SpaceError(f"{kind} needs 'low' and 'high'")
+            dist = cls(spec.pop("low"), spec.pop("high"), privacy)
     except SpaceError as e:
-        if str(e).startswith("space field"):
-            raise
         raise SpaceError(f"space field {name!r}: {e}") from None
     if spec:
         raise SpaceError(f"space field {name!r}: unknown keys {sorted(spec)} for {kind}")
@@ -206,11 +203,9 @@ class Space:
     """
 
     def __init__(
-        self,
-        fields: Mapping[str, Any] | None = None,
-        privacy_fields: frozenset[str] | set[str] = frozenset(),
-        **kwargs: Any,
-    ) -> None:
+        self, fields: Mapping[str, Any] | None = None,
+        privacy_fields: frozenset[str] | set[str] = frozenset(), **kwargs: Any,
+    ) -> None:  # fmt: skip
         if fields is None:
             fields = kwargs
         elif kwargs:
@@ -233,23 +228,18 @@ class Space:
                     f"space field {name!r}: a bare list {value!r} is ambiguous; "
                     "use space.choice(...) for a choice or a scalar for a constant"
                 )
-            elif (
-                not isinstance(value, (*_DISTRIBUTIONS, int, float, str, bool))
-                and value is not None
-            ):
+            elif not isinstance(value, (*_DISTRIBUTIONS, int, float, str, bool, type(None))):
                 raise SpaceError(f"space field {name!r}: unsupported value {value!r}")
             parsed[name] = value
         self.fields: dict[str, Any] = parsed
         self._privacy_fields = frozenset(privacy_fields)
         for name in self.privacy_relevant:
             value = parsed[name]
-            if isinstance(value, (Uniform, LogUniform)):
+            if isinstance(value, Uniform):
                 raise SpaceError(
                     f"space field {name!r} changes each candidate's privacy loss, so the "
-                    "accountant needs its "
-                    "worst case exactly: use a constant, space.choice(...) or "
-                    "space.integer(...), not "
-                    f"{type(value).__name__}"
+                    "accountant needs its worst case exactly: use a constant, space.choice(...) "
+                    f"or space.integer(...), not {type(value).__name__}"
                 )
 
     @classmethod
@@ -287,30 +277,19 @@ class Space:
         }
 
     def example(self) -> dict[str, Any]:
-        """One fixed point of the space (constants, first choice, lower bounds), no randomness.
-
-        For questions whose answer must not depend on non-privacy fields (the accountant's).
-        """
-        out: dict[str, Any] = {}
-        for n, v in self.fields.items():
-            if isinstance(v, Choice):
-                out[n] = _plain(v.values[0])
-            elif isinstance(v, _DISTRIBUTIONS):
-                out[n] = v.low
-            else:
-                out[n] = v
-        return out
+        """One fixed point of the space (constants, first choice, lower bounds), no randomness:
+        for questions whose answer must not depend on non-privacy fields (the accountant's)."""
+        return {
+            n: _plain(v.values[0]) if isinstance(v, Choice) else getattr(v, "low", v)
+            for n, v in self.fields.items()
+        }
 
     def privacy_grid(self) -> list[dict[str, Any]]:
-        """Every combination of values the privacy-relevant fields can take (for the worst case).
-
-        Returns a list of dicts over :attr:`privacy_relevant` (one empty dict if there are none).
-        """
+        """Every combination of values the privacy-relevant fields can take (for the worst case):
+        dicts over :attr:`privacy_relevant` (one empty dict if there are none)."""
         names = self.privacy_relevant
-        supports = []
-        for n in names:
-            v = self.fields[n]
-            supports.append(v.support() if isinstance(v, _DISTRIBUTIONS) else (v,))
+        fields = [self.fields[n] for n in names]
+        supports = [v.support() if isinstance(v, _DISTRIBUTIONS) else (v,) for v in fields]
         size = math.prod(len(s) for s in supports)
         if size > MAX_PRIVACY_GRID:
             raise SpaceError(
@@ -321,16 +300,13 @@ class Space:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe description (for the journal and the release's hyperparameter file)."""
-        out: dict[str, Any] = {}
-        for n, v in self.fields.items():
-            if isinstance(v, _DISTRIBUTIONS):
-                d = v.to_dict()
-                if v.privacy:
-                    d["privacy"] = True
-                out[n] = d
-            else:
-                out[n] = v
-        return out
+
+        def entry(v: Any) -> Any:
+            if not isinstance(v, _DISTRIBUTIONS):
+                return v
+            return {**v.to_dict(), "privacy": True} if v.privacy else v.to_dict()
+
+        return {n: entry(v) for n, v in self.fields.items()}
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.fields)
@@ -340,14 +316,6 @@ class Space:
 
     def __repr__(self) -> str:
         return f"Space({self.to_dict()!r})"
-
-
-def _check_interval(kind: str, low: Any, high: Any) -> None:
-    for label, x in (("low", low), ("high", high)):
-        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
-            raise SpaceError(f"{kind} needs finite numeric bounds, got {label}={x!r}")
-    if low > high:
-        raise SpaceError(f"{kind} needs low <= high, got low={low}, high={high}")
 
 
 def _plain(v: Any) -> Any:

@@ -1,58 +1,32 @@
-"""One vocabulary of tuning strategies: how the candidates use the private data.
-
-``config.strategy.name`` (and ``dptune.tune_subsampled`` in Python) picks one; the configs, the
-``dptune`` command, ``--dry_run`` and the docs read the names and options from here.
-
-* ``full`` (default): every candidate trains on all the private data; the selection theorem prices
-  the whole run (``dptune.tune``).
-* ``subsampled``: candidates train on a per-record Poisson subset (rate ``fraction``) with their own
-  budget ``tuning_epsilon``; the selected hyperparameters are retrained once on all the data; the
-  two phases are accounted as one composition (Koskela & Kulkarni 2023; ``dptune.subsampled``,
-  ``dptune.accounting.subsampled``).
+"""One vocabulary of tuning strategies: how the candidates use the private data. The configs
+(``config.strategy.name``), the ``dptune`` command, ``--dry_run`` and the docs read the names and
+options from here: ``full`` (``dptune.tune``: every candidate on all the data) and ``subsampled``
+(``dptune.tune_subsampled``: candidates on a Poisson subset, the selection retrained once).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from dptune.errors import Refused
 
-__all__ = ["STRATEGIES", "StrategyInfo", "check", "describe", "names"]
+__all__ = ["STRATEGIES", "check", "describe", "names"]
 
-
-@dataclass(frozen=True)
-class StrategyInfo:
-    """A tuning strategy as the configs and the command know it.
-
-    Attributes:
-      name: ``config.strategy.name``.
-      summary: one line: what it does and what accounts it.
-      options: option name -> (type, one line: meaning and valid range); all required.
-    """
-
-    name: str
-    summary: str
-    options: Mapping[str, tuple[type, str]] = field(default_factory=dict)
-
-
-STRATEGIES: dict[str, StrategyInfo] = {
-    "full": StrategyInfo(
-        "full",
+#: ``config.strategy.name`` -> (one line: what it does and what accounts it, {option: one line:
+#: meaning and valid range}); every option is a required number.
+STRATEGIES: dict[str, tuple[str, dict[str, str]]] = {
+    "full": (
         "every candidate trains on all the private data; the selection theorem prices the run",
+        {},
     ),
-    "subsampled": StrategyInfo(
-        "subsampled",
+    "subsampled": (
         "candidates train on a per-record Poisson subset, the selected hyperparameters once more "
         "on all the data (Koskela & Kulkarni 2023); accounted as one composition",
         {
-            "fraction": (float, "Poisson subsampling rate of the tuning subset, in (0, 1)"),
-            "tuning_epsilon": (
-                float,
-                "epsilon of the tuning phase on the FULL data (amplification included), > 0 and "
-                "below the total epsilon",
-            ),
+            "fraction": "Poisson subsampling rate of the tuning subset, in (0, 1)",
+            "tuning_epsilon": "epsilon of the tuning phase on the FULL data (amplification "
+            "included), > 0 and below the total epsilon",
         },
     ),
 }
@@ -67,16 +41,16 @@ def names() -> tuple[str, ...]:
     return tuple(STRATEGIES)
 
 
-def check(name: Any, options: Mapping[str, Any], total_epsilon: float) -> dict[str, Any]:
+def check(name: Any, options: Mapping[str, Any], total_epsilon: float) -> dict[str, float]:
     """The options ``name`` takes, checked (None values are unset); StrategyConfigError naming
     the field and its fix otherwise."""
     if name not in STRATEGIES:
         raise StrategyConfigError(
             f"config.strategy.name={name!r} is unknown; choose one of {', '.join(names())}"
         )
-    info = STRATEGIES[name]
-    out: dict[str, Any] = {}
-    for opt, (kind, meaning) in info.options.items():
+    takes = STRATEGIES[name][1]
+    out: dict[str, float] = {}
+    for opt, meaning in takes.items():
         value = options.get(opt)
         if value is None:
             raise StrategyConfigError(
@@ -84,7 +58,7 @@ def check(name: Any, options: Mapping[str, Any], total_epsilon: float) -> dict[s
             )
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise StrategyConfigError(f"config.strategy.{opt}={value!r} must be a number")
-        out[opt] = kind(value)
+        out[opt] = float(value)
     if name == "subsampled":
         if not 0 < out["fraction"] < 1:
             raise StrategyConfigError(
@@ -95,7 +69,7 @@ def check(name: Any, options: Mapping[str, Any], total_epsilon: float) -> dict[s
                 f"config.strategy.tuning_epsilon={out['tuning_epsilon']!r} must be > 0 and below "
                 f"the total epsilon {total_epsilon:g} (the final run needs the rest)"
             )
-    unused = sorted(k for k, v in options.items() if v is not None and k not in info.options)
+    unused = sorted(k for k, v in options.items() if v is not None and k not in takes)
     if unused:
         raise StrategyConfigError(
             f"config.strategy: {unused} are not options of strategy {name!r}; unset them"
@@ -106,8 +80,7 @@ def check(name: Any, options: Mapping[str, Any], total_epsilon: float) -> dict[s
 def describe() -> str:
     """The strategies and their options, for ``dptune --help`` and the docs."""
     lines = ["Tuning strategies (config.strategy.name):"]
-    for info in STRATEGIES.values():
-        lines.append(f"  {info.name}: {info.summary}")
-        for opt, (_, meaning) in info.options.items():
-            lines.append(f"    strategy.{opt}: {meaning}")
+    for name, (summary, takes) in STRATEGIES.items():
+        lines.append(f"  {name}: {summary}")
+        lines += [f"    strategy.{opt}: {meaning}" for opt, meaning in takes.items()]
     return "\n".join(lines)

@@ -5,24 +5,15 @@ Subsampling", arXiv:2301.11989). The two phases are accounted as one composition
 (``dptune.accounting.subsampled``: the selection theorem on the subset, amplification by Poisson
 subsampling, PLD composition with the final run).
 
-It is built from ``dptune.tune``'s steps, run twice:
-
-1. ``plan_subsampled``: everything checkable without data; the tuning phase's noise (calibrated so
-   that the selection over the subset is (eps_T, delta_T)-DP on the subset, i.e. (tuning_epsilon,
-   delta') on the full data after amplification) and the final run's noise (calibrated so the
-   composition meets the total budget). Nothing private has run.
-2. The outer journal (``DIR/private/``) binds the config and draws, once, the subset's secret key
-   (32 bytes of OS entropy, or derived from ``seed``) and the run id; the whole run's (epsilon,
-   delta) is charged to the ledger once.
-3. Phase 1: ``tune`` on the subset's trainer (``trainer.subset(fraction, key)``) with the budget
-   (eps_T, delta_T), in ``DIR/private/tuning`` (its release is private: only the hyperparameters it
-   selects go on).
-4. Phase 2: ``tune`` of the one selected setting on all the data (best of 1) at the final noise, in
-   ``DIR/private/final``; its model, score and curve become the release, under the whole run's
-   statement (``DIR/release/``). If phase 1 releases nothing, nothing is released.
-
-A killed run resumes: each phase resumes from its own journal, the subset key and the plan are read
-back, never drawn again.
+Built on ``dptune.tuner``'s public steps: ``check_run`` around ``plan_subsampled`` (the tuning
+candidates' noise, calibrated so the selection over the subset is (tuning_epsilon, delta') on the
+full data after amplification, and the final run's, so the composition meets the total budget),
+then in ``run_in_workdir``: the run id and the subset's secret key (32 bytes of OS entropy, or
+derived from ``seed``) drawn once, one ``charge_ledger`` for the whole run, phase 1 (``tune`` on
+``trainer.subset(fraction, key)`` in ``DIR/private/tuning``; its release stays private) and
+phase 2 (``tune`` of the selected setting on all the data, best of 1, in ``DIR/private/final``;
+its model, score and curve are released under the whole run's statement). If phase 1 releases
+nothing, nothing is released. A killed run resumes phase by phase from the journals.
 
 The trainer must have the hook ``subset(fraction, key) -> trainer``: the same trainer on the
 records whose keyed hash falls below ``fraction`` (``DpSgdTrainer.subset``). Scope: add/remove
@@ -36,28 +27,32 @@ import dataclasses
 import hashlib
 import logging
 import os
-import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from dptune.accounting import subsampled as acc
-from dptune.accounting.events import with_adjacency
 from dptune.accounting.statement import PrivacyStatement
 from dptune.errors import ImpossibleBudgetError, TuningConfigError
-from dptune.plan import AUTO, Budget, PrivacyPlan, as_budget, make_privacy_plan
-from dptune.release import Release, read_release, write_release
+from dptune.plan import (
+    AUTO,
+    Budget,
+    PrivacyPlan,
+    accounted_candidate,
+    as_budget,
+    as_space,
+    grid_candidates,
+    make_privacy_plan,
+)
+from dptune.release import Release
 from dptune.space import Space
-from dptune.trainer_protocol import as_candidate
 from dptune.tuner import (
     TuneOptions,
-    as_space,
     bind_calibrated,
     charge_ledger,
+    check_run,
     describe_run,
-    open_journal,
+    run_in_workdir,
     tune,
 )
 from dptune.workdir_lock import workdir_lock
@@ -115,19 +110,12 @@ def _check(trainer: Any, space: Space, accountant: str, adjacency: str) -> str:
 
 
 def plan_subsampled(
-    trainer: Any,
-    space: Space | Mapping[str, Any],
-    selection: Any,
-    budget: Budget | tuple[float, float],
-    *,
-    fraction: float,
-    tuning_epsilon: float,
-    subset_trainer: Any = None,
-    accountant: str = "auto",
-    seeded: bool = False,
+    trainer: Any, space: Space | Mapping[str, Any], selection: Any,
+    budget: Budget | tuple[float, float], *, fraction: float, tuning_epsilon: float,
+    subset_trainer: Any = None, accountant: str = "auto", seeded: bool = False,
     adjacency: str = "add_remove",
-) -> SubsampledPlan:
-    """Checks the inputs and accounts a subsampled tuning run (module docstring, step 1).
+) -> SubsampledPlan:  # fmt: skip
+    """Checks the inputs and accounts a subsampled tuning run; nothing private runs.
 
     Args:
       trainer: the trainer on all the data (with a ``subset`` hook).
@@ -182,31 +170,18 @@ def plan_subsampled(
             f"the run would cost epsilon={statement.total_epsilon:.4g} > budget {budget.epsilon:g}"
         )
     return SubsampledPlan(
-        tuning=tuning,
-        tuning_plan=tuning_plan,
-        calibrated={field: float(sigma)},
-        final_candidates=tuple(dict.fromkeys(cands)),
-        statement=statement,
+        tuning, tuning_plan, {field: float(sigma)}, tuple(dict.fromkeys(cands)), statement
     )
 
 
 def _final_run(trainer, sub, tuning_plan, field, fraction, budget, seeded, adjacency):
-    """The final run's calibrated noise, its possible privacy settings and the whole run's
-    statement. The final run may get any setting of the privacy grid the tuning phase enumerated
-    (the tuning plan's space carries every privacy-relevant field, probed ones included).
-    ``sub`` is the subset's trainer the tuning plan was made for. ValueError if no noise meets
-    the budget."""
-    grid_space = tuning_plan.space
-    grid = grid_space.privacy_grid()
+    """The final run's calibrated noise, its possible privacy settings (any point of the privacy
+    grid the tuning plan enumerated) and the whole run's statement; ``sub`` is the subset's
+    trainer the tuning plan was made for. ValueError if no noise meets the budget."""
+    space, grid = tuning_plan.space, tuning_plan.space.privacy_grid()
 
     def final_candidates(sigma: float) -> list[Any]:
-        return [
-            with_adjacency(
-                as_candidate(trainer.privacy({**grid_space.example(), **combo, field: sigma})),
-                adjacency,
-            )
-            for combo in grid
-        ]
+        return grid_candidates(trainer, space, grid, adjacency, {field: sigma})
 
     final_candidates(1.0)  # invalid settings raise their own message here
     eps_t, delta_t = acc.amplify(
@@ -223,62 +198,38 @@ def _final_run(trainer, sub, tuning_plan, field, fraction, budget, seeded, adjac
     statement = acc.subsampled_statement(
         cands, tuning_plan.statement, fraction, budget.delta, seeded=seeded, notes=notes
     )
-    # What the statement rests on: the tuning phase's basis (``make_privacy_plan``), plus what
-    # this strategy's code guarantees.
+    # What the statement rests on: the tuning phase's basis, plus this strategy's guarantees.
     basis = tuning_plan.statement
     # The trainer's own checks name its public sizes: the subset's (q = B f / (N f)) hold for the
     # tuning candidates, the full trainer's for the final run; the statement says both.
     sub_checks = tuple(getattr(sub, "privacy_checks", tuple)())
     full_checks = tuple(getattr(trainer, "privacy_checks", tuple)())
-    checked = tuple(c for c in basis.checked if c not in sub_checks)
-    checked += tuple(
-        f"tuning candidates (on the subset of rate {fraction:g}): {c}"
-        for c in sub_checks
-        if c not in full_checks
-    )
-    checked += full_checks
+    checked = (
+        *(c for c in basis.checked if c not in sub_checks),
+        *(f"tuning candidates (on the subset of rate {fraction:g}): {c}" for c in sub_checks
+          if c not in full_checks),
+        *full_checks,
+        "the tuning subset is drawn per record: a keyed hash of each record and its copy "
+        "number under a secret 32-byte key (trainers.data.record_subset_mask), so adding or "
+        "removing a record changes only its own membership (Poisson subsampling)",
+        "the final run's setting is one the statement accounted, checked before it trains",
+    )  # fmt: skip
     # A public start (fine-tuning) is assumed by both phases: the final run starts from it too.
     assumptions = tuple(basis.assumptions)
     if getattr(trainer, "init_fingerprint", None) and "public-init" not in assumptions:
         assumptions += ("public-init",)
     statement = dataclasses.replace(
-        statement,
-        assumptions=assumptions,
-        checked=checked
-        + (
-            "the tuning subset is drawn per record: a keyed hash of each record and its copy "
-            "number under a secret 32-byte key (trainers.data.record_subset_mask), so adding or "
-            "removing a record changes only its own membership (Poisson subsampling)",
-            "the final run's setting is one the statement accounted, checked before it trains",
-        ),
-        trainer_word=basis.trainer_word,
+        statement, assumptions=assumptions, checked=checked, trainer_word=basis.trainer_word,
         published=basis.published,
-    )
+    )  # fmt: skip
     return sigma, cands, statement
 
 
-def _subset_key(journal: Any, seed: int | None) -> bytes:
-    """The subset's secret key, drawn once (OS entropy; from ``seed`` for debugging)."""
-    if seed is None:
-        fresh = os.urandom(32).hex()
-    else:
-        fresh = hashlib.blake2b(
-            f"dptune/subset-key/{int(seed)}".encode(), digest_size=32
-        ).hexdigest()
-    return bytes.fromhex(journal.set_once("subset_key", fresh))
-
-
 def tune_subsampled(
-    trainer: Any,
-    space: Space | Mapping[str, Any],
-    selection: Any,
-    budget: Budget | tuple[float, float],
-    *,
-    fraction: float,
-    tuning_epsilon: float,
-    options: TuneOptions | None = None,
-    **kwargs: Any,
-) -> Release:
+    trainer: Any, space: Space | Mapping[str, Any], selection: Any,
+    budget: Budget | tuple[float, float], *, fraction: float, tuning_epsilon: float,
+    options: TuneOptions | None = None, **kwargs: Any,
+) -> Release:  # fmt: skip
     """Tunes on a per-record Poisson subset, retrains the selection on all the data, and releases
     that final model under one statement for both phases (module docstring).
 
@@ -294,105 +245,75 @@ def tune_subsampled(
         raise TuningConfigError("strategy 'subsampled' has no debug_nonprivate: use 'full'")
     budget = as_budget(budget)
     space = as_space(space)
-    _check(trainer, space, opts.accountant, opts.adjacency)
+    _check(trainer, space, opts.accountant, opts.adjacency)  # before the lock makes the workdir
     config = opts.config
     if config is None:
         strategy = {"name": "subsampled", "fraction": fraction, "tuning_epsilon": tuning_epsilon}
         config = {"strategy": strategy, **describe_run(trainer, space, selection, budget, opts)}
-    # One run per workdir, for the whole run (dptune/workdir_lock.py).
-    with workdir_lock(opts.workdir):
-        return _tune_locked(
-            trainer, space, selection, budget, fraction, tuning_epsilon, config, opts
-        )
 
-
-def _tune_locked(trainer, space, selection, budget, fraction, tuning_epsilon, config, opts):
-    """``tune_subsampled`` holding the workdir's lock."""
-    root = None if opts.workdir is None else Path(opts.workdir)
-    private_dir = None if root is None else root / "private"
-    # An existing run: a changed config is refused before any (slow) accounting.
-    journal = open_journal(private_dir, config, existing_only=True)
-    try:
-        log.info("accounting: calibrating the tuning candidates' and the final run's noise")
+    def plan() -> SubsampledPlan:
         # The subset trainer's privacy depends on public sizes only, so the plan is the same for
-        # every key: it is computed before anything is written (a refusal leaves no workdir).
-        plan = plan_subsampled(
+        # every key: it is computed before anything is written (a refusal leaves no journal).
+        return plan_subsampled(
             trainer, space, selection, budget, fraction=fraction, tuning_epsilon=tuning_epsilon,
             accountant=opts.accountant, seeded=opts.seed is not None, adjacency=opts.adjacency,
         )  # fmt: skip
-        journal = journal or open_journal(private_dir, config)
-        release_dir = None if root is None else root / "release"
-        if release_dir is not None and journal.get("released_at") and release_dir.exists():
-            log.info("this run already finished; its release is in %s", release_dir)
-            return read_release(release_dir)
-        run_id = _start(journal, plan, trainer, opts)
-        release = _phases(trainer, selection, space, plan, budget, journal, run_id, config, opts)
-        if release_dir is not None:
-            write_release(release, release_dir)
-            journal.set("released_at", time.time())
-        return release
-    finally:
-        if journal is not None:
-            journal.close()
+
+    # One run per workdir, for the whole run (dptune/workdir_lock.py).
+    with workdir_lock(opts.workdir):
+        pre = check_run(trainer, budget, config, opts, plan)
+        return run_in_workdir(pre, lambda j: _phases(trainer, selection, space, pre, j, opts))
 
 
-def _start(journal: Any, plan: SubsampledPlan, trainer: Any, opts: TuneOptions) -> str:
-    """Journals the run id, the calibrated values and the statement (refused if the accountant
-    now calibrates otherwise), and charges the whole run to the ledger once. Returns the run id."""
-    run_id = journal.set_once("run_id", uuid.uuid4().hex)
+def _subset_key(journal: Any, seed: int | None) -> bytes:
+    """The subset's secret key, drawn once (OS entropy; from ``seed`` for debugging)."""
+    if seed is None:
+        fresh = os.urandom(32).hex()
+    else:
+        fresh = hashlib.blake2b(
+            f"dptune/subset-key/{int(seed)}".encode(), digest_size=32
+        ).hexdigest()
+    return bytes.fromhex(journal.set_once("subset_key", fresh))
+
+
+def _phases(trainer, selection, space, pre, journal, opts) -> Release:
+    """Journals the run id and the calibrated values, charges the whole run to the ledger once,
+    then phase 1 (``tune`` on the subset) and, if it released, phase 2 (the selected setting
+    once on all the data at the final noise, best of 1); the release carries the whole run's
+    statement. Both phases run with ``ledger=None``: the run was charged once, as a whole."""
+    plan, budget = pre.plan, pre.budget
     calibrated = {"tuning": dict(plan.tuning_plan.calibrated), "final": dict(plan.calibrated)}
-    bind_calibrated(journal, calibrated)
-    journal.set_once("privacy", plan.statement.to_dict())
-    if opts.ledger is not None:
-        charge_ledger(
-            opts.ledger, trainer, plan.statement, run_id, opts.dataset_budget, opts.fingerprint,
-            opts.workdir,
-        )  # fmt: skip
-    journal.set_once("started_at", time.time())
-    return run_id
-
-
-def _phases(trainer, selection, space, plan, budget, journal, run_id, config, opts) -> Release:
-    """Phase 1 (``tune`` on the subset), then, if it released, phase 2 (the selected setting on
-    all the data); the release carries the whole run's statement. Both phases run with
-    ``ledger=None``: the run was charged once, as a whole."""
-    private_dir = None if opts.workdir is None else Path(opts.workdir) / "private"
+    run_id = bind_calibrated(journal, plan.statement, calibrated)
+    charge_ledger(pre, journal)
+    private_dir = None if pre.workdir is None else pre.workdir / "private"
     phase = replace(opts, ledger=None)
+    outer = {"run_id": run_id, "outer": dict(pre.config)}
     sub = trainer.subset(plan.tuning.fraction, _subset_key(journal, opts.seed))
     tuned = tune(
         sub, space, selection, Budget(plan.tuning.subset_epsilon, plan.tuning.subset_delta),
         phase, workdir=None if private_dir is None else private_dir / "tuning",
-        config={"phase": "tuning", "run_id": run_id, "outer": dict(config)},
+        config={"phase": "tuning", **outer},
     )  # fmt: skip
     privacy = plan.statement.to_dict()
     privacy.update(budget_epsilon=budget.epsilon, budget_delta=budget.delta)
-    if not tuned.released:
-        release = Release(False, None, None, None, privacy, plan.statement.to_text())
-    else:
-        release = _final(trainer, plan, tuned, budget, private_dir, run_id, config, phase)
-        release = dataclasses.replace(
-            release, privacy=privacy, privacy_text=plan.statement.to_text()
-        )
+    release = Release(False, None, None, None, privacy, plan.statement.to_text())
+    if tuned.released:
+        hp = {**dict(tuned.hparams), **dict(plan.calibrated)}
+        cand = accounted_candidate(trainer, hp, opts.adjacency)
+        if cand not in plan.final_candidates and cand != acc.final_candidate(plan.final_candidates):
+            # Never expected (the tuning phase drew from the same privacy grid); refuse rather
+            # than train a run the statement may not cover.
+            raise TuningConfigError(
+                f"the selected setting's final run {cand} is not one the statement accounted"
+            )
+        # One-value choices: the space of one candidate (tune refuses a space with nothing drawn).
+        one = Space({name: {"distribution": "choice", "values": [v]} for name, v in hp.items()})
+        final = tune(
+            trainer, one, BestOfK(1), budget, phase,
+            workdir=None if private_dir is None else private_dir / "final",
+            seed=None if phase.seed is None else phase.seed + 1,
+            config={"phase": "final", "hparams": hp, **outer},
+        )  # fmt: skip
+        release = dataclasses.replace(final, privacy=privacy, privacy_text=release.privacy_text)
     release.private = {"tuning": tuned.private}
     return release
-
-
-def _final(trainer, plan, tuned, budget, private_dir, run_id, config, phase) -> Release:
-    """Phase 2: the selected setting once on all the data at the final noise (best of 1)."""
-    hp = {**dict(tuned.hparams), **dict(plan.calibrated)}
-    cand = with_adjacency(as_candidate(trainer.privacy(hp)), phase.adjacency)
-    dominating = acc.final_candidate(plan.final_candidates)
-    if cand not in plan.final_candidates and cand != dominating:
-        # Never expected (the tuning phase drew from the same privacy grid); refuse rather than
-        # train a run the statement may not cover.
-        raise TuningConfigError(
-            f"the selected setting's final run {cand} is not one the statement accounted"
-        )
-    # One-value choices: the space of one candidate (tune refuses a space with nothing drawn).
-    final_space = Space({name: {"distribution": "choice", "values": [v]} for name, v in hp.items()})
-    return tune(
-        trainer, final_space, BestOfK(1), budget, phase,
-        workdir=None if private_dir is None else private_dir / "final",
-        seed=None if phase.seed is None else phase.seed + 1,
-        config={"phase": "final", "run_id": run_id, "hparams": hp, "outer": dict(config)},
-    )  # fmt: skip

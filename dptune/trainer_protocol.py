@@ -10,29 +10,24 @@ A trainer declares its privacy before it runs (``privacy(hparams)``) and trains 
 * ``fingerprint``: the dataset's id in the budget ledger.
 * ``privacy_fields``: fields known to change ``privacy(hparams)`` (others are found by probing).
 * ``calibrated_field``: the field that ``"auto"`` calibrates (default ``"noise_multiplier"``).
-* ``privacy_notes()``: sentences for the statement (e.g. how the validation split was made).
+* ``privacy_notes()``, ``privacy_checks()``, ``taken_on_word()``: sentences for the statement:
+  notes (e.g. how the validation split was made), what dptune's own code guarantees (the
+  built-in learners), what is taken on the trainer's word (a trainer with neither of the last
+  two is described as a user's trainer).
 * ``check_adjacency(adjacency)``: refuse an adjacency the data does not support.
 * ``release_view(hparams, payload) -> ReleaseView``: what of the selected candidate may be
-  released (default: the payload as it is), with the per-epoch privacy its training produced
-  (the released curve's epsilon so far).
+  released (default: the payload as it is), with the per-epoch privacy of its training.
 * ``score_kind``: what the score is (``selection.registry.SCORE_KINDS``; default ``"exact"``).
-* ``privacy_checks()``: sentences for the statement: what dptune's own code guarantees for this
-  trainer (the built-in learners).
-* ``taken_on_word()``: sentences for the statement: what it takes on the trainer's word (its
-  declarations). A trainer with neither hook is described as a user's trainer.
 * ``bind_accounted(pairs)``: the accounted declaration of every candidate it will train.
-* ``code_digest()``: a digest of the code that trains the candidates (default: see
-  :func:`code_digest`); a workdir is bound to it, so that an edited trainer never resumes, or
-  returns the release of, a run of the old code.
+* ``code_digest()``: a digest of the code that trains the candidates (:func:`code_digest`); a
+  workdir is bound to it, so an edited trainer never resumes a run of the old code.
 * ``check_inputs(hparams)``: refuse (TuningConfigError), before any private computation, a
   candidate the trainer would refuse when it starts (checks of the data's public schema).
-* ``curator_view()``: JSON-safe facts for the curator's view of a run (``dptune inspect``), e.g.
-  how many records the loader dropped; never released.
+* ``curator_view()``: JSON-safe facts for ``dptune inspect`` (e.g. records the loader dropped);
+  never released.
 
 A failed candidate is a NaN score with a :class:`~dptune.errors.CandidateFailure` as its payload
 (:func:`checked_result` makes one of any non-finite or non-numeric score).
-
-The DP-SGD trainer is ``dptune.learners.dpsgd.DpSgdTrainer``.
 """
 
 from __future__ import annotations
@@ -121,14 +116,10 @@ def source_digest(objects: Sequence[Any] = (), files: Sequence[Path] = ()) -> st
 
 @runtime_checkable
 class Trainer(Protocol):
-    """A private candidate generator: its privacy is declared before it runs.
-
-    ``privacy(hparams)`` returns the candidate's privacy for those hyperparameters (only the
-    privacy-relevant fields may matter): a ``dptune.accounting`` candidate (``DpSgdCandidate``,
-    ``EventCandidate``) or a ``dp_accounting`` ``DpEvent``. ``__call__(hparams, rng)`` trains one
-    candidate with the randomness of ``rng`` (a numpy Generator seeded from the candidate's seed)
-    and returns ``(score, payload)``: higher scores are better, NaN means failure.
-    """
+    """A private candidate generator. ``privacy(hparams)``: the candidate's privacy, declared
+    before it runs (a ``dptune.accounting`` candidate or a ``dp_accounting`` ``DpEvent``).
+    ``__call__(hparams, rng)``: trains one candidate with the randomness of ``rng`` (seeded from
+    the candidate's seed) and returns ``(score, payload)``; higher is better, NaN is a failure."""
 
     def privacy(self, hparams: Mapping[str, Any]) -> Any: ...
 
@@ -147,12 +138,10 @@ class ReleaseView:
         candidates were scored by accuracy.
       history: per-epoch public rows (metrics on public or privatised data), oldest first.
       privacy_by_epoch: the privacy of the training up to each row of ``history`` (accounting
-        candidates, as ``Trainer.privacy`` declares them; the last is the whole run), carried
-        with the candidate's result; the release turns them into the curve's epsilon so far.
-        Empty: no curve.
-      test_metric: ``{"name": ..., "value": ...}``: the model's own validation metric (a declared
-        ``Metric``, in its units) on the public test split, for a model scored by that metric
-        instead of accuracy (arg-max accuracy means nothing for, e.g., a regression output).
+        candidates; the last is the whole run): the released curve's epsilon so far. Empty: no
+        curve.
+      test_metric: ``{"name": ..., "value": ...}``: the model's own declared ``Metric`` on the
+        public test split, for a model scored by it instead of accuracy.
     """
 
     payload: Any
@@ -162,21 +151,11 @@ class ReleaseView:
     test_metric: Mapping[str, Any] | None = None  # last: trainers build views positionally
 
 
-def release_view(trainer: Any, hparams: Mapping[str, Any], payload: Any) -> ReleaseView:
-    """``trainer.release_view(hparams, payload)`` if it has one, else the payload as it is."""
-    if hasattr(trainer, "release_view"):
-        return trainer.release_view(hparams, payload)
-    return ReleaseView(payload)
-
-
 class DatasetTrainer:
-    """Shared by the trainers over a ``trainers.data.Dataset`` (DP-SGD, DP-Fisher, public-data
-    learners): the ledger fingerprint and the parsing of a candidate's hyperparameters.
-
-    Subclasses set ``data`` (the Dataset), ``base`` (fixed hyperparameters under the drawn ones),
-    and the class attributes ``hyperparams_class`` (a dataclass validating its fields) and
-    ``kind`` (its name in error messages).
-    """
+    """Shared by the trainers over a ``trainers.data.Dataset``: the ledger fingerprint and the
+    parsing of a candidate's hyperparameters. Subclasses set ``data``, ``base`` (fixed
+    hyperparameters under the drawn ones), ``hyperparams_class`` (a dataclass validating its
+    fields) and ``kind`` (its name in error messages)."""
 
     hyperparams_class: type
     kind: str = "trainer"
@@ -231,15 +210,12 @@ class FunctionTrainer:
         dptune accounts it before the run and checks it again before each candidate trains.
       num_examples: size of the private dataset (checks delta < 1/n), if known.
       fingerprint: an id of the private dataset for the budget ledger, if one is used.
-      privacy_fields: fields known to change the declared privacy. Others that do are found by
-        probing ``privacy`` (``dptune.plan``), so this is a speed-up, not a safety requirement.
-      calibrated_field: the field whose ``"auto"`` value the tuner calibrates.
-      score_kind: what ``fn``'s score is (``selection.registry.SCORE_KINDS``): ``"covered"`` (a
-        noisy statistic of the private data whose noise is part of ``privacy``, or a statistic of
-        public data), ``"exact"`` (an exact statistic of the private data) or ``"percentile"``.
-        Default ``"exact"``: dptune cannot look inside ``fn``, and a wrong ``"exact"`` only makes
-        a method refuse or keep the score out of the release, while a wrong ``"covered"`` makes
-        the statement false (docs/privacy-model.md).
+      privacy_fields: fields known to change the declared privacy (a speed-up: others that do are
+        found by probing ``privacy``); calibrated_field: the field ``"auto"`` calibrates.
+      score_kind: what ``fn``'s score is (``selection.registry.SCORE_KINDS``): ``"covered"`` (its
+        noise is part of ``privacy``, or it reads public data only), ``"exact"`` (the default:
+        dptune cannot look inside ``fn``, and a wrong ``"exact"`` only refuses where a wrong
+        ``"covered"`` makes the statement false) or ``"percentile"``.
     """
 
     fn: Callable[..., tuple]
@@ -247,11 +223,8 @@ class FunctionTrainer:
     num_examples: int | None = None
     fingerprint: str | None = None
     name: str = "user function"
-    #: fields known to change the declared privacy (the accountant takes their worst case)
     privacy_fields: tuple[str, ...] = ("noise_multiplier",)
-    #: the field that ``"auto"`` in a space calibrates to the budget
     calibrated_field: str = "noise_multiplier"
-    #: what the score is (see Args); "exact" unless the user says otherwise
     score_kind: str = "exact"
     #: the accounted declaration of each candidate the tuner will train (``bind_accounted``)
     _accounted: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -310,12 +283,9 @@ class FunctionTrainer:
 
 
 def trainer(
-    privacy: Any,
-    *,
-    num_examples: int | None = None,
-    fingerprint: str | None = None,
+    privacy: Any, *, num_examples: int | None = None, fingerprint: str | None = None,
     score_kind: str = "exact",
-) -> Callable[[Callable], FunctionTrainer]:
+) -> Callable[[Callable], FunctionTrainer]:  # fmt: skip
     """Decorator form of :class:`FunctionTrainer`::
 
     @dptune.trainer(privacy=lambda hp: make_event(hp["noise_multiplier"]), num_examples=n,
@@ -326,13 +296,7 @@ def trainer(
     """
 
     def wrap(fn: Callable) -> FunctionTrainer:
-        return FunctionTrainer(
-            fn,
-            privacy,
-            num_examples,
-            fingerprint,
-            getattr(fn, "__name__", "user function"),
-            score_kind=score_kind,
-        )
+        name = getattr(fn, "__name__", "user function")
+        return FunctionTrainer(fn, privacy, num_examples, fingerprint, name, score_kind=score_kind)
 
     return wrap

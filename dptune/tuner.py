@@ -1,39 +1,33 @@
 """``dptune.tune``: from a total privacy budget to one released candidate, crash-safe and budgeted.
 
 The order of operations is the privacy argument, so it is fixed here and nowhere else; ``tune`` is
-the sequence of these named steps:
+the sequence of these named steps (``dptune.subsampled`` runs 1, 2 and 5 around its own plan):
 
-1. ``preflight``: check every input (the arguments, the workdir and the files already in it,
-   the dataset's ledger) and ``make_privacy_plan`` (``dptune.plan``): account the worst case over
-   everything the space can draw, calibrating ``"auto"`` so the *total* (tuning included) meets the
-   budget. Nothing private has run and nothing is written yet; ``dptune --dry_run`` stops here.
-2. ``open_journal``: ``DIR/private/journal.sqlite`` binds the config and the trainer's code (a
-   different one is refused); a finished run returns its release.
-3. ``draw_plan``: the run id, the root entropy, the selection's plan and every candidate's seed and
-   hyperparameters, each drawn once: a resume reads them back and never draws them again.
-4. ``check_candidates`` (``dptune.plan``): every drawn candidate's declared privacy is what the
-   statement accounted.
-5. ``charge_ledger``: the run's (epsilon, delta) is charged to the dataset's budget (once per run
-   id; refused if it would exceed the budget).
-6. ``run_candidates``: candidates train in index order, one at a time or in groups (vectorised
-   ``train_many``), each journaled as it finishes behind one failure guard (a failure's type,
-   message and traceback go to the journal); finished ones are never retrained on resume.
-7. ``release_selected``: select, and release only the selected candidate (``DIR/release/``); if the
-   selected candidate failed (so every candidate failed), no model is released and the release
-   says so.
-
-Trainers: ``dptune.trainer_protocol`` (the protocol, ``FunctionTrainer``) and
-``dptune.learners`` (``DpSgdTrainer`` and the other candidate families).
+1. ``preflight``: check every input (the options, the workdir and its journal, the ledger:
+   ``check_run``) and ``make_privacy_plan`` (``dptune.plan``): the worst case over everything the
+   space can draw, ``"auto"`` calibrated so the *total* meets the budget. Nothing private has run
+   and nothing is written; ``dptune --dry_run`` stops here.
+2. ``run_in_workdir`` / ``open_journal``: ``DIR/private/journal.sqlite`` binds the config and the
+   trainer's code (a different one is refused); a finished run returns its release.
+3. ``draw_plan``: the run id, the entropy, the selection's plan and every candidate's seed and
+   hyperparameters, each drawn once: a resume reads them back.
+4. ``check_candidates`` (``dptune.plan``): every drawn candidate declares what was accounted.
+5. ``charge_ledger``: the run's (epsilon, delta) is charged to the dataset's budget once per run id.
+6. ``run_candidates``: candidates train in index order, alone or in groups (``train_many``), each
+   journaled as it finishes behind one failure guard; finished ones never train again.
+7. ``release_selected``: only the selected candidate is released (``DIR/release/``); if it failed
+   (so every candidate failed), no model is released and the release says so.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import pickle
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -44,25 +38,20 @@ import dptune
 from dptune.accounting import ACCOUNTANTS
 from dptune.accounting.events import ADJACENCIES
 from dptune.accounting.quiet import quiet_accounting
-from dptune.errors import (
-    CandidateFailure,
-    ImpossibleBudgetError,
-    StateError,
-    TuningConfigError,
-)
+from dptune.errors import CandidateFailure, StateError, TuningConfigError
+from dptune.errors import ImpossibleBudgetError as ImpossibleBudgetError  # re-exported
 from dptune.execution import Job, SequentialExecutor, VectorizedExecutor
 from dptune.journal import JOURNAL_FILE, Journal
 from dptune.ledger import Ledger, default_ledger_path
 from dptune.plan import (
-    AUTO,
     MAX_PLANNED_TRIALS,
     Budget,
     PrivacyPlan,
     as_budget,
+    as_space,
     check_candidates,
     check_unchanged,
     make_privacy_plan,
-    plan_privacy,
     probe_points,
 )
 from dptune.progress import tuning_bar
@@ -74,41 +63,9 @@ from dptune.release import (
     write_release,
 )
 from dptune.space import Space
-from dptune.trainer_protocol import (
-    FunctionTrainer,
-    Trainer,
-    checked_result,
-    code_digest,
-    release_view,
-    trainer,
-)
+from dptune.trainer_protocol import FunctionTrainer, ReleaseView, checked_result, code_digest
 from dptune.workdir_lock import workdir_lock
 from selection import Plan
-
-__all__ = [
-    "AUTO",
-    "DEFAULT_LEDGER",
-    "Budget",
-    "FunctionTrainer",
-    "ImpossibleBudgetError",
-    "PrivacyPlan",
-    "Trainer",
-    "TuneOptions",
-    "TuningConfigError",
-    "as_space",
-    "bind_calibrated",
-    "charge_ledger",
-    "describe_run",
-    "draw_plan",
-    "make_privacy_plan",
-    "open_journal",
-    "plan_privacy",
-    "preflight",
-    "release_selected",
-    "run_candidates",
-    "trainer",
-    "tune",
-]
 
 log = logging.getLogger("dptune")
 
@@ -147,16 +104,13 @@ class TuneOptions:
         resumes when called again with the same arguments. None: everything stays in memory.
       seed: a fixed seed for every random choice (debugging, tests); default: OS entropy. The
         statement then says it holds only while the seed is secret.
-      group_size: candidates trained at once through ``trainer.train_many`` (vectorised); a
-        shortcut for ``executor=dptune.executors.VectorizedExecutor(group_size)``.
+      group_size: candidates trained at once through ``trainer.train_many`` (vectorised).
       accountant: "auto" (the tightest valid route), "rdp" or "pld" (``dptune.accounting``).
       ledger: where the run is charged to the dataset's budget: a
         :class:`~dptune.ledger.Ledger` or its path; by default the curator's ledger
-        (``$DPTUNE_LEDGER`` or ``~/.dptune/ledger.sqlite``), as for the ``dptune`` command;
-        None runs without a ledger.
+        (``$DPTUNE_LEDGER`` or ``~/.dptune/ledger.sqlite``); None runs without a ledger.
       dataset_budget: the dataset's lifetime budget as this run states it (default: the one the
-        ledger holds; for a dataset the ledger has never seen, 10 times this run's ``budget``,
-        with a warning: ``dptune.ledger.default_lifetime_budget``).
+        ledger holds; for a new dataset 10 times this run's ``budget``, with a warning).
       fingerprint: the dataset id in the ledger (default: ``trainer.fingerprint``).
       config: what the journal binds the workdir to (default: a description of the arguments).
       progress: show a tqdm display (curator's console; it shows neither K nor scores).
@@ -164,9 +118,7 @@ class TuneOptions:
       adjacency: "add_remove" (default: neighbours differ by one added or removed example) or
         "replace_one" (one example replaced; for datasets of fixed, public size).
       executor: how candidates are trained (``dptune.executors``; default sequential, or
-        vectorised in groups of ``group_size``). Random stopping hands it all K candidates as it
-        can take them; thresholding evaluates extra candidates speculatively and consumes their
-        scores in order.
+        vectorised in groups of ``group_size``).
     """
 
     workdir: str | os.PathLike | None = None
@@ -183,9 +135,8 @@ class TuneOptions:
     executor: Any = None
 
     def check(self) -> None:
-        """The checks that need no data and read nothing (the command checks its flags with
-        this same method, so the library and ``dptune`` refuse the same values with the same
-        words), then :func:`check_workdir`. TuningConfigError / StateError naming the field."""
+        """:func:`check_run_arguments`, then :func:`check_workdir`: the checks that need no data
+        and read nothing. TuningConfigError / StateError naming the field."""
         check_run_arguments(
             self.group_size, self.accountant, self.seed, self.debug_nonprivate, self.ledger,
             self.adjacency,
@@ -241,24 +192,19 @@ def tune(
     # workdir's journal under the lock, so no other run can be writing it.
     with workdir_lock(opts.workdir):
         pre = preflight(trainer, space, selection, budget, opts)
-        return _tune_checked(pre, trainer, selection, opts)
+        return run_in_workdir(pre, lambda j: _tune_steps(pre, trainer, selection, opts, j))
 
 
 @dataclass(frozen=True)
 class Preflight:
-    """Everything :func:`preflight` checked, for the run that follows (nothing private yet).
+    """Everything :func:`preflight` checked, for the run that follows (nothing private yet):
+    the plan (a :class:`PrivacyPlan`, or a strategy's plan with a ``statement``), the budget, what
+    the journal binds the workdir to (``config``, ``code``), the workdir (None: in memory), the
+    ledger's path (None: no ledger) with the dataset's ``fingerprint``, stated ``dataset_budget``
+    (None: the registered one) and name, the dataset's ``spend`` after this run as the ledger
+    would record it, and whether the workdir holds this run's journal already (``resuming``)."""
 
-    Attributes:
-      plan: the privacy plan (calibrated values, statement).
-      budget, config, code: the run's budget, what the journal binds it to, and the code digest.
-      workdir: the run folder (None: in memory).
-      ledger: the ledger's path (None: no ledger), fingerprint: the dataset's id in it,
-        dataset_budget: the lifetime budget the run states (None: the registered one).
-      spend: the dataset's spend after this run, as the ledger would record it (None: no ledger).
-      resuming: the workdir holds this run's journal already (a resume, or a finished run).
-    """
-
-    plan: PrivacyPlan
+    plan: Any
     budget: Budget
     config: Mapping[str, Any]
     code: Mapping[str, Any]
@@ -266,25 +212,23 @@ class Preflight:
     ledger: Path | None
     fingerprint: str | None
     dataset_budget: Budget | None
-    spend: Any
-    resuming: bool
+    dataset_name: str
+    spend: Any = None
+    resuming: bool = False
 
 
 @quiet_accounting
 def preflight(
-    trainer: Any,
-    space: Space | Mapping[str, Any],
-    selection: Any,
-    budget: Budget | tuple[float, float],
-    options: TuneOptions | None = None,
-    **kwargs: Any,
-) -> Preflight:
+    trainer: Any, space: Space | Mapping[str, Any], selection: Any,
+    budget: Budget | tuple[float, float], options: TuneOptions | None = None, **kwargs: Any,
+) -> Preflight:  # fmt: skip
     """Every check of :func:`tune` that needs no private computation, writing nothing: the one
     validation shared by the run and ``dptune --dry_run`` (same arguments as ``tune``).
 
     Checks the options, the workdir (a folder that can be written; a journal already in it must
-    be intact and belong to this config and this code), the privacy plan (calibration included)
-    and the dataset's ledger (the run must fit its budget). Raises what ``tune`` raises.
+    be intact and belong to this config and this code), the privacy plan (calibration included),
+    the data's schema at every probe point of the space, and the dataset's ledger (the run must
+    fit its budget). Raises what ``tune`` raises.
     """
     opts = TuneOptions.build(options, kwargs)
     budget = as_budget(budget)
@@ -293,69 +237,77 @@ def preflight(
     config = opts.config if opts.config is not None else describe_run(
         trainer, space, selection, budget, opts
     )  # fmt: skip
-    code = {"dptune": dptune.__version__, "trainer": code_digest(trainer)}
-    ledger_path = _ledger_path(opts.ledger)
+
+    def plan() -> PrivacyPlan:
+        p = make_privacy_plan(
+            trainer, space, selection, budget, accountant=opts.accountant,
+            seeded=opts.seed is not None, debug_nonprivate=opts.debug_nonprivate,
+            adjacency=opts.adjacency,
+        )  # fmt: skip
+        if hasattr(trainer, "check_inputs"):  # the data's schema against a candidate's settings
+            _check_inputs(trainer, p)
+        return p
+
+    return check_run(trainer, budget, config, opts, plan)
+
+
+def check_run(
+    trainer: Any, budget: Budget, config: Mapping[str, Any], opts: TuneOptions,
+    make_plan: Callable[[], Any],
+) -> Preflight:  # fmt: skip
+    """The checks of :func:`preflight` around ``make_plan()`` (the accounting; a strategy passes
+    its own), read-only: the ledger needs the dataset's fingerprint, the workdir's journal must
+    belong to ``config`` and this code, and the run must fit the dataset's budget (a finished
+    run, which returns its release, is not charged again)."""
+    ledger = _ledger_path(opts.ledger)
     fp = None
-    if ledger_path is not None:
+    if ledger is not None:
         fp = opts.fingerprint or getattr(trainer, "fingerprint", None)
         if not fp:
             raise TuningConfigError(
-                f"the budget ledger ({ledger_path}) charges every run to its dataset, but this "
+                f"the budget ledger ({ledger}) charges every run to its dataset, but this "
                 "trainer names no dataset: pass fingerprint='<an id of your dataset>' (to tune(), "
                 "or to dptune.trainer / FunctionTrainer), or ledger=None to run without a ledger"
             )
+    code = {"dptune": dptune.__version__, "trainer": code_digest(trainer)}
     workdir = None if opts.workdir is None else Path(opts.workdir)
-    run_id = None
-    resuming = finished = False
+    run_id, resuming, finished = None, False, False
     if workdir is not None:
         run_id, resuming, finished = _check_existing_run(workdir / "private", config, code)
     log.info("accounting: checking the total budget (calibrating the noise if 'auto')")
-    plan = make_privacy_plan(
-        trainer, space, selection, budget, accountant=opts.accountant,
-        seeded=opts.seed is not None, debug_nonprivate=opts.debug_nonprivate,
-        adjacency=opts.adjacency,
-    )  # fmt: skip
-    if hasattr(trainer, "check_inputs"):  # the data's schema against a candidate's settings
-        _check_inputs(trainer, plan)
+    plan = make_plan()
     dsb = as_budget(opts.dataset_budget) if opts.dataset_budget is not None else None
-    spend = None
-    if ledger_path is not None and not finished:  # a finished run returns its release: no charge
-        spend = _check_ledger(ledger_path, fp, run_id, plan, dsb, _dataset_name(trainer))
-    return Preflight(plan, budget, config, code, workdir, ledger_path, fp, dsb, spend, resuming)
+    name = str(getattr(getattr(trainer, "data", None), "name", "") or "")
+    pre = Preflight(plan, budget, config, code, workdir, ledger, fp, dsb, name, None, resuming)
+    if ledger is None or finished:
+        return pre
+    parent = next((p for p in ledger.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise StateError(
+            f"the ledger {ledger} cannot be created: {parent} is a file; point config.ledger.path "
+            "(ledger= in Python) elsewhere"
+        )
+    return replace(pre, spend=_on_ledger(pre, run_id, charge=False))
 
 
 def describe_run(
     trainer: Any, space: Space, selection: Any, budget: Budget, opts: TuneOptions
 ) -> dict[str, Any]:
-    """What the journal binds a workdir to when no config is given: every argument that changes
-    the run."""
+    """What the journal binds a workdir to when no config is given (what changes the run)."""
     return {
         "space": space.to_dict(),
         "selection": selection.privacy.describe() if hasattr(selection, "privacy") else None,
         "budget": [budget.epsilon, budget.delta],
         "trainer": getattr(trainer, "describe", lambda: {"kind": type(trainer).__name__})(),
-        "seed": opts.seed,
-        "accountant": opts.accountant,
-        "debug_nonprivate": opts.debug_nonprivate,
-        "adjacency": opts.adjacency,
-    }
-
-
-def as_space(space: Space | Mapping[str, Any]) -> Space:
-    """``space`` as a :class:`Space` (a mapping is read as a config); TuningConfigError if not."""
-    if isinstance(space, Space):
-        return space
-    try:
-        return Space.from_config(space)
-    except ValueError as e:
-        raise TuningConfigError(str(e)) from None
+        "seed": opts.seed, "accountant": opts.accountant,
+        "debug_nonprivate": opts.debug_nonprivate, "adjacency": opts.adjacency,
+    }  # fmt: skip
 
 
 def _check_inputs(trainer: Any, plan: Any) -> None:
-    """``trainer.check_inputs`` at every probe point of the space (``dptune.plan.probe_points``),
-    so that a setting the search can draw and the data cannot take (say ``augmult > 0`` on
-    tabular rows) is refused here, before anything is charged, not found by a candidate that
-    fails mid-run after the run was charged. The refusal names the field and value."""
+    """``trainer.check_inputs`` at every probe point of the space (``dptune.plan.probe_points``):
+    a setting the search can draw and the data cannot take (say ``augmult > 0`` on tabular rows)
+    is refused, naming the field and value, before anything is charged."""
     base = plan.space.example()
     for point in probe_points(plan.space):
         try:
@@ -371,9 +323,10 @@ def _check_inputs(trainer: Any, plan: Any) -> None:
             ) from None
 
 
-def _tune_checked(pre: Preflight, trainer: Any, selection: Any, opts: TuneOptions) -> Release:
-    """``tune`` once ``preflight`` passed (holding the workdir's lock)."""
-    plan = pre.plan
+def run_in_workdir(pre: Preflight, steps: Callable[[Any], Release]) -> Release:
+    """Opens the run's journal (bound to ``pre.config`` and ``pre.code``); a finished run returns
+    its release, trains and charges nothing; otherwise ``steps(journal)`` runs and its release is
+    written to ``workdir/release/`` and marked in the journal."""
     private_dir = None if pre.workdir is None else pre.workdir / "private"
     release_dir = None if pre.workdir is None else pre.workdir / "release"
     journal = open_journal(private_dir, pre.config, pre.code)
@@ -381,52 +334,10 @@ def _tune_checked(pre: Preflight, trainer: Any, selection: Any, opts: TuneOption
         if release_dir is not None and journal.get("released_at") and release_dir.exists():
             log.warning(
                 "this workdir's run finished already: its release is in %s (nothing was trained "
-                "or charged now; use a new --workdir for a new run)",
-                release_dir,
-            )
-            return read_release(release_dir)
-        _say_resuming_and_dropped(pre, trainer, journal)
-        if hasattr(trainer, "clipping_path"):  # public: a function of the model and shapes
-            clipping = trainer.clipping_path()
-            journal.set("clipping", clipping)
-            log.info("per-example clipping: %s (%s)", clipping["path"], clipping["why"])
-        run_id, sel_plan = draw_plan(journal, plan, selection, opts.seed)
-        drawn = journal.candidates()
-        checked = dict(
-            zip(
-                (r.index for r in drawn),
-                check_candidates(trainer, plan, [r.hparams for r in drawn]),
-                strict=True,
-            )
-        )
-        if hasattr(trainer, "bind_accounted"):
-            # the event a trainer reports is compared with what was accounted, not a fresh call
-            trainer.bind_accounted([(plan.hparams(r.hparams), checked[r.index]) for r in drawn])
-        if pre.ledger is not None:
-            charge_ledger(
-                pre.ledger, trainer, plan.statement, run_id, pre.dataset_budget, pre.fingerprint,
-                pre.workdir,
+                "or charged now; use a new --workdir for a new run)", release_dir,
             )  # fmt: skip
-        journal.set_once("started_at", time.time())
-        records = {r.index: r for r in journal.candidates()}
-        payloads: dict[int, Any] = {}
-        executor = opts.executor
-        if executor is None:
-            executor = (
-                VectorizedExecutor(opts.group_size) if opts.group_size > 1 else SequentialExecutor()
-            )
-        scores = run_candidates(
-            trainer, selection, sel_plan, plan, records, journal, payloads, executor,
-            opts.progress, checked,
-        )  # fmt: skip
-        private = _Private(num_trials=sel_plan.num_trials, scores=list(scores), run_id=run_id)
-        release = release_selected(
-            trainer, selection, sel_plan, plan, pre.budget, records, payloads, journal
-        )
-        release.private = private
-        if opts.debug_nonprivate:
-            # The curator asked for a non-private view: this print is why the statement says so.
-            print(f"[debug_nonprivate] K={sel_plan.num_trials}; scores in order: {scores}")
+            return read_release(release_dir)
+        release = steps(journal)
         if release_dir is not None:
             write_release(release, release_dir)
             journal.set("released_at", time.time())
@@ -435,17 +346,21 @@ def _tune_checked(pre: Preflight, trainer: Any, selection: Any, opts: TuneOption
         journal.close()
 
 
-def _say_resuming_and_dropped(pre: Preflight, trainer: Any, journal: Any) -> None:
-    """The curator's console: that the run resumes, and which kinds of malformed records the
-    loader dropped (no counts: the console's log may be shared; ``dptune inspect`` has them)."""
+def _tune_steps(
+    pre: Preflight, trainer: Any, selection: Any, opts: TuneOptions, journal: Any
+) -> Release:
+    """``tune`` once ``preflight`` passed, in the run's open journal (holding the lock)."""
+    plan = pre.plan
+    # The curator's console: that the run resumes, and which kinds of malformed records the
+    # loader dropped (no counts: the console's log may be shared; ``dptune inspect`` has them).
     if pre.resuming:
+        t = journal.get("started_at") or journal.get("planned_at")
+        when = time.strftime("on %Y-%m-%d at %H:%M:%S", time.localtime(t)) if t else "earlier"
         log.info(
             "resuming the run started %s in %s: its plan and seeds are read back from the "
             "journal; finished candidates are kept, unfinished ones train again with their "
-            "own seeds",
-            _when(journal.get("started_at") or journal.get("planned_at")),
-            pre.workdir,
-        )
+            "own seeds", when, pre.workdir,
+        )  # fmt: skip
     if hasattr(trainer, "curator_view"):
         view = trainer.curator_view()
         journal.set("curator_view", view)
@@ -454,19 +369,42 @@ def _say_resuming_and_dropped(pre: Preflight, trainer: Any, journal: Any) -> Non
                 "the loader dropped malformed private records (%s), each judged on its own "
                 "(the guarantee is unchanged: docs/privacy-model.md); `dptune inspect %s` "
                 "shows how many",
-                ", ".join(sorted(view)).replace("_", " "),
-                pre.workdir or "WORKDIR",
-            )
+                ", ".join(sorted(view)).replace("_", " "), pre.workdir or "WORKDIR",
+            )  # fmt: skip
+    if hasattr(trainer, "clipping_path"):  # public: a function of the model and shapes
+        clipping = trainer.clipping_path()
+        journal.set("clipping", clipping)
+        log.info("per-example clipping: %s (%s)", clipping["path"], clipping["why"])
+    run_id, sel_plan = draw_plan(journal, plan, selection, opts.seed)
+    drawn = journal.candidates()
+    declared = check_candidates(trainer, plan, [r.hparams for r in drawn])
+    checked = dict(zip((r.index for r in drawn), declared, strict=True))
+    if hasattr(trainer, "bind_accounted"):
+        # the event a trainer reports is compared with what was accounted, not a fresh call
+        trainer.bind_accounted([(plan.hparams(r.hparams), checked[r.index]) for r in drawn])
+    charge_ledger(pre, journal)
+    records = {r.index: r for r in journal.candidates()}
+    payloads: dict[int, Any] = {}
+    group = opts.group_size
+    executor = opts.executor or (VectorizedExecutor(group) if group > 1 else SequentialExecutor())
+    scores = run_candidates(
+        trainer, selection, sel_plan, plan, records, journal, payloads, executor,
+        opts.progress, checked,
+    )  # fmt: skip
+    release = release_selected(
+        trainer, selection, sel_plan, plan, pre.budget, records, payloads, journal
+    )
+    release.private = _Private(num_trials=sel_plan.num_trials, scores=list(scores), run_id=run_id)
+    if opts.debug_nonprivate:
+        # The curator asked for a non-private view: this print is why the statement says so.
+        print(f"[debug_nonprivate] K={sel_plan.num_trials}; scores in order: {scores}")
+    return release
 
 
 def check_run_arguments(
-    group_size: Any = 1,
-    accountant: Any = "auto",
-    seed: Any = None,
-    debug_nonprivate: bool = False,
-    ledger: Any = None,
-    adjacency: Any = "add_remove",
-) -> None:
+    group_size: Any = 1, accountant: Any = "auto", seed: Any = None,
+    debug_nonprivate: bool = False, ledger: Any = None, adjacency: Any = "add_remove",
+) -> None:  # fmt: skip
     """The arguments of ``tune`` that need no data (the command checks its flags with this same
     function, so the library and ``dptune`` refuse the same values with the same words)."""
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
@@ -503,9 +441,7 @@ def check_workdir(workdir: str | os.PathLike | None) -> None:
     if path.exists() and not path.is_dir():
         raise StateError(f"the workdir {path} is a file, not a folder: {fix}")
     existing = path
-    while not existing.exists():
-        if existing.parent == existing:
-            break
+    while not existing.exists() and existing.parent != existing:
         existing = existing.parent
     if existing.exists() and not existing.is_dir():
         raise StateError(f"the workdir {path} cannot be created: {existing} is a file: {fix}")
@@ -514,8 +450,7 @@ def check_workdir(workdir: str | os.PathLike | None) -> None:
             f"the workdir {path} is not writable ({existing} is read-only for this user): {fix}, "
             "or make it writable"
         )
-    for sub in ("private", "release"):
-        p = path / sub
+    for p in (path / "private", path / "release"):
         if p.exists() and not p.is_dir():
             raise StateError(f"{p} is a file; dptune keeps a folder there: {fix}")
     private = path / "private"
@@ -526,20 +461,15 @@ def check_workdir(workdir: str | os.PathLike | None) -> None:
 def _check_existing_run(
     private_dir: Path, config: Mapping[str, Any], code: Mapping[str, Any]
 ) -> tuple[str | None, bool, bool]:
-    """Checks what the workdir already holds, without writing: ``(run_id or None, resuming,
-    finished)``.
-
-    A journal must be intact (not empty, corrupt or foreign), complete, and belong to this config
-    and this code; a release or candidate results without their journal are refused (the run
-    that wrote them can be neither resumed nor checked)."""
+    """What the workdir already holds, read-only: ``(run_id or None, resuming, finished)``. A
+    journal must be intact, complete, and belong to this config and this code; a release or
+    candidate results without their journal are refused (the run that wrote them can be neither
+    resumed nor checked)."""
     workdir = private_dir.parent
     journal_path = private_dir / JOURNAL_FILE
     if not journal_path.exists():
-        orphans = [
-            p
-            for p in (workdir / "release", private_dir / "candidates")
-            if p.is_dir() and any(p.iterdir())
-        ]
+        dirs = (workdir / "release", private_dir / "candidates")
+        orphans = [p for p in dirs if p.is_dir() and any(p.iterdir())]
         if orphans:
             raise StateError(
                 f"{orphans[0]} exists but its journal {journal_path} does not: the run that wrote "
@@ -547,10 +477,7 @@ def _check_existing_run(
                 "copied without it?). Restore the journal from a backup, or use a new --workdir"
             )
         return None, False, False
-    with Journal(private_dir, readonly=True) as journal:
-        journal.bind_config(dict(config))
-        journal.bind_code(dict(code))
-        journal.check_complete()
+    with open_journal(private_dir, config, code, readonly=True) as journal:
         finished = bool(journal.get("released_at")) and (workdir / "release").exists()
         return journal.get("run_id"), journal.get("config") is not None, finished
 
@@ -563,50 +490,28 @@ def _ledger_path(ledger: Any) -> Path | None:
     return ledger.path if isinstance(ledger, Ledger) else Path(ledger)
 
 
-def _dataset_name(trainer: Any) -> str:
-    return str(getattr(getattr(trainer, "data", None), "name", "") or "")
-
-
-def _check_ledger(path: Path, fp: str, run_id: str | None, plan: PrivacyPlan, dsb, name: str):
-    """What charging the run would do (refusals included), read-only: a missing ledger is the
-    empty ledger it would create."""
-    st = plan.statement
-    eps, delta = float(st.total_epsilon), float(st.delta)
-    parent = next((p for p in path.parents if p.exists()), None)
-    if parent is not None and not parent.is_dir():
-        raise StateError(
-            f"the ledger {path} cannot be created: {parent} is a file; point config.ledger.path "
-            "(ledger= in Python) elsewhere"
-        )
-    with Ledger(path, readonly=True) as led:
-        return led.check(
-            fp, run_id, eps, delta,
-            budget_epsilon=None if dsb is None else dsb.epsilon,
-            budget_delta=None if dsb is None else dsb.delta, name=name,
-        )  # fmt: skip
-
-
-def _when(t: Any) -> str:
-    if t is None:
-        return "earlier"
-    return time.strftime("on %Y-%m-%d at %H:%M:%S", time.localtime(float(t)))
+def _on_ledger(pre: Preflight, run_id: str | None, charge: bool) -> Any:
+    """``Ledger.charge`` (``charge``) or its read-only ``check`` of the run's (epsilon, delta) on
+    the dataset's budget; a missing ledger is checked as the empty one a charge would create."""
+    st, dsb = pre.plan.statement, pre.dataset_budget
+    args = (pre.fingerprint, run_id, float(st.total_epsilon), float(st.delta))
+    kw: dict[str, Any] = {"name": pre.dataset_name}
+    if dsb is not None:
+        kw.update(budget_epsilon=dsb.epsilon, budget_delta=dsb.delta)
+    with Ledger(pre.ledger, readonly=not charge) as led:
+        if not charge:
+            return led.check(*args, **kw)
+        return led.charge(*args, **kw, workdir=str(pre.workdir or ""))
 
 
 def open_journal(
-    private_dir: Path | None,
-    config: Mapping[str, Any],
-    code: Mapping[str, Any] | None = None,
-    existing_only: bool = False,
+    private_dir: Path | None, config: Mapping[str, Any], code: Mapping[str, Any], readonly=False
 ) -> Any:
-    """The run's journal bound to ``config`` and ``code`` (None: not bound to code; in memory
-    without a workdir); with ``existing_only``, None unless a journal is already there."""
-    if existing_only and (private_dir is None or not (private_dir / JOURNAL_FILE).exists()):
-        return None
-    journal: Any = Journal(private_dir)
+    """The run's journal bound to ``config`` and ``code`` (in memory without a workdir)."""
+    journal: Any = Journal(private_dir, readonly=readonly and private_dir is not None)
     try:
         journal.bind_config(dict(config))
-        if code is not None:
-            journal.bind_code(dict(code))
+        journal.bind_code(dict(code))
         journal.check_complete()
     except BaseException:
         journal.close()
@@ -614,9 +519,12 @@ def open_journal(
     return journal
 
 
-def bind_calibrated(journal: Any, calibrated: Mapping[str, Any]) -> None:
-    """Journals the calibrated values once; a resume whose accountant now calibrates otherwise
-    (another dptune version) is refused."""
+def bind_calibrated(journal: Any, statement: Any, calibrated: Mapping[str, Any]) -> str:
+    """Journals, once, the run id, the statement and the calibrated values; a resume whose
+    accountant now calibrates otherwise (another dptune version) is refused. Returns the run
+    id."""
+    run_id = journal.set_once("run_id", uuid.uuid4().hex)
+    journal.set_once("privacy", {**statement.to_dict(), "calibrated": dict(calibrated)})
     if journal.get("calibrated", calibrated) != calibrated:
         raise TuningConfigError(
             f"this run was planned with {journal.get('calibrated')} but the accountant now gives "
@@ -624,16 +532,13 @@ def bind_calibrated(journal: Any, calibrated: Mapping[str, Any]) -> None:
             "started it, or start a new workdir"
         )
     journal.set_once("calibrated", calibrated)
+    return run_id
 
 
 def draw_plan(journal: Any, plan: PrivacyPlan, selection: Any, seed: int | None):
     """Draws (once) the run id, the entropy, the selection's plan and every candidate's seed and
     hyperparameters; a resume reads them back. Returns ``(run_id, selection plan)``."""
-    run_id = journal.set_once("run_id", uuid.uuid4().hex)
-    privacy = plan.statement.to_dict()
-    privacy.update(calibrated=dict(plan.calibrated))
-    journal.set_once("privacy", privacy)
-    bind_calibrated(journal, dict(plan.calibrated))
+    run_id = bind_calibrated(journal, plan.statement, dict(plan.calibrated))
     entropy = journal.set_once(
         "entropy", int(seed) if seed is not None else int(np.random.SeedSequence().entropy)
     )
@@ -657,98 +562,60 @@ def draw_plan(journal: Any, plan: PrivacyPlan, selection: Any, seed: int | None)
             rows.append((i, seed_i, plan.space.sample(hp_rng)))
         journal.add_candidates(rows)
         plan_dict = journal.set_once("plan", sel_plan.to_dict())
-    return run_id, _plan_from_dict(selection, plan_dict)
+    plan_cls = getattr(selection, "plan_class", None) or Plan
+    return run_id, plan_cls.from_dict(dict(plan_dict))
 
 
-def charge_ledger(
-    ledger: Any,
-    trainer: Any,
-    statement: Any,
-    run_id: str,
-    dataset_budget: Budget | tuple[float, float] | None,
-    fingerprint: str | None,
-    workdir: str | os.PathLike | None,
-) -> None:
-    """Charges ``statement``'s (epsilon, delta) to the dataset's budget in ``ledger`` (a path, a
-    Ledger or DEFAULT_LEDGER) once per ``run_id``; ``dataset_budget`` None: the registered budget,
-    or (a new dataset) the statement's, with a warning. BudgetExceededError if it does not fit."""
-    path = _ledger_path(ledger)
-    fp = fingerprint or getattr(trainer, "fingerprint", None)
-    if not fp:
-        raise TuningConfigError(
-            "a ledger needs the dataset's fingerprint: pass fingerprint= or a trainer with a "
-            ".fingerprint"
-        )
-    st = statement
-    dsb = None if dataset_budget is None else as_budget(dataset_budget)
-    with Ledger(path) as led:
-        spend = led.charge(
-            fp,
-            run_id,
-            float(st.total_epsilon),
-            float(st.delta),
-            budget_epsilon=None if dsb is None else dsb.epsilon,
-            budget_delta=None if dsb is None else dsb.delta,
-            name=_dataset_name(trainer),
-            workdir=str(workdir or ""),
-        )
-    if spend.registered:
-        # A budget the run states is explicit: INFO. One taken from the run itself: a WARNING,
-        # since it fixes the dataset's lifetime budget.
-        log.log(
-            logging.INFO if dsb is not None else logging.WARNING,
-            "ledger %s: dataset %s (%s) had no lifetime budget; registered (epsilon=%g, "
-            "delta=%g) %s. Every later run on it must fit in what is left; change it with "
-            "`dptune ledger --dataset=%s --budget_epsilon=E --budget_delta=D`",
-            path, spend.name or "?", fp[:12], spend.budget_epsilon,
-            spend.budget_delta,
-            "as this run states it" if dsb is not None else "(the default: 10 runs like this one)",
-            fp[:12],
+def charge_ledger(pre: Preflight, journal: Any) -> None:
+    """Charges the run's (epsilon, delta) to the dataset's budget in ``pre.ledger`` (if any) once
+    per journaled run id, then marks the run started. ``pre.dataset_budget`` None: the registered
+    budget, or (a new dataset) 10 times the run's, with a warning. BudgetExceededError if it does
+    not fit."""
+    if pre.ledger is not None:
+        spend = _on_ledger(pre, journal.get("run_id"), charge=True)
+        fp, explicit = pre.fingerprint or "", pre.dataset_budget is not None
+        if spend.registered:
+            # A budget the run states is explicit: INFO. One taken from the run itself: a
+            # WARNING, since it fixes the dataset's lifetime budget.
+            log.log(
+                logging.INFO if explicit else logging.WARNING,
+                "ledger %s: dataset %s (%s) had no lifetime budget; registered (epsilon=%g, "
+                "delta=%g) %s. Every later run on it must fit in what is left; change it with "
+                "`dptune ledger --dataset=%s --budget_epsilon=E --budget_delta=D`",
+                pre.ledger, spend.name or "?", fp[:12], spend.budget_epsilon, spend.budget_delta,
+                "as this run states it" if explicit else "(the default: 10 runs like this one)",
+                fp[:12],
+            )  # fmt: skip
+        log.info(
+            "ledger %s: this run costs epsilon=%.4g; dataset %s has spent %.4g of %.4g",
+            pre.ledger, pre.plan.statement.total_epsilon, fp[:12], spend.spent_epsilon,
+            spend.budget_epsilon,
         )  # fmt: skip
-    log.info(
-        "ledger %s: this run costs epsilon=%.4g; dataset %s has spent %.4g of %.4g",
-        path,
-        st.total_epsilon,
-        fp[:12],
-        spend.spent_epsilon,
-        spend.budget_epsilon,
-    )
+    journal.set_once("started_at", time.time())
 
 
 def run_candidates(
-    trainer: Any,
-    selection: Any,
-    sel_plan: Any,
-    plan: PrivacyPlan,
-    records: dict[int, Any],
-    journal: Any,
-    payloads: dict[int, Any],
-    executor: Any,
-    progress: bool,
+    trainer: Any, selection: Any, sel_plan: Any, plan: PrivacyPlan, records: dict[int, Any],
+    journal: Any, payloads: dict[int, Any], executor: Any, progress: bool,
     checked: Mapping[int, Any],
-) -> list[float]:
+) -> list[float]:  # fmt: skip
     """Trains candidates until the selection is done; returns the scores prefix (index order).
 
     The executor gets the next ``executor.parallelism`` unfinished candidates, each first checked
     to declare what was accounted for it (``checked``: ``check_unchanged``); each result is
     journaled as it comes back (score NaN = failure), so a kill loses at most the candidates in
     flight, which a rerun trains again with the same seeds."""
+    n = sel_plan.num_trials
 
     def prefix() -> list[float]:
-        out = []
-        for i in range(sel_plan.num_trials):
-            r = records[i]
-            if r.status != "done":
-                break
-            out.append(float("nan") if r.failed else float(r.score))
-        return out
+        done = itertools.takewhile(lambda r: r.status == "done", (records[i] for i in range(n)))
+        return [float("nan") if r.failed else float(r.score) for r in done]
 
     scores = prefix()
     with tuning_bar(progress) as bar:
-        while len(scores) < sel_plan.num_trials and not selection.done(sel_plan, scores):
-            todo = [
-                i for i in range(len(scores), sel_plan.num_trials) if records[i].status != "done"
-            ][: max(1, int(executor.parallelism))]
+        while len(scores) < n and not selection.done(sel_plan, scores):
+            todo = [i for i in range(len(scores), n) if records[i].status != "done"]
+            todo = todo[: max(1, int(executor.parallelism))]
             for i in todo:
                 check_unchanged(trainer, plan, records[i].hparams, checked[i])
             for i in todo:
@@ -757,16 +624,13 @@ def run_candidates(
             t0 = time.time()
             for i, raw_score, raw_payload in executor.run(trainer, jobs):
                 score, payload = checked_result(raw_score, raw_payload)
-                failure = payload if isinstance(payload, CandidateFailure) else None
-                failed = failure is not None
+                failed = isinstance(payload, CandidateFailure)
                 if not failed:
-                    journal.write_payload(
-                        i, pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
-                    )
-                journal.mark_done(i, score, failed, time.time() - t0, failure)
+                    journal.write_payload(i, pickle.dumps(payload, pickle.HIGHEST_PROTOCOL))
+                journal.mark_done(i, score, failed, time.time() - t0, payload if failed else None)
                 payloads[i] = None if failed else payload
                 records[i] = replace(
-                    records[i], status="done", score=None if failed else float(score), failed=failed
+                    records[i], status="done", score=None if failed else score, failed=failed
                 )
                 bar.update()
             scores = prefix()
@@ -779,41 +643,41 @@ def release_selected(
     """The selected candidate's release (or nothing): its hyperparameters, what its trainer says
     may be released of it, its score, and the statement; the curve's epsilon is the privacy its
     training produced per epoch, at the plan's delta and adjacency."""
-    scores = [
-        float("nan") if records[i].failed else float(records[i].score)
-        for i in range(sel_plan.num_trials)
-        if records[i].status == "done"
-    ]
+    done = [records[i] for i in range(sel_plan.num_trials) if records[i].status == "done"]
+    scores = [float("nan") if r.failed else float(r.score) for r in done]
     index = selection.select(sel_plan, scores)
     # What the selection's theorem covers: the score only where it is covered.
     published = tuple(getattr(selection, "publishes", ("payload",)))
-    privacy = plan.statement.to_dict()
-    privacy.update(budget_epsilon=budget.epsilon, budget_delta=budget.delta)
-    text = plan.statement.to_text()
+    st = plan.statement
+    privacy = {**st.to_dict(), "budget_epsilon": budget.epsilon, "budget_delta": budget.delta}
+    text = st.to_text()
     ex_post = getattr(selection, "ex_post_epsilon", None)
-    if ex_post is not None and plan.statement.accountant == "pure" and "index" in published:
+    if ex_post is not None and st.accountant == "pure" and "index" in published:
         # Ex-post privacy (Ligett et al. 2017, Lemma 2.8; pure-DP candidates only, their Remark
         # 2.9): reported next to the worst case above, which is what the budget and ledger hold.
-        privacy["ex_post_epsilon"] = float(ex_post(plan.statement.single_run_epsilon, index))
+        privacy["ex_post_epsilon"] = float(ex_post(st.single_run_epsilon, index))
         text += (
             f"\nRealised ex-post privacy loss of this outcome: {privacy['ex_post_epsilon']:.4g} "
             "(Ligett et al. 2017, Lemma 2.8); charged: the worst case above."
         )
+    name = (
+        f"your function {trainer.name!r}"
+        if isinstance(trainer, FunctionTrainer)
+        else str(getattr(trainer, "kind", "") or type(trainer).__name__)
+    )
+    common = dict(published=published, trainer_name=name)
     if index is None:
-        return Release(
-            False, None, None, None, privacy, text, published=published,
-            trainer_name=_trainer_name(trainer),
-        )  # fmt: skip
+        return Release(False, None, None, None, privacy, text, **common)
     if records[index].failed:
         # The selected candidate failed: the selections rank a failure below every score, so
         # every candidate failed (a function of the selected output: post-processing). No model.
         return Release(
-            False, None, None, None, privacy, text, outcome=NO_CANDIDATE_SUCCEEDED,
-            published=published, trainer_name=_trainer_name(trainer),
-        )  # fmt: skip
+            False, None, None, None, privacy, text, outcome=NO_CANDIDATE_SUCCEEDED, **common
+        )
     hp = plan.hparams(records[index].hparams)
     payload = payloads[index] if index in payloads else journal.read_payload(index)
-    view = release_view(trainer, hp, payload)
+    has_view = hasattr(trainer, "release_view")
+    view = trainer.release_view(hp, payload) if has_view else ReleaseView(payload)
     # The curve's privacy travelled with the candidate's result (what its training spent up to
     # each epoch); only the conversion to epsilon at the plan's delta happens here.
     spent = list(view.privacy_by_epoch)
@@ -829,24 +693,8 @@ def release_selected(
             "no training curve: the trainer gave %d per-epoch privacy values for %d rows",
             len(spent), len(rows),
         )  # fmt: skip
-    score = float(scores[index]) if "score" in published else None
     return Release(
-        True, hp, score, view.test_accuracy, privacy, text, payload=view.payload,
-        curve=public_curve(curve), published=published, trainer_name=_trainer_name(trainer),
+        True, hp, float(scores[index]) if "score" in published else None, view.test_accuracy,
+        privacy, text, payload=view.payload, curve=public_curve(curve), **common,
         test_metric=None if view.test_metric is None else dict(view.test_metric),
     )  # fmt: skip
-
-
-def _trainer_name(trainer: Any) -> str:
-    """What trained the candidates, for the report: the trainer's ``kind`` (e.g. "DP-SGD"), a
-    function trainer's name, else its class name."""
-    if isinstance(trainer, FunctionTrainer):
-        return f"your function {trainer.name!r}"
-    return str(getattr(trainer, "kind", "") or type(trainer).__name__)
-
-
-def _plan_from_dict(selection: Any, d: Mapping[str, Any]) -> Any:
-    plan_cls = getattr(selection, "plan_class", None)
-    if plan_cls is None:
-        plan_cls = Plan
-    return plan_cls.from_dict(dict(d))
