@@ -348,9 +348,9 @@ class StepFunctions:
         self._stochastic = self.spec.stochastic
         if self._stochastic and mesh is not None:
             raise ValueError(
-                f"dptune: model {self.spec.name} trains in training mode (its `train` / "
-                "`deterministic` keyword, dropout), which data-parallel training does not "
-                "support yet: train on one device"
+                f"dptune: model {self.spec.name} draws per-example randomness while training "
+                "(dropout: a linen `train` / `deterministic` keyword or NNX `nnx.Rngs`), which "
+                "data-parallel training does not support yet: train on one device"
             )
         if grad_impl == "bookkeeping":
             if model == "scatter_linear" and self.augmult == 0:
