@@ -49,23 +49,13 @@ class AuditDpSgdTrainer(DpSgdTrainer):
     ) -> None:
         if fault is not None and fault not in self.FAULTS:
             raise TuningConfigError(f"fault={fault!r}: DP-SGD injects only {self.FAULTS}")
-        included = np.asarray(included, bool)
-        if included.shape != (len(canaries),):
-            raise ValueError(f"included has shape {included.shape}, not ({len(canaries)},)")
-        data = parent.data
         x, y = canaries.subset(included)
-        if canaries.kind == "score":
-            data = dataclasses.replace(
-                data,
-                val_x=np.concatenate([data.val_x, x.astype(data.val_x.dtype)]),
-                val_y=np.concatenate([data.val_y, y.astype(data.val_y.dtype)]),
-            )
-        else:
-            data = dataclasses.replace(
-                data,
-                train_x=np.concatenate([data.train_x, x.astype(data.train_x.dtype)]),
-                train_y=np.concatenate([data.train_y, y.astype(data.train_y.dtype)]),
-            )
+        part = "val" if canaries.kind == "score" else "train"  # the split the canaries join
+        old_x, old_y = getattr(parent.data, f"{part}_x"), getattr(parent.data, f"{part}_y")
+        data = dataclasses.replace(parent.data, **{
+            f"{part}_x": np.concatenate([old_x, x.astype(old_x.dtype)]),
+            f"{part}_y": np.concatenate([old_y, y.astype(old_y.dtype)]),
+        })  # fmt: skip
         super().__init__(
             data, parent.base, parent.epoch_progress, parent.test_curve,
             parent.compilation_cache, grad_impl=parent.grad_impl,
@@ -74,7 +64,6 @@ class AuditDpSgdTrainer(DpSgdTrainer):
         self.init_fingerprint, self._finetune = parent.init_fingerprint, parent._finetune
         self.canaries = canaries
         self.fault = fault
-        self.num_real_val = len(parent.data.val_y)
         if fault == "noise_reused":
             self.noise_step = _first_step  # the same noise vector at every step
         self._trace: dict[int, list[np.ndarray]] = {}
@@ -92,7 +81,7 @@ class AuditDpSgdTrainer(DpSgdTrainer):
                     f"shape {shape}: audit it with --kind=input"
                 )
             x, y = audit.gradient_canary_records(m, shape, data)
-        elif kind in ("input", "score"):
+        else:  # input or score (dptune.auditing.run checked the kind)
             if kind == "score" and data.split.get("kind") != "record_hash":
                 raise TuningConfigError(
                     "score canaries are placed in the validation split by its per-record hash; "
@@ -101,8 +90,6 @@ class AuditDpSgdTrainer(DpSgdTrainer):
             x, y = audit.input_canary_records(
                 m, shape, data.num_classes, data, rng, validation=kind == "score"
             )
-        else:
-            raise TuningConfigError(f"kind={kind!r}: DP-SGD canaries are gradient, input or score")
         return Canaries(kind, x, y)
 
     def hyperparams(self, hparams: Mapping[str, Any]) -> Any:
@@ -116,12 +103,12 @@ class AuditDpSgdTrainer(DpSgdTrainer):
                     "gradient canaries wrap a shipped image model; audit your own model with "
                     "--kind=input"
                 )
-            if models.get_model(hp.model, self.data.num_classes).features is not None:
+            base = models.get_model(hp.model, self.data.num_classes)
+            if base.features is not None:
                 raise TuningConfigError(
                     f"gradient canaries need a model that reads images; {hp.model!r} reads "
                     "features: audit it with --kind=input"
                 )
-            base = models.get_model(hp.model, self.data.num_classes)
             hp = dataclasses.replace(hp, model=audit.gradient_canary_spec(base))
         return hp
 
@@ -178,10 +165,7 @@ class AuditDpSgdTrainer(DpSgdTrainer):
         losses, conf = audit.per_record(params, spec, self.canaries.x, self.canaries.y)
         if self.canaries.kind == "input":
             return {"loss": -losses}
-        real_val = slice(0, self.num_real_val)
-        _, real = audit.per_record(
-            params, spec, self.data.val_x[real_val], self.data.val_y[real_val]
-        )
+        _, real = audit.per_record(params, spec, self.parent.data.val_x, self.parent.data.val_y)
         target = float(release.validation_score) * float(self.data.public_num_val) - math.fsum(real)
         return {"decoded": decode_subset_sum(target, conf)}
 

@@ -1,18 +1,12 @@
 """The ``"devices"`` executor: candidates spread over the local accelerators of one host.
 
-Each candidate runs whole on one device (``jax.default_device``), in its own thread: JAX releases
-the GIL while a device computes, so K devices train K candidates at once. A candidate's result does
-not depend on which device ran it (same program, same key), so the release is the one
-``"sequential"`` gives for the same seed (``tests/dptune/executors/test_devices.py`` checks this on
-4 forced CPU devices).
-
-For candidates too large for one device, ``data_parallel=True`` trains them one at a time, each
-over ALL the devices (``trainers.parallel``: per-example clipping on each shard of a
-``jax.sharding.Mesh``, the clipped sums reduced across devices, the Gaussian noise added once with
-std ``noise_multiplier * clip_norm`` whatever the device count). The same key gives the same
-candidate as on one device, up to float summation order. A trainer trains data-parallel through
-its ``data_parallel(devices)`` hook (a context manager; ``dptune.learners.dpsgd.DpSgdTrainer`` has
-one); trainers without it run as on one device.
+Each candidate runs whole on one device (``jax.default_device``) in its own thread (JAX releases
+the GIL while a device computes). A candidate's result does not depend on its device (same
+program, same key): the release is ``"sequential"``'s for the same seed. ``data_parallel=True``
+trains one candidate at a time over ALL the devices through the trainer's ``data_parallel(devices)``
+hook (``DpSgdTrainer``'s: per-example clipping on each shard, the clipped sums reduced across
+devices, the noise added once), the same candidate up to float summation order; a trainer without
+the hook trains as on one device.
 """
 
 from __future__ import annotations
@@ -91,6 +85,4 @@ class DevicesExecutor:
             while pending:
                 done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
                 for fut in done:
-                    index = pending.pop(fut)
-                    score, payload = fut.result()
-                    yield index, score, payload
+                    yield (pending.pop(fut), *fut.result())

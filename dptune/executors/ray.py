@@ -2,28 +2,21 @@
 
 The driver (the ``dptune`` process) keeps everything that decides the release: it draws the plan
 and every seed once (the journal), hands each candidate to Ray as a task ``(index, 128-bit seed,
-hyperparameters)``, journals each ``(index, score, payload)`` as it comes back, and selects. Ray is
-only an engine that runs ``train_one(trainer, job)`` elsewhere. What this buys and how:
+hyperparameters)``, journals each result as it comes back, and selects; Ray only runs
+``train_one(trainer, job)`` elsewhere.
 
-* **The data is loaded by the workers**, from its spec: a trainer with a ``remote_factory`` (a
-  picklable zero-argument callable, e.g. ``functools.partial(dptune.cli.main.trainer_from_config,
-  cfg)``) is rebuilt once per worker process and cached there; the dataset never travels through
-  the object store per task. A trainer without one is put in the object store ONCE per run (and
-  freed by :meth:`RayExecutor.close`). With ``expected_fingerprint`` (the driver's dataset
-  fingerprint) a worker that loads different records refuses to train (an infrastructure error: the
-  run stops, nothing is journaled for that candidate).
-* **A lost worker** (a killed process, a lost node) is retried by Ray with the *same* task, so the
-  same seed and the same noise (``max_retries``); the plan is never redrawn. A trainer exception is
-  that candidate's failure (NaN), as in every executor (``dptune.execution.train_one``).
-* **A killed driver**: the journal holds every finished candidate; rerunning the command retrains
-  only the unfinished ones, with their journaled seeds (``dptune.tuner``).
-* **Nothing private stays in Ray**: each result's reference is dropped as soon as it is journaled
-  (Ray frees an object when no reference remains), the trainer object (if any) is freed at
-  ``close``, and a Ray instance this executor started is shut down at ``close``. Workers never log
-  scores (the trainers log failures by error type only).
-* **Selection semantics**: the tuner hands over at most ``parallelism`` candidates at once and
-  consumes their scores in index order, so thresholding's speculative candidates change nothing
-  (``selection.thresholding``).
+* **Workers load the data** from its spec: a trainer's ``remote_factory`` (a picklable
+  zero-argument callable) is rebuilt once per worker process; a trainer without one is put in the
+  object store once per run. A worker whose data's fingerprint differs from
+  ``expected_fingerprint`` refuses to train (an infrastructure error: the run stops).
+* **A lost worker** is retried by Ray with the same task, so the same seed and noise; a trainer
+  exception is that candidate's failure (NaN), as in every executor. **A killed driver**: rerunning
+  retrains only the candidates its journal does not hold, with their journaled seeds.
+* **Nothing private stays in Ray**: each result's reference is dropped once journaled, the trainer
+  object is freed and a Ray instance this executor started is shut down at ``close``. Workers never
+  log scores.
+* The tuner hands over at most ``parallelism`` candidates at once and consumes their scores in
+  index order, so thresholding's speculative candidates change nothing.
 
 Bad input (Ray not installed, an address that does not answer, more CPUs or GPUs per candidate than
 any node has) raises :class:`RayExecutorError` from :meth:`RayExecutor.connect`, which ``dptune``
@@ -53,15 +46,11 @@ class RayExecutorError(TuningConfigError):
     """The Ray executor cannot run as configured; nothing private has run."""
 
 
-def ray_available() -> bool:
-    return importlib.util.find_spec("ray") is not None
-
-
-def _positive(name: str, value: Any, *, allow_zero: bool) -> float:
+def _non_negative(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise RayExecutorError(f"{name}={value!r} must be a finite number")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise RayExecutorError(f"{name}={value!r} must be {'>= 0' if allow_zero else '> 0'}")
+    if value < 0:
+        raise RayExecutorError(f"{name}={value!r} must be >= 0")
     return float(value)
 
 
@@ -76,7 +65,6 @@ class RayExecutor:
       gpus_per_candidate: GPUs per task (Ray's ``num_gpus``; JAX then sees only those).
       max_retries: how often Ray reruns a task whose worker died (same task: same seed).
       num_cpus: only for a local instance: how many CPUs it offers (default: all).
-      parallelism: candidates handed over at once (default: as many as the cluster fits at once).
     """
 
     def __init__(
@@ -86,10 +74,9 @@ class RayExecutor:
         gpus_per_candidate: float = 0.0,
         max_retries: int = 3,
         num_cpus: int | None = None,
-        parallelism: int | None = None,
         expected_fingerprint: str | None = None,
     ) -> None:
-        if not ray_available():
+        if importlib.util.find_spec("ray") is None:
             raise RayExecutorError(
                 "executor kind 'ray' needs Ray, which is not installed: pip install 'dptune[ray]' "
                 "(or pip install ray), or use --config.executor.kind=sequential"
@@ -97,18 +84,15 @@ class RayExecutor:
         if address is not None and not isinstance(address, str):
             raise RayExecutorError(f"address={address!r} must be None, 'auto' or 'HOST:PORT'")
         self.address = None if address in (None, "", "local") else address
-        self.cpus = _positive("cpus_per_candidate", cpus_per_candidate, allow_zero=True)
-        self.gpus = _positive("gpus_per_candidate", gpus_per_candidate, allow_zero=True)
+        self.cpus = _non_negative("cpus_per_candidate", cpus_per_candidate)
+        self.gpus = _non_negative("gpus_per_candidate", gpus_per_candidate)
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise RayExecutorError(f"max_retries={max_retries!r} must be an integer >= 0")
         self.max_retries = max_retries
         if num_cpus is not None and self.address is not None:
             raise RayExecutorError("num_cpus only applies to a local Ray instance (no address)")
         self.num_cpus = num_cpus
-        if parallelism is not None and (not isinstance(parallelism, int) or parallelism < 1):
-            raise RayExecutorError(f"parallelism={parallelism!r} must be an integer >= 1")
-        self._fixed_parallelism = parallelism
-        self.parallelism = parallelism or 1
+        self.parallelism = 1  # until connect(): how many candidates the cluster fits at once
         self.expected_fingerprint = expected_fingerprint
         self._started_ray = False
         self._connected = False
@@ -122,19 +106,14 @@ class RayExecutor:
         ``parallelism`` to how many fit at once. Public work only: no data, no training."""
         if self._connected:
             return self
-        import ray  # optional: the [ray] extra (a clear error if missing: _require_ray)
+        import ray  # optional: the [ray] extra, checked in __init__
 
         if not ray.is_initialized():
             if self.address not in (None, "auto") and not self.address.startswith("ray://"):
                 _check_reachable(self.address)
-            kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=True)
-            if self.address is None:
-                if self.num_cpus is not None:
-                    kwargs["num_cpus"] = self.num_cpus
-            else:
-                kwargs["address"] = self.address
-            try:
-                ray.init(**kwargs)
+            try:  # num_cpus is None unless a local instance is started (checked in __init__)
+                ray.init(address=self.address, num_cpus=self.num_cpus, include_dashboard=False,
+                         log_to_driver=True)  # fmt: skip
             except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
                 raise RayExecutorError(
                     f"cannot connect to Ray at {self.address or 'a new local instance'!r}: "
@@ -145,11 +124,10 @@ class RayExecutor:
             self._started_ray = self.address is None
         self._connected = True
         try:
-            fits = self._slots(ray.nodes())
+            self.parallelism = self._slots(ray.nodes())
         except RayExecutorError:
             self.close()
             raise
-        self.parallelism = self._fixed_parallelism or fits
         return self
 
     def _slots(self, nodes: Sequence[dict]) -> int:
@@ -167,9 +145,8 @@ class RayExecutor:
             most_gpu = max((r.get("GPU", 0.0) for r in alive), default=0.0)
             most_cpu = max((r.get("CPU", 0.0) for r in alive), default=0.0)
             raise RayExecutorError(
-                "no node of the Ray cluster can run one candidate: "
-                f"gpus_per_candidate={self.gpus:g} and cpus_per_candidate={self.cpus:g}, but the "
-                "largest node has "
+                "no node of the Ray cluster can run one candidate: gpus_per_candidate="
+                f"{self.gpus:g} and cpus_per_candidate={self.cpus:g}, but the largest node has "
                 f"{most_gpu:g} GPUs and {most_cpu:g} CPUs ({len(alive)} nodes); lower "
                 "config.executor.gpus_per_candidate / cpus_per_candidate or add nodes"
             )
@@ -177,7 +154,7 @@ class RayExecutor:
 
     # --- running ------------------------------------------------------------------------------
     def _prepare(self, trainer: Any) -> None:
-        import ray  # optional: the [ray] extra (a clear error if missing: _require_ray)
+        import ray  # optional: the [ray] extra, checked in __init__
 
         self.connect()
         if self._remote is None:
@@ -201,7 +178,7 @@ class RayExecutor:
 
     def run(self, trainer: Any, jobs: Sequence[Job]) -> Iterator[tuple[int, float, Any]]:
         """Submits one task per job and yields ``(index, score, payload)`` as tasks finish."""
-        import ray  # optional: the [ray] extra (a clear error if missing: _require_ray)
+        import ray  # optional: the [ray] extra, checked in __init__
 
         self._prepare(trainer)
         pending = {self._remote.remote(self._spec, job): job.index for job in jobs}
@@ -221,15 +198,12 @@ class RayExecutor:
         """Frees what this executor put in Ray; shuts down a local Ray instance it started."""
         if not self._connected:
             return
-        import ray  # optional: the [ray] extra (a clear error if missing: _require_ray)
+        import ray  # optional: the [ray] extra, checked in __init__
 
-        self._trainer_ref = None
-        self._spec = None
-        self._remote = None
+        self._trainer_ref = self._spec = self._remote = None
         if self._started_ray and ray.is_initialized():
             ray.shutdown()
-        self._connected = False
-        self._started_ray = False
+        self._connected = self._started_ray = False
 
     def __enter__(self) -> RayExecutor:
         return self.connect()
@@ -277,7 +251,7 @@ def _worker_trainer(spec: tuple) -> Any:
                     "give every node the same data (a shared path or the same files)"
                 )
         else:
-            import ray  # optional: the [ray] extra (a clear error if missing: _require_ray)
+            import ray  # optional: the [ray] extra, checked in __init__
 
             trainer = ray.get(source[0])
         _WORKER_TRAINERS[token] = trainer
@@ -287,5 +261,4 @@ def _worker_trainer(spec: tuple) -> Any:
 def _train_task(spec: tuple, job: Job) -> tuple[float, Any]:
     """A Ray task: the candidate ``job`` behind the failure guard. Loading the trainer is outside
     the guard on purpose: a worker that cannot load the data is an infrastructure error."""
-    trainer = _worker_trainer(spec)
-    return train_one(trainer, job)
+    return train_one(_worker_trainer(spec), job)
