@@ -28,17 +28,15 @@ def _first_step(step: int) -> int:
 
 
 class AuditDpSgdTrainer(DpSgdTrainer):
-    """A DP-SGD trainer on its parent's data plus the included canaries (``dptune audit``).
+    """A DP-SGD trainer on its parent's data plus the included canaries, with the parent's privacy
+    declaration (same public sizes, same hyperparameters): the audit checks training against it.
 
-    Its privacy declaration is the parent's (same public sizes, same hyperparameters): what the
-    audit checks is whether training lives up to it. ``gradient`` canaries train the parent's model
-    wrapped by ``trainers.audit.GradientCanaries`` (its canary block after every epoch goes into
-    the released parameters as ``canary_trace``); ``input`` canaries join the training split and
-    ``score`` canaries the validation split. ``fault``: a deliberate break for a negative control,
-    ``"noise_reused"`` (every step's noise key folded with step 0: the loop's ``noise_step``) or
-    ``"exact_score"`` (the released score is the exact sum of the validation records'
-    probabilities of their labels over the public validation size, instead of the noisy
-    accuracy).
+    ``gradient`` canaries train the parent's model wrapped by ``trainers.audit.GradientCanaries``
+    (its canary block after each epoch is released as ``canary_trace``); ``input`` canaries join the
+    training split, ``score`` canaries the validation split. ``fault``: ``"noise_reused"`` (every
+    step's noise key folded with 0: the loop's ``noise_step``) or ``"exact_score"`` (the released
+    score is the exact sum of the validation records' probabilities of their labels over the public
+    validation size, instead of the noisy accuracy).
     """
 
     #: Faults this trainer can inject (others are hyperparameter rewrites, ``dptune.auditing``).

@@ -448,9 +448,6 @@ class _AuditTrainer:
             raise AttributeError(name)
         return getattr(self.inner, name)
 
-    def privacy(self, hparams: Mapping[str, Any]) -> Any:
-        return self.inner.privacy(hparams)
-
     def __call__(self, hparams: Mapping[str, Any], rng: np.random.Generator) -> Any:
         return self._unaccounted(self.inner(self._broken(hparams), rng))
 

@@ -26,7 +26,6 @@ calls before it loads any data.
 from __future__ import annotations
 
 import importlib.util
-import logging
 import math
 import socket
 import uuid
@@ -35,8 +34,6 @@ from typing import Any
 
 from dptune.errors import TuningConfigError
 from dptune.execution import Job, train_one
-
-log = logging.getLogger("dptune")
 
 #: How long to wait for a TCP answer from ``HOST:PORT`` before calling the address unreachable (s).
 CONNECT_TIMEOUT_S = 5.0
@@ -47,10 +44,8 @@ class RayExecutorError(TuningConfigError):
 
 
 def _non_negative(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise RayExecutorError(f"{name}={value!r} must be a finite number")
-    if value < 0:
-        raise RayExecutorError(f"{name}={value!r} must be >= 0")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise RayExecutorError(f"{name}={value!r} must be a finite number >= 0")
     return float(value)
 
 
@@ -134,13 +129,11 @@ class RayExecutor:
         """How many candidates fit at once over the alive nodes; an error if none fits anywhere."""
         alive = [n.get("Resources", {}) for n in nodes if n.get("Alive", n.get("alive", True))]
         total = 0
-        for res in alive:
-            fit = math.inf
-            if self.cpus > 0:
-                fit = min(fit, math.floor(res.get("CPU", 0.0) / self.cpus + 1e-9))
-            if self.gpus > 0:
-                fit = min(fit, math.floor(res.get("GPU", 0.0) / self.gpus + 1e-9))
-            total += 1 if fit == math.inf else int(fit)
+        for res in alive:  # a candidate that asks for no CPU and no GPU: one per node
+            fit = [
+                res.get(k, 0.0) / n for k, n in (("CPU", self.cpus), ("GPU", self.gpus)) if n > 0
+            ]
+            total += math.floor(min(fit) + 1e-9) if fit else 1
         if total == 0:
             most_gpu = max((r.get("GPU", 0.0) for r in alive), default=0.0)
             most_cpu = max((r.get("CPU", 0.0) for r in alive), default=0.0)
@@ -153,34 +146,22 @@ class RayExecutor:
         return total
 
     # --- running ------------------------------------------------------------------------------
-    def _prepare(self, trainer: Any) -> None:
-        import ray  # optional: the [ray] extra, checked in __init__
-
-        self.connect()
-        if self._remote is None:
-            self._remote = ray.remote(_train_task).options(
-                num_cpus=self.cpus,
-                num_gpus=self.gpus,
-                max_retries=self.max_retries,
-                # A trainer exception is already the candidate's NaN (train_one); anything
-                # raised out of the task is infrastructure and must stop the run, not redraw.
-                retry_exceptions=False,
-            )
-        if self._spec is None:
-            token = uuid.uuid4().hex
-            factory = getattr(trainer, "remote_factory", None)
-            if factory is not None:
-                self._spec = ("factory", token, factory, self.expected_fingerprint)
-            else:
-                # Once per run, not per task; freed in close().
-                self._trainer_ref = ray.put(trainer)
-                self._spec = ("object", token, [self._trainer_ref], None)
-
     def run(self, trainer: Any, jobs: Sequence[Job]) -> Iterator[tuple[int, float, Any]]:
         """Submits one task per job and yields ``(index, score, payload)`` as tasks finish."""
         import ray  # optional: the [ray] extra, checked in __init__
 
-        self._prepare(trainer)
+        self.connect()
+        if self._spec is None:  # once per run, not per task
+            # A trainer exception is already the candidate's NaN (train_one); anything raised out
+            # of the task is infrastructure and must stop the run, not redraw.
+            self._remote = ray.remote(_train_task).options(
+                num_cpus=self.cpus, num_gpus=self.gpus, max_retries=self.max_retries,
+                retry_exceptions=False,
+            )  # fmt: skip
+            factory = getattr(trainer, "remote_factory", None)
+            if factory is None:
+                self._trainer_ref = ray.put(trainer)  # freed in close()
+            self._spec = (uuid.uuid4().hex, factory, [self._trainer_ref], self.expected_fingerprint)
         pending = {self._remote.remote(self._spec, job): job.index for job in jobs}
         try:
             while pending:
@@ -237,12 +218,16 @@ _WORKER_TRAINERS: dict[str, Any] = {}
 
 
 def _worker_trainer(spec: tuple) -> Any:
-    kind, token, source, fingerprint = spec
+    token, factory, refs, fingerprint = spec
     trainer = _WORKER_TRAINERS.get(token)
     if trainer is None:
         _WORKER_TRAINERS.clear()
-        if kind == "factory":
-            trainer = source()
+        if factory is None:
+            import ray  # optional: the [ray] extra, checked in __init__
+
+            trainer = ray.get(refs[0])
+        else:
+            trainer = factory()
             if fingerprint is not None and getattr(trainer, "fingerprint", None) != fingerprint:
                 # Different records on this node: training on them would not be the run that was
                 # accounted and charged. An infrastructure error: the run stops.
@@ -250,10 +235,6 @@ def _worker_trainer(spec: tuple) -> Any:
                     "this Ray worker loaded a dataset whose fingerprint differs from the driver's: "
                     "give every node the same data (a shared path or the same files)"
                 )
-        else:
-            import ray  # optional: the [ray] extra, checked in __init__
-
-            trainer = ray.get(source[0])
         _WORKER_TRAINERS[token] = trainer
     return trainer
 
