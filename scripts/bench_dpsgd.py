@@ -209,17 +209,14 @@ def user_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
     import flax.linen as nn
     import jax
     import jax.numpy as jnp
-    import optax
 
     from trainers import dpsgd, models, step
     from trainers.runtime import tune_malloc
 
     tune_malloc()
     rows: dict[str, tuple[Callable[[], object], int]] = {}
-    state: dict[str, object] = {}
     rng = np.random.default_rng(0)
     key = jax.random.PRNGKey(1)
-    clip, sigma = jnp.float32(CLIP), jnp.float32(SIGMA)
 
     class TinyTransformer(nn.Module):  # examples/user_text_classifier.py
         @nn.compact
@@ -261,37 +258,13 @@ def user_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
     nnx_spec = _user_cnn_nnx_spec()
     dp_row("user_cnn_nnx_auto", nnx_spec, step.resolve_grad_impl(nnx_spec, "auto", (28, 28, 1)),
            data, models.init_params(nnx_spec, jax.random.PRNGKey(0)), idx, BATCH)  # fmt: skip
-    try:
-        from jax_privacy import clipped_grad  # optional: jax_privacy 2.0
-    except ImportError:
-        clipped_grad = None
-    if clipped_grad is not None:
+    if _have_jax_privacy():
 
         def example_loss(p, x, y, spec=spec):  # one example, its batch axis kept
             return dpsgd.per_example_loss(spec.apply({"params": p}, x), y).sum()
 
-        grad_fn = clipped_grad(example_loss, l2_clip_norm=CLIP, batch_argnums=(1, 2))
-        opt = optax.sgd(LR)
-        # `data` and `idx` are rebound below (text, tabular rows): bind the CNN's own here
-        cnn_data, cnn_idx = data, idx
-
-        @jax.jit
-        def jp_step(params, opt_state, i, idx):
-            g = grad_fn(params, cnn_data[0][idx], cnn_data[1][idx])
-            g = dpsgd.add_noise(g, jax.random.fold_in(key, i), sigma, clip)
-            g = jax.tree_util.tree_map(lambda v: v / BATCH, g)
-            updates, opt_state = opt.update(g, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state
-
-        state["jp"] = (params0, opt.init(params0), 0)
-
-        def run_jp():
-            p, o, i = state["jp"]
-            p, o = jp_step(p, o, jnp.int32(i), cnn_idx)
-            state["jp"] = (p, o, i + 1)
-            return p
-
-        rows["user_cnn_jaxprivacy"] = (run_jp, BATCH)
+        jp_row = _clipped_grad_row(example_loss, data, idx, params0, key, BATCH)
+        rows["user_cnn_jaxprivacy"] = (jp_row, BATCH)
     rows["user_cnn_nonprivate"] = nonpriv
     if quick:
         return rows
@@ -322,7 +295,7 @@ def lm_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
     import jax.numpy as jnp
     import optax
 
-    from trainers import dpsgd, models, step
+    from trainers import models, step
     from trainers.runtime import tune_malloc
     from trainers.spec import Hyperparams
     from trainers.step import make_optimizer
@@ -379,36 +352,15 @@ def lm_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
         return loss
 
     rows[f"lm_dp_{impl}"] = (run_auto, batch)
-    opt = optax.sgd(LR)
     np_step = _nonprivate_step(spec.apply, *data, params0, loss=seq_loss)
     rows["lm_nonprivate"] = (_stateful_row(*np_step, idx), batch)
-    try:
-        from jax_privacy import clipped_grad  # optional: jax_privacy 2.0
-    except ImportError:
+    if not _have_jax_privacy():
         return rows
 
     def example_loss(p, x, y):  # one example, its batch axis kept
         return seq_loss(spec.apply({"params": p}, x), y).sum()
 
-    grad_fn = clipped_grad(example_loss, l2_clip_norm=CLIP, batch_argnums=(1, 2))
-
-    @jax.jit
-    def jp_step(params, opt_state, i, idx):
-        g = grad_fn(params, data[0][idx], data[1][idx])
-        g = dpsgd.add_noise(g, jax.random.fold_in(key, i), sigma, clip)  # as dptune's step
-        g = jax.tree_util.tree_map(lambda v: v / batch, g)
-        updates, opt_state = opt.update(g, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state
-
-    state["jp"] = (params0, opt.init(params0), 0)
-
-    def run_jp():
-        p, o, i = state["jp"]
-        p, o = jp_step(p, o, jnp.int32(i), idx)
-        state["jp"] = (p, o, i + 1)
-        return p
-
-    rows["lm_jaxprivacy"] = (run_jp, batch)
+    rows["lm_jaxprivacy"] = (_clipped_grad_row(example_loss, data, idx, params0, key, batch), batch)
     return rows
 
 
@@ -639,6 +591,41 @@ def _dp_row(fns, params0, data, idx, key):
     return run
 
 
+def _clipped_grad_row(example_loss, data, idx, params0, key, batch: int):
+    """A row of jax_privacy 2.0's ``clipped_grad`` (per-example clipping to CLIP, summed) with
+    dptune's noise (``dpsgd.add_noise``, the key folded with the step) and an SGD update on
+    the clipped sum over ``batch``, on the fixed batch ``idx`` of ``data = (x, y)``;
+    ``example_loss(params, x, y)`` is one example's loss, its batch axis kept."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from jax_privacy import clipped_grad
+
+    from trainers import dpsgd
+
+    grad_fn = clipped_grad(example_loss, l2_clip_norm=CLIP, batch_argnums=(1, 2))
+    opt = optax.sgd(LR)
+    clip, sigma = jnp.float32(CLIP), jnp.float32(SIGMA)
+
+    @jax.jit
+    def step(params, opt_state, i, idx):
+        g = grad_fn(params, data[0][idx], data[1][idx])
+        g = dpsgd.add_noise(g, jax.random.fold_in(key, i), sigma, clip)  # as dptune's step
+        g = jax.tree_util.tree_map(lambda v: v / batch, g)
+        updates, opt_state = opt.update(g, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    state = [params0, opt.init(params0), 0]
+
+    def run():
+        p, o, i = state
+        state[0], state[1] = step(p, o, jnp.int32(i), idx)
+        state[2] = i + 1
+        return state[0]
+
+    return run
+
+
 def _warm(rows) -> None:
     """Compiles and warms up every JAX row (two calls each)."""
     for fn, _ in rows.values():
@@ -733,18 +720,21 @@ def torch_rows() -> dict[str, tuple[Callable[[], object], int]]:
     loss_fn = nn.CrossEntropyLoss()
     rows: dict[str, tuple[Callable[[], object], int]] = {}
 
+    def optimiser_row(net, opt):
+        """One step of ``opt`` on ``net``'s mean loss over the fixed batch."""
+
+        def run():
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(net(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        return run
+
     net = make_net()
     assert sum(p.numel() for p in net.parameters()) == 26010
-    sgd = torch.optim.SGD(net.parameters(), lr=LR)
-
-    def run_torch():
-        sgd.zero_grad(set_to_none=True)
-        loss = loss_fn(net(x), y)
-        loss.backward()
-        sgd.step()
-        return loss
-
-    rows["torch_nonprivate"] = (run_torch, BATCH)
+    rows["torch_nonprivate"] = (optimiser_row(net, torch.optim.SGD(net.parameters(), lr=LR)), BATCH)
 
     from torch.func import functional_call, grad, vmap
 
@@ -782,14 +772,7 @@ def torch_rows() -> dict[str, tuple[Callable[[], object], int]]:
         expected_batch_size=BATCH,
     )
 
-    def run_opacus():
-        oopt.zero_grad(set_to_none=True)
-        loss = loss_fn(onet(x), y)
-        loss.backward()
-        oopt.step()
-        return loss
-
-    rows["opacus_dp"] = (run_opacus, BATCH)
+    rows["opacus_dp"] = (optimiser_row(onet, oopt), BATCH)
     return rows
 
 
