@@ -8,10 +8,8 @@ audited trainer (its data plus the included canaries, a deliberate break if aske
 privacy declaration); run ``dptune.tune`` as a user would, charged to an audit entry of the ledger
 (the canaries make it another dataset); score every canary on the released candidate and turn the
 guesses into a lower bound on epsilon at the stated delta; write ``DIR/audit.json`` and
-``DIR/audit.md``.
-
-A bound above the stated epsilon says the implementation does not meet its statement; a bound
-below it proves nothing.
+``DIR/audit.md``. A bound above the stated epsilon says the implementation does not meet its
+statement; a bound below it proves nothing.
 """
 
 from __future__ import annotations
@@ -250,6 +248,8 @@ def _kind_and_size(trainer, canaries, kind, what, break_, score, confidence) -> 
         raise TuningConfigError(f"what={what!r} must be one of {WHATS}")
     if break_ is not None and break_ not in BREAKS:
         raise TuningConfigError(f"break={break_!r} must be one of {BREAKS}")
+    if kind is not None and kind not in KINDS:
+        raise TuningConfigError(f"kind={kind!r} must be one of {KINDS}")
     if break_ == "exact_score":
         if kind not in (None, "score"):
             raise TuningConfigError("break=exact_score is audited with score canaries: kind=score")
@@ -268,8 +268,6 @@ def _kind_and_size(trainer, canaries, kind, what, break_, score, confidence) -> 
                 "its training data, and score=fn(payload, x, y) -> membership scores"
             )
         kind = kind or "gradient"
-        if kind not in KINDS:
-            raise TuningConfigError(f"kind={kind!r} must be one of {KINDS}")
         m = DEFAULT_CANARIES[kind] if canaries is None else canaries
         if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
             raise TuningConfigError(f"canaries={canaries!r} must be a positive integer")
