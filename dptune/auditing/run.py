@@ -35,7 +35,7 @@ from dptune.journal import JOURNAL_FILE
 from dptune.learners.dpsgd import DpSgdTrainer
 from dptune.owner_only import open_new, private_folder
 from dptune.plan import as_budget, make_privacy_plan
-from dptune.release import Release, load_release
+from dptune.release import load_release
 from dptune.space import Space
 from dptune.trainer_protocol import FunctionTrainer
 from dptune.tuner import as_space, tune
@@ -284,7 +284,15 @@ def _result(release, inner, design, included, score, confidence, what, break_) -
     stated = float(release.privacy["total_epsilon"])
     delta = float(release.privacy["delta"])
     if release.released:
-        o = evaluate(_statistics(inner, release, design, score), included, delta, confidence)
+        if release.payload is None and release.path is not None:
+            # A resumed audit whose tuning had finished: the release folder holds the payload.
+            release = dataclasses.replace(release, payload=load_release(release.path).payload)
+        if score is None:  # per-canary statistics, higher = more likely included
+            statistics = inner.canary_scores(release)
+        else:
+            values = np.asarray(score(release.payload, design.x, design.y), dtype=np.float64)
+            statistics = {"score": values.reshape(len(design))}
+        o = evaluate(statistics, included, delta, confidence)
     else:
         o = Outcome(0.0, "nothing released: no canary scored", 0, 0, 0.0, 0, 0.0)
     result = AuditResult(
@@ -404,17 +412,6 @@ def _one_candidate(audited, space, selection, budget, accountant, seed, adjacenc
     )  # fmt: skip
     fields = {k: plan.calibrated.get(k, v) for k, v in space.fields.items()}
     return Space(fields, privacy_fields=set(space.privacy_fields)), BestOfK(1)
-
-
-def _statistics(inner, release: Release, design: Canaries, score) -> dict[str, np.ndarray]:
-    """Per-canary statistics of the released candidate (higher = more likely included)."""
-    if release.payload is None and release.path is not None:
-        # A resumed audit whose tuning had finished: the release folder holds the payload.
-        release = dataclasses.replace(release, payload=load_release(release.path).payload)
-    if score is not None:
-        values = np.asarray(score(release.payload, design.x, design.y), dtype=np.float64)
-        return {"score": values.reshape(len(design))}
-    return inner.canary_scores(release)
 
 
 class _AuditTrainer:

@@ -1,22 +1,16 @@
 """The ``"ray"`` executor: one Ray task per candidate, on a local machine or a Ray cluster.
 
-The driver (the ``dptune`` process) keeps everything that decides the release: it draws the plan
-and every seed once (the journal), hands each candidate to Ray as a task ``(index, 128-bit seed,
-hyperparameters)``, journals each result as it comes back, and selects; Ray only runs
-``train_one(trainer, job)`` elsewhere.
+The driver (the ``dptune`` process) keeps everything that decides the release: the plan and every
+seed (the journal), the journaling of each result as it comes back, the selection; Ray only runs
+``train_one(trainer, job)`` elsewhere, with the task ``(index, 128-bit seed, hyperparameters)``.
 
-* **Workers load the data** from its spec: a trainer's ``remote_factory`` (a picklable
-  zero-argument callable) is rebuilt once per worker process; a trainer without one is put in the
-  object store once per run. A worker whose data's fingerprint differs from
-  ``expected_fingerprint`` refuses to train (an infrastructure error: the run stops).
-* **A lost worker** is retried by Ray with the same task, so the same seed and noise; a trainer
-  exception is that candidate's failure (NaN), as in every executor. **A killed driver**: rerunning
-  retrains only the candidates its journal does not hold, with their journaled seeds.
-* **Nothing private stays in Ray**: each result's reference is dropped once journaled, the trainer
-  object is freed and a Ray instance this executor started is shut down at ``close``. Workers never
-  log scores.
-* The tuner hands over at most ``parallelism`` candidates at once and consumes their scores in
-  index order, so thresholding's speculative candidates change nothing.
+* Workers load the data: a trainer's ``remote_factory`` (picklable, no arguments) is rebuilt once
+  per worker process, and one whose fingerprint differs from ``expected_fingerprint`` stops the run;
+  a trainer without a factory is put in the object store once per run.
+* A lost worker is retried by Ray with the same task (same seed, same noise); a trainer exception
+  is that candidate's failure (NaN). A killed driver's rerun retrains only what its journal lacks.
+* Nothing private stays in Ray: a result's reference is dropped once journaled; ``close`` frees
+  the trainer object and shuts down a Ray instance this executor started. Workers never log scores.
 
 Bad input (Ray not installed, an address that does not answer, more CPUs or GPUs per candidate than
 any node has) raises :class:`RayExecutorError` from :meth:`RayExecutor.connect`, which ``dptune``
