@@ -1,17 +1,15 @@
 """The auditor's guesses: from per-canary statistics to "in" / "out" / abstain, and the bound.
 
 A guessing rule is fixed before the run (it depends only on m and the statistics' names). Several
-rules may be tried on one run; the bound then uses significance beta / (number of rules), so that
+rules may be tried on one run; each is tested at significance beta / (number of rules), so that
 the largest of their bounds still exceeds the true epsilon with probability <= beta (a union
 bound over the rules: each rule's p-value is valid on its own, Steinke, Nasr & Jagielski 2023,
 Cor. 5.4, whatever function of the run's output the guesses are).
 
-Statistics (higher = more likely included):
-
-* rank rules: guess "in" for the ``k_in`` highest values and "out" for the ``k_out`` lowest (ties
-  broken by canary index, which is independent of the inclusion coins), abstain on the rest;
-  ``k_in + k_out`` in {m/8, m/4, m/2}, one-sided (all "in") or two-sided (half each);
-* sign rules (``decoded``): "in" where the value is > 0, "out" where < 0, abstain at 0.
+Rank rules guess "in" for the ``k_in`` highest values (higher = more likely included) and "out" for
+the ``k_out`` lowest, ties broken by canary index (independent of the coins), ``k_in + k_out`` in
+{m/8, m/4, m/2}, one-sided (all "in") or two-sided (half each); sign rules (``decoded``) guess by
+the sign of each value.
 """
 
 from __future__ import annotations
