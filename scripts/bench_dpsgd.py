@@ -104,9 +104,8 @@ def jax_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
     """name -> (run one step and return something to block on, examples per step)."""
     import jax
     import jax.numpy as jnp
-    import optax
 
-    from trainers import dpsgd, models
+    from trainers import models
     from trainers.runtime import tune_malloc
     from trainers.sampling import PoissonSampler
     from trainers.spec import Hyperparams
@@ -126,47 +125,18 @@ def jax_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
     clip, sigma = jnp.float32(CLIP), jnp.float32(SIGMA)
 
     # Non-private step: same model, same gather from device-resident data, same optimiser.
-    opt = optax.sgd(LR)
-
-    @jax.jit
-    def nonprivate(params, opt_state, idx):
-        x, y = data_x[idx], data_y[idx]
-
-        def loss(p):
-            return dpsgd.per_example_loss(spec.module.apply({"params": p}, x), y).mean()
-
-        value, grads = jax.value_and_grad(loss)(params)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, value
-
-    state = {"np": (params0, opt.init(params0))}
-
-    def run_nonprivate():
-        p, o, v = nonprivate(*state["np"], fixed_idx)
-        state["np"] = (p, o)
-        return v
-
-    rows["jax_nonprivate"] = (run_nonprivate, BATCH)
+    np_step = _nonprivate_step(spec.module.apply, data_x, data_y, params0)
+    rows["jax_nonprivate"] = (_stateful_row(*np_step, fixed_idx), BATCH)
+    state: dict[str, tuple] = {}
 
     def dp_row(impl: str, name: str):
         fns = get_step_functions("cnn26k", 10, "sgd", impl)
-        hp = Hyperparams(learning_rate=LR, clip_norm=CLIP, noise_multiplier=SIGMA)
-        zeros = jax.tree_util.tree_map(jnp.zeros_like, params0)
-        state[name] = (params0, make_optimizer(hp).init(params0), 0)
+        rows[name] = (_dp_row(fns, params0, (data_x, data_y), fixed_idx, key), BATCH)
+        return fns
 
-        def run():
-            p, o, i = state[name]
-            p, o, loss = fns.step(
-                p, o, zeros, jnp.float32(0), data_x, data_y, fixed_idx, ones, key, jnp.int32(i),
-                clip, sigma, b,
-            )  # fmt: skip
-            state[name] = (p, o, i + 1)
-            return loss
-
-        rows[name] = (run, BATCH)
-        return fns, hp, zeros
-
-    fns, hp, zeros = dp_row("bookkeeping", "dptune_dp_fixed")
+    fns = dp_row("bookkeeping", "dptune_dp_fixed")
+    hp = Hyperparams(learning_rate=LR, clip_norm=CLIP, noise_multiplier=SIGMA)
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, params0)
 
     # Poisson: exactly the loop of trainers.loop (host sampling, chunks, accumulate, fused step).
     sampler = PoissonSampler(N_TRAIN, BATCH, np.random.default_rng(2))
@@ -239,18 +209,14 @@ def user_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
     import flax.linen as nn
     import jax
     import jax.numpy as jnp
-    import optax
 
     from trainers import dpsgd, models, step
     from trainers.runtime import tune_malloc
-    from trainers.spec import Hyperparams
 
     tune_malloc()
     rows: dict[str, tuple[Callable[[], object], int]] = {}
-    state: dict[str, object] = {}
     rng = np.random.default_rng(0)
     key = jax.random.PRNGKey(1)
-    clip, sigma = jnp.float32(CLIP), jnp.float32(SIGMA)
 
     class TinyTransformer(nn.Module):  # examples/user_text_classifier.py
         @nn.compact
@@ -272,47 +238,12 @@ def user_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
         data_x, data_y = jax.device_put(x), jax.device_put(y)
         params0 = models.init_params(spec, jax.random.PRNGKey(0))
         idx = np.sort(rng.choice(len(x), batch, replace=False)).astype(np.int32)
-        opt = optax.sgd(LR)
-
-        @jax.jit
-        def nonprivate(params, opt_state, idx):
-            xb, yb = data_x[idx], data_y[idx]
-
-            def loss(p):
-                return dpsgd.per_example_loss(spec.apply({"params": p}, xb), yb).mean()
-
-            value, grads = jax.value_and_grad(loss)(params)
-            updates, opt_state = opt.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state, value
-
-        state[f"{name}_nonprivate"] = (params0, opt.init(params0))
-
-        def run_nonprivate(row=f"{name}_nonprivate"):
-            p, o, v = nonprivate(*state[row], idx)
-            state[row] = (p, o)
-            return v
-
-        return spec, (data_x, data_y), params0, idx, (run_nonprivate, batch)
+        np_step = _nonprivate_step(spec.apply, data_x, data_y, params0)
+        return spec, (data_x, data_y), params0, idx, (_stateful_row(*np_step, idx), batch)
 
     def dp_row(row, model, impl, data, params0, idx, batch):
         fns = step.get_step_functions(model, 10, "sgd", impl)
-        hp = Hyperparams(learning_rate=LR, clip_norm=CLIP, noise_multiplier=SIGMA)
-        zeros = jax.tree_util.tree_map(jnp.zeros_like, params0)
-        ones = np.ones(batch, np.float32)
-        state[row] = (params0, make_optimizer(hp).init(params0), 0)
-
-        def run():
-            p, o, i = state[row]
-            p, o, loss = fns.step(
-                p, o, zeros, jnp.float32(0), *data, idx, ones, key, jnp.int32(i), clip, sigma,
-                jnp.float32(batch),
-            )  # fmt: skip
-            state[row] = (p, o, i + 1)
-            return loss
-
-        rows[row] = (run, batch)
-
-    from trainers.step import make_optimizer
+        rows[row] = (_dp_row(fns, params0, data, idx, key), batch)
 
     images = rng.uniform(0, 1, (N_TRAIN // 4, 28, 28, 1)).astype(np.float32)
     labels = rng.integers(0, 10, len(images)).astype(np.int32)
@@ -327,37 +258,13 @@ def user_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
     nnx_spec = _user_cnn_nnx_spec()
     dp_row("user_cnn_nnx_auto", nnx_spec, step.resolve_grad_impl(nnx_spec, "auto", (28, 28, 1)),
            data, models.init_params(nnx_spec, jax.random.PRNGKey(0)), idx, BATCH)  # fmt: skip
-    try:
-        from jax_privacy import clipped_grad  # optional: jax_privacy 2.0
-    except ImportError:
-        clipped_grad = None
-    if clipped_grad is not None:
+    if _have_jax_privacy():
 
         def example_loss(p, x, y, spec=spec):  # one example, its batch axis kept
             return dpsgd.per_example_loss(spec.apply({"params": p}, x), y).sum()
 
-        grad_fn = clipped_grad(example_loss, l2_clip_norm=CLIP, batch_argnums=(1, 2))
-        opt = optax.sgd(LR)
-        # `data` and `idx` are rebound below (text, tabular rows): bind the CNN's own here
-        cnn_data, cnn_idx = data, idx
-
-        @jax.jit
-        def jp_step(params, opt_state, i, idx):
-            g = grad_fn(params, cnn_data[0][idx], cnn_data[1][idx])
-            g = dpsgd.add_noise(g, jax.random.fold_in(key, i), sigma, clip)
-            g = jax.tree_util.tree_map(lambda v: v / BATCH, g)
-            updates, opt_state = opt.update(g, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state
-
-        state["jp"] = (params0, opt.init(params0), 0)
-
-        def run_jp():
-            p, o, i = state["jp"]
-            p, o = jp_step(p, o, jnp.int32(i), cnn_idx)
-            state["jp"] = (p, o, i + 1)
-            return p
-
-        rows["user_cnn_jaxprivacy"] = (run_jp, BATCH)
+        jp_row = _clipped_grad_row(example_loss, data, idx, params0, key, BATCH)
+        rows["user_cnn_jaxprivacy"] = (jp_row, BATCH)
     rows["user_cnn_nonprivate"] = nonpriv
     if quick:
         return rows
@@ -388,7 +295,7 @@ def lm_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
     import jax.numpy as jnp
     import optax
 
-    from trainers import dpsgd, models, step
+    from trainers import models, step
     from trainers.runtime import tune_malloc
     from trainers.spec import Hyperparams
     from trainers.step import make_optimizer
@@ -445,52 +352,15 @@ def lm_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
         return loss
 
     rows[f"lm_dp_{impl}"] = (run_auto, batch)
-    opt = optax.sgd(LR)
-
-    @jax.jit
-    def nonprivate(params, opt_state, idx):
-        def loss(p):
-            return seq_loss(spec.apply({"params": p}, data[0][idx]), data[1][idx]).mean()
-
-        value, grads = jax.value_and_grad(loss)(params)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, value
-
-    state["np"] = (params0, opt.init(params0))
-
-    def run_nonprivate():
-        p, o, v = nonprivate(*state["np"], idx)
-        state["np"] = (p, o)
-        return v
-
-    rows["lm_nonprivate"] = (run_nonprivate, batch)
-    try:
-        from jax_privacy import clipped_grad  # optional: jax_privacy 2.0
-    except ImportError:
+    np_step = _nonprivate_step(spec.apply, *data, params0, loss=seq_loss)
+    rows["lm_nonprivate"] = (_stateful_row(*np_step, idx), batch)
+    if not _have_jax_privacy():
         return rows
 
     def example_loss(p, x, y):  # one example, its batch axis kept
         return seq_loss(spec.apply({"params": p}, x), y).sum()
 
-    grad_fn = clipped_grad(example_loss, l2_clip_norm=CLIP, batch_argnums=(1, 2))
-
-    @jax.jit
-    def jp_step(params, opt_state, i, idx):
-        g = grad_fn(params, data[0][idx], data[1][idx])
-        g = dpsgd.add_noise(g, jax.random.fold_in(key, i), sigma, clip)  # as dptune's step
-        g = jax.tree_util.tree_map(lambda v: v / batch, g)
-        updates, opt_state = opt.update(g, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state
-
-    state["jp"] = (params0, opt.init(params0), 0)
-
-    def run_jp():
-        p, o, i = state["jp"]
-        p, o = jp_step(p, o, jnp.int32(i), idx)
-        state["jp"] = (p, o, i + 1)
-        return p
-
-    rows["lm_jaxprivacy"] = (run_jp, batch)
+    rows["lm_jaxprivacy"] = (_clipped_grad_row(example_loss, data, idx, params0, key, batch), batch)
     return rows
 
 
@@ -671,6 +541,111 @@ def _stateful_row(step, params0, opt_state0, idx):
     return run
 
 
+def _nonprivate_step(apply_fn, data_x, data_y, params0, loss=None):
+    """``(step, params0, opt_state0)``: the non-private step on device-resident data, jitted,
+    ``step(params, opt_state, idx) -> (params, opt_state, mean loss)`` (value_and_grad of the mean
+    of ``loss(logits, y)``, default the per-example cross-entropy; optax SGD), and its start."""
+    import jax
+    import optax
+
+    from trainers import dpsgd
+
+    loss = loss or dpsgd.per_example_loss
+    opt = optax.sgd(LR)
+
+    @jax.jit
+    def step(params, opt_state, idx):
+        def mean_loss(p):
+            return loss(apply_fn({"params": p}, data_x[idx]), data_y[idx]).mean()
+
+        value, grads = jax.value_and_grad(mean_loss)(params)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    return step, params0, opt.init(params0)
+
+
+def _dp_row(fns, params0, data, idx, key):
+    """A row of dptune's compiled DP-SGD step (``fns.step``: clipped sum, noise, SGD update) on
+    the fixed batch ``idx`` of ``data = (x, y)``, on its own running state."""
+    import jax
+    import jax.numpy as jnp
+
+    from trainers.spec import Hyperparams
+    from trainers.step import make_optimizer
+
+    hp = Hyperparams(learning_rate=LR, clip_norm=CLIP, noise_multiplier=SIGMA)
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, params0)
+    ones = np.ones(len(idx), np.float32)
+    clip, sigma, b = jnp.float32(CLIP), jnp.float32(SIGMA), jnp.float32(len(idx))
+    state = [params0, make_optimizer(hp).init(params0), 0]
+
+    def run():
+        p, o, i = state
+        state[0], state[1], loss = fns.step(
+            p, o, zeros, jnp.float32(0), *data, idx, ones, key, jnp.int32(i), clip, sigma, b
+        )
+        state[2] = i + 1
+        return loss
+
+    return run
+
+
+def _clipped_grad_row(example_loss, data, idx, params0, key, batch: int):
+    """A row of jax_privacy 2.0's ``clipped_grad`` (per-example clipping to CLIP, summed) with
+    dptune's noise (``dpsgd.add_noise``, the key folded with the step) and an SGD update on
+    the clipped sum over ``batch``, on the fixed batch ``idx`` of ``data = (x, y)``;
+    ``example_loss(params, x, y)`` is one example's loss, its batch axis kept."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from jax_privacy import clipped_grad
+
+    from trainers import dpsgd
+
+    grad_fn = clipped_grad(example_loss, l2_clip_norm=CLIP, batch_argnums=(1, 2))
+    opt = optax.sgd(LR)
+    clip, sigma = jnp.float32(CLIP), jnp.float32(SIGMA)
+
+    @jax.jit
+    def step(params, opt_state, i, idx):
+        g = grad_fn(params, data[0][idx], data[1][idx])
+        g = dpsgd.add_noise(g, jax.random.fold_in(key, i), sigma, clip)  # as dptune's step
+        g = jax.tree_util.tree_map(lambda v: v / batch, g)
+        updates, opt_state = opt.update(g, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    state = [params0, opt.init(params0), 0]
+
+    def run():
+        p, o, i = state
+        state[0], state[1] = step(p, o, jnp.int32(i), idx)
+        state[2] = i + 1
+        return state[0]
+
+    return run
+
+
+def _warm(rows) -> None:
+    """Compiles and warms up every JAX row (two calls each)."""
+    for fn, _ in rows.values():
+        if fn is not None:
+            for _ in range(2):
+                _block(fn())
+
+
+def _time_row(fn, steps: int, warmup: int) -> float:
+    """Seconds per step of ``fn`` over ``steps`` calls after ``warmup`` calls, blocking on the
+    last result."""
+    for _ in range(warmup):
+        _block(fn())
+    start = time.perf_counter()
+    for _ in range(steps):
+        out = fn()
+    _block(out)
+    return (time.perf_counter() - start) / steps
+
+
 CIFAR_N = 10000  # device-resident CIFAR-shaped training set for the gathers (size does not matter)
 
 
@@ -680,13 +655,10 @@ def cifar_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
     (book-keeping), the vmap(grad) DP step, and (full runs) dptune's DP step with augmentation
     multiplicity 4 (counted per example, i.e. 256 per step, 1,024 images)."""
     import jax
-    import jax.numpy as jnp
-    import optax
 
-    from trainers import dpsgd, models
+    from trainers import models
     from trainers.runtime import tune_malloc
-    from trainers.spec import Hyperparams
-    from trainers.step import get_step_functions, make_optimizer
+    from trainers.step import get_step_functions
 
     tune_malloc()
     rng = np.random.default_rng(0)
@@ -695,48 +667,14 @@ def cifar_rows(quick: bool) -> dict[str, tuple[Callable[[], object], int]]:
     spec = models.get_model("cifar_cnn")
     params0 = models.init_params(spec, jax.random.PRNGKey(0))
     idx = np.sort(rng.choice(CIFAR_N, BATCH, replace=False)).astype(np.int32)
-    ones = np.ones(BATCH, np.float32)
     key = jax.random.PRNGKey(1)
-    b, clip, sigma = jnp.float32(BATCH), jnp.float32(CLIP), jnp.float32(SIGMA)
     rows: dict[str, tuple[Callable[[], object], int]] = {}
-    opt = optax.sgd(LR)
-
-    @jax.jit
-    def nonprivate(params, opt_state, idx):
-        x, y = data_x[idx], data_y[idx]
-
-        def loss(p):
-            return dpsgd.per_example_loss(spec.module.apply({"params": p}, x), y).mean()
-
-        value, grads = jax.value_and_grad(loss)(params)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, value
-
-    state = {"np": (params0, opt.init(params0))}
-
-    def run_nonprivate():
-        p, o, v = nonprivate(*state["np"], idx)
-        state["np"] = (p, o)
-        return v
-
-    rows["cifar_nonprivate"] = (run_nonprivate, BATCH)
-    zeros = jax.tree_util.tree_map(jnp.zeros_like, params0)
+    np_step = _nonprivate_step(spec.module.apply, data_x, data_y, params0)
+    rows["cifar_nonprivate"] = (_stateful_row(*np_step, idx), BATCH)
 
     def dp_row(impl: str, name: str, augmult: int = 0):
         fns = get_step_functions("cifar_cnn", 10, "sgd", impl, augmult)
-        hp = Hyperparams(learning_rate=LR, clip_norm=CLIP, noise_multiplier=SIGMA)
-        state[name] = (params0, make_optimizer(hp).init(params0), 0)
-
-        def run():
-            p, o, i = state[name]
-            p, o, loss = fns.step(
-                p, o, zeros, jnp.float32(0), data_x, data_y, idx, ones, key, jnp.int32(i),
-                clip, sigma, b,
-            )  # fmt: skip
-            state[name] = (p, o, i + 1)
-            return loss
-
-        rows[name] = (run, BATCH)
+        rows[name] = (_dp_row(fns, params0, (data_x, data_y), idx, key), BATCH)
 
     dp_row("bookkeeping", "cifar_dp_fast")
     dp_row("naive", "cifar_dp_naive")
@@ -782,18 +720,21 @@ def torch_rows() -> dict[str, tuple[Callable[[], object], int]]:
     loss_fn = nn.CrossEntropyLoss()
     rows: dict[str, tuple[Callable[[], object], int]] = {}
 
+    def optimiser_row(net, opt):
+        """One step of ``opt`` on ``net``'s mean loss over the fixed batch."""
+
+        def run():
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(net(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        return run
+
     net = make_net()
     assert sum(p.numel() for p in net.parameters()) == 26010
-    sgd = torch.optim.SGD(net.parameters(), lr=LR)
-
-    def run_torch():
-        sgd.zero_grad(set_to_none=True)
-        loss = loss_fn(net(x), y)
-        loss.backward()
-        sgd.step()
-        return loss
-
-    rows["torch_nonprivate"] = (run_torch, BATCH)
+    rows["torch_nonprivate"] = (optimiser_row(net, torch.optim.SGD(net.parameters(), lr=LR)), BATCH)
 
     from torch.func import functional_call, grad, vmap
 
@@ -831,14 +772,7 @@ def torch_rows() -> dict[str, tuple[Callable[[], object], int]]:
         expected_batch_size=BATCH,
     )
 
-    def run_opacus():
-        oopt.zero_grad(set_to_none=True)
-        loss = loss_fn(onet(x), y)
-        loss.backward()
-        oopt.step()
-        return loss
-
-    rows["opacus_dp"] = (run_opacus, BATCH)
+    rows["opacus_dp"] = (optimiser_row(onet, oopt), BATCH)
     return rows
 
 
@@ -1019,20 +953,9 @@ def accelerator_rows(models_: tuple[str, ...], batch: int, ks: tuple[int, ...], 
         apply_fn = spec.module.apply
         resident = data_x.nbytes + data_y.nbytes
 
-        opt = optax.sgd(LR)
-
-        @jax.jit
-        def nonprivate(params, opt_state, idx):
-            def loss(p):
-                return dpsgd.per_example_loss(apply_fn({"params": p}, data_x[idx]), data_y[idx])
-
-            value, grads = jax.value_and_grad(lambda p: loss(p).mean())(params)
-            updates, opt_state = opt.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state, value
-
-        rows[f"{name}/nonprivate"] = (_stateful_row(nonprivate, params0, opt.init(params0), idx),
-                                      batch)  # fmt: skip
-        memory[f"{name}/nonprivate"] = _memory_mib(nonprivate, params0, opt.init(params0), idx)
+        nonprivate, _, np_state = _nonprivate_step(apply_fn, data_x, data_y, params0)
+        rows[f"{name}/nonprivate"] = (_stateful_row(nonprivate, params0, np_state, idx), batch)
+        memory[f"{name}/nonprivate"] = _memory_mib(nonprivate, params0, np_state, idx)
 
         def generic_step(clipped_sum):
             """dptune's DP step around a clipped-sum function (the user model's path)."""
@@ -1158,9 +1081,7 @@ def accelerator_main(args) -> None:
     workers = []
     if not (args.no_torch or tiny) and "cnn26k" in models_:
         workers = [TorchRows(0)]  # torch's default threads, on its GPU when torch sees one
-    for fn, _ in rows.values():  # compile and warm up
-        for _ in range(2):
-            _block(fn())
+    _warm(rows)
     owner = {}
     for w in workers:
         for tname, per_step in w.names.items():
@@ -1174,13 +1095,7 @@ def accelerator_main(args) -> None:
                 tname = name.split("/", 1)[1]
                 times[name].append(owner[name].time(tname, steps, args.warmup))
                 continue
-            for _ in range(args.warmup):
-                _block(fn())
-            start = time.perf_counter()
-            for _ in range(steps):
-                out = fn()
-            _block(out)
-            times[name].append((time.perf_counter() - start) / steps)
+            times[name].append(_time_row(fn, steps, args.warmup))
     for w in workers:
         w.close()
     med = {name: statistics.median(ts) for name, ts in times.items()}
@@ -1300,9 +1215,7 @@ def main():
         rows = user_rows(args.quick)
     else:
         rows = cifar_rows(args.quick) if args.cifar else jax_rows(args.quick)
-    for fn, _ in rows.values():  # compile and warm up
-        for _ in range(2):
-            _block(fn())
+    _warm(rows)
     owner = {}
     for w in workers:
         rows.update({name: (None, batch) for name, batch in w.names.items()})
@@ -1317,13 +1230,7 @@ def main():
             if fn is None:  # a PyTorch row, timed in its worker while this process waits
                 times[name].append(owner[name].time(name, steps, args.warmup))
                 continue
-            for _ in range(args.warmup):
-                _block(fn())
-            start = time.perf_counter()
-            for _ in range(steps):
-                out = fn()
-            _block(out)
-            times[name].append((time.perf_counter() - start) / steps)
+            times[name].append(_time_row(fn, steps, args.warmup))
     load_after = os.getloadavg()
     for w in workers:
         w.close()

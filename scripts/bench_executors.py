@@ -84,7 +84,7 @@ def bench_overhead(n: int, seconds: float) -> dict:
     trainer = _short_trainer(seconds)
     hp = lambda i: {"x": float(i)}  # noqa: E731
     in_process = _drain(SequentialExecutor(), trainer, _jobs(n, hp))
-    with RayExecutor(num_cpus=2, parallelism=1) as ex:
+    with RayExecutor(num_cpus=2) as ex:
         first = _drain(ex, trainer, _jobs(1, hp))  # worker start-up, imports, the trainer's put
         t_ray = 0.0
         for job in _jobs(n, hp, start=1):  # one at a time: the latency per candidate
@@ -103,7 +103,7 @@ def bench_overhead(n: int, seconds: float) -> dict:
 
 def bench_throughput(k: int, epochs: int) -> dict:
     from dptune import configs
-    from dptune.cli.main import _worker_config, load_data, trainer_from_config
+    from dptune.cli.build import _worker_config, load_data, trainer_from_config
     from dptune.executors import SequentialExecutor
     from dptune.executors.ray import RayExecutor
     from dptune.learners.dpsgd import DpSgdTrainer

@@ -26,6 +26,7 @@ import math
 import time
 from pathlib import Path
 
+import _plots
 import numpy as np
 from scipy import optimize
 
@@ -156,24 +157,17 @@ def main() -> None:
         "wall_s": time.time() - t0,
     }
     Path(args.out + ".json").write_text(json.dumps(out, indent=1))
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.5))
+    fig, ax = _plots.figure()
     for name, style in (("noise_reduction", "o-"), ("doubling", "s--")):
         rs = [r for r in rows if r["method"] == name]
         ax.plot(
             [r["alpha"] for r in rs], [r["mean_ex_post_epsilon"] for r in rs], style, label=name
         )
-    ax.set_xlabel("accuracy target alpha (excess empirical risk)")
-    ax.set_ylabel("mean ex-post epsilon")
-    ax.set_yscale("log")
-    ax.legend()
-    ax.set_title("Ridge, Fashion-MNIST tops vs rest")
-    fig.tight_layout()
-    fig.savefig(args.out + ".png", dpi=120)
+    _plots.save(
+        fig, ax, args.out + ".png", yscale="log", ylabel="mean ex-post epsilon",
+        xlabel="accuracy target alpha (excess empirical risk)",
+        title="Ridge, Fashion-MNIST tops vs rest",
+    )  # fmt: skip
     print(f"wall {time.time() - t0:.1f} s")
 
 

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
+import _plots
 
 import dptune
 from dptune import space
@@ -105,23 +105,11 @@ def run_dpsgd(eps: float, workdir: Path, ledger: Path) -> dict:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for method in dict.fromkeys(r["method"] for r in rows):
-        pts = [(r["epsilon_budget"], r["test_accuracy"]) for r in rows
-               if r["method"] == method and r["test_accuracy"] is not None]  # fmt: skip
-        if pts:
-            ax.plot(*np.array(pts).T, marker="o", label=method)
-    ax.set_xlabel("total epsilon (tuning included), delta = 1e-5")
-    ax.set_ylabel("released test accuracy")
-    ax.set_title("MNIST-10k: DP-Fisher vs DP-SGD CNN (each tuned by dptune)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    _plots.lines_by(
+        rows, "method", "epsilon_budget", "test_accuracy", path, legend_size=8,
+        xlabel="total epsilon (tuning included), delta = 1e-5", ylabel="released test accuracy",
+        title="MNIST-10k: DP-Fisher vs DP-SGD CNN (each tuned by dptune)",
+    )  # fmt: skip
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
+import _plots
 
 import dptune
 from dptune import space
@@ -90,24 +90,11 @@ def main() -> None:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for name in dict.fromkeys(r["dataset"] for r in rows):
-        pts = [(r["num_public"], r["test_accuracy"]) for r in rows
-               if r["dataset"] == name and r["test_accuracy"] is not None]  # fmt: skip
-        if pts:
-            ax.plot(*np.array(pts).T, marker="o", label=name)
-    ax.set_xscale("log")
-    ax.set_xlabel("public unlabelled records m")
-    ax.set_ylabel("released test accuracy")
-    ax.set_title("Oracle-efficient learner, total eps = 4 (tuned by dptune)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    _plots.lines_by(
+        rows, "dataset", "num_public", "test_accuracy", path, xscale="log", legend_size=8,
+        xlabel="public unlabelled records m", ylabel="released test accuracy",
+        title="Oracle-efficient learner, total eps = 4 (tuned by dptune)",
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ import math
 import time
 from pathlib import Path
 
+import _plots
 import numpy as np
 
 from dptune.learners import classical
@@ -121,12 +122,7 @@ def main() -> None:
         "wall_s": time.time() - t0,
     }
     Path(args.out + ".json").write_text(json.dumps(out, indent=1))
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.5))
+    fig, ax = _plots.figure()
     es = [r["epsilon"] for r in rows]
     for name, style in (
         ("stability_validation", "o-"),
@@ -135,13 +131,11 @@ def main() -> None:
     ):
         ax.plot(es, [r[name]["mean"] for r in rows], style, label=name)
     ax.axhline(best_np, color="gray", lw=0.8, label="non-private best")
-    ax.set_xscale("log")
-    ax.set_xlabel("total epsilon")
-    ax.set_ylabel("test accuracy of the released model")
-    ax.legend(fontsize=8)
-    ax.set_title("Logistic output perturbation, Fashion-MNIST tops vs rest")
-    fig.tight_layout()
-    fig.savefig(args.out + ".png", dpi=120)
+    _plots.save(
+        fig, ax, args.out + ".png", xscale="log", legend_size=8, xlabel="total epsilon",
+        ylabel="test accuracy of the released model",
+        title="Logistic output perturbation, Fashion-MNIST tops vs rest",
+    )  # fmt: skip
     print(f"wall {time.time() - t0:.1f} s")
 
 

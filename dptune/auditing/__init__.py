@@ -1,12 +1,7 @@
-"""Empirical privacy auditing of a run (``dptune audit``; Steinke, Nasr & Jagielski 2023).
-
-* ``bound``: m canaries, r guesses, v correct -> a lower bound on epsilon at confidence 1 - beta.
-* ``canaries``: canary records and the secret coins that include them.
-* ``guesses``: guessing rules and their bound (a union bound over the rules).
-* ``decode``: reading an exact released score back into included canaries (exact-score control).
-* ``run``: ``audit()``, the run itself (``dptune.audit``), and ``AuditResult``.
-
-``dptune.auditing.bound`` and ``guesses`` need only numpy/scipy; the run needs a trainer.
+"""Empirical privacy auditing of a run (``dptune audit``; Steinke, Nasr & Jagielski 2023):
+``run`` (``audit()``, ``AuditResult``), ``canaries`` (records and their secret coins), ``guesses``
+and ``bound`` (guesses to a lower bound on epsilon; numpy/scipy only), ``decode`` (the exact-score
+control), ``dpsgd`` (DP-SGD under audit).
 """
 
 from __future__ import annotations

@@ -21,8 +21,6 @@ independent implementation (``tests/dptune/auditing/test_bound.py``).
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from scipy import special, stats
 
@@ -94,11 +92,3 @@ def ceiling(m: int, r: int, delta: float, beta: float = 0.05) -> float:
     """The highest bound r guesses can show among m canaries: all r correct. No audit with these
     (m, r, delta, beta) can report more, however broken the run."""
     return epsilon_lower_bound(m, r, r, delta, beta)
-
-
-def randomized_response_epsilon(r: int, beta: float) -> float:
-    """Closed form of the delta = 0 ceiling: r correct guesses of r reject epsilon iff
-    q^r <= beta, q = e^eps / (1 + e^eps), so the bound is logit(beta^(1/r)). A check of
-    :func:`ceiling`, not used by the audit."""
-    q = beta ** (1.0 / r)
-    return math.log(q / (1.0 - q))

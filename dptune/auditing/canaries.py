@@ -22,13 +22,8 @@ _DESIGN_KEY = (0xA0D17, 1)
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Canaries:
-    """m canary records of one kind.
-
-    Attributes:
-      kind: one of ``KINDS``.
-      x: the records' inputs, (m, ...).
-      y: their labels, (m,) int.
-    """
+    """m canary records of one ``kind`` (one of ``KINDS``): inputs ``x`` (m, ...) and int labels
+    ``y`` (m,)."""
 
     kind: str
     x: np.ndarray

@@ -39,21 +39,16 @@ def decode_subset_sum(target: float, values: np.ndarray, tol: float = 1e-9) -> n
     if m == 0 or not np.isfinite(target) or not np.all(np.isfinite(values)):
         return np.zeros(m, np.int8)
     half = m // 2
-    sums_a = _subset_sums(values[:half])
-    sums_b = _subset_sums(values[half:])
+    sums_a, sums_b = _subset_sums(values[:half]), _subset_sums(values[half:])
     order = np.argsort(sums_b, kind="stable")
-    sorted_b = sums_b[order]
     need = target - sums_a
-    pos = np.searchsorted(sorted_b, need)
-    best_err, best = np.inf, (0, 0)
-    for cand in (np.clip(pos - 1, 0, len(sorted_b) - 1), np.clip(pos, 0, len(sorted_b) - 1)):
-        err = np.abs(sorted_b[cand] - need)
-        i = int(np.argmin(err))
-        if err[i] < best_err:
-            best_err, best = float(err[i]), (i, int(order[cand[i]]))
-    if best_err > tol * max(1.0, abs(target)):
+    pos = np.searchsorted(sums_b[order], need)
+    # For each of a's sums, b's closest: the sorted sum just below or just above what it needs.
+    near = order[np.clip(np.stack([pos - 1, pos]), 0, len(order) - 1)]
+    err = np.abs(sums_b[near] - need)
+    k, a = np.unravel_index(np.argmin(err), err.shape)
+    if err[k, a] > tol * max(1.0, abs(target)):
         return np.zeros(m, np.int8)
-    bits_a = (best[0] >> np.arange(half)) & 1
-    bits_b = (best[1] >> np.arange(m - half)) & 1
-    bits = np.concatenate([bits_a, bits_b]).astype(bool)
-    return np.where(bits, 1, -1).astype(np.int8)
+    bits_a = (a >> np.arange(half)) & 1
+    bits_b = (near[k, a] >> np.arange(m - half)) & 1
+    return np.where(np.concatenate([bits_a, bits_b]).astype(bool), 1, -1).astype(np.int8)

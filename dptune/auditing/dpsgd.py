@@ -28,17 +28,15 @@ def _first_step(step: int) -> int:
 
 
 class AuditDpSgdTrainer(DpSgdTrainer):
-    """A DP-SGD trainer on its parent's data plus the included canaries (``dptune audit``).
+    """A DP-SGD trainer on its parent's data plus the included canaries, with the parent's privacy
+    declaration (same public sizes, same hyperparameters): the audit checks training against it.
 
-    Its privacy declaration is the parent's (same public sizes, same hyperparameters): what the
-    audit checks is whether training lives up to it. ``gradient`` canaries train the parent's model
-    wrapped by ``trainers.audit.GradientCanaries`` (its canary block after every epoch goes into
-    the released parameters as ``canary_trace``); ``input`` canaries join the training split and
-    ``score`` canaries the validation split. ``fault``: a deliberate break for a negative control,
-    ``"noise_reused"`` (every step's noise key folded with step 0: the loop's ``noise_step``) or
-    ``"exact_score"`` (the released score is the exact sum of the validation records'
-    probabilities of their labels over the public validation size, instead of the noisy
-    accuracy).
+    ``gradient`` canaries train the parent's model wrapped by ``trainers.audit.GradientCanaries``
+    (its canary block after each epoch is released as ``canary_trace``); ``input`` canaries join the
+    training split, ``score`` canaries the validation split. ``fault``: ``"noise_reused"`` (every
+    step's noise key folded with 0: the loop's ``noise_step``) or ``"exact_score"`` (the released
+    score is the exact sum of the validation records' probabilities of their labels over the public
+    validation size, instead of the noisy accuracy).
     """
 
     #: Faults this trainer can inject (others are hyperparameter rewrites, ``dptune.auditing``).
@@ -49,23 +47,13 @@ class AuditDpSgdTrainer(DpSgdTrainer):
     ) -> None:
         if fault is not None and fault not in self.FAULTS:
             raise TuningConfigError(f"fault={fault!r}: DP-SGD injects only {self.FAULTS}")
-        included = np.asarray(included, bool)
-        if included.shape != (len(canaries),):
-            raise ValueError(f"included has shape {included.shape}, not ({len(canaries)},)")
-        data = parent.data
         x, y = canaries.subset(included)
-        if canaries.kind == "score":
-            data = dataclasses.replace(
-                data,
-                val_x=np.concatenate([data.val_x, x.astype(data.val_x.dtype)]),
-                val_y=np.concatenate([data.val_y, y.astype(data.val_y.dtype)]),
-            )
-        else:
-            data = dataclasses.replace(
-                data,
-                train_x=np.concatenate([data.train_x, x.astype(data.train_x.dtype)]),
-                train_y=np.concatenate([data.train_y, y.astype(data.train_y.dtype)]),
-            )
+        part = "val" if canaries.kind == "score" else "train"  # the split the canaries join
+        old_x, old_y = getattr(parent.data, f"{part}_x"), getattr(parent.data, f"{part}_y")
+        data = dataclasses.replace(parent.data, **{
+            f"{part}_x": np.concatenate([old_x, x.astype(old_x.dtype)]),
+            f"{part}_y": np.concatenate([old_y, y.astype(old_y.dtype)]),
+        })  # fmt: skip
         super().__init__(
             data, parent.base, parent.epoch_progress, parent.test_curve,
             parent.compilation_cache, grad_impl=parent.grad_impl,
@@ -74,7 +62,6 @@ class AuditDpSgdTrainer(DpSgdTrainer):
         self.init_fingerprint, self._finetune = parent.init_fingerprint, parent._finetune
         self.canaries = canaries
         self.fault = fault
-        self.num_real_val = len(parent.data.val_y)
         if fault == "noise_reused":
             self.noise_step = _first_step  # the same noise vector at every step
         self._trace: dict[int, list[np.ndarray]] = {}
@@ -92,7 +79,7 @@ class AuditDpSgdTrainer(DpSgdTrainer):
                     f"shape {shape}: audit it with --kind=input"
                 )
             x, y = audit.gradient_canary_records(m, shape, data)
-        elif kind in ("input", "score"):
+        else:  # input or score (dptune.auditing.run checked the kind)
             if kind == "score" and data.split.get("kind") != "record_hash":
                 raise TuningConfigError(
                     "score canaries are placed in the validation split by its per-record hash; "
@@ -101,8 +88,6 @@ class AuditDpSgdTrainer(DpSgdTrainer):
             x, y = audit.input_canary_records(
                 m, shape, data.num_classes, data, rng, validation=kind == "score"
             )
-        else:
-            raise TuningConfigError(f"kind={kind!r}: DP-SGD canaries are gradient, input or score")
         return Canaries(kind, x, y)
 
     def hyperparams(self, hparams: Mapping[str, Any]) -> Any:
@@ -116,12 +101,12 @@ class AuditDpSgdTrainer(DpSgdTrainer):
                     "gradient canaries wrap a shipped image model; audit your own model with "
                     "--kind=input"
                 )
-            if models.get_model(hp.model, self.data.num_classes).features is not None:
+            base = models.get_model(hp.model, self.data.num_classes)
+            if base.features is not None:
                 raise TuningConfigError(
                     f"gradient canaries need a model that reads images; {hp.model!r} reads "
                     "features: audit it with --kind=input"
                 )
-            base = models.get_model(hp.model, self.data.num_classes)
             hp = dataclasses.replace(hp, model=audit.gradient_canary_spec(base))
         return hp
 
@@ -178,10 +163,7 @@ class AuditDpSgdTrainer(DpSgdTrainer):
         losses, conf = audit.per_record(params, spec, self.canaries.x, self.canaries.y)
         if self.canaries.kind == "input":
             return {"loss": -losses}
-        real_val = slice(0, self.num_real_val)
-        _, real = audit.per_record(
-            params, spec, self.data.val_x[real_val], self.data.val_y[real_val]
-        )
+        _, real = audit.per_record(params, spec, self.parent.data.val_x, self.parent.data.val_y)
         target = float(release.validation_score) * float(self.data.public_num_val) - math.fsum(real)
         return {"decoded": decode_subset_sum(target, conf)}
 

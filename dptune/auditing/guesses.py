@@ -1,17 +1,15 @@
 """The auditor's guesses: from per-canary statistics to "in" / "out" / abstain, and the bound.
 
 A guessing rule is fixed before the run (it depends only on m and the statistics' names). Several
-rules may be tried on one run; the bound then uses significance beta / (number of rules), so that
+rules may be tried on one run; each is tested at significance beta / (number of rules), so that
 the largest of their bounds still exceeds the true epsilon with probability <= beta (a union
 bound over the rules: each rule's p-value is valid on its own, Steinke, Nasr & Jagielski 2023,
 Cor. 5.4, whatever function of the run's output the guesses are).
 
-Statistics (higher = more likely included):
-
-* rank rules: guess "in" for the ``k_in`` highest values and "out" for the ``k_out`` lowest (ties
-  broken by canary index, which is independent of the inclusion coins), abstain on the rest;
-  ``k_in + k_out`` in {m/8, m/4, m/2}, one-sided (all "in") or two-sided (half each);
-* sign rules (``decoded``): "in" where the value is > 0, "out" where < 0, abstain at 0.
+Rank rules guess "in" for the ``k_in`` highest values (higher = more likely included) and "out" for
+the ``k_out`` lowest, ties broken by canary index (independent of the coins), ``k_in + k_out`` in
+{m/8, m/4, m/2}, one-sided (all "in") or two-sided (half each); sign rules (``decoded``) guess by
+the sign of each value.
 """
 
 from __future__ import annotations
@@ -23,16 +21,10 @@ import numpy as np
 
 from dptune.auditing.bound import ceiling, epsilon_lower_bound
 
-#: How each statistic is guessed from: "two_sided" (one- and two-sided rank rules), "one_sided"
-#: (high values only: a statistic that is exactly 0 for every excluded canary of a broken run but
-#: also for some included ones), "sign" (already a decoded in/out/abstain vector).
-FAMILIES = {
-    "displacement": "two_sided",
-    "dispersion": "one_sided",
-    "loss": "two_sided",
-    "decoded": "sign",
-    "score": "two_sided",
-}
+#: Statistics guessed from their high values only (exactly 0 for every excluded canary of a broken
+#: run, but also for some included ones), and those already decoded into in/out/abstain (by sign).
+#: Every other statistic gets one- and two-sided rank rules.
+ONE_SIDED, SIGN = {"dispersion"}, {"decoded"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,13 +68,12 @@ def rules_for(statistics: Sequence[str], m: int) -> list[Rule]:
     sizes = sorted({max(1, m // 8), max(1, m // 4), max(1, m // 2)})
     rules: list[Rule] = []
     for stat in statistics:
-        family = FAMILIES.get(stat, "two_sided")
-        if family == "sign":
+        if stat in SIGN:
             rules.append(Rule(stat, sign=True))
             continue
         for k in sizes:
             rules.append(Rule(stat, k, 0))
-            if family == "two_sided" and k >= 2:
+            if stat not in ONE_SIDED and k >= 2:
                 rules.append(Rule(stat, k - k // 2, k // 2))
     return rules
 
@@ -106,7 +97,6 @@ def evaluate(
     included: np.ndarray,
     delta: float,
     confidence: float = 0.95,
-    rules: Sequence[Rule] | None = None,
 ) -> Outcome:
     """The audit's lower bound from per-canary ``statistics`` and the true inclusion coins.
 
@@ -114,18 +104,16 @@ def evaluate(
       statistics: name -> (m,) values, higher = more likely included.
       included: (m,) bool, which canaries were in the training data.
       delta: the stated delta.
-      confidence: 1 - beta; every rule is tested at beta / len(rules).
-      rules: default :func:`rules_for` on the statistics' names.
+      confidence: 1 - beta; every rule of :func:`rules_for` on the statistics' names is tested at
+        beta / (number of rules).
     """
     included = np.asarray(included, bool)
     m = len(included)
-    if rules is None:
-        rules = rules_for(list(statistics), m)
+    rules = rules_for(list(statistics), m)
     if not rules:
         raise ValueError("no guessing rule: the trainer returned no canary statistic")
     beta = (1.0 - confidence) / len(rules)
-    best = None
-    top = 0.0
+    best, top = (-1.0, "", 0, 0), 0.0  # every bound is >= 0: the first rule replaces it
     for rule in rules:
         values = np.asarray(statistics[rule.statistic], dtype=np.float64)
         if values.shape != (m,):
@@ -134,8 +122,7 @@ def evaluate(
         r = int(np.count_nonzero(g))
         v = int(np.sum((g == 1) & included) + np.sum((g == -1) & ~included))
         eps = epsilon_lower_bound(m, r, v, delta, beta) if r else 0.0
-        if best is None or eps > best[0]:
+        if eps > best[0]:
             best = (eps, rule.name, r, v)
         top = max(top, ceiling(m, rule.max_guesses(m), delta, beta))
-    assert best is not None
-    return Outcome(best[0], best[1], best[2], best[3], top, len(rules), beta)
+    return Outcome(*best, top, len(rules), beta)

@@ -1,27 +1,15 @@
 """``dptune.audit``: an empirical privacy audit of a tuning run (or of one candidate's training),
-next to the epsilon that run states.
+next to the epsilon that run states (Steinke, Nasr & Jagielski 2023; docs/audit.md).
 
-The steps, in order (the order is part of the audit's validity):
-
-1. Design m canaries (public) and draw which are included, each with probability 1/2 from the
-   operating system's entropy (``dptune.auditing.canaries``); both are kept in
-   ``DIR/private/audit_canaries.npz`` so a killed audit resumes with the same coins.
-2. Build the audited trainer: the given one on its data plus the included canaries
-   (``dptune.auditing.dpsgd`` for DP-SGD, else ``trainer.with_canaries``), with a deliberate
-   break if one was asked for (negative controls: ``BREAKS``). Its privacy declaration is the
-   unbroken one: the audit checks training against it.
-3. Run ``dptune.tune`` as a user would (``what="tuning"``), or one candidate at the tuning's noise
-   (``what="training"``): canaries go through every candidate's training, the selection and the
-   release. The ledger charges an *audit* entry (the canaries make it a different dataset), never
-   the dataset's budget; the statement's notes say it is an audit.
-4. Score every canary on the released candidate, guess, and convert the guesses into a lower bound
-   on epsilon at the stated delta (``dptune.auditing.guesses``, ``dptune.auditing.bound``).
-5. Write ``DIR/audit.json`` and ``DIR/audit.md``.
-
-What the number means: if the run (as implemented) were (epsilon, delta)-DP with epsilon below the
-lower bound, an outcome this extreme would have had probability < 1 - confidence. A bound above
-the stated epsilon says the implementation does not meet its statement; a bound below it proves
-nothing (docs/audit.md).
+The steps, in order (the order is part of the audit's validity): design m public canaries and
+draw which are included, each with probability 1/2 from OS entropy (kept in
+``DIR/private/audit_canaries.npz``, so a killed audit resumes with the same coins); build the
+audited trainer (its data plus the included canaries, a deliberate break if asked, the unbroken
+privacy declaration); run ``dptune.tune`` as a user would, charged to an audit entry of the ledger
+(the canaries make it another dataset); score every canary on the released candidate and turn the
+guesses into a lower bound on epsilon at the stated delta; write ``DIR/audit.json`` and
+``DIR/audit.md``. A bound above the stated epsilon says the implementation does not meet its
+statement; a bound below it proves nothing.
 """
 
 from __future__ import annotations
@@ -32,9 +20,7 @@ import hashlib
 import inspect
 import json
 import logging
-import math
 import os
-import pickle
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -43,12 +29,12 @@ import numpy as np
 
 from dptune.auditing.canaries import KINDS, Canaries, design_rng, draw_inclusion
 from dptune.auditing.dpsgd import AuditDpSgdTrainer
-from dptune.auditing.guesses import evaluate
+from dptune.auditing.guesses import Outcome, evaluate
 from dptune.errors import TuningConfigError
 from dptune.journal import JOURNAL_FILE
 from dptune.learners.dpsgd import DpSgdTrainer
-from dptune.plan import AUTO, as_budget, make_privacy_plan
-from dptune.release import Release, load_params
+from dptune.plan import as_budget, make_privacy_plan
+from dptune.release import load_release
 from dptune.space import Space
 from dptune.state_files import open_new, private_folder
 from dptune.trainer_protocol import FunctionTrainer
@@ -138,6 +124,11 @@ class AuditResult:
             else "is below the stated epsilon: this audit found no violation (which proves "
             "nothing: a lower bound is not a proof of privacy)."
         )
+        if self.ceiling <= self.stated_epsilon:
+            verdict += (
+                f" The ceiling {self.ceiling:.4g} is not above the stated epsilon: with "
+                f"{self.canaries} canaries this audit could not have shown a violation (use more)."
+            )
         rows = [
             ("stated epsilon (delta)", f"{self.stated_epsilon:.4g} ({self.delta:g})"),
             ("empirical lower bound on epsilon", f"{self.epsilon_lower_bound:.4g}"),
@@ -148,11 +139,6 @@ class AuditResult:
             ("audited", f"{self.what} ({control})"),
         ]
         table = "\n".join(f"| {k} | {v} |" for k, v in rows)
-        if self.ceiling <= self.stated_epsilon:
-            verdict += (
-                f" The ceiling {self.ceiling:.4g} is not above the stated epsilon: with "
-                f"{self.canaries} canaries this audit could not have shown a violation (use more)."
-            )
         return (
             "# Privacy audit (dptune audit)\n\n"
             "Steinke, Nasr & Jagielski 2023, one training run (Cor. 5.4): a lower bound on the "
@@ -221,16 +207,14 @@ def audit(
       The :class:`AuditResult` (also written to ``DIR/audit.json`` and ``DIR/audit.md``).
     """
     budget, space = as_budget(budget), as_space(space)
-    kind = _check_args(confidence, what, break_, kind)
     workdir = None if workdir is None else Path(workdir)
-    kind, m = _kind_and_size(trainer, canaries, kind)
+    kind, m = _kind_and_size(trainer, canaries, kind, what, break_, score, confidence)
     done = _finished(workdir, dict(canaries=m, kind=kind, what=what, break_=break_))
     if done is not None:
         log.info("this audit already finished; its result is in %s", workdir / AUDIT_JSON)
         return done
-    design, score = _design(trainer, canaries, kind, m, score, seed, workdir)
-    included = _coins(design, seed, workdir)
-    inner = _with_canaries(trainer, design, included, break_, score)
+    design, included = _canaries(trainer, canaries, kind, m, seed, workdir)
+    inner = _with_canaries(trainer, design, included, break_)
     audited = _AuditTrainer(inner, break_, space, design, what)
     if what == "training":
         space, selection = _one_candidate(audited, space, selection, budget, accountant, seed,
@@ -255,19 +239,43 @@ def audit(
 # --- the steps -----------------------------------------------------------------------------------
 
 
-def _check_args(confidence: float, what: str, break_: str | None, kind: str | None) -> str | None:
-    """The audit's own arguments; returns the canaries' kind (``score`` for ``exact_score``)."""
+def _kind_and_size(trainer, canaries, kind, what, break_, score, confidence) -> tuple[str, int]:
+    """The audit's arguments checked; the canaries' kind (``score`` for ``exact_score``) and
+    number m, from the arguments and the trainer's defaults."""
     if not 0 < confidence < 1:
         raise TuningConfigError(f"confidence={confidence!r} must be in (0, 1)")
     if what not in WHATS:
         raise TuningConfigError(f"what={what!r} must be one of {WHATS}")
     if break_ is not None and break_ not in BREAKS:
         raise TuningConfigError(f"break={break_!r} must be one of {BREAKS}")
+    if kind is not None and kind not in KINDS:
+        raise TuningConfigError(f"kind={kind!r} must be one of {KINDS}")
     if break_ == "exact_score":
         if kind not in (None, "score"):
             raise TuningConfigError("break=exact_score is audited with score canaries: kind=score")
         kind = "score"
-    return kind
+    design, with_canaries = _hooks(trainer)
+    if isinstance(canaries, tuple):
+        if len(canaries) != 2 or len(canaries[0]) != len(canaries[1]):
+            raise TuningConfigError("canaries=(x, y): the canary records' inputs and labels")
+        kind, m = kind or "input", len(canaries[1])
+        if kind != "input" and with_canaries is None:
+            raise TuningConfigError(f"kind={kind!r} needs a trainer that designs its canaries")
+    else:
+        if design is None:
+            raise TuningConfigError(
+                "this trainer does not design canaries: pass canaries=(x, y), records to add to "
+                "its training data, and score=fn(payload, x, y) -> membership scores"
+            )
+        kind = kind or "gradient"
+        m = DEFAULT_CANARIES[kind] if canaries is None else canaries
+        if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
+            raise TuningConfigError(f"canaries={canaries!r} must be a positive integer")
+    if score is None and with_canaries is None:
+        raise TuningConfigError(
+            "score=fn(payload, x, y) is needed: this trainer does not score canaries itself"
+        )
+    return kind, int(m)
 
 
 def _result(release, inner, design, included, score, confidence, what, break_) -> AuditResult:
@@ -276,17 +284,23 @@ def _result(release, inner, design, included, score, confidence, what, break_) -
     stated = float(release.privacy["total_epsilon"])
     delta = float(release.privacy["delta"])
     if release.released:
-        statistics = _statistics(inner, release, design, score)
-        outcome = evaluate(statistics, included, delta, confidence)
-        best = (outcome.epsilon_lower_bound, outcome.rule, outcome.guesses, outcome.correct)
-        ceiling, rules = outcome.ceiling, outcome.rules
+        if release.payload is None and release.path is not None:
+            # A resumed audit whose tuning had finished: the release folder holds the payload.
+            release = dataclasses.replace(release, payload=load_release(release.path).payload)
+        if score is None:  # per-canary statistics, higher = more likely included
+            statistics = inner.canary_scores(release)
+        else:
+            values = np.asarray(score(release.payload, design.x, design.y), dtype=np.float64)
+            statistics = {"score": values.reshape(len(design))}
+        o = evaluate(statistics, included, delta, confidence)
     else:
-        best, ceiling, rules = (0.0, "nothing released: no canary scored", 0, 0), 0.0, 0
+        o = Outcome(0.0, "nothing released: no canary scored", 0, 0, 0.0, 0, 0.0)
     result = AuditResult(
-        stated_epsilon=stated, delta=delta, epsilon_lower_bound=float(best[0]),
+        stated_epsilon=stated, delta=delta, epsilon_lower_bound=float(o.epsilon_lower_bound),
         confidence=confidence, canaries=len(design), kind=design.kind, what=what, break_=break_,
-        guesses=int(best[2]), correct=int(best[3]), rule=str(best[1]), ceiling=float(ceiling),
-        rules=int(rules), released=bool(release.released), included=int(included.sum()),
+        guesses=int(o.guesses), correct=int(o.correct), rule=str(o.rule),
+        ceiling=float(o.ceiling), rules=int(o.rules), released=bool(release.released),
+        included=int(included.sum()),
     )  # fmt: skip
     if result.released and result.ceiling <= stated:
         log.warning(
@@ -321,71 +335,37 @@ def _finished(workdir: Path | None, asked: Mapping[str, Any]) -> AuditResult | N
     return result
 
 
-def _kind_and_size(trainer: Any, canaries: Any, kind: str | None) -> tuple[str, int]:
-    """The canaries' kind and number m, from the arguments and the trainer's defaults."""
+def _canaries(trainer, canaries, kind, m, seed, workdir) -> tuple[Canaries, np.ndarray]:
+    """The canaries and which are included: drawn once and kept in ``DIR/private/`` (owner-only,
+    like the journal: the coins are the curator's), read back on resume."""
+    given = None
     if isinstance(canaries, tuple):
-        if len(canaries) != 2 or len(canaries[0]) != len(canaries[1]):
-            raise TuningConfigError("canaries=(x, y): the canary records' inputs and labels")
-        kind = kind or "input"
-        if kind != "input" and _hooks(trainer)[1] is None:
-            raise TuningConfigError(f"kind={kind!r} needs a trainer that designs its canaries")
-        return kind, len(canaries[1])
-    if _hooks(trainer)[0] is None:
-        raise TuningConfigError(
-            "this trainer does not design canaries: pass canaries=(x, y), records to add to its "
-            "training data, and score=fn(payload, x, y) -> membership scores"
-        )
-    kind = kind or "gradient"
-    if kind not in KINDS:
-        raise TuningConfigError(f"kind={kind!r} must be one of {KINDS}")
-    m = DEFAULT_CANARIES[kind] if canaries is None else canaries
-    if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
-        raise TuningConfigError(f"canaries={canaries!r} must be a positive integer")
-    return kind, int(m)
-
-
-def _design(trainer, canaries, kind, m, score, seed, workdir) -> tuple[Canaries, Any]:
-    """The canaries (read back from ``DIR/private/`` on resume) and the scorer."""
+        given = Canaries(kind, np.asarray(canaries[0]), np.asarray(canaries[1]))
     stored = None if workdir is None else workdir / "private" / _CANARIES_FILE
     if stored is not None and stored.exists():
         with np.load(stored) as f:
             design = Canaries(str(f["kind"]), f["x"], f["y"])
-        given = None
-        if isinstance(canaries, tuple):
-            given = Canaries(kind, np.asarray(canaries[0]), np.asarray(canaries[1])).digest()
-        if design.kind != kind or len(design) != m or given not in (None, design.digest()):
+            included = np.asarray(f["included"], bool)
+        other = given is not None and given.digest() != design.digest()
+        if design.kind != kind or len(design) != m or other:
             raise TuningConfigError(
                 f"{workdir} holds an audit with other canaries; use a new folder"
             )
-    elif isinstance(canaries, tuple):
-        design = Canaries(kind, np.asarray(canaries[0]), np.asarray(canaries[1]))
-    else:
+        return design, included
+    design = given
+    if design is None:
         try:
             design = _hooks(trainer)[0](kind, m, design_rng(seed))
         except ValueError as e:
             raise TuningConfigError(f"canaries: {e}") from None
-    if score is None and _hooks(trainer)[1] is None:
-        raise TuningConfigError(
-            "score=fn(payload, x, y) is needed: this trainer does not score canaries itself"
-        )
-    return design, score
-
-
-def _coins(design: Canaries, seed: int | None, workdir: Path | None) -> np.ndarray:
-    """Which canaries are included: drawn once, kept private in ``DIR/private/``."""
-    stored = None if workdir is None else workdir / "private" / _CANARIES_FILE
-    if stored is not None and stored.exists():
-        with np.load(stored) as f:
-            return np.asarray(f["included"], bool)
     included = draw_inclusion(len(design), seed)
     if stored is not None:
-        # The coins are the curator's, like the journal: an owner-only folder and file.
         private_folder(stored.parent, "the audit's private folder")
         tmp = stored.with_name(stored.name + ".tmp.npz")
         with open_new(tmp) as f:
             np.savez(f, kind=design.kind, x=design.x, y=design.y, included=included)
         os.replace(tmp, stored)
-    return included
+    return design, included
 
 
 def _hooks(trainer: Any) -> tuple[Callable | None, Callable | None]:
@@ -399,9 +379,9 @@ def _hooks(trainer: Any) -> tuple[Callable | None, Callable | None]:
     return getattr(trainer, "audit_canaries", None), getattr(trainer, "with_canaries", None)
 
 
-def _with_canaries(trainer, design, included, break_, score) -> Any:
+def _with_canaries(trainer, design, included, break_) -> Any:
     """The trainer on its data plus the included canaries (and an engine fault if asked)."""
-    fault = break_ if break_ in ("noise_reused", "exact_score") else None
+    fault = break_ if break_ in AuditDpSgdTrainer.FAULTS else None
     with_canaries = _hooks(trainer)[1]
     if with_canaries is not None:
         try:
@@ -431,26 +411,7 @@ def _one_candidate(audited, space, selection, budget, accountant, seed, adjacenc
         adjacency=adjacency,
     )  # fmt: skip
     fields = {k: plan.calibrated.get(k, v) for k, v in space.fields.items()}
-    if any(v == AUTO for v in fields.values()):  # pragma: no cover - calibrated above
-        raise TuningConfigError("a field is still 'auto' after calibration")
     return Space(fields, privacy_fields=set(space.privacy_fields)), BestOfK(1)
-
-
-def _statistics(inner, release: Release, design: Canaries, score) -> dict[str, np.ndarray]:
-    """Per-canary statistics of the released candidate (higher = more likely included)."""
-    if release.payload is None and release.path is not None:
-        # A resumed audit whose tuning had finished: the release folder holds the payload.
-        path = Path(release.path)
-        if (path / "checkpoint").exists():
-            payload: Any = {"params": load_params(path)}
-        else:
-            with open(path / "payload.pkl", "rb") as f:
-                payload = pickle.load(f)
-        release = dataclasses.replace(release, payload=payload)
-    if score is not None:
-        values = np.asarray(score(release.payload, design.x, design.y), dtype=np.float64)
-        return {"score": values.reshape(len(design))}
-    return inner.canary_scores(release)
 
 
 class _AuditTrainer:
@@ -463,8 +424,9 @@ class _AuditTrainer:
         self.break_ = break_
         rewritten = {"no_noise": ("noise_multiplier",), "no_clipping": ("noise_multiplier",
                      "clip_norm")}.get(break_ or "", ())  # fmt: skip
+        fixed = getattr(getattr(inner, "hyperparams_class", None), "__dataclass_fields__", {})
         for name in rewritten:
-            if name not in space.fields and name not in _dataclass_fields(inner):
+            if name not in space.fields and name not in fixed:
                 raise TuningConfigError(
                     f"break={break_!r} rewrites the hyperparameter {name!r}, which this trainer "
                     "does not have"
@@ -480,9 +442,6 @@ class _AuditTrainer:
         if name == "inner":  # not set yet (unpickling): no recursion
             raise AttributeError(name)
         return getattr(self.inner, name)
-
-    def privacy(self, hparams: Mapping[str, Any]) -> Any:
-        return self.inner.privacy(hparams)
 
     def __call__(self, hparams: Mapping[str, Any], rng: np.random.Generator) -> Any:
         return self._unaccounted(self.inner(self._broken(hparams), rng))
@@ -520,36 +479,20 @@ class _AuditTrainer:
         if self.break_ == "no_noise":
             hp["noise_multiplier"] = 0.0
         elif self.break_ == "no_clipping":
-            clip = _field(self.inner, hp, "clip_norm")
-            sigma = _field(self.inner, hp, "noise_multiplier")
-            hp["clip_norm"] = clip * UNCLIPPED
-            hp["noise_multiplier"] = sigma / UNCLIPPED
+            hp["clip_norm"] = _field(self.inner, hp, "clip_norm") * UNCLIPPED
+            hp["noise_multiplier"] = _field(self.inner, hp, "noise_multiplier") / UNCLIPPED
         return hp
 
 
-def _dataclass_fields(trainer: Any) -> set[str]:
-    cls = getattr(trainer, "hyperparams_class", None)
-    return set(getattr(cls, "__dataclass_fields__", {}))
-
-
 def _field(trainer: Any, hp: Mapping[str, Any], name: str) -> float:
-    """The value ``name`` takes in training (from the trainer's fixed hyperparameters if the
-    drawn ones do not hold it)."""
-    if name in hp:
-        return float(hp[name])
-    return float(getattr(trainer.hyperparams(hp), name))
+    """The value ``name`` takes in training: drawn, or the trainer's fixed hyperparameter."""
+    return float(hp[name] if name in hp else getattr(trainer.hyperparams(hp), name))
 
 
 def _write_json(path: Path, obj: Mapping[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(dict(obj), indent=2, sort_keys=True, default=_json) + "\n")
+    tmp.write_text(
+        json.dumps(dict(obj), indent=2, sort_keys=True, default=lambda x: x.item()) + "\n"
+    )
     os.replace(tmp, path)
-
-
-def _json(x: Any) -> Any:
-    if hasattr(x, "item"):
-        return x.item()
-    if isinstance(x, float) and not math.isfinite(x):  # pragma: no cover
-        return str(x)
-    raise TypeError(f"not JSON-serialisable: {type(x).__name__}")

@@ -1,12 +1,10 @@
-"""How candidates are trained: the executors, and ``make_executor`` with the one vocabulary of
-their names.
+"""How candidates are trained: ``make_executor`` and the one vocabulary of executor names.
 
-* ``sequential`` and ``vectorized``: the in-process executors of the core (``dptune.execution``,
-  with ``Job``, the ``Executor`` protocol and ``train_one``, the failure guard), named here.
-* ``devices``: one candidate per local accelerator, or one at a time data-parallel over all.
-* ``ray``: one Ray task per candidate, on this machine or a cluster (the ``[ray]`` extra).
-
-The factory imports ``devices`` and ``ray`` only when asked for them (JAX / Ray are heavy).
+``sequential`` and ``vectorized`` are the core's in-process executors (``dptune.execution``, with
+``Job``, the ``Executor`` protocol and ``train_one``, the failure guard); ``devices`` trains one
+candidate per local accelerator (or one at a time over all); ``ray`` one Ray task per candidate
+(the ``[ray]`` extra). ``devices`` and ``ray`` are imported only when asked for (JAX / Ray are
+heavy).
 """
 
 from __future__ import annotations
@@ -35,24 +33,30 @@ __all__ = [
 #: Names accepted by ``make_executor`` (``config.executor.kind``).
 KINDS = ("sequential", "vectorized", "devices", "ray")
 
+#: The base config's executor fields with their defaults: every kind receives every field of
+#: ``config.executor``, and a kind that does not take one ignores it at its default.
+_BASE_DEFAULTS = {
+    "cpus_per_candidate": 1.0,
+    "gpus_per_candidate": 0.0,
+    "max_retries": 3,
+    "data_parallel": False,
+}
+
 
 def make_executor(kind: str = "sequential", *, group_size: int = 1, **options: Any) -> Any:
     """The executor ``kind`` (``config.executor``); ValueError naming the problem otherwise.
 
     ``"ray"`` takes ``address``, ``cpus_per_candidate``, ``gpus_per_candidate``, ``max_retries``,
-    ``num_cpus`` (``dptune.executors.ray``; it raises a clear error if Ray is not installed);
-    ``"devices"`` takes ``devices`` (a count; default all of ``jax.devices()``) and
-    ``data_parallel`` (one candidate at a time over all of them; ``dptune.executors.devices``).
-    Options another kind does not use are refused."""
+    ``num_cpus`` (``dptune.executors.ray``; a clear error if Ray is not installed); ``"devices"``
+    takes ``devices`` (a count; default all of ``jax.devices()``) and ``data_parallel`` (one
+    candidate at a time over all of them). Options another kind does not use are refused."""
     if kind == "ray":
-        # optional: Ray is the [ray] extra
-        from dptune.executors.ray import RayExecutor
+        from dptune.executors.ray import RayExecutor  # optional: the [ray] extra
 
-        ray_options = {"address", "cpus_per_candidate", "gpus_per_candidate", "max_retries"}
-        return RayExecutor(**_own_options(kind, options, ray_options | {"num_cpus"}))
+        known = {"address", "cpus_per_candidate", "gpus_per_candidate", "max_retries", "num_cpus"}
+        return RayExecutor(**_own_options(kind, options, known))
     if kind == "devices":
-        # heavy: JAX loads only for this kind
-        from dptune.executors.devices import DevicesExecutor
+        from dptune.executors.devices import DevicesExecutor  # heavy: JAX loads for this kind
 
         return DevicesExecutor(**_own_options(kind, options, {"devices", "data_parallel"}))
     _own_options(kind, options, set())
@@ -65,27 +69,12 @@ def make_executor(kind: str = "sequential", *, group_size: int = 1, **options: A
     raise ValueError(f"executor kind {kind!r} is unknown; choose one of {', '.join(KINDS)}")
 
 
-#: The base config's executor fields with their defaults: a kind that does not take one ignores it
-#: at its default (every kind receives every field of ``config.executor``).
-_BASE_DEFAULTS = {
-    "cpus_per_candidate": 1.0,
-    "gpus_per_candidate": 0.0,
-    "max_retries": 3,
-    "data_parallel": False,
-}
-
-
 def _own_options(kind: str, options: Mapping[str, Any], known: set[str]) -> dict[str, Any]:
     """``options`` that ``kind`` takes (``known``); other kinds' fields are dropped at their base
     defaults and refused otherwise (ValueError naming them)."""
     own = {k: v for k, v in options.items() if k in known or _BASE_DEFAULTS.get(k, object()) != v}
-    _refuse_unknown(kind, own, known)
-    return own
-
-
-def _refuse_unknown(kind: str, options: Mapping[str, Any], known: set[str]) -> None:
-    unknown = set(options) - known
-    if unknown:
+    if unknown := set(own) - known:
         raise ValueError(
             f"executor {kind!r} takes no options {sorted(unknown)} (it takes {sorted(known)})"
         )
+    return own

@@ -1,23 +1,16 @@
 """The ``"devices"`` executor: candidates spread over the local accelerators of one host.
 
-Each candidate runs whole on one device (``jax.default_device``), in its own thread: JAX releases
-the GIL while a device computes, so K devices train K candidates at once. A candidate's result does
-not depend on which device ran it (same program, same key), so the release is the one
-``"sequential"`` gives for the same seed (``tests/dptune/executors/test_devices.py`` checks this on
-4 forced CPU devices).
-
-For candidates too large for one device, ``data_parallel=True`` trains them one at a time, each
-over ALL the devices (``trainers.parallel``: per-example clipping on each shard of a
-``jax.sharding.Mesh``, the clipped sums reduced across devices, the Gaussian noise added once with
-std ``noise_multiplier * clip_norm`` whatever the device count). The same key gives the same
-candidate as on one device, up to float summation order. A trainer trains data-parallel through
-its ``data_parallel(devices)`` hook (a context manager; ``dptune.learners.dpsgd.DpSgdTrainer`` has
-one); trainers without it run as on one device.
+Each candidate runs whole on one device (``jax.default_device``) in its own thread (JAX releases
+the GIL while a device computes). A candidate's result does not depend on its device (same
+program, same key): the release is ``"sequential"``'s for the same seed. ``data_parallel=True``
+trains one candidate at a time over ALL the devices through the trainer's ``data_parallel(devices)``
+hook (``DpSgdTrainer``'s: per-example clipping on each shard, the clipped sums reduced across
+devices, the noise added once), the same candidate up to float summation order; a trainer without
+the hook trains as on one device.
 """
 
 from __future__ import annotations
 
-import contextlib
 import queue
 from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -55,42 +48,27 @@ class DevicesExecutor:
         self.parallelism = 1 if data_parallel else len(self.devices)
 
     def run(self, trainer: Any, jobs: Sequence[Job]) -> Iterator[tuple[int, float, Any]]:
-        """Trains ``jobs`` on the devices (each device runs one candidate at a time) and yields
-        ``(index, score, payload)`` as candidates finish."""
-        if self.data_parallel and len(self.devices) > 1:
-            # The trainer's hook (``DpSgdTrainer.data_parallel``) knows how to spread one
-            # candidate over the devices; a trainer without it trains as on one device.
-            hook = getattr(trainer, "data_parallel", None)
-            for job in jobs:
-                # Entered around the call only: a context set across a `yield` would stay set in
-                # the caller while this generator is suspended.
-                with hook(self.devices) if hook is not None else contextlib.nullcontext():
-                    score, payload = train_one(trainer, job)
-                yield job.index, score, payload
-            return
-        if len(self.devices) == 1 or len(jobs) == 1:
-            with jax.default_device(self.devices[0]):
-                for job in jobs:
-                    yield (job.index, *train_one(trainer, job))
-            return
+        """Trains ``jobs`` and yields ``(index, score, payload)`` as candidates finish. Each slot (a
+        device, or with ``data_parallel`` all of them together) trains one candidate at a time, in
+        a thread of its own."""
+        hook = getattr(trainer, "data_parallel", None) if self.data_parallel else None
         free: queue.Queue = queue.Queue()
-        for d in self.devices:
-            free.put(d)
+        for slot in [self.devices] if self.data_parallel else [[d] for d in self.devices]:
+            free.put(slot)
 
         def one(job: Job) -> tuple[float, Any]:
-            device = free.get()
+            slot = free.get()
             try:
-                # default_device is thread-local: this thread's arrays and jitted calls go there.
-                with jax.default_device(device):
+                # Both contexts are thread-local: this thread's arrays and jitted calls go there.
+                spread = hook is not None and len(slot) > 1
+                with hook(slot) if spread else jax.default_device(slot[0]):
                     return train_one(trainer, job)
             finally:
-                free.put(device)
+                free.put(slot)
 
-        with ThreadPoolExecutor(max_workers=len(self.devices)) as pool:
+        with ThreadPoolExecutor(max_workers=free.qsize()) as pool:
             pending = {pool.submit(one, job): job.index for job in jobs}
             while pending:
                 done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
                 for fut in done:
-                    index = pending.pop(fut)
-                    score, payload = fut.result()
-                    yield index, score, payload
+                    yield (pending.pop(fut), *fut.result())

@@ -1,29 +1,16 @@
 """The ``"ray"`` executor: one Ray task per candidate, on a local machine or a Ray cluster.
 
-The driver (the ``dptune`` process) keeps everything that decides the release: it draws the plan
-and every seed once (the journal), hands each candidate to Ray as a task ``(index, 128-bit seed,
-hyperparameters)``, journals each ``(index, score, payload)`` as it comes back, and selects. Ray is
-only an engine that runs ``train_one(trainer, job)`` elsewhere. What this buys and how:
+The driver (the ``dptune`` process) keeps everything that decides the release: the plan and every
+seed (the journal), the journaling of each result as it comes back, the selection; Ray only runs
+``train_one(trainer, job)`` elsewhere, with the task ``(index, 128-bit seed, hyperparameters)``.
 
-* **The data is loaded by the workers**, from its spec: a trainer with a ``remote_factory`` (a
-  picklable zero-argument callable, e.g. ``functools.partial(dptune.cli.main.trainer_from_config,
-  cfg)``) is rebuilt once per worker process and cached there; the dataset never travels through
-  the object store per task. A trainer without one is put in the object store ONCE per run (and
-  freed by :meth:`RayExecutor.close`). With ``expected_fingerprint`` (the driver's dataset
-  fingerprint) a worker that loads different records refuses to train (an infrastructure error: the
-  run stops, nothing is journaled for that candidate).
-* **A lost worker** (a killed process, a lost node) is retried by Ray with the *same* task, so the
-  same seed and the same noise (``max_retries``); the plan is never redrawn. A trainer exception is
-  that candidate's failure (NaN), as in every executor (``dptune.execution.train_one``).
-* **A killed driver**: the journal holds every finished candidate; rerunning the command retrains
-  only the unfinished ones, with their journaled seeds (``dptune.tuner``).
-* **Nothing private stays in Ray**: each result's reference is dropped as soon as it is journaled
-  (Ray frees an object when no reference remains), the trainer object (if any) is freed at
-  ``close``, and a Ray instance this executor started is shut down at ``close``. Workers never log
-  scores (the trainers log failures by error type only).
-* **Selection semantics**: the tuner hands over at most ``parallelism`` candidates at once and
-  consumes their scores in index order, so thresholding's speculative candidates change nothing
-  (``selection.thresholding``).
+* Workers load the data: a trainer's ``remote_factory`` (picklable, no arguments) is rebuilt once
+  per worker process, and one whose fingerprint differs from ``expected_fingerprint`` stops the run;
+  a trainer without a factory is put in the object store once per run.
+* A lost worker is retried by Ray with the same task (same seed, same noise); a trainer exception
+  is that candidate's failure (NaN). A killed driver's rerun retrains only what its journal lacks.
+* Nothing private stays in Ray: a result's reference is dropped once journaled; ``close`` frees
+  the trainer object and shuts down a Ray instance this executor started. Workers never log scores.
 
 Bad input (Ray not installed, an address that does not answer, more CPUs or GPUs per candidate than
 any node has) raises :class:`RayExecutorError` from :meth:`RayExecutor.connect`, which ``dptune``
@@ -33,7 +20,6 @@ calls before it loads any data.
 from __future__ import annotations
 
 import importlib.util
-import logging
 import math
 import socket
 import uuid
@@ -43,8 +29,6 @@ from typing import Any
 from dptune.errors import TuningConfigError
 from dptune.execution import Job, train_one
 
-log = logging.getLogger("dptune")
-
 #: How long to wait for a TCP answer from ``HOST:PORT`` before calling the address unreachable (s).
 CONNECT_TIMEOUT_S = 5.0
 
@@ -53,15 +37,9 @@ class RayExecutorError(TuningConfigError):
     """The Ray executor cannot run as configured; nothing private has run."""
 
 
-def ray_available() -> bool:
-    return importlib.util.find_spec("ray") is not None
-
-
-def _positive(name: str, value: Any, *, allow_zero: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise RayExecutorError(f"{name}={value!r} must be a finite number")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise RayExecutorError(f"{name}={value!r} must be {'>= 0' if allow_zero else '> 0'}")
+def _non_negative(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise RayExecutorError(f"{name}={value!r} must be a finite number >= 0")
     return float(value)
 
 
@@ -76,7 +54,6 @@ class RayExecutor:
       gpus_per_candidate: GPUs per task (Ray's ``num_gpus``; JAX then sees only those).
       max_retries: how often Ray reruns a task whose worker died (same task: same seed).
       num_cpus: only for a local instance: how many CPUs it offers (default: all).
-      parallelism: candidates handed over at once (default: as many as the cluster fits at once).
     """
 
     def __init__(
@@ -86,10 +63,9 @@ class RayExecutor:
         gpus_per_candidate: float = 0.0,
         max_retries: int = 3,
         num_cpus: int | None = None,
-        parallelism: int | None = None,
         expected_fingerprint: str | None = None,
     ) -> None:
-        if not ray_available():
+        if importlib.util.find_spec("ray") is None:
             raise RayExecutorError(
                 "executor kind 'ray' needs Ray, which is not installed: pip install 'dptune[ray]' "
                 "(or pip install ray), or use --config.executor.kind=sequential"
@@ -97,18 +73,15 @@ class RayExecutor:
         if address is not None and not isinstance(address, str):
             raise RayExecutorError(f"address={address!r} must be None, 'auto' or 'HOST:PORT'")
         self.address = None if address in (None, "", "local") else address
-        self.cpus = _positive("cpus_per_candidate", cpus_per_candidate, allow_zero=True)
-        self.gpus = _positive("gpus_per_candidate", gpus_per_candidate, allow_zero=True)
+        self.cpus = _non_negative("cpus_per_candidate", cpus_per_candidate)
+        self.gpus = _non_negative("gpus_per_candidate", gpus_per_candidate)
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise RayExecutorError(f"max_retries={max_retries!r} must be an integer >= 0")
         self.max_retries = max_retries
         if num_cpus is not None and self.address is not None:
             raise RayExecutorError("num_cpus only applies to a local Ray instance (no address)")
         self.num_cpus = num_cpus
-        if parallelism is not None and (not isinstance(parallelism, int) or parallelism < 1):
-            raise RayExecutorError(f"parallelism={parallelism!r} must be an integer >= 1")
-        self._fixed_parallelism = parallelism
-        self.parallelism = parallelism or 1
+        self.parallelism = 1  # until connect(): how many candidates the cluster fits at once
         self.expected_fingerprint = expected_fingerprint
         self._started_ray = False
         self._connected = False
@@ -122,19 +95,14 @@ class RayExecutor:
         ``parallelism`` to how many fit at once. Public work only: no data, no training."""
         if self._connected:
             return self
-        import ray  # optional: the [ray] extra (a clear error if missing: _require_ray)
+        import ray  # optional: the [ray] extra, checked in __init__
 
         if not ray.is_initialized():
             if self.address not in (None, "auto") and not self.address.startswith("ray://"):
                 _check_reachable(self.address)
-            kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=True)
-            if self.address is None:
-                if self.num_cpus is not None:
-                    kwargs["num_cpus"] = self.num_cpus
-            else:
-                kwargs["address"] = self.address
-            try:
-                ray.init(**kwargs)
+            try:  # num_cpus is None unless a local instance is started (checked in __init__)
+                ray.init(address=self.address, num_cpus=self.num_cpus, include_dashboard=False,
+                         log_to_driver=True)  # fmt: skip
             except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
                 raise RayExecutorError(
                     f"cannot connect to Ray at {self.address or 'a new local instance'!r}: "
@@ -145,65 +113,49 @@ class RayExecutor:
             self._started_ray = self.address is None
         self._connected = True
         try:
-            fits = self._slots(ray.nodes())
+            self.parallelism = self._slots(ray.nodes())
         except RayExecutorError:
             self.close()
             raise
-        self.parallelism = self._fixed_parallelism or fits
         return self
 
     def _slots(self, nodes: Sequence[dict]) -> int:
         """How many candidates fit at once over the alive nodes; an error if none fits anywhere."""
         alive = [n.get("Resources", {}) for n in nodes if n.get("Alive", n.get("alive", True))]
         total = 0
-        for res in alive:
-            fit = math.inf
-            if self.cpus > 0:
-                fit = min(fit, math.floor(res.get("CPU", 0.0) / self.cpus + 1e-9))
-            if self.gpus > 0:
-                fit = min(fit, math.floor(res.get("GPU", 0.0) / self.gpus + 1e-9))
-            total += 1 if fit == math.inf else int(fit)
+        for res in alive:  # a candidate that asks for no CPU and no GPU: one per node
+            fit = [
+                res.get(k, 0.0) / n for k, n in (("CPU", self.cpus), ("GPU", self.gpus)) if n > 0
+            ]
+            total += math.floor(min(fit) + 1e-9) if fit else 1
         if total == 0:
             most_gpu = max((r.get("GPU", 0.0) for r in alive), default=0.0)
             most_cpu = max((r.get("CPU", 0.0) for r in alive), default=0.0)
             raise RayExecutorError(
-                "no node of the Ray cluster can run one candidate: "
-                f"gpus_per_candidate={self.gpus:g} and cpus_per_candidate={self.cpus:g}, but the "
-                "largest node has "
+                "no node of the Ray cluster can run one candidate: gpus_per_candidate="
+                f"{self.gpus:g} and cpus_per_candidate={self.cpus:g}, but the largest node has "
                 f"{most_gpu:g} GPUs and {most_cpu:g} CPUs ({len(alive)} nodes); lower "
                 "config.executor.gpus_per_candidate / cpus_per_candidate or add nodes"
             )
         return total
 
     # --- running ------------------------------------------------------------------------------
-    def _prepare(self, trainer: Any) -> None:
-        import ray  # optional: the [ray] extra (a clear error if missing: _require_ray)
-
-        self.connect()
-        if self._remote is None:
-            self._remote = ray.remote(_train_task).options(
-                num_cpus=self.cpus,
-                num_gpus=self.gpus,
-                max_retries=self.max_retries,
-                # A trainer exception is already the candidate's NaN (train_one); anything
-                # raised out of the task is infrastructure and must stop the run, not redraw.
-                retry_exceptions=False,
-            )
-        if self._spec is None:
-            token = uuid.uuid4().hex
-            factory = getattr(trainer, "remote_factory", None)
-            if factory is not None:
-                self._spec = ("factory", token, factory, self.expected_fingerprint)
-            else:
-                # Once per run, not per task; freed in close().
-                self._trainer_ref = ray.put(trainer)
-                self._spec = ("object", token, [self._trainer_ref], None)
-
     def run(self, trainer: Any, jobs: Sequence[Job]) -> Iterator[tuple[int, float, Any]]:
         """Submits one task per job and yields ``(index, score, payload)`` as tasks finish."""
-        import ray  # optional: the [ray] extra (a clear error if missing: _require_ray)
+        import ray  # optional: the [ray] extra, checked in __init__
 
-        self._prepare(trainer)
+        self.connect()
+        if self._spec is None:  # once per run, not per task
+            # A trainer exception is already the candidate's NaN (train_one); anything raised out
+            # of the task is infrastructure and must stop the run, not redraw.
+            self._remote = ray.remote(_train_task).options(
+                num_cpus=self.cpus, num_gpus=self.gpus, max_retries=self.max_retries,
+                retry_exceptions=False,
+            )  # fmt: skip
+            factory = getattr(trainer, "remote_factory", None)
+            if factory is None:
+                self._trainer_ref = ray.put(trainer)  # freed in close()
+            self._spec = (uuid.uuid4().hex, factory, [self._trainer_ref], self.expected_fingerprint)
         pending = {self._remote.remote(self._spec, job): job.index for job in jobs}
         try:
             while pending:
@@ -221,15 +173,12 @@ class RayExecutor:
         """Frees what this executor put in Ray; shuts down a local Ray instance it started."""
         if not self._connected:
             return
-        import ray  # optional: the [ray] extra (a clear error if missing: _require_ray)
+        import ray  # optional: the [ray] extra, checked in __init__
 
-        self._trainer_ref = None
-        self._spec = None
-        self._remote = None
+        self._trainer_ref = self._spec = self._remote = None
         if self._started_ray and ray.is_initialized():
             ray.shutdown()
-        self._connected = False
-        self._started_ray = False
+        self._connected = self._started_ray = False
 
     def __enter__(self) -> RayExecutor:
         return self.connect()
@@ -263,12 +212,16 @@ _WORKER_TRAINERS: dict[str, Any] = {}
 
 
 def _worker_trainer(spec: tuple) -> Any:
-    kind, token, source, fingerprint = spec
+    token, factory, refs, fingerprint = spec
     trainer = _WORKER_TRAINERS.get(token)
     if trainer is None:
         _WORKER_TRAINERS.clear()
-        if kind == "factory":
-            trainer = source()
+        if factory is None:
+            import ray  # optional: the [ray] extra, checked in __init__
+
+            trainer = ray.get(refs[0])
+        else:
+            trainer = factory()
             if fingerprint is not None and getattr(trainer, "fingerprint", None) != fingerprint:
                 # Different records on this node: training on them would not be the run that was
                 # accounted and charged. An infrastructure error: the run stops.
@@ -276,10 +229,6 @@ def _worker_trainer(spec: tuple) -> Any:
                     "this Ray worker loaded a dataset whose fingerprint differs from the driver's: "
                     "give every node the same data (a shared path or the same files)"
                 )
-        else:
-            import ray  # optional: the [ray] extra (a clear error if missing: _require_ray)
-
-            trainer = ray.get(source[0])
         _WORKER_TRAINERS[token] = trainer
     return trainer
 
@@ -287,5 +236,4 @@ def _worker_trainer(spec: tuple) -> Any:
 def _train_task(spec: tuple, job: Job) -> tuple[float, Any]:
     """A Ray task: the candidate ``job`` behind the failure guard. Loading the trainer is outside
     the guard on purpose: a worker that cannot load the data is an infrastructure error."""
-    trainer = _worker_trainer(spec)
-    return train_one(trainer, job)
+    return train_one(_worker_trainer(spec), job)

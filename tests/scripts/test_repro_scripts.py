@@ -17,7 +17,8 @@ def load(name: str):
     return mod
 
 
-def test_plots_from_rows(tmp_path):
+def test_plots_from_rows(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))  # as `python scripts/NAME.py`: finds _plots
     a = load("repro_fisher_vs_dpsgd")
     rows = [{"method": m, "epsilon_budget": e, "test_accuracy": 0.5 + 0.1 * e}
             for m in ("dp-fisher", "dp-sgd") for e in (1.0, 2.0)]  # fmt: skip

@@ -32,8 +32,10 @@ def test_the_papers_printed_numbers(m, r, v, delta, printed):
 @pytest.mark.parametrize("r", [1, 5, 16, 100, 1000])
 @pytest.mark.parametrize("beta", [0.05, 0.01])
 def test_delta_zero_all_correct_is_randomized_response(r, beta):
-    """delta = 0, r of r right: rejected iff q^r <= beta, q = e^eps / (1 + e^eps)."""
-    expected = max(0.0, bound.randomized_response_epsilon(r, beta))
+    """delta = 0, r of r right: rejected iff q^r <= beta, q = e^eps / (1 + e^eps), so the bound
+    is logit(beta^(1/r)) (the closed form of the ceiling)."""
+    q = beta ** (1.0 / r)
+    expected = max(0.0, math.log(q / (1.0 - q)))
     assert bound.ceiling(10 * r, r, 0.0, beta) == pytest.approx(expected, abs=1e-7)
 
 
