@@ -28,9 +28,7 @@ from dptune.journal import JOURNAL_FILE, Journal
 
 #: This command's own flags (kept apart from the other commands' in one process).
 FLAGS = flags.FlagValues()
-_CANDIDATE = flags.DEFINE_integer(
-    "candidate", None, "Print this candidate's failure with its traceback.", flag_values=FLAGS
-)
+_CANDIDATE = flags.DEFINE_integer("candidate", None, "Its failure, traceback.", flag_values=FLAGS)
 _JSON = flags.DEFINE_bool("json", False, "Print one JSON object.", flag_values=FLAGS)
 
 WARNING = (
@@ -60,36 +58,26 @@ def read_run(workdir: str | Path) -> dict[str, Any]:
         rows = journal.candidates()
         dropped = {r.index: _dropped(journal, r.index) for r in rows if r.status == "done"}
     calibrated = meta.get("calibrated") or {}
-    cands = []
-    for r in rows:
-        f = failures.get(r.index)
-        cands.append(
-            {
-                "index": r.index,
-                "status": r.status,
-                "score": None if r.score is None or math.isnan(r.score) else r.score,
-                "failed": r.failed,
-                "seconds": seconds.get(r.index),
-                "attempts": r.attempts,
-                "hparams": {**r.hparams, **calibrated},
-                "failure": None
-                if f is None
-                else {"type": f.type, "message": f.message, "traceback": f.traceback},
-                "dropped_nonfinite": dropped.get(r.index),
-            }
+    privacy = meta.get("privacy") or {}
+    cands = [
+        dict(
+            index=r.index, status=r.status,
+            score=None if r.score is None or math.isnan(r.score) else r.score,
+            failed=r.failed, seconds=seconds.get(r.index), attempts=r.attempts,
+            hparams={**r.hparams, **calibrated},
+            failure=None if (f := failures.get(r.index)) is None else
+            {"type": f.type, "message": f.message, "traceback": f.traceback},
+            dropped_nonfinite=dropped.get(r.index),
         )
+        for r in rows
+    ]  # fmt: skip
     return {
-        "workdir": str(workdir),
-        "run_id": meta.get("run_id"),
-        "started_at": meta.get("started_at"),
-        "released_at": meta.get("released_at"),
-        "curator_view": meta.get("curator_view") or {},
-        "clipping": meta.get("clipping"),
-        "calibrated": meta.get("calibrated") or {},
-        "total_epsilon": (meta.get("privacy") or {}).get("total_epsilon"),
-        "delta": (meta.get("privacy") or {}).get("delta"),
-        "candidates": cands,
-    }
+        "workdir": str(workdir), "run_id": meta.get("run_id"),
+        "started_at": meta.get("started_at"), "released_at": meta.get("released_at"),
+        "curator_view": meta.get("curator_view") or {}, "clipping": meta.get("clipping"),
+        "calibrated": calibrated, "total_epsilon": privacy.get("total_epsilon"),
+        "delta": privacy.get("delta"), "candidates": cands,
+    }  # fmt: skip
 
 
 def render(run: dict[str, Any], candidate: int | None = None) -> str:
@@ -212,10 +200,5 @@ def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def run() -> None:
-    """Console entry (``dptune inspect``)."""
-    common.entry(cli)
-
-
 if __name__ == "__main__":
-    run()
+    common.entry(cli)
