@@ -13,18 +13,9 @@ Examples:
   dptune account --sampling_rate=0.0042667 --steps=7032 --selection=logarithmic \
       --mean_trials=10 --target_epsilon=3 --json
 
---selection: none (one run) or a selection method of ``selection.registry`` (the same names as
-``config.selection.method``): logarithmic / geometric / tnb (--shape) / poisson random stopping
-(Papernot & Steinke 2022, Thm 2 and 6; geometric = Liu & Talwar 2019, Thm 3.2, with --max_trials
-our bounds for the capped count, selection.privacy), thresholding (Liu & Talwar Alg. 1, Thm 3.1;
---stop_probability), accuracy_first
-(--iat_epsilon, --max_trials: Ligett et al. 2017, Lemma 2.8; the total is the WORST CASE over the
-stopping level, eps_A + T eps, which is what a ledger is charged), sparse_vector (--noise_scale,
---max_trials: Liu & Talwar 2019 §4.1; pure-DP candidates), stability_validation (--k,
---validation_epsilon, --stability_delta: Chaudhuri & Vinterbo 2013, Thm 2; pure-DP candidates, e.g.
---laplace_epsilon), best_of_k (--k, priced
-by composition). --accountant=rdp reproduces dp_accounting's RDP route exactly; the default 'auto'
-takes the tightest valid route.
+--selection: none (one run) or a method of ``selection.registry`` (as ``config.selection.method``;
+listed below with the theorem that prices each), its options as flags. --accountant=rdp reproduces
+dp_accounting's RDP route exactly; the default 'auto' takes the tightest valid route.
 """
 
 from __future__ import annotations
@@ -183,8 +174,9 @@ def cli(argv: list[str]) -> int:
     """``dptune account`` in this process: a flag error or an invalid input is one ``dptune:``
     line and exit code 2; ``--help`` exits 0."""
     if any(a in common.HELP for a in argv[1:]):
-        print(__doc__)
-        print(flags.FLAGS.module_help(sys.modules[__name__]))
+        print(
+            __doc__, registry.describe(), flags.FLAGS.module_help(sys.modules[__name__]), sep="\n"
+        )
         return common.OK
     try:
         rest = flags.FLAGS(list(argv))

@@ -1,13 +1,7 @@
-"""From a config (ml_collections ``ConfigDict`` or a plain dict) to the library's objects: the one
-place the CLI, ``--dry_run``, the Ray workers and the scripts turn config fields into a dataset, a
-trainer, a selection method, an executor and a ``dptune.tune`` call.
-
-It checks only what a config alone can get wrong (its fields, the data's kind, the form of
-``pkg.module:name``), raising :class:`ConfigError` naming the field; the values it hands on (the
-budget, the accountant, the selection, the space, the data's sizes) are checked by the library
-that receives them, in the library's words (``dptune.tuner.preflight`` for both the run and
-``--dry_run``).
-"""
+"""From a config (a ``ConfigDict`` or a dict) to the library's objects and a ``dptune.tune`` call:
+the one place the CLI, ``--dry_run``, the Ray workers and the scripts do it. It checks only what a
+config alone can get wrong (:class:`ConfigError` naming the field); the values it hands on are
+checked by the library that receives them, in its words (``dptune.tuner.preflight``)."""
 
 from __future__ import annotations
 
@@ -19,6 +13,7 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -193,9 +188,7 @@ def _coerce_fixed_numbers(cfg: dict[str, Any]) -> None:
 
 
 def check_config(cfg: Mapping[str, Any]) -> None:
-    """What only a config can get wrong, before any file is read (raises ConfigError naming the
-    field): its type, a field dptune does not know, the fields the data's kind needs, the form of
-    ``config.model``, a strategy or an executor that the config cannot have."""
+    """What only a config can get wrong (ConfigError naming the field), before any file is read."""
     if not isinstance(cfg, Mapping):
         raise ConfigError(
             f"the config's get_config() returned {type(cfg).__name__}, not a ConfigDict or dict: "
@@ -297,10 +290,9 @@ def validate(
     cfg: Any, workdir: str | Path | None = None, *, seed: int | None = None,
     debug_nonprivate: bool = False,
 ) -> Checked:  # fmt: skip
-    """Every check of a run that needs neither data nor files: the config's fields, the
-    selection, the space, the budget and the run's options with the workdir's path
-    (``TuneOptions.check``, the library's own). The one validation of the config that the run and
-    ``--dry_run`` share; raises ConfigError / TuningConfigError / StateError."""
+    """The checks of a run that need neither data nor files, shared by the run and ``--dry_run``:
+    the config's fields, the selection, the space, the budget and the run's options
+    (``TuneOptions.check``); ConfigError / TuningConfigError / StateError."""
     cfg = _plain(cfg)
     if isinstance(cfg, dict):
         _coerce_fixed_numbers(cfg)
@@ -326,10 +318,9 @@ def validate(
 
 
 def _fill_suggested(cfg: dict[str, Any]) -> None:
-    """Fills the fields a config leaves unset (None: the ``user`` config's validation size, batch
-    size, epochs, learning-rate range and mean number of candidates) from the declared PUBLIC size
-    ``config.data.num_examples`` and the optimiser (``suggested_settings``); a field that is set
-    is kept. Nothing is filled without a usable size: the checks then name the missing field."""
+    """Fills the fields a config leaves None (the ``user`` config's validation size, batch size,
+    epochs, learning-rate range, mean number of candidates) from the declared PUBLIC size
+    ``config.data.num_examples`` and the optimiser (``suggested_settings``)."""
     data, train = cfg.get("data") or {}, cfg.get("train") or {}
     lr, sel = (cfg.get("space") or {}).get("learning_rate"), cfg.get("selection") or {}
     # a range whose ends the config left unset (keys present, values None); other specs as given
@@ -362,8 +353,7 @@ def _fill_suggested(cfg: dict[str, Any]) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class DryRun:
-    """What ``--dry_run`` found: the space with the calibrated values, the privacy statement,
-    and everything ``dptune.tuner.preflight`` checked (the ledger's view included)."""
+    """What ``--dry_run`` found: the calibrated space, the statement and the preflight."""
 
     space: Any
     statement: Any
@@ -397,12 +387,9 @@ def run_config(
     cfg: Mapping[str, Any], workdir: str | Path, *, seed: int | None = None,
     debug_nonprivate: bool = False, progress: bool = True, dry_run: bool = False,
 ) -> Any:  # fmt: skip
-    """Runs one tuning job from a config dict (what the command does after parsing flags).
-
-    With ``dry_run`` it returns a :class:`DryRun` instead: the same checks as the run (the config,
-    the data's public schema, the workdir's journal, the budget and the ledger), through
-    ``dptune.tuner.preflight``; nothing is trained or written.
-    """
+    """Runs one tuning job from a config (what the command does after parsing flags); with
+    ``dry_run``, a :class:`DryRun` after the run's checks (``dptune.tuner.preflight``), nothing
+    trained or written."""
     checked = validate(cfg, workdir, seed=seed, debug_nonprivate=debug_nonprivate)
     executor = None if dry_run else build_executor(checked.cfg)
     try:
@@ -499,10 +486,9 @@ def build_trainer(cfg: Mapping[str, Any], data: Any, *, progress: bool = False) 
 
 
 def build_model(spec: str, data: Any) -> Any:
-    """``config.model``: a shipped name as it is, or ``factory(num_classes=...)`` of
-    ``"pkg.module:factory"`` (a flax Module, or a dict with "model" and optionally "loss" and
-    "metric"; its input shape comes from the data; num_classes is 0 for labels that are not
-    class ids)."""
+    """``config.model``: a shipped name, or ``factory(num_classes=...)`` of ``"pkg.module:factory"``
+    (a flax Module, or a dict with "model" and optionally "loss" and "metric"; num_classes is 0
+    for labels that are not class ids)."""
     if ":" not in spec:
         return spec
     factory = import_object(spec, "model")
@@ -523,19 +509,26 @@ def _worker_config(cfg: Mapping[str, Any], all_sections: bool = False) -> dict[s
 
 
 def trainer_from_config(cfg: Mapping[str, Any]) -> Any:
-    """The trainer of ``cfg`` without console progress: what a Ray worker builds once
-    (``dptune.executors.ray``), loading the data from its spec."""
+    """The trainer of ``cfg``, data loaded, no progress: what a Ray worker builds once."""
     return build_trainer(cfg, load_data(cfg), progress=False)
 
 
 def load_user_arrays(cfg: Mapping[str, Any]) -> Any:
-    """``config.data`` as the user's own arrays: an npz file or a loader's return value, split per
-    record (``Dataset.from_arrays``) with the declared public size."""
+    """``config.data`` as the user's own arrays (an npz file or a loader's), through
+    ``Dataset.from_arrays`` with the declared public size."""
     d, kind = cfg["data"], user_arrays(cfg)
     try:
         if kind == "npz":
-            _check_npz(Path(d["path"]).expanduser())
-            arrays = read_npz(d["path"])
+            path = Path(d["path"]).expanduser()
+            with open(path, "rb") if path.is_file() else nullcontext() as f:
+                head = f.read(4) if f else b"PK"  # read_npz names a missing file
+            if not head.startswith(b"PK"):  # numpy would take it for a pickle (allow_pickle)
+                raise ConfigError(
+                    f"config.data.path={str(path)!r} is not an npz file (numpy.savez writes a zip "
+                    f"archive; this file starts with {head!r}): save your arrays with "
+                    "numpy.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)"
+                )
+            arrays = read_npz(path)
         else:
             out = import_object(d["loader"], "data.loader")()
             if isinstance(out, Mapping):
@@ -562,21 +555,6 @@ def load_user_arrays(cfg: Mapping[str, Any]) -> Any:
         raise ConfigError(f"config.data: {e}") from None
     except Exception as e:  # a user's loader or file: one line naming the field
         raise ConfigError(f"config.data ({kind}): {type(e).__name__}: {e}") from None
-
-
-def _check_npz(path: Path) -> None:
-    """An existing ``config.data.path`` must be an npz file (a zip archive, as ``numpy.savez``
-    writes it): numpy would otherwise take it for a pickle and advise ``allow_pickle``."""
-    if not path.is_file():
-        return  # read_npz names a missing file
-    with open(path, "rb") as f:
-        head = f.read(4)
-    if not head.startswith(b"PK"):
-        raise ConfigError(
-            f"config.data.path={str(path)!r} is not an npz file (numpy.savez writes a zip archive; "
-            f"this file starts with {head!r}): save your arrays with numpy.savez(path, "
-            "x_train=..., y_train=..., x_test=..., y_test=...)"
-        )
 
 
 def load_data(cfg: Mapping[str, Any]) -> Any:

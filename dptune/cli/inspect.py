@@ -103,11 +103,9 @@ def render(run: dict[str, Any], candidate: int | None = None) -> str:
                 f["traceback"] or "(no traceback)",
             ]
         return "\n".join(lines)
-    state = (
-        f"finished {_when(run['released_at'])}"
-        if run["released_at"]
-        else "not finished (rerun its command to resume)"
-    )
+    state = "not finished (rerun its command to resume)"
+    if run["released_at"]:
+        state = f"finished {_when(run['released_at'])}"
     lines.append(
         f"run {run['run_id'] or '(not planned yet)'}: started {_when(run['started_at'])}, {state}"
     )
@@ -134,16 +132,12 @@ def render(run: dict[str, Any], candidate: int | None = None) -> str:
             reason = reason if len(reason) <= 40 else reason[:37] + "..."
         hp = ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(c["hparams"].items()))
         lines.append(f"{c['index']:>4}  {c['status']:<8} {score:>9} {secs:>8}  {reason:<40}  {hp}")
-    dropped = _dropped_lines(run["candidates"])
-    if dropped:
+    if dropped := _dropped_lines(run["candidates"]):
         lines += ["", *dropped]
     failed = [c["index"] for c in run["candidates"] if c["failed"]]
     if failed:
-        lines += [
-            "",
-            f"{len(failed)} failed; `dptune inspect {run['workdir']} --candidate={failed[0]}` "
-            "prints a failure's traceback.",
-        ]
+        lines += ["", f"{len(failed)} failed; `dptune inspect {run['workdir']} "
+                  f"--candidate={failed[0]}` prints a failure's traceback."]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -159,10 +153,9 @@ def cli(argv: Sequence[str]) -> int:
                 "[--candidate=N] [--json]"
             )
         run = read_run(rest[0])
-        if _JSON.value:
-            print(json.dumps(run, indent=2, default=str))
-        else:
-            print(render(run, _CANDIDATE.value))
+        print(
+            json.dumps(run, indent=2, default=str) if _JSON.value else render(run, _CANDIDATE.value)
+        )
         return common.OK
     except StateError as e:
         return common.refuse(e)
