@@ -136,17 +136,15 @@ def _result() -> tuple[dict, str]:
         names = ("noise_multiplier", "target_epsilon", "untuned_noise_multiplier",
                  "naive_noise_multiplier", "naive_trials")  # fmt: skip
         out.update({k: getattr(cal, k) for k in names})
+        naive = "" if cal.naive_noise_multiplier is None else (
+            f"; naive best-of-{cal.naive_trials} (composition) would need "
+            f"{cal.naive_noise_multiplier:.4f}"
+        )  # fmt: skip
         text_extra = (
             f"Noise multiplier for a total ({cal.target_epsilon:g}, {delta:g}) budget: "
-            f"{cal.noise_multiplier:.4f}\n"
-            f"  one untuned run would need {cal.untuned_noise_multiplier:.4f}"
+            f"{cal.noise_multiplier:.4f}\n  one untuned run would need "
+            f"{cal.untuned_noise_multiplier:.4f}{naive}.\n\n"
         )
-        if cal.naive_noise_multiplier is not None:
-            text_extra += (
-                f"; naive best-of-{cal.naive_trials} (composition) would need "
-                f"{cal.naive_noise_multiplier:.4f}"
-            )
-        text_extra += ".\n\n"
     else:
         candidate = accounting.DpSgdCandidate(q, steps, _NOISE.value, _SCORE.value)
         statement = accounting.total_privacy(candidate, transform, delta, _ACCOUNTANT.value)

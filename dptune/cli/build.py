@@ -321,32 +321,24 @@ def _fill_suggested(cfg: dict[str, Any]) -> None:
     """Fills the fields a config leaves None (the ``user`` config's validation size, batch size,
     epochs, learning-rate range, mean number of candidates) from the declared PUBLIC size
     ``config.data.num_examples`` and the optimiser (``suggested_settings``)."""
-    data, train = cfg.get("data") or {}, cfg.get("train") or {}
-    lr, sel = (cfg.get("space") or {}).get("learning_rate"), cfg.get("selection") or {}
-    # a range whose ends the config left unset (keys present, values None); other specs as given
-    open_lr = isinstance(lr, dict) and any(k in lr and lr[k] is None for k in ("low", "high"))
+    data, train, sel = (cfg.get(k) or {} for k in ("data", "train", "selection"))
+    lr = (cfg.get("space") or {}).get("learning_rate")
+    lr = lr if isinstance(lr, dict) else {}  # a range whose ends are None; other specs as given
     slots = [(data, "validation_size"), (train, "batch_size"), (train, "epochs"),
-             (sel, "mean_trials")]  # fmt: skip
+             (sel, "mean_trials"), (lr, "low"), (lr, "high")]  # fmt: skip
+    unset = [(section, key) for section, key in slots if key in section and section[key] is None]
     n, optimizer = data.get("num_examples"), train.get("optimizer", "momentum")
-    if not open_lr and all(s.get(k) is not None or k not in s for s, k in slots):
-        return
+    if not unset or isinstance(n, bool) or not isinstance(n, int) or n < 8:
+        return  # nothing to fill, or no usable size: the checks then name the missing field
     from dptune.learners.dpsgd import LEARNING_RATE_RANGES, suggested_settings
 
-    if (
-        isinstance(n, bool)
-        or not isinstance(n, int)
-        or n < 8
-        or optimizer not in LEARNING_RATE_RANGES
-    ):
-        return  # check_config / the learner name the size or the optimiser
+    if optimizer not in LEARNING_RATE_RANGES:
+        return  # the learner names the optimiser
     got = suggested_settings(n, optimizer, train.get("score_noise_std") or 0.0)
-    filled = {}
-    for section, key in slots:
-        if key in section and section[key] is None:
-            section[key] = filled[key] = got[key]
-    if open_lr:
-        for end, value in zip(("low", "high"), got["learning_rate"], strict=True):
-            lr[end] = filled[f"learning_rate_{end}"] = value if lr.get(end) is None else lr[end]
+    got["low"], got["high"] = got["learning_rate"]
+    for section, key in unset:
+        section[key] = got[key]
+    filled = {("learning_rate_" if s is lr else "") + k: got[k] for s, k in unset}
     log.info("derived from config.data.num_examples=%d and optimizer %r (public): %s", n,
              optimizer, filled)  # fmt: skip
 

@@ -73,31 +73,22 @@ def refuse(message: object) -> int:
     return REFUSED
 
 
-def disk_refusal(e: BaseException, where: Path | None) -> str | None:
-    """The refusal text of a full disk or a read-only folder (``e`` an OSError or an SQLite
-    error), naming the folder; None for any other error."""
-    if isinstance(e, OSError) and e.errno in _NO_SPACE:
-        target = Path(e.filename) if e.filename else where
-        reason = e.strerror or str(e)
-    elif isinstance(e, sqlite3.OperationalError) and any(s in str(e) for s in _SQLITE_NO_SPACE):
-        target, reason = where, f"SQLite: {e}"
-    else:
-        return None
-    folder = target if target is None or target.is_dir() else target.parent
-    return (
-        f"cannot write to {folder or 'a folder of this run'} ({reason}): free space there or make "
-        "it writable, or choose another --workdir (a file dptune writes was left as it was; the "
-        "same command resumes a run it interrupted, without a second charge)"
-    )
-
-
 def unexpected(e: BaseException, private: Path, argv: Sequence[str]) -> int:
     """An exception no check foresaw: a full disk or a read-only folder is refused naming the
     folder; anything else is a bug, one line on stderr and the traceback in ``private/error.log``
     (the curator's, mode 0600) or a temporary file (returns INTERNAL)."""
-    disk = disk_refusal(e, private)
-    if disk is not None:
-        return refuse(disk)
+    reason = None
+    if isinstance(e, OSError) and e.errno in _NO_SPACE:
+        target, reason = Path(e.filename) if e.filename else private, e.strerror or str(e)
+    elif isinstance(e, sqlite3.OperationalError) and any(s in str(e) for s in _SQLITE_NO_SPACE):
+        target, reason = private, f"SQLite: {e}"
+    if reason is not None:
+        return refuse(
+            f"cannot write to {target if target.is_dir() else target.parent} ({reason}): free "
+            "space there or make it writable, or choose another --workdir (a file dptune writes "
+            "was left as it was; the same command resumes a run it interrupted, without a second "
+            "charge)"
+        )
     text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
     try:
         if private.is_dir():

@@ -30,7 +30,7 @@ from dptune.ledger import Ledger, default_ledger_path
 #: This command's own flags (kept apart from the other commands' in one process).
 FLAGS = flags.FlagValues()
 _OWN = {"flag_values": FLAGS}
-_LEDGER = flags.DEFINE_string("ledger", None, "The ledger file (default: runs' ledger).", **_OWN)
+_LEDGER = flags.DEFINE_string("ledger", None, "The file ($DPTUNE_LEDGER if unset).", **_OWN)
 _DATASET = flags.DEFINE_string("dataset", None, "A dataset id (a prefix, or a full id).", **_OWN)
 _EPS = flags.DEFINE_float("budget_epsilon", None, "Set the dataset's lifetime epsilon.", **_OWN)
 _DELTA = flags.DEFINE_float("budget_delta", None, "Set the dataset's lifetime delta.", **_OWN)
