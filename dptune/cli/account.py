@@ -31,7 +31,7 @@ from dp_accounting import dp_event
 from dptune import accounting
 from dptune.accounting.quiet import summarised_accounting_warnings
 from dptune.cli import common
-from dptune.errors import Refused
+from dptune.cli.common import ArgumentError
 from selection import privacy as sp
 from selection import registry
 
@@ -70,16 +70,12 @@ _LAPLACE = flags.DEFINE_float(
 _JSON = flags.DEFINE_bool("json", False, "Print one JSON object instead of text.")
 
 
-class InputError(Refused):
-    """Invalid command-line input (the message names the flag and why)."""
-
-
 def make_transform(selection: str, **options):
     """The ``selection.privacy`` transform of a ``--selection`` name and its options."""
     given = {k: v for k, v in options.items() if v is not None}
     if selection == "none":
         if given:
-            raise InputError(f"options {sorted(given)} do not apply to --selection=none.")
+            raise ArgumentError(f"options {sorted(given)} do not apply to --selection=none.")
         return sp.SingleRunPrivacy()
     return registry.build(selection, given, privacy_only=True).privacy
 
@@ -92,18 +88,22 @@ def _check_inputs() -> None:
         given = [f.name for f in named if f.value is not None]
         if given:
             drop = ", --".join(given)
-            raise InputError(
+            raise ArgumentError(
                 f"--laplace_epsilon describes the candidates completely; drop --{drop}."
             )
         if not (math.isfinite(_LAPLACE.value) and _LAPLACE.value > 0):
-            raise InputError(f"--laplace_epsilon={_LAPLACE.value:g} must be a finite number > 0.")
+            raise ArgumentError(
+                f"--laplace_epsilon={_LAPLACE.value:g} must be a finite number > 0."
+            )
         return
     if _SAMPLING_RATE.value is None:
-        raise InputError("--sampling_rate is required (expected batch size / training examples).")
+        raise ArgumentError(
+            "--sampling_rate is required (expected batch size / training examples)."
+        )
     if _STEPS.value is None:
-        raise InputError("--steps is required (DP-SGD steps per candidate).")
+        raise ArgumentError("--steps is required (DP-SGD steps per candidate).")
     if (_NOISE.value is None) == (_TARGET.value is None):
-        raise InputError(
+        raise ArgumentError(
             "give --noise_multiplier, or --target_epsilon to calibrate it (not both: "
             "--target_epsilon computes the noise multiplier)."
         )
@@ -162,7 +162,7 @@ def main(argv: list[str]) -> int:
     try:
         with summarised_accounting_warnings():
             out, text = _result()
-    except ValueError as e:  # InputError and the library's own input checks
+    except ValueError as e:  # ArgumentError and the library's own input checks
         return common.refuse(_FLAG_NAMED.sub(r"--\1=", str(e)))
     print(json.dumps(out) if _JSON.value else text)
     return common.OK

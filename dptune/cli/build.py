@@ -23,14 +23,7 @@ from dptune.configs import base as base_config
 from dptune.data import MNIST_10K_DIR, MNIST_10K_NUM_TRAIN
 from dptune.errors import Refused, TuningConfigError
 from dptune.executors import make_executor
-from dptune.learners.dpsgd import (
-    MODEL_NAMES,
-    Dataset,
-    DatasetNotFoundError,
-    check_user_arrays,
-    load_dataset,
-    read_npz,
-)
+from dptune.learners import dpsgd
 from dptune.ledger import default_ledger_path
 from dptune.plan import AUTO, Budget
 from dptune.subsampled import plan_subsampled, tune_subsampled
@@ -205,10 +198,10 @@ def check_config(cfg: Mapping[str, Any]) -> None:
                  trainer)  # fmt: skip
     if model is not None and trainer != "dpsgd":
         raise ConfigError("config.model is a DP-SGD model: it needs config.trainer='dpsgd'")
-    if model is not None and ":" not in str(model) and model not in MODEL_NAMES:
+    if model is not None and ":" not in str(model) and model not in dpsgd.MODEL_NAMES:
         raise ConfigError(
             f"config.model={model!r} must be 'pkg.module:factory' (your Flax module) or a "
-            f"shipped model, one of {MODEL_NAMES}"
+            f"shipped model, one of {dpsgd.MODEL_NAMES}"
         )
     strategy = _section(cfg, "strategy")
     name = strategy.pop("name", "full")
@@ -330,11 +323,9 @@ def _fill_suggested(cfg: dict[str, Any]) -> None:
     n, optimizer = data.get("num_examples"), train.get("optimizer", "momentum")
     if not unset or isinstance(n, bool) or not isinstance(n, int) or n < 8:
         return  # nothing to fill, or no usable size: the checks then name the missing field
-    from dptune.learners.dpsgd import LEARNING_RATE_RANGES, suggested_settings
-
-    if optimizer not in LEARNING_RATE_RANGES:
+    if optimizer not in dpsgd.LEARNING_RATE_RANGES:
         return  # the learner names the optimiser
-    got = suggested_settings(n, optimizer, train.get("score_noise_std") or 0.0)
+    got = dpsgd.suggested_settings(n, optimizer, train.get("score_noise_std") or 0.0)
     got["low"], got["high"] = got["learning_rate"]
     for section, key in unset:
         section[key] = got[key]
@@ -520,7 +511,7 @@ def load_user_arrays(cfg: Mapping[str, Any]) -> Any:
                     f"archive; this file starts with {head!r}): save your arrays with "
                     "numpy.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)"
                 )
-            arrays = read_npz(path)
+            arrays = dpsgd.read_npz(path)
         else:
             out = import_object(d["loader"], "data.loader")()
             if isinstance(out, Mapping):
@@ -532,9 +523,9 @@ def load_user_arrays(cfg: Mapping[str, Any]) -> Any:
                     "the loader must return a dict with keys x_train, y_train (x_test, y_test) or "
                     "a tuple (x_train, y_train[, x_test, y_test])"
                 )
-            arrays = check_user_arrays(arrays, f"config.data.loader={d['loader']!r}")
+            arrays = dpsgd.check_user_arrays(arrays, f"config.data.loader={d['loader']!r}")
         num = int(d["num_examples"])
-        return Dataset.from_arrays(
+        return dpsgd.Dataset.from_arrays(
             arrays["x_train"], arrays["y_train"], num_examples=num,
             validation_fraction=int(d.get("validation_size", 5000)) / num,
             x_test=arrays.get("x_test"), y_test=arrays.get("y_test"),
@@ -543,7 +534,7 @@ def load_user_arrays(cfg: Mapping[str, Any]) -> Any:
         )  # fmt: skip
     except ConfigError:
         raise
-    except DatasetNotFoundError as e:
+    except dpsgd.DatasetNotFoundError as e:
         raise ConfigError(f"config.data: {e}") from None
     except Exception as e:  # a user's loader or file: one line naming the field
         raise ConfigError(f"config.data ({kind}): {type(e).__name__}: {e}") from None
@@ -558,13 +549,13 @@ def load_data(cfg: Mapping[str, Any]) -> Any:
     if data_dir == "<shipped:mnist-10k>":
         data_dir, num_examples = str(MNIST_10K_DIR), num_examples or MNIST_10K_NUM_TRAIN
     try:
-        return load_dataset(
+        return dpsgd.load_dataset(
             d["name"], data_dir=data_dir, validation_size=int(d.get("validation_size", 5000)),
             source=d.get("source", "auto"), seed_split=int(d.get("split_seed") or 0),
             num_examples=num_examples, validation_dir=d.get("validation_dir") or None,
             validation_public=bool(d.get("validation_public", False)),
         )  # fmt: skip
-    except DatasetNotFoundError as e:
+    except dpsgd.DatasetNotFoundError as e:
         raise ConfigError(f"config.data: {e}") from None
     except (ValueError, OSError, EOFError) as e:
         raise ConfigError(f"config.data ({d['name']!r} from {data_dir!r}): {e}") from None

@@ -58,7 +58,7 @@ _SQLITE_NO_SPACE = ("disk is full", "readonly database", "disk i/o error")
 
 
 class ArgumentError(Refused):
-    """A command line that cannot name a config (a folder, a missing file, an ambiguous name)."""
+    """A command line that cannot run (a flag, an argument or a config name): it names which."""
 
 
 def one_line(text: object) -> str:
