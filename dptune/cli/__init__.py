@@ -7,18 +7,15 @@ subcommands, each in its own module so that one command's absl flags never mix w
     dptune ledger                                          # datasets, budgets and spends
     dptune audit --config=smoke --workdir=/tmp/dptune-audit   # an empirical privacy audit
 
-Every command refuses a mistake with one ``dptune:`` line and exit code 2
-(``dptune.cli.common``, docs/errors.md).
-
-``dptune.cli.build`` turns a config into the library's objects (the one place that does).
-"""
+Every command refuses a mistake with one ``dptune:`` line and exit code 2 (docs/errors.md);
+``dptune.cli.build`` turns a config into the library's objects (the one place that does)."""
 
 from __future__ import annotations
 
 import importlib
 import sys
 
-#: ``dptune NAME ...``: the subcommands and the module whose ``run()`` serves each.
+#: ``dptune NAME ...``: the subcommands and the module whose ``cli(argv)`` serves each.
 SUBCOMMANDS = {
     "account": "dptune.cli.account",
     "inspect": "dptune.cli.inspect",
@@ -32,6 +29,7 @@ def run() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS:
         name = sys.argv.pop(1)
         sys.argv[0] = f"dptune {name}"
-        importlib.import_module(SUBCOMMANDS[name]).run()
-        return
-    importlib.import_module("dptune.cli.main").run()
+        command = importlib.import_module(SUBCOMMANDS[name]).cli
+    else:
+        command = importlib.import_module("dptune.cli.main").cli
+    importlib.import_module("dptune.cli.common").entry(command)

@@ -13,24 +13,16 @@ Examples:
   dptune account --sampling_rate=0.0042667 --steps=7032 --selection=logarithmic \
       --mean_trials=10 --target_epsilon=3 --json
 
---selection: none (one run) or a selection method of ``selection.registry`` (the same names as
-``config.selection.method``): logarithmic / geometric / tnb (--shape) / poisson random stopping
-(Papernot & Steinke 2022, Thm 2 and 6; geometric = Liu & Talwar 2019, Thm 3.2, with --max_trials
-our bounds for the capped count, selection.privacy), thresholding (Liu & Talwar Alg. 1, Thm 3.1;
---stop_probability), accuracy_first
-(--iat_epsilon, --max_trials: Ligett et al. 2017, Lemma 2.8; the total is the WORST CASE over the
-stopping level, eps_A + T eps, which is what a ledger is charged), sparse_vector (--noise_scale,
---max_trials: Liu & Talwar 2019 §4.1; pure-DP candidates), stability_validation (--k,
---validation_epsilon, --stability_delta: Chaudhuri & Vinterbo 2013, Thm 2; pure-DP candidates, e.g.
---laplace_epsilon), best_of_k (--k, priced
-by composition). --accountant=rdp reproduces dp_accounting's RDP route exactly; the default 'auto'
-takes the tightest valid route.
+--selection: none (one run) or a method of ``selection.registry`` (as ``config.selection.method``;
+listed below with the theorem that prices each), its options as flags. --accountant=rdp reproduces
+dp_accounting's RDP route exactly; the default 'auto' takes the tightest valid route.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 
 from absl import flags
@@ -39,7 +31,7 @@ from dp_accounting import dp_event
 from dptune import accounting
 from dptune.accounting.quiet import summarised_accounting_warnings
 from dptune.cli import common
-from dptune.errors import Refused
+from dptune.cli.common import ArgumentError
 from selection import privacy as sp
 from selection import registry
 
@@ -57,16 +49,12 @@ _SELECTION = flags.DEFINE_enum("selection", "none", SELECTIONS, "Selection metho
 _OPTION_FLAGS = {
     name: (flags.DEFINE_float if kind is float else flags.DEFINE_integer)(name, None, help_)
     for name, (kind, help_) in registry.OPTIONS.items()
-    # the threshold's, the target percentile's and the score sensitivity's values do not change
-    # the privacy (the test's noise scales with the sensitivity)
-    # (and stability validation's beta: its exponential noise scales with it)
+    # values that do not change the privacy (the test's noise scales with the sensitivity,
+    # stability validation's exponential noise with its beta)
     if name not in ("threshold", "target_percentile", "score_sensitivity", "stability_beta")
 }
 _SCORE = flags.DEFINE_float(
-    "score_noise_std",
-    None,
-    "Std (in counts) of the Gaussian noise on each candidate's validation count; omit when the "
-    "validation split is public.",
+    "score_noise_std", None, "Gaussian noise std (counts) on each validation count; omit: public."
 )
 _ACCOUNTANT = flags.DEFINE_enum(
     "accountant", "auto", accounting.ACCOUNTANTS, "auto (tightest valid route), pld or rdp."
@@ -77,99 +65,58 @@ _TARGET = flags.DEFINE_float(
 _LAPLACE = flags.DEFINE_float(
     "laplace_epsilon",
     None,
-    "Instead of DP-SGD: every candidate is a pure epsilon-DP (Laplace) mechanism with this "
-    "epsilon (no --sampling_rate/--steps/--noise_multiplier). Needed by pure-DP-only selections "
-    "such as sparse_vector.",
+    "Instead of DP-SGD: pure epsilon-DP (Laplace) candidates (sparse_vector).",
 )
 _JSON = flags.DEFINE_bool("json", False, "Print one JSON object instead of text.")
 
 
-class InputError(Refused):
-    """Invalid command-line input (the message names the flag and why)."""
-
-
 def make_transform(selection: str, **options):
     """The ``selection.privacy`` transform of a ``--selection`` name and its options."""
-    if selection not in SELECTIONS:
-        raise InputError(f"--selection={selection} must be one of {', '.join(SELECTIONS)}.")
     given = {k: v for k, v in options.items() if v is not None}
     if selection == "none":
         if given:
-            raise InputError(f"options {sorted(given)} do not apply to --selection=none.")
+            raise ArgumentError(f"options {sorted(given)} do not apply to --selection=none.")
         return sp.SingleRunPrivacy()
-    try:
-        return registry.build(selection, given, privacy_only=True).privacy
-    except registry.SelectionConfigError as e:
-        msg = str(e)
-        for name in registry.OPTIONS:  # name the flags as the user typed them
-            msg = msg.replace(f"{name}=", f"--{name}=")
-        raise InputError(msg) from None
+    return registry.build(selection, given, privacy_only=True).privacy
 
 
 def _check_inputs() -> None:
+    """What the flags must say together; the values themselves are the accountant's to check
+    (its ``name=`` becomes the flag's ``--name=`` in the refusal)."""
     if _LAPLACE.value is not None:
-        eps = _LAPLACE.value
-        if not (math.isfinite(eps) and eps > 0):
-            raise InputError(f"--laplace_epsilon={eps:g} must be a finite number > 0.")
-        given = [
-            n
-            for n, f in (
-                ("sampling_rate", _SAMPLING_RATE),
-                ("steps", _STEPS),
-                ("noise_multiplier", _NOISE),
-                ("target_epsilon", _TARGET),
-                ("score_noise_std", _SCORE),
-            )
-            if f.value is not None
-        ]
+        named = (_SAMPLING_RATE, _STEPS, _NOISE, _TARGET, _SCORE)
+        given = [f.name for f in named if f.value is not None]
         if given:
-            raise InputError(
-                "--laplace_epsilon describes the candidates completely; drop --"
-                + ", --".join(given)
-                + "."
+            drop = ", --".join(given)
+            raise ArgumentError(
+                f"--laplace_epsilon describes the candidates completely; drop --{drop}."
+            )
+        if not (math.isfinite(_LAPLACE.value) and _LAPLACE.value > 0):
+            raise ArgumentError(
+                f"--laplace_epsilon={_LAPLACE.value:g} must be a finite number > 0."
             )
         return
-    q = _SAMPLING_RATE.value
-    if q is None:
-        raise InputError("--sampling_rate is required (expected batch size / training examples).")
-    if not (0 < q <= 1):
-        raise InputError(
-            f"--sampling_rate={q:g} must be in (0, 1]: it is the probability that an example is "
-            "in a step's Poisson-sampled batch."
+    if _SAMPLING_RATE.value is None:
+        raise ArgumentError(
+            "--sampling_rate is required (expected batch size / training examples)."
         )
     if _STEPS.value is None:
-        raise InputError("--steps is required (DP-SGD steps per candidate).")
-    if _STEPS.value < 1:
-        raise InputError(f"--steps={_STEPS.value} must be an integer >= 1.")
-    if not (0 < _DELTA.value < 1):
-        raise InputError(
-            f"--delta={_DELTA.value:g} must be in (0, 1) (typically below 1/training examples)."
+        raise ArgumentError("--steps is required (DP-SGD steps per candidate).")
+    if (_NOISE.value is None) == (_TARGET.value is None):
+        raise ArgumentError(
+            "give --noise_multiplier, or --target_epsilon to calibrate it (not both: "
+            "--target_epsilon computes the noise multiplier)."
         )
-    sigma, target = _NOISE.value, _TARGET.value
-    if sigma is None and target is None:
-        raise InputError("give --noise_multiplier, or --target_epsilon to calibrate it.")
-    if sigma is not None and target is not None:
-        raise InputError(
-            f"give either --noise_multiplier={sigma:g} or --target_epsilon={target:g}, not both: "
-            "--target_epsilon computes the noise multiplier."
-        )
-    if sigma is not None and not (math.isfinite(sigma) and sigma > 0):
-        raise InputError(
-            f"--noise_multiplier={sigma:g} must be a finite number > 0: with no noise DP-SGD is "
-            "not private."
-        )
-    if target is not None and not (math.isfinite(target) and target > 0):
-        raise InputError(f"--target_epsilon={target:g} must be a finite number > 0.")
-    score = _SCORE.value
-    if score is not None and not (math.isfinite(score) and score > 0):
-        raise InputError(f"--score_noise_std={score:g} must be a finite number > 0 (counts).")
+
+
+#: A library message's ``name=`` of one of this command's flags, to be written as the flag.
+_NAMES = [f.name for f in (_SAMPLING_RATE, _NOISE, _STEPS, _DELTA, _TARGET, _SCORE, _LAPLACE)]
+_FLAG_NAMED = re.compile(r"(?<![\w.-])(" + "|".join([*_NAMES, *_OPTION_FLAGS]) + r")=")
 
 
 def _result() -> tuple[dict, str]:
     _check_inputs()
-    transform = make_transform(
-        _SELECTION.value, **{name: flag.value for name, flag in _OPTION_FLAGS.items()}
-    )
+    transform = make_transform(_SELECTION.value, **{n: f.value for n, f in _OPTION_FLAGS.items()})
     q, steps, delta = _SAMPLING_RATE.value, _STEPS.value, _DELTA.value
     out: dict = {"selection": _SELECTION.value}
     text_extra = ""
@@ -186,42 +133,26 @@ def _result() -> tuple[dict, str]:
             q, steps, transform, _TARGET.value, delta, _ACCOUNTANT.value, _SCORE.value
         )
         statement = cal.statement
-        out.update(
-            noise_multiplier=cal.noise_multiplier,
-            target_epsilon=cal.target_epsilon,
-            untuned_noise_multiplier=cal.untuned_noise_multiplier,
-            naive_noise_multiplier=cal.naive_noise_multiplier,
-            naive_trials=cal.naive_trials,
-        )
+        names = ("noise_multiplier", "target_epsilon", "untuned_noise_multiplier",
+                 "naive_noise_multiplier", "naive_trials")  # fmt: skip
+        out.update({k: getattr(cal, k) for k in names})
+        naive = "" if cal.naive_noise_multiplier is None else (
+            f"; naive best-of-{cal.naive_trials} (composition) would need "
+            f"{cal.naive_noise_multiplier:.4f}"
+        )  # fmt: skip
         text_extra = (
             f"Noise multiplier for a total ({cal.target_epsilon:g}, {delta:g}) budget: "
-            f"{cal.noise_multiplier:.4f}\n"
-            f"  one untuned run would need {cal.untuned_noise_multiplier:.4f}"
+            f"{cal.noise_multiplier:.4f}\n  one untuned run would need "
+            f"{cal.untuned_noise_multiplier:.4f}{naive}.\n\n"
         )
-        if cal.naive_noise_multiplier is not None:
-            text_extra += (
-                f"; naive best-of-{cal.naive_trials} (composition) would need "
-                f"{cal.naive_noise_multiplier:.4f}"
-            )
-        text_extra += ".\n\n"
     else:
         candidate = accounting.DpSgdCandidate(q, steps, _NOISE.value, _SCORE.value)
         statement = accounting.total_privacy(candidate, transform, delta, _ACCOUNTANT.value)
         out["noise_multiplier"] = _NOISE.value
     d = statement.to_dict()
-    out.update(
-        single_run_epsilon=d["single_run_epsilon"],
-        total_epsilon=d["total_epsilon"],
-        delta=d["delta"],
-        overhead=d["overhead"],
-        accountant=d["accountant"],
-        accountant_requested=_ACCOUNTANT.value,
-        method=d["method"],
-        theorem=d["theorem"],
-        sampling_rate=q,
-        steps=steps,
-        statement=d,
-    )
+    names = ("single_run_epsilon", "total_epsilon", "delta", "overhead", "accountant")
+    out.update({k: d[k] for k in names}, accountant_requested=_ACCOUNTANT.value)
+    out.update(method=d["method"], theorem=d["theorem"], sampling_rate=q, steps=steps, statement=d)
     return out, text_extra + statement.to_text()
 
 
@@ -231,8 +162,8 @@ def main(argv: list[str]) -> int:
     try:
         with summarised_accounting_warnings():
             out, text = _result()
-    except ValueError as e:  # InputError and the library's own input checks
-        return common.refuse(e)
+    except ValueError as e:  # ArgumentError and the library's own input checks
+        return common.refuse(_FLAG_NAMED.sub(r"--\1=", str(e)))
     print(json.dumps(out) if _JSON.value else text)
     return common.OK
 
@@ -241,8 +172,9 @@ def cli(argv: list[str]) -> int:
     """``dptune account`` in this process: a flag error or an invalid input is one ``dptune:``
     line and exit code 2; ``--help`` exits 0."""
     if any(a in common.HELP for a in argv[1:]):
-        print(__doc__)
-        print(flags.FLAGS.module_help(sys.modules[__name__]))
+        print(
+            __doc__, registry.describe(), flags.FLAGS.module_help(sys.modules[__name__]), sep="\n"
+        )
         return common.OK
     try:
         rest = flags.FLAGS(list(argv))
@@ -251,10 +183,5 @@ def cli(argv: list[str]) -> int:
     return main(rest)
 
 
-def run() -> None:
-    """Console entry (``dptune account``)."""
-    common.entry(cli)
-
-
 if __name__ == "__main__":
-    run()
+    common.entry(cli)

@@ -33,52 +33,28 @@ from dptune.errors import Refused
 
 #: This command's own flags (kept apart from the other commands' in one process).
 FLAGS = flags.FlagValues()
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "A shipped config's name (smoke, mnist, ...) or a config file.",
-    flag_values=FLAGS,
-)  # fmt: skip
-_WORKDIR = flags.DEFINE_string(
-    "workdir", None, "The audit's own folder (never a tuning run's).", flag_values=FLAGS
-)
-_WHAT = flags.DEFINE_enum(
-    "what", "tuning", WHATS, "tuning: the whole run as released; training: one candidate.",
-    flag_values=FLAGS,
-)  # fmt: skip
-_CANARIES = flags.DEFINE_integer(
-    "canaries", None, "m, the number of canaries (default 1000; 20 for --kind=score).",
-    flag_values=FLAGS,
-)  # fmt: skip
-_KIND = flags.DEFINE_enum(
-    "kind", None, KINDS, "Canaries: gradient (default for DP-SGD), input or score.",
-    flag_values=FLAGS,
-)  # fmt: skip
-_BREAK = flags.DEFINE_enum(
-    "break", None, BREAKS, "A negative control: training deliberately NOT private.",
-    flag_values=FLAGS,
-)  # fmt: skip
-_CONFIDENCE = flags.DEFINE_float(
-    "confidence", 0.95, "Confidence of the lower bound, in (0, 1).", flag_values=FLAGS
-)
-_SEED = flags.DEFINE_integer(
-    "seed", None, "Fixed seed of the canaries, their coins and the run (tests); default OS entropy",
-    flag_values=FLAGS,
-)  # fmt: skip
-_PROGRESS = flags.DEFINE_bool(
-    "progress", True, "Show a progress display on stderr.", flag_values=FLAGS
-)
+_OWN = {"flag_values": FLAGS}
+_CONFIG = config_flags.DEFINE_config_file("config", None, "A shipped config or a file.", **_OWN)
+_WORKDIR = flags.DEFINE_string("workdir", None, "The audit's own folder (not a run's).", **_OWN)
+_WHAT = flags.DEFINE_enum("what", "tuning", WHATS, "tuning: the run, or training.", **_OWN)
+_CANARIES = flags.DEFINE_integer("canaries", None, "m (default 1000; 20 for score).", **_OWN)
+_KIND = flags.DEFINE_enum("kind", None, KINDS, "Canaries (default gradient for DP-SGD).", **_OWN)
+_BREAK = flags.DEFINE_enum("break", None, BREAKS, "A negative control: NOT private.", **_OWN)
+_CONFIDENCE = flags.DEFINE_float("confidence", 0.95, "Of the lower bound, in (0, 1).", **_OWN)
+_SEED = flags.DEFINE_integer("seed", None, "Fixed seed (tests); default OS entropy.", **_OWN)
+_PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress display on stderr.", **_OWN)
 
 
 def run_audit(cfg: Any, workdir: str | Path, **kwargs: Any) -> Any:
     """The audit of config ``cfg`` (what the command does after parsing flags); ``kwargs`` go to
     ``dptune.audit``. The config goes through the same validation as a tuning run's."""
-    checked = build.validate(cfg, workdir, seed=kwargs.get("seed"))
-    trainer = build.build_trainer(
-        checked.cfg, build.load_data(checked.cfg), progress=kwargs.get("progress", True)
-    )
+    c = build.validate(cfg, workdir, seed=kwargs.get("seed"))
+    o = c.options  # the ledger, accountant and adjacency, checked
+    data = build.load_data(c.cfg)
+    trainer = build.build_trainer(c.cfg, data, progress=kwargs.get("progress", True))
     return audit(
-        trainer, checked.space, checked.method, checked.budget, workdir=workdir,
-        ledger=checked.ledger, config=checked.cfg, accountant=checked.accountant,
-        adjacency=checked.adjacency, **kwargs,
+        trainer, c.space, c.method, c.budget, workdir=workdir, ledger=o.ledger, config=c.cfg,
+        accountant=o.accountant, adjacency=o.adjacency, **kwargs,
     )  # fmt: skip
 
 
@@ -88,33 +64,21 @@ def cli(argv: list[str]) -> int:
         print(common.help_text(__doc__, FLAGS))
         return common.OK
     try:
-        rest = common.parse_config_command(FLAGS, argv)
-        if rest:
-            raise common.ArgumentError(f"unexpected arguments {rest}: every setting is a flag")
-        if _CONFIG.value is None:
-            raise common.ArgumentError("--config=NAME (a shipped config or a file) is required")
-        if not _WORKDIR.value:
-            raise common.ArgumentError("--workdir=DIR is required (the audit's own folder)")
+        config, work = common.parse_run_command(FLAGS, argv, "the audit's own folder")
         common.setup_logging()
         result = run_audit(
-            _CONFIG.value, _WORKDIR.value, what=_WHAT.value, canaries=_CANARIES.value,
-            kind=_KIND.value, break_=_BREAK.value, confidence=_CONFIDENCE.value,
-            seed=_SEED.value, progress=_PROGRESS.value,
+            config, work, what=_WHAT.value, canaries=_CANARIES.value, kind=_KIND.value,
+            break_=_BREAK.value, confidence=_CONFIDENCE.value, seed=_SEED.value,
+            progress=_PROGRESS.value,
         )  # fmt: skip
     except Refused as e:
         return common.refuse(e)
     except Exception as e:  # noqa: BLE001 - a full disk is the user's; anything else a bug
         return common.unexpected(e, Path(_WORKDIR.value) / "private", argv)
-    work = Path(_WORKDIR.value)
     print(str(result))
     print(f"\n{work / AUDIT_MD}\n{work / AUDIT_JSON}")
     return common.OK
 
 
-def run() -> None:
-    """Console-script entry point (``dptune audit``)."""
-    common.entry(cli)
-
-
 if __name__ == "__main__":
-    run()
+    common.entry(cli)

@@ -1,14 +1,7 @@
-"""From a config (ml_collections ``ConfigDict`` or a plain dict) to the library's objects: the one
-place the CLI, ``--dry_run``, the Ray workers and the scripts turn config fields into a dataset, a
-trainer, a selection method, an executor and a ``dptune.tune`` call.
-
-Everything here checks what only a config can get wrong (its fields, the data's kind, the form of
-a ``pkg.module:name``); the values it hands on (the budget, the accountant, the selection, the
-space, the hyperparameters) are checked by the library that receives them, in the library's words.
-A problem is a :class:`ConfigError` naming the field. :func:`validate` is the one check of a config
-that both the run and ``--dry_run`` go through; ``dptune.tuner.preflight`` (which ``tune`` calls
-too) then checks what needs the loaded data's public schema, the workdir and the ledger.
-"""
+"""From a config (a ``ConfigDict`` or a dict) to the library's objects and a ``dptune.tune`` call:
+the one place the CLI, ``--dry_run``, the Ray workers and the scripts do it. It checks only what a
+config alone can get wrong (:class:`ConfigError` naming the field); the values it hands on are
+checked by the library that receives them, in its words (``dptune.tuner.preflight``)."""
 
 from __future__ import annotations
 
@@ -20,6 +13,7 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +23,11 @@ from dptune.configs import base as base_config
 from dptune.data import MNIST_10K_DIR, MNIST_10K_NUM_TRAIN
 from dptune.errors import Refused, TuningConfigError
 from dptune.executors import make_executor
-from dptune.learners.dpsgd import (
-    MODEL_NAMES,
-    Dataset,
-    DatasetNotFoundError,
-    check_user_arrays,
-    load_dataset,
-    read_npz,
-)
+from dptune.learners import dpsgd
 from dptune.ledger import default_ledger_path
-from dptune.plan import AUTO, Budget, check_selection_size
+from dptune.plan import AUTO, Budget
 from dptune.subsampled import plan_subsampled, tune_subsampled
-from dptune.tuner import DEFAULT_LEDGER, check_run_arguments, check_workdir, preflight, tune
+from dptune.tuner import DEFAULT_LEDGER, TuneOptions, preflight, tune
 from dptune.workdir_lock import workdir_lock
 from selection import registry
 
@@ -60,34 +47,27 @@ def _get(cfg: Mapping[str, Any], path: str, default: Any = None) -> Any:
     return cur
 
 
+def _section(cfg: Mapping[str, Any], path: str) -> dict[str, Any]:
+    return dict(_get(cfg, path, {}) or {})
+
+
 def build_selection(cfg: Mapping[str, Any]) -> Any:
     """The selection method named by ``config.selection`` (``selection.registry``'s vocabulary)."""
-    s = _get(cfg, "selection")
-    if not isinstance(s, Mapping) or "method" not in s:
-        raise ConfigError(
-            "config.selection.method is missing; choose one of " + ", ".join(registry.names())
-        )
-    if s["method"] not in registry.names():
-        raise ConfigError(
-            f"config.selection.method={s['method']!r} is unknown; choose one of "
-            + ", ".join(registry.names())
-        )
-    options, unused = registry.applicable(
-        s["method"], {k: v for k, v in s.items() if k != "method"}
-    )
+    s = _section(cfg, "selection")
+    method = s.pop("method", None)
+    options, unused = registry.applicable(method, s)
     if unused:
-        log.info("config.selection: %s not used by method %r", unused, s["method"])
+        log.info("config.selection: %s not used by method %r", unused, method)
     try:
-        return registry.build(s["method"], options)
+        return registry.build(method, options)
     except registry.SelectionConfigError as e:
-        raise ConfigError(f"config.selection: {e}") from None
+        raise ConfigError(f"config.selection.method={method!r}: {e}") from None
 
 
 def build_executor(cfg: Mapping[str, Any]) -> Any:
     """The executor named by ``config.executor`` (``dptune.executors``)."""
-    ex = dict(_get(cfg, "executor", {}) or {})
-    kind = ex.pop("kind", "sequential")
-    group = ex.pop("group_size", 1)
+    ex = _section(cfg, "executor")
+    kind, group = ex.pop("kind", "sequential"), ex.pop("group_size", 1)
     try:
         return make_executor(
             kind, group_size=group, **{k: v for k, v in ex.items() if v is not None}
@@ -104,7 +84,7 @@ def user_arrays(cfg: Mapping[str, Any]) -> str | None:
 
 
 def import_object(spec: Any, field: str) -> Any:
-    """The object named ``"pkg.module:attribute"`` (a user's factory or loader), importable from
+    """The callable named ``"pkg.module:attribute"`` (a user's factory or loader), importable from
     ``sys.path`` or the current folder (as ``python -m`` would find it)."""
     if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
         raise ConfigError(f"config.{field}={spec!r} must be 'pkg.module:name'")
@@ -134,26 +114,23 @@ def import_object(spec: Any, field: str) -> Any:
 def _check_user_data(cfg: Mapping[str, Any], kind: str) -> None:
     if kind == "npz" and not _get(cfg, "data.path"):
         raise ConfigError("config.data.source='npz' needs config.data.path=<file.npz>")
-    if kind == "loader":
-        spec = _get(cfg, "data.loader")
-        if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
-            raise ConfigError(f"config.data.loader={spec!r} must be 'pkg.module:function'")
-    nex = _get(cfg, "data.num_examples")
-    if nex is None:
+    nex, vsize = _get(cfg, "data.num_examples"), _get(cfg, "data.validation_size", 5000)
+    if isinstance(nex, bool) or not isinstance(nex, int) or nex < 1:
         raise ConfigError(
-            "config.data.num_examples is required for your own data: the public number of records "
-            "in it (sampling rates and step counts must not depend on the private arrays' length)"
+            f"config.data.num_examples is required for your own data (got {nex!r}): the public "
+            "number of records in it, an integer >= 1 (sampling rates and step counts must not "
+            "depend on the private arrays' length)"
         )
-    vsize = _get(cfg, "data.validation_size", 5000)
-    if isinstance(nex, int) and isinstance(vsize, int) and not vsize < nex:
+    if isinstance(vsize, int) and not vsize < nex:
         raise ConfigError(
             f"config.data.validation_size={vsize} must be smaller than config.data.num_examples="
             f"{nex} (it is the expected number of records in the validation split)"
         )
-    if _get(cfg, "data.validation_dir"):
+    if _get(cfg, "data.validation_dir") or _get(cfg, "data.validation_public"):
         raise ConfigError(
-            "config.data.validation_dir is for IDX datasets; with your own arrays, split them "
-            "by record (config.data.validation_size) or use the library's public_validation"
+            "config.data.validation_dir / validation_public are for IDX datasets; with your own "
+            "arrays, split them by record (config.data.validation_size) or use the library's "
+            "public_validation"
         )
     ncl = _get(cfg, "data.num_classes")
     if ncl is not None and (isinstance(ncl, bool) or not isinstance(ncl, int) or ncl < 1):
@@ -165,49 +142,38 @@ def _check_user_data(cfg: Mapping[str, Any], kind: str) -> None:
 _FREE_SECTIONS = ("space", "train", "learner")
 
 
-def _check_known_fields(cfg: Mapping[str, Any]) -> None:
+def _check_known_fields(
+    node: Mapping[str, Any], schema: Mapping[str, Any] | None = None, prefix: str = ""
+) -> None:
     """Every field of the config is one dptune reads (``dptune.configs.base`` declares them all):
     a misspelt field would otherwise be silently ignored and its default used."""
-    known = _plain(base_config.get_config())
-
-    def walk(node: Mapping[str, Any], schema: Mapping[str, Any], prefix: str) -> None:
-        for key, value in node.items():
-            path = f"{prefix}{key}"
-            if key.startswith("_"):
-                continue
-            if key not in schema:
-                close = difflib.get_close_matches(str(key), [str(k) for k in schema], n=1)
-                hint = f" (did you mean config.{prefix}{close[0]}?)" if close else ""
-                raise ConfigError(
-                    f"config.{path} is not a field dptune knows{hint}; the fields of "
-                    f"config.{prefix.rstrip('.') or '<top>'} are: {', '.join(sorted(schema))}"
-                )
-            if key in _FREE_SECTIONS and not prefix:
-                continue
-            if isinstance(value, Mapping) and isinstance(schema[key], Mapping):
-                walk(value, schema[key], f"{path}.")
-
-    walk(cfg, known, "")
-
-
-# The space fields whose value may be 'auto' (calibrated by dptune.plan).
-_AUTO_FIELDS = frozenset({"noise_multiplier"})
+    schema = _plain(base_config.get_config()) if schema is None else schema
+    for key, value in node.items():
+        if str(key).startswith("_") or (not prefix and key in _FREE_SECTIONS):
+            continue
+        if key not in schema:
+            close = difflib.get_close_matches(str(key), [str(k) for k in schema], n=1)
+            hint = f" (did you mean config.{prefix}{close[0]}?)" if close else ""
+            raise ConfigError(
+                f"config.{prefix}{key} is not a field dptune knows{hint}; the fields of "
+                f"config.{prefix.rstrip('.') or '<top>'} are: {', '.join(sorted(schema))}"
+            )
+        if isinstance(value, Mapping) and isinstance(schema[key], Mapping):
+            _check_known_fields(value, schema[key], f"{prefix}{key}.")
 
 
 def _coerce_fixed_numbers(cfg: dict[str, Any]) -> None:
     """``--config.space.noise_multiplier=1.1`` arrives as the string "1.1" (the field's default,
     "auto", is a string): a number written as text in ``config.space`` becomes that number. Other
     text stays text (a constant may be a name: ``space.model = "scatter_linear"``; the trainer
-    checks it), except in a field that takes 'auto', where it can only be 'auto' or a number."""
+    checks it), except in ``noise_multiplier``, which can only be 'auto' or a number."""
     space = cfg.get("space")
-    if not isinstance(space, dict):
-        return
-    for key, value in list(space.items()):
+    for key, value in list(space.items()) if isinstance(space, dict) else ():
         if isinstance(value, str) and value != AUTO:
             try:
                 space[key] = float(value)
             except ValueError:
-                if key in _AUTO_FIELDS:
+                if key == "noise_multiplier":
                     raise ConfigError(
                         f"config.space.{key}={value!r} must be {AUTO!r} (calibrated to the "
                         "budget), a number, or a distribution"
@@ -215,11 +181,7 @@ def _coerce_fixed_numbers(cfg: dict[str, Any]) -> None:
 
 
 def check_config(cfg: Mapping[str, Any]) -> None:
-    """What only a config can get wrong, before any file is read (raises ConfigError naming the
-    field): its type, a field dptune does not know, the fields the data's kind needs, the form of
-    ``config.model``, a strategy or an executor that the config cannot have. The values handed to
-    the library (the budget, the accountant, the selection, the space) are the library's to
-    check."""
+    """What only a config can get wrong (ConfigError naming the field), before any file is read."""
     if not isinstance(cfg, Mapping):
         raise ConfigError(
             f"the config's get_config() returned {type(cfg).__name__}, not a ConfigDict or dict: "
@@ -229,36 +191,22 @@ def check_config(cfg: Mapping[str, Any]) -> None:
     kind = user_arrays(cfg)
     if kind is not None:
         _check_user_data(cfg, kind)
-    if _get(cfg, "init") and _get(cfg, "trainer", "dpsgd") != "dpsgd":
+    trainer, model = _get(cfg, "trainer", "dpsgd"), _get(cfg, "model")
+    if _get(cfg, "init") and trainer != "dpsgd":
         # a section of the config that belongs to another learner (learner_sections' rule)
         log.info("config.init is DP-SGD's pretrained start: config.trainer=%r does not use it",
-                 _get(cfg, "trainer"))  # fmt: skip
-    model = _get(cfg, "model")
-    if model is not None:
-        if _get(cfg, "trainer", "dpsgd") != "dpsgd":
-            raise ConfigError("config.model is a DP-SGD model: it needs config.trainer='dpsgd'")
-        if ":" not in str(model) and model not in MODEL_NAMES:
-            raise ConfigError(
-                f"config.model={model!r} must be 'pkg.module:factory' (your Flax module) or a "
-                f"shipped model, one of {MODEL_NAMES}"
-            )
-    nex = _get(cfg, "data.num_examples")
-    if nex is not None and (isinstance(nex, bool) or not isinstance(nex, int) or nex < 1):
+                 trainer)  # fmt: skip
+    if model is not None and trainer != "dpsgd":
+        raise ConfigError("config.model is a DP-SGD model: it needs config.trainer='dpsgd'")
+    if model is not None and ":" not in str(model) and model not in dpsgd.MODEL_NAMES:
         raise ConfigError(
-            f"config.data.num_examples={nex!r} must be a positive integer (the public number of "
-            "records in the training file)"
+            f"config.model={model!r} must be 'pkg.module:factory' (your Flax module) or a "
+            f"shipped model, one of {dpsgd.MODEL_NAMES}"
         )
-    vpub = _get(cfg, "data.validation_public", False)
-    if not isinstance(vpub, bool):
-        raise ConfigError(f"config.data.validation_public={vpub!r} must be True or False")
-    if vpub and not _get(cfg, "data.validation_dir"):
-        raise ConfigError(
-            "config.data.validation_public=True needs a separate validation set "
-            "(config.data.validation_dir): a split of the private training file is private"
-        )
-    strategy = dict(_get(cfg, "strategy", {}) or {})
-    strategies.check(strategy.pop("name", "full"), strategy, _get(cfg, "privacy.epsilon"))
-    if _get(cfg, "strategy.name", "full") == "subsampled" and (_get(cfg, "executor.kind") == "ray"):
+    strategy = _section(cfg, "strategy")
+    name = strategy.pop("name", "full")
+    strategies.check(name, strategy, _get(cfg, "privacy.epsilon"))
+    if name == "subsampled" and _get(cfg, "executor.kind") == "ray":
         raise ConfigError(
             "config.executor.kind='ray' is not supported with config.strategy.name='subsampled' "
             "(the workers would load all the data, not the subset): use 'sequential', "
@@ -268,10 +216,7 @@ def check_config(cfg: Mapping[str, Any]) -> None:
     vsize = _get(cfg, "data.validation_size", 5000)
     if isinstance(vsize, bool) or not isinstance(vsize, int) or vsize < 1:
         raise ConfigError(f"config.data.validation_size={vsize!r} must be an integer >= 1")
-    space = _get(cfg, "space")
-    if not isinstance(space, Mapping) or not space:
-        raise ConfigError("config.space is empty: declare the hyperparameters to search")
-    overlap = set(_get(cfg, "train", {})) & set(space)
+    overlap = set(_section(cfg, "train")) & set(_section(cfg, "space"))
     if overlap:
         raise ConfigError(
             f"{sorted(overlap)} appear in both config.train and config.space; keep one"
@@ -287,14 +232,12 @@ def learner_sections(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
     (ConfigError), never silently ignored. The learner's own defaults fill what is left out.
     """
     info = learner_info(cfg)
-    train = dict(_get(cfg, "train", {}) or {})
-    space = dict(_get(cfg, "space", {}) or {})
+    train, space = _section(cfg, "train"), _section(cfg, "space")
     own = _fields(info)
     foreign = (set(train) | set(space)) - own
     if not foreign:
         return train, space
-    others = set().union(*(_fields(i) for i in learners.LEARNERS.values() if i is not info))
-    unknown = foreign - others
+    unknown = foreign - set().union(*(_fields(i) for i in learners.LEARNERS.values()))
     if unknown:
         raise ConfigError(
             f"unknown hyperparameters {sorted(unknown)} for config.trainer={info.name!r}: no "
@@ -304,8 +247,9 @@ def learner_sections(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
         "config.train / config.space: %s belong to another learner; config.trainer=%r uses its "
         "own defaults for them", sorted(foreign), info.name,
     )  # fmt: skip
-    keep = {k: v for k, v in space.items() if k in own}
-    return {k: v for k, v in train.items() if k in own}, keep
+    return {k: v for k, v in train.items() if k in own}, {
+        k: v for k, v in space.items() if k in own
+    }
 
 
 def _fields(info: learners.LearnerInfo) -> set[str]:
@@ -317,38 +261,31 @@ def _fields(info: learners.LearnerInfo) -> set[str]:
 
 def learner_info(cfg: Mapping[str, Any]) -> learners.LearnerInfo:
     """The candidate family of ``config.trainer`` (``dptune.learners.LEARNERS``; default DP-SGD)."""
-    name = _get(cfg, "trainer", "dpsgd")
     try:
-        return learners.get(name)
+        return learners.get(_get(cfg, "trainer", "dpsgd"))
     except ValueError as e:
         raise ConfigError(f"config.trainer: {e}") from None
 
 
 @dataclasses.dataclass(frozen=True)
 class Checked:
-    """A config that passed :func:`validate`, as the library's arguments."""
+    """A config that passed :func:`validate`, as the library's arguments (``options``: the run's
+    ``dptune.TuneOptions``, checked)."""
 
     cfg: dict[str, Any]
     method: Any
     space: Any
     budget: Budget
-    ledger: Any
-    dataset_budget: Budget | None
-    accountant: str
-    adjacency: str
+    options: TuneOptions
 
 
 def validate(
-    cfg: Any,
-    workdir: str | Path | None = None,
-    *,
-    seed: int | None = None,
+    cfg: Any, workdir: str | Path | None = None, *, seed: int | None = None,
     debug_nonprivate: bool = False,
-) -> Checked:
-    """Every check of a run that needs neither data nor files: the config's fields, the
-    selection, the space, the budget, the flags (with the library's own argument checks,
-    ``dptune.tuner.check_run_arguments``) and the workdir's path. The one validation of the
-    config that the run and ``--dry_run`` share; raises ConfigError / TuningConfigError."""
+) -> Checked:  # fmt: skip
+    """The checks of a run that need neither data nor files, shared by the run and ``--dry_run``:
+    the config's fields, the selection, the space, the budget and the run's options
+    (``TuneOptions.check``); ConfigError / TuningConfigError / StateError."""
     cfg = _plain(cfg)
     if isinstance(cfg, dict):
         _coerce_fixed_numbers(cfg)
@@ -358,61 +295,48 @@ def validate(
     cfg["train"], cfg["space"] = learner_sections(cfg)
     method = build_selection(cfg)
     space = space_mod.Space.from_config(cfg["space"])
-    ledger_cfg = cfg.get("ledger", {}) or {}
+    ledger_cfg = _section(cfg, "ledger")
     enabled = ledger_cfg.get("enabled", True)
     if not isinstance(enabled, bool):
         raise ConfigError(f"config.ledger.enabled={enabled!r} must be True or False")
-    ledger = (ledger_cfg.get("path") or DEFAULT_LEDGER) if enabled else None
-    dataset_budget = _dataset_budget(ledger_cfg, budget)
-    accountant = _get(cfg, "privacy.accountant", "auto")
-    adjacency = _get(cfg, "privacy.adjacency", "add_remove")
-    group = _get(cfg, "executor.group_size", 1)
-    check_run_arguments(group, accountant, seed, debug_nonprivate, ledger, adjacency)
-    check_selection_size(method)
-    check_workdir(workdir)
-    return Checked(cfg, method, space, budget, ledger, dataset_budget, accountant, adjacency)
+    options = TuneOptions(
+        workdir=workdir, seed=seed, debug_nonprivate=debug_nonprivate,
+        ledger=(ledger_cfg.get("path") or DEFAULT_LEDGER) if enabled else None,
+        dataset_budget=_dataset_budget(ledger_cfg, budget),
+        accountant=_get(cfg, "privacy.accountant", "auto"),
+        adjacency=_get(cfg, "privacy.adjacency", "add_remove"),
+    )  # fmt: skip
+    options.check()
+    return Checked(cfg, method, space, budget, options)
 
 
 def _fill_suggested(cfg: dict[str, Any]) -> None:
-    """Fills the fields a config leaves unset (None: the ``user`` config's validation size, batch
-    size, epochs, learning-rate range and mean number of candidates) from the declared PUBLIC size
-    ``config.data.num_examples`` and the optimiser (``suggested_settings``); a field that is set
-    is kept. Nothing is filled without a usable size: the checks then name the missing field."""
-    data, train = cfg.get("data") or {}, cfg.get("train") or {}
-    lr, sel = (cfg.get("space") or {}).get("learning_rate"), cfg.get("selection") or {}
-    # a range whose ends the config left unset (keys present, values None); other specs as given
-    open_lr = isinstance(lr, dict) and any(k in lr and lr[k] is None for k in ("low", "high"))
+    """Fills the fields a config leaves None (the ``user`` config's validation size, batch size,
+    epochs, learning-rate range, mean number of candidates) from the declared PUBLIC size
+    ``config.data.num_examples`` and the optimiser (``suggested_settings``)."""
+    data, train, sel = (cfg.get(k) or {} for k in ("data", "train", "selection"))
+    lr = (cfg.get("space") or {}).get("learning_rate")
+    lr = lr if isinstance(lr, dict) else {}  # a range whose ends are None; other specs as given
     slots = [(data, "validation_size"), (train, "batch_size"), (train, "epochs"),
-             (sel, "mean_trials")]  # fmt: skip
-    if not open_lr and all(s.get(k) is not None or k not in s for s, k in slots):
-        return
-    n = data.get("num_examples")
-    optimizer = train.get("optimizer", "momentum")
-    if isinstance(n, bool) or not isinstance(n, int) or n < 8:
-        return
-    from dptune.learners.dpsgd import LEARNING_RATE_RANGES, suggested_settings
-
-    if optimizer not in LEARNING_RATE_RANGES:
-        return  # check_config / the learner name the optimiser
-    got = suggested_settings(n, optimizer, train.get("score_noise_std") or 0.0)
-    filled = {}
-    for section, key in slots:
-        if key in section and section[key] is None:
-            section[key] = filled[key] = got[key]
-    if open_lr:
-        low, high = got["learning_rate"]
-        lr["low"] = filled["learning_rate_low"] = lr["low"] if lr.get("low") is not None else low
-        lr["high"] = filled["learning_rate_high"] = (
-            lr["high"] if lr.get("high") is not None else high
-        )
+             (sel, "mean_trials"), (lr, "low"), (lr, "high")]  # fmt: skip
+    unset = [(section, key) for section, key in slots if key in section and section[key] is None]
+    n, optimizer = data.get("num_examples"), train.get("optimizer", "momentum")
+    if not unset or isinstance(n, bool) or not isinstance(n, int) or n < 8:
+        return  # nothing to fill, or no usable size: the checks then name the missing field
+    if optimizer not in dpsgd.LEARNING_RATE_RANGES:
+        return  # the learner names the optimiser
+    got = dpsgd.suggested_settings(n, optimizer, train.get("score_noise_std") or 0.0)
+    got["low"], got["high"] = got["learning_rate"]
+    for section, key in unset:
+        section[key] = got[key]
+    filled = {("learning_rate_" if s is lr else "") + k: got[k] for s, k in unset}
     log.info("derived from config.data.num_examples=%d and optimizer %r (public): %s", n,
              optimizer, filled)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
 class DryRun:
-    """What ``--dry_run`` found: the space with the calibrated values, the privacy statement,
-    and everything ``dptune.tuner.preflight`` checked (the ledger's view included)."""
+    """What ``--dry_run`` found: the calibrated space, the statement and the preflight."""
 
     space: Any
     statement: Any
@@ -443,26 +367,16 @@ class DryRun:
 
 
 def run_config(
-    cfg: Mapping[str, Any],
-    workdir: str | Path,
-    *,
-    seed: int | None = None,
-    debug_nonprivate: bool = False,
-    progress: bool = True,
-    dry_run: bool = False,
-) -> Any:
-    """Runs one tuning job from a config dict (what the command does after parsing flags).
-
-    With ``dry_run`` it returns a :class:`DryRun` instead: the same checks as the run (the config,
-    the data's public schema, the workdir's journal, the budget and the ledger), through
-    ``dptune.tuner.preflight``; nothing is trained or written.
-    """
+    cfg: Mapping[str, Any], workdir: str | Path, *, seed: int | None = None,
+    debug_nonprivate: bool = False, progress: bool = True, dry_run: bool = False,
+) -> Any:  # fmt: skip
+    """Runs one tuning job from a config (what the command does after parsing flags); with
+    ``dry_run``, a :class:`DryRun` after the run's checks (``dptune.tuner.preflight``), nothing
+    trained or written."""
     checked = validate(cfg, workdir, seed=seed, debug_nonprivate=debug_nonprivate)
-    executor = None
-    if not dry_run:
-        executor = build_executor(checked.cfg)
+    executor = None if dry_run else build_executor(checked.cfg)
     try:
-        return _run_built(checked, workdir, seed, debug_nonprivate, progress, dry_run, executor)
+        return _run_checked(checked, progress, dry_run, executor)
     finally:
         # Frees what the executor put in Ray and shuts down a local Ray this run started, also
         # when a refusal (workdir in use, data not found, budget) comes before training.
@@ -470,116 +384,71 @@ def run_config(
             executor.close()
 
 
-def _run_built(
-    checked: Checked, workdir: str | Path, seed: int | None, debug_nonprivate: bool,
-    progress: bool, dry_run: bool, executor: Any,
-) -> Any:  # fmt: skip
+def _run_checked(checked: Checked, progress: bool, dry_run: bool, executor: Any) -> Any:
     """``run_config`` once its inputs are checked and its executor is built."""
-    cfg = checked.cfg
+    cfg, opts = checked.cfg, checked.options
     if not dry_run:
         # Ray: reach the cluster and check its resources before any data is loaded or trained.
         if hasattr(executor, "connect"):
             executor.connect()
         # A workdir in use is refused before the (slow) data loading, not a minute later;
         # tune() then holds the lock for the whole run (dptune/workdir_lock.py).
-        with workdir_lock(workdir):
+        with workdir_lock(opts.workdir):
             pass
-    data = load_data(cfg)
-    trainer = build_trainer(cfg, data, progress=progress)
+    trainer = build_trainer(cfg, load_data(cfg), progress=progress)
     if hasattr(executor, "connect"):
         # Workers rebuild the trainer from the config (each loads the data once) and check they
         # loaded the same records as this process.
         trainer.remote_factory = functools.partial(trainer_from_config, _worker_config(cfg))
         executor.expected_fingerprint = trainer.fingerprint
-    strategy = dict(_get(cfg, "strategy", {}) or {})
-    if strategy.get("name", "full") == "subsampled":
-        return _run_subsampled(
-            checked, workdir, seed, debug_nonprivate, progress, dry_run, executor, trainer, strategy
-        )
-    common = dict(
-        workdir=workdir, seed=seed, accountant=checked.accountant, ledger=checked.ledger,
-        dataset_budget=checked.dataset_budget, debug_nonprivate=debug_nonprivate,
-        config=_binding(cfg, trainer, seed, debug_nonprivate), adjacency=checked.adjacency,
-    )  # fmt: skip
-    if dry_run:
-        pre = preflight(trainer, checked.space, checked.method, checked.budget, **common)
-        filled = space_mod.Space({**pre.plan.space.to_dict(), **pre.plan.calibrated})
-        return DryRun(filled, pre.plan.statement, pre)
-    return tune(
-        trainer, checked.space, checked.method, checked.budget, executor=executor,
-        progress=progress, **common,
-    )  # fmt: skip
-
-
-#: Config fields that say where files are, not what the run is: a workdir moved or copied to
-#: another machine (where the data or the ledger live elsewhere) resumes; the data's records are
-#: bound instead, by their fingerprint.
-_PATH_FIELDS = (("data", "dir"), ("data", "validation_dir"), ("ledger", "path"))
-
-
-def _binding(
-    cfg: Mapping[str, Any], trainer: Any, seed: int | None, debug_nonprivate: bool
-) -> dict[str, Any]:
-    """What the journal binds the workdir to: the config without file locations, the records'
-    fingerprint, and the flags that change the run."""
-    bound = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in cfg.items()}
-    for section, key in _PATH_FIELDS:
+    # What the journal binds the workdir to: the config without file locations (a workdir moved
+    # to another machine resumes), the records' fingerprint, and the flags that change the run.
+    bound = _worker_config(cfg, all_sections=True)
+    for section, key in (("data", "dir"), ("data", "validation_dir"), ("ledger", "path")):
         if isinstance(bound.get(section), dict):
             bound[section].pop(key, None)
-    fingerprint = getattr(trainer, "fingerprint", None)
-    bound["_data"] = {"fingerprint": fingerprint}
-    bound["_flags"] = {"seed": seed, "debug_nonprivate": debug_nonprivate}
-    return bound
+    bound["_data"] = {"fingerprint": getattr(trainer, "fingerprint", None)}
+    bound["_flags"] = {"seed": opts.seed, "debug_nonprivate": opts.debug_nonprivate}
+    opts = dataclasses.replace(opts, config=bound, executor=executor, progress=progress)
+    args = (trainer, checked.space, checked.method, checked.budget)
+    strategy = _section(cfg, "strategy")
+    if strategy.get("name", "full") == "subsampled":
+        if opts.debug_nonprivate:
+            raise ConfigError("--debug_nonprivate is not supported with config.strategy.name="
+                              "'subsampled'")  # fmt: skip
+        kw = {k: float(strategy[k]) for k in ("fraction", "tuning_epsilon")}
+        if dry_run:
+            seeded, acc, adj = opts.seed is not None, opts.accountant, opts.adjacency
+            plan = plan_subsampled(*args, **kw, seeded=seeded, accountant=acc, adjacency=adj)
+            return DryRun(_filled(plan.tuning_plan.space, plan.calibrated), plan.statement, None)
+        ledger = default_ledger_path() if opts.ledger is DEFAULT_LEDGER else opts.ledger
+        return tune_subsampled(*args, **kw, options=dataclasses.replace(opts, ledger=ledger))
+    if dry_run:
+        pre = preflight(*args, opts)
+        return DryRun(_filled(pre.plan.space, pre.plan.calibrated), pre.plan.statement, pre)
+    return tune(*args, opts)
+
+
+def _filled(space: Any, calibrated: Mapping[str, Any]) -> space_mod.Space:
+    return space_mod.Space({**space.to_dict(), **calibrated})
 
 
 def _dataset_budget(ledger_cfg: Mapping[str, Any], budget: Budget) -> Budget | None:
     """``config.ledger.budget_epsilon`` / ``budget_delta`` as the dataset's lifetime budget (None:
     not stated; a stated epsilon without a delta takes this run's delta)."""
-    eps = ledger_cfg.get("budget_epsilon")
-    if eps is None:
-        return None
-    delta = ledger_cfg.get("budget_delta")
+    eps, delta = ledger_cfg.get("budget_epsilon"), ledger_cfg.get("budget_delta")
     try:
-        return Budget(eps, budget.delta if delta is None else delta)
+        return None if eps is None else Budget(eps, budget.delta if delta is None else delta)
     except TuningConfigError as e:
         raise ConfigError(f"config.ledger.budget_epsilon / budget_delta: {e}") from None
-
-
-def _run_subsampled(
-    checked: Checked, workdir: str | Path, seed: int | None, debug_nonprivate: bool,
-    progress: bool, dry_run: bool, executor: Any, trainer: Any, strategy: Mapping[str, Any],
-) -> Any:  # fmt: skip
-    """Strategy ``subsampled`` (``dptune.subsampled``): the dry run's plan, or the run."""
-    if debug_nonprivate:
-        raise ConfigError(
-            "--debug_nonprivate is not supported with config.strategy.name='subsampled'"
-        )
-    kw = dict(
-        fraction=float(strategy["fraction"]),
-        tuning_epsilon=float(strategy["tuning_epsilon"]),
-        accountant=checked.accountant,
-        adjacency=checked.adjacency,
-    )
-    cfg, method, space, budget = checked.cfg, checked.method, checked.space, checked.budget
-    if dry_run:
-        plan = plan_subsampled(trainer, space, method, budget, seeded=seed is not None, **kw)
-        final = space_mod.Space({**plan.tuning_plan.space.to_dict(), **plan.calibrated})
-        return DryRun(final, plan.statement, None)
-    ledger = default_ledger_path() if checked.ledger is DEFAULT_LEDGER else checked.ledger
-    bound = _binding(cfg, trainer, seed, debug_nonprivate)
-    return tune_subsampled(
-        trainer, space, method, budget, workdir=workdir, seed=seed, executor=executor,
-        ledger=ledger, dataset_budget=checked.dataset_budget, config=bound, progress=progress,
-        **kw,
-    )  # fmt: skip
 
 
 def build_trainer(cfg: Mapping[str, Any], data: Any, *, progress: bool = False) -> Any:
     """The trainer of ``config.trainer`` (default ``"dpsgd"``) on ``data``, with ``config.train``
     as its fixed hyperparameters and ``config.learner`` as its own options."""
     info = learner_info(cfg)
-    options = {k: v for k, v in dict(cfg.get("learner", {}) or {}).items() if v is not None}
-    base = dict(cfg.get("train", {}) or {})
+    options = {k: v for k, v in _section(cfg, "learner").items() if v is not None}
+    base = _section(cfg, "train")
     if info.name == "dpsgd":
         options["epoch_progress"] = progress
         model = cfg.get("model")
@@ -600,10 +469,9 @@ def build_trainer(cfg: Mapping[str, Any], data: Any, *, progress: bool = False) 
 
 
 def build_model(spec: str, data: Any) -> Any:
-    """``config.model``: a shipped name as it is, or ``factory(num_classes=...)`` of
-    ``"pkg.module:factory"`` (a flax Module, or a dict with "model" and optionally "loss" and
-    "metric"; its input shape comes from the data; num_classes is 0 for labels that are not
-    class ids)."""
+    """``config.model``: a shipped name, or ``factory(num_classes=...)`` of ``"pkg.module:factory"``
+    (a flax Module, or a dict with "model" and optionally "loss" and "metric"; num_classes is 0
+    for labels that are not class ids)."""
     if ":" not in spec:
         return spec
     factory = import_object(spec, "model")
@@ -616,28 +484,34 @@ def build_model(spec: str, data: Any) -> Any:
         ) from None
 
 
-def _worker_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """What a worker needs to rebuild the trainer: the data spec, the learner and its fixed
-    settings."""
-    keys = ("data", "train", "trainer", "learner", "model", "init")
+def _worker_config(cfg: Mapping[str, Any], all_sections: bool = False) -> dict[str, Any]:
+    """A copy of ``cfg`` one level deep; by default only what a worker needs to rebuild the
+    trainer: the data spec, the learner and its fixed settings."""
+    keys = cfg if all_sections else ("data", "train", "trainer", "learner", "model", "init")
     return {k: (dict(cfg[k]) if isinstance(cfg[k], Mapping) else cfg[k]) for k in keys if k in cfg}
 
 
 def trainer_from_config(cfg: Mapping[str, Any]) -> Any:
-    """The trainer of ``cfg`` without console progress: what a Ray worker builds once
-    (``dptune.executors.ray``), loading the data from its spec."""
+    """The trainer of ``cfg``, data loaded, no progress: what a Ray worker builds once."""
     return build_trainer(cfg, load_data(cfg), progress=False)
 
 
 def load_user_arrays(cfg: Mapping[str, Any]) -> Any:
-    """``config.data`` as the user's own arrays: an npz file or a loader's return value, split per
-    record (``Dataset.from_arrays``) with the declared public size."""
-    d = cfg["data"]
-    kind = user_arrays(cfg)
+    """``config.data`` as the user's own arrays (an npz file or a loader's), through
+    ``Dataset.from_arrays`` with the declared public size."""
+    d, kind = cfg["data"], user_arrays(cfg)
     try:
         if kind == "npz":
-            _check_npz(Path(d["path"]).expanduser())
-            arrays = read_npz(d["path"])
+            path = Path(d["path"]).expanduser()
+            with open(path, "rb") if path.is_file() else nullcontext() as f:
+                head = f.read(4) if f else b"PK"  # read_npz names a missing file
+            if not head.startswith(b"PK"):  # numpy would take it for a pickle (allow_pickle)
+                raise ConfigError(
+                    f"config.data.path={str(path)!r} is not an npz file (numpy.savez writes a zip "
+                    f"archive; this file starts with {head!r}): save your arrays with "
+                    "numpy.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)"
+                )
+            arrays = dpsgd.read_npz(path)
         else:
             out = import_object(d["loader"], "data.loader")()
             if isinstance(out, Mapping):
@@ -649,9 +523,9 @@ def load_user_arrays(cfg: Mapping[str, Any]) -> Any:
                     "the loader must return a dict with keys x_train, y_train (x_test, y_test) or "
                     "a tuple (x_train, y_train[, x_test, y_test])"
                 )
-            arrays = check_user_arrays(arrays, f"config.data.loader={d['loader']!r}")
+            arrays = dpsgd.check_user_arrays(arrays, f"config.data.loader={d['loader']!r}")
         num = int(d["num_examples"])
-        return Dataset.from_arrays(
+        return dpsgd.Dataset.from_arrays(
             arrays["x_train"], arrays["y_train"], num_examples=num,
             validation_fraction=int(d.get("validation_size", 5000)) / num,
             x_test=arrays.get("x_test"), y_test=arrays.get("y_test"),
@@ -660,25 +534,10 @@ def load_user_arrays(cfg: Mapping[str, Any]) -> Any:
         )  # fmt: skip
     except ConfigError:
         raise
-    except DatasetNotFoundError as e:
+    except dpsgd.DatasetNotFoundError as e:
         raise ConfigError(f"config.data: {e}") from None
     except Exception as e:  # a user's loader or file: one line naming the field
         raise ConfigError(f"config.data ({kind}): {type(e).__name__}: {e}") from None
-
-
-def _check_npz(path: Path) -> None:
-    """An existing ``config.data.path`` must be an npz file (a zip archive, as ``numpy.savez``
-    writes it): numpy would otherwise take it for a pickle and advise ``allow_pickle``."""
-    if not path.is_file():
-        return  # read_npz names a missing file
-    with open(path, "rb") as f:
-        head = f.read(4)
-    if not head.startswith(b"PK"):
-        raise ConfigError(
-            f"config.data.path={str(path)!r} is not an npz file (numpy.savez writes a zip archive; "
-            f"this file starts with {head!r}): save your arrays with numpy.savez(path, "
-            "x_train=..., y_train=..., x_test=..., y_test=...)"
-        )
 
 
 def load_data(cfg: Mapping[str, Any]) -> Any:
@@ -686,29 +545,24 @@ def load_data(cfg: Mapping[str, Any]) -> Any:
     if user_arrays(cfg) is not None:
         return load_user_arrays(cfg)
     d = cfg["data"]
-    data_dir = d.get("dir") or None
-    num_examples = d.get("num_examples")
+    data_dir, num_examples = d.get("dir") or None, d.get("num_examples")
     if data_dir == "<shipped:mnist-10k>":
-        data_dir = str(MNIST_10K_DIR)
-        num_examples = num_examples or MNIST_10K_NUM_TRAIN
+        data_dir, num_examples = str(MNIST_10K_DIR), num_examples or MNIST_10K_NUM_TRAIN
     try:
-        return load_dataset(
-            d["name"],
-            data_dir=data_dir,
-            validation_size=int(d.get("validation_size", 5000)),
-            source=d.get("source", "auto"),
-            seed_split=int(d.get("split_seed") or 0),
-            num_examples=num_examples,
-            validation_dir=d.get("validation_dir") or None,
+        return dpsgd.load_dataset(
+            d["name"], data_dir=data_dir, validation_size=int(d.get("validation_size", 5000)),
+            source=d.get("source", "auto"), seed_split=int(d.get("split_seed") or 0),
+            num_examples=num_examples, validation_dir=d.get("validation_dir") or None,
             validation_public=bool(d.get("validation_public", False)),
-        )
-    except DatasetNotFoundError as e:
+        )  # fmt: skip
+    except dpsgd.DatasetNotFoundError as e:
         raise ConfigError(f"config.data: {e}") from None
     except (ValueError, OSError, EOFError) as e:
         raise ConfigError(f"config.data ({d['name']!r} from {data_dir!r}): {e}") from None
 
 
 def _plain(cfg: Any) -> Any:
+    """``cfg`` (a ConfigDict, or a dict holding them) as plain dicts and lists, copied."""
     if hasattr(cfg, "to_dict"):
         cfg = cfg.to_dict()
     if isinstance(cfg, Mapping):

@@ -1,10 +1,6 @@
-"""What every ``dptune`` command line shares: exit codes, the one-line refusal, flag and config
-parsing, logging, closed pipes, and the one line of an unexpected error. Defines no flag (each
-command's module defines its own).
-
-A user's mistake ends in ONE line on stderr that starts with ``dptune:``, names the field (or file)
-and the fix, and exit code 2 with nothing charged; never a traceback (docs/errors.md).
-"""
+"""What every ``dptune`` command shares: exit codes, the one-line refusal (``dptune:``, the field
+or file and the fix, exit code 2, nothing charged; docs/errors.md), flag and config parsing,
+logging, closed pipes, and the one line of an unexpected error. Each command defines its flags."""
 
 from __future__ import annotations
 
@@ -20,6 +16,7 @@ import tempfile
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from absl import flags
 from absl import logging as absl_logging
@@ -61,49 +58,37 @@ _SQLITE_NO_SPACE = ("disk is full", "readonly database", "disk i/o error")
 
 
 class ArgumentError(Refused):
-    """A command line that cannot name a config (a folder, a missing file, an ambiguous name)."""
+    """A command line that cannot run (a flag, an argument or a config name): it names which."""
 
 
 def one_line(text: object) -> str:
-    """``text`` on one line (newlines and runs of spaces collapsed)."""
     return " ".join(str(text).split())
 
 
 def refuse(message: object) -> int:
-    """Prints the refusal line on stderr (a :class:`Refused` in the command's words) and returns
-    :data:`REFUSED`."""
+    """Prints the refusal line (a :class:`Refused` in the command's words); returns REFUSED."""
     if isinstance(message, Refused):
         message = _KEYWORD.sub(lambda m: _KEYWORD_FIELDS[m.group(1)] + "=", message.for_command())
     print("dptune: refused: " + one_line(message), file=sys.stderr)
     return REFUSED
 
 
-def disk_refusal(e: BaseException, where: Path | None) -> str | None:
-    """The refusal text of a full disk or a read-only folder (``e`` an OSError or an SQLite
-    error), naming the folder; None for any other error."""
-    if isinstance(e, OSError) and e.errno in _NO_SPACE:
-        target = Path(e.filename) if e.filename else where
-        reason = e.strerror or str(e)
-    elif isinstance(e, sqlite3.OperationalError) and any(s in str(e) for s in _SQLITE_NO_SPACE):
-        target, reason = where, f"SQLite: {e}"
-    else:
-        return None
-    folder = target if target is None or target.is_dir() else target.parent
-    return (
-        f"cannot write to {folder or 'a folder of this run'} ({reason}): free space there or make "
-        "it writable, or choose another --workdir (a file dptune writes was left as it was; the "
-        "same command resumes a run it interrupted, without a second charge)"
-    )
-
-
 def unexpected(e: BaseException, private: Path, argv: Sequence[str]) -> int:
-    """An exception no check foresaw. A full disk or a read-only folder is the user's to fix: one
-    refusal line naming the folder. Anything else is a bug: the traceback goes to
-    ``private/error.log`` (the curator's, mode 0600) or a temporary file, one line on stderr;
-    returns :data:`INTERNAL`."""
-    disk = disk_refusal(e, private)
-    if disk is not None:
-        return refuse(disk)
+    """An exception no check foresaw: a full disk or a read-only folder is refused naming the
+    folder; anything else is a bug, one line on stderr and the traceback in ``private/error.log``
+    (the curator's, mode 0600) or a temporary file (returns INTERNAL)."""
+    reason = None
+    if isinstance(e, OSError) and e.errno in _NO_SPACE:
+        target, reason = Path(e.filename) if e.filename else private, e.strerror or str(e)
+    elif isinstance(e, sqlite3.OperationalError) and any(s in str(e) for s in _SQLITE_NO_SPACE):
+        target, reason = private, f"SQLite: {e}"
+    if reason is not None:
+        return refuse(
+            f"cannot write to {target if target.is_dir() else target.parent} ({reason}): free "
+            "space there or make it writable, or choose another --workdir (a file dptune writes "
+            "was left as it was; the same command resumes a run it interrupted, without a second "
+            "charge)"
+        )
     text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
     try:
         if private.is_dir():
@@ -129,8 +114,7 @@ def unexpected(e: BaseException, private: Path, argv: Sequence[str]) -> int:
 
 
 def interrupted(terminated: bool, private: Path, argv: Sequence[str]) -> int:
-    """The one line after Ctrl-C (SIGINT) or SIGTERM: what was saved in ``private`` (the run's
-    folder of it), and the command that resumes; returns the exit code."""
+    """The one line after SIGINT or SIGTERM: what ``private`` holds and the command that resumes."""
     if (private / JOURNAL_FILE).exists():
         saved = (
             f"saved in {private}: the run's plan, seeds and every finished candidate (a candidate "
@@ -147,7 +131,6 @@ def interrupted(terminated: bool, private: Path, argv: Sequence[str]) -> int:
 
 
 def resume_command(argv: Sequence[str]) -> str:
-    """The command line that reruns ``argv`` (as the user typed it) as ``dptune ...``."""
     return shlex.join(["dptune", *argv[1:]])
 
 
@@ -197,10 +180,8 @@ def setup_logging() -> None:
 
 def help_text(doc: str | None, flag_values: flags.FlagValues, names: Sequence[str] = ()) -> str:
     """A command's ``--help``: its docstring and its flags (``names``, default all of them)."""
-    lines = [
-        f"  --{n}: {flag_values[n].help} (default: {flag_values[n].default!r})"
-        for n in (names or sorted(flag_values))
-    ]
+    f = flag_values
+    lines = [f"  --{n}: {f[n].help} (default: {f[n].default!r})" for n in names or sorted(f)]
     return (doc or "") + "\nFlags:\n" + "\n".join(lines)
 
 
@@ -221,14 +202,16 @@ def parse_subcommand(
         return [], refuse(e)
 
 
-def parse_config_command(flag_values: flags.FlagValues, argv: Sequence[str]) -> list[str]:
-    """absl's parsing of a command with a ``--config`` flag (in-process safe: the config's
-    override flags of an earlier parse are removed first); returns the arguments that are not
-    flags. Raises ArgumentError (a bad flag, a config that does not load, a bad override)."""
+def parse_run_command(
+    flag_values: flags.FlagValues, argv: Sequence[str], workdir_why: str
+) -> tuple[Any, Path]:
+    """absl's parsing of a command with ``--config`` and ``--workdir`` (both required; in-process
+    safe: the config's override flags of an earlier parse are removed first): ``(the config,
+    the workdir)``. Raises ArgumentError (a bad flag or argument, a config that does not load, a
+    bad override, a missing ``--config`` or ``--workdir``)."""
     argv = normalise_argv(argv)
-    for name in list(flag_values):
-        if name.startswith("config."):
-            delattr(flag_values, name)
+    for name in [n for n in flag_values if n.startswith("config.")]:
+        delattr(flag_values, name)
     flag_values.unparse_flags()
     # ml_collections loads the file as module "config_config" into the entry sys.modules keeps:
     # a second parse in this process must not run a new file in the old file's namespace.
@@ -236,8 +219,7 @@ def parse_config_command(flag_values: flags.FlagValues, argv: Sequence[str]) -> 
     saved, sys.argv = sys.argv, argv  # ml_collections reads the overrides from sys.argv
     try:
         rest = flag_values(argv)[1:]
-        flag_values["config"].value  # noqa: B018 - config_flags defers a file's errors to here
-        return rest
+        config = flag_values["config"].value  # config_flags defers a file's errors to here
     except flags.Error as e:
         raise ArgumentError(str(e)) from None
     except (AttributeError, KeyError, TypeError, ValueError) as e:
@@ -254,13 +236,18 @@ def parse_config_command(flag_values: flags.FlagValues, argv: Sequence[str]) -> 
         raise ArgumentError(config_load_error(argv, e)) from None
     finally:
         sys.argv = saved
+    if rest:
+        raise ArgumentError(f"unexpected arguments {rest}: every setting is a flag")
+    if config is None:
+        raise ArgumentError("--config=NAME is required: a shipped config or a file")
+    if not flag_values["workdir"].value:
+        raise ArgumentError(f"--workdir=DIR is required ({workdir_why})")
+    return config, Path(flag_values["workdir"].value)
 
 
 def config_load_error(argv: Sequence[str], e: BaseException) -> str:
     given = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), "?")
-    detail = " ".join(str(e).split())
-    if "No such file" in detail:
-        detail = "no such file"
+    detail = "no such file" if "No such file" in str(e) else one_line(e)
     return (
         f"--config={given} could not be loaded ({type(e).__name__}: {detail[:300]}): fix the "
         f"file, or use a shipped config ({', '.join(configs.NAMES)})"
@@ -271,27 +258,21 @@ def normalise_argv(argv: Sequence[str]) -> list[str]:
     """``--config NAME`` -> ``--config=NAME``, and a shipped config's name -> its file (so the
     command works outside a checkout). Refuses (ArgumentError) a config that is no file, a folder,
     or a name that a local file shadows."""
-    out: list[str] = [argv[0]] if argv else ["dptune"]
-    args = list(argv[1:])
-    i = 0
-    while i < len(args):
-        arg = args[i]
+    args = list(argv) or ["dptune"]
+    out, rest = args[:1], iter(args[1:])
+    for arg in rest:
         if arg in ("--config", "-config"):
-            if i + 1 >= len(args):
+            value = next(rest, None)
+            if value is None:
                 raise ArgumentError("--config needs a value: --config=NAME or --config=FILE")
-            arg = f"--config={args[i + 1]}"
-            i += 1
-        if arg.startswith("-config="):
-            arg = "-" + arg
-        if arg.startswith("--config="):
-            arg = "--config=" + _resolve_config(arg[len("--config=") :])
+            arg = f"--config={value}"
+        if arg.startswith(("-config=", "--config=")):
+            arg = "--config=" + _resolve_config(arg.split("=", 1)[1])
         out.append(arg)
-        i += 1
     return out
 
 
 def _resolve_config(value: str) -> str:
-    """A shipped config's name -> its file; a path is checked (a file) and kept."""
     name, sep, rest = value.partition(":")
     path = Path(name).expanduser()
     shipped = ", ".join(configs.NAMES)

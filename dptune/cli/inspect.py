@@ -28,9 +28,7 @@ from dptune.journal import JOURNAL_FILE, Journal
 
 #: This command's own flags (kept apart from the other commands' in one process).
 FLAGS = flags.FlagValues()
-_CANDIDATE = flags.DEFINE_integer(
-    "candidate", None, "Print this candidate's failure with its traceback.", flag_values=FLAGS
-)
+_CANDIDATE = flags.DEFINE_integer("candidate", None, "Its failure, traceback.", flag_values=FLAGS)
 _JSON = flags.DEFINE_bool("json", False, "Print one JSON object.", flag_values=FLAGS)
 
 WARNING = (
@@ -60,36 +58,26 @@ def read_run(workdir: str | Path) -> dict[str, Any]:
         rows = journal.candidates()
         dropped = {r.index: _dropped(journal, r.index) for r in rows if r.status == "done"}
     calibrated = meta.get("calibrated") or {}
-    cands = []
-    for r in rows:
-        f = failures.get(r.index)
-        cands.append(
-            {
-                "index": r.index,
-                "status": r.status,
-                "score": None if r.score is None or math.isnan(r.score) else r.score,
-                "failed": r.failed,
-                "seconds": seconds.get(r.index),
-                "attempts": r.attempts,
-                "hparams": {**r.hparams, **calibrated},
-                "failure": None
-                if f is None
-                else {"type": f.type, "message": f.message, "traceback": f.traceback},
-                "dropped_nonfinite": dropped.get(r.index),
-            }
+    privacy = meta.get("privacy") or {}
+    cands = [
+        dict(
+            index=r.index, status=r.status,
+            score=None if r.score is None or math.isnan(r.score) else r.score,
+            failed=r.failed, seconds=seconds.get(r.index), attempts=r.attempts,
+            hparams={**r.hparams, **calibrated},
+            failure=None if (f := failures.get(r.index)) is None else
+            {"type": f.type, "message": f.message, "traceback": f.traceback},
+            dropped_nonfinite=dropped.get(r.index),
         )
+        for r in rows
+    ]  # fmt: skip
     return {
-        "workdir": str(workdir),
-        "run_id": meta.get("run_id"),
-        "started_at": meta.get("started_at"),
-        "released_at": meta.get("released_at"),
-        "curator_view": meta.get("curator_view") or {},
-        "clipping": meta.get("clipping"),
-        "calibrated": meta.get("calibrated") or {},
-        "total_epsilon": (meta.get("privacy") or {}).get("total_epsilon"),
-        "delta": (meta.get("privacy") or {}).get("delta"),
-        "candidates": cands,
-    }
+        "workdir": str(workdir), "run_id": meta.get("run_id"),
+        "started_at": meta.get("started_at"), "released_at": meta.get("released_at"),
+        "curator_view": meta.get("curator_view") or {}, "clipping": meta.get("clipping"),
+        "calibrated": calibrated, "total_epsilon": privacy.get("total_epsilon"),
+        "delta": privacy.get("delta"), "candidates": cands,
+    }  # fmt: skip
 
 
 def render(run: dict[str, Any], candidate: int | None = None) -> str:
@@ -115,11 +103,9 @@ def render(run: dict[str, Any], candidate: int | None = None) -> str:
                 f["traceback"] or "(no traceback)",
             ]
         return "\n".join(lines)
-    state = (
-        f"finished {_when(run['released_at'])}"
-        if run["released_at"]
-        else "not finished (rerun its command to resume)"
-    )
+    state = "not finished (rerun its command to resume)"
+    if run["released_at"]:
+        state = f"finished {_when(run['released_at'])}"
     lines.append(
         f"run {run['run_id'] or '(not planned yet)'}: started {_when(run['started_at'])}, {state}"
     )
@@ -146,16 +132,12 @@ def render(run: dict[str, Any], candidate: int | None = None) -> str:
             reason = reason if len(reason) <= 40 else reason[:37] + "..."
         hp = ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(c["hparams"].items()))
         lines.append(f"{c['index']:>4}  {c['status']:<8} {score:>9} {secs:>8}  {reason:<40}  {hp}")
-    dropped = _dropped_lines(run["candidates"])
-    if dropped:
+    if dropped := _dropped_lines(run["candidates"]):
         lines += ["", *dropped]
     failed = [c["index"] for c in run["candidates"] if c["failed"]]
     if failed:
-        lines += [
-            "",
-            f"{len(failed)} failed; `dptune inspect {run['workdir']} --candidate={failed[0]}` "
-            "prints a failure's traceback.",
-        ]
+        lines += ["", f"{len(failed)} failed; `dptune inspect {run['workdir']} "
+                  f"--candidate={failed[0]}` prints a failure's traceback."]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -171,10 +153,9 @@ def cli(argv: Sequence[str]) -> int:
                 "[--candidate=N] [--json]"
             )
         run = read_run(rest[0])
-        if _JSON.value:
-            print(json.dumps(run, indent=2, default=str))
-        else:
-            print(render(run, _CANDIDATE.value))
+        print(
+            json.dumps(run, indent=2, default=str) if _JSON.value else render(run, _CANDIDATE.value)
+        )
         return common.OK
     except StateError as e:
         return common.refuse(e)
@@ -212,10 +193,5 @@ def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def run() -> None:
-    """Console entry (``dptune inspect``)."""
-    common.entry(cli)
-
-
 if __name__ == "__main__":
-    run()
+    common.entry(cli)

@@ -29,23 +29,12 @@ from dptune.ledger import Ledger, default_ledger_path
 
 #: This command's own flags (kept apart from the other commands' in one process).
 FLAGS = flags.FlagValues()
-_LEDGER = flags.DEFINE_string(
-    "ledger", None, "The ledger file (default $DPTUNE_LEDGER or ~/.dptune/ledger.sqlite).",
-    flag_values=FLAGS,
-)  # fmt: skip
-_DATASET = flags.DEFINE_string(
-    "dataset", None, "A dataset's id (a prefix of a registered one, or a full id).",
-    flag_values=FLAGS,
-)  # fmt: skip
-_EPS = flags.DEFINE_float(
-    "budget_epsilon", None, "Set the dataset's lifetime epsilon.", flag_values=FLAGS
-)
-_DELTA = flags.DEFINE_float(
-    "budget_delta", None, "Set the dataset's lifetime delta.", flag_values=FLAGS
-)
-_NAME = flags.DEFINE_string(
-    "name", "", "A name for a dataset registered here (shown in listings).", flag_values=FLAGS
-)
+_OWN = {"flag_values": FLAGS}
+_LEDGER = flags.DEFINE_string("ledger", None, "The file ($DPTUNE_LEDGER if unset).", **_OWN)
+_DATASET = flags.DEFINE_string("dataset", None, "A dataset id (a prefix, or a full id).", **_OWN)
+_EPS = flags.DEFINE_float("budget_epsilon", None, "Set the dataset's lifetime epsilon.", **_OWN)
+_DELTA = flags.DEFINE_float("budget_delta", None, "Set the dataset's lifetime delta.", **_OWN)
+_NAME = flags.DEFINE_string("name", "", "A name for a dataset registered here.", **_OWN)
 
 _FULL_ID = re.compile(r"^[0-9a-f]{64}$")
 
@@ -61,8 +50,7 @@ def cli(argv: Sequence[str]) -> int:
                 f"unexpected arguments {rest}: every setting is a flag (`dptune ledger --help`)"
             )
         path = Path(_LEDGER.value) if _LEDGER.value else default_ledger_path()
-        setting = _EPS.value is not None or _DELTA.value is not None
-        if setting:
+        if _EPS.value is not None or _DELTA.value is not None:
             return _set(path)
         if not path.exists():
             print(f"Ledger {path}: no dataset yet (no run has been charged to it).")
@@ -157,10 +145,5 @@ def _set(path: Path) -> int:
     return common.OK
 
 
-def run() -> None:
-    """Console entry (``dptune ledger``)."""
-    common.entry(cli)
-
-
 if __name__ == "__main__":
-    run()
+    common.entry(cli)

@@ -15,7 +15,6 @@ import os
 import signal
 import sys
 import threading
-from pathlib import Path
 
 from absl import flags
 from ml_collections import config_flags
@@ -58,24 +57,17 @@ def cli(argv: list[str]) -> int:
         print(usage())
         return common.OK
     try:
-        rest = common.parse_config_command(FLAGS, argv)
-        if rest:
-            raise common.ArgumentError(f"unexpected arguments {rest}: every setting is a flag")
-        if _CONFIG.value is None:
-            raise common.ArgumentError("--config=NAME is required: a shipped config or a file")
-        if not _WORKDIR.value:
-            raise common.ArgumentError("--workdir=DIR is required (private/ and release/ go there)")
+        config, workdir = common.parse_run_command(FLAGS, argv, "private/ and release/ go there")
     except Refused as e:
         return common.refuse(e)
     common.setup_logging()
-    workdir = Path(_WORKDIR.value)
     main = threading.current_thread() is threading.main_thread()  # signals: main thread only
     previous = signal.signal(signal.SIGTERM, _terminate) if main else None
     try:
         os.environ[COMPILATION_CACHE_ENV] = use_compilation_cache(_CACHE.value) or "off"
         with summarised_accounting_warnings():
             release = run_config(
-                _CONFIG.value, workdir, seed=_SEED.value, dry_run=_DRY_RUN.value,
+                config, workdir, seed=_SEED.value, dry_run=_DRY_RUN.value,
                 debug_nonprivate=_DEBUG.value, progress=_PROGRESS.value,
             )  # fmt: skip
     except Refused as e:

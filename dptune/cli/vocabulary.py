@@ -1,11 +1,5 @@
-"""Every list of names dptune accepts, gathered from the one registry that holds each: what
-``dptune --help`` prints and what the docs test checks the docs against.
-
-Each registry lives with what it names (the configs folder, ``trainers.data``, ``trainers.spec``,
-``dptune.learners``, ``selection.registry``, ``dptune.accounting``, ``dptune.executors``,
-``dptune.strategies``); this
-module only reads them.
-"""
+"""Every list of names dptune accepts, read from the registry that holds each (it lives with what
+it names): what ``dptune --help`` prints and what the docs test checks the docs against."""
 
 from __future__ import annotations
 

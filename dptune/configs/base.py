@@ -38,8 +38,7 @@ def get_config() -> config_dict.ConfigDict:
     # your own model for dpsgd: "pkg.module:factory", called as factory(num_classes=...) and
     # returning a flax.linen Module (input shape from the data); None: config.train.model
     c.model = config_dict.placeholder(str)
-    c.learner = config_dict.ConfigDict()
-    c.learner.num_public = config_dict.placeholder(int)  # public_data: records of the public pool
+    c.learner = dict(num_public=config_dict.placeholder(int))  # public_data: the public pool
     # dpsgd: per-example clipping, "auto" (default), "ghost" or "vmap" (docs/your_model.md)
     c.learner.grad_impl = config_dict.placeholder(str)
     # dpsgd fine-tuning (docs/finetune.md): which parameters train, a regex searched in their
@@ -55,14 +54,9 @@ def get_config() -> config_dict.ConfigDict:
     c.train.augmult = 0  # augmented copies per example (0: none); privacy-irrelevant
     c.train.ema_decay = config_dict.placeholder(float)  # parameter EMA (post-processing)
     c.train.microbatch_size = config_dict.placeholder(int)  # memory only, never the result
-    c.space = dict(
-        learning_rate=space.log_uniform(0.5, 4.0),
-        clip_norm=space.log_uniform(0.1, 2.0),
-        noise_multiplier="auto",
-    )
-    # one vocabulary with `dptune account`: python -c "from selection import registry;
-    # print(registry.describe())"
-    c.selection = dict(method="logarithmic")
+    c.space = dict(learning_rate=space.log_uniform(0.5, 4.0), clip_norm=space.log_uniform(0.1, 2.0))
+    c.space.noise_multiplier = "auto"
+    c.selection = dict(method="logarithmic")  # the vocabulary of `dptune account` (registry)
     for name, (kind, _) in registry.OPTIONS.items():
         c.selection[name] = config_dict.placeholder(kind)
     c.selection.mean_trials = 8.0
@@ -75,9 +69,7 @@ def get_config() -> config_dict.ConfigDict:
     c.privacy = dict(epsilon=3.0, delta=1e-5, accountant="auto")
     c.privacy.adjacency = "add_remove"  # or "replace_one" (fixed, public dataset size)
     c.ledger = dict(enabled=True)
-    c.ledger.path = config_dict.placeholder(
-        str
-    )  # default $DPTUNE_LEDGER or ~/.dptune/ledger.sqlite
+    c.ledger.path = config_dict.placeholder(str)  # default $DPTUNE_LEDGER, ~/.dptune/ledger.sqlite
     # the dataset's lifetime budget; default (a dataset new to the ledger): 10 runs like this one
     c.ledger.budget_epsilon = config_dict.placeholder(float)
     c.ledger.budget_delta = config_dict.placeholder(float)

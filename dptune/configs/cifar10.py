@@ -4,8 +4,7 @@ clipping norm and augmentation multiplicity; total (epsilon, delta) = (8, 1e-5),
 
 Budget first: the noise multiplier is calibrated to the total ("auto"); augmentation multiplicity
 does not change a candidate's privacy (each example still contributes one clipped gradient).
-No CIFAR-10 accuracy has been measured with this config (no CIFAR-10 files were available where it
-was written); docs/performance.md has its step time.
+No accuracy has been measured with it; docs/performance.md has its step time.
 
     dptune --config=cifar10 --workdir=runs/cifar10
     dptune --config=cifar10 --workdir=runs/cifar10 \
