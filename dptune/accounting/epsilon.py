@@ -1,6 +1,4 @@
-"""Privacy of one run (one candidate, or the worst case over a set of candidates) by RDP and by PLD.
-
-Everything here is computed by dp_accounting 0.6.0:
+"""Privacy of one run (one candidate, or the worst case over a set of candidates) by dp_accounting:
 
 * RDP: ``RdpAccountant`` (Mironov 2017, "Renyi Differential Privacy", Prop. 3 composition; Mironov,
   Talwar & Zhang 2019, "Renyi Differential Privacy of the Sampled Gaussian Mechanism", Sec. 3.3 for
@@ -10,10 +8,9 @@ Everything here is computed by dp_accounting 0.6.0:
   2022, "Connect the dots"), pessimistic discretisation, the maximum over the add and the remove
   direction.
 
-A set of candidates is accounted by its worst case: the pointwise maximum of the RDP curves, and the
-maximum of the ``delta(epsilon)`` curves (so the maximum of ``epsilon(delta)``) for PLD.  This bound
-holds uniformly for every candidate in the set, which is what the selection theorems and parallel
-composition (see ``events``) need.
+A set of candidates is accounted by its worst case (the pointwise maximum of the RDP curves, of
+the ``delta(epsilon)`` curves for PLD), a bound uniform over the set, as the selection theorems and
+parallel composition (``events``) need.
 """
 
 from __future__ import annotations
@@ -92,6 +89,14 @@ def check_orders(orders: Sequence[float]) -> np.ndarray:
     return o
 
 
+def _rdp_of(event: dp_event.DpEvent, orders, relation=None) -> np.ndarray:
+    """dp_accounting's ``RdpAccountant`` curve (nats, at ``orders``) of ``event``."""
+    kwargs = {} if relation is None else {"neighboring_relation": relation}
+    accountant = rdp_privacy_accountant.RdpAccountant(list(orders), **kwargs)
+    accountant.compose(event)
+    return np.array(accountant.rdp, dtype=np.float64)
+
+
 def _unwrap_replace_one(event: dp_event.DpEvent) -> dp_event.DpEvent:
     """SelfComposed(ReplaceOne(x), k) -> ReplaceOne(SelfComposed(x, k)) (composition of k runs
     of a replace-one candidate is k-fold composition under the same relation)."""
@@ -117,9 +122,7 @@ def _event_rdp(event: dp_event.DpEvent, orders: tuple[float, ...]) -> np.ndarray
             step.event.noise_multiplier, step.sampling_probability, orders
         )
     else:
-        accountant = rdp_privacy_accountant.RdpAccountant(list(orders))
-        accountant.compose(event)
-        rdp = np.array(accountant.rdp, dtype=np.float64)
+        rdp = _rdp_of(event, orders)
     rdp.setflags(write=False)  # cached: callers must not mutate it
     return rdp
 
@@ -130,19 +133,15 @@ def _step_rdp(
 ) -> np.ndarray:
     """The RDP curve (nats, at ``orders``) of one Poisson-subsampled Gaussian step under add/remove,
     by dp_accounting's ``RdpAccountant`` (Mironov, Talwar & Zhang 2019, Sec. 3.3)."""
-    accountant = rdp_privacy_accountant.RdpAccountant(list(orders))
-    accountant.compose(
-        dp_event.PoissonSampledDpEvent(sampling_prob, dp_event.GaussianDpEvent(noise_multiplier))
-    )
-    rdp = np.array(accountant.rdp, dtype=np.float64)
+    step = dp_event.PoissonSampledDpEvent(sampling_prob, dp_event.GaussianDpEvent(noise_multiplier))
+    rdp = _rdp_of(step, orders)
     rdp.setflags(write=False)  # cached: callers must not mutate it
     return rdp
 
 
 def _replace_one_rdp(event: dp_event.DpEvent, orders: tuple[float, ...]) -> np.ndarray:
-    """RDP curve of ``event`` (described under add/remove) under replace-one adjacency, by the
-    one rule of ``dptune.accounting.events``: the query moves by up to twice the
-    add/remove sensitivity.
+    """RDP curve of ``event`` (described under add/remove) under replace-one adjacency, by the rule
+    of ``dptune.accounting.events`` (the query moves by up to twice the add/remove sensitivity).
 
     * Gaussian(sigma), Laplace(b): the exact add/remove RDP of Gaussian(sigma / 2), Laplace(b / 2)
       (what dp_accounting's PLD accountant computes for a Gaussian under ``REPLACE_ONE``; its RDP
@@ -171,19 +170,11 @@ def _replace_one_rdp(event: dp_event.DpEvent, orders: tuple[float, ...]) -> np.n
     if isinstance(event, dp_event.SelfComposedDpEvent):
         return event.count * _replace_one_rdp(event.event, orders)
     if isinstance(event, (dp_event.GaussianDpEvent, dp_event.LaplaceDpEvent)):
-        accountant = rdp_privacy_accountant.RdpAccountant(list(orders))
-        accountant.compose(doubled_sensitivity(event))
-        return np.array(accountant.rdp, dtype=np.float64)
+        return _rdp_of(doubled_sensitivity(event), orders)
     if isinstance(event, dp_event.SampledWithoutReplacementDpEvent):
-        accountant = rdp_privacy_accountant.RdpAccountant(
-            list(orders), neighboring_relation=_REPLACE_ONE
-        )
-        accountant.compose(doubled_sensitivity(event))
-        return np.array(accountant.rdp, dtype=np.float64)
+        return _rdp_of(doubled_sensitivity(event), orders, _REPLACE_ONE)
     if isinstance(event, dp_event.PoissonSampledDpEvent):
-        accountant = rdp_privacy_accountant.RdpAccountant(list(np.concatenate([2 * a, 2 * a - 1])))
-        accountant.compose(event)
-        both = np.array(accountant.rdp, dtype=np.float64)
+        both = _rdp_of(event, np.concatenate([2 * a, 2 * a - 1]))
         eps_2a, eps_2a_1 = both[: len(a)], both[len(a) :]
         return (a - 0.5) / (a - 1.0) * eps_2a + eps_2a_1
     raise privacy_accountant_lib.UnsupportedEventError(
@@ -233,7 +224,8 @@ def rdp_delta(candidates, epsilon: float, orders: Sequence[float] = DEFAULT_ORDE
 
 
 class _Pld:
-    """A ``PrivacyLossDistribution`` with the accountant's ``get_epsilon``/``get_delta`` names."""
+    """A ``PrivacyLossDistribution`` read as ``PLDAccountant`` reads it (``get_epsilon`` and
+    ``get_delta`` of its ``_pld``)."""
 
     def __init__(self, pld: privacy_loss_distribution.PrivacyLossDistribution):
         self.pld = pld
@@ -267,48 +259,29 @@ def _step_pld(noise_multiplier: float, sampling_prob: float, discretization: flo
 
 
 @functools.lru_cache(maxsize=256)
-def _event_pld(event: dp_event.DpEvent, discretization: float):
-    """A PLD of ``event`` (pessimistic, add and remove directions), as dp_accounting builds it.
-
-    DP-SGD runs are built exactly as ``PLDAccountant`` does (``from_gaussian_mechanism(sigma,
-    sampling_prob=q).self_compose(steps)``), but k runs are the cached one-run PLD composed k times,
-    so best-of-k does not rebuild the 0.3 s PLD of one run. A :class:`ReplaceOneDpEvent` is built
-    under dp_accounting's ``REPLACE_ONE`` relation the same way.
+def _event_pld(event: dp_event.DpEvent, discretization: float, relation=None):
+    """A PLD of ``event`` (pessimistic, add and remove directions) under ``relation`` (None:
+    add/remove; a :class:`ReplaceOneDpEvent` is built under ``REPLACE_ONE``), as ``PLDAccountant``
+    builds it, but k DP-SGD runs (or steps) are the cached one-run (one-step) PLD composed k
+    times, so best-of-k does not rebuild the 0.3 s PLD of one run.
     """
     event = _unwrap_replace_one(event)
     if isinstance(event, ReplaceOneDpEvent):
-        return _event_pld_relation(event.event, discretization, _REPLACE_ONE)
+        return _event_pld(event.event, discretization, _REPLACE_ONE)
     if isinstance(event, dp_event.SelfComposedDpEvent):
         inner = event.event
         if isinstance(inner, dp_event.SelfComposedDpEvent) and _is_dpsgd_step(inner.event):
-            return _Pld(_event_pld(inner, discretization).pld.self_compose(event.count))
+            once = _event_pld(inner, discretization, relation).pld
+            return _Pld(once.self_compose(event.count))
         if _is_dpsgd_step(inner) and inner.sampling_probability > 0:
-            base = _step_pld(
-                inner.event.noise_multiplier, inner.sampling_probability, discretization
-            )
-            return _Pld(base.self_compose(event.count))
-    accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=discretization)
-    accountant.compose(event)
-    return accountant
-
-
-def _event_pld_relation(event: dp_event.DpEvent, discretization: float, relation):
-    """``event``'s PLD under ``relation`` (replace-one), as ``PLDAccountant`` builds it."""
-    if isinstance(event, dp_event.SelfComposedDpEvent):
-        inner = event.event
-        if isinstance(inner, dp_event.SelfComposedDpEvent) and _is_dpsgd_step(inner.event):
-            base = _event_pld_relation(inner, discretization, relation).pld
-            return _Pld(base.self_compose(event.count))
-        if _is_dpsgd_step(inner) and inner.sampling_probability > 0:
-            base = _step_pld(
-                inner.event.noise_multiplier, inner.sampling_probability, discretization, relation
-            )
-            return _Pld(base.self_compose(event.count))
+            sigma, q = inner.event.noise_multiplier, inner.sampling_probability
+            return _Pld(_step_pld(sigma, q, discretization, relation).self_compose(event.count))
+    kwargs = {} if relation is None else {"neighboring_relation": relation}
     accountant = pld_privacy_accountant.PLDAccountant(
-        neighboring_relation=relation, value_discretization_interval=discretization
+        value_discretization_interval=discretization, **kwargs
     )
     accountant.compose(event)
-    return accountant
+    return _Pld(accountant._pld)  # what its get_epsilon / get_delta read
 
 
 @functools.lru_cache(maxsize=65536)
@@ -347,11 +320,6 @@ def pld_delta(
     return float(out[0]) if np.ndim(epsilon) == 0 else out
 
 
-def _pld_of(obj) -> privacy_loss_distribution.PrivacyLossDistribution:
-    """The ``PrivacyLossDistribution`` inside `_event_pld`'s result (a `_Pld` or an accountant)."""
-    return obj.pld if isinstance(obj, _Pld) else obj._pld  # PLDAccountant keeps it in _pld
-
-
 def _dense_deltas(pmf: Any, epsilons: np.ndarray) -> np.ndarray:
     """dp_accounting's ``DensePLDPmf.get_delta_for_epsilon(epsilons)`` for sorted ``epsilons``,
     the same sums in the same order, vectorised.
@@ -388,7 +356,7 @@ def _profile_of(pld: privacy_loss_distribution.PrivacyLossDistribution, epsilons
 def _event_pld_profile(
     event: dp_event.DpEvent, discretization: float, epsilons: tuple[float, ...]
 ) -> np.ndarray:
-    out = _profile_of(_pld_of(_event_pld(event, discretization)), np.asarray(epsilons))
+    out = _profile_of(_event_pld(event, discretization).pld, np.asarray(epsilons))
     out.setflags(write=False)  # cached
     return out
 
@@ -440,10 +408,6 @@ def composed_pld_epsilon(
 
 def clear_caches() -> None:
     """Forgets the cached RDP curves, PLDs and PLD deltas (benchmarks time cold calls)."""
-    _event_rdp.cache_clear()
-    _step_rdp.cache_clear()
-    _event_pld.cache_clear()
-    _event_pld_epsilon.cache_clear()
-    _step_pld.cache_clear()
-    _event_pld_delta.cache_clear()
-    _event_pld_profile.cache_clear()
+    for cached in (_event_rdp, _step_rdp, _event_pld, _event_pld_epsilon, _step_pld,
+                   _event_pld_delta, _event_pld_profile):  # fmt: skip
+        cached.cache_clear()

@@ -9,26 +9,22 @@ parallel composition (McSherry 2009, "Privacy Integrated Queries", Thm 4). Hence
 guarantee is the worse of its branches: the pointwise maximum of their RDP curves, and the maximum
 of their ``delta(epsilon)`` curves (hockey-stick divergences) for PLD.
 
-Adjacency. By default add/remove one example (dp_accounting's ``ADD_OR_REMOVE_ONE``). With
-``adjacency="replace_one"`` (datasets of a fixed, public size) a neighbour replaces one example by
-another; the candidate's branches are then wrapped in :class:`ReplaceOneDpEvent`, which the
-accountant (``epsilon``) evaluates under dp_accounting's ``REPLACE_ONE`` relation. Under
-replace-one the two examples may fall in different splits (one leaves training, the other joins
-validation), so the training and the score branches then compose
-(see :meth:`DpSgdCandidate.branches`).
+Adjacency: add/remove one example (default, dp_accounting's ``ADD_OR_REMOVE_ONE``), or with
+``adjacency="replace_one"`` (a fixed, public dataset size) replace one; the branches are then
+wrapped in :class:`ReplaceOneDpEvent`, accounted under dp_accounting's ``REPLACE_ONE``. A replaced
+and a new example may fall in different splits, so the training and score branches then compose
+(:meth:`DpSgdCandidate.branches`).
 
-The replace-one rule (one rule on every route). Every event describes its mechanism
-under add/remove: a noise multiplier is the noise over the add/remove sensitivity (the bound on
-one example's contribution). A replacement removes one example and adds another, so it moves the
-query by up to twice that: dp_accounting's PLD accountant reads a ``GaussianDpEvent`` this way
-under ``REPLACE_ONE`` (its privacy loss shifts by 2 x sensitivity; ``REPLACE_SPECIAL`` is the
-add/remove loss), and so does every dptune route: a Gaussian(sigma) or Laplace(b) is accounted as
-an add/remove Gaussian(sigma / 2) or Laplace(b / 2) (exact), sampling without replacement by
-dp_accounting's ``REPLACE_ONE`` RDP with the Gaussian's sigma halved, and a Poisson-subsampled
-Gaussian by dp_accounting's ``REPLACE_ONE`` PLD (or Mironov 2017, Prop. 11 from its add/remove RDP
-curve). Other events (``REPLACE_ONE_EVENTS`` lists the supported ones) have no known replace-one
-sensitivity here and are refused. dp_accounting's own RDP accountant keeps the shift at 1 under
-``REPLACE_ONE`` for a plain Gaussian, so it is never asked for one.
+The replace-one rule, on every route: events describe their mechanism under add/remove (a noise
+multiplier is the noise over the add/remove sensitivity); a replacement removes one example and
+adds another, moving the query by up to twice that, as dp_accounting's PLD accountant reads a
+``GaussianDpEvent`` under ``REPLACE_ONE``. So a Gaussian(sigma) or Laplace(b) is accounted as an
+add/remove Gaussian(sigma / 2) or Laplace(b / 2) (exact); sampling without replacement by
+dp_accounting's ``REPLACE_ONE`` RDP with the Gaussian's sigma halved; a Poisson-subsampled Gaussian
+by dp_accounting's ``REPLACE_ONE`` PLD (or Mironov 2017, Prop. 11 from its add/remove RDP curve).
+Other events (not in ``REPLACE_ONE_EVENTS``) have no known replace-one sensitivity and are refused.
+dp_accounting's own RDP accountant keeps the shift at 1 for a plain Gaussian under ``REPLACE_ONE``,
+so it is never asked for one.
 """
 
 from __future__ import annotations
@@ -64,8 +60,7 @@ __all__ = [
 ADJACENCIES = ("add_remove", "replace_one")
 
 
-#: Event types a user candidate may be built from under replace-one (the rule in the module
-#: docstring); compositions of them too.
+#: Event types a user candidate may be built from under replace-one (the module's rule).
 REPLACE_ONE_EVENTS = (
     dp_event.NoOpDpEvent,
     dp_event.GaussianDpEvent,
@@ -78,9 +73,7 @@ REPLACE_ONE_EVENTS = (
 
 
 def check_replace_one_event(event: dp_event.DpEvent) -> None:
-    """ValueError unless every part of ``event`` has a replace-one form under the module's rule:
-    Gaussian, Laplace and no-op events, Poisson-subsampled or without-replacement-sampled
-    Gaussians, and compositions of these."""
+    """ValueError unless every part of ``event`` has a replace-one form under the module's rule."""
     if isinstance(event, dp_event.ComposedDpEvent):
         for e in event.events:
             check_replace_one_event(e)
@@ -105,9 +98,8 @@ def check_replace_one_event(event: dp_event.DpEvent) -> None:
 
 
 def doubled_sensitivity(event: dp_event.DpEvent) -> dp_event.DpEvent:
-    """``event`` with every Gaussian's and Laplace's noise multiplier halved: its replace-one form
-    under the module's rule (the query moves by up to twice the add/remove sensitivity).
-    Sampling events keep their sampling; their inner Gaussian is halved too."""
+    """``event`` with every Gaussian's and Laplace's noise multiplier halved (also inside sampling
+    without replacement): its replace-one form under the module's rule."""
     if isinstance(event, dp_event.GaussianDpEvent):
         return dp_event.GaussianDpEvent(event.noise_multiplier / 2.0)
     if isinstance(event, dp_event.LaplaceDpEvent):
@@ -131,32 +123,19 @@ def check_adjacency(adjacency: str) -> str:
 
 @attr.s(frozen=True)
 class ReplaceOneDpEvent(dp_event.DpEvent):
-    """``event`` accounted under replace-one adjacency (dp_accounting's ``REPLACE_ONE``).
-
-    A marker for dptune's accountant: dp_accounting's accountants take the relation as a
-    constructor argument, not per event, and a worst case over candidates may mix events.
-    """
+    """``event`` accounted under replace-one adjacency (dp_accounting's ``REPLACE_ONE``): a marker,
+    since dp_accounting's accountants take the relation per accountant, not per event."""
 
     event = attr.ib()
 
 
 @runtime_checkable
 class Candidate(Protocol):
-    """What the accountant needs of a candidate: its parallel branches and its inputs
-    (JSON-safe)."""
+    """What the accountant needs of a candidate: its parallel branches and JSON-safe inputs."""
 
     def branches(self) -> tuple[dp_event.DpEvent, ...]: ...
 
     def params(self) -> dict[str, Any]: ...
-
-
-def _check_positive_finite(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name}={value!r} must be a real number.")
-    value = float(value)
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name}={value!r} must be a finite number > 0.")
-    return value
 
 
 @dataclass(frozen=True)
@@ -193,21 +172,18 @@ class DpSgdCandidate:
             raise ValueError(
                 f"steps={s!r} must be an integer >= 1 (the number of noisy gradient steps)."
             )
-        sigma = self.noise_multiplier
-        if isinstance(sigma, bool) or not isinstance(sigma, numbers.Real) or not (sigma > 0):
-            raise ValueError(
-                f"noise_multiplier={sigma!r} must be > 0: with no noise DP-SGD is not private."
-            )
-        if not math.isfinite(sigma):
-            raise ValueError(f"noise_multiplier={sigma!r} must be finite.")
-        if self.score_noise_std is not None:
-            _check_positive_finite("score_noise_std", self.score_noise_std)
+        for name in ("noise_multiplier", "score_noise_std"):
+            v = getattr(self, name)
+            if v is None and name == "score_noise_std":
+                continue
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 < v < math.inf:
+                raise ValueError(
+                    f"{name}={v!r} must be a finite number > 0 (with no noise nothing is private)."
+                )
+            object.__setattr__(self, name, float(v))
         check_adjacency(self.adjacency)
         object.__setattr__(self, "sampling_rate", float(q))
         object.__setattr__(self, "steps", int(s))
-        object.__setattr__(self, "noise_multiplier", float(sigma))
-        if self.score_noise_std is not None:
-            object.__setattr__(self, "score_noise_std", float(self.score_noise_std))
 
     @classmethod
     def from_dpsgd_privacy(
@@ -215,13 +191,8 @@ class DpSgdCandidate:
     ) -> DpSgdCandidate:
         """From anything with ``sampling_rate``, ``steps``, ``noise_multiplier``
         (``trainers.spec.dpsgd_privacy``)."""
-        return cls(
-            sampling_rate=privacy.sampling_rate,
-            steps=privacy.steps,
-            noise_multiplier=privacy.noise_multiplier,
-            score_noise_std=score_noise_std,
-            adjacency=adjacency,
-        )
+        p = privacy
+        return cls(p.sampling_rate, p.steps, p.noise_multiplier, score_noise_std, adjacency)
 
     def training_event(self) -> dp_event.DpEvent:
         """``steps`` compositions of the Poisson-subsampled Gaussian (Abadi et al. 2016, Alg. 1)."""
@@ -258,16 +229,8 @@ class DpSgdCandidate:
         return (train,) if score is None else (train, score)
 
     def params(self) -> dict[str, Any]:
-        out = {
-            "kind": "dpsgd",
-            "sampling_rate": self.sampling_rate,
-            "steps": self.steps,
-            "noise_multiplier": self.noise_multiplier,
-            "score_noise_std": self.score_noise_std,
-        }
-        if self.adjacency != "add_remove":
-            out["adjacency"] = self.adjacency
-        return out
+        names = ("sampling_rate", "steps", "noise_multiplier", "score_noise_std")
+        return _with_adjacency({"kind": "dpsgd", **{n: getattr(self, n) for n in names}}, self)
 
 
 @dataclass(frozen=True)
@@ -305,15 +268,16 @@ class EventCandidate:
         return (self.event, *self.parallel)
 
     def params(self) -> dict[str, Any]:
-        out = {
-            "kind": "event",
-            "label": self.label,
-            "event": _event_to_json(self.event),
-            "parallel": [_event_to_json(e) for e in self.parallel],
-        }
-        if self.adjacency != "add_remove":
-            out["adjacency"] = self.adjacency
-        return out
+        out = {"kind": "event", "label": self.label, "event": _event_to_json(self.event)}
+        out["parallel"] = [_event_to_json(e) for e in self.parallel]
+        return _with_adjacency(out, self)
+
+
+def _with_adjacency(params: dict[str, Any], candidate: Any) -> dict[str, Any]:
+    """``params`` naming the adjacency when it is not the default (older params stay equal)."""
+    if candidate.adjacency != "add_remove":
+        params["adjacency"] = candidate.adjacency
+    return params
 
 
 def _event_to_json(event: dp_event.DpEvent) -> Any:
@@ -358,12 +322,7 @@ def _as_candidate(x: Any) -> Candidate:
     if isinstance(x, dp_event.DpEvent):
         return EventCandidate(x)
     if all(hasattr(x, a) for a in ("sampling_rate", "steps", "noise_multiplier")):
-        return DpSgdCandidate(
-            sampling_rate=x.sampling_rate,
-            steps=x.steps,
-            noise_multiplier=x.noise_multiplier,
-            score_noise_std=getattr(x, "score_noise_std", None),
-        )
+        return DpSgdCandidate.from_dpsgd_privacy(x, getattr(x, "score_noise_std", None))
     if isinstance(x, Candidate):
         return x
     raise ValueError(
