@@ -29,7 +29,7 @@ from dptune.accounting.events import (
     Candidate,
     ReplaceOneDpEvent,
     as_candidates,
-    dominating_dpsgd_candidate,
+    dominating_candidate,
     doubled_sensitivity,
     pareto_candidates,
 )
@@ -385,24 +385,21 @@ def composed_pld_epsilon(
 ) -> float:
     """epsilon at ``delta`` of ``count`` runs composed (naive best-of-k), by PLD.
 
-    Needs one run that dominates every candidate (``dominating_dpsgd_candidate``) or a single
-    candidate; raises ValueError otherwise (composing different PLDs has no simple worst case).
+    Needs one run that dominates every candidate (``dominating_candidate``); raises ValueError
+    otherwise (composing different PLDs has no simple worst case).
     Each run's branches act on disjoint splits that stay fixed across runs, so the k-fold
     composition is the max over branches of each branch composed k times (basic composition per
     split, parallel composition across splits).
     """
     delta = check_delta(delta)
-    cands = pareto_candidates(as_candidates(candidates))
-    if len(cands) > 1:
-        dom = dominating_dpsgd_candidate(cands)
-        if dom is None:
-            raise ValueError(
-                "composition by PLD needs one candidate that dominates all others; these "
-                "candidates are heterogeneous user DpEvents: use accountant='rdp' (pointwise "
-                "max of RDP curves)."
-            )
-        cands = (dom,)
-    composed = [dp_event.SelfComposedDpEvent(b, int(count)) for b in cands[0].branches()]
+    dom = dominating_candidate(candidates)
+    if dom is None:
+        raise ValueError(
+            "composition by PLD needs one candidate that dominates all others; these "
+            "candidates are heterogeneous user DpEvents: use accountant='rdp' (pointwise "
+            "max of RDP curves)."
+        )
+    composed = [dp_event.SelfComposedDpEvent(b, int(count)) for b in dom.branches()]
     return max(_event_pld_epsilon(e, discretization, delta) for e in composed)
 
 

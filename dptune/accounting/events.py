@@ -22,7 +22,7 @@ adds another, moving the query by up to twice that, as dp_accounting's PLD accou
 add/remove Gaussian(sigma / 2) or Laplace(b / 2) (exact); sampling without replacement by
 dp_accounting's ``REPLACE_ONE`` RDP with the Gaussian's sigma halved; a Poisson-subsampled Gaussian
 by dp_accounting's ``REPLACE_ONE`` PLD (or Mironov 2017, Prop. 11 from its add/remove RDP curve).
-Other events (not in ``REPLACE_ONE_EVENTS``) have no known replace-one sensitivity and are refused.
+Other events have no known replace-one sensitivity and are refused.
 dp_accounting's own RDP accountant keeps the shift at 1 for a plain Gaussian under ``REPLACE_ONE``,
 so it is never asked for one.
 """
@@ -41,14 +41,13 @@ from dp_accounting import dp_event
 
 __all__ = [
     "ADJACENCIES",
-    "REPLACE_ONE_EVENTS",
     "ReplaceOneDpEvent",
     "Candidate",
     "CandidateLike",
     "DpSgdCandidate",
     "EventCandidate",
     "as_candidates",
-    "check_replace_one_event",
+    "dominating_candidate",
     "dominating_dpsgd_candidate",
     "doubled_sensitivity",
     "pareto_candidates",
@@ -60,59 +59,35 @@ __all__ = [
 ADJACENCIES = ("add_remove", "replace_one")
 
 
-#: Event types a user candidate may be built from under replace-one (the module's rule).
-REPLACE_ONE_EVENTS = (
-    dp_event.NoOpDpEvent,
-    dp_event.GaussianDpEvent,
-    dp_event.LaplaceDpEvent,
-    dp_event.PoissonSampledDpEvent,
-    dp_event.SampledWithoutReplacementDpEvent,
-    dp_event.ComposedDpEvent,
-    dp_event.SelfComposedDpEvent,
-)
-
-
-def check_replace_one_event(event: dp_event.DpEvent) -> None:
-    """ValueError unless every part of ``event`` has a replace-one form under the module's rule."""
-    if isinstance(event, dp_event.ComposedDpEvent):
-        for e in event.events:
-            check_replace_one_event(e)
-        return
-    if isinstance(event, dp_event.SelfComposedDpEvent):
-        check_replace_one_event(event.event)
-        return
-    if isinstance(
-        event, (dp_event.PoissonSampledDpEvent, dp_event.SampledWithoutReplacementDpEvent)
-    ) and not isinstance(event.event, dp_event.GaussianDpEvent):
-        raise ValueError(
-            f"replace-one adjacency: a sampled {type(event.event).__name__} has no replace-one "
-            "form in dptune (only sampled Gaussians); describe the candidate under add_remove"
-        )
-    if not isinstance(event, REPLACE_ONE_EVENTS):
-        raise ValueError(
-            f"replace-one adjacency: {type(event).__name__} has no known replace-one sensitivity "
-            "(dptune doubles the add/remove sensitivity of Gaussian and Laplace events; see "
-            "dptune.accounting.events): describe the candidate with those events, or use "
-            "adjacency='add_remove'"
-        )
-
-
 def doubled_sensitivity(event: dp_event.DpEvent) -> dp_event.DpEvent:
-    """``event`` with every Gaussian's and Laplace's noise multiplier halved (also inside sampling
-    without replacement): its replace-one form under the module's rule."""
-    if isinstance(event, dp_event.GaussianDpEvent):
-        return dp_event.GaussianDpEvent(event.noise_multiplier / 2.0)
-    if isinstance(event, dp_event.LaplaceDpEvent):
-        return dp_event.LaplaceDpEvent(event.noise_multiplier / 2.0)
+    """``event``'s replace-one form under the module's rule: every Gaussian's and Laplace's noise
+    multiplier halved (also inside sampling without replacement); a Poisson-subsampled Gaussian is
+    kept (accounted by its ``REPLACE_ONE`` PLD, or Mironov 2017, Prop. 11). ValueError for any
+    other event."""
+    if isinstance(event, (dp_event.GaussianDpEvent, dp_event.LaplaceDpEvent)):
+        return type(event)(event.noise_multiplier / 2.0)
     if isinstance(event, dp_event.ComposedDpEvent):
         return dp_event.ComposedDpEvent(tuple(doubled_sensitivity(e) for e in event.events))
     if isinstance(event, dp_event.SelfComposedDpEvent):
         return dp_event.SelfComposedDpEvent(doubled_sensitivity(event.event), event.count)
+    sampled = (dp_event.PoissonSampledDpEvent, dp_event.SampledWithoutReplacementDpEvent)
+    if isinstance(event, sampled) and not isinstance(event.event, dp_event.GaussianDpEvent):
+        raise ValueError(
+            f"replace-one adjacency: a sampled {type(event.event).__name__} has no replace-one "
+            "form in dptune (only sampled Gaussians); describe the candidate under add_remove"
+        )
     if isinstance(event, dp_event.SampledWithoutReplacementDpEvent):
         return dp_event.SampledWithoutReplacementDpEvent(
             event.source_dataset_size, event.sample_size, doubled_sensitivity(event.event)
         )
-    return event
+    if isinstance(event, (dp_event.PoissonSampledDpEvent, dp_event.NoOpDpEvent)):
+        return event
+    raise ValueError(
+        f"replace-one adjacency: {type(event).__name__} has no known replace-one sensitivity "
+        "(dptune doubles the add/remove sensitivity of Gaussian and Laplace events; see "
+        "dptune.accounting.events): describe the candidate with those events, or use "
+        "adjacency='add_remove'"
+    )
 
 
 def check_adjacency(adjacency: str) -> str:
@@ -260,7 +235,7 @@ class EventCandidate:
                 "DpEvents: describe the candidate as one event"
             )
         if self.adjacency == "replace_one":
-            check_replace_one_event(self.event)
+            doubled_sensitivity(self.event)  # refuses an event with no replace-one form
 
     def branches(self) -> tuple[dp_event.DpEvent, ...]:
         if self.adjacency == "replace_one":
@@ -417,6 +392,12 @@ def dominating_dpsgd_candidate(candidates: Sequence[Candidate]) -> DpSgdCandidat
         noise_multiplier=min(c.noise_multiplier for c in candidates),
         score_noise_std=min(stds) if stds else None,
     )
+
+
+def dominating_candidate(candidates: Any) -> Candidate | None:
+    """The one candidate left by ``pareto_candidates``, else ``dominating_dpsgd_candidate``."""
+    cands = pareto_candidates(as_candidates(candidates))
+    return cands[0] if len(cands) == 1 else dominating_dpsgd_candidate(cands)
 
 
 def pure_epsilon(event: dp_event.DpEvent) -> float | None:
