@@ -37,16 +37,6 @@ from dptune.accounting.events import DpSgdCandidate, as_candidates
 from dptune.accounting.statement import PrivacyStatement
 from selection.privacy import BestOfKPrivacy, SingleRunPrivacy
 
-__all__ = [
-    "Calibration",
-    "FileMemo",
-    "cache_root",
-    "calibrate",
-    "calibrate_noise",
-    "default_memo",
-    "naive_trials",
-]
-
 #: sigma is searched in [SIGMA_MIN, SIGMA_MAX]; beyond, the target is called unreachable.
 SIGMA_MIN, SIGMA_MAX = 0.05, 1e4
 

@@ -36,21 +36,6 @@ from dptune.accounting.events import (
 
 _REPLACE_ONE = privacy_accountant_lib.NeighboringRelation.REPLACE_ONE
 
-__all__ = [
-    "DEFAULT_ORDERS",
-    "PLD_DISCRETIZATION",
-    "check_delta",
-    "check_orders",
-    "clear_caches",
-    "composed_pld_epsilon",
-    "pld_delta",
-    "pld_epsilon",
-    "pld_profile",
-    "rdp_curve",
-    "rdp_delta",
-    "rdp_epsilon",
-]
-
 #: dp_accounting's default RDP orders: 1.1 ... 10.9 by 0.1, 11 ... 63, 128, 256, 512, 1024 (156).
 DEFAULT_ORDERS: np.ndarray = np.asarray(rdp_privacy_accountant.DEFAULT_RDP_ORDERS, dtype=np.float64)
 

@@ -39,22 +39,6 @@ from typing import Any, Protocol, runtime_checkable
 import attr
 from dp_accounting import dp_event
 
-__all__ = [
-    "ADJACENCIES",
-    "ReplaceOneDpEvent",
-    "Candidate",
-    "CandidateLike",
-    "DpSgdCandidate",
-    "EventCandidate",
-    "as_candidates",
-    "dominating_candidate",
-    "dominating_dpsgd_candidate",
-    "doubled_sensitivity",
-    "pareto_candidates",
-    "pure_epsilon",
-]
-
-
 #: Neighbouring relations: add/remove one example (default) or replace one example.
 ADJACENCIES = ("add_remove", "replace_one")
 
@@ -307,18 +291,12 @@ def _as_candidate(x: Any) -> Candidate:
 
 
 def as_candidates(candidates: CandidateLike | Iterable[CandidateLike]) -> tuple[Candidate, ...]:
-    """Normalises one candidate or a collection of them into a non-empty, de-duplicated tuple.
-
-    A collection means *every candidate the sampler can draw*: the accountant holds uniformly over
-    all of them.
-    """
+    """One candidate or a collection of them (*every candidate the sampler can draw*: the
+    accountant holds uniformly over all of them) as a non-empty, de-duplicated tuple."""
     if isinstance(candidates, (str, bytes)):
         raise ValueError(f"candidates={candidates!r} is not a candidate description.")
-    items: Sequence[Any]
-    if isinstance(candidates, Iterable) and not isinstance(candidates, dp_event.DpEvent):
-        items = list(candidates)
-    else:
-        items = [candidates]
+    one = not isinstance(candidates, Iterable) or isinstance(candidates, dp_event.DpEvent)
+    items = [candidates] if one else list(candidates)
     if not items:
         raise ValueError("candidates=[] is empty: give at least one candidate.")
     out: dict[Any, None] = {}
@@ -333,31 +311,10 @@ def as_candidates(candidates: CandidateLike | Iterable[CandidateLike]) -> tuple[
     return tuple(out) + tuple(unhashable)
 
 
-def _dominates(a: DpSgdCandidate, b: DpSgdCandidate) -> bool:
-    """Whether run ``a`` is at least as privacy-lossy as ``b`` in every branch.
-
-    The Poisson-subsampled Gaussian's hockey-stick divergences grow with q (its dominating pair
-    (N(0,s^2), (1-q)N(0,s^2) + qN(1,s^2)) is a mixture whose divergence is convex in q and 0 at q =
-    0), with the number of steps (composition), and as sigma falls (adding noise is
-    post-processing).  The same holds for RDP.
-    """
-    if a.adjacency != "add_remove" or b.adjacency != "add_remove":
-        return a == b  # monotonicity in q is shown for add/remove only; keep every other run
-    if a.sampling_rate < b.sampling_rate or a.steps < b.steps:
-        return False
-    if a.noise_multiplier > b.noise_multiplier:
-        return False
-    if b.score_noise_std is None:
-        return True
-    return a.score_noise_std is not None and a.score_noise_std <= b.score_noise_std
-
-
 def pareto_candidates(candidates: Sequence[Candidate]) -> tuple[Candidate, ...]:
-    """Drops DP-SGD candidates that another DP-SGD candidate dominates (their curves lie below it).
-
-    The worst case over a search space is then taken over few candidates instead of the whole
-    privacy grid.
-    """
+    """Drops DP-SGD candidates that another DP-SGD candidate dominates (its curves lie above
+    theirs, ``dominating_dpsgd_candidate``): the worst case over a search space is then taken over
+    few candidates instead of the whole privacy grid."""
 
     def lossiness(c: DpSgdCandidate) -> tuple[float, float, float, float]:
         std = math.inf if c.score_noise_std is None else c.score_noise_std
@@ -369,17 +326,20 @@ def pareto_candidates(candidates: Sequence[Candidate]) -> tuple[Candidate, ...]:
     dpsgd = sorted((c for c in candidates if isinstance(c, DpSgdCandidate)), key=lossiness)
     front: list[DpSgdCandidate] = []
     for c in dpsgd:
-        if not any(_dominates(k, c) for k in front):
+        if not any(dominating_dpsgd_candidate((k, c)) == k for k in front):
             front.append(c)
     return tuple(front) + tuple(c for c in candidates if not isinstance(c, DpSgdCandidate))
 
 
 def dominating_dpsgd_candidate(candidates: Sequence[Candidate]) -> DpSgdCandidate | None:
-    """A DP-SGD run dominating every candidate (max q, steps; min sigma, score std), or None.
+    """A DP-SGD run dominating every candidate (max q, steps; min sigma, score std), or None when
+    a candidate is not a ``DpSgdCandidate`` (or several are, under replace-one).
 
-    Any sequence of runs drawn from ``candidates`` is then dominated by the same number of copies of
-    it, which is what composition (naive best-of-k) by PLD needs.  None when a candidate is not a
-    ``DpSgdCandidate``.
+    The Poisson-subsampled Gaussian's hockey-stick divergences (and RDP) grow with q (its
+    dominating pair (N(0,s^2), (1-q)N(0,s^2) + qN(1,s^2)) is a mixture whose divergence is convex
+    in q and 0 at q = 0; shown for add/remove only), with the number of steps (composition), and
+    as sigma falls (adding noise is post-processing). So any sequence of runs drawn from
+    ``candidates`` is dominated by as many copies of it, as composition by PLD needs.
     """
     if not all(isinstance(c, DpSgdCandidate) for c in candidates):
         return None

@@ -16,8 +16,6 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from dptune.accounting.epsilon import DEFAULT_ORDERS, check_delta
 from dptune.accounting.events import as_candidates
 
-__all__ = ["repeat_and_select_epsilon"]
-
 
 def repeat_and_select_epsilon(candidate, mean: float, shape: float, delta: float) -> float:
     """epsilon at ``delta`` of dp_accounting's RDP repeat-and-select route (default orders) over one

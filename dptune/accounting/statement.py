@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
-
-__all__ = ["PrivacyStatement", "SEEDED_NOTE", "NOT_PRIVATE_NOTE"]
 
 SEEDED_NOTE = (
     "This run used a fixed seed instead of the operating system's entropy: the guarantee holds "
@@ -123,31 +121,12 @@ class PrivacyStatement:
 
     def to_dict(self) -> dict[str, Any]:
         """Every field plus ``overhead`` and the rendered notes; JSON-safe (inf becomes "inf")."""
-        d = {
-            "total_epsilon": self.total_epsilon,
-            "delta": self.delta,
-            "single_run_epsilon": self.single_run_epsilon,
-            "single_run_delta": self.single_run_delta,
-            "overhead": self.overhead,
-            "method": self.method,
-            "theorem": self.theorem,
-            "accountant": self.accountant,
-            "route": self.route,
-            "rdp_order": self.rdp_order,
-            "seeded": self.seeded,
-            "private": self.private,
-            "adjacency": self.adjacency,
-            "notes": list(self.all_notes()),
-            "selection": dict(self.selection),
-            "candidates": [dict(c) for c in self.candidates],
-        }
-        if self.assumptions or self.checked or self.trainer_word or self.published:
-            d.update(
-                assumptions=list(self.assumptions),
-                checked=list(self.checked),
-                trainer_word=list(self.trainer_word),
-                published=list(self.published),
-            )
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d.update(overhead=self.overhead, notes=self.all_notes())
+        provenance = ("assumptions", "checked", "trainer_word", "published")
+        if not any(d[k] for k in provenance):  # statements without them keep their old form
+            for k in provenance:
+                del d[k]
         return _json_safe(d)
 
     def to_json(self, **kwargs: Any) -> str:

@@ -44,17 +44,6 @@ from dptune.accounting.events import adjacency_of, as_candidates, dominating_can
 from dptune.accounting.statement import PrivacyStatement
 from dptune.accounting.totals import total_privacy
 
-__all__ = [
-    "TUNING_DELTA_SHARE",
-    "SubsampledTuning",
-    "amplify",
-    "calibrate_final",
-    "composed_epsilon",
-    "final_candidate",
-    "subsampled_statement",
-    "subset_epsilon",
-]
-
 #: Share of the total delta that the tuning phase gets (with respect to the full data).
 TUNING_DELTA_SHARE = 0.1
 

@@ -37,14 +37,6 @@ from dptune.accounting.statement import PrivacyStatement
 from selection.privacy import BestOfKPrivacy, SingleRunPrivacy
 from selection.profiles import CandidateProfile
 
-__all__ = [
-    "ACCOUNTANTS",
-    "Route",
-    "composition_count",
-    "routes",
-    "total_privacy",
-]
-
 #: Accepted values of ``accountant``.
 ACCOUNTANTS = ("auto", "pld", "rdp")
 
