@@ -34,6 +34,7 @@ from dptune.accounting.events import (
     pareto_candidates,
 )
 
+_ADD_REMOVE = privacy_accountant_lib.NeighboringRelation.ADD_OR_REMOVE_ONE
 _REPLACE_ONE = privacy_accountant_lib.NeighboringRelation.REPLACE_ONE
 
 #: dp_accounting's default RDP orders: 1.1 ... 10.9 by 0.1, 11 ... 63, 128, 256, 512, 1024 (156).
@@ -74,10 +75,9 @@ def check_orders(orders: Sequence[float]) -> np.ndarray:
     return o
 
 
-def _rdp_of(event: dp_event.DpEvent, orders, relation=None) -> np.ndarray:
+def _rdp_of(event: dp_event.DpEvent, orders, relation=_ADD_REMOVE) -> np.ndarray:
     """dp_accounting's ``RdpAccountant`` curve (nats, at ``orders``) of ``event``."""
-    kwargs = {} if relation is None else {"neighboring_relation": relation}
-    accountant = rdp_privacy_accountant.RdpAccountant(list(orders), **kwargs)
+    accountant = rdp_privacy_accountant.RdpAccountant(list(orders), relation)
     accountant.compose(event)
     return np.array(accountant.rdp, dtype=np.float64)
 
@@ -229,24 +229,19 @@ def _is_dpsgd_step(event: dp_event.DpEvent) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
-def _step_pld(noise_multiplier: float, sampling_prob: float, discretization: float, relation=None):
+def _step_pld(sigma: float, q: float, disc: float, relation=_ADD_REMOVE):
     """The PLD of one Poisson-subsampled Gaussian step, as ``PLDAccountant`` builds it. Cached:
     building it costs 0.3-0.7 s, composing it ``steps`` times 0.1-0.2 s, and runs of different
-    lengths (a candidate after each epoch, the released curve) share it. ``relation`` None is
-    add/remove."""
-    kwargs = {} if relation is None else {"neighboring_relation": relation}
+    lengths (a candidate after each epoch, the released curve) share it."""
     return privacy_loss_distribution.from_gaussian_mechanism(
-        noise_multiplier,
-        sampling_prob=sampling_prob,
-        value_discretization_interval=discretization,
-        **kwargs,
+        sigma, sampling_prob=q, value_discretization_interval=disc, neighboring_relation=relation
     )
 
 
 @functools.lru_cache(maxsize=256)
-def _event_pld(event: dp_event.DpEvent, discretization: float, relation=None):
-    """A PLD of ``event`` (pessimistic, add and remove directions) under ``relation`` (None:
-    add/remove; a :class:`ReplaceOneDpEvent` is built under ``REPLACE_ONE``), as ``PLDAccountant``
+def _event_pld(event: dp_event.DpEvent, discretization: float, relation=_ADD_REMOVE):
+    """A PLD of ``event`` (pessimistic, add and remove directions) under ``relation`` (a
+    :class:`ReplaceOneDpEvent` under ``REPLACE_ONE``), as ``PLDAccountant``
     builds it, but k DP-SGD runs (or steps) are the cached one-run (one-step) PLD composed k
     times, so best-of-k does not rebuild the 0.3 s PLD of one run.
     """
@@ -261,10 +256,7 @@ def _event_pld(event: dp_event.DpEvent, discretization: float, relation=None):
         if _is_dpsgd_step(inner) and inner.sampling_probability > 0:
             sigma, q = inner.event.noise_multiplier, inner.sampling_probability
             return _Pld(_step_pld(sigma, q, discretization, relation).self_compose(event.count))
-    kwargs = {} if relation is None else {"neighboring_relation": relation}
-    accountant = pld_privacy_accountant.PLDAccountant(
-        value_discretization_interval=discretization, **kwargs
-    )
+    accountant = pld_privacy_accountant.PLDAccountant(relation, discretization)
     accountant.compose(event)
     return _Pld(accountant._pld)  # what its get_epsilon / get_delta read
 
@@ -350,12 +342,8 @@ def pld_profile(
     candidates, epsilons: Sequence[float], *, discretization: float = PLD_DISCRETIZATION
 ) -> np.ndarray:
     """The privacy profile delta(eps) of one run at each of ``epsilons`` (sorted ascending), by
-    PLD: the max over candidates, branches and the add/remove directions, capped at 1.
-
-    One vectorised pass over each branch's PMF per direction (:func:`_dense_deltas`, bitwise
-    dp_accounting's ``get_delta_for_epsilon``; a few ms where dp_accounting's loop takes 0.1-1 s)
-    instead of one scalar call per epsilon.
-    """
+    PLD: the max over candidates, branches and the add/remove directions, capped at 1 (one
+    vectorised pass per branch and direction, :func:`_dense_deltas`)."""
     key = tuple(float(e) for e in epsilons)
     if np.any(np.diff(np.asarray(key)) < 0):
         raise ValueError("epsilons must be sorted in ascending order")
@@ -368,13 +356,10 @@ def pld_profile(
 def composed_pld_epsilon(
     candidates, count: int, delta: float, *, discretization: float = PLD_DISCRETIZATION
 ) -> float:
-    """epsilon at ``delta`` of ``count`` runs composed (naive best-of-k), by PLD.
-
-    Needs one run that dominates every candidate (``dominating_candidate``); raises ValueError
-    otherwise (composing different PLDs has no simple worst case).
-    Each run's branches act on disjoint splits that stay fixed across runs, so the k-fold
-    composition is the max over branches of each branch composed k times (basic composition per
-    split, parallel composition across splits).
+    """epsilon at ``delta`` of ``count`` runs composed (naive best-of-k), by PLD, of the run that
+    dominates every candidate (``dominating_candidate``; ValueError when there is none). Each
+    run's branches act on disjoint splits, fixed across runs, so the k-fold composition is the max
+    over branches of each branch composed k times (basic composition per split, parallel across).
     """
     delta = check_delta(delta)
     dom = dominating_candidate(candidates)

@@ -9,22 +9,13 @@ parallel composition (McSherry 2009, "Privacy Integrated Queries", Thm 4). Hence
 guarantee is the worse of its branches: the pointwise maximum of their RDP curves, and the maximum
 of their ``delta(epsilon)`` curves (hockey-stick divergences) for PLD.
 
-Adjacency: add/remove one example (default, dp_accounting's ``ADD_OR_REMOVE_ONE``), or with
-``adjacency="replace_one"`` (a fixed, public dataset size) replace one; the branches are then
-wrapped in :class:`ReplaceOneDpEvent`, accounted under dp_accounting's ``REPLACE_ONE``. A replaced
-and a new example may fall in different splits, so the training and score branches then compose
-(:meth:`DpSgdCandidate.branches`).
-
-The replace-one rule, on every route: events describe their mechanism under add/remove (a noise
-multiplier is the noise over the add/remove sensitivity); a replacement removes one example and
-adds another, moving the query by up to twice that, as dp_accounting's PLD accountant reads a
-``GaussianDpEvent`` under ``REPLACE_ONE``. So a Gaussian(sigma) or Laplace(b) is accounted as an
-add/remove Gaussian(sigma / 2) or Laplace(b / 2) (exact); sampling without replacement by
-dp_accounting's ``REPLACE_ONE`` RDP with the Gaussian's sigma halved; a Poisson-subsampled Gaussian
-by dp_accounting's ``REPLACE_ONE`` PLD (or Mironov 2017, Prop. 11 from its add/remove RDP curve).
-Other events have no known replace-one sensitivity and are refused.
-dp_accounting's own RDP accountant keeps the shift at 1 for a plain Gaussian under ``REPLACE_ONE``,
-so it is never asked for one.
+Adjacency: add/remove one example (default), or ``adjacency="replace_one"`` (a fixed, public
+dataset size); the branches are then wrapped in :class:`ReplaceOneDpEvent`, accounted under
+dp_accounting's ``REPLACE_ONE``, and training and score compose (:meth:`DpSgdCandidate.branches`).
+The replace-one rule (docs/privacy-model.md), on every route: events describe their mechanism
+under add/remove, and a replacement moves the query by up to twice that sensitivity, as
+dp_accounting's PLD accountant reads ``REPLACE_ONE`` (:func:`doubled_sensitivity`; the RDP forms
+are in ``epsilon._replace_one_rdp``). Events with no known replace-one sensitivity are refused.
 """
 
 from __future__ import annotations
