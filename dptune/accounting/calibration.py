@@ -56,14 +56,10 @@ class Calibration:
 
     Attributes:
       noise_multiplier: the smallest sigma found (within ``rtol``, rounded up) for which the whole
-        tuning run is (target_epsilon, delta)-DP.
-      statement: the ``PrivacyStatement`` at that sigma (its total_epsilon <= target_epsilon).
-      target_epsilon, delta: the budget.
+        tuning run is (target_epsilon, delta)-DP; ``statement`` is the statement at it.
       untuned_noise_multiplier: sigma for ONE run (no tuning) to meet the same budget.
-      naive_noise_multiplier: sigma for naive best-of-``naive_trials`` (composition) to meet it;
-        None when the selection is a single run.
-      naive_trials: k used for the naive comparison (the selection's expected number of trials,
-        rounded up), or None.
+      naive_noise_multiplier: sigma for naive best-of-``naive_trials`` (composition; k the
+        selection's expected number of trials, rounded up), None for a single run.
     """
 
     noise_multiplier: float
@@ -241,9 +237,8 @@ class _Search:
         return _solve(eps, self.target_epsilon, start, self.rtol, ratio)
 
     def calibrated(self, tr) -> float:
-        """Coarse to fine (module docstring): the fast RDP route gives a start, then the search
-        runs on a PLD ten times coarser -- itself a valid pessimistic bound, so its answer
-        already meets the target."""
+        """The RDP route's sigma, then (unless ``accountant="rdp"``) the coarse PLD's from there
+        (module docstring)."""
         try:
             start = self.solve(tr, "rdp", 1.0, PLD_DISCRETIZATION, 1.25)
         except ValueError:
@@ -263,7 +258,7 @@ class _Search:
         """sigma and the statement at it, within ``5 * rtol`` below the target (a remembered
         sigma under ``key`` is used only if its statement passes that same test)."""
         remembered = _recall(self.memo, key)
-        if remembered is not None:  # never trusted: searched as if not remembered unless tight
+        if remembered is not None:
             statement = self.statement(tr, remembered)
             if _tight(statement.total_epsilon, self.target_epsilon, self.rtol):
                 return remembered, statement
@@ -281,8 +276,8 @@ class _Search:
 
 def _memo_key(make_candidates, transform, target_epsilon, delta, accountant, rtol) -> str:
     """A digest of everything the search depends on: the candidates (at sigma = 1 and 2), the
-    selection theorem and its parameters, the target, the accountant, and the versions of dptune's
-    accounting and of dp_accounting."""
+    theorem and its parameters, the budget, the accountant, rtol, dptune's and dp_accounting's
+    versions."""
     try:
         versions = [metadata.version("dp-accounting"), metadata.version("dptune")]
     except metadata.PackageNotFoundError:
@@ -395,8 +390,7 @@ def calibrate_noise(
     """``calibrate`` for one DP-SGD setting: Poisson rate ``sampling_rate`` in (0, 1], ``steps``
     (>= 1) and a fixed private-score noise ``score_noise_std`` (counts; None = public validation).
     """
-    # Validates q, steps and the score noise before any search.
-    DpSgdCandidate(sampling_rate, steps, 1.0, score_noise_std)
+    DpSgdCandidate(sampling_rate, steps, 1.0, score_noise_std)  # validates before any search
     return calibrate(
         lambda sigma: DpSgdCandidate(sampling_rate, steps, sigma, score_noise_std),
         transform,

@@ -57,12 +57,9 @@ def check_delta(delta: float) -> float:
 
 
 def check_orders(orders: Sequence[float]) -> np.ndarray:
-    """``orders`` as a 1-d float64 array; ValueError saying why when they are not Renyi orders.
-
-    Every order must be finite and > 1: dp_accounting's ``compute_epsilon`` turns an infinite
-    order into a NaN epsilon, which its ``argmin`` then picks and ``max(0, nan)`` reports as
-    epsilon 0; at order 1 the subsampled Gaussian's RDP is NaN.
-    """
+    """``orders`` as a 1-d float64 array, each finite and > 1 (else ValueError): dp_accounting's
+    ``compute_epsilon`` turns an infinite order into a NaN epsilon that ``max(0, nan)`` reports
+    as epsilon 0; at order 1 the subsampled Gaussian's RDP is NaN."""
     o = np.asarray(orders, dtype=np.float64)
     if o.ndim != 1 or o.size == 0:
         raise ValueError(f"orders must be a non-empty 1-d sequence of Renyi orders, got {orders!r}")
@@ -177,11 +174,8 @@ def _branches(candidates: Sequence[Candidate]) -> list[dp_event.DpEvent]:
 
 
 def rdp_curve(candidates, orders: Sequence[float] = DEFAULT_ORDERS) -> np.ndarray:
-    """Worst-case RDP curve (nats) of one run at ``orders``: max over candidates and branches.
-
-    Returns a new float64 array of shape ``(len(orders),)``.  Raises ``UnsupportedEventError`` when
-    an event has no RDP accounting in dp_accounting.
-    """
+    """Worst-case RDP curve (nats, a new float64 array of shape ``(len(orders),)``) of one run:
+    max over candidates and branches. ``UnsupportedEventError`` when dp_accounting has none."""
     key = tuple(float(a) for a in check_orders(orders))
     curves = [_event_rdp(b, key) for b in _branches(candidates)]
     return np.max(np.stack(curves), axis=0)
@@ -190,10 +184,8 @@ def rdp_curve(candidates, orders: Sequence[float] = DEFAULT_ORDERS) -> np.ndarra
 def rdp_epsilon(
     candidates, delta: float, orders: Sequence[float] = DEFAULT_ORDERS
 ) -> tuple[float, float]:
-    """(epsilon, optimal order) of one run at ``delta`` from its RDP curve.
-
-    Conversion: arXiv:2004.00010 Prop. 12 (dp_accounting's ``compute_epsilon``).
-    """
+    """(epsilon, optimal order) of one run at ``delta`` from its RDP curve (arXiv:2004.00010
+    Prop. 12, dp_accounting's ``compute_epsilon``)."""
     delta = check_delta(delta)
     eps, order = rdp_privacy_accountant.compute_epsilon(
         orders, rdp_curve(candidates, orders), delta
@@ -284,11 +276,8 @@ def pld_delta(
     candidates, epsilon: float | Sequence[float], *, discretization: float = PLD_DISCRETIZATION
 ) -> float | np.ndarray:
     """delta (hockey-stick divergence) of one run at ``epsilon`` (scalar or 1-d array) by PLD, max
-    over candidates and branches, capped at 1.
-
-    Scalar calls, cached: dp_accounting's vectorised ``get_delta_for_epsilon`` loops in Python over
-    the PMF and is slower than a few hundred scalar calls.
-    """
+    over candidates and branches, capped at 1. Scalar calls, cached (dp_accounting's vectorised
+    ``get_delta_for_epsilon`` loops in Python and is slower than a few hundred of them)."""
     eps = np.atleast_1d(np.asarray(epsilon, dtype=np.float64))
     out = np.zeros_like(eps)
     for b in _branches(candidates):
@@ -299,15 +288,10 @@ def pld_delta(
 
 def _dense_deltas(pmf: Any, epsilons: np.ndarray) -> np.ndarray:
     """dp_accounting's ``DensePLDPmf.get_delta_for_epsilon(epsilons)`` for sorted ``epsilons``,
-    the same sums in the same order, vectorised.
-
-    delta(eps) = inf_mass + sum over losses l > eps of p(l) - e^eps * sum of p(l) e^-l
-    (dp_accounting's ``_get_delta_for_epsilon_vectorized``, which walks the PMF from its largest
-    loss down in a Python loop: 0.1-0.5 s for 600 epsilons). Both running sums are accumulated
-    from the largest loss down, element after element as there (``np.cumsum`` adds sequentially),
-    on the same float64 losses and products, so the result is bitwise the same
-    (tests/dptune/accounting/test_step_pld_cache.py compares them).
-    """
+    vectorised: delta(eps) = inf_mass + sum over losses l > eps of p(l) - e^eps * sum of p(l) e^-l.
+    dp_accounting walks the PMF from its largest loss down in a Python loop (0.1-0.5 s for 600
+    epsilons); both running sums here are accumulated in the same order (``np.cumsum`` adds
+    sequentially) on the same float64 values, so the result is bitwise the same (tested)."""
     losses = (np.arange(pmf.size) + pmf._lower_loss) * pmf._discretization
     probs = np.asarray(pmf._probs, dtype=np.float64)
     inf_mass = pmf._infinity_mass

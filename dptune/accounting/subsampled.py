@@ -211,11 +211,8 @@ def calibrate_final(
 ) -> float:
     """The smallest noise multiplier (within ``rtol``, rounded up) of the final run for which the
     tuning phase (``tuning_epsilon``, ``tuning_delta``) composed with it is within
-    ``target_epsilon`` at ``delta``. ValueError when none in [0.05, 1e4] is.
-
-    As ``dptune.accounting.calibrate``: a coarse PLD first (a valid pessimistic bound, so its
-    answer meets the target), then the default discretisation near it when that is not tight.
-    """
+    ``target_epsilon`` at ``delta`` (ValueError when none in [0.05, 1e4] is), searched coarse to
+    fine as ``dptune.accounting.calibrate`` does."""
 
     def eps_fn(disc: float) -> Callable[[float], float]:
         return lambda sigma: composed_epsilon(

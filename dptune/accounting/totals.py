@@ -204,13 +204,9 @@ _PROFILE_POINTS = 600
 
 def _profile_route(cands, transform, delta: float, disc: float) -> Route:
     """The selection's privacy-profile bound (``transform.profile_bound()``) fed with the
-    candidates' PLD profile delta(eps) on a grid of ``_PROFILE_POINTS`` epsilons.
-
-    The grid runs from 0 to 1.5 x the one-run epsilon at delta * 1e-3 / E[K] (beyond it the last
-    delta, already negligible, is used: an upper bound), so its step is about 1/300 of the one-run
-    epsilon; the bound reads the profile at the grid point below, which costs at most one step
-    (~0.3%) of epsilon.
-    """
+    candidates' PLD profile delta(eps) on ``_PROFILE_POINTS`` epsilons from 0 to 1.5 x the one-run
+    epsilon at delta * 1e-3 / E[K] (beyond, the last, negligible delta: an upper bound). The bound
+    reads the profile at the grid point below: at most one step (~0.3%) of epsilon."""
     try:
         bound = transform.profile_bound()
     except (NotImplementedError, AttributeError) as e:
@@ -237,12 +233,9 @@ def _profile_route(cands, transform, delta: float, disc: float) -> Route:
 def _approx_route(
     cands, transform, delta: float, source: str, orders: np.ndarray, disc: float
 ) -> Route:
-    """Theorems for (eps_1, delta_1)-DP candidates: minimise the total eps over delta_1.
-
-    ``transform.approx_dp(eps_1, delta_1) -> (eps, delta_total)``; delta_total grows with delta_1
-    and eps_1(delta_1) falls, so we scan delta_1 on a log grid below ``delta`` and keep the best
-    feasible point (delta_total <= delta).
-    """
+    """Theorems for (eps_1, delta_1)-DP candidates (``transform.approx_dp(eps_1, delta_1) ->
+    (eps, delta_total)``): delta_1 scanned on a log grid below ``delta``, the smallest total eps
+    with delta_total <= delta kept."""
 
     def eps_of(d1: float) -> float:
         if source == "pld":
@@ -382,9 +375,8 @@ def total_privacy(
     """The privacy of a whole tuning run, as a ``PrivacyStatement``.
 
     Args:
-      candidates: one candidate (``DpSgdCandidate``, ``EventCandidate``, a ``DpEvent``, or an object
-        with ``sampling_rate``, ``steps``, ``noise_multiplier``) or a collection of them: every
-        candidate the sampler can draw; the bound is their worst case.
+      candidates: anything ``as_candidates`` takes (every candidate the sampler can draw; the
+        bound is their worst case).
       transform: a ``selection.privacy`` transform (the selection theorem); None for one run.
       delta: the target total delta, in (0, 1).
       accountant: ``"auto"`` (tightest valid route), ``"pld"`` or ``"rdp"`` (dp_accounting's RDP
