@@ -57,10 +57,9 @@ THEOREM = (
 
 
 def _check_fraction(fraction: float) -> float:
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
-        raise ValueError(f"fraction={fraction!r} must be a number in (0, 1)")
-    if not 0 < fraction < 1:
-        raise ValueError(f"fraction={fraction!r} must be in (0, 1) (1 would be no subsampling)")
+    f = fraction
+    if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < 1:
+        raise ValueError(f"fraction={f!r} must be a number in (0, 1) (1 would be no subsampling)")
     return float(fraction)
 
 

@@ -168,14 +168,11 @@ def _rdp_route(
     while True:
         eps, order = _through(transform, orders[lo:hi], curve[lo:hi], pld_dfe, delta)
         j = lo + int(np.flatnonzero(orders[lo:hi] == order)[0])
-        grow_lo = j - lo < 2 and lo > 0
-        grow_hi = hi - 1 - j < 2 and hi < n
-        if not (grow_lo or grow_hi):
+        wider = (max(0, lo - _PLD_WINDOW) if j - lo < 2 else lo,
+                 min(n, hi + _PLD_WINDOW) if hi - 1 - j < 2 else hi)  # fmt: skip
+        if wider == (lo, hi):
             break
-        if grow_lo:
-            lo = max(0, lo - _PLD_WINDOW)
-        if grow_hi:
-            hi = min(n, hi + _PLD_WINDOW)
+        lo, hi = wider
     desc += (
         f"; delta-hat(eps-hat) of one run from its PLD (orders {orders[lo]:g}..{orders[hi - 1]:g})"
         " (our derivation: the theorem takes any valid (eps-hat, delta-hat) statement)"
