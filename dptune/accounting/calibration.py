@@ -193,12 +193,9 @@ def calibrate(
     if memo is not None:
         key = _memo_key(make_candidates, transform, target_epsilon, delta, accountant, rtol)
     sigma, statement = search.final(transform, key)
-    untuned = naive = None
     k = naive_trials(transform)
-    if compare:
-        untuned = search.final(SingleRunPrivacy())[0]
-        if k is not None:
-            naive = search.final(BestOfKPrivacy(k))[0]
+    untuned = search.final(SingleRunPrivacy())[0] if compare else None
+    naive = search.final(BestOfKPrivacy(k))[0] if compare and k is not None else None
     return Calibration(sigma, statement, float(target_epsilon), delta, untuned, naive, k)
 
 

@@ -255,9 +255,8 @@ def _event_pld(event: dp_event.DpEvent, discretization: float, relation=_ADD_REM
 
 @functools.lru_cache(maxsize=65536)
 def _event_pld_epsilon(event: dp_event.DpEvent, discretization: float, delta: float) -> float:
-    """``_event_pld(event).get_epsilon(delta)``, cached: one statement asks for the same number
-    more than once (the single-run epsilon, then the single-run route), and each call is a pass
-    over the PLD in Python (10-20 ms at a few hundred DP-SGD steps)."""
+    """``_event_pld(event).get_epsilon(delta)``, cached: a statement asks for it more than once
+    (single-run epsilon and route), each a Python pass over the PLD (10-20 ms)."""
     return float(_event_pld(event, discretization).get_epsilon(delta))
 
 

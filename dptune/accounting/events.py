@@ -146,18 +146,14 @@ class DpSgdCandidate:
 
     def training_event(self) -> dp_event.DpEvent:
         """``steps`` compositions of the Poisson-subsampled Gaussian (Abadi et al. 2016, Alg. 1)."""
-        return dp_event.SelfComposedDpEvent(
-            dp_event.PoissonSampledDpEvent(
-                self.sampling_rate, dp_event.GaussianDpEvent(self.noise_multiplier)
-            ),
-            self.steps,
-        )
+        noise = dp_event.GaussianDpEvent(self.noise_multiplier)
+        step = dp_event.PoissonSampledDpEvent(self.sampling_rate, noise)
+        return dp_event.SelfComposedDpEvent(step, self.steps)
 
     def score_event(self) -> dp_event.DpEvent | None:
         """The noisy validation count: Gaussian mechanism, sensitivity 1, noise multiplier = std."""
-        if self.score_noise_std is None:
-            return None
-        return dp_event.GaussianDpEvent(self.score_noise_std)
+        std = self.score_noise_std
+        return None if std is None else dp_event.GaussianDpEvent(std)
 
     def branches(self) -> tuple[dp_event.DpEvent, ...]:
         """Add/remove: training and score act on disjoint splits (parallel composition): the
