@@ -83,9 +83,8 @@ def subset_epsilon(epsilon_full: float, fraction: float) -> float:
 
 
 def final_candidate(candidates: Any) -> Any:
-    """One candidate whose PLD dominates the final run for every hyperparameter setting the tuning
-    phase may select: the only one, or ``dominating_dpsgd_candidate`` of them (ValueError if the
-    candidates are heterogeneous user events: no single PLD is known to dominate them)."""
+    """One candidate whose PLD dominates the final run for every setting the tuning phase may
+    select (``dominating_candidate``; ValueError for heterogeneous user events: none is known)."""
     dom = dominating_candidate(candidates)
     if dom is None:
         raise ValueError(

@@ -96,27 +96,19 @@ def _pure_route(cands: tuple[Candidate, ...], transform, delta: float = 0.0) -> 
     return Route("pure", total, 0.0, f"pure-DP form of the theorem at candidate epsilon {eps:.6g}")
 
 
-def _recorder(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """``fn`` that records in ``.called`` whether the theorem used it."""
-
-    def recorded(eps):
-        recorded.called = True
-        return fn(eps)
-
-    recorded.called = False
-    return recorded
-
-
 def _delta_from_rdp(orders: np.ndarray, curve: np.ndarray) -> Callable[[Any], Any]:
-    """delta(eps) of one run from its RDP curve (arXiv:2004.00010 Prop. 12), as dp_accounting."""
+    """delta(eps) of one run from its RDP curve (arXiv:2004.00010 Prop. 12), as dp_accounting;
+    its ``.called`` records whether the theorem used it."""
 
     def fn(e):
+        fn.called = True
         if np.ndim(e) == 0:
             return rdp_privacy_accountant.compute_delta(orders, curve, float(e))[0]
         return np.array(
             [rdp_privacy_accountant.compute_delta(orders, curve, float(x))[0] for x in e]
         )
 
+    fn.called = False
     return fn
 
 
@@ -145,7 +137,7 @@ def _rdp_route(
     if transform is None:
         eps, order = rdp_privacy_accountant.compute_epsilon(orders, curve, delta)
         return Route("rdp", float(eps), delta, "RDP of one run", float(order))
-    dfe = _recorder(_delta_from_rdp(orders, curve))
+    dfe = _delta_from_rdp(orders, curve)
     try:
         eps, order = _through(transform, orders, curve, dfe, delta)
     except NotImplementedError as e:
