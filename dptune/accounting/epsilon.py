@@ -126,19 +126,15 @@ def _replace_one_rdp(event: dp_event.DpEvent, orders: tuple[float, ...]) -> np.n
     of ``dptune.accounting.events`` (the query moves by up to twice the add/remove sensitivity).
 
     * Gaussian(sigma), Laplace(b): the exact add/remove RDP of Gaussian(sigma / 2), Laplace(b / 2)
-      (what dp_accounting's PLD accountant computes for a Gaussian under ``REPLACE_ONE``; its RDP
-      accountant would keep the shift at 1).
-    * Sampling without replacement (defined under replace-one only): dp_accounting's
-      ``REPLACE_ONE`` RDP (Wang, Balle & Kasiviswanathan 2019, Thm 27) of the event with its
-      Gaussian's sigma halved.
-    * The Poisson-subsampled Gaussian (DP-SGD): a replacement is a removal followed by an addition,
-      and Mironov 2017 ("Renyi Differential Privacy"), Prop. 11 (weak triangle inequality, p = q =
-      2) bounds it from the add/remove curve eps(.):
+      (as dp_accounting's PLD accountant under ``REPLACE_ONE``; its RDP accountant keeps shift 1).
+    * Sampling without replacement (replace-one only): dp_accounting's ``REPLACE_ONE`` RDP (Wang,
+      Balle & Kasiviswanathan 2019, Thm 27) with the Gaussian's sigma halved.
+    * The Poisson-subsampled Gaussian (DP-SGD): a replacement is a removal then an addition, which
+      Mironov 2017 ("Renyi Differential Privacy"), Prop. 11 (weak triangle inequality, p = q = 2)
+      bounds from the add/remove curve eps(.) (loose, about twice it; ``auto`` takes the PLD's):
 
           D_a(P || R) <= (a - 1/2) / (a - 1) * eps(2a) + eps(2a - 1).
 
-      (Valid but loose, about twice the add/remove curve; the PLD route is exact up to
-      discretisation and the accountant's ``auto`` takes the tighter.)
     * Compositions: the sum of their parts' curves (RDP composition for one neighbouring pair);
       the triangle bound is linear in eps(.), so summing it per part equals applying it to the sum.
 

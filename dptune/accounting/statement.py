@@ -59,11 +59,9 @@ class PrivacyStatement:
       total_epsilon: epsilon of the whole procedure (all candidates trained, the selection, the
         release), at ``delta``; ``inf`` for a non-private run.
       delta: the total delta (0 for a pure-DP statement).
-      single_run_epsilon: epsilon of one untuned run at ``single_run_delta`` (by the tightest route
+      single_run_epsilon, single_run_delta: one untuned run's (epsilon, delta) (the tightest route
         of the requested accountant), for comparison.
-      single_run_delta: the delta at which ``single_run_epsilon`` is stated (the requested delta).
-      method: the selection method's name (``selection.privacy`` transform ``name``), or
-        ``"single_run"``.
+      method: the selection transform's ``name`` (``"single_run"`` for one run).
       theorem: paper and theorem behind ``total_epsilon``.
       accountant: the route that gave ``total_epsilon``: ``"pld"``, ``"rdp"`` or ``"pure"``.
       route: one line saying how the number was computed.
