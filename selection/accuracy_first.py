@@ -244,16 +244,16 @@ def doubling_method(
         raise ValueError("need alpha > 0, gamma in (0, 1), num_levels >= 1, epsilon_1 > 0")
     gen = make_rng(rng)
     b = alpha / (2.0 * math.log(num_levels / gamma))
+
+    def loss(k: int) -> float:  # Thm A.2 at level k
+        return doubling_ex_post_epsilon(k, epsilon_1, sensitivity, alpha, gamma, num_levels)
+
+    worst = loss(num_levels)
     for k in range(1, num_levels + 1):
         eps_k = epsilon_1 * 2.0 ** (k - 1)
         theta = train(eps_k, gen)
         if float(score(theta)) + gen.laplace(0.0, b) >= -alpha / 2.0:
-            loss = doubling_ex_post_epsilon(k, epsilon_1, sensitivity, alpha, gamma, num_levels)
-            worst = doubling_ex_post_epsilon(
-                num_levels, epsilon_1, sensitivity, alpha, gamma, num_levels
-            )
-            return AccuracyFirstResult(True, theta, k - 1, eps_k, loss, worst, DOUBLING_THEOREM)
-    worst = doubling_ex_post_epsilon(num_levels, epsilon_1, sensitivity, alpha, gamma, num_levels)
+            return AccuracyFirstResult(True, theta, k - 1, eps_k, loss(k), worst, DOUBLING_THEOREM)
     return AccuracyFirstResult(False, None, None, None, worst, worst, DOUBLING_THEOREM)
 
 

@@ -38,14 +38,19 @@ def check_epsilon(epsilon: float, name: str = "epsilon") -> float:
     return epsilon
 
 
+def check_count(value: int, name: str) -> int:
+    """``value`` as an int, if it is an integer >= 1 (a number of candidates or levels)."""
+    if isinstance(value, bool) or int(value) != value or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value}")
+    return int(value)
+
+
 def check_cap(gamma: float, max_trials: int) -> tuple[float, int]:
     """(gamma, T) of a capped geometric count: gamma in (0, 1], T an integer >= 1."""
     g = float(gamma)
     if not (0.0 < g <= 1.0):
         raise ValueError(f"gamma (stop probability) must be in (0, 1], got {gamma}")
-    if int(max_trials) != max_trials or max_trials < 1:
-        raise ValueError(f"max_trials must be an integer >= 1, got {max_trials}")
-    return g, int(max_trials)
+    return g, check_count(max_trials, "max_trials")
 
 
 def check_delta(delta: float, name: str = "delta") -> float:

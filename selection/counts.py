@@ -310,6 +310,23 @@ class TruncatedNegativeBinomial(CountDistribution):
 
 
 @dataclass(frozen=True)
+class TnbParameters:
+    """Base of the theorems and bounds for a count D_{eta,gamma}: its ``shape`` and ``gamma``,
+    validated (and stored as floats) as `TruncatedNegativeBinomial` validates them."""
+
+    shape: float
+    gamma: float
+
+    def __post_init__(self) -> None:
+        count = TruncatedNegativeBinomial(self.shape, self.gamma)  # validates
+        set_frozen(self, shape=count.shape, gamma=count.gamma)
+
+    @property
+    def count(self) -> TruncatedNegativeBinomial:
+        return TruncatedNegativeBinomial(self.shape, self.gamma)
+
+
+@dataclass(frozen=True)
 class Poisson(CountDistribution):
     """K ~ Poisson(mean) on {0, 1, ...}; K = 0 releases nothing (Papernot & Steinke 2022, Thm 6)."""
 

@@ -41,6 +41,7 @@ import numpy as np
 
 from selection.checks import (
     check_cap,
+    check_count,
     check_curve,
     check_delta,
     check_epsilon,
@@ -48,7 +49,7 @@ from selection.checks import (
     monotone_envelope,
     set_frozen,
 )
-from selection.counts import TruncatedNegativeBinomial
+from selection.counts import TnbParameters, TruncatedNegativeBinomial
 from selection.profiles import (
     HardCappedRandomStoppingProfile,
     PoissonStoppingProfile,
@@ -142,7 +143,7 @@ class PrivacyTransform:
 
 
 @dataclass(frozen=True)
-class RandomStoppingPrivacy(PrivacyTransform):
+class RandomStoppingPrivacy(TnbParameters, PrivacyTransform):
     """Best of K ~ D_{eta,gamma} candidates (PS Def. 1); only the best is released.
 
     * RDP: PS Thm 2. If each candidate is (lambda, eps)- and (lambda_hat, eps_hat)-RDP, the
@@ -159,13 +160,6 @@ class RandomStoppingPrivacy(PrivacyTransform):
       gamma: in (0, 1]. Build from a target mean with `from_mean` or `from_count`.
     """
 
-    shape: float
-    gamma: float
-
-    def __post_init__(self) -> None:
-        count = TruncatedNegativeBinomial(self.shape, self.gamma)  # validates
-        set_frozen(self, shape=count.shape, gamma=count.gamma)
-
     @classmethod
     def from_mean(cls, mean: float, shape: float) -> RandomStoppingPrivacy:
         """From E[K] = ``mean`` (>= 1); gamma solved to ~1e-13 relative (`selection.counts`)."""
@@ -175,10 +169,6 @@ class RandomStoppingPrivacy(PrivacyTransform):
     @classmethod
     def from_count(cls, count: TruncatedNegativeBinomial) -> RandomStoppingPrivacy:
         return cls(count.shape, count.gamma)
-
-    @property
-    def count(self) -> TruncatedNegativeBinomial:
-        return TruncatedNegativeBinomial(self.shape, self.gamma)
 
     @property
     def mean(self) -> float:
@@ -488,10 +478,11 @@ class PercentileSparseVectorPrivacy(PrivacyTransform):
     )
 
     def __post_init__(self) -> None:
-        beta = check_positive(self.noise_scale, "noise_scale (beta)")
-        if int(self.max_trials) != self.max_trials or self.max_trials < 1:
-            raise ValueError(f"max_trials must be an integer >= 1, got {self.max_trials}")
-        set_frozen(self, noise_scale=beta, max_trials=int(self.max_trials))
+        set_frozen(
+            self,
+            noise_scale=check_positive(self.noise_scale, "noise_scale (beta)"),
+            max_trials=check_count(self.max_trials, "max_trials"),
+        )
 
     def index_epsilon(self, epsilon: float) -> float:
         """eps' of the stopping index alone: AboveThreshold with Delta = 2 eps, 4 eps / beta."""
@@ -547,14 +538,12 @@ class AccuracyFirstPrivacy(PrivacyTransform):
 
     def __post_init__(self) -> None:
         e = check_positive(self.iat_epsilon, "iat_epsilon")
-        t = self.num_levels
-        if isinstance(t, bool) or int(t) != t or t < 1:
-            raise ValueError(f"max_trials (levels T) must be an integer >= 1, got {t}")
+        t = check_count(self.num_levels, "max_trials (levels T)")
         if self.sequence not in ("independent", "noise_reduction"):
             raise ValueError(
                 f"sequence must be 'independent' or 'noise_reduction', got {self.sequence!r}"
             )
-        set_frozen(self, iat_epsilon=e, num_levels=int(self.num_levels))
+        set_frozen(self, iat_epsilon=e, num_levels=t)
 
     @property
     def name(self) -> str:
@@ -649,12 +638,10 @@ class StabilityValidationPrivacy(PrivacyTransform):
 
     def __post_init__(self) -> None:
         a = check_positive(self.validation_epsilon, "validation_epsilon (alpha2)")
-        if isinstance(self.k, bool) or int(self.k) != self.k or self.k < 1:
-            raise ValueError(f"k must be an integer >= 1, got {self.k}")
         d = float(self.stability_delta)
         if not (0.0 <= d < 1.0):
             raise ValueError(f"stability_delta must be in [0, 1), got {self.stability_delta}")
-        set_frozen(self, validation_epsilon=a, k=int(self.k), stability_delta=d)
+        set_frozen(self, validation_epsilon=a, k=check_count(self.k, "k"), stability_delta=d)
 
     @property
     def delta(self) -> float:
@@ -712,9 +699,7 @@ class BestOfKPrivacy(PrivacyTransform):
     )
 
     def __post_init__(self) -> None:
-        if int(self.k) != self.k or self.k < 1:
-            raise ValueError(f"k must be an integer >= 1, got {self.k}")
-        set_frozen(self, k=int(self.k))
+        set_frozen(self, k=check_count(self.k, "k"))
 
     def pure_dp(self, epsilon: float) -> float:
         return self.k * check_epsilon(epsilon)

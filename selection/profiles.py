@@ -27,7 +27,7 @@ from selection.checks import (
     check_poisson_mean,
     set_frozen,
 )
-from selection.counts import TruncatedNegativeBinomial
+from selection.counts import TnbParameters
 
 __all__ = [
     "CandidateProfile",
@@ -222,7 +222,7 @@ class ProfileSelectionBound:
 
 
 @dataclass(frozen=True)
-class RandomStoppingProfile(ProfileSelectionBound):
+class RandomStoppingProfile(TnbParameters, ProfileSelectionBound):
     """Profile bound (*) of `ProfileSelectionBound` for K ~ D_{eta,gamma} (PS Def. 1).
 
     phi'(1 - s) = E[K] (1 + s (1 - gamma)/gamma)^-(eta + 1): the pgf of D_{eta,gamma} is phi(z) =
@@ -231,20 +231,13 @@ class RandomStoppingProfile(ProfileSelectionBound):
     s)^-(eta + 1), normalised by phi'(1) = E[K].
     """
 
-    shape: float
-    gamma: float
-
-    def __post_init__(self) -> None:
-        count = TruncatedNegativeBinomial(self.shape, self.gamma)  # validates
-        set_frozen(self, shape=count.shape, gamma=count.gamma)
-
     @property
     def mean(self) -> float:  # type: ignore[override]
-        return TruncatedNegativeBinomial(self.shape, self.gamma).mean
+        return self.count.mean
 
     @property
     def name(self) -> str:  # type: ignore[override]
-        return f"random_stopping/{TruncatedNegativeBinomial(self.shape, self.gamma).name}/profile"
+        return f"random_stopping/{self.count.name}/profile"
 
     @property
     def theorem(self) -> str:  # type: ignore[override]

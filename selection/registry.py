@@ -159,28 +159,9 @@ def _mean(mean_trials: float) -> float:
     return float(mean_trials)
 
 
-register(
-    MethodInfo(
-        "logarithmic",
-        "random stopping, logarithmic count (Papernot & Steinke 2022, Thm 2, eta = 0)",
-        ("mean_trials",),
-        (),
-        lambda mean_trials: RandomStopping.logarithmic(_mean(mean_trials)),
-        method_class=RandomStopping,
-    )
-)
-register(
-    MethodInfo(
-        "geometric",
-        "random stopping, geometric count (Liu & Talwar 2019, Thm 3.2; with max_trials our bounds)",
-        ("mean_trials",),
-        ("max_trials",),
-        lambda mean_trials, max_trials=None: RandomStopping.geometric(
-            _mean(mean_trials), max_trials
-        ),
-        method_class=RandomStopping,
-    )
-)
+def _stopping(name: str, summary: str, build: Callable, required=("mean_trials",), optional=()):
+    """Registers a random-stopping method (its ``method_class`` is `RandomStopping`)."""
+    register(MethodInfo(name, summary, required, optional, build, method_class=RandomStopping))
 
 
 def _shape(shape: float) -> float:
@@ -192,27 +173,29 @@ def _shape(shape: float) -> float:
     return float(shape)
 
 
-register(
-    MethodInfo(
-        "tnb",
-        "random stopping, truncated negative binomial count (Papernot & Steinke 2022, Thm 2)",
-        ("mean_trials", "shape"),
-        (),
-        lambda mean_trials, shape: RandomStopping.truncated_negative_binomial(
-            _mean(mean_trials), _shape(shape)
-        ),
-        method_class=RandomStopping,
-    )
+_stopping(
+    "logarithmic",
+    "random stopping, logarithmic count (Papernot & Steinke 2022, Thm 2, eta = 0)",
+    lambda mean_trials: RandomStopping.logarithmic(_mean(mean_trials)),
 )
-register(
-    MethodInfo(
-        "poisson",
-        "random stopping, Poisson count (Papernot & Steinke 2022, Thm 6)",
-        ("mean_trials",),
-        (),
-        lambda mean_trials: RandomStopping.poisson(_mean(mean_trials)),
-        method_class=RandomStopping,
-    )
+_stopping(
+    "geometric",
+    "random stopping, geometric count (Liu & Talwar 2019, Thm 3.2; with max_trials our bounds)",
+    lambda mean_trials, max_trials=None: RandomStopping.geometric(_mean(mean_trials), max_trials),
+    optional=("max_trials",),
+)
+_stopping(
+    "tnb",
+    "random stopping, truncated negative binomial count (Papernot & Steinke 2022, Thm 2)",
+    lambda mean_trials, shape: RandomStopping.truncated_negative_binomial(
+        _mean(mean_trials), _shape(shape)
+    ),
+    required=("mean_trials", "shape"),
+)
+_stopping(
+    "poisson",
+    "random stopping, Poisson count (Papernot & Steinke 2022, Thm 6)",
+    lambda mean_trials: RandomStopping.poisson(_mean(mean_trials)),
 )
 register(
     MethodInfo(
@@ -220,9 +203,7 @@ register(
         "first candidate above a threshold, coin-flip stopping (Liu & Talwar 2019, Thm 3.1)",
         ("threshold", "stop_probability"),
         ("max_trials",),
-        lambda threshold, stop_probability, max_trials=None: Thresholding(
-            threshold, stop_probability, max_trials
-        ),
+        Thresholding,
         privacy_only={"threshold": 0.0},
         method_class=Thresholding,
     )
@@ -234,9 +215,7 @@ register(
         "(Liu & Talwar 2019, §4.1 with Dwork & Roth 2014, Thm 3.23)",
         ("target_percentile", "noise_scale", "max_trials"),
         (),
-        lambda target_percentile, noise_scale, max_trials: PercentileSparseVector(
-            target_percentile, noise_scale, max_trials
-        ),
+        PercentileSparseVector,
         privacy_only={"target_percentile": 0.5},
         method_class=PercentileSparseVector,
     )
@@ -248,9 +227,7 @@ register(
         "against the target; charged the worst case eps_A + T eps (Ligett et al. 2017, Lemma 2.8)",
         ("threshold", "score_sensitivity", "iat_epsilon", "max_trials"),
         (),
-        lambda threshold, score_sensitivity, iat_epsilon, max_trials: AccuracyFirst(
-            threshold, score_sensitivity, iat_epsilon, max_trials
-        ),
+        AccuracyFirst,
         privacy_only={"threshold": 0.0, "score_sensitivity": 1.0},
         method_class=AccuracyFirst,
     )
@@ -275,7 +252,7 @@ register(
         "best of exactly k candidates, priced by composition (baseline)",
         ("k",),
         (),
-        lambda k: BestOfK(k),
+        BestOfK,
         method_class=BestOfK,
     )
 )
@@ -285,7 +262,7 @@ register(
         "best of k candidates with NO guarantee (debugging only)",
         ("k",),
         (),
-        lambda k: NonPrivateBest(k),
+        NonPrivateBest,
         method_class=NonPrivateBest,
     )
 )

@@ -1,32 +1,29 @@
 """Calibration: the DP-SGD noise multiplier that makes the *whole* tuning run meet a total budget.
 
-Total epsilon falls as the noise multiplier sigma grows (every route is monotone in sigma: more
-noise is post-processing), so the smallest sufficient sigma is a root of
-``total_epsilon(sigma) - target``, found with scipy's Brent method on log(sigma) and then rounded
-up until the statement meets the target.  PLD evaluations at the default discretisation are slow
-(0.3 to 3 s at 7000 steps), so the fast RDP route gives a starting point and the PLD search runs
-at a ten times coarser discretisation (1e-3 nats): a pessimistic PLD is a valid bound at any
-discretisation, so its answer meets the target; it is about 0.1-0.3% above the sigma the default
-discretisation would allow.  The statement is then computed at the default discretisation, and
-the search is repeated there, near the coarse answer, when the statement's epsilon is not within
-``5 * rtol`` below the target (e.g. best-of-10 composition of 7000-step runs, 1% off coarsely).
+Every route's total epsilon falls as sigma grows (more noise is post-processing), so the smallest
+sufficient sigma is a root of ``total_epsilon(sigma) - target``, found by Brent's method on
+log(sigma) and rounded up until the target holds. PLD evaluations at the default discretisation
+are slow (0.3-3 s at 7000 steps), so the RDP route gives a start and the PLD search runs ten times
+coarser (1e-3 nats): a pessimistic PLD is a valid bound at any discretisation, so its answer meets
+the target (0.1-0.3% above the default's). The statement is computed at the default
+discretisation, and the search repeated there, near the coarse answer, when the statement is not
+within ``5 * rtol`` below the target.
 
-With a ``memo`` (a mapping that outlives the process, :class:`FileMemo`), the search's answer is
-remembered under a digest of everything the search depends on, and a later identical calibration
-(a second run of a config, a resumed run) starts from it: the statement is still computed at the
-remembered sigma and must meet the same tightness test, so a remembered value can only save the
-search, never loosen or break the guarantee (one that fails the test is searched again).
+A ``memo`` (:class:`FileMemo`) remembers the answer under a digest of everything the search
+depends on; a later identical calibration starts from it, but the statement is still computed at
+that sigma and must pass the same test, so a remembered value can only save the search.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
 import os
 import sys
 from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -39,16 +36,6 @@ from dptune.accounting.epsilon import PLD_DISCRETIZATION, check_delta
 from dptune.accounting.events import DpSgdCandidate, as_candidates
 from dptune.accounting.statement import PrivacyStatement
 from selection.privacy import BestOfKPrivacy, SingleRunPrivacy
-
-__all__ = [
-    "Calibration",
-    "FileMemo",
-    "cache_root",
-    "calibrate",
-    "calibrate_noise",
-    "default_memo",
-    "naive_trials",
-]
 
 #: sigma is searched in [SIGMA_MIN, SIGMA_MAX]; beyond, the target is called unreachable.
 SIGMA_MIN, SIGMA_MAX = 0.05, 1e4
@@ -69,14 +56,10 @@ class Calibration:
 
     Attributes:
       noise_multiplier: the smallest sigma found (within ``rtol``, rounded up) for which the whole
-        tuning run is (target_epsilon, delta)-DP.
-      statement: the ``PrivacyStatement`` at that sigma (its total_epsilon <= target_epsilon).
-      target_epsilon, delta: the budget.
+        tuning run is (target_epsilon, delta)-DP; ``statement`` is the statement at it.
       untuned_noise_multiplier: sigma for ONE run (no tuning) to meet the same budget.
-      naive_noise_multiplier: sigma for naive best-of-``naive_trials`` (composition) to meet it;
-        None when the selection is a single run.
-      naive_trials: k used for the naive comparison (the selection's expected number of trials,
-        rounded up), or None.
+      naive_noise_multiplier: sigma for naive best-of-``naive_trials`` (composition; k the
+        selection's expected number of trials, rounded up), None for a single run.
     """
 
     noise_multiplier: float
@@ -88,15 +71,8 @@ class Calibration:
     naive_trials: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "noise_multiplier": self.noise_multiplier,
-            "target_epsilon": self.target_epsilon,
-            "delta": self.delta,
-            "untuned_noise_multiplier": self.untuned_noise_multiplier,
-            "naive_noise_multiplier": self.naive_noise_multiplier,
-            "naive_trials": self.naive_trials,
-            "statement": self.statement.to_dict(),
-        }
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "statement"}
+        return {**out, "statement": self.statement.to_dict()}
 
 
 def naive_trials(transform) -> int | None:
@@ -105,45 +81,13 @@ def naive_trials(transform) -> int | None:
     Random stopping: E[K] (``mean``); thresholding and capped random stopping: 1/gamma, the
     expected number of trials when no candidate passes (LT Alg. 1/2); best-of-k: k; one run: None.
     """
-    if transform is None or isinstance(transform, SingleRunPrivacy):
-        return None
-    if isinstance(transform, BestOfKPrivacy):
-        return transform.k
+    k = totals.composition_count(transform)
+    if k is not None:
+        return None if k == 1 else k
     mean = getattr(transform, "mean", None)
     if mean is None and getattr(transform, "gamma", None):
         mean = 1.0 / transform.gamma
     return None if mean is None else max(1, math.ceil(mean - 1e-9))
-
-
-def _epsilon_fn(
-    make_candidates: Callable[[float], Any],
-    transform,
-    delta: float,
-    accountant: str,
-    discretization: float = PLD_DISCRETIZATION,
-) -> Callable[[float], float]:
-    def eps(sigma: float) -> float:
-        # So little noise that the privacy loss is beyond float64 (exp(epsilon) overflows past
-        # epsilon ~ 709, e.g. while a target of 1000 is searched): the accountant's answer is not
-        # a number, which is read as "no guarantee at this sigma" (infinite epsilon), never as one
-        # that holds. The inputs were checked before the search, so a ValueError here is that.
-        candidates = make_candidates(sigma)
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            try:
-                found = totals.routes(
-                    candidates, transform, delta, accountant, discretization=discretization
-                )
-            except ValueError:
-                return math.inf
-        if not found:
-            raise ValueError(
-                f"accountant={accountant!r} has no route for selection "
-                f"{getattr(transform, 'name', transform)!r}; try accountant='auto'."
-            )
-        best = min(r.epsilon for r in found)
-        return best if math.isfinite(best) else math.inf
-
-    return eps
 
 
 def _solve(
@@ -153,12 +97,10 @@ def _solve(
 
     The bracket is found by walking from ``start`` in steps of ``ratio`` (doubling in log space).
     """
-    cache: dict[float, float] = {}
 
-    def gap(log_sigma: float) -> float:
-        if log_sigma not in cache:  # no guarantee (inf) as a large finite gap: Brent needs one
-            cache[log_sigma] = min(eps(math.exp(log_sigma)) - target, 1e300)
-        return cache[log_sigma]
+    @functools.cache
+    def gap(log_sigma: float) -> float:  # no guarantee (inf) as a large finite gap: Brent needs one
+        return min(eps(math.exp(log_sigma)) - target, 1e300)
 
     step = math.log(ratio)
     hi = math.log(min(max(start, SIGMA_MIN), SIGMA_MAX))
@@ -189,6 +131,11 @@ def _solve(
     while gap(sigma) > 0:  # Brent's root is within xtol: round up until the target holds
         sigma += rtol / 2
     return math.exp(sigma)
+
+
+def _tight(epsilon: float, target: float, rtol: float) -> bool:
+    """Whether ``epsilon`` meets ``target`` within ``5 * rtol`` below it (else searched again)."""
+    return target * (1 - 5 * rtol) <= epsilon <= target
 
 
 def calibrate(
@@ -222,9 +169,8 @@ def calibrate(
     Raises:
       ValueError: invalid inputs, or a target no sigma in [0.05, 1e4] reaches.
     """
-    if isinstance(target_epsilon, bool) or not isinstance(target_epsilon, (int, float)):
-        raise ValueError(f"target_epsilon={target_epsilon!r} must be a number > 0.")
-    if not (math.isfinite(target_epsilon) and target_epsilon > 0):
+    t = target_epsilon
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < math.inf:
         raise ValueError(f"target_epsilon={target_epsilon!r} must be a finite number > 0.")
     delta = check_delta(delta)
     totals.check_accountant(accountant)
@@ -247,21 +193,10 @@ def calibrate(
     if memo is not None:
         key = _memo_key(make_candidates, transform, target_epsilon, delta, accountant, rtol)
     sigma, statement = search.final(transform, key)
-    untuned = naive = None
     k = naive_trials(transform)
-    if compare:
-        untuned = search.final(SingleRunPrivacy())[0]
-        if k is not None:
-            naive = search.final(BestOfKPrivacy(k))[0]
-    return Calibration(
-        noise_multiplier=sigma,
-        statement=statement,
-        target_epsilon=float(target_epsilon),
-        delta=delta,
-        untuned_noise_multiplier=untuned,
-        naive_noise_multiplier=naive,
-        naive_trials=k,
-    )
+    untuned = search.final(SingleRunPrivacy())[0] if compare else None
+    naive = search.final(BestOfKPrivacy(k))[0] if compare and k is not None else None
+    return Calibration(sigma, statement, float(target_epsilon), delta, untuned, naive, k)
 
 
 @dataclass(frozen=True)
@@ -277,13 +212,30 @@ class _Search:
     memo: MutableMapping[str, float] | None
 
     def solve(self, tr, acc: str, start: float, disc: float, ratio: float) -> float:
-        fn = _epsilon_fn(self.make_candidates, tr, self.delta, acc, disc)
-        return _solve(fn, self.target_epsilon, start, self.rtol, ratio)
+        def eps(sigma: float) -> float:
+            # So little noise that the privacy loss is beyond float64 (exp(epsilon) overflows past
+            # epsilon ~ 709, e.g. while a target of 1000 is searched): the accountant's answer is
+            # not a number, read as "no guarantee at this sigma" (infinite epsilon), never as one
+            # that holds. The inputs were checked before the search, so a ValueError here is that.
+            cands = self.make_candidates(sigma)
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                try:
+                    found = totals.routes(cands, tr, self.delta, acc, discretization=disc)
+                except ValueError:
+                    return math.inf
+            if not found:
+                raise ValueError(
+                    f"accountant={acc!r} has no route for selection "
+                    f"{getattr(tr, 'name', tr)!r}; try accountant='auto'."
+                )
+            best = min(r.epsilon for r in found)
+            return best if math.isfinite(best) else math.inf
+
+        return _solve(eps, self.target_epsilon, start, self.rtol, ratio)
 
     def calibrated(self, tr) -> float:
-        """Coarse to fine (module docstring): the fast RDP route gives a start, then the search
-        runs on a PLD ten times coarser -- itself a valid pessimistic bound, so its answer
-        already meets the target."""
+        """The RDP route's sigma, then (unless ``accountant="rdp"``) the coarse PLD's from there
+        (module docstring)."""
         try:
             start = self.solve(tr, "rdp", 1.0, PLD_DISCRETIZATION, 1.25)
         except ValueError:
@@ -303,28 +255,26 @@ class _Search:
         """sigma and the statement at it, within ``5 * rtol`` below the target (a remembered
         sigma under ``key`` is used only if its statement passes that same test)."""
         remembered = _recall(self.memo, key)
-        sigma = self.calibrated(tr) if remembered is None else remembered
+        if remembered is not None:
+            statement = self.statement(tr, remembered)
+            if _tight(statement.total_epsilon, self.target_epsilon, self.rtol):
+                return remembered, statement
+        sigma = self.calibrated(tr)
         statement = self.statement(tr, sigma)
-        target = self.target_epsilon
-        tight = target * (1 - 5 * self.rtol) <= statement.total_epsilon <= target
-        if remembered is not None and not tight:  # never trusted: searched as if not remembered
-            sigma, statement = self.final(tr)
-            self.memo[key] = sigma
-            return sigma, statement
-        if not tight:
+        if not _tight(statement.total_epsilon, self.target_epsilon, self.rtol):
             # The coarse PLD was too loose (long compositions), or -- never seen -- looser than
             # the default one: search again at the default discretisation, near the coarse answer.
             sigma = self.solve(tr, self.accountant, sigma, PLD_DISCRETIZATION, 1.005)
             statement = self.statement(tr, sigma)
-        if key is not None and remembered is None:
+        if key is not None:
             self.memo[key] = sigma
         return sigma, statement
 
 
 def _memo_key(make_candidates, transform, target_epsilon, delta, accountant, rtol) -> str:
     """A digest of everything the search depends on: the candidates (at sigma = 1 and 2), the
-    selection theorem and its parameters, the target, the accountant, and the versions of dptune's
-    accounting and of dp_accounting."""
+    theorem and its parameters, the budget, the accountant, rtol, dptune's and dp_accounting's
+    versions."""
     try:
         versions = [metadata.version("dp-accounting"), metadata.version("dptune")]
     except metadata.PackageNotFoundError:
@@ -437,8 +387,7 @@ def calibrate_noise(
     """``calibrate`` for one DP-SGD setting: Poisson rate ``sampling_rate`` in (0, 1], ``steps``
     (>= 1) and a fixed private-score noise ``score_noise_std`` (counts; None = public validation).
     """
-    # Validates q, steps and the score noise before any search.
-    DpSgdCandidate(sampling_rate, steps, 1.0, score_noise_std)
+    DpSgdCandidate(sampling_rate, steps, 1.0, score_noise_std)  # validates before any search
     return calibrate(
         lambda sigma: DpSgdCandidate(sampling_rate, steps, sigma, score_noise_std),
         transform,

@@ -1,6 +1,4 @@
-"""Privacy of one run (one candidate, or the worst case over a set of candidates) by RDP and by PLD.
-
-Everything here is computed by dp_accounting 0.6.0:
+"""Privacy of one run (one candidate, or the worst case over a set of candidates) by dp_accounting:
 
 * RDP: ``RdpAccountant`` (Mironov 2017, "Renyi Differential Privacy", Prop. 3 composition; Mironov,
   Talwar & Zhang 2019, "Renyi Differential Privacy of the Sampled Gaussian Mechanism", Sec. 3.3 for
@@ -10,10 +8,9 @@ Everything here is computed by dp_accounting 0.6.0:
   2022, "Connect the dots"), pessimistic discretisation, the maximum over the add and the remove
   direction.
 
-A set of candidates is accounted by its worst case: the pointwise maximum of the RDP curves, and the
-maximum of the ``delta(epsilon)`` curves (so the maximum of ``epsilon(delta)``) for PLD.  This bound
-holds uniformly for every candidate in the set, which is what the selection theorems and parallel
-composition (see ``events``) need.
+A set of candidates is accounted by its worst case (the pointwise maximum of the RDP curves, of
+the ``delta(epsilon)`` curves for PLD), a bound uniform over the set, as the selection theorems and
+parallel composition (``events``) need.
 """
 
 from __future__ import annotations
@@ -32,27 +29,13 @@ from dptune.accounting.events import (
     Candidate,
     ReplaceOneDpEvent,
     as_candidates,
-    dominating_dpsgd_candidate,
+    dominating_candidate,
     doubled_sensitivity,
     pareto_candidates,
 )
 
+_ADD_REMOVE = privacy_accountant_lib.NeighboringRelation.ADD_OR_REMOVE_ONE
 _REPLACE_ONE = privacy_accountant_lib.NeighboringRelation.REPLACE_ONE
-
-__all__ = [
-    "DEFAULT_ORDERS",
-    "PLD_DISCRETIZATION",
-    "check_delta",
-    "check_orders",
-    "clear_caches",
-    "composed_pld_epsilon",
-    "pld_delta",
-    "pld_epsilon",
-    "pld_profile",
-    "rdp_curve",
-    "rdp_delta",
-    "rdp_epsilon",
-]
 
 #: dp_accounting's default RDP orders: 1.1 ... 10.9 by 0.1, 11 ... 63, 128, 256, 512, 1024 (156).
 DEFAULT_ORDERS: np.ndarray = np.asarray(rdp_privacy_accountant.DEFAULT_RDP_ORDERS, dtype=np.float64)
@@ -74,12 +57,9 @@ def check_delta(delta: float) -> float:
 
 
 def check_orders(orders: Sequence[float]) -> np.ndarray:
-    """``orders`` as a 1-d float64 array; ValueError saying why when they are not Renyi orders.
-
-    Every order must be finite and > 1: dp_accounting's ``compute_epsilon`` turns an infinite
-    order into a NaN epsilon, which its ``argmin`` then picks and ``max(0, nan)`` reports as
-    epsilon 0; at order 1 the subsampled Gaussian's RDP is NaN.
-    """
+    """``orders`` as a 1-d float64 array, each finite and > 1 (else ValueError): dp_accounting's
+    ``compute_epsilon`` turns an infinite order into a NaN epsilon that ``max(0, nan)`` reports
+    as epsilon 0; at order 1 the subsampled Gaussian's RDP is NaN."""
     o = np.asarray(orders, dtype=np.float64)
     if o.ndim != 1 or o.size == 0:
         raise ValueError(f"orders must be a non-empty 1-d sequence of Renyi orders, got {orders!r}")
@@ -90,6 +70,13 @@ def check_orders(orders: Sequence[float]) -> np.ndarray:
             "(dp_accounting's default orders are accounting.DEFAULT_ORDERS)"
         )
     return o
+
+
+def _rdp_of(event: dp_event.DpEvent, orders, relation=_ADD_REMOVE) -> np.ndarray:
+    """dp_accounting's ``RdpAccountant`` curve (nats, at ``orders``) of ``event``."""
+    accountant = rdp_privacy_accountant.RdpAccountant(list(orders), relation)
+    accountant.compose(event)
+    return np.array(accountant.rdp, dtype=np.float64)
 
 
 def _unwrap_replace_one(event: dp_event.DpEvent) -> dp_event.DpEvent:
@@ -117,9 +104,7 @@ def _event_rdp(event: dp_event.DpEvent, orders: tuple[float, ...]) -> np.ndarray
             step.event.noise_multiplier, step.sampling_probability, orders
         )
     else:
-        accountant = rdp_privacy_accountant.RdpAccountant(list(orders))
-        accountant.compose(event)
-        rdp = np.array(accountant.rdp, dtype=np.float64)
+        rdp = _rdp_of(event, orders)
     rdp.setflags(write=False)  # cached: callers must not mutate it
     return rdp
 
@@ -130,34 +115,26 @@ def _step_rdp(
 ) -> np.ndarray:
     """The RDP curve (nats, at ``orders``) of one Poisson-subsampled Gaussian step under add/remove,
     by dp_accounting's ``RdpAccountant`` (Mironov, Talwar & Zhang 2019, Sec. 3.3)."""
-    accountant = rdp_privacy_accountant.RdpAccountant(list(orders))
-    accountant.compose(
-        dp_event.PoissonSampledDpEvent(sampling_prob, dp_event.GaussianDpEvent(noise_multiplier))
-    )
-    rdp = np.array(accountant.rdp, dtype=np.float64)
+    step = dp_event.PoissonSampledDpEvent(sampling_prob, dp_event.GaussianDpEvent(noise_multiplier))
+    rdp = _rdp_of(step, orders)
     rdp.setflags(write=False)  # cached: callers must not mutate it
     return rdp
 
 
 def _replace_one_rdp(event: dp_event.DpEvent, orders: tuple[float, ...]) -> np.ndarray:
-    """RDP curve of ``event`` (described under add/remove) under replace-one adjacency, by the
-    one rule of ``dptune.accounting.events``: the query moves by up to twice the
-    add/remove sensitivity.
+    """RDP curve of ``event`` (described under add/remove) under replace-one adjacency, by the rule
+    of ``dptune.accounting.events`` (the query moves by up to twice the add/remove sensitivity).
 
     * Gaussian(sigma), Laplace(b): the exact add/remove RDP of Gaussian(sigma / 2), Laplace(b / 2)
-      (what dp_accounting's PLD accountant computes for a Gaussian under ``REPLACE_ONE``; its RDP
-      accountant would keep the shift at 1).
-    * Sampling without replacement (defined under replace-one only): dp_accounting's
-      ``REPLACE_ONE`` RDP (Wang, Balle & Kasiviswanathan 2019, Thm 27) of the event with its
-      Gaussian's sigma halved.
-    * The Poisson-subsampled Gaussian (DP-SGD): a replacement is a removal followed by an addition,
-      and Mironov 2017 ("Renyi Differential Privacy"), Prop. 11 (weak triangle inequality, p = q =
-      2) bounds it from the add/remove curve eps(.):
+      (as dp_accounting's PLD accountant under ``REPLACE_ONE``; its RDP accountant keeps shift 1).
+    * Sampling without replacement (replace-one only): dp_accounting's ``REPLACE_ONE`` RDP (Wang,
+      Balle & Kasiviswanathan 2019, Thm 27) with the Gaussian's sigma halved.
+    * The Poisson-subsampled Gaussian (DP-SGD): a replacement is a removal then an addition, which
+      Mironov 2017 ("Renyi Differential Privacy"), Prop. 11 (weak triangle inequality, p = q = 2)
+      bounds from the add/remove curve eps(.) (loose, about twice it; ``auto`` takes the PLD's):
 
           D_a(P || R) <= (a - 1/2) / (a - 1) * eps(2a) + eps(2a - 1).
 
-      (Valid but loose, about twice the add/remove curve; the PLD route is exact up to
-      discretisation and the accountant's ``auto`` takes the tighter.)
     * Compositions: the sum of their parts' curves (RDP composition for one neighbouring pair);
       the triangle bound is linear in eps(.), so summing it per part equals applying it to the sum.
 
@@ -171,19 +148,11 @@ def _replace_one_rdp(event: dp_event.DpEvent, orders: tuple[float, ...]) -> np.n
     if isinstance(event, dp_event.SelfComposedDpEvent):
         return event.count * _replace_one_rdp(event.event, orders)
     if isinstance(event, (dp_event.GaussianDpEvent, dp_event.LaplaceDpEvent)):
-        accountant = rdp_privacy_accountant.RdpAccountant(list(orders))
-        accountant.compose(doubled_sensitivity(event))
-        return np.array(accountant.rdp, dtype=np.float64)
+        return _rdp_of(doubled_sensitivity(event), orders)
     if isinstance(event, dp_event.SampledWithoutReplacementDpEvent):
-        accountant = rdp_privacy_accountant.RdpAccountant(
-            list(orders), neighboring_relation=_REPLACE_ONE
-        )
-        accountant.compose(doubled_sensitivity(event))
-        return np.array(accountant.rdp, dtype=np.float64)
+        return _rdp_of(doubled_sensitivity(event), orders, _REPLACE_ONE)
     if isinstance(event, dp_event.PoissonSampledDpEvent):
-        accountant = rdp_privacy_accountant.RdpAccountant(list(np.concatenate([2 * a, 2 * a - 1])))
-        accountant.compose(event)
-        both = np.array(accountant.rdp, dtype=np.float64)
+        both = _rdp_of(event, np.concatenate([2 * a, 2 * a - 1]))
         eps_2a, eps_2a_1 = both[: len(a)], both[len(a) :]
         return (a - 0.5) / (a - 1.0) * eps_2a + eps_2a_1
     raise privacy_accountant_lib.UnsupportedEventError(
@@ -201,11 +170,8 @@ def _branches(candidates: Sequence[Candidate]) -> list[dp_event.DpEvent]:
 
 
 def rdp_curve(candidates, orders: Sequence[float] = DEFAULT_ORDERS) -> np.ndarray:
-    """Worst-case RDP curve (nats) of one run at ``orders``: max over candidates and branches.
-
-    Returns a new float64 array of shape ``(len(orders),)``.  Raises ``UnsupportedEventError`` when
-    an event has no RDP accounting in dp_accounting.
-    """
+    """Worst-case RDP curve (nats, a new float64 array of shape ``(len(orders),)``) of one run:
+    max over candidates and branches. ``UnsupportedEventError`` when dp_accounting has none."""
     key = tuple(float(a) for a in check_orders(orders))
     curves = [_event_rdp(b, key) for b in _branches(candidates)]
     return np.max(np.stack(curves), axis=0)
@@ -214,10 +180,8 @@ def rdp_curve(candidates, orders: Sequence[float] = DEFAULT_ORDERS) -> np.ndarra
 def rdp_epsilon(
     candidates, delta: float, orders: Sequence[float] = DEFAULT_ORDERS
 ) -> tuple[float, float]:
-    """(epsilon, optimal order) of one run at ``delta`` from its RDP curve.
-
-    Conversion: arXiv:2004.00010 Prop. 12 (dp_accounting's ``compute_epsilon``).
-    """
+    """(epsilon, optimal order) of one run at ``delta`` from its RDP curve (arXiv:2004.00010
+    Prop. 12, dp_accounting's ``compute_epsilon``)."""
     delta = check_delta(delta)
     eps, order = rdp_privacy_accountant.compute_epsilon(
         orders, rdp_curve(candidates, orders), delta
@@ -233,7 +197,8 @@ def rdp_delta(candidates, epsilon: float, orders: Sequence[float] = DEFAULT_ORDE
 
 
 class _Pld:
-    """A ``PrivacyLossDistribution`` with the accountant's ``get_epsilon``/``get_delta`` names."""
+    """A ``PrivacyLossDistribution`` read as ``PLDAccountant`` reads it (``get_epsilon`` and
+    ``get_delta`` of its ``_pld``)."""
 
     def __init__(self, pld: privacy_loss_distribution.PrivacyLossDistribution):
         self.pld = pld
@@ -252,70 +217,42 @@ def _is_dpsgd_step(event: dp_event.DpEvent) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
-def _step_pld(noise_multiplier: float, sampling_prob: float, discretization: float, relation=None):
+def _step_pld(sigma: float, q: float, disc: float, relation=_ADD_REMOVE):
     """The PLD of one Poisson-subsampled Gaussian step, as ``PLDAccountant`` builds it. Cached:
     building it costs 0.3-0.7 s, composing it ``steps`` times 0.1-0.2 s, and runs of different
-    lengths (a candidate after each epoch, the released curve) share it. ``relation`` None is
-    add/remove."""
-    kwargs = {} if relation is None else {"neighboring_relation": relation}
+    lengths (a candidate after each epoch, the released curve) share it."""
     return privacy_loss_distribution.from_gaussian_mechanism(
-        noise_multiplier,
-        sampling_prob=sampling_prob,
-        value_discretization_interval=discretization,
-        **kwargs,
+        sigma, sampling_prob=q, value_discretization_interval=disc, neighboring_relation=relation
     )
 
 
 @functools.lru_cache(maxsize=256)
-def _event_pld(event: dp_event.DpEvent, discretization: float):
-    """A PLD of ``event`` (pessimistic, add and remove directions), as dp_accounting builds it.
-
-    DP-SGD runs are built exactly as ``PLDAccountant`` does (``from_gaussian_mechanism(sigma,
-    sampling_prob=q).self_compose(steps)``), but k runs are the cached one-run PLD composed k times,
-    so best-of-k does not rebuild the 0.3 s PLD of one run. A :class:`ReplaceOneDpEvent` is built
-    under dp_accounting's ``REPLACE_ONE`` relation the same way.
+def _event_pld(event: dp_event.DpEvent, discretization: float, relation=_ADD_REMOVE):
+    """A PLD of ``event`` (pessimistic, add and remove directions) under ``relation`` (a
+    :class:`ReplaceOneDpEvent` under ``REPLACE_ONE``), as ``PLDAccountant``
+    builds it, but k DP-SGD runs (or steps) are the cached one-run (one-step) PLD composed k
+    times, so best-of-k does not rebuild the 0.3 s PLD of one run.
     """
     event = _unwrap_replace_one(event)
     if isinstance(event, ReplaceOneDpEvent):
-        return _event_pld_relation(event.event, discretization, _REPLACE_ONE)
+        return _event_pld(event.event, discretization, _REPLACE_ONE)
     if isinstance(event, dp_event.SelfComposedDpEvent):
         inner = event.event
         if isinstance(inner, dp_event.SelfComposedDpEvent) and _is_dpsgd_step(inner.event):
-            return _Pld(_event_pld(inner, discretization).pld.self_compose(event.count))
+            once = _event_pld(inner, discretization, relation).pld
+            return _Pld(once.self_compose(event.count))
         if _is_dpsgd_step(inner) and inner.sampling_probability > 0:
-            base = _step_pld(
-                inner.event.noise_multiplier, inner.sampling_probability, discretization
-            )
-            return _Pld(base.self_compose(event.count))
-    accountant = pld_privacy_accountant.PLDAccountant(value_discretization_interval=discretization)
+            sigma, q = inner.event.noise_multiplier, inner.sampling_probability
+            return _Pld(_step_pld(sigma, q, discretization, relation).self_compose(event.count))
+    accountant = pld_privacy_accountant.PLDAccountant(relation, discretization)
     accountant.compose(event)
-    return accountant
-
-
-def _event_pld_relation(event: dp_event.DpEvent, discretization: float, relation):
-    """``event``'s PLD under ``relation`` (replace-one), as ``PLDAccountant`` builds it."""
-    if isinstance(event, dp_event.SelfComposedDpEvent):
-        inner = event.event
-        if isinstance(inner, dp_event.SelfComposedDpEvent) and _is_dpsgd_step(inner.event):
-            base = _event_pld_relation(inner, discretization, relation).pld
-            return _Pld(base.self_compose(event.count))
-        if _is_dpsgd_step(inner) and inner.sampling_probability > 0:
-            base = _step_pld(
-                inner.event.noise_multiplier, inner.sampling_probability, discretization, relation
-            )
-            return _Pld(base.self_compose(event.count))
-    accountant = pld_privacy_accountant.PLDAccountant(
-        neighboring_relation=relation, value_discretization_interval=discretization
-    )
-    accountant.compose(event)
-    return accountant
+    return _Pld(accountant._pld)  # what its get_epsilon / get_delta read
 
 
 @functools.lru_cache(maxsize=65536)
 def _event_pld_epsilon(event: dp_event.DpEvent, discretization: float, delta: float) -> float:
-    """``_event_pld(event).get_epsilon(delta)``, cached: one statement asks for the same number
-    more than once (the single-run epsilon, then the single-run route), and each call is a pass
-    over the PLD in Python (10-20 ms at a few hundred DP-SGD steps)."""
+    """``_event_pld(event).get_epsilon(delta)``, cached: a statement asks for it more than once
+    (single-run epsilon and route), each a Python pass over the PLD (10-20 ms)."""
     return float(_event_pld(event, discretization).get_epsilon(delta))
 
 
@@ -334,11 +271,8 @@ def pld_delta(
     candidates, epsilon: float | Sequence[float], *, discretization: float = PLD_DISCRETIZATION
 ) -> float | np.ndarray:
     """delta (hockey-stick divergence) of one run at ``epsilon`` (scalar or 1-d array) by PLD, max
-    over candidates and branches, capped at 1.
-
-    Scalar calls, cached: dp_accounting's vectorised ``get_delta_for_epsilon`` loops in Python over
-    the PMF and is slower than a few hundred scalar calls.
-    """
+    over candidates and branches, capped at 1. Scalar calls, cached (dp_accounting's vectorised
+    ``get_delta_for_epsilon`` loops in Python and is slower than a few hundred of them)."""
     eps = np.atleast_1d(np.asarray(epsilon, dtype=np.float64))
     out = np.zeros_like(eps)
     for b in _branches(candidates):
@@ -347,22 +281,12 @@ def pld_delta(
     return float(out[0]) if np.ndim(epsilon) == 0 else out
 
 
-def _pld_of(obj) -> privacy_loss_distribution.PrivacyLossDistribution:
-    """The ``PrivacyLossDistribution`` inside `_event_pld`'s result (a `_Pld` or an accountant)."""
-    return obj.pld if isinstance(obj, _Pld) else obj._pld  # PLDAccountant keeps it in _pld
-
-
 def _dense_deltas(pmf: Any, epsilons: np.ndarray) -> np.ndarray:
     """dp_accounting's ``DensePLDPmf.get_delta_for_epsilon(epsilons)`` for sorted ``epsilons``,
-    the same sums in the same order, vectorised.
-
-    delta(eps) = inf_mass + sum over losses l > eps of p(l) - e^eps * sum of p(l) e^-l
-    (dp_accounting's ``_get_delta_for_epsilon_vectorized``, which walks the PMF from its largest
-    loss down in a Python loop: 0.1-0.5 s for 600 epsilons). Both running sums are accumulated
-    from the largest loss down, element after element as there (``np.cumsum`` adds sequentially),
-    on the same float64 losses and products, so the result is bitwise the same
-    (tests/dptune/accounting/test_step_pld_cache.py compares them).
-    """
+    vectorised: delta(eps) = inf_mass + sum over losses l > eps of p(l) - e^eps * sum of p(l) e^-l.
+    dp_accounting walks the PMF from its largest loss down in a Python loop (0.1-0.5 s for 600
+    epsilons); both running sums here are accumulated in the same order (``np.cumsum`` adds
+    sequentially) on the same float64 values, so the result is bitwise the same (tested)."""
     losses = (np.arange(pmf.size) + pmf._lower_loss) * pmf._discretization
     probs = np.asarray(pmf._probs, dtype=np.float64)
     inf_mass = pmf._infinity_mass
@@ -388,7 +312,7 @@ def _profile_of(pld: privacy_loss_distribution.PrivacyLossDistribution, epsilons
 def _event_pld_profile(
     event: dp_event.DpEvent, discretization: float, epsilons: tuple[float, ...]
 ) -> np.ndarray:
-    out = _profile_of(_pld_of(_event_pld(event, discretization)), np.asarray(epsilons))
+    out = _profile_of(_event_pld(event, discretization).pld, np.asarray(epsilons))
     out.setflags(write=False)  # cached
     return out
 
@@ -397,12 +321,8 @@ def pld_profile(
     candidates, epsilons: Sequence[float], *, discretization: float = PLD_DISCRETIZATION
 ) -> np.ndarray:
     """The privacy profile delta(eps) of one run at each of ``epsilons`` (sorted ascending), by
-    PLD: the max over candidates, branches and the add/remove directions, capped at 1.
-
-    One vectorised pass over each branch's PMF per direction (:func:`_dense_deltas`, bitwise
-    dp_accounting's ``get_delta_for_epsilon``; a few ms where dp_accounting's loop takes 0.1-1 s)
-    instead of one scalar call per epsilon.
-    """
+    PLD: the max over candidates, branches and the add/remove directions, capped at 1 (one
+    vectorised pass per branch and direction, :func:`_dense_deltas`)."""
     key = tuple(float(e) for e in epsilons)
     if np.any(np.diff(np.asarray(key)) < 0):
         raise ValueError("epsilons must be sorted in ascending order")
@@ -415,35 +335,25 @@ def pld_profile(
 def composed_pld_epsilon(
     candidates, count: int, delta: float, *, discretization: float = PLD_DISCRETIZATION
 ) -> float:
-    """epsilon at ``delta`` of ``count`` runs composed (naive best-of-k), by PLD.
-
-    Needs one run that dominates every candidate (``dominating_dpsgd_candidate``) or a single
-    candidate; raises ValueError otherwise (composing different PLDs has no simple worst case).
-    Each run's branches act on disjoint splits that stay fixed across runs, so the k-fold
-    composition is the max over branches of each branch composed k times (basic composition per
-    split, parallel composition across splits).
+    """epsilon at ``delta`` of ``count`` runs composed (naive best-of-k), by PLD, of the run that
+    dominates every candidate (``dominating_candidate``; ValueError when there is none). Each
+    run's branches act on disjoint splits, fixed across runs, so the k-fold composition is the max
+    over branches of each branch composed k times (basic composition per split, parallel across).
     """
     delta = check_delta(delta)
-    cands = pareto_candidates(as_candidates(candidates))
-    if len(cands) > 1:
-        dom = dominating_dpsgd_candidate(cands)
-        if dom is None:
-            raise ValueError(
-                "composition by PLD needs one candidate that dominates all others; these "
-                "candidates are heterogeneous user DpEvents: use accountant='rdp' (pointwise "
-                "max of RDP curves)."
-            )
-        cands = (dom,)
-    composed = [dp_event.SelfComposedDpEvent(b, int(count)) for b in cands[0].branches()]
+    dom = dominating_candidate(candidates)
+    if dom is None:
+        raise ValueError(
+            "composition by PLD needs one candidate that dominates all others; these "
+            "candidates are heterogeneous user DpEvents: use accountant='rdp' (pointwise "
+            "max of RDP curves)."
+        )
+    composed = [dp_event.SelfComposedDpEvent(b, int(count)) for b in dom.branches()]
     return max(_event_pld_epsilon(e, discretization, delta) for e in composed)
 
 
 def clear_caches() -> None:
     """Forgets the cached RDP curves, PLDs and PLD deltas (benchmarks time cold calls)."""
-    _event_rdp.cache_clear()
-    _step_rdp.cache_clear()
-    _event_pld.cache_clear()
-    _event_pld_epsilon.cache_clear()
-    _step_pld.cache_clear()
-    _event_pld_delta.cache_clear()
-    _event_pld_profile.cache_clear()
+    for cached in (_event_rdp, _step_rdp, _event_pld, _event_pld_epsilon, _step_pld,
+                   _event_pld_delta, _event_pld_profile):  # fmt: skip
+        cached.cache_clear()

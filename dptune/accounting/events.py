@@ -9,26 +9,13 @@ parallel composition (McSherry 2009, "Privacy Integrated Queries", Thm 4). Hence
 guarantee is the worse of its branches: the pointwise maximum of their RDP curves, and the maximum
 of their ``delta(epsilon)`` curves (hockey-stick divergences) for PLD.
 
-Adjacency. By default add/remove one example (dp_accounting's ``ADD_OR_REMOVE_ONE``). With
-``adjacency="replace_one"`` (datasets of a fixed, public size) a neighbour replaces one example by
-another; the candidate's branches are then wrapped in :class:`ReplaceOneDpEvent`, which the
-accountant (``epsilon``) evaluates under dp_accounting's ``REPLACE_ONE`` relation. Under
-replace-one the two examples may fall in different splits (one leaves training, the other joins
-validation), so the training and the score branches then compose
-(see :meth:`DpSgdCandidate.branches`).
-
-The replace-one rule (one rule on every route). Every event describes its mechanism
-under add/remove: a noise multiplier is the noise over the add/remove sensitivity (the bound on
-one example's contribution). A replacement removes one example and adds another, so it moves the
-query by up to twice that: dp_accounting's PLD accountant reads a ``GaussianDpEvent`` this way
-under ``REPLACE_ONE`` (its privacy loss shifts by 2 x sensitivity; ``REPLACE_SPECIAL`` is the
-add/remove loss), and so does every dptune route: a Gaussian(sigma) or Laplace(b) is accounted as
-an add/remove Gaussian(sigma / 2) or Laplace(b / 2) (exact), sampling without replacement by
-dp_accounting's ``REPLACE_ONE`` RDP with the Gaussian's sigma halved, and a Poisson-subsampled
-Gaussian by dp_accounting's ``REPLACE_ONE`` PLD (or Mironov 2017, Prop. 11 from its add/remove RDP
-curve). Other events (``REPLACE_ONE_EVENTS`` lists the supported ones) have no known replace-one
-sensitivity here and are refused. dp_accounting's own RDP accountant keeps the shift at 1 under
-``REPLACE_ONE`` for a plain Gaussian, so it is never asked for one.
+Adjacency: add/remove one example (default), or ``adjacency="replace_one"`` (a fixed, public
+dataset size); the branches are then wrapped in :class:`ReplaceOneDpEvent`, accounted under
+dp_accounting's ``REPLACE_ONE``, and training and score compose (:meth:`DpSgdCandidate.branches`).
+The replace-one rule (docs/privacy-model.md), on every route: events describe their mechanism
+under add/remove, and a replacement moves the query by up to twice that sensitivity, as
+dp_accounting's PLD accountant reads ``REPLACE_ONE`` (:func:`doubled_sensitivity`; the RDP forms
+are in ``epsilon._replace_one_rdp``). Events with no known replace-one sensitivity are refused.
 """
 
 from __future__ import annotations
@@ -43,84 +30,39 @@ from typing import Any, Protocol, runtime_checkable
 import attr
 from dp_accounting import dp_event
 
-__all__ = [
-    "ADJACENCIES",
-    "REPLACE_ONE_EVENTS",
-    "ReplaceOneDpEvent",
-    "Candidate",
-    "CandidateLike",
-    "DpSgdCandidate",
-    "EventCandidate",
-    "as_candidates",
-    "check_replace_one_event",
-    "dominating_dpsgd_candidate",
-    "doubled_sensitivity",
-    "pareto_candidates",
-    "pure_epsilon",
-]
-
-
 #: Neighbouring relations: add/remove one example (default) or replace one example.
 ADJACENCIES = ("add_remove", "replace_one")
 
 
-#: Event types a user candidate may be built from under replace-one (the rule in the module
-#: docstring); compositions of them too.
-REPLACE_ONE_EVENTS = (
-    dp_event.NoOpDpEvent,
-    dp_event.GaussianDpEvent,
-    dp_event.LaplaceDpEvent,
-    dp_event.PoissonSampledDpEvent,
-    dp_event.SampledWithoutReplacementDpEvent,
-    dp_event.ComposedDpEvent,
-    dp_event.SelfComposedDpEvent,
-)
-
-
-def check_replace_one_event(event: dp_event.DpEvent) -> None:
-    """ValueError unless every part of ``event`` has a replace-one form under the module's rule:
-    Gaussian, Laplace and no-op events, Poisson-subsampled or without-replacement-sampled
-    Gaussians, and compositions of these."""
-    if isinstance(event, dp_event.ComposedDpEvent):
-        for e in event.events:
-            check_replace_one_event(e)
-        return
-    if isinstance(event, dp_event.SelfComposedDpEvent):
-        check_replace_one_event(event.event)
-        return
-    if isinstance(
-        event, (dp_event.PoissonSampledDpEvent, dp_event.SampledWithoutReplacementDpEvent)
-    ) and not isinstance(event.event, dp_event.GaussianDpEvent):
-        raise ValueError(
-            f"replace-one adjacency: a sampled {type(event.event).__name__} has no replace-one "
-            "form in dptune (only sampled Gaussians); describe the candidate under add_remove"
-        )
-    if not isinstance(event, REPLACE_ONE_EVENTS):
-        raise ValueError(
-            f"replace-one adjacency: {type(event).__name__} has no known replace-one sensitivity "
-            "(dptune doubles the add/remove sensitivity of Gaussian and Laplace events; see "
-            "dptune.accounting.events): describe the candidate with those events, or use "
-            "adjacency='add_remove'"
-        )
-
-
 def doubled_sensitivity(event: dp_event.DpEvent) -> dp_event.DpEvent:
-    """``event`` with every Gaussian's and Laplace's noise multiplier halved: its replace-one form
-    under the module's rule (the query moves by up to twice the add/remove sensitivity).
-    Sampling events keep their sampling; their inner Gaussian is halved too."""
-    if isinstance(event, dp_event.GaussianDpEvent):
-        return dp_event.GaussianDpEvent(event.noise_multiplier / 2.0)
-    if isinstance(event, dp_event.LaplaceDpEvent):
-        return dp_event.LaplaceDpEvent(event.noise_multiplier / 2.0)
+    """``event``'s replace-one form under the module's rule: every Gaussian's and Laplace's noise
+    multiplier halved (also inside sampling without replacement); a Poisson-subsampled Gaussian is
+    kept (accounted by its ``REPLACE_ONE`` PLD, or Mironov 2017, Prop. 11). ValueError for any
+    other event."""
+    if isinstance(event, (dp_event.GaussianDpEvent, dp_event.LaplaceDpEvent)):
+        return type(event)(event.noise_multiplier / 2.0)
     if isinstance(event, dp_event.ComposedDpEvent):
         return dp_event.ComposedDpEvent(tuple(doubled_sensitivity(e) for e in event.events))
     if isinstance(event, dp_event.SelfComposedDpEvent):
         return dp_event.SelfComposedDpEvent(doubled_sensitivity(event.event), event.count)
+    sampled = (dp_event.PoissonSampledDpEvent, dp_event.SampledWithoutReplacementDpEvent)
+    if isinstance(event, sampled) and not isinstance(event.event, dp_event.GaussianDpEvent):
+        raise ValueError(
+            f"replace-one adjacency: a sampled {type(event.event).__name__} has no replace-one "
+            "form in dptune (only sampled Gaussians); describe the candidate under add_remove"
+        )
     if isinstance(event, dp_event.SampledWithoutReplacementDpEvent):
         return dp_event.SampledWithoutReplacementDpEvent(
             event.source_dataset_size, event.sample_size, doubled_sensitivity(event.event)
         )
-    return event
+    if isinstance(event, (dp_event.PoissonSampledDpEvent, dp_event.NoOpDpEvent)):
+        return event
+    raise ValueError(
+        f"replace-one adjacency: {type(event).__name__} has no known replace-one sensitivity "
+        "(dptune doubles the add/remove sensitivity of Gaussian and Laplace events; see "
+        "dptune.accounting.events): describe the candidate with those events, or use "
+        "adjacency='add_remove'"
+    )
 
 
 def check_adjacency(adjacency: str) -> str:
@@ -131,32 +73,19 @@ def check_adjacency(adjacency: str) -> str:
 
 @attr.s(frozen=True)
 class ReplaceOneDpEvent(dp_event.DpEvent):
-    """``event`` accounted under replace-one adjacency (dp_accounting's ``REPLACE_ONE``).
-
-    A marker for dptune's accountant: dp_accounting's accountants take the relation as a
-    constructor argument, not per event, and a worst case over candidates may mix events.
-    """
+    """``event`` accounted under replace-one adjacency (dp_accounting's ``REPLACE_ONE``): a marker,
+    since dp_accounting's accountants take the relation per accountant, not per event."""
 
     event = attr.ib()
 
 
 @runtime_checkable
 class Candidate(Protocol):
-    """What the accountant needs of a candidate: its parallel branches and its inputs
-    (JSON-safe)."""
+    """What the accountant needs of a candidate: its parallel branches and JSON-safe inputs."""
 
     def branches(self) -> tuple[dp_event.DpEvent, ...]: ...
 
     def params(self) -> dict[str, Any]: ...
-
-
-def _check_positive_finite(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name}={value!r} must be a real number.")
-    value = float(value)
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name}={value!r} must be a finite number > 0.")
-    return value
 
 
 @dataclass(frozen=True)
@@ -193,21 +122,18 @@ class DpSgdCandidate:
             raise ValueError(
                 f"steps={s!r} must be an integer >= 1 (the number of noisy gradient steps)."
             )
-        sigma = self.noise_multiplier
-        if isinstance(sigma, bool) or not isinstance(sigma, numbers.Real) or not (sigma > 0):
-            raise ValueError(
-                f"noise_multiplier={sigma!r} must be > 0: with no noise DP-SGD is not private."
-            )
-        if not math.isfinite(sigma):
-            raise ValueError(f"noise_multiplier={sigma!r} must be finite.")
-        if self.score_noise_std is not None:
-            _check_positive_finite("score_noise_std", self.score_noise_std)
+        for name in ("noise_multiplier", "score_noise_std"):
+            v = getattr(self, name)
+            if v is None and name == "score_noise_std":
+                continue
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 < v < math.inf:
+                raise ValueError(
+                    f"{name}={v!r} must be a finite number > 0 (with no noise nothing is private)."
+                )
+            object.__setattr__(self, name, float(v))
         check_adjacency(self.adjacency)
         object.__setattr__(self, "sampling_rate", float(q))
         object.__setattr__(self, "steps", int(s))
-        object.__setattr__(self, "noise_multiplier", float(sigma))
-        if self.score_noise_std is not None:
-            object.__setattr__(self, "score_noise_std", float(self.score_noise_std))
 
     @classmethod
     def from_dpsgd_privacy(
@@ -215,28 +141,19 @@ class DpSgdCandidate:
     ) -> DpSgdCandidate:
         """From anything with ``sampling_rate``, ``steps``, ``noise_multiplier``
         (``trainers.spec.dpsgd_privacy``)."""
-        return cls(
-            sampling_rate=privacy.sampling_rate,
-            steps=privacy.steps,
-            noise_multiplier=privacy.noise_multiplier,
-            score_noise_std=score_noise_std,
-            adjacency=adjacency,
-        )
+        p = privacy
+        return cls(p.sampling_rate, p.steps, p.noise_multiplier, score_noise_std, adjacency)
 
     def training_event(self) -> dp_event.DpEvent:
         """``steps`` compositions of the Poisson-subsampled Gaussian (Abadi et al. 2016, Alg. 1)."""
-        return dp_event.SelfComposedDpEvent(
-            dp_event.PoissonSampledDpEvent(
-                self.sampling_rate, dp_event.GaussianDpEvent(self.noise_multiplier)
-            ),
-            self.steps,
-        )
+        noise = dp_event.GaussianDpEvent(self.noise_multiplier)
+        step = dp_event.PoissonSampledDpEvent(self.sampling_rate, noise)
+        return dp_event.SelfComposedDpEvent(step, self.steps)
 
     def score_event(self) -> dp_event.DpEvent | None:
         """The noisy validation count: Gaussian mechanism, sensitivity 1, noise multiplier = std."""
-        if self.score_noise_std is None:
-            return None
-        return dp_event.GaussianDpEvent(self.score_noise_std)
+        std = self.score_noise_std
+        return None if std is None else dp_event.GaussianDpEvent(std)
 
     def branches(self) -> tuple[dp_event.DpEvent, ...]:
         """Add/remove: training and score act on disjoint splits (parallel composition): the
@@ -258,16 +175,8 @@ class DpSgdCandidate:
         return (train,) if score is None else (train, score)
 
     def params(self) -> dict[str, Any]:
-        out = {
-            "kind": "dpsgd",
-            "sampling_rate": self.sampling_rate,
-            "steps": self.steps,
-            "noise_multiplier": self.noise_multiplier,
-            "score_noise_std": self.score_noise_std,
-        }
-        if self.adjacency != "add_remove":
-            out["adjacency"] = self.adjacency
-        return out
+        names = ("sampling_rate", "steps", "noise_multiplier", "score_noise_std")
+        return _with_adjacency({"kind": "dpsgd", **{n: getattr(self, n) for n in names}}, self)
 
 
 @dataclass(frozen=True)
@@ -297,7 +206,7 @@ class EventCandidate:
                 "DpEvents: describe the candidate as one event"
             )
         if self.adjacency == "replace_one":
-            check_replace_one_event(self.event)
+            doubled_sensitivity(self.event)  # refuses an event with no replace-one form
 
     def branches(self) -> tuple[dp_event.DpEvent, ...]:
         if self.adjacency == "replace_one":
@@ -305,15 +214,16 @@ class EventCandidate:
         return (self.event, *self.parallel)
 
     def params(self) -> dict[str, Any]:
-        out = {
-            "kind": "event",
-            "label": self.label,
-            "event": _event_to_json(self.event),
-            "parallel": [_event_to_json(e) for e in self.parallel],
-        }
-        if self.adjacency != "add_remove":
-            out["adjacency"] = self.adjacency
-        return out
+        out = {"kind": "event", "label": self.label, "event": _event_to_json(self.event)}
+        out["parallel"] = [_event_to_json(e) for e in self.parallel]
+        return _with_adjacency(out, self)
+
+
+def _with_adjacency(params: dict[str, Any], candidate: Any) -> dict[str, Any]:
+    """``params`` naming the adjacency when it is not the default (older params stay equal)."""
+    if candidate.adjacency != "add_remove":
+        params["adjacency"] = candidate.adjacency
+    return params
 
 
 def _event_to_json(event: dp_event.DpEvent) -> Any:
@@ -358,12 +268,7 @@ def _as_candidate(x: Any) -> Candidate:
     if isinstance(x, dp_event.DpEvent):
         return EventCandidate(x)
     if all(hasattr(x, a) for a in ("sampling_rate", "steps", "noise_multiplier")):
-        return DpSgdCandidate(
-            sampling_rate=x.sampling_rate,
-            steps=x.steps,
-            noise_multiplier=x.noise_multiplier,
-            score_noise_std=getattr(x, "score_noise_std", None),
-        )
+        return DpSgdCandidate.from_dpsgd_privacy(x, getattr(x, "score_noise_std", None))
     if isinstance(x, Candidate):
         return x
     raise ValueError(
@@ -373,18 +278,12 @@ def _as_candidate(x: Any) -> Candidate:
 
 
 def as_candidates(candidates: CandidateLike | Iterable[CandidateLike]) -> tuple[Candidate, ...]:
-    """Normalises one candidate or a collection of them into a non-empty, de-duplicated tuple.
-
-    A collection means *every candidate the sampler can draw*: the accountant holds uniformly over
-    all of them.
-    """
+    """One candidate or a collection of them (*every candidate the sampler can draw*: the
+    accountant holds uniformly over all of them) as a non-empty, de-duplicated tuple."""
     if isinstance(candidates, (str, bytes)):
         raise ValueError(f"candidates={candidates!r} is not a candidate description.")
-    items: Sequence[Any]
-    if isinstance(candidates, Iterable) and not isinstance(candidates, dp_event.DpEvent):
-        items = list(candidates)
-    else:
-        items = [candidates]
+    one = not isinstance(candidates, Iterable) or isinstance(candidates, dp_event.DpEvent)
+    items = [candidates] if one else list(candidates)
     if not items:
         raise ValueError("candidates=[] is empty: give at least one candidate.")
     out: dict[Any, None] = {}
@@ -399,31 +298,10 @@ def as_candidates(candidates: CandidateLike | Iterable[CandidateLike]) -> tuple[
     return tuple(out) + tuple(unhashable)
 
 
-def _dominates(a: DpSgdCandidate, b: DpSgdCandidate) -> bool:
-    """Whether run ``a`` is at least as privacy-lossy as ``b`` in every branch.
-
-    The Poisson-subsampled Gaussian's hockey-stick divergences grow with q (its dominating pair
-    (N(0,s^2), (1-q)N(0,s^2) + qN(1,s^2)) is a mixture whose divergence is convex in q and 0 at q =
-    0), with the number of steps (composition), and as sigma falls (adding noise is
-    post-processing).  The same holds for RDP.
-    """
-    if a.adjacency != "add_remove" or b.adjacency != "add_remove":
-        return a == b  # monotonicity in q is shown for add/remove only; keep every other run
-    if a.sampling_rate < b.sampling_rate or a.steps < b.steps:
-        return False
-    if a.noise_multiplier > b.noise_multiplier:
-        return False
-    if b.score_noise_std is None:
-        return True
-    return a.score_noise_std is not None and a.score_noise_std <= b.score_noise_std
-
-
 def pareto_candidates(candidates: Sequence[Candidate]) -> tuple[Candidate, ...]:
-    """Drops DP-SGD candidates that another DP-SGD candidate dominates (their curves lie below it).
-
-    The worst case over a search space is then taken over few candidates instead of the whole
-    privacy grid.
-    """
+    """Drops DP-SGD candidates that another DP-SGD candidate dominates (its curves lie above
+    theirs, ``dominating_dpsgd_candidate``): the worst case over a search space is then taken over
+    few candidates instead of the whole privacy grid."""
 
     def lossiness(c: DpSgdCandidate) -> tuple[float, float, float, float]:
         std = math.inf if c.score_noise_std is None else c.score_noise_std
@@ -435,17 +313,20 @@ def pareto_candidates(candidates: Sequence[Candidate]) -> tuple[Candidate, ...]:
     dpsgd = sorted((c for c in candidates if isinstance(c, DpSgdCandidate)), key=lossiness)
     front: list[DpSgdCandidate] = []
     for c in dpsgd:
-        if not any(_dominates(k, c) for k in front):
+        if not any(dominating_dpsgd_candidate((k, c)) == k for k in front):
             front.append(c)
     return tuple(front) + tuple(c for c in candidates if not isinstance(c, DpSgdCandidate))
 
 
 def dominating_dpsgd_candidate(candidates: Sequence[Candidate]) -> DpSgdCandidate | None:
-    """A DP-SGD run dominating every candidate (max q, steps; min sigma, score std), or None.
+    """A DP-SGD run dominating every candidate (max q, steps; min sigma, score std), or None when
+    a candidate is not a ``DpSgdCandidate`` (or several are, under replace-one).
 
-    Any sequence of runs drawn from ``candidates`` is then dominated by the same number of copies of
-    it, which is what composition (naive best-of-k) by PLD needs.  None when a candidate is not a
-    ``DpSgdCandidate``.
+    The Poisson-subsampled Gaussian's hockey-stick divergences (and RDP) grow with q (its
+    dominating pair (N(0,s^2), (1-q)N(0,s^2) + qN(1,s^2)) is a mixture whose divergence is convex
+    in q and 0 at q = 0; shown for add/remove only), with the number of steps (composition), and
+    as sigma falls (adding noise is post-processing). So any sequence of runs drawn from
+    ``candidates`` is dominated by as many copies of it, as composition by PLD needs.
     """
     if not all(isinstance(c, DpSgdCandidate) for c in candidates):
         return None
@@ -458,6 +339,12 @@ def dominating_dpsgd_candidate(candidates: Sequence[Candidate]) -> DpSgdCandidat
         noise_multiplier=min(c.noise_multiplier for c in candidates),
         score_noise_std=min(stds) if stds else None,
     )
+
+
+def dominating_candidate(candidates: Any) -> Candidate | None:
+    """The one candidate left by ``pareto_candidates``, else ``dominating_dpsgd_candidate``."""
+    cands = pareto_candidates(as_candidates(candidates))
+    return cands[0] if len(cands) == 1 else dominating_dpsgd_candidate(cands)
 
 
 def pure_epsilon(event: dp_event.DpEvent) -> float | None:

@@ -16,31 +16,21 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from dptune.accounting.epsilon import DEFAULT_ORDERS, check_delta
 from dptune.accounting.events import as_candidates
 
-__all__ = ["repeat_and_select_event", "repeat_and_select_epsilon"]
 
-
-def repeat_and_select_event(candidate, mean: float, shape: float) -> dp_event.DpEvent:
-    """``RepeatAndSelectDpEvent`` over one single-branch candidate.
-
-    Args:
-      candidate: one candidate (no private score: dp_accounting has no parallel composition).
-      mean: E[K] >= 1.
-      shape: 0 logarithmic, 1 geometric, (0, inf) truncated negative binomial, ``math.inf``
-        Poisson (dp_accounting rejects shape < 0).
-    """
+def repeat_and_select_epsilon(candidate, mean: float, shape: float, delta: float) -> float:
+    """epsilon at ``delta`` of dp_accounting's RDP repeat-and-select route (default orders) over one
+    candidate without a private score (dp_accounting's event takes one event: no parallel
+    composition). ``mean``: E[K] >= 1; ``shape``: 0 logarithmic, 1 geometric, (0, inf) truncated
+    negative binomial, ``math.inf`` Poisson (dp_accounting rejects shape < 0)."""
+    delta = check_delta(delta)
     cands = as_candidates(candidate)
     if len(cands) != 1 or len(cands[0].branches()) != 1:
         raise ValueError(
             "dp_accounting's RepeatAndSelectDpEvent takes one event: give one candidate without a "
             "private score."
         )
-    return dp_event.RepeatAndSelectDpEvent(cands[0].branches()[0], float(mean), float(shape))
-
-
-def repeat_and_select_epsilon(candidate, mean: float, shape: float, delta: float) -> float:
-    """epsilon at ``delta`` of dp_accounting's RDP repeat-and-select route (default orders)."""
-    delta = check_delta(delta)
+    event = dp_event.RepeatAndSelectDpEvent(cands[0].branches()[0], float(mean), float(shape))
     accountant = rdp_privacy_accountant.RdpAccountant(list(DEFAULT_ORDERS))
-    accountant.compose(repeat_and_select_event(candidate, mean, shape))
+    accountant.compose(event)
     eps = accountant.get_epsilon(delta)
     return math.inf if eps is None else float(eps)

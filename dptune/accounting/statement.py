@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
-
-__all__ = ["PrivacyStatement", "SEEDED_NOTE", "NOT_PRIVATE_NOTE"]
 
 SEEDED_NOTE = (
     "This run used a fixed seed instead of the operating system's entropy: the guarantee holds "
@@ -61,11 +59,9 @@ class PrivacyStatement:
       total_epsilon: epsilon of the whole procedure (all candidates trained, the selection, the
         release), at ``delta``; ``inf`` for a non-private run.
       delta: the total delta (0 for a pure-DP statement).
-      single_run_epsilon: epsilon of one untuned run at ``single_run_delta`` (by the tightest route
+      single_run_epsilon, single_run_delta: one untuned run's (epsilon, delta) (the tightest route
         of the requested accountant), for comparison.
-      single_run_delta: the delta at which ``single_run_epsilon`` is stated (the requested delta).
-      method: the selection method's name (``selection.privacy`` transform ``name``), or
-        ``"single_run"``.
+      method: the selection transform's ``name`` (``"single_run"`` for one run).
       theorem: paper and theorem behind ``total_epsilon``.
       accountant: the route that gave ``total_epsilon``: ``"pld"``, ``"rdp"`` or ``"pure"``.
       route: one line saying how the number was computed.
@@ -114,40 +110,19 @@ class PrivacyStatement:
         return self.total_epsilon / self.single_run_epsilon
 
     def all_notes(self) -> tuple[str, ...]:
-        extra = ()
-        if not self.private:
-            extra += (NOT_PRIVATE_NOTE,)
-        if self.seeded:
-            extra += (SEEDED_NOTE,)
-        return extra + tuple(self.notes)
+        flags = ((NOT_PRIVATE_NOTE,) if not self.private else ()) + (
+            (SEEDED_NOTE,) if self.seeded else ()
+        )
+        return flags + tuple(self.notes)
 
     def to_dict(self) -> dict[str, Any]:
         """Every field plus ``overhead`` and the rendered notes; JSON-safe (inf becomes "inf")."""
-        d = {
-            "total_epsilon": self.total_epsilon,
-            "delta": self.delta,
-            "single_run_epsilon": self.single_run_epsilon,
-            "single_run_delta": self.single_run_delta,
-            "overhead": self.overhead,
-            "method": self.method,
-            "theorem": self.theorem,
-            "accountant": self.accountant,
-            "route": self.route,
-            "rdp_order": self.rdp_order,
-            "seeded": self.seeded,
-            "private": self.private,
-            "adjacency": self.adjacency,
-            "notes": list(self.all_notes()),
-            "selection": dict(self.selection),
-            "candidates": [dict(c) for c in self.candidates],
-        }
-        if self.assumptions or self.checked or self.trainer_word or self.published:
-            d.update(
-                assumptions=list(self.assumptions),
-                checked=list(self.checked),
-                trainer_word=list(self.trainer_word),
-                published=list(self.published),
-            )
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d.update(overhead=self.overhead, notes=self.all_notes())
+        provenance = ("assumptions", "checked", "trainer_word", "published")
+        if not any(d[k] for k in provenance):  # statements without them keep their old form
+            for k in provenance:
+                del d[k]
         return _json_safe(d)
 
     def to_json(self, **kwargs: Any) -> str:
@@ -156,35 +131,19 @@ class PrivacyStatement:
     def to_text(self) -> str:
         """A human-readable statement (in the spirit of TF Privacy's
         ``compute_dp_sgd_privacy_statement``)."""
-        lines: list[str] = []
-        if not self.private:
-            lines += [NOT_PRIVATE_NOTE, ""]
+        lines = [] if self.private else [NOT_PRIVATE_NOTE, ""]
         lines.append("Candidates (the guarantee holds for every one the search can draw):")
-        shown = self.candidates[:_MAX_LISTED]
-        for c in shown:
-            if c.get("kind") == "dpsgd":
-                score = (
-                    "exact score (public validation split)"
-                    if c.get("score_noise_std") is None
-                    else f"validation count + Gaussian noise of std {c['score_noise_std']:g}"
-                    + (
-                        " (composed with training: a replacement can touch both splits)"
-                        if c.get("adjacency") == "replace_one"
-                        else " (parallel composition with training: needs a per-record split)"
-                    )
-                )
-                lines.append(
-                    f"  DP-SGD: {c['steps']} steps, "
-                    f"Poisson sampling rate {c['sampling_rate']:.6g}, "
-                    f"noise multiplier {c['noise_multiplier']:.6g}; {score}."
-                )
-            else:
-                lines.append(f"  {c.get('label', 'event')}: {json.dumps(_json_safe(c['event']))}")
-        if len(self.candidates) > len(shown):
-            lines.append(
-                f"  ... and {len(self.candidates) - len(shown)} more settings (all in to_dict())."
-            )
+        lines += [f"  {_candidate_text(c)}" for c in self.candidates[:_MAX_LISTED]]
+        if len(self.candidates) > _MAX_LISTED:
+            more = len(self.candidates) - _MAX_LISTED
+            lines.append(f"  ... and {more} more settings (all in to_dict()).")
         sel = ", ".join(f"{k}={v}" for k, v in self.selection.items())
+        order = f" (optimal Renyi order {self.rdp_order:g})" if self.rdp_order else ""
+        neighbours = (
+            "replacing one example (fixed, public size)"
+            if self.adjacency == "replace_one"
+            else "adding or removing one example"
+        )
         lines += [
             "",
             f"Selection: {self.method}" + (f" ({sel})" if sel else "") + ".",
@@ -196,35 +155,42 @@ class PrivacyStatement:
             f"The whole tuning run satisfies ({_fmt(self.total_epsilon)}, {self.delta:g})-DP "
             f"(overhead x{_fmt(self.overhead)}).",
             f"  Theorem: {self.theorem}.",
-            f"  Accountant: {self.accountant}; {self.route}"
-            + (f" (optimal Renyi order {self.rdp_order:g})" if self.rdp_order else "")
-            + ".",
-            (
-                "  Neighbouring datasets differ by replacing one example (fixed, public size)."
-                if self.adjacency == "replace_one"
-                else "  Neighbouring datasets differ by adding or removing one example."
-            ),
+            f"  Accountant: {self.accountant}; {self.route}{order}.",
+            f"  Neighbouring datasets differ by {neighbours}.",
         ]
-        notes = self.all_notes()
-        notes = tuple(n for n in notes if n != NOT_PRIVATE_NOTE)
-        if notes:
-            lines.append("")
-            lines += [f"Note: {n}" for n in notes]
-        if self.checked:
-            lines += ["", "Checked by dptune:"] + [f"  - {s}" for s in self.checked]
-        if self.trainer_word:
-            lines += [
-                "",
-                "Taken on the trainer's word (dptune cannot see inside it; check it "
-                "empirically with `dptune audit`):",
-            ] + [f"  - {s}" for s in self.trainer_word]
+        notes = [n for n in self.all_notes() if n != NOT_PRIVATE_NOTE]  # stated on top
+        trainer_word = (
+            "Taken on the trainer's word (dptune cannot see inside it; check it empirically "
+            "with `dptune audit`):"
+        )
+        for head, items in (
+            (None, [f"Note: {n}" for n in notes]),
+            ("Checked by dptune:", [f"  - {x}" for x in self.checked]),
+            (trainer_word, [f"  - {x}" for x in self.trainer_word]),
+        ):
+            if items:
+                lines += ["", *([head] if head else []), *items]
         if self.published:
             lines += ["", f"Released of the selected candidate: {_published(self.published)}."]
         if self.assumptions:
-            lines += [
-                "",
-                "Assumptions (docs/privacy-model.md): "
-                + ", ".join(f"`{a}`" for a in self.assumptions)
-                + ".",
-            ]
+            names = ", ".join(f"`{a}`" for a in self.assumptions)
+            lines += ["", f"Assumptions (docs/privacy-model.md): {names}."]
         return "\n".join(lines)
+
+
+def _candidate_text(c: dict[str, Any]) -> str:
+    """One line describing a candidate from its ``params()``."""
+    if c.get("kind") != "dpsgd":
+        return f"{c.get('label', 'event')}: {json.dumps(_json_safe(c['event']))}"
+    score = "exact score (public validation split)"
+    if c.get("score_noise_std") is not None:
+        how = (
+            "composed with training: a replacement can touch both splits"
+            if c.get("adjacency") == "replace_one"
+            else "parallel composition with training: needs a per-record split"
+        )
+        score = f"validation count + Gaussian noise of std {c['score_noise_std']:g} ({how})"
+    return (
+        f"DP-SGD: {c['steps']} steps, Poisson sampling rate {c['sampling_rate']:.6g}, "
+        f"noise multiplier {c['noise_multiplier']:.6g}; {score}."
+    )

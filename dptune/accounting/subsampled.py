@@ -1,45 +1,31 @@
 """Accounting of subsampled tuning: tune on a per-record Poisson subset, retrain once on all data.
 
 The procedure (Koskela & Kulkarni 2023, "Practical Differentially Private Hyperparameter Tuning
-with Subsampling", NeurIPS 2023, arXiv:2301.11989, [KK]): draw a subset X_1 of the private data,
-each record independently with probability ``fraction`` (Poisson subsampling); run a private
-selection (random stopping, ...) over candidates trained on X_1 only; train the selected
-hyperparameters once more on the full data X and release that final model with the selected
-hyperparameters. The whole is the adaptive composition of two mechanisms:
+with Subsampling", arXiv:2301.11989, [KK]): draw a subset X_1 of the private data, each record
+independently with probability ``fraction``; run a private selection over candidates trained on
+X_1 only; train the selected hyperparameters h once more on all of X and release that model and h.
+The whole is the adaptive composition of T(X) = Tune(X_1) and F_h(X). The structure is [KK]'s; the
+bound is assembled from the results below, not from a formula of [KK]:
 
-  T(X) = Tune(X_1)            the tuning phase, its output h (hyperparameters, or "nothing"),
-  F_h(X)                      the final run on all data with h.
-
-How each part is bounded here (the structure is [KK]'s; the bound is assembled from the results
-named below, not from a formula of [KK], whose theorems we could not read in full when this was
-written -- only the abstract and introduction were available):
-
-1. **Tune on X_1**: the selection theorem of ``selection.privacy`` applied to the candidates'
-   privacy *with respect to X_1* (``dptune.accounting.total_privacy``, its tightest route): Tune is
-   (eps_T, delta_T)-DP with respect to adding or removing one record of X_1.
-2. **Amplification by Poisson subsampling** (Balle, Barthe & Gaboardi 2018, "Privacy Amplification
-   by Subsampling: Tight Analyses via Couplings and Divergences", NeurIPS 2018, arXiv:1807.01647,
-   Thm 8, add/remove relation): if M is (eps, delta)-DP, then M applied to a Poisson subsample with
-   rate f is (log(1 + f (e^eps - 1)), f delta)-DP. So T is (eps', delta') = (log(1 + f (e^eps_T -
-   1)), f delta_T)-DP with respect to X (:func:`amplify`). It needs each record's membership to
-   be an independent Bernoulli(f) draw, secret, and unchanged for every other record when one is
+1. **Tune on X_1**: the selection theorem (``total_privacy``, its tightest route) on the
+   candidates' privacy with respect to X_1: (eps_T, delta_T)-DP for one record of X_1.
+2. **Amplification by Poisson subsampling** (Balle, Barthe & Gaboardi 2018, arXiv:1807.01647,
+   Thm 8, add/remove): (eps, delta)-DP on a rate-f Poisson subsample is
+   (log(1 + f (e^eps - 1)), f delta)-DP (:func:`amplify`). It needs each record's membership to
+   be an independent, secret Bernoulli(f) draw, unchanged for every other record when one is
    added or removed: ``trainers.data.record_subset_mask``.
-3. **Adaptive composition by PLD**: an (eps', delta')-DP mechanism is f_{eps', delta'}-DP, whose
-   dominating pair is the four-point pair dp_accounting's ``from_privacy_parameters`` builds
-   (Kairouz, Oh & Viswanath 2015, the randomized response with a delta atom that simulates every
-   (eps, delta)-DP mechanism), and the adaptive composition of f-DP mechanisms is f-DP for the
-   tensor product of their trade-off functions (Dong, Roth & Su 2022, "Gaussian Differential
-   Privacy", Thm 3.2), i.e. the composition of their dominating PLDs: so the whole is bounded by
-   ``from_privacy_parameters(eps', delta')`` composed with the final run's PLD (dp_accounting). The
-   final run's hyperparameters are chosen by T, so one PLD must dominate F_h for every h T may
-   output: a single candidate, or the dominating DP-SGD run of every candidate in the grid
-   (``dominating_dpsgd_candidate``). F's branches (training, noisy validation count) act on
-   disjoint splits, so a record meets T and one branch: the total is the maximum over branches of
-   T composed with that branch (:func:`composed_epsilon`).
+3. **Adaptive composition by PLD**: an (eps', delta')-DP mechanism is dominated by the four-point
+   pair of dp_accounting's ``from_privacy_parameters`` (Kairouz, Oh & Viswanath 2015), and
+   adaptive composition of f-DP mechanisms is f-DP for the tensor product of their trade-off
+   functions (Dong, Roth & Su 2022, "Gaussian Differential Privacy", Thm 3.2): the composition of
+   their dominating PLDs. F_h must be dominated for every h T may output: a single candidate, or
+   the dominating DP-SGD run of the grid (``dominating_dpsgd_candidate``). F's branches act on
+   disjoint splits, so the total is the maximum over branches of T composed with the branch
+   (:func:`composed_epsilon`).
 
-The total delta is shared: the tuning phase gets ``TUNING_DELTA_SHARE`` of it with respect to X
-(delta' = share * delta, so delta_T = delta' / f on the subset); the composition is then evaluated
-at the full delta (the delta' atom is inside the composed PLD, so nothing is counted twice).
+The tuning phase gets ``TUNING_DELTA_SHARE`` of the total delta with respect to X (delta_T = that /
+f on the subset); the composition is evaluated at the full delta (the delta' atom is inside the
+composed PLD, so nothing is counted twice).
 """
 
 from __future__ import annotations
@@ -54,25 +40,9 @@ from dp_accounting.pld import privacy_loss_distribution
 
 from dptune.accounting import calibration
 from dptune.accounting import epsilon as single
-from dptune.accounting.events import (
-    adjacency_of,
-    as_candidates,
-    dominating_dpsgd_candidate,
-    pareto_candidates,
-)
+from dptune.accounting.events import adjacency_of, as_candidates, dominating_candidate
 from dptune.accounting.statement import PrivacyStatement
 from dptune.accounting.totals import total_privacy
-
-__all__ = [
-    "TUNING_DELTA_SHARE",
-    "SubsampledTuning",
-    "amplify",
-    "calibrate_final",
-    "composed_epsilon",
-    "final_candidate",
-    "subsampled_statement",
-    "subset_epsilon",
-]
 
 #: Share of the total delta that the tuning phase gets (with respect to the full data).
 TUNING_DELTA_SHARE = 0.1
@@ -87,10 +57,9 @@ THEOREM = (
 
 
 def _check_fraction(fraction: float) -> float:
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
-        raise ValueError(f"fraction={fraction!r} must be a number in (0, 1)")
-    if not 0 < fraction < 1:
-        raise ValueError(f"fraction={fraction!r} must be in (0, 1) (1 would be no subsampling)")
+    f = fraction
+    if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < 1:
+        raise ValueError(f"fraction={f!r} must be a number in (0, 1) (1 would be no subsampling)")
     return float(fraction)
 
 
@@ -114,13 +83,9 @@ def subset_epsilon(epsilon_full: float, fraction: float) -> float:
 
 
 def final_candidate(candidates: Any) -> Any:
-    """One candidate whose PLD dominates the final run for every hyperparameter setting the tuning
-    phase may select: the only one, or ``dominating_dpsgd_candidate`` of them (ValueError if the
-    candidates are heterogeneous user events: no single PLD is known to dominate them)."""
-    cands = pareto_candidates(as_candidates(candidates))
-    if len(cands) == 1:
-        return cands[0]
-    dom = dominating_dpsgd_candidate(cands)
+    """One candidate whose PLD dominates the final run for every setting the tuning phase may
+    select (``dominating_candidate``; ValueError for heterogeneous user events: none is known)."""
+    dom = dominating_candidate(candidates)
     if dom is None:
         raise ValueError(
             "subsampled tuning composes the tuning phase with ONE final run whose settings the "
@@ -151,7 +116,7 @@ def composed_epsilon(
     )
     out = 0.0
     for branch in final.branches():
-        pld = single._pld_of(single._event_pld(branch, discretization))
+        pld = single._event_pld(branch, discretization).pld
         out = max(out, float(pld.compose(tuning).get_epsilon_for_delta(delta)))
     return out
 
@@ -198,33 +163,23 @@ def subsampled_statement(
     cands = as_candidates(final_candidates)
     total = composed_epsilon(cands, eps_t, delta_t, delta)
     one = total_privacy(cands, None, delta, "auto")
-    return PrivacyStatement(
-        total_epsilon=total,
-        delta=float(delta),
-        single_run_epsilon=one.single_run_epsilon,
-        single_run_delta=float(delta),
-        method=f"subsampled/{tuning.method}",
-        theorem=THEOREM,
-        accountant="pld",
-        route=(
-            f"tuning phase: {tuning.method} on a per-record Poisson subset (rate {fraction:g}), "
-            f"({tuning.total_epsilon:.4g}, {tuning.delta:.3g})-DP on the subset by "
-            f"{tuning.theorem} ({tuning.accountant}), amplified to ({eps_t:.4g}, {delta_t:.3g}) "
-            "on the full data; composed with the final run's PLD (max over its branches)"
-        ),
-        candidates=one.candidates,
-        selection={
-            "fraction": float(fraction),
-            "tuning_epsilon": eps_t,
-            "tuning_delta": delta_t,
-            "subset_epsilon": float(tuning.total_epsilon),
-            "subset_delta": float(tuning.delta),
-            **{f"tuning_{k}": v for k, v in tuning.selection.items()},
-        },
-        seeded=seeded,
-        notes=tuple(notes) + (_tuning_note(tuning),),
-        adjacency=adjacency_of(cands),
+    route = (
+        f"tuning phase: {tuning.method} on a per-record Poisson subset (rate {fraction:g}), "
+        f"({tuning.total_epsilon:.4g}, {tuning.delta:.3g})-DP on the subset by "
+        f"{tuning.theorem} ({tuning.accountant}), amplified to ({eps_t:.4g}, {delta_t:.3g}) "
+        "on the full data; composed with the final run's PLD (max over its branches)"
     )
+    selection = {
+        "fraction": float(fraction), "tuning_epsilon": eps_t, "tuning_delta": delta_t,
+        "subset_epsilon": float(tuning.total_epsilon), "subset_delta": float(tuning.delta),
+        **{f"tuning_{k}": v for k, v in tuning.selection.items()},
+    }  # fmt: skip
+    d = float(delta)
+    return PrivacyStatement(
+        total, d, one.single_run_epsilon, d, f"subsampled/{tuning.method}", THEOREM, "pld", route,
+        candidates=one.candidates, selection=selection, seeded=seeded,
+        notes=(*notes, _tuning_note(tuning)), adjacency=adjacency_of(cands),
+    )  # fmt: skip
 
 
 def _tuning_note(tuning: PrivacyStatement) -> str:
@@ -254,23 +209,16 @@ def calibrate_final(
 ) -> float:
     """The smallest noise multiplier (within ``rtol``, rounded up) of the final run for which the
     tuning phase (``tuning_epsilon``, ``tuning_delta``) composed with it is within
-    ``target_epsilon`` at ``delta``. ValueError when none in [0.05, 1e4] is.
-
-    As ``dptune.accounting.calibrate``: a coarse PLD first (a valid pessimistic bound, so its
-    answer meets the target), then the default discretisation near it when that is not tight.
-    """
+    ``target_epsilon`` at ``delta`` (ValueError when none in [0.05, 1e4] is), searched coarse to
+    fine as ``dptune.accounting.calibrate`` does."""
 
     def eps_fn(disc: float) -> Callable[[float], float]:
         return lambda sigma: composed_epsilon(
             make_candidates(sigma), tuning_epsilon, tuning_delta, delta, discretization=disc
         )
 
-    sigma = calibration._solve(
-        eps_fn(calibration.COARSE_DISCRETIZATION), float(target_epsilon), 1.0, rtol, 1.25
-    )
-    total = eps_fn(single.PLD_DISCRETIZATION)(sigma)
-    if not target_epsilon * (1 - 5 * rtol) <= total <= target_epsilon:
-        sigma = calibration._solve(
-            eps_fn(single.PLD_DISCRETIZATION), float(target_epsilon), sigma, rtol, 1.005
-        )
+    target, fine = float(target_epsilon), eps_fn(single.PLD_DISCRETIZATION)
+    sigma = calibration._solve(eps_fn(calibration.COARSE_DISCRETIZATION), target, 1.0, rtol)
+    if not calibration._tight(fine(sigma), target, rtol):
+        sigma = calibration._solve(fine, target, sigma, rtol, 1.005)
     return sigma

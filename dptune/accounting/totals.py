@@ -1,26 +1,23 @@
 """Total privacy of a tuning run: the candidates' guarantee pushed through a selection theorem.
 
-The selection theorems live once, in ``selection.privacy`` (one ``PrivacyTransform`` per theorem);
-this module only feeds them the candidates' privacy, computed by dp_accounting, along every route
-the theorem admits, and keeps the tightest:
+The selection theorems live in ``selection.privacy`` (one ``PrivacyTransform`` each); this module
+feeds them the candidates' privacy (dp_accounting) along every route the theorem admits:
 
-* ``pure``: candidates that are pure epsilon-DP (Laplace) -> ``transform.pure_dp(eps)``;
-  delta = 0.
-* ``rdp``: the candidates' worst-case RDP curve -> ``transform.rdp(orders, curve, ...)`` ->
-  epsilon at delta (arXiv:2004.00010 Prop. 12).  Theorems that need an (eps-hat, delta-hat)
-  statement of one run (Papernot & Steinke 2022, Thm 6, Poisson) get delta-hat from the same RDP
-  curve: this reproduces dp_accounting's ``RepeatAndSelectDpEvent`` exactly.
-* ``pld``: the same, but delta-hat comes from the run's PLD (tighter).  Thm 6 assumes the base
-  algorithm is (eps-hat, delta-hat)-DP and nothing about where that statement came from, so any
-  valid statement may be used -- a pessimistic PLD's delta(eps) is one.  (Our derivation: the
-  theorem as stated, with a tighter input; about 4.00 -> 3.25 at sigma=1.1, q=256/60000, 7032
-  steps, mean 10.)  Composition (naive best-of-k, the single run) is done by PLD directly.
-  Theorems stated for (eps, delta)-DP candidates (``transform.approx_dp``, e.g. the capped
-  geometric count's (eps1 + b_max, E[K] delta1)) get eps(delta_1) from the PLD (or RDP), with
-  delta_1 chosen to minimise the total.
+* ``pure``: pure epsilon-DP (Laplace) candidates -> ``transform.pure_dp(eps)``; delta = 0.
+* ``rdp``: the worst-case RDP curve -> ``transform.rdp(orders, curve, ...)`` -> epsilon at delta
+  (arXiv:2004.00010 Prop. 12). A theorem that needs an (eps-hat, delta-hat) statement of one run
+  (Papernot & Steinke 2022, Thm 6, Poisson) gets delta-hat from the same RDP curve: this
+  reproduces dp_accounting's ``RepeatAndSelectDpEvent`` exactly.
+* ``pld``: the same with delta-hat from the run's PLD (tighter). Thm 6 assumes an
+  (eps-hat, delta-hat)-DP base algorithm, whatever the statement came from, and a pessimistic
+  PLD's delta(eps) is one (our derivation: the theorem as stated, with a tighter input; about
+  4.00 -> 3.25 at sigma=1.1, q=256/60000, 7032 steps, mean 10). One run and naive best-of-k are
+  composed by PLD directly. Theorems for (eps, delta)-DP candidates (``transform.approx_dp``,
+  e.g. the capped geometric count's (eps1 + b_max, E[K] delta1)) get eps(delta_1) from the PLD
+  (or RDP), delta_1 chosen to minimise the total; a ``transform.profile_bound()`` gets the
+  candidates' PLD privacy profile.
 
-``accountant="auto"`` tries every route and returns the smallest epsilon; each route is a valid
-upper bound, so their minimum is too.
+``accountant="auto"`` tries every route and keeps the smallest epsilon (each is a valid bound).
 """
 
 from __future__ import annotations
@@ -28,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 from dp_accounting import privacy_accountant
@@ -40,34 +37,12 @@ from dptune.accounting.statement import PrivacyStatement
 from selection.privacy import BestOfKPrivacy, SingleRunPrivacy
 from selection.profiles import CandidateProfile
 
-__all__ = [
-    "ACCOUNTANTS",
-    "PrivacyTransformLike",
-    "Route",
-    "composition_count",
-    "routes",
-    "total_privacy",
-]
-
 #: Accepted values of ``accountant``.
 ACCOUNTANTS = ("auto", "pld", "rdp")
 
 
-@runtime_checkable
-class PrivacyTransformLike(Protocol):
-    """The ``selection.privacy`` contract (see docs/architecture.md)."""
-
-    name: str
-    theorem: str
-    is_private: bool
-
-    def params(self) -> dict[str, Any]: ...
-
-    def pure_dp(self, epsilon: float) -> float: ...
-
-    def rdp(self, orders, rdp, *, delta_for_epsilon=None) -> np.ndarray: ...
-
-    def approx_dp(self, epsilon: float, delta: float) -> tuple[float, float]: ...
+#: What ``total_privacy`` needs of a ``selection.privacy`` transform (docs/architecture.md).
+_CONTRACT = ("name", "theorem", "is_private", "params", "pure_dp", "rdp", "approx_dp")
 
 
 class _NoRoute(Exception):
@@ -86,19 +61,13 @@ class Route:
     theorem: str | None = None  # set when the route uses another theorem than the transform's
 
 
-# ----------------------------------------------------------------------------- transform queries
-
-
-def composition_count(transform: PrivacyTransformLike | None) -> int | None:
+def composition_count(transform: Any) -> int | None:
     """k when the transform is plain composition of k runs (single run: 1), else None."""
     if transform is None or isinstance(transform, SingleRunPrivacy):
         return 1
     if isinstance(transform, BestOfKPrivacy):
         return transform.k
     return None
-
-
-# ----------------------------------------------------------------------------- routes
 
 
 def _pure_route(cands: tuple[Candidate, ...], transform, delta: float = 0.0) -> Route:
@@ -122,48 +91,39 @@ def _pure_route(cands: tuple[Candidate, ...], transform, delta: float = 0.0) -> 
                 f"{transform.name}: its delta {total_delta:.3g} with pure candidates exceeds "
                 f"{delta:g}"
             ) from e
-        return Route(
-            "pure",
-            total,
-            total_delta,
-            f"(eps, delta) form of the theorem at pure candidate epsilon {eps:.6g}",
-        )
+        desc = f"(eps, delta) form of the theorem at pure candidate epsilon {eps:.6g}"
+        return Route("pure", total, total_delta, desc)
     return Route("pure", total, 0.0, f"pure-DP form of the theorem at candidate epsilon {eps:.6g}")
 
 
-class _Recorder:
-    """Wraps delta_for_epsilon to learn whether the theorem used it."""
-
-    def __init__(self, fn: Callable[[Any], Any]):
-        self.fn = fn
-        self.called = False
-
-    def __call__(self, eps):
-        self.called = True
-        return self.fn(eps)
-
-
 def _delta_from_rdp(orders: np.ndarray, curve: np.ndarray) -> Callable[[Any], Any]:
-    """delta(eps) of one run from its RDP curve (arXiv:2004.00010 Prop. 12), as dp_accounting."""
+    """delta(eps) of one run from its RDP curve (arXiv:2004.00010 Prop. 12), as dp_accounting;
+    its ``.called`` records whether the theorem used it."""
 
     def fn(e):
+        fn.called = True
         if np.ndim(e) == 0:
             return rdp_privacy_accountant.compute_delta(orders, curve, float(e))[0]
         return np.array(
             [rdp_privacy_accountant.compute_delta(orders, curve, float(x))[0] for x in e]
         )
 
+    fn.called = False
     return fn
 
 
-def _check_no_nan(transform, total_rdp: np.ndarray) -> None:
-    """dp_accounting's ``compute_epsilon`` picks a NaN entry as the optimum and reports epsilon 0
-    (``max(0, nan)``), so a NaN in a transform's RDP curve must stop the computation."""
+def _through(transform, orders, curve, dfe, delta: float) -> tuple[float, float]:
+    """(epsilon at ``delta``, optimal order) of the theorem's RDP form over ``curve``. A NaN in it
+    stops the computation: dp_accounting's ``compute_epsilon`` would pick the NaN entry as the
+    optimum and report epsilon 0 (``max(0, nan)``)."""
+    total_rdp = np.asarray(transform.rdp(orders, curve, delta_for_epsilon=dfe), dtype=np.float64)
     if np.any(np.isnan(total_rdp)):
         raise ValueError(
             f"selection {getattr(transform, 'name', transform)!r} returned a NaN RDP value; "
             "refusing to convert it (dp_accounting would report epsilon 0)"
         )
+    eps, order = rdp_privacy_accountant.compute_epsilon(orders, total_rdp, delta)
+    return float(eps), float(order)
 
 
 #: Half-width (in grid orders) of the window of orders on which a PLD delta-hat is evaluated.
@@ -177,52 +137,39 @@ def _rdp_route(
     if transform is None:
         eps, order = rdp_privacy_accountant.compute_epsilon(orders, curve, delta)
         return Route("rdp", float(eps), delta, "RDP of one run", float(order))
-    dfe = _Recorder(_delta_from_rdp(orders, curve))
+    dfe = _delta_from_rdp(orders, curve)
     try:
-        total_rdp = np.asarray(
-            transform.rdp(orders, curve, delta_for_epsilon=dfe), dtype=np.float64
-        )
+        eps, order = _through(transform, orders, curve, dfe, delta)
     except NotImplementedError as e:
         raise _NoRoute(str(e)) from e
-    _check_no_nan(transform, total_rdp)
-    eps, order = rdp_privacy_accountant.compute_epsilon(orders, total_rdp, delta)
     desc = "candidate RDP curve through the theorem's RDP form"
     if delta_source == "rdp":
         if dfe.called:
             desc += "; delta-hat(eps-hat) of one run from its RDP"
-        return Route("rdp", float(eps), delta, desc, float(order))
-
+        return Route("rdp", eps, delta, desc, order)
     if not dfe.called:
         raise _NoRoute("the theorem takes no (eps-hat, delta-hat) input: PLD adds nothing")
     # delta-hat from a PLD costs 1-5 ms per order (dp_accounting's scalar hockey-stick), so it is
     # evaluated on a window of orders around the RDP route's optimum, widened while the optimum
     # sits at the window's edge.  The theorem holds on any grid of orders, so every window gives a
     # valid bound; in practice the same as the full grid.
-    pld_dfe = _Recorder(lambda e: single.pld_delta(cands, e, discretization=disc))
+    pld_dfe = lambda e: single.pld_delta(cands, e, discretization=disc)  # noqa: E731
     n = len(orders)
     i_opt = int(np.flatnonzero(orders == order)[0])
     lo, hi = max(0, i_opt - _PLD_WINDOW), min(n, i_opt + _PLD_WINDOW + 1)
     while True:
-        sub = np.asarray(
-            transform.rdp(orders[lo:hi], curve[lo:hi], delta_for_epsilon=pld_dfe),
-            dtype=np.float64,
-        )
-        _check_no_nan(transform, sub)
-        eps, order = rdp_privacy_accountant.compute_epsilon(orders[lo:hi], sub, delta)
+        eps, order = _through(transform, orders[lo:hi], curve[lo:hi], pld_dfe, delta)
         j = lo + int(np.flatnonzero(orders[lo:hi] == order)[0])
-        grow_lo = j - lo < 2 and lo > 0
-        grow_hi = hi - 1 - j < 2 and hi < n
-        if not (grow_lo or grow_hi):
+        wider = (max(0, lo - _PLD_WINDOW) if j - lo < 2 else lo,
+                 min(n, hi + _PLD_WINDOW) if hi - 1 - j < 2 else hi)  # fmt: skip
+        if wider == (lo, hi):
             break
-        if grow_lo:
-            lo = max(0, lo - _PLD_WINDOW)
-        if grow_hi:
-            hi = min(n, hi + _PLD_WINDOW)
+        lo, hi = wider
     desc += (
         f"; delta-hat(eps-hat) of one run from its PLD (orders {orders[lo]:g}..{orders[hi - 1]:g})"
         " (our derivation: the theorem takes any valid (eps-hat, delta-hat) statement)"
     )
-    return Route("pld", float(eps), delta, desc, float(order))
+    return Route("pld", eps, delta, desc, order)
 
 
 def _pld_composition_route(cands, transform, delta: float, disc: float) -> Route:
@@ -246,13 +193,9 @@ _PROFILE_POINTS = 600
 
 def _profile_route(cands, transform, delta: float, disc: float) -> Route:
     """The selection's privacy-profile bound (``transform.profile_bound()``) fed with the
-    candidates' PLD profile delta(eps) on a grid of ``_PROFILE_POINTS`` epsilons.
-
-    The grid runs from 0 to 1.5 x the one-run epsilon at delta * 1e-3 / E[K] (beyond it the last
-    delta, already negligible, is used: an upper bound), so its step is about 1/300 of the one-run
-    epsilon; the bound reads the profile at the grid point below, which costs at most one step
-    (~0.3%) of epsilon.
-    """
+    candidates' PLD profile delta(eps) on ``_PROFILE_POINTS`` epsilons from 0 to 1.5 x the one-run
+    epsilon at delta * 1e-3 / E[K] (beyond, the last, negligible delta: an upper bound). The bound
+    reads the profile at the grid point below: at most one step (~0.3%) of epsilon."""
     try:
         bound = transform.profile_bound()
     except (NotImplementedError, AttributeError) as e:
@@ -279,24 +222,14 @@ def _profile_route(cands, transform, delta: float, disc: float) -> Route:
 def _approx_route(
     cands, transform, delta: float, source: str, orders: np.ndarray, disc: float
 ) -> Route:
-    """Theorems for (eps_1, delta_1)-DP candidates: minimise the total eps over delta_1.
+    """Theorems for (eps_1, delta_1)-DP candidates (``transform.approx_dp(eps_1, delta_1) ->
+    (eps, delta_total)``): delta_1 scanned on a log grid below ``delta``, the smallest total eps
+    with delta_total <= delta kept."""
 
-    ``transform.approx_dp(eps_1, delta_1) -> (eps, delta_total)``; delta_total grows with delta_1
-    and eps_1(delta_1) falls, so we scan delta_1 on a log grid below ``delta`` and keep the best
-    feasible point (delta_total <= delta).
-    """
-    if transform is None:
-        raise _NoRoute("single run")
-    if source == "pld":
-
-        def eps_of(d1: float) -> float:
+    def eps_of(d1: float) -> float:
+        if source == "pld":
             return single.pld_epsilon(cands, d1, discretization=disc)
-
-    else:
-        curve = single.rdp_curve(cands, orders)
-
-        def eps_of(d1: float) -> float:
-            return float(rdp_privacy_accountant.compute_epsilon(orders, curve, d1)[0])
+        return single.rdp_epsilon(cands, d1, orders)[0]
 
     try:
         transform.approx_dp(1.0, delta * 1e-6)
@@ -322,17 +255,13 @@ def _approx_route(
             f"no per-run delta_1 keeps the total delta within {delta:g} (the smallest total delta "
             f"of {transform.name} with these candidates is {smallest_delta:.3g})"
         )
-    return Route(
-        source,
-        best[0],
-        best[1],
-        f"(eps_1, delta_1) form of the theorem, delta_1 = {best[2]:.3g} by {source.upper()}",
-    )
+    desc = f"(eps_1, delta_1) form of the theorem, delta_1 = {best[2]:.3g} by {source.upper()}"
+    return Route(source, best[0], best[1], desc)
 
 
 def routes(
     candidates,
-    transform: PrivacyTransformLike | None,
+    transform: Any,
     delta: float,
     accountant: str = "auto",
     *,
@@ -384,15 +313,11 @@ def check_accountant(accountant: str) -> str:
     return accountant
 
 
-def check_transform(transform) -> PrivacyTransformLike:
+def check_transform(transform) -> Any:
     """None -> ``SingleRunPrivacy()``; otherwise checks the ``selection.privacy`` contract."""
     if transform is None:
         return SingleRunPrivacy()
-    missing = [
-        a
-        for a in ("name", "theorem", "is_private", "params", "pure_dp", "rdp", "approx_dp")
-        if not hasattr(transform, a)
-    ]
+    missing = [a for a in _CONTRACT if not hasattr(transform, a)]
     if missing:
         raise ValueError(
             f"transform={transform!r} is not a selection.privacy transform "
@@ -429,7 +354,7 @@ def _best_route(cands, transform, delta: float, accountant: str, orders) -> Rout
 
 def total_privacy(
     candidates,
-    transform: PrivacyTransformLike | None = None,
+    transform: Any = None,
     delta: float = 1e-5,
     accountant: str = "auto",
     *,
@@ -439,9 +364,8 @@ def total_privacy(
     """The privacy of a whole tuning run, as a ``PrivacyStatement``.
 
     Args:
-      candidates: one candidate (``DpSgdCandidate``, ``EventCandidate``, a ``DpEvent``, or an object
-        with ``sampling_rate``, ``steps``, ``noise_multiplier``) or a collection of them: every
-        candidate the sampler can draw; the bound is their worst case.
+      candidates: anything ``as_candidates`` takes (every candidate the sampler can draw; the
+        bound is their worst case).
       transform: a ``selection.privacy`` transform (the selection theorem); None for one run.
       delta: the target total delta, in (0, 1).
       accountant: ``"auto"`` (tightest valid route), ``"pld"`` or ``"rdp"`` (dp_accounting's RDP
@@ -458,44 +382,31 @@ def total_privacy(
     transform = check_transform(transform)
     orders = single.check_orders(orders)
     cands = as_candidates(candidates)
-    adjacency = adjacency_of(cands)
-    method = transform.name
-    theorem = transform.theorem
-    sel_params = dict(transform.params())
-    cand_params = tuple(c.params() for c in cands)
+    common = dict(
+        method=transform.name,
+        candidates=tuple(c.params() for c in cands),
+        selection=dict(transform.params()),
+        seeded=seeded,
+        adjacency=adjacency_of(cands),
+    )
     single_eps = _single_run_epsilon(cands, delta, accountant, orders)
-
     if not transform.is_private:
+        route = "no guarantee: the selection is not private"
         return PrivacyStatement(
-            math.inf, delta, single_eps, delta, method, theorem, accountant,
-            route="no guarantee: the selection is not private", candidates=cand_params,
-            selection=sel_params, seeded=seeded, private=False, adjacency=adjacency,
+            math.inf, delta, single_eps, delta, theorem=transform.theorem, accountant=accountant,
+            route=route, private=False, **common,
         )  # fmt: skip
 
     best = _best_route(cands, transform, delta, accountant, orders)
-    if best.accountant == "pure":
-        single_eps, single_delta = _pure_route(cands, None).epsilon, 0.0
-    else:
-        single_delta = delta
-    notes: tuple[str, ...] = ()
-    if len(cands) > 1:
-        notes += (
-            f"Worst case over {len(cands)} candidate settings (pointwise max of RDP curves; "
-            "max of delta(eps) or a dominating run for PLD).",
-        )
+    pure = best.accountant == "pure"
+    if pure:
+        single_eps = _pure_route(cands, None).epsilon
+    notes = () if len(cands) == 1 else (
+        f"Worst case over {len(cands)} candidate settings (pointwise max of RDP curves; "
+        "max of delta(eps) or a dominating run for PLD).",
+    )  # fmt: skip
     return PrivacyStatement(
-        total_epsilon=best.epsilon,
-        delta=best.delta if best.accountant == "pure" else delta,
-        single_run_epsilon=single_eps,
-        single_run_delta=single_delta,
-        method=method,
-        theorem=best.theorem or theorem,
-        accountant=best.accountant,
-        route=best.description,
-        candidates=cand_params,
-        selection=sel_params,
-        rdp_order=best.rdp_order,
-        seeded=seeded,
-        notes=notes,
-        adjacency=adjacency,
-    )
+        best.epsilon, best.delta if pure else delta, single_eps, 0.0 if pure else delta,
+        theorem=best.theorem or transform.theorem, accountant=best.accountant,
+        route=best.description, rdp_order=best.rdp_order, notes=notes, **common,
+    )  # fmt: skip
