@@ -154,21 +154,21 @@ def test_each_layer_type_matches_vmap_grad(name, monkeypatch):
     _assert_matches_vmap_grad(fast_fn, ref_fn, params)
 
 
-@pytest.mark.parametrize("budget", [0, 2**26])  # ghost norms forced, or forms by the rule
-def test_shared_layer_and_both_ghost_and_materialised_forms(budget, monkeypatch):
-    """A Dense called twice (its calls' positions concatenated), through ghost norms and through
-    materialised per-example gradients."""
-    monkeypatch.setattr(ghost, "MATERIALISE_FLOATS", budget)
+@pytest.mark.parametrize("form,width,features", [("ghost", 32, 8), ("materialise", 3, 4)])
+def test_shared_layer_and_both_ghost_and_materialised_forms(form, width, features):
+    """A Dense called twice (its calls' positions concatenated), through ghost norms (a 32 x 8
+    gradient, larger than a Gram matrix) and through materialised per-example gradients (3 x 4,
+    smaller than a Gram matrix)."""
 
     class Shared(nn.Module):
         @nn.compact
         def __call__(self, x):
-            d = nn.Dense(8, name="shared")
+            d = nn.Dense(features, name="shared")
             return nn.Dense(3)(jnp.tanh(d(x)).mean(1) + jnp.tanh(d(2 * x)).mean(1))
 
     # two calls of T = 2 positions: 4 positions per example for the shared layer
-    assert ghost.matmul_form(4, 32, 8, B) == ("ghost" if budget == 0 else "materialise")
-    x, y = _inputs((2, 32), np.float32, seed=2)
+    assert ghost.matmul_form(4, width, features, B, "dense") == form
+    x, y = _inputs((2, width), np.float32, seed=2)
     plan, fast, ref, params = _both(Shared(), x, y)
     assert plan.supported and dict((p[0], n) for p, _, n in plan.layers)["shared"] == 2
     mask = np.ones(B, np.float32)
@@ -580,3 +580,41 @@ def test_batchnorm_and_other_state_are_refused_with_the_layer_named():
 
     with pytest.raises(ValueError, match="one value per example"):
         models.user_model(nn.Dense(3), (4,), "float32", loss=lambda o, y: jnp.mean(o))
+
+
+class _Attentions(nn.Module):
+    """Self-attention (query, key and value read one input), then cross-attention whose key and
+    value read a second input of the same shape as the query's."""
+
+    @nn.compact
+    def __call__(self, x):
+        h = x + nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=8)(x)
+        h = nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=8)(h, jnp.tanh(x))
+        return nn.Dense(3)(jnp.tanh(h).mean(axis=1))
+
+
+def test_projections_of_one_input_share_its_gram_and_match_vmap_grad():
+    """Dense layers on T = 3 positions with 8 x 8 kernels take ghost norms; the projections that
+    read one traced input (self-attention's query, key and value; cross-attention's key and value)
+    share that input's Gram matrix, the cross-attention's query (another input of the same shape)
+    does not: the clipped sum, loss and norms equal vmap(grad)'s."""
+    module = _Attentions()
+    x, y = _inputs((3, 8), np.float32, seed=4)
+    assert ghost.matmul_form(3, 8, 8, B, "dense") == "ghost"
+    plan, fast_fn, ref_fn, params = _both(module, x, y)
+    assert plan.supported, plan.reason
+    _, rec = ghost._record(module, params, jnp.asarray(x))
+    sources = {"/".join(c.path): c.source for c in rec.calls}
+    self_attn, cross = "MultiHeadDotProductAttention_0/", "MultiHeadDotProductAttention_1/"
+    q = sources[self_attn + "query"]
+    assert sources[self_attn + "key"] == sources[self_attn + "value"] == q
+    kv = sources[cross + "key"]
+    assert sources[cross + "value"] == kv and sources[cross + "query"] not in (q, kv)
+    mask = np.ones(B, np.float32)
+    mask[0] = 0
+    clip = jnp.float32(np.median(np.asarray(ref_fn(params, mask, 1e9)[2])))
+    fast, fast_loss, fast_norms = fast_fn(params, mask, clip)
+    ref, ref_loss, ref_norms = ref_fn(params, mask, clip)
+    assert _rel_err(fast, ref) <= 2e-5
+    np.testing.assert_allclose(float(fast_loss), float(ref_loss), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(fast_norms), np.asarray(ref_norms), rtol=2e-5)
