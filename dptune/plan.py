@@ -360,7 +360,7 @@ def make_privacy_plan(
         **_basis(trainer, selection, space, cands, adjacency, whole),
     )
     if not debug_nonprivate:
-        _check_total(statement, budget, transform.name, field)
+        check_total(statement, budget, transform.name, field)
     return PrivacyPlan(
         space, calibrated, statement, tuple(dict.fromkeys(cands)), tuple(space.privacy_relevant),
         adjacency, transform, budget.delta, accountant,
@@ -394,7 +394,13 @@ def _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate
                 f"selection={selection!r} has no {attr!r}: pass a selection method such as "
                 "selection.RandomStopping(...)"
             )
-    check_selection_size(selection)
+    expected = getattr(selection, "expected_trials", None)  # public: a property of its settings
+    if expected is not None and not float(expected) <= MAX_EXPECTED_TRIALS:  # NaN refused too
+        raise TuningConfigError(
+            f"the selection expects to train {float(expected):.4g} candidates on average, more "
+            f"than the {MAX_EXPECTED_TRIALS} dptune plans at most: lower mean_trials "
+            "(config.selection.mean_trials), or raise stop_probability / lower max_trials"
+        )
     _check_score_kind(trainer, selection, debug_nonprivate)
     n = getattr(trainer, "num_examples", None)
     if n is not None and budget.delta >= 1.0 / n:
@@ -434,7 +440,7 @@ def _privacy_space(space: Space, known: set[str], candidate_of: Callable) -> Spa
     return space
 
 
-def _check_total(statement: Any, budget: Budget, method: str, field: str | None) -> None:
+def check_total(statement: Any, budget: Budget, method: str, field: str | None) -> None:
     """ImpossibleBudgetError unless the statement's total fits the budget."""
     if statement.total_epsilon > budget.epsilon * (1 + 1e-9):
         raise ImpossibleBudgetError(
@@ -469,20 +475,6 @@ def _worst_case(candidates, transform, budget, accountant, seeded, field, auto):
             "mean number of trials, or train for fewer steps / a smaller sampling rate"
         ) from None
     return {field: float(cal.noise_multiplier)}, cal.statement
-
-
-def check_selection_size(selection: Any) -> None:
-    """Refuses a selection that expects to train more than ``MAX_EXPECTED_TRIALS`` candidates (a
-    public property of its settings, checked before any plan is drawn)."""
-    expected = getattr(selection, "expected_trials", None)
-    if expected is None:
-        return
-    if not (math.isfinite(float(expected)) and float(expected) <= MAX_EXPECTED_TRIALS):
-        raise TuningConfigError(
-            f"the selection expects to train {float(expected):.4g} candidates on average, more "
-            f"than the {MAX_EXPECTED_TRIALS} dptune plans at most: lower mean_trials "
-            "(config.selection.mean_trials), or raise stop_probability / lower max_trials"
-        )
 
 
 def plan_privacy(trainer: Any, space: Any, selection: Any, budget: Any, **kwargs: Any):

@@ -32,7 +32,7 @@ import numpy as np
 
 from dptune import plots
 from dptune.errors import StateError
-from dptune.report import write_report
+from dptune.report import report_markdown
 
 log = logging.getLogger("dptune")
 
@@ -184,11 +184,6 @@ class Release:
         )
 
     @property
-    def no_candidate_succeeded(self) -> bool:
-        """Whether nothing was released because every candidate failed."""
-        return self.outcome == NO_CANDIDATE_SUCCEEDED
-
-    @property
     def headline(self) -> str:
         """One line: the run's (epsilon, delta), epsilon rounded up (``headline``)."""
         return headline(self.privacy)
@@ -275,7 +270,8 @@ def write_release(release: Release, folder: str | os.PathLike) -> Path:
             plots.training_curve(
                 curve, tmp / "training_curve.png", release.privacy.get("total_epsilon")
             )
-    write_report(release, tmp)  # report.md: a one-page summary linking the plots above
+    # report.md: a one-page summary linking the plots above (only those written)
+    (tmp / "report.md").write_text(report_markdown(release, {p.name for p in tmp.iterdir()}))
     _check_keys("the release", (p.name for p in tmp.iterdir()), RELEASE_FILES)
     for dirpath, _, names in os.walk(tmp):  # on disk before the rename makes them the release
         for name in names:

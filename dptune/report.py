@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from selection import counts
-
-REPORT_FILE = "report.md"
 
 
 def single_candidate_odds(selection: Mapping[str, Any]) -> tuple[float, float] | None:
@@ -173,7 +170,7 @@ def _released(release: Any, trainer: str) -> list[str]:
         lines += ["", "| hyperparameter | value |", "|---|---|"]
         lines += [f"| `{k}` | {_num(v)} |" for k, v in sorted((release.hparams or {}).items())]
         return lines
-    if release.no_candidate_succeeded:
+    if release.outcome == "no_candidate_succeeded":
         return [
             *head,
             f"Nothing: no candidate succeeded (every candidate trained by {trainer} failed), so "
@@ -186,10 +183,3 @@ def _released(release: Any, trainer: str) -> list[str]:
         "Nothing: the private selection chose no candidate. This is a legitimate outcome of "
         "random stopping (it may train zero candidates) and is covered by the same guarantee.",
     ]
-
-
-def write_report(release: Any, folder: str | Path) -> Path:
-    """Writes ``folder/report.md`` for ``release``; returns its path."""
-    path = Path(folder) / REPORT_FILE
-    path.write_text(report_markdown(release, {f.name for f in path.parent.iterdir()}))
-    return path

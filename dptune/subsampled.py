@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -41,6 +40,7 @@ from dptune.plan import (
     accounted_candidate,
     as_budget,
     as_space,
+    check_total,
     grid_candidates,
     make_privacy_plan,
 )
@@ -59,8 +59,6 @@ from dptune.workdir_lock import workdir_lock
 from selection.baselines import BestOfK
 
 __all__ = ["SubsampledPlan", "plan_subsampled", "tune_subsampled"]
-
-log = logging.getLogger("dptune")
 
 
 @dataclass(frozen=True)
@@ -165,10 +163,7 @@ def plan_subsampled(
             f"{budget.epsilon:g}, delta={budget.delta:g}) after a tuning phase of epsilon "
             f"{tuning_epsilon:g}: lower strategy.tuning_epsilon or raise the budget ({e})"
         ) from None
-    if statement.total_epsilon > budget.epsilon * (1 + 1e-9):
-        raise ImpossibleBudgetError(
-            f"the run would cost epsilon={statement.total_epsilon:.4g} > budget {budget.epsilon:g}"
-        )
+    check_total(statement, budget, "subsampled tuning", field)
     return SubsampledPlan(
         tuning, tuning_plan, {field: float(sigma)}, tuple(dict.fromkeys(cands)), statement
     )

@@ -135,12 +135,32 @@ class TuneOptions:
     executor: Any = None
 
     def check(self) -> None:
-        """:func:`check_run_arguments`, then :func:`check_workdir`: the checks that need no data
-        and read nothing. TuningConfigError / StateError naming the field."""
-        check_run_arguments(
-            self.group_size, self.accountant, self.seed, self.debug_nonprivate, self.ledger,
-            self.adjacency,
-        )  # fmt: skip
+        """The checks that need no data and read nothing (the command checks its flags with this
+        same method, so the library and ``dptune`` refuse the same values with the same words):
+        TuningConfigError / StateError naming the field."""
+        g, seed = self.group_size, self.seed
+        if isinstance(g, bool) or not isinstance(g, int) or g < 1:
+            raise TuningConfigError(f"group_size={g!r} must be an integer >= 1")
+        for name, value, known in (
+            ("accountant", self.accountant, ACCOUNTANTS),
+            ("adjacency", self.adjacency, ADJACENCIES),
+        ):
+            if value not in known:
+                raise TuningConfigError(
+                    f"{name}={value!r} is unknown; choose one of {', '.join(known)}"
+                )
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise TuningConfigError(
+                f"seed={seed!r} must be a non-negative integer (--seed=N), or None for the "
+                "operating system's entropy"
+            )
+        if self.debug_nonprivate and self.ledger is not None:
+            raise TuningConfigError(
+                "debug_nonprivate prints every score and K, which voids the guarantee: no finite "
+                "spend can be charged to the dataset's ledger. Disable the ledger "
+                "(config.ledger.enabled=False; ledger=None in Python) for debug runs on data that "
+                "has no budget to protect"
+            )
         check_workdir(self.workdir)
 
     @classmethod
@@ -399,36 +419,6 @@ def _tune_steps(
         # The curator asked for a non-private view: this print is why the statement says so.
         print(f"[debug_nonprivate] K={sel_plan.num_trials}; scores in order: {scores}")
     return release
-
-
-def check_run_arguments(
-    group_size: Any = 1, accountant: Any = "auto", seed: Any = None,
-    debug_nonprivate: bool = False, ledger: Any = None, adjacency: Any = "add_remove",
-) -> None:  # fmt: skip
-    """The arguments of ``tune`` that need no data (the command checks its flags with this same
-    function, so the library and ``dptune`` refuse the same values with the same words)."""
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-        raise TuningConfigError(f"group_size={group_size!r} must be an integer >= 1")
-    if accountant not in ACCOUNTANTS:
-        raise TuningConfigError(
-            f"accountant={accountant!r} is unknown; choose one of {', '.join(ACCOUNTANTS)}"
-        )
-    if adjacency not in ADJACENCIES:
-        raise TuningConfigError(
-            f"adjacency={adjacency!r} is unknown; choose one of {', '.join(ADJACENCIES)}"
-        )
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise TuningConfigError(
-            f"seed={seed!r} must be a non-negative integer (--seed=N), or None for the operating "
-            "system's entropy"
-        )
-    if debug_nonprivate and ledger is not None:
-        raise TuningConfigError(
-            "debug_nonprivate prints every score and K, which voids the guarantee: no finite spend "
-            "can be charged to the dataset's ledger. Disable the ledger "
-            "(config.ledger.enabled=False; ledger=None in Python) for debug runs on data that has "
-            "no budget to protect"
-        )
 
 
 def check_workdir(workdir: str | os.PathLike | None) -> None:
