@@ -203,21 +203,6 @@ def _one_field_variations(space: Space, names: Sequence[str]):
             yield name, {**base, name: value}
 
 
-def _privacy_dependent_fields(space: Space, candidate_of: Callable[[dict], Any]) -> list[str]:
-    """Searched fields (not already privacy-relevant) whose value, varied alone from
-    ``space.example()``, changes the trainer's declared privacy: the accountant must take the
-    worst case over them too. (Joint effects this probe misses are caught by
-    ``_check_whole_support`` and ``check_candidates``.)"""
-    base = candidate_of(space.example())
-    relevant = set(space.privacy_relevant)
-    found: list[str] = []
-    names = [n for n in space.searched if n not in relevant]
-    for name, point in _one_field_variations(space, names):
-        if name not in found and candidate_of(point) != base:
-            found.append(name)
-    return found
-
-
 def _check_whole_support(
     space: Space, grid: Sequence[Mapping[str, Any]], candidate_of: Callable[[dict], Any]
 ) -> bool:
@@ -279,13 +264,18 @@ def _basis(
         word = list(trainer.taken_on_word())
     elif hasattr(trainer, "privacy_checks"):
         word = []
-    else:  # a trainer that says nothing about itself
+    else:  # a trainer that says nothing about itself (e.g. a FunctionTrainer: a user's function)
         word = [
-            f"{type(trainer).__name__}: its training does what privacy(hparams) declares for "
-            "each candidate (clipping, noise, sampling, any split into the declared parallel "
-            "parts)",
+            f"{getattr(trainer, 'name', None) or type(trainer).__name__}: its training does what "
+            "privacy(hparams) declares for each candidate -- its clipping, noise and sampling, "
+            "and a split into the declared parallel parts that puts each record in one part by "
+            "that record alone",
             f"its score is score_kind={kind!r}: {SCORE_KINDS.get(kind, '?')}",
+            "it fails (raises, scores NaN) only as a function of its private output",
         ]
+        if getattr(trainer, "num_examples", None) is not None:
+            n = trainer.num_examples
+            word.append(f"num_examples={n} is the public size of its private data")
     assumptions = ["neighbours"]
     data = getattr(trainer, "data", None)
     if data is not None or getattr(trainer, "num_examples", None) is not None:
@@ -426,15 +416,20 @@ def _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate
 
 def _privacy_space(space: Space, known: set[str], candidate_of: Callable) -> Space:
     """``space`` with every field the declared privacy depends on marked privacy-relevant: the
-    ``known`` ones, and any searched field whose value changes ``candidate_of``."""
+    ``known`` ones, and any searched field whose value, varied alone from ``space.example()``,
+    changes ``candidate_of``: the accountant must take the worst case over them too. (Joint
+    effects this probe misses are caught by ``_check_whole_support`` and ``check_candidates``.)"""
     try:
         space = Space(space.to_dict(), privacy_fields=set(space.privacy_fields) | known)
-        dependent = _privacy_dependent_fields(space, candidate_of)
+        base = candidate_of(space.example())
+        others = [n for n in space.searched if n not in space.privacy_relevant]
+        dependent: list[str] = []
+        for name, point in _one_field_variations(space, others):
+            if name not in dependent and candidate_of(point) != base:
+                dependent.append(name)
         if dependent:
             log.info("the trainer's privacy depends on %s: accounted over every value", dependent)
-            space = Space(
-                space.to_dict(), privacy_fields=set(space.privacy_fields) | set(dependent)
-            )
+            space = Space(space.to_dict(), privacy_fields=space.privacy_fields | set(dependent))
     except SpaceError as e:
         raise TuningConfigError(str(e)) from None
     return space

@@ -428,21 +428,19 @@ def check_workdir(workdir: str | os.PathLike | None) -> None:
         return
     path = Path(workdir)
     fix = "choose another --workdir (workdir= in Python)"
-    if path.exists() and not path.is_dir():
-        raise StateError(f"the workdir {path} is a file, not a folder: {fix}")
-    existing = path
+    existing = path  # the workdir, or the nearest folder above it that exists
     while not existing.exists() and existing.parent != existing:
         existing = existing.parent
-    if existing.exists() and not existing.is_dir():
-        raise StateError(f"the workdir {path} cannot be created: {existing} is a file: {fix}")
+    for p in (existing, path / "private", path / "release"):
+        if p.exists() and not p.is_dir():
+            raise StateError(
+                f"the workdir {path} cannot be used: {p} is a file, not a folder: {fix}"
+            )
     if not os.access(existing, os.W_OK | os.X_OK):
         raise StateError(
             f"the workdir {path} is not writable ({existing} is read-only for this user): {fix}, "
             "or make it writable"
         )
-    for p in (path / "private", path / "release"):
-        if p.exists() and not p.is_dir():
-            raise StateError(f"{p} is a file; dptune keeps a folder there: {fix}")
     private = path / "private"
     if private.is_dir() and not os.access(private, os.W_OK | os.X_OK):
         raise StateError(f"{private} is not writable for this user: {fix}, or make it writable")
