@@ -78,13 +78,13 @@ class PrivacyPlan:
     """What the accountant promised, computed once before anything private runs.
 
     Attributes:
-      space: the search space as given (a calibrated field still reads ``"auto"``).
+      space: the search space (a calibrated field still reads ``"auto"``), with every field the
+        accounting enumerated marked privacy-relevant (``space.privacy_relevant``).
       calibrated: the values that replace ``"auto"`` (e.g. ``{"noise_multiplier": 1.23}``); every
         candidate trains with ``{**drawn, **calibrated}`` (:meth:`hparams`).
       statement: the total privacy statement of the run (``dptune.accounting.PrivacyStatement``).
       candidates: every candidate privacy the statement holds for (the worst case was taken over
         them); a drawn candidate must be one of them or be covered (``check_candidates``).
-      privacy_fields: the fields the accounting enumerated.
       adjacency, transform, delta, accountant: what the statement was computed with.
     """
 
@@ -92,7 +92,6 @@ class PrivacyPlan:
     calibrated: Mapping[str, Any]
     statement: Any
     candidates: tuple
-    privacy_fields: tuple[str, ...]
     adjacency: str
     transform: Any
     delta: float
@@ -184,14 +183,8 @@ def probe_points(space: Space) -> list[dict[str, Any]]:
     """Points of ``space`` for checks that read only public settings (e.g. a trainer's
     ``check_inputs``): ``space.example()``, then each searched field varied alone over its probe
     values (``_probe_values``); joint values of two fields are not combined."""
-    base = space.example()
-    points, seen = [base], {repr(sorted(base.items()))}
-    for _, point in _one_field_variations(space, space.searched):
-        key = repr(sorted(point.items()))
-        if key not in seen:
-            seen.add(key)
-            points.append(point)
-    return points
+    points = [space.example(), *(p for _, p in _one_field_variations(space, space.searched))]
+    return list({repr(sorted(p.items())): p for p in points}.values())  # each point once
 
 
 def _one_field_variations(space: Space, names: Sequence[str]):
@@ -352,7 +345,7 @@ def make_privacy_plan(
     if not debug_nonprivate:
         check_total(statement, budget, transform.name, field)
     return PrivacyPlan(
-        space, calibrated, statement, tuple(dict.fromkeys(cands)), tuple(space.privacy_relevant),
+        space, calibrated, statement, tuple(dict.fromkeys(cands)),
         adjacency, transform, budget.delta, accountant,
     )  # fmt: skip
 
@@ -498,7 +491,8 @@ def check_candidates(
     def candidate(hp: Mapping[str, Any]) -> Any:
         return accounted_candidate(trainer, plan.hparams(hp), plan.adjacency)
 
-    accounted, fields, example = set(plan.candidates), plan.privacy_fields, plan.space.example()
+    accounted, example = set(plan.candidates), plan.space.example()
+    fields = plan.space.privacy_relevant
     twins: dict[tuple, Any] = {}
     declared = [declared_candidate(trainer, plan, hp) for hp in drawn]
     for hp, raw in zip(drawn, declared, strict=True):

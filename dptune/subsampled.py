@@ -5,15 +5,11 @@ Subsampling", arXiv:2301.11989). The two phases are accounted as one composition
 (``dptune.accounting.subsampled``: the selection theorem on the subset, amplification by Poisson
 subsampling, PLD composition with the final run).
 
-Built on ``dptune.tuner``'s public steps: ``check_run`` around ``plan_subsampled`` (the tuning
-candidates' noise, calibrated so the selection over the subset is (tuning_epsilon, delta') on the
-full data after amplification, and the final run's, so the composition meets the total budget),
-then in ``run_in_workdir``: the run id and the subset's secret key (32 bytes of OS entropy, or
-derived from ``seed``) drawn once, one ``charge_ledger`` for the whole run, phase 1 (``tune`` on
-``trainer.subset(fraction, key)`` in ``DIR/private/tuning``; its release stays private) and
-phase 2 (``tune`` of the selected setting on all the data, best of 1, in ``DIR/private/final``;
-its model, score and curve are released under the whole run's statement). If phase 1 releases
-nothing, nothing is released. A killed run resumes phase by phase from the journals.
+Built on ``dptune.tuner``'s public steps (``check_run`` around ``plan_subsampled``, then
+``run_in_workdir`` around ``_phases``); the subset's secret key is drawn once and journaled, the
+whole run is charged to the ledger once, and a killed run resumes phase by phase from the journals
+(``DIR/private/tuning``, ``DIR/private/final``). Phase 1's release stays private; if it releases
+nothing, nothing is released.
 
 The trainer must have the hook ``subset(fraction, key) -> trainer``: the same trainer on the
 records whose keyed hash falls below ``fraction`` (``DpSgdTrainer.subset``). Scope: add/remove
