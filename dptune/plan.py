@@ -1,10 +1,8 @@
 """The privacy plan of a tuning run: from the total budget to the noise in every candidate, once.
 
-``make_privacy_plan`` checks the inputs, finds every field the trainer's declared privacy depends
-on, calibrates ``"auto"`` so that the *total* -- the selection theorem applied to the worst case
-over the search space -- meets the budget, and returns a frozen :class:`PrivacyPlan` that the
-tuner, the journal and the release all read: nothing is accounted twice. Every number comes from
-``dptune.accounting`` (which applies ``selection.privacy``).
+:func:`make_privacy_plan` accounts the whole run before anything private runs and returns a frozen
+:class:`PrivacyPlan` that the tuner, the journal and the release all read: nothing is accounted
+twice. Every number comes from ``dptune.accounting`` (which applies ``selection.privacy``).
 """
 
 from __future__ import annotations

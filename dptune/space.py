@@ -95,9 +95,6 @@ class Uniform(_Interval):
     def sample(self, rng: np.random.Generator) -> float:
         return float(rng.uniform(self.low, self.high))
 
-    def support(self) -> tuple:
-        raise SpaceError(f"a continuous {self.kind} distribution has no finite support")
-
 
 @dataclass(frozen=True)
 class LogUniform(Uniform):

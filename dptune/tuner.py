@@ -243,13 +243,9 @@ def preflight(
     budget: Budget | tuple[float, float], options: TuneOptions | None = None, **kwargs: Any,
 ) -> Preflight:  # fmt: skip
     """Every check of :func:`tune` that needs no private computation, writing nothing: the one
-    validation shared by the run and ``dptune --dry_run`` (same arguments as ``tune``).
-
-    Checks the options, the workdir (a folder that can be written; a journal already in it must
-    be intact and belong to this config and this code), the privacy plan (calibration included),
-    the data's schema at every probe point of the space, and the dataset's ledger (the run must
-    fit its budget). Raises what ``tune`` raises.
-    """
+    validation shared by the run and ``dptune --dry_run`` (same arguments as ``tune``, raises
+    what it raises): the options, the privacy plan, the data's schema at every probe point of the
+    space, then :func:`check_run` (the workdir's journal and the dataset's ledger)."""
     opts = TuneOptions.build(options, kwargs)
     budget = as_budget(budget)
     opts.check()
