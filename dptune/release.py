@@ -32,7 +32,7 @@ import numpy as np
 
 from dptune import plots
 from dptune.errors import StateError
-from dptune.report import report_markdown
+from dptune.report import num, report_markdown
 
 log = logging.getLogger("dptune")
 
@@ -197,17 +197,17 @@ class Release:
         elif not self.released:
             head = "Nothing released (no candidate selected: a legitimate private outcome)."
         else:
-            hp = ", ".join(f"{k}={_fmt(v)}" for k, v in (self.hparams or {}).items())
+            hp = ", ".join(f"{k}={num(v)}" for k, v in (self.hparams or {}).items())
             head = f"Released: {hp}"
             if self.validation_score is not None:
-                head += f"\n  validation score {_fmt(self.validation_score)}"
+                head += f"\n  validation score {num(self.validation_score)}"
                 if self.test_metric is not None:
                     head += f" ({self.test_metric.get('name')})"
             if self.test_accuracy is not None:
-                head += f"\n  test accuracy {_fmt(self.test_accuracy)}"
+                head += f"\n  test accuracy {num(self.test_accuracy)}"
             if self.test_metric is not None:
                 value = self.test_metric.get("value")
-                head += f"\n  test {self.test_metric.get('name')} {_fmt(value)}"
+                head += f"\n  test {self.test_metric.get('name')} {num(value)}"
         return f"{head}\n{self.headline}\n\n{self.privacy_text}"
 
 
@@ -446,7 +446,3 @@ def _json_default(x: Any) -> Any:
 
 def _finite_or_none(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(float(x)) else float(x)
-
-
-def _fmt(v: Any) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else str(v)

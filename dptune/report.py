@@ -53,11 +53,10 @@ def _count_sentence(privacy: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def _num(x: Any, digits: int = 4) -> str:
-    if isinstance(x, bool) or x is None:
-        return str(x)
-    if isinstance(x, (int, float)):
-        return f"{x:.{digits}g}" if math.isfinite(x) else "n/a"
+def num(x: Any) -> str:
+    """A float to 4 significant digits ("n/a" when not finite); anything else as text."""
+    if isinstance(x, float):
+        return f"{x:.4g}" if math.isfinite(x) else "n/a"
     return str(x)
 
 
@@ -81,14 +80,14 @@ def report_markdown(release: Any, files: set[str]) -> str:
         "",
         "## Privacy",
         "",
-        f"Everything in this folder, tuning included, is **({_num(eps)}, {_num(delta)})-"
+        f"Everything in this folder, tuning included, is **({num(eps)}, {num(delta)})-"
         "differentially private** with respect to one record of the training data"
         + ("" if p.get("private", True) else " -- NO: this run was a non-private debug run")
         + ".",
         "",
         f"- Selection: `{p.get('method', '?')}`; theorem: {p.get('theorem', '?')}",
-        f"- One training run alone would be ({_num(p.get('single_run_epsilon'))}, "
-        f"{_num(p.get('single_run_delta', delta))})-DP; the difference is the price of tuning.",
+        f"- One training run alone would be ({num(p.get('single_run_epsilon'))}, "
+        f"{num(p.get('single_run_delta', delta))})-DP; the difference is the price of tuning.",
         f"- Accountant: `{p.get('accountant', '?')}`"
         + (
             "; the run used a fixed seed, so the guarantee holds only while it is secret"
@@ -153,9 +152,9 @@ def _released(release: Any, trainer: str) -> list[str]:
             name = metric.get("name", "metric")
             lines.append(
                 f"- **Test {name}** (public test split, reported only, never used to choose): "
-                f"{_num(metric.get('value')) if metric.get('value') is not None else 'n/a'}"
+                f"{num(metric.get('value')) if metric.get('value') is not None else 'n/a'}"
             )
-            score = f"{_num(release.validation_score)} ({name})"
+            score = f"{num(release.validation_score)} ({name})"
         else:
             lines.append(
                 f"- **Test accuracy** (public test split, reported only, never used to choose): "
@@ -168,7 +167,7 @@ def _released(release: Any, trainer: str) -> list[str]:
                 f"private): {score}"
             )
         lines += ["", "| hyperparameter | value |", "|---|---|"]
-        lines += [f"| `{k}` | {_num(v)} |" for k, v in sorted((release.hparams or {}).items())]
+        lines += [f"| `{k}` | {num(v)} |" for k, v in sorted((release.hparams or {}).items())]
         return lines
     if release.outcome == "no_candidate_succeeded":
         return [
