@@ -57,6 +57,7 @@ from dptune.plan import (
 from dptune.progress import tuning_bar
 from dptune.release import (
     NO_CANDIDATE_SUCCEEDED,
+    NONE_SELECTED,
     Release,
     public_curve,
     read_release,
@@ -650,14 +651,11 @@ def release_selected(
         else str(getattr(trainer, "kind", "") or type(trainer).__name__)
     )
     common = dict(published=published, trainer_name=name)
-    if index is None:
-        return Release(False, None, None, None, privacy, text, **common)
-    if records[index].failed:
-        # The selected candidate failed: the selections rank a failure below every score, so
-        # every candidate failed (a function of the selected output: post-processing). No model.
-        return Release(
-            False, None, None, None, privacy, text, outcome=NO_CANDIDATE_SUCCEEDED, **common
-        )
+    if index is None or records[index].failed:
+        # A failed selected candidate: the selections rank a failure below every score, so every
+        # candidate failed (a function of the selected output: post-processing). No model.
+        outcome = NONE_SELECTED if index is None else NO_CANDIDATE_SUCCEEDED
+        return Release(False, None, None, None, privacy, text, outcome=outcome, **common)
     hp = plan.hparams(records[index].hparams)
     payload = payloads[index] if index in payloads else journal.read_payload(index)
     has_view = hasattr(trainer, "release_view")
