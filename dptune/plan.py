@@ -154,7 +154,7 @@ def accounted_candidate(trainer: Any, hparams: Mapping[str, Any], adjacency: str
 
 def grid_candidates(
     trainer: Any, space: Space, grid: Sequence[Mapping[str, Any]], adjacency: str,
-    fill: Mapping[str, Any] = {},  # noqa: B006 - read only
+    fill: Mapping[str, Any],
 ) -> list[Any]:  # fmt: skip
     """:func:`accounted_candidate` at every point of the privacy ``grid`` (the other fields at
     ``space.example()``; ``fill`` over both, e.g. a calibrated noise multiplier)."""

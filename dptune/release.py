@@ -218,23 +218,17 @@ def headline(privacy: dict[str, Any]) -> str:
     eps, delta = privacy.get("total_epsilon"), privacy.get("delta")
     if not isinstance(eps, (int, float)) or not math.isfinite(eps):
         return "Privacy: no finite guarantee (see the statement below)."
+    up = float(eps)
+    if up > 0:  # up to 3 significant digits: 3.99871 -> 4, 1.2301 -> 1.24
+        scale = 10.0 ** (2 - math.floor(math.log10(up)))
+        up = math.ceil(up * scale - 1e-9) / scale
     text = (
-        f"Everything released by this run, tuning included, is ({_round_up(float(eps))}, "
+        f"Everything released by this run, tuning included, is ({up:.3g}, "
         f"{float(delta):.3g})-differentially private"
     )
     if privacy.get("private") is False:
         text += " -- NOT: this was a non-private debug run"
     return text + "."
-
-
-def _round_up(x: float, digits: int = 3) -> str:
-    """``x`` rounded up to ``digits`` significant digits, as text (3.99871 -> "4", 1.2301 ->
-    "1.24")."""
-    if x <= 0:
-        return f"{x:.{digits}g}"
-    scale = 10.0 ** (digits - 1 - math.floor(math.log10(x)))
-    up = math.ceil(x * scale - 1e-9) / scale
-    return f"{up:.{digits}g}"
 
 
 def write_release(release: Release, folder: str | os.PathLike) -> Path:
