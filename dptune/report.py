@@ -9,6 +9,7 @@ other candidates, not even how many there were.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
@@ -62,11 +63,8 @@ def num(x: Any) -> str:
 
 def _pct(x: Any) -> str:
     """A fraction as a percentage; "n/a" when missing or not finite (never "nan %")."""
-    try:
-        v = math.nan if x is None or isinstance(x, bool) else float(x)
-    except (TypeError, ValueError):
-        v = math.nan
-    return f"{100.0 * v:.2f} %" if math.isfinite(v) else "n/a"
+    ok = isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+    return f"{100.0 * x:.2f} %" if ok else "n/a"
 
 
 def report_markdown(release: Any, files: set[str]) -> str:

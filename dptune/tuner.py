@@ -276,7 +276,11 @@ def check_run(
     its own), read-only: the ledger needs the dataset's fingerprint, the workdir's journal must
     belong to ``config`` and this code, and the run must fit the dataset's budget (a finished
     run, which returns its release, is not charged again)."""
-    ledger = _ledger_path(opts.ledger)
+    ledger = opts.ledger
+    if ledger is DEFAULT_LEDGER:
+        ledger = default_ledger_path()
+    elif ledger is not None:
+        ledger = ledger.path if isinstance(ledger, Ledger) else Path(ledger)
     fp = None
     if ledger is not None:
         fp = opts.fingerprint or getattr(trainer, "fingerprint", None)
@@ -465,14 +469,6 @@ def _check_existing_run(
     with open_journal(private_dir, config, code, readonly=True) as journal:
         finished = bool(journal.get("released_at")) and (workdir / "release").exists()
         return journal.get("run_id"), journal.get("config") is not None, finished
-
-
-def _ledger_path(ledger: Any) -> Path | None:
-    if ledger is None:
-        return None
-    if ledger is DEFAULT_LEDGER:
-        return default_ledger_path()
-    return ledger.path if isinstance(ledger, Ledger) else Path(ledger)
 
 
 def _on_ledger(pre: Preflight, run_id: str | None, charge: bool) -> Any:
