@@ -60,13 +60,12 @@ def epsilon_breakdown(privacy: Mapping[str, Any], path: str | Path) -> Path:
     epsilon, the selection's overhead, the total, and the budget (``budget_epsilon``) if any."""
     single = float(privacy.get("single_run_epsilon") or 0.0)
     total = float(privacy["total_epsilon"])
-    labels = ["one candidate", "selection overhead", "total (released)"]
-    values = [single, max(total - single, 0.0), total]
-    colors = ["tab:blue", "tab:orange", "tab:green"]
+    overhead = max(total - single, 0.0)
+    rows = [("one candidate", single, "tab:blue"), ("selection overhead", overhead, "tab:orange"),
+            ("total (released)", total, "tab:green")]  # fmt: skip
     if privacy.get("budget_epsilon") is not None:
-        labels.append("budget")
-        values.append(float(privacy["budget_epsilon"]))
-        colors.append("tab:gray")
+        rows.append(("budget", float(privacy["budget_epsilon"]), "tab:gray"))
+    labels, values, colors = zip(*rows, strict=True)
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(6, 3))
