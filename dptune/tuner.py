@@ -40,7 +40,7 @@ from dptune.accounting.events import ADJACENCIES
 from dptune.accounting.quiet import quiet_accounting
 from dptune.errors import CandidateFailure, StateError, TuningConfigError
 from dptune.errors import ImpossibleBudgetError as ImpossibleBudgetError  # re-exported
-from dptune.execution import Job, SequentialExecutor, VectorizedExecutor
+from dptune.execution import Job, VectorizedExecutor
 from dptune.journal import JOURNAL_FILE, Journal
 from dptune.ledger import Ledger, default_ledger_path
 from dptune.plan import (
@@ -406,8 +406,7 @@ def _tune_steps(
     charge_ledger(pre, journal)
     records = {r.index: r for r in journal.candidates()}
     payloads: dict[int, Any] = {}
-    group = opts.group_size
-    executor = opts.executor or (VectorizedExecutor(group) if group > 1 else SequentialExecutor())
+    executor = opts.executor or VectorizedExecutor(opts.group_size)  # 1: one at a time
     scores = run_candidates(
         trainer, selection, sel_plan, plan, records, journal, payloads, executor,
         opts.progress, checked,
