@@ -47,7 +47,7 @@ NONE_SELECTED = "none_selected"
 NO_CANDIDATE_SUCCEEDED = "no_candidate_succeeded"
 
 # The release whitelist: every file a release folder may hold and every key its JSON
-# files may hold. ``write_release`` refuses anything else, and tests/dptune/test_privacy_edges.py
+# files may hold. ``write_release`` refuses anything else, and tests/release_whitelist.py
 # holds a literal copy, so that a key is added only by someone who checked that the theorem
 # covers it. What of the selected candidate appears is further limited by the selection method
 # (``SelectionMethod.publishes``: ``validation_score`` only where the theorem covers the score).
