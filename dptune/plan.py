@@ -1,10 +1,8 @@
 """The privacy plan of a tuning run: from the total budget to the noise in every candidate, once.
 
-``make_privacy_plan`` checks the inputs, finds every field the trainer's declared privacy depends
-on, calibrates ``"auto"`` so that the *total* -- the selection theorem applied to the worst case
-over the search space -- meets the budget, and returns a frozen :class:`PrivacyPlan` that the
-tuner, the journal and the release all read: nothing is accounted twice. Every number comes from
-``dptune.accounting`` (which applies ``selection.privacy``).
+:func:`make_privacy_plan` accounts the whole run before anything private runs and returns a frozen
+:class:`PrivacyPlan` that the tuner, the journal and the release all read: nothing is accounted
+twice. Every number comes from ``dptune.accounting`` (which applies ``selection.privacy``).
 """
 
 from __future__ import annotations
@@ -78,13 +76,13 @@ class PrivacyPlan:
     """What the accountant promised, computed once before anything private runs.
 
     Attributes:
-      space: the search space as given (a calibrated field still reads ``"auto"``).
+      space: the search space (a calibrated field still reads ``"auto"``), with every field the
+        accounting enumerated marked privacy-relevant (``space.privacy_relevant``).
       calibrated: the values that replace ``"auto"`` (e.g. ``{"noise_multiplier": 1.23}``); every
         candidate trains with ``{**drawn, **calibrated}`` (:meth:`hparams`).
       statement: the total privacy statement of the run (``dptune.accounting.PrivacyStatement``).
       candidates: every candidate privacy the statement holds for (the worst case was taken over
         them); a drawn candidate must be one of them or be covered (``check_candidates``).
-      privacy_fields: the fields the accounting enumerated.
       adjacency, transform, delta, accountant: what the statement was computed with.
     """
 
@@ -92,7 +90,6 @@ class PrivacyPlan:
     calibrated: Mapping[str, Any]
     statement: Any
     candidates: tuple
-    privacy_fields: tuple[str, ...]
     adjacency: str
     transform: Any
     delta: float
@@ -157,7 +154,7 @@ def accounted_candidate(trainer: Any, hparams: Mapping[str, Any], adjacency: str
 
 def grid_candidates(
     trainer: Any, space: Space, grid: Sequence[Mapping[str, Any]], adjacency: str,
-    fill: Mapping[str, Any] = {},  # noqa: B006 - read only
+    fill: Mapping[str, Any],
 ) -> list[Any]:  # fmt: skip
     """:func:`accounted_candidate` at every point of the privacy ``grid`` (the other fields at
     ``space.example()``; ``fill`` over both, e.g. a calibrated noise multiplier)."""
@@ -184,14 +181,8 @@ def probe_points(space: Space) -> list[dict[str, Any]]:
     """Points of ``space`` for checks that read only public settings (e.g. a trainer's
     ``check_inputs``): ``space.example()``, then each searched field varied alone over its probe
     values (``_probe_values``); joint values of two fields are not combined."""
-    base = space.example()
-    points, seen = [base], {repr(sorted(base.items()))}
-    for _, point in _one_field_variations(space, space.searched):
-        key = repr(sorted(point.items()))
-        if key not in seen:
-            seen.add(key)
-            points.append(point)
-    return points
+    points = [space.example(), *(p for _, p in _one_field_variations(space, space.searched))]
+    return list({repr(sorted(p.items())): p for p in points}.values())  # each point once
 
 
 def _one_field_variations(space: Space, names: Sequence[str]):
@@ -201,21 +192,6 @@ def _one_field_variations(space: Space, names: Sequence[str]):
     for name in names:
         for value in _probe_values(space.fields[name]):
             yield name, {**base, name: value}
-
-
-def _privacy_dependent_fields(space: Space, candidate_of: Callable[[dict], Any]) -> list[str]:
-    """Searched fields (not already privacy-relevant) whose value, varied alone from
-    ``space.example()``, changes the trainer's declared privacy: the accountant must take the
-    worst case over them too. (Joint effects this probe misses are caught by
-    ``_check_whole_support`` and ``check_candidates``.)"""
-    base = candidate_of(space.example())
-    relevant = set(space.privacy_relevant)
-    found: list[str] = []
-    names = [n for n in space.searched if n not in relevant]
-    for name, point in _one_field_variations(space, names):
-        if name not in found and candidate_of(point) != base:
-            found.append(name)
-    return found
 
 
 def _check_whole_support(
@@ -279,13 +255,18 @@ def _basis(
         word = list(trainer.taken_on_word())
     elif hasattr(trainer, "privacy_checks"):
         word = []
-    else:  # a trainer that says nothing about itself
+    else:  # a trainer that says nothing about itself (e.g. a FunctionTrainer: a user's function)
         word = [
-            f"{type(trainer).__name__}: its training does what privacy(hparams) declares for "
-            "each candidate (clipping, noise, sampling, any split into the declared parallel "
-            "parts)",
+            f"{getattr(trainer, 'name', None) or type(trainer).__name__}: its training does what "
+            "privacy(hparams) declares for each candidate -- its clipping, noise and sampling, "
+            "and a split into the declared parallel parts that puts each record in one part by "
+            "that record alone",
             f"its score is score_kind={kind!r}: {SCORE_KINDS.get(kind, '?')}",
+            "it fails (raises, scores NaN) only as a function of its private output",
         ]
+        if getattr(trainer, "num_examples", None) is not None:
+            n = trainer.num_examples
+            word.append(f"num_examples={n} is the public size of its private data")
     assumptions = ["neighbours"]
     data = getattr(trainer, "data", None)
     if data is not None or getattr(trainer, "num_examples", None) is not None:
@@ -360,9 +341,9 @@ def make_privacy_plan(
         **_basis(trainer, selection, space, cands, adjacency, whole),
     )
     if not debug_nonprivate:
-        _check_total(statement, budget, transform.name, field)
+        check_total(statement, budget, transform.name, field)
     return PrivacyPlan(
-        space, calibrated, statement, tuple(dict.fromkeys(cands)), tuple(space.privacy_relevant),
+        space, calibrated, statement, tuple(dict.fromkeys(cands)),
         adjacency, transform, budget.delta, accountant,
     )  # fmt: skip
 
@@ -394,7 +375,13 @@ def _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate
                 f"selection={selection!r} has no {attr!r}: pass a selection method such as "
                 "selection.RandomStopping(...)"
             )
-    check_selection_size(selection)
+    expected = getattr(selection, "expected_trials", None)  # public: a property of its settings
+    if expected is not None and not float(expected) <= MAX_EXPECTED_TRIALS:  # NaN refused too
+        raise TuningConfigError(
+            f"the selection expects to train {float(expected):.4g} candidates on average, more "
+            f"than the {MAX_EXPECTED_TRIALS} dptune plans at most: lower mean_trials "
+            "(config.selection.mean_trials), or raise stop_probability / lower max_trials"
+        )
     _check_score_kind(trainer, selection, debug_nonprivate)
     n = getattr(trainer, "num_examples", None)
     if n is not None and budget.delta >= 1.0 / n:
@@ -420,21 +407,26 @@ def _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate
 
 def _privacy_space(space: Space, known: set[str], candidate_of: Callable) -> Space:
     """``space`` with every field the declared privacy depends on marked privacy-relevant: the
-    ``known`` ones, and any searched field whose value changes ``candidate_of``."""
+    ``known`` ones, and any searched field whose value, varied alone from ``space.example()``,
+    changes ``candidate_of``: the accountant must take the worst case over them too. (Joint
+    effects this probe misses are caught by ``_check_whole_support`` and ``check_candidates``.)"""
     try:
         space = Space(space.to_dict(), privacy_fields=set(space.privacy_fields) | known)
-        dependent = _privacy_dependent_fields(space, candidate_of)
+        base = candidate_of(space.example())
+        others = [n for n in space.searched if n not in space.privacy_relevant]
+        dependent: list[str] = []
+        for name, point in _one_field_variations(space, others):
+            if name not in dependent and candidate_of(point) != base:
+                dependent.append(name)
         if dependent:
             log.info("the trainer's privacy depends on %s: accounted over every value", dependent)
-            space = Space(
-                space.to_dict(), privacy_fields=set(space.privacy_fields) | set(dependent)
-            )
+            space = Space(space.to_dict(), privacy_fields=space.privacy_fields | set(dependent))
     except SpaceError as e:
         raise TuningConfigError(str(e)) from None
     return space
 
 
-def _check_total(statement: Any, budget: Budget, method: str, field: str | None) -> None:
+def check_total(statement: Any, budget: Budget, method: str, field: str | None) -> None:
     """ImpossibleBudgetError unless the statement's total fits the budget."""
     if statement.total_epsilon > budget.epsilon * (1 + 1e-9):
         raise ImpossibleBudgetError(
@@ -471,20 +463,6 @@ def _worst_case(candidates, transform, budget, accountant, seeded, field, auto):
     return {field: float(cal.noise_multiplier)}, cal.statement
 
 
-def check_selection_size(selection: Any) -> None:
-    """Refuses a selection that expects to train more than ``MAX_EXPECTED_TRIALS`` candidates (a
-    public property of its settings, checked before any plan is drawn)."""
-    expected = getattr(selection, "expected_trials", None)
-    if expected is None:
-        return
-    if not (math.isfinite(float(expected)) and float(expected) <= MAX_EXPECTED_TRIALS):
-        raise TuningConfigError(
-            f"the selection expects to train {float(expected):.4g} candidates on average, more "
-            f"than the {MAX_EXPECTED_TRIALS} dptune plans at most: lower mean_trials "
-            "(config.selection.mean_trials), or raise stop_probability / lower max_trials"
-        )
-
-
 def plan_privacy(trainer: Any, space: Any, selection: Any, budget: Any, **kwargs: Any):
     """``(space with the calibrated values filled in, statement)`` of :func:`make_privacy_plan`
     (what ``dptune --dry_run`` prints)."""
@@ -511,7 +489,8 @@ def check_candidates(
     def candidate(hp: Mapping[str, Any]) -> Any:
         return accounted_candidate(trainer, plan.hparams(hp), plan.adjacency)
 
-    accounted, fields, example = set(plan.candidates), plan.privacy_fields, plan.space.example()
+    accounted, example = set(plan.candidates), plan.space.example()
+    fields = plan.space.privacy_relevant
     twins: dict[tuple, Any] = {}
     declared = [declared_candidate(trainer, plan, hp) for hp in drawn]
     for hp, raw in zip(drawn, declared, strict=True):

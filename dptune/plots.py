@@ -12,14 +12,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-
-def _figure(figsize: tuple[float, float]) -> Any:
-    # heavy: matplotlib loads only when a release draws its plots
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=figsize)
-
-
 #: Panel titles of the per-epoch quantities the release holds (others show their key).
 _TITLES = {
     "epsilon_one_run": "epsilon of this one training run so far\n(tuning costs more: the total)",
@@ -41,10 +33,11 @@ def training_curve(
     )
     if not rows or not keys:
         return None
-    from matplotlib.ticker import MaxNLocator  # with the figure: matplotlib loads only here
+    from matplotlib.figure import Figure  # heavy: loads only when a release draws its plots
+    from matplotlib.ticker import MaxNLocator
 
     xs = [h.get("epoch", i + 1) for i, h in enumerate(rows)]
-    fig = _figure((4 * len(keys), 3))
+    fig = Figure(figsize=(4 * len(keys), 3))
     axes = fig.subplots(1, len(keys), squeeze=False)
     for ax, key in zip(axes[0], keys, strict=True):
         ax.plot(xs, [h.get(key, float("nan")) for h in rows], marker="o", label=key)
@@ -67,14 +60,15 @@ def epsilon_breakdown(privacy: Mapping[str, Any], path: str | Path) -> Path:
     epsilon, the selection's overhead, the total, and the budget (``budget_epsilon``) if any."""
     single = float(privacy.get("single_run_epsilon") or 0.0)
     total = float(privacy["total_epsilon"])
-    labels = ["one candidate", "selection overhead", "total (released)"]
-    values = [single, max(total - single, 0.0), total]
-    colors = ["tab:blue", "tab:orange", "tab:green"]
+    overhead = max(total - single, 0.0)
+    rows = [("one candidate", single, "tab:blue"), ("selection overhead", overhead, "tab:orange"),
+            ("total (released)", total, "tab:green")]  # fmt: skip
     if privacy.get("budget_epsilon") is not None:
-        labels.append("budget")
-        values.append(float(privacy["budget_epsilon"]))
-        colors.append("tab:gray")
-    fig = _figure((6, 3))
+        rows.append(("budget", float(privacy["budget_epsilon"]), "tab:gray"))
+    labels, values, colors = zip(*rows, strict=True)
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 3))
     ax = fig.subplots()
     bars = ax.barh(labels, values, color=colors)
     ax.bar_label(bars, fmt="%.3g")

@@ -32,7 +32,7 @@ import numpy as np
 
 from dptune import plots
 from dptune.errors import StateError
-from dptune.report import write_report
+from dptune.report import num, report_markdown
 
 log = logging.getLogger("dptune")
 
@@ -47,7 +47,7 @@ NONE_SELECTED = "none_selected"
 NO_CANDIDATE_SUCCEEDED = "no_candidate_succeeded"
 
 # The release whitelist: every file a release folder may hold and every key its JSON
-# files may hold. ``write_release`` refuses anything else, and tests/dptune/test_privacy_edges.py
+# files may hold. ``write_release`` refuses anything else, and tests/release_whitelist.py
 # holds a literal copy, so that a key is added only by someone who checked that the theorem
 # covers it. What of the selected candidate appears is further limited by the selection method
 # (``SelectionMethod.publishes``: ``validation_score`` only where the theorem covers the score).
@@ -184,11 +184,6 @@ class Release:
         )
 
     @property
-    def no_candidate_succeeded(self) -> bool:
-        """Whether nothing was released because every candidate failed."""
-        return self.outcome == NO_CANDIDATE_SUCCEEDED
-
-    @property
     def headline(self) -> str:
         """One line: the run's (epsilon, delta), epsilon rounded up (``headline``)."""
         return headline(self.privacy)
@@ -202,17 +197,17 @@ class Release:
         elif not self.released:
             head = "Nothing released (no candidate selected: a legitimate private outcome)."
         else:
-            hp = ", ".join(f"{k}={_fmt(v)}" for k, v in (self.hparams or {}).items())
+            hp = ", ".join(f"{k}={num(v)}" for k, v in (self.hparams or {}).items())
             head = f"Released: {hp}"
             if self.validation_score is not None:
-                head += f"\n  validation score {_fmt(self.validation_score)}"
+                head += f"\n  validation score {num(self.validation_score)}"
                 if self.test_metric is not None:
                     head += f" ({self.test_metric.get('name')})"
             if self.test_accuracy is not None:
-                head += f"\n  test accuracy {_fmt(self.test_accuracy)}"
+                head += f"\n  test accuracy {num(self.test_accuracy)}"
             if self.test_metric is not None:
                 value = self.test_metric.get("value")
-                head += f"\n  test {self.test_metric.get('name')} {_fmt(value)}"
+                head += f"\n  test {self.test_metric.get('name')} {num(value)}"
         return f"{head}\n{self.headline}\n\n{self.privacy_text}"
 
 
@@ -223,23 +218,17 @@ def headline(privacy: dict[str, Any]) -> str:
     eps, delta = privacy.get("total_epsilon"), privacy.get("delta")
     if not isinstance(eps, (int, float)) or not math.isfinite(eps):
         return "Privacy: no finite guarantee (see the statement below)."
+    up = float(eps)
+    if up > 0:  # up to 3 significant digits: 3.99871 -> 4, 1.2301 -> 1.24
+        scale = 10.0 ** (2 - math.floor(math.log10(up)))
+        up = math.ceil(up * scale - 1e-9) / scale
     text = (
-        f"Everything released by this run, tuning included, is ({_round_up(float(eps))}, "
+        f"Everything released by this run, tuning included, is ({up:.3g}, "
         f"{float(delta):.3g})-differentially private"
     )
     if privacy.get("private") is False:
         text += " -- NOT: this was a non-private debug run"
     return text + "."
-
-
-def _round_up(x: float, digits: int = 3) -> str:
-    """``x`` rounded up to ``digits`` significant digits, as text (3.99871 -> "4", 1.2301 ->
-    "1.24")."""
-    if x <= 0:
-        return f"{x:.{digits}g}"
-    scale = 10.0 ** (digits - 1 - math.floor(math.log10(x)))
-    up = math.ceil(x * scale - 1e-9) / scale
-    return f"{up:.{digits}g}"
 
 
 def write_release(release: Release, folder: str | os.PathLike) -> Path:
@@ -275,7 +264,8 @@ def write_release(release: Release, folder: str | os.PathLike) -> Path:
             plots.training_curve(
                 curve, tmp / "training_curve.png", release.privacy.get("total_epsilon")
             )
-    write_report(release, tmp)  # report.md: a one-page summary linking the plots above
+    # report.md: a one-page summary linking the plots above (only those written)
+    (tmp / "report.md").write_text(report_markdown(release, {p.name for p in tmp.iterdir()}))
     _check_keys("the release", (p.name for p in tmp.iterdir()), RELEASE_FILES)
     for dirpath, _, names in os.walk(tmp):  # on disk before the rename makes them the release
         for name in names:
@@ -450,7 +440,3 @@ def _json_default(x: Any) -> Any:
 
 def _finite_or_none(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(float(x)) else float(x)
-
-
-def _fmt(v: Any) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else str(v)

@@ -9,13 +9,11 @@ other candidates, not even how many there were.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from selection import counts
-
-REPORT_FILE = "report.md"
 
 
 def single_candidate_odds(selection: Mapping[str, Any]) -> tuple[float, float] | None:
@@ -56,21 +54,17 @@ def _count_sentence(privacy: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def _num(x: Any, digits: int = 4) -> str:
-    if isinstance(x, bool) or x is None:
-        return str(x)
-    if isinstance(x, (int, float)):
-        return f"{x:.{digits}g}" if math.isfinite(x) else "n/a"
+def num(x: Any) -> str:
+    """A float to 4 significant digits ("n/a" when not finite); anything else as text."""
+    if isinstance(x, float):
+        return f"{x:.4g}" if math.isfinite(x) else "n/a"
     return str(x)
 
 
 def _pct(x: Any) -> str:
     """A fraction as a percentage; "n/a" when missing or not finite (never "nan %")."""
-    try:
-        v = math.nan if x is None or isinstance(x, bool) else float(x)
-    except (TypeError, ValueError):
-        v = math.nan
-    return f"{100.0 * v:.2f} %" if math.isfinite(v) else "n/a"
+    ok = isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+    return f"{100.0 * x:.2f} %" if ok else "n/a"
 
 
 def report_markdown(release: Any, files: set[str]) -> str:
@@ -84,14 +78,14 @@ def report_markdown(release: Any, files: set[str]) -> str:
         "",
         "## Privacy",
         "",
-        f"Everything in this folder, tuning included, is **({_num(eps)}, {_num(delta)})-"
+        f"Everything in this folder, tuning included, is **({num(eps)}, {num(delta)})-"
         "differentially private** with respect to one record of the training data"
         + ("" if p.get("private", True) else " -- NO: this run was a non-private debug run")
         + ".",
         "",
         f"- Selection: `{p.get('method', '?')}`; theorem: {p.get('theorem', '?')}",
-        f"- One training run alone would be ({_num(p.get('single_run_epsilon'))}, "
-        f"{_num(p.get('single_run_delta', delta))})-DP; the difference is the price of tuning.",
+        f"- One training run alone would be ({num(p.get('single_run_epsilon'))}, "
+        f"{num(p.get('single_run_delta', delta))})-DP; the difference is the price of tuning.",
         f"- Accountant: `{p.get('accountant', '?')}`"
         + (
             "; the run used a fixed seed, so the guarantee holds only while it is secret"
@@ -156,9 +150,9 @@ def _released(release: Any, trainer: str) -> list[str]:
             name = metric.get("name", "metric")
             lines.append(
                 f"- **Test {name}** (public test split, reported only, never used to choose): "
-                f"{_num(metric.get('value')) if metric.get('value') is not None else 'n/a'}"
+                f"{num(metric.get('value')) if metric.get('value') is not None else 'n/a'}"
             )
-            score = f"{_num(release.validation_score)} ({name})"
+            score = f"{num(release.validation_score)} ({name})"
         else:
             lines.append(
                 f"- **Test accuracy** (public test split, reported only, never used to choose): "
@@ -171,9 +165,9 @@ def _released(release: Any, trainer: str) -> list[str]:
                 f"private): {score}"
             )
         lines += ["", "| hyperparameter | value |", "|---|---|"]
-        lines += [f"| `{k}` | {_num(v)} |" for k, v in sorted((release.hparams or {}).items())]
+        lines += [f"| `{k}` | {num(v)} |" for k, v in sorted((release.hparams or {}).items())]
         return lines
-    if release.no_candidate_succeeded:
+    if release.outcome == "no_candidate_succeeded":
         return [
             *head,
             f"Nothing: no candidate succeeded (every candidate trained by {trainer} failed), so "
@@ -186,10 +180,3 @@ def _released(release: Any, trainer: str) -> list[str]:
         "Nothing: the private selection chose no candidate. This is a legitimate outcome of "
         "random stopping (it may train zero candidates) and is covered by the same guarantee.",
     ]
-
-
-def write_report(release: Any, folder: str | Path) -> Path:
-    """Writes ``folder/report.md`` for ``release``; returns its path."""
-    path = Path(folder) / REPORT_FILE
-    path.write_text(report_markdown(release, {f.name for f in path.parent.iterdir()}))
-    return path

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -94,9 +94,6 @@ class Uniform(_Interval):
 
     def sample(self, rng: np.random.Generator) -> float:
         return float(rng.uniform(self.low, self.high))
-
-    def support(self) -> tuple:
-        raise SpaceError(f"a continuous {self.kind} distribution has no finite support")
 
 
 @dataclass(frozen=True)
@@ -232,7 +229,8 @@ class Space:
                 raise SpaceError(f"space field {name!r}: unsupported value {value!r}")
             parsed[name] = value
         self.fields: dict[str, Any] = parsed
-        self._privacy_fields = frozenset(privacy_fields)
+        #: names declared privacy-relevant by name (besides fields marked ``privacy=True``)
+        self.privacy_fields = frozenset(privacy_fields)
         for name in self.privacy_relevant:
             value = parsed[name]
             if isinstance(value, Uniform):
@@ -250,11 +248,6 @@ class Space:
         return cls(config)
 
     @property
-    def privacy_fields(self) -> frozenset[str]:
-        """Names declared privacy-relevant by name (besides fields marked ``privacy=True``)."""
-        return self._privacy_fields
-
-    @property
     def searched(self) -> tuple[str, ...]:
         """Names of the fields that are drawn at random (not constants)."""
         return tuple(n for n, v in self.fields.items() if isinstance(v, _DISTRIBUTIONS))
@@ -265,7 +258,7 @@ class Space:
         return tuple(
             n
             for n, v in self.fields.items()
-            if n in self._privacy_fields or (isinstance(v, _DISTRIBUTIONS) and v.privacy)
+            if n in self.privacy_fields or (isinstance(v, _DISTRIBUTIONS) and v.privacy)
         )
 
     def sample(self, rng: np.random.Generator) -> dict[str, Any]:
@@ -307,12 +300,6 @@ class Space:
             return {**v.to_dict(), "privacy": True} if v.privacy else v.to_dict()
 
         return {n: entry(v) for n, v in self.fields.items()}
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.fields)
-
-    def __len__(self) -> int:
-        return len(self.fields)
 
     def __repr__(self) -> str:
         return f"Space({self.to_dict()!r})"

@@ -26,7 +26,7 @@ STRATEGIES: dict[str, tuple[str, dict[str, str]]] = {
         {
             "fraction": "Poisson subsampling rate of the tuning subset, in (0, 1)",
             "tuning_epsilon": "epsilon of the tuning phase on the FULL data (amplification "
-            "included), > 0 and below the total epsilon",
+            "included), > 0 and below the total epsilon (the final run needs the rest)",
         },
     ),
 }
@@ -59,15 +59,11 @@ def check(name: Any, options: Mapping[str, Any], total_epsilon: float) -> dict[s
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise StrategyConfigError(f"config.strategy.{opt}={value!r} must be a number")
         out[opt] = float(value)
-    if name == "subsampled":
-        if not 0 < out["fraction"] < 1:
+    # each is a number in (0, upper): a rate below 1, an epsilon below the total
+    for opt, upper in (("fraction", 1.0), ("tuning_epsilon", total_epsilon)):
+        if opt in out and not 0 < out[opt] < upper:
             raise StrategyConfigError(
-                f"config.strategy.fraction={out['fraction']!r} must be in (0, 1)"
-            )
-        if not 0 < out["tuning_epsilon"] < total_epsilon:
-            raise StrategyConfigError(
-                f"config.strategy.tuning_epsilon={out['tuning_epsilon']!r} must be > 0 and below "
-                f"the total epsilon {total_epsilon:g} (the final run needs the rest)"
+                f"config.strategy.{opt}={out[opt]!r} must be in (0, {upper:g}): {takes[opt]}"
             )
     unused = sorted(k for k, v in options.items() if v is not None and k not in takes)
     if unused:

@@ -5,15 +5,11 @@ Subsampling", arXiv:2301.11989). The two phases are accounted as one composition
 (``dptune.accounting.subsampled``: the selection theorem on the subset, amplification by Poisson
 subsampling, PLD composition with the final run).
 
-Built on ``dptune.tuner``'s public steps: ``check_run`` around ``plan_subsampled`` (the tuning
-candidates' noise, calibrated so the selection over the subset is (tuning_epsilon, delta') on the
-full data after amplification, and the final run's, so the composition meets the total budget),
-then in ``run_in_workdir``: the run id and the subset's secret key (32 bytes of OS entropy, or
-derived from ``seed``) drawn once, one ``charge_ledger`` for the whole run, phase 1 (``tune`` on
-``trainer.subset(fraction, key)`` in ``DIR/private/tuning``; its release stays private) and
-phase 2 (``tune`` of the selected setting on all the data, best of 1, in ``DIR/private/final``;
-its model, score and curve are released under the whole run's statement). If phase 1 releases
-nothing, nothing is released. A killed run resumes phase by phase from the journals.
+Built on ``dptune.tuner``'s public steps (``check_run`` around ``plan_subsampled``, then
+``run_in_workdir`` around ``_phases``); the subset's secret key is drawn once and journaled, the
+whole run is charged to the ledger once, and a killed run resumes phase by phase from the journals
+(``DIR/private/tuning``, ``DIR/private/final``). Phase 1's release stays private; if it releases
+nothing, nothing is released.
 
 The trainer must have the hook ``subset(fraction, key) -> trainer``: the same trainer on the
 records whose keyed hash falls below ``fraction`` (``DpSgdTrainer.subset``). Scope: add/remove
@@ -25,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -41,6 +36,7 @@ from dptune.plan import (
     accounted_candidate,
     as_budget,
     as_space,
+    check_total,
     grid_candidates,
     make_privacy_plan,
 )
@@ -59,8 +55,6 @@ from dptune.workdir_lock import workdir_lock
 from selection.baselines import BestOfK
 
 __all__ = ["SubsampledPlan", "plan_subsampled", "tune_subsampled"]
-
-log = logging.getLogger("dptune")
 
 
 @dataclass(frozen=True)
@@ -165,10 +159,7 @@ def plan_subsampled(
             f"{budget.epsilon:g}, delta={budget.delta:g}) after a tuning phase of epsilon "
             f"{tuning_epsilon:g}: lower strategy.tuning_epsilon or raise the budget ({e})"
         ) from None
-    if statement.total_epsilon > budget.epsilon * (1 + 1e-9):
-        raise ImpossibleBudgetError(
-            f"the run would cost epsilon={statement.total_epsilon:.4g} > budget {budget.epsilon:g}"
-        )
+    check_total(statement, budget, "subsampled tuning", field)
     return SubsampledPlan(
         tuning, tuning_plan, {field: float(sigma)}, tuple(dict.fromkeys(cands)), statement
     )

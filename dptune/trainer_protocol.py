@@ -261,23 +261,6 @@ class FunctionTrainer:
                 )
         return float(out[0]), out[1]
 
-    def taken_on_word(self) -> list[str]:
-        """What the statement takes on this trainer's word (dptune cannot look inside ``fn``)."""
-        out = [
-            f"{self.name}: its training does what privacy(hparams) declares for each candidate -- "
-            "its clipping, noise and sampling, and a split into the declared parallel parts that "
-            "puts each record in one part by that record alone (FunctionTrainer(privacy=...))",
-            f"its score is score_kind={self.score_kind!r}: {SCORE_KINDS[self.score_kind]} "
-            "(FunctionTrainer(score_kind=...))",
-            "it fails (raises, scores NaN) only as a function of its private output",
-        ]
-        if self.num_examples is not None:
-            out.append(
-                f"num_examples={self.num_examples} is the public size of its private data "
-                "(FunctionTrainer(num_examples=...))"
-            )
-        return out
-
     def describe(self) -> dict[str, Any]:
         return {"kind": "function", "name": self.name, "num_examples": self.num_examples}
 

@@ -40,7 +40,7 @@ from dptune.accounting.events import ADJACENCIES
 from dptune.accounting.quiet import quiet_accounting
 from dptune.errors import CandidateFailure, StateError, TuningConfigError
 from dptune.errors import ImpossibleBudgetError as ImpossibleBudgetError  # re-exported
-from dptune.execution import Job, SequentialExecutor, VectorizedExecutor
+from dptune.execution import Job, VectorizedExecutor
 from dptune.journal import JOURNAL_FILE, Journal
 from dptune.ledger import Ledger, default_ledger_path
 from dptune.plan import (
@@ -57,6 +57,7 @@ from dptune.plan import (
 from dptune.progress import tuning_bar
 from dptune.release import (
     NO_CANDIDATE_SUCCEEDED,
+    NONE_SELECTED,
     Release,
     public_curve,
     read_release,
@@ -135,12 +136,32 @@ class TuneOptions:
     executor: Any = None
 
     def check(self) -> None:
-        """:func:`check_run_arguments`, then :func:`check_workdir`: the checks that need no data
-        and read nothing. TuningConfigError / StateError naming the field."""
-        check_run_arguments(
-            self.group_size, self.accountant, self.seed, self.debug_nonprivate, self.ledger,
-            self.adjacency,
-        )  # fmt: skip
+        """The checks that need no data and read nothing (the command checks its flags with this
+        same method, so the library and ``dptune`` refuse the same values with the same words):
+        TuningConfigError / StateError naming the field."""
+        g, seed = self.group_size, self.seed
+        if isinstance(g, bool) or not isinstance(g, int) or g < 1:
+            raise TuningConfigError(f"group_size={g!r} must be an integer >= 1")
+        for name, value, known in (
+            ("accountant", self.accountant, ACCOUNTANTS),
+            ("adjacency", self.adjacency, ADJACENCIES),
+        ):
+            if value not in known:
+                raise TuningConfigError(
+                    f"{name}={value!r} is unknown; choose one of {', '.join(known)}"
+                )
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise TuningConfigError(
+                f"seed={seed!r} must be a non-negative integer (--seed=N), or None for the "
+                "operating system's entropy"
+            )
+        if self.debug_nonprivate and self.ledger is not None:
+            raise TuningConfigError(
+                "debug_nonprivate prints every score and K, which voids the guarantee: no finite "
+                "spend can be charged to the dataset's ledger. Disable the ledger "
+                "(config.ledger.enabled=False; ledger=None in Python) for debug runs on data that "
+                "has no budget to protect"
+            )
         check_workdir(self.workdir)
 
     @classmethod
@@ -223,13 +244,9 @@ def preflight(
     budget: Budget | tuple[float, float], options: TuneOptions | None = None, **kwargs: Any,
 ) -> Preflight:  # fmt: skip
     """Every check of :func:`tune` that needs no private computation, writing nothing: the one
-    validation shared by the run and ``dptune --dry_run`` (same arguments as ``tune``).
-
-    Checks the options, the workdir (a folder that can be written; a journal already in it must
-    be intact and belong to this config and this code), the privacy plan (calibration included),
-    the data's schema at every probe point of the space, and the dataset's ledger (the run must
-    fit its budget). Raises what ``tune`` raises.
-    """
+    validation shared by the run and ``dptune --dry_run`` (same arguments as ``tune``, raises
+    what it raises): the options, the privacy plan, the data's schema at every probe point of the
+    space, then :func:`check_run` (the workdir's journal and the dataset's ledger)."""
     opts = TuneOptions.build(options, kwargs)
     budget = as_budget(budget)
     opts.check()
@@ -259,7 +276,11 @@ def check_run(
     its own), read-only: the ledger needs the dataset's fingerprint, the workdir's journal must
     belong to ``config`` and this code, and the run must fit the dataset's budget (a finished
     run, which returns its release, is not charged again)."""
-    ledger = _ledger_path(opts.ledger)
+    ledger = opts.ledger
+    if ledger is DEFAULT_LEDGER:
+        ledger = default_ledger_path()
+    elif ledger is not None:
+        ledger = ledger.path if isinstance(ledger, Ledger) else Path(ledger)
     fp = None
     if ledger is not None:
         fp = opts.fingerprint or getattr(trainer, "fingerprint", None)
@@ -385,8 +406,7 @@ def _tune_steps(
     charge_ledger(pre, journal)
     records = {r.index: r for r in journal.candidates()}
     payloads: dict[int, Any] = {}
-    group = opts.group_size
-    executor = opts.executor or (VectorizedExecutor(group) if group > 1 else SequentialExecutor())
+    executor = opts.executor or VectorizedExecutor(opts.group_size)  # 1: one at a time
     scores = run_candidates(
         trainer, selection, sel_plan, plan, records, journal, payloads, executor,
         opts.progress, checked,
@@ -401,36 +421,6 @@ def _tune_steps(
     return release
 
 
-def check_run_arguments(
-    group_size: Any = 1, accountant: Any = "auto", seed: Any = None,
-    debug_nonprivate: bool = False, ledger: Any = None, adjacency: Any = "add_remove",
-) -> None:  # fmt: skip
-    """The arguments of ``tune`` that need no data (the command checks its flags with this same
-    function, so the library and ``dptune`` refuse the same values with the same words)."""
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-        raise TuningConfigError(f"group_size={group_size!r} must be an integer >= 1")
-    if accountant not in ACCOUNTANTS:
-        raise TuningConfigError(
-            f"accountant={accountant!r} is unknown; choose one of {', '.join(ACCOUNTANTS)}"
-        )
-    if adjacency not in ADJACENCIES:
-        raise TuningConfigError(
-            f"adjacency={adjacency!r} is unknown; choose one of {', '.join(ADJACENCIES)}"
-        )
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise TuningConfigError(
-            f"seed={seed!r} must be a non-negative integer (--seed=N), or None for the operating "
-            "system's entropy"
-        )
-    if debug_nonprivate and ledger is not None:
-        raise TuningConfigError(
-            "debug_nonprivate prints every score and K, which voids the guarantee: no finite spend "
-            "can be charged to the dataset's ledger. Disable the ledger "
-            "(config.ledger.enabled=False; ledger=None in Python) for debug runs on data that has "
-            "no budget to protect"
-        )
-
-
 def check_workdir(workdir: str | os.PathLike | None) -> None:
     """The workdir must be a folder this process can write (or creatable): StateError otherwise,
     before anything is read, locked or written."""
@@ -438,21 +428,19 @@ def check_workdir(workdir: str | os.PathLike | None) -> None:
         return
     path = Path(workdir)
     fix = "choose another --workdir (workdir= in Python)"
-    if path.exists() and not path.is_dir():
-        raise StateError(f"the workdir {path} is a file, not a folder: {fix}")
-    existing = path
+    existing = path  # the workdir, or the nearest folder above it that exists
     while not existing.exists() and existing.parent != existing:
         existing = existing.parent
-    if existing.exists() and not existing.is_dir():
-        raise StateError(f"the workdir {path} cannot be created: {existing} is a file: {fix}")
+    for p in (existing, path / "private", path / "release"):
+        if p.exists() and not p.is_dir():
+            raise StateError(
+                f"the workdir {path} cannot be used: {p} is a file, not a folder: {fix}"
+            )
     if not os.access(existing, os.W_OK | os.X_OK):
         raise StateError(
             f"the workdir {path} is not writable ({existing} is read-only for this user): {fix}, "
             "or make it writable"
         )
-    for p in (path / "private", path / "release"):
-        if p.exists() and not p.is_dir():
-            raise StateError(f"{p} is a file; dptune keeps a folder there: {fix}")
     private = path / "private"
     if private.is_dir() and not os.access(private, os.W_OK | os.X_OK):
         raise StateError(f"{private} is not writable for this user: {fix}, or make it writable")
@@ -480,14 +468,6 @@ def _check_existing_run(
     with open_journal(private_dir, config, code, readonly=True) as journal:
         finished = bool(journal.get("released_at")) and (workdir / "release").exists()
         return journal.get("run_id"), journal.get("config") is not None, finished
-
-
-def _ledger_path(ledger: Any) -> Path | None:
-    if ledger is None:
-        return None
-    if ledger is DEFAULT_LEDGER:
-        return default_ledger_path()
-    return ledger.path if isinstance(ledger, Ledger) else Path(ledger)
 
 
 def _on_ledger(pre: Preflight, run_id: str | None, charge: bool) -> Any:
@@ -666,14 +646,11 @@ def release_selected(
         else str(getattr(trainer, "kind", "") or type(trainer).__name__)
     )
     common = dict(published=published, trainer_name=name)
-    if index is None:
-        return Release(False, None, None, None, privacy, text, **common)
-    if records[index].failed:
-        # The selected candidate failed: the selections rank a failure below every score, so
-        # every candidate failed (a function of the selected output: post-processing). No model.
-        return Release(
-            False, None, None, None, privacy, text, outcome=NO_CANDIDATE_SUCCEEDED, **common
-        )
+    if index is None or records[index].failed:
+        # A failed selected candidate: the selections rank a failure below every score, so every
+        # candidate failed (a function of the selected output: post-processing). No model.
+        outcome = NONE_SELECTED if index is None else NO_CANDIDATE_SUCCEEDED
+        return Release(False, None, None, None, privacy, text, outcome=outcome, **common)
     hp = plan.hparams(records[index].hparams)
     payload = payloads[index] if index in payloads else journal.read_payload(index)
     has_view = hasattr(trainer, "release_view")
