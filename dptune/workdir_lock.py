@@ -54,30 +54,17 @@ def workdir_lock(workdir: str | os.PathLike | None) -> Iterator[Path | None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _read_holder(fd)
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
             raise WorkdirLockedError(
-                f"workdir {Path(workdir)} is in use by another dptune run{holder}; two runs on "
-                "one workdir would share its journal. Wait for it to finish (or stop it; a "
-                "killed run's lock is released by the OS), or use another --workdir"
+                f"workdir {Path(workdir)} is in use by another dptune run"
+                f"{f' ({holder})' if holder else ''}; two runs on one workdir would share its "
+                "journal. Wait for it to finish (or stop it; a killed run's lock is released by "
+                "the OS), or use another --workdir"
             ) from None
         # Who holds it, for the message a second process prints (informational only).
+        since = time.strftime("%Y-%m-%d %H:%M:%S")
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid={os.getpid()} host={socket.gethostname()} since={time.time():.0f}\n"
-                  .encode(), 0)  # fmt: skip
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, started {since}\n".encode(), 0)
         yield path
     finally:
         os.close(fd)  # closing the descriptor releases the flock
-
-
-def _read_holder(fd: int) -> str:
-    try:
-        text = os.pread(fd, 200, 0).decode(errors="replace").strip()
-    except OSError:
-        return ""
-    fields = dict(p.split("=", 1) for p in text.split() if "=" in p)
-    if "pid" not in fields:
-        return ""
-    since = fields.get("since", "")
-    started = time.localtime(int(since)) if since.isdigit() else None
-    when = time.strftime(", started %Y-%m-%d %H:%M:%S", started) if started else ""
-    return f" (pid {fields['pid']} on {fields.get('host', '?')}{when})"
