@@ -87,6 +87,7 @@ class CandidateRecord:
     score: float | None
     failed: bool
     attempts: int
+    seconds: float | None = None  # training time of a finished candidate
 
 
 class Journal(StateDb):
@@ -219,19 +220,14 @@ class Journal(StateDb):
         rows = self._db.execute("SELECT idx, type, message, traceback FROM failures ORDER BY idx")
         return {r[0]: CandidateFailure(*r[1:]) for r in rows}
 
-    def seconds(self) -> dict[int, float | None]:
-        """Each finished candidate's training time in seconds, by index (curator's view)."""
-        rows = self._db.execute("SELECT idx, seconds FROM candidates ORDER BY idx").fetchall()
-        return {r[0]: r[1] for r in rows}
-
     def candidates(self) -> list[CandidateRecord]:
         rows = self._db.execute(
-            "SELECT idx, seed, hparams, status, score, failed, attempts FROM candidates "
+            "SELECT idx, seed, hparams, status, score, failed, attempts, seconds FROM candidates "
             "ORDER BY idx"
         )
         return [
-            CandidateRecord(i, int(seed), json.loads(hp), status, score, bool(failed), attempts)
-            for i, seed, hp, status, score, failed, attempts in rows
+            CandidateRecord(i, int(seed), json.loads(hp), status, score, bool(failed), n, secs)
+            for i, seed, hp, status, score, failed, n, secs in rows
         ]
 
     def payload_path(self, index: int) -> Path:

@@ -29,7 +29,7 @@ import os
 import sqlite3
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dptune.errors import Refused, TuningConfigError
@@ -67,12 +67,6 @@ def _fix(path: Path) -> str:
     )
 
 
-def default_lifetime_budget(epsilon: float, delta: float) -> tuple[float, float]:
-    """The lifetime budget registered for a new dataset when none is stated:
-    :data:`DEFAULT_LIFETIME_RUNS` times the first run's (epsilon, delta), delta capped below 1."""
-    return DEFAULT_LIFETIME_RUNS * epsilon, min(DEFAULT_LIFETIME_RUNS * delta, 0.5)
-
-
 def default_ledger_path() -> Path:
     """``$DPTUNE_LEDGER`` if set, else ``~/.dptune/ledger.sqlite`` (one per curator account)."""
     env = os.environ.get("DPTUNE_LEDGER")
@@ -104,10 +98,6 @@ class Spend:
     @property
     def remaining_epsilon(self) -> float:
         return self.budget_epsilon - self.spent_epsilon
-
-    @property
-    def remaining_delta(self) -> float:
-        return self.budget_delta - self.spent_delta
 
 
 class Ledger(StateDb):
@@ -169,9 +159,11 @@ class Ledger(StateDb):
         label = name or fingerprint[:12]
         before = self.spend(fingerprint)
         if before is None:
-            b_eps, b_delta = default_lifetime_budget(epsilon, delta)
-            b_eps = b_eps if budget_epsilon is None else budget_epsilon
-            b_delta = b_delta if budget_delta is None else budget_delta
+            # none stated: DEFAULT_LIFETIME_RUNS runs like this one, delta capped below 1
+            b_eps = DEFAULT_LIFETIME_RUNS * epsilon if budget_epsilon is None else budget_epsilon
+            b_delta = (
+                min(DEFAULT_LIFETIME_RUNS * delta, 0.5) if budget_delta is None else budget_delta
+            )
             before = Spend(fingerprint, float(b_eps), float(b_delta), 0.0, 0.0, 0, True, name)
         else:
             held_eps, held_delta = before.budget_epsilon, before.budget_delta
@@ -221,16 +213,12 @@ class Ledger(StateDb):
         workdir: str = "",
         note: str = "",
     ) -> Spend:
-        """Atomically checks the budget and records a run's spend; idempotent in ``run_id``.
-
-        Args: fingerprint: the dataset's fingerprint. run_id: unique id of the run (a resumed run
-        passes the same id and is not charged twice). epsilon, delta: the run's total (epsilon,
-        delta), tuning included. budget_epsilon, budget_delta: the dataset's lifetime budget as
-        stated by the run: None uses the registered one; a dataset the ledger has never seen is
-        registered with the stated budget, or with :func:`default_lifetime_budget` when none is
-        stated (``Spend.registered`` then says so). Raises: BudgetExceededError: the charge would
-        exceed the budget (nothing is recorded). LedgerBudgetMismatchError: the stated budget
-        differs from the registered one."""
+        """Atomically checks the budget (as :meth:`check`) and records the run's total (epsilon,
+        delta), tuning included; idempotent in ``run_id`` (a resumed run is charged once).
+        ``budget_epsilon`` / ``budget_delta``: the dataset's lifetime budget as the run states it
+        (None: the registered one; a new dataset: :data:`DEFAULT_LIFETIME_RUNS` times this run's,
+        ``Spend.registered`` then says so). BudgetExceededError or LedgerBudgetMismatchError
+        (the stated budget differs from the registered one): nothing is recorded."""
         with self._tx() as db:
             after = self.check(
                 fingerprint, run_id, epsilon, delta, name=name,
@@ -244,16 +232,12 @@ class Ledger(StateDb):
                     "created) VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (run_id, fingerprint, float(epsilon), float(delta), workdir, note, time.time()),
                 )
-        result = self.spend(fingerprint)
-        assert result is not None
-        return Spend(**{**result.__dict__, "registered": after.registered, "name": name})
+        return replace(self.spend(fingerprint), registered=after.registered, name=name)
 
-    def datasets(self) -> list[tuple[Spend, str, float]]:
-        """Every registered dataset: ``(spend, name, created)``, oldest first."""
-        rows = self._db.execute(
-            "SELECT fingerprint, name, created FROM datasets ORDER BY created"
-        ).fetchall()
-        return [(self.spend(fp), name or "", float(created)) for fp, name, created in rows]
+    def datasets(self) -> list[Spend]:
+        """Every registered dataset's spend (with its name), oldest first."""
+        rows = self._db.execute("SELECT fingerprint, name FROM datasets ORDER BY created")
+        return [replace(self.spend(fp), name=name or "") for fp, name in rows]
 
     def charges(self, fingerprint: str) -> list[dict]:
         """The runs charged to a dataset (run id, epsilon, delta, workdir, time), oldest first."""
@@ -296,9 +280,7 @@ class Ledger(StateDb):
                     "name) WHERE fingerprint = ?",
                     (float(epsilon), float(delta), name, fingerprint),
                 )
-        result = self.spend(fingerprint)
-        assert result is not None
-        return result
+        return self.spend(fingerprint)
 
     def _register(self, fingerprint: str, name: str, eps: float, delta: float) -> None:
         """Registers a dataset the ledger has not seen, with its lifetime budget (eps, delta)."""

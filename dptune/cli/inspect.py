@@ -54,7 +54,6 @@ def read_run(workdir: str | Path) -> dict[str, Any]:
     with Journal(private, readonly=True) as journal:
         meta = journal.meta()
         failures = journal.failures()
-        seconds = journal.seconds()
         rows = journal.candidates()
         dropped = {r.index: _dropped(journal, r.index) for r in rows if r.status == "done"}
     calibrated = meta.get("calibrated") or {}
@@ -63,7 +62,7 @@ def read_run(workdir: str | Path) -> dict[str, Any]:
         dict(
             index=r.index, status=r.status,
             score=None if r.score is None or math.isnan(r.score) else r.score,
-            failed=r.failed, seconds=seconds.get(r.index), attempts=r.attempts,
+            failed=r.failed, seconds=r.seconds, attempts=r.attempts,
             hparams={**r.hparams, **calibrated},
             failure=None if (f := failures.get(r.index)) is None else
             {"type": f.type, "message": f.message, "traceback": f.traceback},

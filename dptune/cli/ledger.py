@@ -73,9 +73,9 @@ def _list(led: Ledger) -> None:
         return
     print(f"{'dataset':<14}{'name':<16}{'budget eps':>11}{'spent eps':>11}{'left eps':>10}"
           f"{'budget delta':>14}{'spent delta':>13}{'runs':>6}")  # fmt: skip
-    for spend, name, _created in rows:
+    for spend in rows:
         print(
-            f"{spend.fingerprint[:12]:<14}{name[:15]:<16}{spend.budget_epsilon:>11.4g}"
+            f"{spend.fingerprint[:12]:<14}{spend.name[:15]:<16}{spend.budget_epsilon:>11.4g}"
             f"{spend.spent_epsilon:>11.4g}{spend.remaining_epsilon:>10.4g}"
             f"{spend.budget_delta:>14.3g}{spend.spent_delta:>13.3g}{spend.runs:>6}"
         )
@@ -105,7 +105,6 @@ def _resolve(led: Ledger | None, allow_new: bool) -> str:
 def _show(led: Ledger) -> int:
     fp = _resolve(led, allow_new=False)
     spend = led.spend(fp)
-    assert spend is not None
     print(
         f"dataset {fp}: budget (epsilon={spend.budget_epsilon:g}, delta={spend.budget_delta:g}); "
         f"spent (epsilon={spend.spent_epsilon:.4g}, delta={spend.spent_delta:.3g}) in "
