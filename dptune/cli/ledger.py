@@ -19,6 +19,7 @@ import math
 import re
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
 
 from absl import flags
@@ -51,14 +52,12 @@ def cli(argv: Sequence[str]) -> int:
             )
         path = Path(_LEDGER.value) if _LEDGER.value else default_ledger_path()
         if _EPS.value is not None or _DELTA.value is not None:
-            return _set(path)
-        if not path.exists():
+            _set(path)
+        elif not path.exists():
             print(f"Ledger {path}: no dataset yet (no run has been charged to it).")
-            return common.OK
-        with Ledger(path, readonly=True) as led:
-            if _DATASET.value:
-                return _show(led)
-            _list(led)
+        else:
+            with Ledger(path, readonly=True) as led:
+                (_show if _DATASET.value else _list)(led)
         return common.OK
     except (StateError, ValueError) as e:
         return common.refuse(e)
@@ -102,7 +101,7 @@ def _resolve(led: Ledger | None, allow_new: bool) -> str:
     )
 
 
-def _show(led: Ledger) -> int:
+def _show(led: Ledger) -> None:
     fp = _resolve(led, allow_new=False)
     spend = led.spend(fp)
     print(
@@ -113,10 +112,9 @@ def _show(led: Ledger) -> int:
     for c in led.charges(fp):
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c["created"]))
         print(f"  {when}  epsilon={c['epsilon']:.4g}  delta={c['delta']:.3g}  {c['workdir']}")
-    return common.OK
 
 
-def _set(path: Path) -> int:
+def _set(path: Path) -> None:
     eps, delta = _EPS.value, _DELTA.value
     if eps is None or delta is None:
         raise ValueError("give both --budget_epsilon and --budget_delta to set a budget")
@@ -124,11 +122,9 @@ def _set(path: Path) -> int:
         raise ValueError(f"--budget_epsilon={eps!r} must be a finite number > 0")
     if not 0 < delta < 1:
         raise ValueError(f"--budget_delta={delta!r} must be in (0, 1)")
-    if path.exists():  # resolved before anything is written: a refusal leaves the file as it was
-        with Ledger(path, readonly=True) as led:
-            fp = _resolve(led, allow_new=True)
-    else:
-        fp = _resolve(None, allow_new=True)
+    # resolved before anything is written: a refusal leaves the file as it was
+    with Ledger(path, readonly=True) if path.exists() else nullcontext() as led:
+        fp = _resolve(led, allow_new=True)
     with Ledger(path) as led:
         before = led.spend(fp)
         after = led.set_budget(fp, eps, delta, _NAME.value)
@@ -141,7 +137,6 @@ def _set(path: Path) -> int:
         f"Ledger {path}: dataset {fp[:12]}'s lifetime budget {was} to (epsilon={eps:g}, "
         f"delta={delta:g}); spent so far epsilon={after.spent_epsilon:.4g}."
     )
-    return common.OK
 
 
 if __name__ == "__main__":
