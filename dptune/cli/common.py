@@ -222,18 +222,20 @@ def parse_run_command(
         config = flag_values["config"].value  # config_flags defers a file's errors to here
     except flags.Error as e:
         raise ArgumentError(str(e)) from None
-    except (AttributeError, KeyError, TypeError, ValueError) as e:
-        # ml_collections raises these for an override of a field the config does not have; with
-        # no override given, it is the config file that failed to load
+    except Exception as e:  # noqa: BLE001 - a bad override, or a config file that fails to load
+        # ml_collections raises these for an override of a field the config does not have
         overrides = [a.split("=")[0] for a in argv if a.startswith("--config.")]
-        if not overrides:
-            raise ArgumentError(config_load_error(argv, e)) from None
+        if overrides and isinstance(e, (AttributeError, KeyError, TypeError, ValueError)):
+            raise ArgumentError(
+                f"a config override names a field the config does not have or gives it a value "
+                f"of the wrong type ({type(e).__name__}: {e}); overrides given: {overrides}"
+            ) from None
+        given = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), "?")
+        detail = "no such file" if "No such file" in str(e) else one_line(e)
         raise ArgumentError(
-            f"a config override names a field the config does not have or gives it a value of "
-            f"the wrong type ({type(e).__name__}: {e}); overrides given: {overrides}"
+            f"--config={given} could not be loaded ({type(e).__name__}: {detail[:300]}): fix the "
+            f"file, or use a shipped config ({', '.join(configs.NAMES)})"
         ) from None
-    except Exception as e:  # noqa: BLE001 - a config file that fails to load while parsing
-        raise ArgumentError(config_load_error(argv, e)) from None
     finally:
         sys.argv = saved
     if rest:
@@ -243,15 +245,6 @@ def parse_run_command(
     if not flag_values["workdir"].value:
         raise ArgumentError(f"--workdir=DIR is required ({workdir_why})")
     return config, Path(flag_values["workdir"].value)
-
-
-def config_load_error(argv: Sequence[str], e: BaseException) -> str:
-    given = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), "?")
-    detail = "no such file" if "No such file" in str(e) else one_line(e)
-    return (
-        f"--config={given} could not be loaded ({type(e).__name__}: {detail[:300]}): fix the "
-        f"file, or use a shipped config ({', '.join(configs.NAMES)})"
-    )
 
 
 def normalise_argv(argv: Sequence[str]) -> list[str]:
