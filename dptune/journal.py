@@ -1,18 +1,14 @@
 """The run journal: a crash-safe record of one tuning run, kept in ``DIR/private/journal.sqlite``.
 
-It holds the config the run was started with, the selection's random plan, the root entropy, every
-candidate's seed, hyperparameters, status and score. The plan and all seeds are written *before* any
-private computation, so a resume after ``kill -9`` can never re-draw them: re-rolling a plan until
-one likes the result would break the selection theorems (they hold for one draw of K or of the coin
-flips).
+It holds the run's config, the selection's random plan, the root entropy, and every candidate's
+seed, hyperparameters, status and score. The plan and all seeds are written *before* any private
+computation, so a resume after ``kill -9`` never re-draws them (re-rolling a plan until one likes
+the result would break the selection theorems, which hold for one draw). It is the curator's
+alone (it holds K and every score): nothing here is copied to the release folder.
 
-Everything here is private to the data curator (it holds K and every candidate's score); nothing in
-this file is copied to the release folder.
-
-Each write is its own SQLite ``BEGIN IMMEDIATE`` transaction (sqlite3 commits are durable against a
-killed process), and candidate payloads are written to a temporary file and renamed into place
-before their row says ``done``, so a candidate is either finished with its payload on disk or is
-trained again, with the same seed, on resume."""
+Each write is one ``BEGIN IMMEDIATE`` transaction; a candidate's payload is written to a temporary
+file and renamed into place before its row says ``done``, so a candidate is either finished with
+its payload on disk or trained again, with the same seed, on resume."""
 
 from __future__ import annotations
 

@@ -1,25 +1,18 @@
 """The privacy ledger: every tuning run's spend, per dataset, in one SQLite file shared by all runs.
 
-A dataset is identified by its fingerprint (``Dataset.fingerprint()``: sha256 of the training and
-validation arrays), so the same data under another name or folder is the same dataset. Its lifetime
-budget (epsilon, delta) is stated with ``dptune ledger --dataset=ID --budget_epsilon=E
---budget_delta=D``, :meth:`Ledger.set_budget`, or a run's ``dataset_budget=``
-(``--config.ledger.budget_epsilon`` / ``budget_delta``); a first run on a dataset with none stated
-registers :data:`DEFAULT_LIFETIME_RUNS` times its own (epsilon, delta), and a warning names the
-ledger, the dataset and how to change it. Each run's (epsilon, delta) is then added, and a run that
-would exceed the budget is refused *before* any private computation.
+A dataset is its fingerprint (``Dataset.fingerprint()``: sha256 of the training and validation
+arrays), whatever its name or folder. Its lifetime budget (epsilon, delta) is stated with ``dptune
+ledger``, :meth:`Ledger.set_budget` or a run's ``dataset_budget=``; a first run on a dataset with
+none registers :data:`DEFAULT_LIFETIME_RUNS` times its own, with a warning. A run that would
+exceed the budget is refused *before* any private computation.
 
-Runs compose by basic sequential composition: total epsilon = sum of epsilons, total delta = sum of
-deltas (Dwork & Roth 2014, "The Algorithmic Foundations of Differential Privacy", Thm 3.16). It is
-loose but needs no assumption about how the runs were done, so it holds for any mix of methods and
-accountants.
+Runs compose by basic sequential composition (Dwork & Roth 2014, Thm 3.16): total epsilon = sum of
+epsilons, total delta = sum of deltas; loose, but it holds for any mix of methods and accountants.
 
-Two runs started at once cannot overspend: the check and the insert run in one ``BEGIN IMMEDIATE``
-transaction, which takes SQLite's write lock before reading. A charge is keyed by the run's id, so
-a resumed run is charged once. A new ledger is created whole: its tables are written to a
-temporary file in the same folder, which then takes the ledger's name (``os.link``: never over an
-existing file), so another process sees either no file or a complete ledger; a warning names the
-new file (a misspelt path would otherwise start a new ledger in silence)."""
+Two runs started at once cannot overspend: the check and the insert are one ``BEGIN IMMEDIATE``
+transaction. A charge is keyed by the run's id, so a resumed run is charged once. A new ledger is
+written to a temporary file and linked to its name (``os.link``: never over an existing file), so
+another process sees no file or a complete ledger; a warning names the new file."""
 
 from __future__ import annotations
 

@@ -1,17 +1,14 @@
 """The files dptune keeps for the curator: owner-only, and (journal, ledger) checked before use.
 
 ``DIR/private/`` holds what the selection theorems assume stays hidden (every candidate's score,
-seed and checkpoint, hence K); the ledger holds each dataset's fingerprint and spends. The default
-umask (``022``) would make them readable by every account of a shared filesystem, so they are
-created owner-only: folders ``0700``, files ``0600`` (SQLite gives its side files the database
-file's mode). An existing private folder that others can read is refused before anything runs; an
-existing ledger that others can read is reported loudly (a team may share one on purpose).
-``release/`` is for publishing and keeps the user's umask.
+seed and checkpoint, hence K); the ledger holds each dataset's fingerprint and spends. Under the
+default umask they would be readable by every account, so folders are created ``0700`` and files
+``0600``. An existing private folder that others can read is refused; an existing ledger that
+others can read is reported loudly (a team may share one). ``release/`` keeps the user's umask.
 
-A journal or ledger that is empty, truncated, corrupt or another program's file is never taken for
-a new one (an empty journal would restart a run: a second draw of its plan and a second charge; an
-empty ledger would forget every spend): it is refused with a :class:`~dptune.errors.StateError`
-naming its path and what to do, and left as it is.
+A journal or ledger that is empty, truncated, corrupt or another program's is never taken for a
+new one (that would restart a run, or forget every spend): it is refused with a
+:class:`~dptune.errors.StateError` naming its path and what to do, and left as it is.
 """
 
 from __future__ import annotations
@@ -70,14 +67,11 @@ def open_new(path: str | os.PathLike):
 
 
 class StateDb:
-    """One SQLite file of ``kind`` (``"journal"``, ``"ledger"``) holding ``tables`` (name: the
-    columns dptune reads), opened after the checks above; ``path=None`` keeps it in memory.
-
-    ``readonly`` opens it read-only (``dptune inspect``, ``--dry_run``): nothing is ever written.
-    Otherwise a missing file is created (mode 0600) and ``schema`` (an SQL script of ``CREATE
-    TABLE IF NOT EXISTS`` statements and pragmas) is run. ``timeout``: SQLite's busy timeout (s).
-    Raises StateError (naming the path and ``fix``, one sentence on what the user can do): the
-    path is a folder, missing (read-only), or empty, not SQLite, corrupt or foreign."""
+    """One SQLite file of ``kind`` holding ``tables`` (name: the columns dptune reads), checked as
+    above; ``path=None`` keeps it in memory. ``readonly`` never writes; otherwise a missing file is
+    created (0600) and ``schema`` (``CREATE TABLE IF NOT EXISTS`` and pragmas) is run. StateError
+    (naming the path and ``fix``) for a folder, a missing file (read-only), or a file that is
+    empty, not SQLite, corrupt or foreign."""
 
     kind: str
     tables: Mapping[str, set[str]]

@@ -1,21 +1,13 @@
 """One tuning run per workdir: an exclusive kernel file lock held for the whole run.
 
 Two processes on one ``--workdir`` would share one journal: both would train the same candidates
-(doubling the private computation the journal records once) and race to write one release. So
-:func:`dptune.tune` holds ``DIR/.dptune.lock`` for its whole duration and a second process on the
-same workdir is refused at once with :class:`WorkdirLockedError` (the CLI prints
-``dptune: refused: ...`` and exits with code 2).
-
-The lock is ``flock(LOCK_EX | LOCK_NB)`` on the lock file (POSIX). The kernel drops it when the
-holder's file descriptor is closed, which includes every way a process can die (``kill -9``, OOM
-killer, power loss of the process): a stale lock is therefore impossible, and resuming after a
-crash needs no cleanup. The file itself is never deleted (deleting a flock file while another
-process has it open would let two processes each hold a lock on a different inode); it only holds
-the holder's pid and start time, for the refusal message.
-
-Limits: on network file systems flock is as good as the server's lock support (Linux NFSv4 maps it
-to byte-range locks); a child process *forked* (not exec'd) by the run inherits the descriptor and
-keeps the lock until it exits too.
+(private computation the journal records once) and race to write one release. So
+:func:`dptune.tune` holds ``flock(LOCK_EX | LOCK_NB)`` on ``DIR/.dptune.lock`` for its whole
+duration and a second process is refused at once (:class:`WorkdirLockedError`). The kernel drops
+the lock when the holder's descriptor closes, however the process dies, so a stale lock is
+impossible. The file is never deleted (two processes could then lock two inodes); it holds who
+has it, for the refusal. Limits: on network file systems flock is as good as the server's locks;
+a child *forked* (not exec'd) by the run inherits the descriptor and holds the lock until it exits.
 """
 
 from __future__ import annotations
