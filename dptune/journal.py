@@ -108,23 +108,19 @@ class Journal(StateDb):
     def set(self, key: str, value: Any) -> None:
         with self._tx() as db:
             db.execute(
-                "INSERT INTO meta (key, value) VALUES (?, ?) "
-                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
                 (key, json.dumps(value, sort_keys=True)),
             )
 
     def set_once(self, key: str, value: Any) -> Any:
-        """Stores ``value`` unless the key exists; returns the stored value (never overwrites a plan
-        or seed)."""
+        """Stores ``value`` unless the key exists; returns the stored value, as JSON reads it back
+        (never overwrites a plan or seed; a fresh run and a resume see the same form)."""
         with self._tx() as db:
-            row = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-            if row is not None:
-                return json.loads(row[0])
             db.execute(
-                "INSERT INTO meta (key, value) VALUES (?, ?)",
+                "INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)",
                 (key, json.dumps(value, sort_keys=True)),
             )
-            return value
+            return self.get(key)
 
     def _bind(self, key: str, value: dict[str, Any]) -> list[str]:
         """Records ``value`` under ``key`` once (as JSON) or compares it with the recorded one:
@@ -132,7 +128,7 @@ class Journal(StateDb):
         if self.dir is None:
             return []
         canonical = json.loads(json.dumps(value, sort_keys=True))
-        stored = self.get(key) if self.readonly else self.set_once(key, canonical)
+        stored = self.get(key) if self.readonly else self.set_once(key, value)
         return [] if stored is None else sorted(_diff_keys(stored, canonical))
 
     def bind_config(self, config: dict[str, Any]) -> bool:
