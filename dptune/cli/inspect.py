@@ -52,24 +52,21 @@ def read_run(workdir: str | Path) -> dict[str, Any]:
             "--workdir of a run)"
         )
     with Journal(private, readonly=True) as journal:
-        meta = journal.meta()
-        failures = journal.failures()
-        rows = journal.candidates()
-        dropped = {r.index: _dropped(journal, r.index) for r in rows if r.status == "done"}
-    calibrated = meta.get("calibrated") or {}
+        meta, failures = journal.meta(), journal.failures()
+        calibrated = meta.get("calibrated") or {}
+        cands = [
+            dict(
+                index=r.index, status=r.status,
+                score=None if r.score is None or math.isnan(r.score) else r.score,
+                failed=r.failed, seconds=r.seconds, attempts=r.attempts,
+                hparams={**r.hparams, **calibrated},
+                failure=None if (f := failures.get(r.index)) is None else
+                {"type": f.type, "message": f.message, "traceback": f.traceback},
+                dropped_nonfinite=_dropped(journal, r.index) if r.status == "done" else None,
+            )
+            for r in journal.candidates()
+        ]  # fmt: skip
     privacy = meta.get("privacy") or {}
-    cands = [
-        dict(
-            index=r.index, status=r.status,
-            score=None if r.score is None or math.isnan(r.score) else r.score,
-            failed=r.failed, seconds=r.seconds, attempts=r.attempts,
-            hparams={**r.hparams, **calibrated},
-            failure=None if (f := failures.get(r.index)) is None else
-            {"type": f.type, "message": f.message, "traceback": f.traceback},
-            dropped_nonfinite=dropped.get(r.index),
-        )
-        for r in rows
-    ]  # fmt: skip
     return {
         "workdir": str(workdir), "run_id": meta.get("run_id"),
         "started_at": meta.get("started_at"), "released_at": meta.get("released_at"),
