@@ -224,12 +224,9 @@ def check_config(cfg: Mapping[str, Any]) -> None:
 
 
 def learner_sections(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``config.train`` and ``config.space`` as ``config.trainer``'s learner takes them.
-
-    A config's hyperparameter sections belong to the learner they were written for, so
-    ``--config.trainer=NAME`` works on any config: a field that another learner knows and this
-    one does not is that learner's, and is left out (logged); a field no learner knows is refused
-    (ConfigError), never silently ignored. The learner's own defaults fill what is left out.
+    """``config.train`` and ``config.space`` as ``config.trainer``'s learner takes them, so that
+    ``--config.trainer=NAME`` works on any config: a field another learner knows is left out
+    (logged; this learner's default fills it), a field no learner knows is refused (ConfigError).
     """
     info = learner_info(cfg)
     train, space = _section(cfg, "train"), _section(cfg, "space")
@@ -247,9 +244,7 @@ def learner_sections(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
         "config.train / config.space: %s belong to another learner; config.trainer=%r uses its "
         "own defaults for them", sorted(foreign), info.name,
     )  # fmt: skip
-    return {k: v for k, v in train.items() if k in own}, {
-        k: v for k, v in space.items() if k in own
-    }
+    return tuple({k: v for k, v in d.items() if k in own} for d in (train, space))
 
 
 def _fields(info: learners.LearnerInfo) -> set[str]:
