@@ -186,13 +186,9 @@ class Journal(StateDb):
             )
 
     def mark_done(
-        self,
-        index: int,
-        score: float,
-        failed: bool,
-        seconds: float | None = None,
+        self, index: int, score: float, failed: bool, seconds: float | None = None,
         failure: CandidateFailure | None = None,
-    ) -> None:
+    ) -> None:  # fmt: skip
         """Marks a candidate done (with its failure's record, in the same transaction)."""
         with self._tx() as db:
             db.execute(

@@ -130,22 +130,13 @@ class Ledger(StateDb):
         return Spend(fingerprint, row[0], row[1], float(eps), float(delta), int(n))
 
     def is_charged(self, run_id: str) -> bool:
-        return (
-            self._db.execute("SELECT 1 FROM charges WHERE run_id = ?", (run_id,)).fetchone()
-            is not None
-        )
+        row = self._db.execute("SELECT 1 FROM charges WHERE run_id = ?", (run_id,)).fetchone()
+        return row is not None
 
     def check(
-        self,
-        fingerprint: str,
-        run_id: str | None,
-        epsilon: float,
-        delta: float,
-        *,
-        budget_epsilon: float | None = None,
-        budget_delta: float | None = None,
-        name: str = "",
-    ) -> Spend:
+        self, fingerprint: str, run_id: str | None, epsilon: float, delta: float, *,
+        budget_epsilon: float | None = None, budget_delta: float | None = None, name: str = "",
+    ) -> Spend:  # fmt: skip
         """What :meth:`charge` would do (same arguments, same refusals), without writing: the
         dataset's spend after this run (``registered`` if the run would register its budget)."""
         _check_numbers(epsilon, delta, budget_epsilon, budget_delta)
@@ -194,18 +185,10 @@ class Ledger(StateDb):
         )  # fmt: skip
 
     def charge(
-        self,
-        fingerprint: str,
-        run_id: str,
-        epsilon: float,
-        delta: float,
-        *,
-        budget_epsilon: float | None = None,
-        budget_delta: float | None = None,
-        name: str = "",
-        workdir: str = "",
-        note: str = "",
-    ) -> Spend:
+        self, fingerprint: str, run_id: str, epsilon: float, delta: float, *,
+        budget_epsilon: float | None = None, budget_delta: float | None = None, name: str = "",
+        workdir: str = "", note: str = "",
+    ) -> Spend:  # fmt: skip
         """Atomically checks the budget (as :meth:`check`) and records the run's total (epsilon,
         delta), tuning included; idempotent in ``run_id`` (a resumed run is charged once).
         ``budget_epsilon`` / ``budget_delta``: the dataset's lifetime budget as the run states it
