@@ -264,8 +264,7 @@ def learner_info(cfg: Mapping[str, Any]) -> learners.LearnerInfo:
 
 @dataclasses.dataclass(frozen=True)
 class Checked:
-    """A config that passed :func:`validate`, as the library's arguments (``options``: the run's
-    ``dptune.TuneOptions``, checked)."""
+    """A config that passed :func:`validate`, as the library's arguments."""
 
     cfg: dict[str, Any]
     method: Any
@@ -338,7 +337,6 @@ class DryRun:
     preflight: Any
 
     def to_text(self) -> str:
-        """What ``--dry_run`` prints: the space, the privacy statement and the ledger's view."""
         text = f"Dry run (nothing trained). Search space: {self.space.to_dict()}\n\n"
         text += self.statement.to_text()
         pre = self.preflight

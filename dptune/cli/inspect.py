@@ -38,12 +38,9 @@ WARNING = (
 
 
 def read_run(workdir: str | Path) -> dict[str, Any]:
-    """The run in ``workdir`` as the curator sees it: ``{"workdir", "run_id", "started_at",
-    "released_at", "curator_view", "privacy", "candidates": [...]}``, each candidate with its
-    index, status, score, failed, seconds, attempts, hyperparameters, failure (type, message,
-    traceback) and ``dropped_nonfinite`` (a finished candidate's sampled examples whose gradient
-    norm was not finite, left out of its clipped sums, from its payload; None when its payload
-    holds no count). Raises StateError if there is no intact journal."""
+    """The run in ``workdir`` as the curator sees it (the keys below); a candidate's
+    ``dropped_nonfinite`` counts its sampled examples whose gradient norm was not finite, left out
+    of its clipped sums (None: its payload holds no count). StateError: no intact journal."""
     workdir = Path(workdir)
     private = workdir / "private"
     if not (private / JOURNAL_FILE).exists():
