@@ -185,21 +185,17 @@ def help_text(doc: str | None, flag_values: flags.FlagValues, names: Sequence[st
     return (doc or "") + "\nFlags:\n" + "\n".join(lines)
 
 
-def parse_subcommand(
-    flag_values: flags.FlagValues, argv: Sequence[str], doc: str | None
-) -> tuple[list[str], int | None]:
-    """A subcommand's ``argv`` parsed into its own ``flag_values``: ``(the arguments that are not
-    flags, None)``, or ``([], exit code)`` when the command has ended: its help printed (exit 0)
-    or a flag refused in one ``dptune:`` line (exit 2; the flags are left unparsed, so the next
-    in-process call starts clean)."""
+def parse_subcommand(flag_values: flags.FlagValues, argv: Sequence[str], doc: str | None) -> Any:
+    """A subcommand's ``argv`` parsed into its own ``flag_values``: the arguments that are not
+    flags, or None when it asked for (and got) its help. ArgumentError: a flag it does not take
+    (the caller unparses its flags, so that the next in-process call starts clean)."""
     if any(a in HELP for a in argv[1:]):
         print(help_text(doc, flag_values))
-        return [], OK
+        return None
     try:
-        return flag_values(list(argv))[1:], None
+        return flag_values(list(argv))[1:]
     except flags.Error as e:
-        flag_values.unparse_flags()
-        return [], refuse(e)
+        raise ArgumentError(str(e)) from None
 
 
 def parse_run_command(

@@ -23,7 +23,7 @@ from typing import Any
 from absl import flags
 
 from dptune.cli import common
-from dptune.errors import StateError
+from dptune.errors import Refused, StateError
 from dptune.journal import JOURNAL_FILE, Journal
 
 #: This command's own flags (kept apart from the other commands' in one process).
@@ -136,10 +136,10 @@ def render(run: dict[str, Any], candidate: int | None = None) -> str:
 
 def cli(argv: Sequence[str]) -> int:
     """``dptune inspect`` in this process; returns the exit code."""
-    rest, ended = common.parse_subcommand(FLAGS, argv, __doc__)
-    if ended is not None:
-        return ended
     try:
+        rest = common.parse_subcommand(FLAGS, argv, __doc__)
+        if rest is None:
+            return common.OK
         if len(rest) != 1:
             return common.refuse(
                 f"dptune inspect takes one WORKDIR (got {rest or 'none'}): dptune inspect DIR "
@@ -150,7 +150,7 @@ def cli(argv: Sequence[str]) -> int:
             json.dumps(run, indent=2, default=str) if _JSON.value else render(run, _CANDIDATE.value)
         )
         return common.OK
-    except StateError as e:
+    except Refused as e:
         return common.refuse(e)
     finally:
         FLAGS.unparse_flags()

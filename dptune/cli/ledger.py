@@ -25,7 +25,6 @@ from pathlib import Path
 from absl import flags
 
 from dptune.cli import common
-from dptune.errors import StateError
 from dptune.ledger import Ledger, default_ledger_path
 
 #: This command's own flags (kept apart from the other commands' in one process).
@@ -42,10 +41,10 @@ _FULL_ID = re.compile(r"^[0-9a-f]{64}$")
 
 def cli(argv: Sequence[str]) -> int:
     """``dptune ledger`` in this process; returns the exit code."""
-    rest, ended = common.parse_subcommand(FLAGS, argv, __doc__)
-    if ended is not None:
-        return ended
     try:
+        rest = common.parse_subcommand(FLAGS, argv, __doc__)
+        if rest is None:
+            return common.OK
         if rest:
             return common.refuse(
                 f"unexpected arguments {rest}: every setting is a flag (`dptune ledger --help`)"
@@ -59,7 +58,7 @@ def cli(argv: Sequence[str]) -> int:
             with Ledger(path, readonly=True) as led:
                 (_show if _DATASET.value else _list)(led)
         return common.OK
-    except (StateError, ValueError) as e:
+    except ValueError as e:  # Refused (a flag, a file) or a value the ledger refuses
         return common.refuse(e)
     finally:
         FLAGS.unparse_flags()
