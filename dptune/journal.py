@@ -52,13 +52,6 @@ CREATE TABLE IF NOT EXISTS failures (
 COMMIT;
 """
 
-#: The tables of a journal and the columns dptune reads.
-_TABLES = {
-    "meta": {"key", "value"},
-    "candidates": {"idx", "seed", "hparams", "status", "score", "failed", "attempts", "seconds"},
-    "failures": {"idx", "type", "message", "traceback"},
-}
-
 
 def _fix(private_dir: Path | None) -> str:
     return (
@@ -92,7 +85,7 @@ class Journal(StateDb):
     to resume, payloads stay in the tuner's memory). An existing file is checked first, and
     ``readonly=True`` opens it without writing anything (:class:`dptune.state_files.StateDb`)."""
 
-    kind, tables, schema = "journal", _TABLES, _SCHEMA
+    kind, schema = "journal", _SCHEMA
 
     def __init__(self, private_dir: str | os.PathLike | None, *, readonly: bool = False) -> None:
         self.dir = None if private_dir is None else Path(private_dir)

@@ -45,13 +45,6 @@ CREATE TABLE IF NOT EXISTS charges (run_id TEXT PRIMARY KEY, fingerprint TEXT NO
 COMMIT;"""
 
 
-#: The tables of a ledger and the columns dptune reads.
-_TABLES = {
-    "datasets": {"fingerprint", "name", "epsilon", "delta", "created"},
-    "charges": {"run_id", "fingerprint", "epsilon", "delta", "workdir", "note", "created"},
-}
-
-
 def _fix(path: Path) -> str:
     return (
         f"Restore {path} from a backup (it holds every dataset's spend), or point dptune at "
@@ -100,7 +93,7 @@ class Ledger(StateDb):
     opens a ledger without writing (``--dry_run``, listing); a missing one then reads as the empty
     ledger it would be."""
 
-    kind, tables, schema = "ledger", _TABLES, _SCHEMA
+    kind, schema = "ledger", _SCHEMA
 
     def __init__(self, path: str | os.PathLike | None = None, *, readonly: bool = False) -> None:
         self.path = Path(path) if path is not None else default_ledger_path()

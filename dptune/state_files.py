@@ -13,11 +13,12 @@ new one (that would restart a run, or forget every spend): it is refused with a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
@@ -67,14 +68,13 @@ def open_new(path: str | os.PathLike):
 
 
 class StateDb:
-    """One SQLite file of ``kind`` holding ``tables`` (name: the columns dptune reads), checked as
-    above; ``path=None`` keeps it in memory. ``readonly`` never writes; otherwise a missing file is
+    """One SQLite file of ``kind`` holding the tables and columns of ``schema``, checked as above;
+    ``path=None`` keeps it in memory. ``readonly`` never writes; otherwise a missing file is
     created (0600) and ``schema`` (``CREATE TABLE IF NOT EXISTS`` and pragmas) is run. StateError
     (naming the path and ``fix``) for a folder, a missing file (read-only), or a file that is
     empty, not SQLite, corrupt or foreign."""
 
     kind: str
-    tables: Mapping[str, set[str]]
     schema: str
 
     def _open(self, path: Path | None, fix: str, readonly: bool, timeout: float = 30.0) -> None:
@@ -125,7 +125,7 @@ class StateDb:
         except sqlite3.Error as e:
             raise bad(f"cannot be opened ({e})") from None
         try:
-            tables = self.tables
+            tables = _tables(self.schema)
             found = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
             ok = db.execute("PRAGMA quick_check").fetchone()
             if ok is None or ok[0] != "ok":
@@ -167,3 +167,11 @@ class StateDb:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _tables(schema: str) -> dict[str, set[str]]:
+    """The tables ``schema`` creates and their columns (what an existing file must hold)."""
+    with contextlib.closing(sqlite3.connect(":memory:", isolation_level=None)) as db:
+        db.executescript(schema)
+        names = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        return {t: {r[1] for r in db.execute(f"PRAGMA table_info({t})")} for t in names}
