@@ -86,19 +86,14 @@ def render(run: dict[str, Any], candidate: int | None = None) -> str:
         c = match[0]
         lines.append(f"candidate {c['index']}: {c['status']}; hyperparameters {c['hparams']}")
         lines += _dropped_lines([c])
-        if c["failure"] is None:
-            lines.append("it did not fail" if not c["failed"] else "failed; no reason recorded")
+        if (f := c["failure"]) is not None:
+            tb = f["traceback"] or "(no traceback)"
+            lines += [f"failed: {f['type']}: {f['message']}", "", tb]
         else:
-            f = c["failure"]
-            lines += [
-                f"failed: {f['type']}: {f['message']}",
-                "",
-                f["traceback"] or "(no traceback)",
-            ]
+            lines.append("failed; no reason recorded" if c["failed"] else "it did not fail")
         return "\n".join(lines)
-    state = "not finished (rerun its command to resume)"
-    if run["released_at"]:
-        state = f"finished {_when(run['released_at'])}"
+    released = run["released_at"]
+    state = f"finished {_when(released)}" if released else "not finished (rerun to resume it)"
     lines.append(
         f"run {run['run_id'] or '(not planned yet)'}: started {_when(run['started_at'])}, {state}"
     )
