@@ -125,11 +125,8 @@ class Journal(StateDb):
         return [] if stored is None else sorted(_diff_keys(stored, canonical))
 
     def bind_config(self, config: dict[str, Any]) -> bool:
-        """Records the run's config, or checks it against the recorded one.
-
-        Returns True if this is a resume (a config was already recorded and equals ``config``).
-        Raises ConfigChangedError naming the differing keys if the workdir belongs to another
-        config."""
+        """Records the run's config, or checks it against the recorded one: True for a resume;
+        ConfigChangedError naming the differing keys if the workdir belongs to another config."""
         diff = self._bind("config", config)
         if diff:
             raise ConfigChangedError(

@@ -305,9 +305,8 @@ def validate(
 
 
 def _fill_suggested(cfg: dict[str, Any]) -> None:
-    """Fills the fields a config leaves None (the ``user`` config's validation size, batch size,
-    epochs, learning-rate range, mean number of candidates) from the declared PUBLIC size
-    ``config.data.num_examples`` and the optimiser (``suggested_settings``)."""
+    """Fills the fields a config leaves None (the ``user`` config's) from the declared PUBLIC size
+    ``config.data.num_examples`` and the optimiser (``dpsgd.suggested_settings``)."""
     data, train, sel = (cfg.get(k) or {} for k in ("data", "train", "selection"))
     lr = (cfg.get("space") or {}).get("learning_rate")
     lr = lr if isinstance(lr, dict) else {}  # a range whose ends are None; other specs as given
