@@ -66,12 +66,9 @@ def build_selection(cfg: Mapping[str, Any]) -> Any:
 
 def build_executor(cfg: Mapping[str, Any]) -> Any:
     """The executor named by ``config.executor`` (``dptune.executors``)."""
-    ex = _section(cfg, "executor")
-    kind, group = ex.pop("kind", "sequential"), ex.pop("group_size", 1)
+    ex = {k: v for k, v in _section(cfg, "executor").items() if v is not None}  # None: unset
     try:
-        return make_executor(
-            kind, group_size=group, **{k: v for k, v in ex.items() if v is not None}
-        )
+        return make_executor(ex.pop("kind", "sequential"), **ex)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"config.executor: {e}") from None
 
