@@ -165,10 +165,9 @@ def setup_logging() -> None:
     """dptune's messages (and its ``trainers`` package's) on stderr, one ``dptune:`` line each, at
     the level of absl's ``--verbosity`` (-v): INFO by default, -1 warnings only, >= 1 debug; other
     libraries' chatter (orbax, jax) only at ERROR unless ``--verbosity`` >= 1."""
-    fv = flags.FLAGS
-    chosen = fv["verbosity"].present if "verbosity" in fv else False
+    chosen = "verbosity" in flags.FLAGS and flags.FLAGS["verbosity"].present
     verbosity = absl_logging.get_verbosity() if chosen else 0
-    levels = {1: logging.DEBUG, 0: logging.INFO, -1: logging.WARNING}
+    levels = {0: logging.INFO, -1: logging.WARNING}
     level = logging.DEBUG if verbosity >= 1 else levels.get(verbosity, logging.ERROR)
     absl_logging.set_verbosity(absl_logging.DEBUG if verbosity >= 1 else absl_logging.ERROR)
     for logger in (log, logging.getLogger("trainers")):
