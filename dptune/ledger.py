@@ -111,16 +111,12 @@ class Ledger(StateDb):
     def spend(self, fingerprint: str) -> Spend | None:
         """The dataset's budget and spend so far, or None if the ledger has never seen it."""
         row = self._db.execute(
-            "SELECT epsilon, delta FROM datasets WHERE fingerprint = ?", (fingerprint,)
-        ).fetchone()
-        if row is None:
-            return None
-        eps, delta, n = self._db.execute(
-            "SELECT COALESCE(SUM(epsilon), 0), COALESCE(SUM(delta), 0), COUNT(*) FROM charges "
-            "WHERE fingerprint = ?",
+            "SELECT d.epsilon, d.delta, COALESCE(SUM(c.epsilon), 0), COALESCE(SUM(c.delta), 0), "
+            "COUNT(c.run_id) FROM datasets d LEFT JOIN charges c ON c.fingerprint = d.fingerprint "
+            "WHERE d.fingerprint = ? GROUP BY d.fingerprint",
             (fingerprint,),
         ).fetchone()
-        return Spend(fingerprint, row[0], row[1], float(eps), float(delta), int(n))
+        return None if row is None else Spend(fingerprint, *row[:2], *map(float, row[2:4]), row[4])
 
     def is_charged(self, run_id: str) -> bool:
         row = self._db.execute("SELECT 1 FROM charges WHERE run_id = ?", (run_id,)).fetchone()
