@@ -255,10 +255,9 @@ class Journal(StateDb):
 
 def _diff_keys(a: Any, b: Any, prefix: str = "") -> set[str]:
     if isinstance(a, dict) and isinstance(b, dict):
-        out: set[str] = set()
-        for k in set(a) | set(b):
-            out |= _diff_keys(a.get(k, _MISSING), b.get(k, _MISSING), f"{prefix}{k}.")
-        return out
+        keys = set(a) | set(b)
+        return set().union(*(_diff_keys(a.get(k, _MISSING), b.get(k, _MISSING), f"{prefix}{k}.")
+                             for k in keys))  # fmt: skip
     return set() if a == b else {prefix.rstrip(".")}
 
 
