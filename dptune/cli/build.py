@@ -185,8 +185,7 @@ def check_config(cfg: Mapping[str, Any]) -> None:
             "start from dptune.configs.base.get_config()"
         )
     _check_known_fields(cfg)
-    kind = user_arrays(cfg)
-    if kind is not None:
+    if kind := user_arrays(cfg):
         _check_user_data(cfg, kind)
     trainer, model = _get(cfg, "trainer", "dpsgd"), _get(cfg, "model")
     if _get(cfg, "init") and trainer != "dpsgd":
