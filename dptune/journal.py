@@ -1,18 +1,14 @@
 """The run journal: a crash-safe record of one tuning run, kept in ``DIR/private/journal.sqlite``.
 
-It holds the config the run was started with, the selection's random plan, the root entropy, every
-candidate's seed, hyperparameters, status and score. The plan and all seeds are written *before* any
-private computation, so a resume after ``kill -9`` can never re-draw them: re-rolling a plan until
-one likes the result would break the selection theorems (they hold for one draw of K or of the coin
-flips).
+It holds the run's config, the selection's random plan, the root entropy, and every candidate's
+seed, hyperparameters, status and score. The plan and all seeds are written *before* any private
+computation, so a resume after ``kill -9`` never re-draws them (re-rolling a plan until one likes
+the result would break the selection theorems, which hold for one draw). It is the curator's
+alone (it holds K and every score): nothing here is copied to the release folder.
 
-Everything here is private to the data curator (it holds K and every candidate's score); nothing in
-this file is copied to the release folder.
-
-Each write is its own SQLite ``BEGIN IMMEDIATE`` transaction (sqlite3 commits are durable against a
-killed process), and candidate payloads are written to a temporary file and renamed into place
-before their row says ``done``, so a candidate is either finished with its payload on disk or is
-trained again, with the same seed, on resume."""
+Each write is one ``BEGIN IMMEDIATE`` transaction; a candidate's payload is written to a temporary
+file and renamed into place before its row says ``done``, so a candidate is either finished with
+its payload on disk or trained again, with the same seed, on resume."""
 
 from __future__ import annotations
 
@@ -56,13 +52,6 @@ CREATE TABLE IF NOT EXISTS failures (
 COMMIT;
 """
 
-#: The tables of a journal and the columns dptune reads.
-_TABLES = {
-    "meta": {"key", "value"},
-    "candidates": {"idx", "seed", "hparams", "status", "score", "failed", "attempts", "seconds"},
-    "failures": {"idx", "type", "message", "traceback"},
-}
-
 
 def _fix(private_dir: Path | None) -> str:
     return (
@@ -87,6 +76,7 @@ class CandidateRecord:
     score: float | None
     failed: bool
     attempts: int
+    seconds: float | None = None  # training time of a finished candidate
 
 
 class Journal(StateDb):
@@ -95,7 +85,7 @@ class Journal(StateDb):
     to resume, payloads stay in the tuner's memory). An existing file is checked first, and
     ``readonly=True`` opens it without writing anything (:class:`dptune.state_files.StateDb`)."""
 
-    kind, tables, schema = "journal", _TABLES, _SCHEMA
+    kind, schema = "journal", _SCHEMA
 
     def __init__(self, private_dir: str | os.PathLike | None, *, readonly: bool = False) -> None:
         self.dir = None if private_dir is None else Path(private_dir)
@@ -111,23 +101,19 @@ class Journal(StateDb):
     def set(self, key: str, value: Any) -> None:
         with self._tx() as db:
             db.execute(
-                "INSERT INTO meta (key, value) VALUES (?, ?) "
-                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
                 (key, json.dumps(value, sort_keys=True)),
             )
 
     def set_once(self, key: str, value: Any) -> Any:
-        """Stores ``value`` unless the key exists; returns the stored value (never overwrites a plan
-        or seed)."""
+        """Stores ``value`` unless the key exists; returns the stored value, as JSON reads it back
+        (never overwrites a plan or seed; a fresh run and a resume see the same form)."""
         with self._tx() as db:
-            row = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-            if row is not None:
-                return json.loads(row[0])
             db.execute(
-                "INSERT INTO meta (key, value) VALUES (?, ?)",
+                "INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)",
                 (key, json.dumps(value, sort_keys=True)),
             )
-            return value
+            return self.get(key)
 
     def _bind(self, key: str, value: dict[str, Any]) -> list[str]:
         """Records ``value`` under ``key`` once (as JSON) or compares it with the recorded one:
@@ -135,15 +121,12 @@ class Journal(StateDb):
         if self.dir is None:
             return []
         canonical = json.loads(json.dumps(value, sort_keys=True))
-        stored = self.get(key) if self.readonly else self.set_once(key, canonical)
+        stored = self.get(key) if self.readonly else self.set_once(key, value)
         return [] if stored is None else sorted(_diff_keys(stored, canonical))
 
     def bind_config(self, config: dict[str, Any]) -> bool:
-        """Records the run's config, or checks it against the recorded one.
-
-        Returns True if this is a resume (a config was already recorded and equals ``config``).
-        Raises ConfigChangedError naming the differing keys if the workdir belongs to another
-        config."""
+        """Records the run's config, or checks it against the recorded one: True for a resume;
+        ConfigChangedError naming the differing keys if the workdir belongs to another config."""
         diff = self._bind("config", config)
         if diff:
             raise ConfigChangedError(
@@ -193,13 +176,9 @@ class Journal(StateDb):
             )
 
     def mark_done(
-        self,
-        index: int,
-        score: float,
-        failed: bool,
-        seconds: float | None = None,
+        self, index: int, score: float, failed: bool, seconds: float | None = None,
         failure: CandidateFailure | None = None,
-    ) -> None:
+    ) -> None:  # fmt: skip
         """Marks a candidate done (with its failure's record, in the same transaction)."""
         with self._tx() as db:
             db.execute(
@@ -219,19 +198,14 @@ class Journal(StateDb):
         rows = self._db.execute("SELECT idx, type, message, traceback FROM failures ORDER BY idx")
         return {r[0]: CandidateFailure(*r[1:]) for r in rows}
 
-    def seconds(self) -> dict[int, float | None]:
-        """Each finished candidate's training time in seconds, by index (curator's view)."""
-        rows = self._db.execute("SELECT idx, seconds FROM candidates ORDER BY idx").fetchall()
-        return {r[0]: r[1] for r in rows}
-
     def candidates(self) -> list[CandidateRecord]:
         rows = self._db.execute(
-            "SELECT idx, seed, hparams, status, score, failed, attempts FROM candidates "
+            "SELECT idx, seed, hparams, status, score, failed, attempts, seconds FROM candidates "
             "ORDER BY idx"
         )
         return [
-            CandidateRecord(i, int(seed), json.loads(hp), status, score, bool(failed), attempts)
-            for i, seed, hp, status, score, failed, attempts in rows
+            CandidateRecord(i, int(seed), json.loads(hp), status, score, bool(failed), n, secs)
+            for i, seed, hp, status, score, failed, n, secs in rows
         ]
 
     def payload_path(self, index: int) -> Path:
@@ -281,10 +255,9 @@ class Journal(StateDb):
 
 def _diff_keys(a: Any, b: Any, prefix: str = "") -> set[str]:
     if isinstance(a, dict) and isinstance(b, dict):
-        out: set[str] = set()
-        for k in set(a) | set(b):
-            out |= _diff_keys(a.get(k, _MISSING), b.get(k, _MISSING), f"{prefix}{k}.")
-        return out
+        keys = set(a) | set(b)
+        return set().union(*(_diff_keys(a.get(k, _MISSING), b.get(k, _MISSING), f"{prefix}{k}.")
+                             for k in keys))  # fmt: skip
     return set() if a == b else {prefix.rstrip(".")}
 
 

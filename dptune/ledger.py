@@ -1,25 +1,18 @@
 """The privacy ledger: every tuning run's spend, per dataset, in one SQLite file shared by all runs.
 
-A dataset is identified by its fingerprint (``Dataset.fingerprint()``: sha256 of the training and
-validation arrays), so the same data under another name or folder is the same dataset. Its lifetime
-budget (epsilon, delta) is stated with ``dptune ledger --dataset=ID --budget_epsilon=E
---budget_delta=D``, :meth:`Ledger.set_budget`, or a run's ``dataset_budget=``
-(``--config.ledger.budget_epsilon`` / ``budget_delta``); a first run on a dataset with none stated
-registers :data:`DEFAULT_LIFETIME_RUNS` times its own (epsilon, delta), and a warning names the
-ledger, the dataset and how to change it. Each run's (epsilon, delta) is then added, and a run that
-would exceed the budget is refused *before* any private computation.
+A dataset is its fingerprint (``Dataset.fingerprint()``: sha256 of the training and validation
+arrays), whatever its name or folder. Its lifetime budget (epsilon, delta) is stated with ``dptune
+ledger``, :meth:`Ledger.set_budget` or a run's ``dataset_budget=``; a first run on a dataset with
+none registers :data:`DEFAULT_LIFETIME_RUNS` times its own, with a warning. A run that would
+exceed the budget is refused *before* any private computation.
 
-Runs compose by basic sequential composition: total epsilon = sum of epsilons, total delta = sum of
-deltas (Dwork & Roth 2014, "The Algorithmic Foundations of Differential Privacy", Thm 3.16). It is
-loose but needs no assumption about how the runs were done, so it holds for any mix of methods and
-accountants.
+Runs compose by basic sequential composition (Dwork & Roth 2014, Thm 3.16): total epsilon = sum of
+epsilons, total delta = sum of deltas; loose, but it holds for any mix of methods and accountants.
 
-Two runs started at once cannot overspend: the check and the insert run in one ``BEGIN IMMEDIATE``
-transaction, which takes SQLite's write lock before reading. A charge is keyed by the run's id, so
-a resumed run is charged once. A new ledger is created whole: its tables are written to a
-temporary file in the same folder, which then takes the ledger's name (``os.link``: never over an
-existing file), so another process sees either no file or a complete ledger; a warning names the
-new file (a misspelt path would otherwise start a new ledger in silence)."""
+Two runs started at once cannot overspend: the check and the insert are one ``BEGIN IMMEDIATE``
+transaction. A charge is keyed by the run's id, so a resumed run is charged once. A new ledger is
+written to a temporary file and linked to its name (``os.link``: never over an existing file), so
+another process sees no file or a complete ledger; a warning names the new file."""
 
 from __future__ import annotations
 
@@ -29,7 +22,7 @@ import os
 import sqlite3
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dptune.errors import Refused, TuningConfigError
@@ -52,25 +45,12 @@ CREATE TABLE IF NOT EXISTS charges (run_id TEXT PRIMARY KEY, fingerprint TEXT NO
 COMMIT;"""
 
 
-#: The tables of a ledger and the columns dptune reads.
-_TABLES = {
-    "datasets": {"fingerprint", "name", "epsilon", "delta", "created"},
-    "charges": {"run_id", "fingerprint", "epsilon", "delta", "workdir", "note", "created"},
-}
-
-
 def _fix(path: Path) -> str:
     return (
         f"Restore {path} from a backup (it holds every dataset's spend), or point dptune at "
         "another ledger (ledger= in Python, --config.ledger.path, $DPTUNE_LEDGER); deleting it "
         "forgets every spend"
     )
-
-
-def default_lifetime_budget(epsilon: float, delta: float) -> tuple[float, float]:
-    """The lifetime budget registered for a new dataset when none is stated:
-    :data:`DEFAULT_LIFETIME_RUNS` times the first run's (epsilon, delta), delta capped below 1."""
-    return DEFAULT_LIFETIME_RUNS * epsilon, min(DEFAULT_LIFETIME_RUNS * delta, 0.5)
 
 
 def default_ledger_path() -> Path:
@@ -105,10 +85,6 @@ class Spend:
     def remaining_epsilon(self) -> float:
         return self.budget_epsilon - self.spent_epsilon
 
-    @property
-    def remaining_delta(self) -> float:
-        return self.budget_delta - self.spent_delta
-
 
 class Ledger(StateDb):
     """Per-dataset budget ledger in one SQLite file (created whole, with its folder, if missing).
@@ -117,7 +93,7 @@ class Ledger(StateDb):
     opens a ledger without writing (``--dry_run``, listing); a missing one then reads as the empty
     ledger it would be."""
 
-    kind, tables, schema = "ledger", _TABLES, _SCHEMA
+    kind, schema = "ledger", _SCHEMA
 
     def __init__(self, path: str | os.PathLike | None = None, *, readonly: bool = False) -> None:
         self.path = Path(path) if path is not None else default_ledger_path()
@@ -135,43 +111,32 @@ class Ledger(StateDb):
     def spend(self, fingerprint: str) -> Spend | None:
         """The dataset's budget and spend so far, or None if the ledger has never seen it."""
         row = self._db.execute(
-            "SELECT epsilon, delta FROM datasets WHERE fingerprint = ?", (fingerprint,)
-        ).fetchone()
-        if row is None:
-            return None
-        eps, delta, n = self._db.execute(
-            "SELECT COALESCE(SUM(epsilon), 0), COALESCE(SUM(delta), 0), COUNT(*) FROM charges "
-            "WHERE fingerprint = ?",
+            "SELECT d.epsilon, d.delta, COALESCE(SUM(c.epsilon), 0), COALESCE(SUM(c.delta), 0), "
+            "COUNT(c.run_id) FROM datasets d LEFT JOIN charges c ON c.fingerprint = d.fingerprint "
+            "WHERE d.fingerprint = ? GROUP BY d.fingerprint",
             (fingerprint,),
         ).fetchone()
-        return Spend(fingerprint, row[0], row[1], float(eps), float(delta), int(n))
+        return None if row is None else Spend(fingerprint, *row[:2], *map(float, row[2:4]), row[4])
 
     def is_charged(self, run_id: str) -> bool:
-        return (
-            self._db.execute("SELECT 1 FROM charges WHERE run_id = ?", (run_id,)).fetchone()
-            is not None
-        )
+        row = self._db.execute("SELECT 1 FROM charges WHERE run_id = ?", (run_id,)).fetchone()
+        return row is not None
 
     def check(
-        self,
-        fingerprint: str,
-        run_id: str | None,
-        epsilon: float,
-        delta: float,
-        *,
-        budget_epsilon: float | None = None,
-        budget_delta: float | None = None,
-        name: str = "",
-    ) -> Spend:
+        self, fingerprint: str, run_id: str | None, epsilon: float, delta: float, *,
+        budget_epsilon: float | None = None, budget_delta: float | None = None, name: str = "",
+    ) -> Spend:  # fmt: skip
         """What :meth:`charge` would do (same arguments, same refusals), without writing: the
         dataset's spend after this run (``registered`` if the run would register its budget)."""
         _check_numbers(epsilon, delta, budget_epsilon, budget_delta)
         label = name or fingerprint[:12]
         before = self.spend(fingerprint)
         if before is None:
-            b_eps, b_delta = default_lifetime_budget(epsilon, delta)
-            b_eps = b_eps if budget_epsilon is None else budget_epsilon
-            b_delta = b_delta if budget_delta is None else budget_delta
+            # none stated: DEFAULT_LIFETIME_RUNS runs like this one, delta capped below 1
+            b_eps = DEFAULT_LIFETIME_RUNS * epsilon if budget_epsilon is None else budget_epsilon
+            b_delta = (
+                min(DEFAULT_LIFETIME_RUNS * delta, 0.5) if budget_delta is None else budget_delta
+            )
             before = Spend(fingerprint, float(b_eps), float(b_delta), 0.0, 0.0, 0, True, name)
         else:
             held_eps, held_delta = before.budget_epsilon, before.budget_delta
@@ -209,28 +174,16 @@ class Ledger(StateDb):
         )  # fmt: skip
 
     def charge(
-        self,
-        fingerprint: str,
-        run_id: str,
-        epsilon: float,
-        delta: float,
-        *,
-        budget_epsilon: float | None = None,
-        budget_delta: float | None = None,
-        name: str = "",
-        workdir: str = "",
-        note: str = "",
-    ) -> Spend:
-        """Atomically checks the budget and records a run's spend; idempotent in ``run_id``.
-
-        Args: fingerprint: the dataset's fingerprint. run_id: unique id of the run (a resumed run
-        passes the same id and is not charged twice). epsilon, delta: the run's total (epsilon,
-        delta), tuning included. budget_epsilon, budget_delta: the dataset's lifetime budget as
-        stated by the run: None uses the registered one; a dataset the ledger has never seen is
-        registered with the stated budget, or with :func:`default_lifetime_budget` when none is
-        stated (``Spend.registered`` then says so). Raises: BudgetExceededError: the charge would
-        exceed the budget (nothing is recorded). LedgerBudgetMismatchError: the stated budget
-        differs from the registered one."""
+        self, fingerprint: str, run_id: str, epsilon: float, delta: float, *,
+        budget_epsilon: float | None = None, budget_delta: float | None = None, name: str = "",
+        workdir: str = "", note: str = "",
+    ) -> Spend:  # fmt: skip
+        """Atomically checks the budget (as :meth:`check`) and records the run's total (epsilon,
+        delta), tuning included; idempotent in ``run_id`` (a resumed run is charged once).
+        ``budget_epsilon`` / ``budget_delta``: the dataset's lifetime budget as the run states it
+        (None: the registered one; a new dataset: :data:`DEFAULT_LIFETIME_RUNS` times this run's,
+        ``Spend.registered`` then says so). BudgetExceededError or LedgerBudgetMismatchError
+        (the stated budget differs from the registered one): nothing is recorded."""
         with self._tx() as db:
             after = self.check(
                 fingerprint, run_id, epsilon, delta, name=name,
@@ -244,16 +197,12 @@ class Ledger(StateDb):
                     "created) VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (run_id, fingerprint, float(epsilon), float(delta), workdir, note, time.time()),
                 )
-        result = self.spend(fingerprint)
-        assert result is not None
-        return Spend(**{**result.__dict__, "registered": after.registered, "name": name})
+        return replace(self.spend(fingerprint), registered=after.registered, name=name)
 
-    def datasets(self) -> list[tuple[Spend, str, float]]:
-        """Every registered dataset: ``(spend, name, created)``, oldest first."""
-        rows = self._db.execute(
-            "SELECT fingerprint, name, created FROM datasets ORDER BY created"
-        ).fetchall()
-        return [(self.spend(fp), name or "", float(created)) for fp, name, created in rows]
+    def datasets(self) -> list[Spend]:
+        """Every registered dataset's spend (with its name), oldest first."""
+        rows = self._db.execute("SELECT fingerprint, name FROM datasets ORDER BY created")
+        return [replace(self.spend(fp), name=name or "") for fp, name in rows]
 
     def charges(self, fingerprint: str) -> list[dict]:
         """The runs charged to a dataset (run id, epsilon, delta, workdir, time), oldest first."""
@@ -296,9 +245,7 @@ class Ledger(StateDb):
                     "name) WHERE fingerprint = ?",
                     (float(epsilon), float(delta), name, fingerprint),
                 )
-        result = self.spend(fingerprint)
-        assert result is not None
-        return result
+        return self.spend(fingerprint)
 
     def _register(self, fingerprint: str, name: str, eps: float, delta: float) -> None:
         """Registers a dataset the ledger has not seen, with its lifetime budget (eps, delta)."""

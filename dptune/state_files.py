@@ -1,26 +1,24 @@
 """The files dptune keeps for the curator: owner-only, and (journal, ledger) checked before use.
 
 ``DIR/private/`` holds what the selection theorems assume stays hidden (every candidate's score,
-seed and checkpoint, hence K); the ledger holds each dataset's fingerprint and spends. The default
-umask (``022``) would make them readable by every account of a shared filesystem, so they are
-created owner-only: folders ``0700``, files ``0600`` (SQLite gives its side files the database
-file's mode). An existing private folder that others can read is refused before anything runs; an
-existing ledger that others can read is reported loudly (a team may share one on purpose).
-``release/`` is for publishing and keeps the user's umask.
+seed and checkpoint, hence K); the ledger holds each dataset's fingerprint and spends. Under the
+default umask they would be readable by every account, so folders are created ``0700`` and files
+``0600``. An existing private folder that others can read is refused; an existing ledger that
+others can read is reported loudly (a team may share one). ``release/`` keeps the user's umask.
 
-A journal or ledger that is empty, truncated, corrupt or another program's file is never taken for
-a new one (an empty journal would restart a run: a second draw of its plan and a second charge; an
-empty ledger would forget every spend): it is refused with a :class:`~dptune.errors.StateError`
-naming its path and what to do, and left as it is.
+A journal or ledger that is empty, truncated, corrupt or another program's is never taken for a
+new one (that would restart a run, or forget every spend): it is refused with a
+:class:`~dptune.errors.StateError` naming its path and what to do, and left as it is.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
@@ -62,22 +60,6 @@ def private_folder(path: str | os.PathLike, what: str = "the run's private folde
     return path
 
 
-def create_file(path: Path) -> None:
-    """Creates ``path`` empty with mode 0600 if it does not exist (before SQLite opens it, so its
-    side files get the same mode); an existing file that others can read is reported loudly."""
-    try:
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE))
-    except FileExistsError:
-        if _others_can_access(path):
-            log.warning(
-                "%s can be read by other accounts (mode %o); it is the curator's: "
-                "chmod 600 %s unless it is shared on purpose",
-                path, stat.S_IMODE(path.stat().st_mode), path,
-            )  # fmt: skip
-        return
-    os.chmod(path, FILE_MODE)
-
-
 def open_new(path: str | os.PathLike):
     """``open(path, "wb")`` of a new or truncated file with mode 0600 (a candidate's payload)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
@@ -86,17 +68,13 @@ def open_new(path: str | os.PathLike):
 
 
 class StateDb:
-    """One SQLite file of ``kind`` (``"journal"``, ``"ledger"``) holding ``tables`` (name: the
-    columns dptune reads), opened after the checks above; ``path=None`` keeps it in memory.
-
-    ``readonly`` opens it read-only (``dptune inspect``, ``--dry_run``): nothing is ever written.
-    Otherwise a missing file is created (mode 0600) and ``schema`` (an SQL script of ``CREATE
-    TABLE IF NOT EXISTS`` statements and pragmas) is run. ``timeout``: SQLite's busy timeout (s).
-    Raises StateError (naming the path and ``fix``, one sentence on what the user can do): the
-    path is a folder, missing (read-only), or empty, not SQLite, corrupt or foreign."""
+    """One SQLite file of ``kind`` holding the tables and columns of ``schema``, checked as above;
+    ``path=None`` keeps it in memory. ``readonly`` never writes; otherwise a missing file is
+    created (0600) and ``schema`` (``CREATE TABLE IF NOT EXISTS`` and pragmas) is run. StateError
+    (naming the path and ``fix``) for a folder, a missing file (read-only), or a file that is
+    empty, not SQLite, corrupt or foreign."""
 
     kind: str
-    tables: Mapping[str, set[str]]
     schema: str
 
     def _open(self, path: Path | None, fix: str, readonly: bool, timeout: float = 30.0) -> None:
@@ -104,9 +82,70 @@ class StateDb:
         if path is None:
             self._db = sqlite3.connect(":memory:", isolation_level=None)
         else:
-            self._db = _connect(path, self.kind, self.tables, fix, readonly, timeout)
+            self._db = self._connect(path, fix, readonly, timeout)
         if path is None or not readonly:
             self._db.executescript(self.schema)
+
+    def _connect(self, path: Path, fix: str, readonly: bool, timeout: float) -> sqlite3.Connection:
+        def bad(why: str) -> StateError:
+            return StateError(f"the {self.kind} {path} {why}. {fix}")
+
+        if path.is_dir():
+            raise bad("is a folder, not a file")
+        if path.exists():
+            try:
+                with open(path, "rb") as f:
+                    head = f.read(len(SQLITE_HEADER))
+            except OSError as e:
+                raise bad(f"cannot be read ({e.strerror})") from None
+            if not head:
+                raise bad(f"is empty (0 bytes): it is not a {self.kind} dptune wrote (a copy or a "
+                          "disk that was cut short?)")  # fmt: skip
+            if head != SQLITE_HEADER:
+                raise bad("is not an SQLite file (corrupt, or another program's file)")
+            if not readonly and _others_can_access(path):
+                log.warning(
+                    "%s can be read by other accounts (mode %o); it is the curator's: "
+                    "chmod 600 %s unless it is shared on purpose",
+                    path, stat.S_IMODE(path.stat().st_mode), path,
+                )  # fmt: skip
+        elif readonly:
+            raise StateError(f"there is no {self.kind} at {path}. {fix}")
+        else:
+            # created empty with mode 0600 before SQLite opens it, so its side files get that mode
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, FILE_MODE))
+            os.chmod(path, FILE_MODE)
+        try:
+            if readonly:
+                uri = f"{path.absolute().as_uri()}?mode=ro"
+                db = sqlite3.connect(uri, uri=True, timeout=timeout, isolation_level=None)
+            else:
+                db = sqlite3.connect(path, timeout=timeout, isolation_level=None)
+        except sqlite3.Error as e:
+            raise bad(f"cannot be opened ({e})") from None
+        try:
+            tables = _tables(self.schema)
+            found = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            ok = db.execute("PRAGMA quick_check").fetchone()
+            if ok is None or ok[0] != "ok":
+                raise bad(f"is corrupt (SQLite: {ok[0] if ok else '?'})")
+            if found and found - {"sqlite_sequence"} != set(tables):  # none: a new file
+                raise bad(f"is not a dptune {self.kind} (tables {sorted(found)}; a {self.kind} "
+                          f"has {sorted(tables)})")  # fmt: skip
+            for table, columns in tables.items() if found else ():
+                have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+                if not columns <= have:
+                    missing = sorted(columns - have)
+                    raise bad(f"lacks the columns {missing} of table {table!r} (written by "
+                              "another program or an incompatible dptune version)")  # fmt: skip
+        except sqlite3.DatabaseError as e:
+            db.close()
+            raise bad(f"is corrupt ({e})") from None
+        except BaseException:
+            db.close()
+            raise
+        return db
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -130,73 +169,9 @@ class StateDb:
         self.close()
 
 
-def _connect(
-    path: Path, kind: str, tables: Mapping[str, set[str]], fix: str, readonly: bool, timeout: float
-) -> sqlite3.Connection:
-    if path.is_dir():
-        raise StateError(f"the {kind} {path} is a folder, not a file. {fix}")
-    if path.exists():
-        try:
-            with open(path, "rb") as f:
-                head = f.read(len(SQLITE_HEADER))
-        except OSError as e:
-            raise StateError(f"the {kind} {path} cannot be read ({e.strerror}). {fix}") from None
-        if not head:
-            raise StateError(
-                f"the {kind} {path} is empty (0 bytes): it is not a {kind} dptune wrote (a copy or "
-                f"a disk that was cut short?). {fix}"
-            )
-        if head != SQLITE_HEADER:
-            raise StateError(
-                f"the {kind} {path} is not an SQLite file (corrupt, or another program's file). "
-                f"{fix}"
-            )
-    elif readonly:
-        raise StateError(f"there is no {kind} at {path}. {fix}")
-    else:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    if not readonly:
-        create_file(path)  # creates a missing file; reports an existing one that others can read
-    try:
-        if readonly:
-            uri = f"{path.absolute().as_uri()}?mode=ro"
-            db = sqlite3.connect(uri, uri=True, timeout=timeout, isolation_level=None)
-        else:
-            db = sqlite3.connect(path, timeout=timeout, isolation_level=None)
-    except sqlite3.Error as e:
-        raise StateError(f"the {kind} {path} cannot be opened ({e}). {fix}") from None
-    try:
-        _check_tables(db, path, kind, tables, fix)
-    except BaseException:
-        db.close()
-        raise
-    return db
-
-
-def _check_tables(
-    db: sqlite3.Connection, path: Path, kind: str, tables: Mapping[str, set[str]], fix: str
-) -> None:
-    try:
-        found = {
-            r[0]
-            for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
-        }
-        ok = db.execute("PRAGMA quick_check").fetchone()
-    except sqlite3.DatabaseError as e:
-        raise StateError(f"the {kind} {path} is corrupt ({e}). {fix}") from None
-    if ok is None or ok[0] != "ok":
-        raise StateError(f"the {kind} {path} is corrupt (SQLite: {ok[0] if ok else '?'}). {fix}")
-    if not found:
-        return  # a new file (just created, or killed before its tables were written)
-    if found - {"sqlite_sequence"} != set(tables):
-        raise StateError(
-            f"the file {path} is not a dptune {kind} (tables {sorted(found)}; a {kind} has "
-            f"{sorted(tables)}). {fix}"
-        )
-    for table, columns in tables.items():
-        have = {r[1] for r in db.execute(f"PRAGMA table_info({table})").fetchall()}
-        if not columns <= have:
-            raise StateError(
-                f"the {kind} {path} lacks the columns {sorted(columns - have)} of table {table!r} "
-                f"(written by another program or an incompatible dptune version). {fix}"
-            )
+def _tables(schema: str) -> dict[str, set[str]]:
+    """The tables ``schema`` creates and their columns (what an existing file must hold)."""
+    with contextlib.closing(sqlite3.connect(":memory:", isolation_level=None)) as db:
+        db.executescript(schema)
+        names = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        return {t: {r[1] for r in db.execute(f"PRAGMA table_info({t})")} for t in names}

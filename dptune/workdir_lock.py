@@ -1,21 +1,13 @@
 """One tuning run per workdir: an exclusive kernel file lock held for the whole run.
 
 Two processes on one ``--workdir`` would share one journal: both would train the same candidates
-(doubling the private computation the journal records once) and race to write one release. So
-:func:`dptune.tune` holds ``DIR/.dptune.lock`` for its whole duration and a second process on the
-same workdir is refused at once with :class:`WorkdirLockedError` (the CLI prints
-``dptune: refused: ...`` and exits with code 2).
-
-The lock is ``flock(LOCK_EX | LOCK_NB)`` on the lock file (POSIX). The kernel drops it when the
-holder's file descriptor is closed, which includes every way a process can die (``kill -9``, OOM
-killer, power loss of the process): a stale lock is therefore impossible, and resuming after a
-crash needs no cleanup. The file itself is never deleted (deleting a flock file while another
-process has it open would let two processes each hold a lock on a different inode); it only holds
-the holder's pid and start time, for the refusal message.
-
-Limits: on network file systems flock is as good as the server's lock support (Linux NFSv4 maps it
-to byte-range locks); a child process *forked* (not exec'd) by the run inherits the descriptor and
-keeps the lock until it exits too.
+(private computation the journal records once) and race to write one release. So
+:func:`dptune.tune` holds ``flock(LOCK_EX | LOCK_NB)`` on ``DIR/.dptune.lock`` for its whole
+duration and a second process is refused at once (:class:`WorkdirLockedError`). The kernel drops
+the lock when the holder's descriptor closes, however the process dies, so a stale lock is
+impossible. The file is never deleted (two processes could then lock two inodes); it holds who
+has it, for the refusal. Limits: on network file systems flock is as good as the server's locks;
+a child *forked* (not exec'd) by the run inherits the descriptor and holds the lock until it exits.
 """
 
 from __future__ import annotations
@@ -54,30 +46,17 @@ def workdir_lock(workdir: str | os.PathLike | None) -> Iterator[Path | None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _read_holder(fd)
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
             raise WorkdirLockedError(
-                f"workdir {Path(workdir)} is in use by another dptune run{holder}; two runs on "
-                "one workdir would share its journal. Wait for it to finish (or stop it; a "
-                "killed run's lock is released by the OS), or use another --workdir"
+                f"workdir {Path(workdir)} is in use by another dptune run"
+                f"{f' ({holder})' if holder else ''}; two runs on one workdir would share its "
+                "journal. Wait for it to finish (or stop it; a killed run's lock is released by "
+                "the OS), or use another --workdir"
             ) from None
         # Who holds it, for the message a second process prints (informational only).
+        since = time.strftime("%Y-%m-%d %H:%M:%S")
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid={os.getpid()} host={socket.gethostname()} since={time.time():.0f}\n"
-                  .encode(), 0)  # fmt: skip
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, started {since}\n".encode(), 0)
         yield path
     finally:
         os.close(fd)  # closing the descriptor releases the flock
-
-
-def _read_holder(fd: int) -> str:
-    try:
-        text = os.pread(fd, 200, 0).decode(errors="replace").strip()
-    except OSError:
-        return ""
-    fields = dict(p.split("=", 1) for p in text.split() if "=" in p)
-    if "pid" not in fields:
-        return ""
-    since = fields.get("since", "")
-    started = time.localtime(int(since)) if since.isdigit() else None
-    when = time.strftime(", started %Y-%m-%d %H:%M:%S", started) if started else ""
-    return f" (pid {fields['pid']} on {fields.get('host', '?')}{when})"

@@ -1,14 +1,6 @@
-"""dptune's command lines: ``dptune`` (a tuning run from a config, ``dptune.cli.main``) and its
-subcommands, each in its own module so that one command's absl flags never mix with another's.
-
-    dptune --config=smoke --workdir=/tmp/dptune-smoke     # a private tuning run
-    dptune account --sampling_rate=0.004 --steps=7032 --noise_multiplier=1.1   # the accountant
-    dptune inspect /tmp/dptune-smoke                       # the curator's (private) view of a run
-    dptune ledger                                          # datasets, budgets and spends
-    dptune audit --config=smoke --workdir=/tmp/dptune-audit   # an empirical privacy audit
-
-Every command refuses a mistake with one ``dptune:`` line and exit code 2 (docs/errors.md);
-``dptune.cli.build`` turns a config into the library's objects (the one place that does)."""
+"""dptune's command lines: ``dptune`` (a tuning run, ``dptune.cli.main``) and its subcommands
+(``dptune --help`` lists them), each in its own module so that one command's absl flags never mix
+with another's. ``dptune.cli.build`` turns a config into the library's objects."""
 
 from __future__ import annotations
 

@@ -63,21 +63,9 @@ _TARGET = flags.DEFINE_float(
     "target_epsilon", None, "Total epsilon budget: calibrate --noise_multiplier to meet it."
 )
 _LAPLACE = flags.DEFINE_float(
-    "laplace_epsilon",
-    None,
-    "Instead of DP-SGD: pure epsilon-DP (Laplace) candidates (sparse_vector).",
+    "laplace_epsilon", None, "Instead of DP-SGD: pure epsilon-DP (Laplace) candidates."
 )
 _JSON = flags.DEFINE_bool("json", False, "Print one JSON object instead of text.")
-
-
-def make_transform(selection: str, **options):
-    """The ``selection.privacy`` transform of a ``--selection`` name and its options."""
-    given = {k: v for k, v in options.items() if v is not None}
-    if selection == "none":
-        if given:
-            raise ArgumentError(f"options {sorted(given)} do not apply to --selection=none.")
-        return sp.SingleRunPrivacy()
-    return registry.build(selection, given, privacy_only=True).privacy
 
 
 def _check_inputs() -> None:
@@ -116,7 +104,13 @@ _FLAG_NAMED = re.compile(r"(?<![\w.-])(" + "|".join([*_NAMES, *_OPTION_FLAGS]) +
 
 def _result() -> tuple[dict, str]:
     _check_inputs()
-    transform = make_transform(_SELECTION.value, **{n: f.value for n, f in _OPTION_FLAGS.items()})
+    given = {n: f.value for n, f in _OPTION_FLAGS.items() if f.value is not None}
+    if _SELECTION.value != "none":
+        transform = registry.build(_SELECTION.value, given, privacy_only=True).privacy
+    elif given:
+        raise ArgumentError(f"options {sorted(given)} do not apply to --selection=none.")
+    else:
+        transform = sp.SingleRunPrivacy()
     q, steps, delta = _SAMPLING_RATE.value, _STEPS.value, _DELTA.value
     out: dict = {"selection": _SELECTION.value}
     text_extra = ""

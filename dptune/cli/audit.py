@@ -21,7 +21,6 @@ exact_score. docs/audit.md says what the number means and what it does not.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from absl import flags
 from ml_collections import config_flags
@@ -45,19 +44,6 @@ _SEED = flags.DEFINE_integer("seed", None, "Fixed seed (tests); default OS entro
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress display on stderr.", **_OWN)
 
 
-def run_audit(cfg: Any, workdir: str | Path, **kwargs: Any) -> Any:
-    """The audit of config ``cfg`` (what the command does after parsing flags); ``kwargs`` go to
-    ``dptune.audit``. The config goes through the same validation as a tuning run's."""
-    c = build.validate(cfg, workdir, seed=kwargs.get("seed"))
-    o = c.options  # the ledger, accountant and adjacency, checked
-    data = build.load_data(c.cfg)
-    trainer = build.build_trainer(c.cfg, data, progress=kwargs.get("progress", True))
-    return audit(
-        trainer, c.space, c.method, c.budget, workdir=workdir, ledger=o.ledger, config=c.cfg,
-        accountant=o.accountant, adjacency=o.adjacency, **kwargs,
-    )  # fmt: skip
-
-
 def cli(argv: list[str]) -> int:
     """``dptune audit`` in this process; returns the exit code."""
     if any(a in common.HELP for a in argv[1:]):
@@ -66,10 +52,15 @@ def cli(argv: list[str]) -> int:
     try:
         config, work = common.parse_run_command(FLAGS, argv, "the audit's own folder")
         common.setup_logging()
-        result = run_audit(
-            config, work, what=_WHAT.value, canaries=_CANARIES.value, kind=_KIND.value,
-            break_=_BREAK.value, confidence=_CONFIDENCE.value, seed=_SEED.value,
-            progress=_PROGRESS.value,
+        # the config goes through the same validation as a tuning run's
+        c = build.validate(config, work, seed=_SEED.value)
+        o = c.options  # the ledger, accountant and adjacency, checked
+        trainer = build.build_trainer(c.cfg, build.load_data(c.cfg), progress=_PROGRESS.value)
+        result = audit(
+            trainer, c.space, c.method, c.budget, workdir=work, ledger=o.ledger, config=c.cfg,
+            accountant=o.accountant, adjacency=o.adjacency, what=_WHAT.value,
+            canaries=_CANARIES.value, kind=_KIND.value, break_=_BREAK.value,
+            confidence=_CONFIDENCE.value, seed=_SEED.value, progress=_PROGRESS.value,
         )  # fmt: skip
     except Refused as e:
         return common.refuse(e)

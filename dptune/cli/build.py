@@ -66,12 +66,9 @@ def build_selection(cfg: Mapping[str, Any]) -> Any:
 
 def build_executor(cfg: Mapping[str, Any]) -> Any:
     """The executor named by ``config.executor`` (``dptune.executors``)."""
-    ex = _section(cfg, "executor")
-    kind, group = ex.pop("kind", "sequential"), ex.pop("group_size", 1)
+    ex = {k: v for k, v in _section(cfg, "executor").items() if v is not None}  # None: unset
     try:
-        return make_executor(
-            kind, group_size=group, **{k: v for k, v in ex.items() if v is not None}
-        )
+        return make_executor(ex.pop("kind", "sequential"), **ex)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"config.executor: {e}") from None
 
@@ -188,8 +185,7 @@ def check_config(cfg: Mapping[str, Any]) -> None:
             "start from dptune.configs.base.get_config()"
         )
     _check_known_fields(cfg)
-    kind = user_arrays(cfg)
-    if kind is not None:
+    if kind := user_arrays(cfg):
         _check_user_data(cfg, kind)
     trainer, model = _get(cfg, "trainer", "dpsgd"), _get(cfg, "model")
     if _get(cfg, "init") and trainer != "dpsgd":
@@ -224,12 +220,9 @@ def check_config(cfg: Mapping[str, Any]) -> None:
 
 
 def learner_sections(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``config.train`` and ``config.space`` as ``config.trainer``'s learner takes them.
-
-    A config's hyperparameter sections belong to the learner they were written for, so
-    ``--config.trainer=NAME`` works on any config: a field that another learner knows and this
-    one does not is that learner's, and is left out (logged); a field no learner knows is refused
-    (ConfigError), never silently ignored. The learner's own defaults fill what is left out.
+    """``config.train`` and ``config.space`` as ``config.trainer``'s learner takes them, so that
+    ``--config.trainer=NAME`` works on any config: a field another learner knows is left out
+    (logged; this learner's default fills it), a field no learner knows is refused (ConfigError).
     """
     info = learner_info(cfg)
     train, space = _section(cfg, "train"), _section(cfg, "space")
@@ -247,9 +240,7 @@ def learner_sections(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
         "config.train / config.space: %s belong to another learner; config.trainer=%r uses its "
         "own defaults for them", sorted(foreign), info.name,
     )  # fmt: skip
-    return {k: v for k, v in train.items() if k in own}, {
-        k: v for k, v in space.items() if k in own
-    }
+    return tuple({k: v for k, v in d.items() if k in own} for d in (train, space))
 
 
 def _fields(info: learners.LearnerInfo) -> set[str]:
@@ -269,8 +260,7 @@ def learner_info(cfg: Mapping[str, Any]) -> learners.LearnerInfo:
 
 @dataclasses.dataclass(frozen=True)
 class Checked:
-    """A config that passed :func:`validate`, as the library's arguments (``options``: the run's
-    ``dptune.TuneOptions``, checked)."""
+    """A config that passed :func:`validate`, as the library's arguments."""
 
     cfg: dict[str, Any]
     method: Any
@@ -311,9 +301,8 @@ def validate(
 
 
 def _fill_suggested(cfg: dict[str, Any]) -> None:
-    """Fills the fields a config leaves None (the ``user`` config's validation size, batch size,
-    epochs, learning-rate range, mean number of candidates) from the declared PUBLIC size
-    ``config.data.num_examples`` and the optimiser (``suggested_settings``)."""
+    """Fills the fields a config leaves None (the ``user`` config's) from the declared PUBLIC size
+    ``config.data.num_examples`` and the optimiser (``dpsgd.suggested_settings``)."""
     data, train, sel = (cfg.get(k) or {} for k in ("data", "train", "selection"))
     lr = (cfg.get("space") or {}).get("learning_rate")
     lr = lr if isinstance(lr, dict) else {}  # a range whose ends are None; other specs as given
@@ -343,7 +332,6 @@ class DryRun:
     preflight: Any
 
     def to_text(self) -> str:
-        """What ``--dry_run`` prints: the space, the privacy statement and the ledger's view."""
         text = f"Dry run (nothing trained). Search space: {self.space.to_dict()}\n\n"
         text += self.statement.to_text()
         pre = self.preflight
@@ -374,59 +362,56 @@ def run_config(
     ``dry_run``, a :class:`DryRun` after the run's checks (``dptune.tuner.preflight``), nothing
     trained or written."""
     checked = validate(cfg, workdir, seed=seed, debug_nonprivate=debug_nonprivate)
-    executor = None if dry_run else build_executor(checked.cfg)
+    cfg, opts = checked.cfg, checked.options
+    executor = None if dry_run else build_executor(cfg)
     try:
-        return _run_checked(checked, progress, dry_run, executor)
+        if not dry_run:
+            # Ray: reach the cluster and check its resources before any data is loaded or trained.
+            if hasattr(executor, "connect"):
+                executor.connect()
+            # A workdir in use is refused before the (slow) data loading, not a minute later;
+            # tune() then holds the lock for the whole run (dptune/workdir_lock.py).
+            with workdir_lock(opts.workdir):
+                pass
+        trainer = build_trainer(cfg, load_data(cfg), progress=progress)
+        if hasattr(executor, "connect"):
+            # Workers rebuild the trainer from the config (each loads the data once) and check they
+            # loaded the same records as this process.
+            trainer.remote_factory = functools.partial(trainer_from_config, _worker_config(cfg))
+            executor.expected_fingerprint = trainer.fingerprint
+        # What the journal binds the workdir to: the config without file locations (a workdir moved
+        # to another machine resumes), the records' fingerprint, and the flags that change the run.
+        bound = _plain(cfg)
+        for section, key in (("data", "dir"), ("data", "validation_dir"), ("ledger", "path")):
+            if isinstance(bound.get(section), dict):
+                bound[section].pop(key, None)
+        bound["_data"] = {"fingerprint": getattr(trainer, "fingerprint", None)}
+        bound["_flags"] = {"seed": opts.seed, "debug_nonprivate": opts.debug_nonprivate}
+        opts = dataclasses.replace(opts, config=bound, executor=executor, progress=progress)
+        args = (trainer, checked.space, checked.method, checked.budget)
+        strategy = _section(cfg, "strategy")
+        if strategy.get("name", "full") == "subsampled":
+            if opts.debug_nonprivate:
+                raise ConfigError("--debug_nonprivate is not supported with config.strategy.name="
+                                  "'subsampled'")  # fmt: skip
+            kw = {k: float(strategy[k]) for k in ("fraction", "tuning_epsilon")}
+            if dry_run:
+                seeded, acc, adj = opts.seed is not None, opts.accountant, opts.adjacency
+                plan = plan_subsampled(*args, **kw, seeded=seeded, accountant=acc, adjacency=adj)
+                return DryRun(
+                    _filled(plan.tuning_plan.space, plan.calibrated), plan.statement, None
+                )
+            ledger = default_ledger_path() if opts.ledger is DEFAULT_LEDGER else opts.ledger
+            return tune_subsampled(*args, **kw, options=dataclasses.replace(opts, ledger=ledger))
+        if dry_run:
+            pre = preflight(*args, opts)
+            return DryRun(_filled(pre.plan.space, pre.plan.calibrated), pre.plan.statement, pre)
+        return tune(*args, opts)
     finally:
         # Frees what the executor put in Ray and shuts down a local Ray this run started, also
         # when a refusal (workdir in use, data not found, budget) comes before training.
         if hasattr(executor, "close"):
             executor.close()
-
-
-def _run_checked(checked: Checked, progress: bool, dry_run: bool, executor: Any) -> Any:
-    """``run_config`` once its inputs are checked and its executor is built."""
-    cfg, opts = checked.cfg, checked.options
-    if not dry_run:
-        # Ray: reach the cluster and check its resources before any data is loaded or trained.
-        if hasattr(executor, "connect"):
-            executor.connect()
-        # A workdir in use is refused before the (slow) data loading, not a minute later;
-        # tune() then holds the lock for the whole run (dptune/workdir_lock.py).
-        with workdir_lock(opts.workdir):
-            pass
-    trainer = build_trainer(cfg, load_data(cfg), progress=progress)
-    if hasattr(executor, "connect"):
-        # Workers rebuild the trainer from the config (each loads the data once) and check they
-        # loaded the same records as this process.
-        trainer.remote_factory = functools.partial(trainer_from_config, _worker_config(cfg))
-        executor.expected_fingerprint = trainer.fingerprint
-    # What the journal binds the workdir to: the config without file locations (a workdir moved
-    # to another machine resumes), the records' fingerprint, and the flags that change the run.
-    bound = _worker_config(cfg, all_sections=True)
-    for section, key in (("data", "dir"), ("data", "validation_dir"), ("ledger", "path")):
-        if isinstance(bound.get(section), dict):
-            bound[section].pop(key, None)
-    bound["_data"] = {"fingerprint": getattr(trainer, "fingerprint", None)}
-    bound["_flags"] = {"seed": opts.seed, "debug_nonprivate": opts.debug_nonprivate}
-    opts = dataclasses.replace(opts, config=bound, executor=executor, progress=progress)
-    args = (trainer, checked.space, checked.method, checked.budget)
-    strategy = _section(cfg, "strategy")
-    if strategy.get("name", "full") == "subsampled":
-        if opts.debug_nonprivate:
-            raise ConfigError("--debug_nonprivate is not supported with config.strategy.name="
-                              "'subsampled'")  # fmt: skip
-        kw = {k: float(strategy[k]) for k in ("fraction", "tuning_epsilon")}
-        if dry_run:
-            seeded, acc, adj = opts.seed is not None, opts.accountant, opts.adjacency
-            plan = plan_subsampled(*args, **kw, seeded=seeded, accountant=acc, adjacency=adj)
-            return DryRun(_filled(plan.tuning_plan.space, plan.calibrated), plan.statement, None)
-        ledger = default_ledger_path() if opts.ledger is DEFAULT_LEDGER else opts.ledger
-        return tune_subsampled(*args, **kw, options=dataclasses.replace(opts, ledger=ledger))
-    if dry_run:
-        pre = preflight(*args, opts)
-        return DryRun(_filled(pre.plan.space, pre.plan.calibrated), pre.plan.statement, pre)
-    return tune(*args, opts)
 
 
 def _filled(space: Any, calibrated: Mapping[str, Any]) -> space_mod.Space:
@@ -454,7 +439,16 @@ def build_trainer(cfg: Mapping[str, Any], data: Any, *, progress: bool = False) 
         model = cfg.get("model")
         if model is not None:
             base.pop("model", None)  # config.model replaces config.train.model
-            built = build_model(model, data)
+            built = model  # a shipped name, or "pkg.module:factory" called as below
+            if ":" in model:  # num_classes is 0 for labels that are not class ids
+                factory = import_object(model, "model")
+                try:
+                    built = factory(num_classes=data.num_classes)
+                except Exception as e:  # the user's code: one line naming the field
+                    raise ConfigError(
+                        f"config.model={model!r}: factory(num_classes={data.num_classes}) failed: "
+                        f"{type(e).__name__}: {e}"
+                    ) from None
             # a factory may return {"model": module, "loss": fn, "metric": dptune.Metric}: the
             # route for labels the default loss and accuracy do not read (float, (n, k), (n, L))
             parts = built if isinstance(built, Mapping) else {"model": built}
@@ -468,26 +462,10 @@ def build_trainer(cfg: Mapping[str, Any], data: Any, *, progress: bool = False) 
         raise ConfigError(f"{where}{e}") from None
 
 
-def build_model(spec: str, data: Any) -> Any:
-    """``config.model``: a shipped name, or ``factory(num_classes=...)`` of ``"pkg.module:factory"``
-    (a flax Module, or a dict with "model" and optionally "loss" and "metric"; num_classes is 0
-    for labels that are not class ids)."""
-    if ":" not in spec:
-        return spec
-    factory = import_object(spec, "model")
-    try:
-        return factory(num_classes=data.num_classes)
-    except Exception as e:  # the user's code: any error becomes one line naming the field
-        raise ConfigError(
-            f"config.model={spec!r}: factory(num_classes={data.num_classes}) failed: "
-            f"{type(e).__name__}: {e}"
-        ) from None
-
-
-def _worker_config(cfg: Mapping[str, Any], all_sections: bool = False) -> dict[str, Any]:
-    """A copy of ``cfg`` one level deep; by default only what a worker needs to rebuild the
-    trainer: the data spec, the learner and its fixed settings."""
-    keys = cfg if all_sections else ("data", "train", "trainer", "learner", "model", "init")
+def _worker_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """What a worker needs to rebuild the trainer (the data spec, the learner and its fixed
+    settings), copied one level deep."""
+    keys = ("data", "train", "trainer", "learner", "model", "init")
     return {k: (dict(cfg[k]) if isinstance(cfg[k], Mapping) else cfg[k]) for k in keys if k in cfg}
 
 

@@ -165,10 +165,9 @@ def setup_logging() -> None:
     """dptune's messages (and its ``trainers`` package's) on stderr, one ``dptune:`` line each, at
     the level of absl's ``--verbosity`` (-v): INFO by default, -1 warnings only, >= 1 debug; other
     libraries' chatter (orbax, jax) only at ERROR unless ``--verbosity`` >= 1."""
-    fv = flags.FLAGS
-    chosen = fv["verbosity"].present if "verbosity" in fv else False
+    chosen = "verbosity" in flags.FLAGS and flags.FLAGS["verbosity"].present
     verbosity = absl_logging.get_verbosity() if chosen else 0
-    levels = {1: logging.DEBUG, 0: logging.INFO, -1: logging.WARNING}
+    levels = {0: logging.INFO, -1: logging.WARNING}
     level = logging.DEBUG if verbosity >= 1 else levels.get(verbosity, logging.ERROR)
     absl_logging.set_verbosity(absl_logging.DEBUG if verbosity >= 1 else absl_logging.ERROR)
     for logger in (log, logging.getLogger("trainers")):
@@ -185,21 +184,17 @@ def help_text(doc: str | None, flag_values: flags.FlagValues, names: Sequence[st
     return (doc or "") + "\nFlags:\n" + "\n".join(lines)
 
 
-def parse_subcommand(
-    flag_values: flags.FlagValues, argv: Sequence[str], doc: str | None
-) -> tuple[list[str], int | None]:
-    """A subcommand's ``argv`` parsed into its own ``flag_values``: ``(the arguments that are not
-    flags, None)``, or ``([], exit code)`` when the command has ended: its help printed (exit 0)
-    or a flag refused in one ``dptune:`` line (exit 2; the flags are left unparsed, so the next
-    in-process call starts clean)."""
+def parse_subcommand(flag_values: flags.FlagValues, argv: Sequence[str], doc: str | None) -> Any:
+    """A subcommand's ``argv`` parsed into its own ``flag_values``: the arguments that are not
+    flags, or None when it asked for (and got) its help. ArgumentError: a flag it does not take
+    (the caller unparses its flags, so that the next in-process call starts clean)."""
     if any(a in HELP for a in argv[1:]):
         print(help_text(doc, flag_values))
-        return [], OK
+        return None
     try:
-        return flag_values(list(argv))[1:], None
+        return flag_values(list(argv))[1:]
     except flags.Error as e:
-        flag_values.unparse_flags()
-        return [], refuse(e)
+        raise ArgumentError(str(e)) from None
 
 
 def parse_run_command(
@@ -222,18 +217,20 @@ def parse_run_command(
         config = flag_values["config"].value  # config_flags defers a file's errors to here
     except flags.Error as e:
         raise ArgumentError(str(e)) from None
-    except (AttributeError, KeyError, TypeError, ValueError) as e:
-        # ml_collections raises these for an override of a field the config does not have; with
-        # no override given, it is the config file that failed to load
+    except Exception as e:  # noqa: BLE001 - a bad override, or a config file that fails to load
+        # ml_collections raises these for an override of a field the config does not have
         overrides = [a.split("=")[0] for a in argv if a.startswith("--config.")]
-        if not overrides:
-            raise ArgumentError(config_load_error(argv, e)) from None
+        if overrides and isinstance(e, (AttributeError, KeyError, TypeError, ValueError)):
+            raise ArgumentError(
+                f"a config override names a field the config does not have or gives it a value "
+                f"of the wrong type ({type(e).__name__}: {e}); overrides given: {overrides}"
+            ) from None
+        given = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), "?")
+        detail = "no such file" if "No such file" in str(e) else one_line(e)
         raise ArgumentError(
-            f"a config override names a field the config does not have or gives it a value of "
-            f"the wrong type ({type(e).__name__}: {e}); overrides given: {overrides}"
+            f"--config={given} could not be loaded ({type(e).__name__}: {detail[:300]}): fix the "
+            f"file, or use a shipped config ({', '.join(configs.NAMES)})"
         ) from None
-    except Exception as e:  # noqa: BLE001 - a config file that fails to load while parsing
-        raise ArgumentError(config_load_error(argv, e)) from None
     finally:
         sys.argv = saved
     if rest:
@@ -243,15 +240,6 @@ def parse_run_command(
     if not flag_values["workdir"].value:
         raise ArgumentError(f"--workdir=DIR is required ({workdir_why})")
     return config, Path(flag_values["workdir"].value)
-
-
-def config_load_error(argv: Sequence[str], e: BaseException) -> str:
-    given = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), "?")
-    detail = "no such file" if "No such file" in str(e) else one_line(e)
-    return (
-        f"--config={given} could not be loaded ({type(e).__name__}: {detail[:300]}): fix the "
-        f"file, or use a shipped config ({', '.join(configs.NAMES)})"
-    )
 
 
 def normalise_argv(argv: Sequence[str]) -> list[str]:

@@ -23,7 +23,7 @@ from typing import Any
 from absl import flags
 
 from dptune.cli import common
-from dptune.errors import StateError
+from dptune.errors import Refused, StateError
 from dptune.journal import JOURNAL_FILE, Journal
 
 #: This command's own flags (kept apart from the other commands' in one process).
@@ -38,12 +38,9 @@ WARNING = (
 
 
 def read_run(workdir: str | Path) -> dict[str, Any]:
-    """The run in ``workdir`` as the curator sees it: ``{"workdir", "run_id", "started_at",
-    "released_at", "curator_view", "privacy", "candidates": [...]}``, each candidate with its
-    index, status, score, failed, seconds, attempts, hyperparameters, failure (type, message,
-    traceback) and ``dropped_nonfinite`` (a finished candidate's sampled examples whose gradient
-    norm was not finite, left out of its clipped sums, from its payload; None when its payload
-    holds no count). Raises StateError if there is no intact journal."""
+    """The run in ``workdir`` as the curator sees it (the keys below); a candidate's
+    ``dropped_nonfinite`` counts its sampled examples whose gradient norm was not finite, left out
+    of its clipped sums (None: its payload holds no count). StateError: no intact journal."""
     workdir = Path(workdir)
     private = workdir / "private"
     if not (private / JOURNAL_FILE).exists():
@@ -52,25 +49,21 @@ def read_run(workdir: str | Path) -> dict[str, Any]:
             "--workdir of a run)"
         )
     with Journal(private, readonly=True) as journal:
-        meta = journal.meta()
-        failures = journal.failures()
-        seconds = journal.seconds()
-        rows = journal.candidates()
-        dropped = {r.index: _dropped(journal, r.index) for r in rows if r.status == "done"}
-    calibrated = meta.get("calibrated") or {}
+        meta, failures = journal.meta(), journal.failures()
+        calibrated = meta.get("calibrated") or {}
+        cands = [
+            dict(
+                index=r.index, status=r.status,
+                score=None if r.score is None or math.isnan(r.score) else r.score,
+                failed=r.failed, seconds=r.seconds, attempts=r.attempts,
+                hparams={**r.hparams, **calibrated},
+                failure=None if (f := failures.get(r.index)) is None else
+                {"type": f.type, "message": f.message, "traceback": f.traceback},
+                dropped_nonfinite=_dropped(journal, r.index) if r.status == "done" else None,
+            )
+            for r in journal.candidates()
+        ]  # fmt: skip
     privacy = meta.get("privacy") or {}
-    cands = [
-        dict(
-            index=r.index, status=r.status,
-            score=None if r.score is None or math.isnan(r.score) else r.score,
-            failed=r.failed, seconds=seconds.get(r.index), attempts=r.attempts,
-            hparams={**r.hparams, **calibrated},
-            failure=None if (f := failures.get(r.index)) is None else
-            {"type": f.type, "message": f.message, "traceback": f.traceback},
-            dropped_nonfinite=dropped.get(r.index),
-        )
-        for r in rows
-    ]  # fmt: skip
     return {
         "workdir": str(workdir), "run_id": meta.get("run_id"),
         "started_at": meta.get("started_at"), "released_at": meta.get("released_at"),
@@ -93,19 +86,14 @@ def render(run: dict[str, Any], candidate: int | None = None) -> str:
         c = match[0]
         lines.append(f"candidate {c['index']}: {c['status']}; hyperparameters {c['hparams']}")
         lines += _dropped_lines([c])
-        if c["failure"] is None:
-            lines.append("it did not fail" if not c["failed"] else "failed; no reason recorded")
+        if (f := c["failure"]) is not None:
+            tb = f["traceback"] or "(no traceback)"
+            lines += [f"failed: {f['type']}: {f['message']}", "", tb]
         else:
-            f = c["failure"]
-            lines += [
-                f"failed: {f['type']}: {f['message']}",
-                "",
-                f["traceback"] or "(no traceback)",
-            ]
+            lines.append("failed; no reason recorded" if c["failed"] else "it did not fail")
         return "\n".join(lines)
-    state = "not finished (rerun its command to resume)"
-    if run["released_at"]:
-        state = f"finished {_when(run['released_at'])}"
+    released = run["released_at"]
+    state = f"finished {_when(released)}" if released else "not finished (rerun to resume it)"
     lines.append(
         f"run {run['run_id'] or '(not planned yet)'}: started {_when(run['started_at'])}, {state}"
     )
@@ -143,10 +131,10 @@ def render(run: dict[str, Any], candidate: int | None = None) -> str:
 
 def cli(argv: Sequence[str]) -> int:
     """``dptune inspect`` in this process; returns the exit code."""
-    rest, ended = common.parse_subcommand(FLAGS, argv, __doc__)
-    if ended is not None:
-        return ended
     try:
+        rest = common.parse_subcommand(FLAGS, argv, __doc__)
+        if rest is None:
+            return common.OK
         if len(rest) != 1:
             return common.refuse(
                 f"dptune inspect takes one WORKDIR (got {rest or 'none'}): dptune inspect DIR "
@@ -157,7 +145,7 @@ def cli(argv: Sequence[str]) -> int:
             json.dumps(run, indent=2, default=str) if _JSON.value else render(run, _CANDIDATE.value)
         )
         return common.OK
-    except StateError as e:
+    except Refused as e:
         return common.refuse(e)
     finally:
         FLAGS.unparse_flags()

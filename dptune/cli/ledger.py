@@ -19,12 +19,12 @@ import math
 import re
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
 
 from absl import flags
 
 from dptune.cli import common
-from dptune.errors import StateError
 from dptune.ledger import Ledger, default_ledger_path
 
 #: This command's own flags (kept apart from the other commands' in one process).
@@ -41,26 +41,24 @@ _FULL_ID = re.compile(r"^[0-9a-f]{64}$")
 
 def cli(argv: Sequence[str]) -> int:
     """``dptune ledger`` in this process; returns the exit code."""
-    rest, ended = common.parse_subcommand(FLAGS, argv, __doc__)
-    if ended is not None:
-        return ended
     try:
+        rest = common.parse_subcommand(FLAGS, argv, __doc__)
+        if rest is None:
+            return common.OK
         if rest:
             return common.refuse(
                 f"unexpected arguments {rest}: every setting is a flag (`dptune ledger --help`)"
             )
         path = Path(_LEDGER.value) if _LEDGER.value else default_ledger_path()
         if _EPS.value is not None or _DELTA.value is not None:
-            return _set(path)
-        if not path.exists():
+            _set(path)
+        elif not path.exists():
             print(f"Ledger {path}: no dataset yet (no run has been charged to it).")
-            return common.OK
-        with Ledger(path, readonly=True) as led:
-            if _DATASET.value:
-                return _show(led)
-            _list(led)
+        else:
+            with Ledger(path, readonly=True) as led:
+                (_show if _DATASET.value else _list)(led)
         return common.OK
-    except (StateError, ValueError) as e:
+    except ValueError as e:  # Refused (a flag, a file) or a value the ledger refuses
         return common.refuse(e)
     finally:
         FLAGS.unparse_flags()
@@ -73,9 +71,9 @@ def _list(led: Ledger) -> None:
         return
     print(f"{'dataset':<14}{'name':<16}{'budget eps':>11}{'spent eps':>11}{'left eps':>10}"
           f"{'budget delta':>14}{'spent delta':>13}{'runs':>6}")  # fmt: skip
-    for spend, name, _created in rows:
+    for spend in rows:
         print(
-            f"{spend.fingerprint[:12]:<14}{name[:15]:<16}{spend.budget_epsilon:>11.4g}"
+            f"{spend.fingerprint[:12]:<14}{spend.name[:15]:<16}{spend.budget_epsilon:>11.4g}"
             f"{spend.spent_epsilon:>11.4g}{spend.remaining_epsilon:>10.4g}"
             f"{spend.budget_delta:>14.3g}{spend.spent_delta:>13.3g}{spend.runs:>6}"
         )
@@ -102,10 +100,9 @@ def _resolve(led: Ledger | None, allow_new: bool) -> str:
     )
 
 
-def _show(led: Ledger) -> int:
+def _show(led: Ledger) -> None:
     fp = _resolve(led, allow_new=False)
     spend = led.spend(fp)
-    assert spend is not None
     print(
         f"dataset {fp}: budget (epsilon={spend.budget_epsilon:g}, delta={spend.budget_delta:g}); "
         f"spent (epsilon={spend.spent_epsilon:.4g}, delta={spend.spent_delta:.3g}) in "
@@ -114,10 +111,9 @@ def _show(led: Ledger) -> int:
     for c in led.charges(fp):
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c["created"]))
         print(f"  {when}  epsilon={c['epsilon']:.4g}  delta={c['delta']:.3g}  {c['workdir']}")
-    return common.OK
 
 
-def _set(path: Path) -> int:
+def _set(path: Path) -> None:
     eps, delta = _EPS.value, _DELTA.value
     if eps is None or delta is None:
         raise ValueError("give both --budget_epsilon and --budget_delta to set a budget")
@@ -125,11 +121,9 @@ def _set(path: Path) -> int:
         raise ValueError(f"--budget_epsilon={eps!r} must be a finite number > 0")
     if not 0 < delta < 1:
         raise ValueError(f"--budget_delta={delta!r} must be in (0, 1)")
-    if path.exists():  # resolved before anything is written: a refusal leaves the file as it was
-        with Ledger(path, readonly=True) as led:
-            fp = _resolve(led, allow_new=True)
-    else:
-        fp = _resolve(None, allow_new=True)
+    # resolved before anything is written: a refusal leaves the file as it was
+    with Ledger(path, readonly=True) if path.exists() else nullcontext() as led:
+        fp = _resolve(led, allow_new=True)
     with Ledger(path) as led:
         before = led.spend(fp)
         after = led.set_budget(fp, eps, delta, _NAME.value)
@@ -142,7 +136,6 @@ def _set(path: Path) -> int:
         f"Ledger {path}: dataset {fp[:12]}'s lifetime budget {was} to (epsilon={eps:g}, "
         f"delta={delta:g}); spent so far epsilon={after.spent_epsilon:.4g}."
     )
-    return common.OK
 
 
 if __name__ == "__main__":
