@@ -33,8 +33,8 @@ _EXPORTS = {
     "ImpossibleBudgetError": "dptune.errors", "StateError": "dptune.errors",
     "CandidateFailure": "dptune.errors",
     "Space": "dptune.space",
-    "Ledger": "dptune.ledger", "BudgetExceededError": "dptune.ledger",
-    "Journal": "dptune.journal", "ConfigChangedError": "dptune.journal",
+    "Ledger": "dptune._state.ledger", "BudgetExceededError": "dptune._state.ledger",
+    "Journal": "dptune._state.journal", "ConfigChangedError": "dptune._state.journal",
 }  # fmt: skip
 
 __all__ = sorted(_EXPORTS) + ["space"]

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from dptune._state.workdir_lock import workdir_lock
 from dptune.accounting import subsampled as acc
 from dptune.accounting.statement import PrivacyStatement
 from dptune.errors import ImpossibleBudgetError, TuningConfigError
@@ -51,7 +52,6 @@ from dptune.tuner import (
     run_in_workdir,
     tune,
 )
-from dptune.workdir_lock import workdir_lock
 from selection.baselines import BestOfK
 
 __all__ = ["SubsampledPlan", "plan_subsampled", "tune_subsampled"]
@@ -250,7 +250,7 @@ def tune_subsampled(
             accountant=opts.accountant, seeded=opts.seed is not None, adjacency=opts.adjacency,
         )  # fmt: skip
 
-    # One run per workdir, for the whole run (dptune/workdir_lock.py).
+    # One run per workdir, for the whole run (dptune/_state/workdir_lock.py).
     with workdir_lock(opts.workdir):
         pre = check_run(trainer, budget, config, opts, plan)
         return run_in_workdir(pre, lambda j: _phases(trainer, selection, space, pre, j, opts))

@@ -35,14 +35,15 @@ from typing import Any
 import numpy as np
 
 import dptune
+from dptune._state.journal import JOURNAL_FILE, Journal
+from dptune._state.ledger import Ledger, default_ledger_path
+from dptune._state.workdir_lock import workdir_lock
 from dptune.accounting import ACCOUNTANTS
 from dptune.accounting.events import ADJACENCIES
 from dptune.accounting.quiet import quiet_accounting
 from dptune.errors import CandidateFailure, StateError, TuningConfigError
 from dptune.errors import ImpossibleBudgetError as ImpossibleBudgetError  # re-exported
 from dptune.execution import Job, VectorizedExecutor
-from dptune.journal import JOURNAL_FILE, Journal
-from dptune.ledger import Ledger, default_ledger_path
 from dptune.plan import (
     MAX_PLANNED_TRIALS,
     Budget,
@@ -65,7 +66,6 @@ from dptune.release import (
 )
 from dptune.space import Space
 from dptune.trainer_protocol import FunctionTrainer, ReleaseView, checked_result, code_digest
-from dptune.workdir_lock import workdir_lock
 from selection import Plan
 
 log = logging.getLogger("dptune")
@@ -73,7 +73,7 @@ log = logging.getLogger("dptune")
 
 class _DefaultLedger:
     """``tune(ledger=...)``'s default: the curator's ledger, ``$DPTUNE_LEDGER`` or
-    ``~/.dptune/ledger.sqlite`` (``dptune.ledger.default_ledger_path``), as for the command."""
+    ``~/.dptune/ledger.sqlite`` (``_state.ledger.default_ledger_path``), as for the command."""
 
     def __repr__(self) -> str:
         return "DEFAULT_LEDGER"
@@ -108,7 +108,7 @@ class TuneOptions:
       group_size: candidates trained at once through ``trainer.train_many`` (vectorised).
       accountant: "auto" (the tightest valid route), "rdp" or "pld" (``dptune.accounting``).
       ledger: where the run is charged to the dataset's budget: a
-        :class:`~dptune.ledger.Ledger` or its path; by default the curator's ledger
+        :class:`~dptune._state.ledger.Ledger` or its path; by default the curator's ledger
         (``$DPTUNE_LEDGER`` or ``~/.dptune/ledger.sqlite``); None runs without a ledger.
       dataset_budget: the dataset's lifetime budget as this run states it (default: the one the
         ledger holds; for a new dataset 10 times this run's ``budget``, with a warning).
@@ -209,7 +209,7 @@ def tune(
     # The cheap checks first, so that a refused call creates nothing (not even the workdir).
     opts.check()
     as_budget(budget)
-    # One run per workdir, for the whole run (dptune/workdir_lock.py); the checks read the
+    # One run per workdir, for the whole run (dptune/_state/workdir_lock.py); the checks read the
     # workdir's journal under the lock, so no other run can be writing it.
     with workdir_lock(opts.workdir):
         pre = preflight(trainer, space, selection, budget, opts)

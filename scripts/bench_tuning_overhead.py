@@ -69,9 +69,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     import dptune
     from dptune import tuner
+    from dptune._state.journal import Journal
     from dptune.accounting import epsilon as accounting_epsilon
     from dptune.cli import build
-    from dptune.journal import Journal
     from dptune.space import Space
     from trainers import loop
 

@@ -247,7 +247,7 @@ _BUDGET, _FIRST, _EACH = 1.0, 0.5, 0.5  # after the first charge, exactly one mo
 
 
 def _racer(name: str, paths: list[str], barrier: Any, results: Any) -> None:
-    from dptune.ledger import BudgetExceededError, Ledger
+    from dptune._state.ledger import BudgetExceededError, Ledger
 
     for i, path in enumerate(paths):
         with Ledger(path) as led:
@@ -265,7 +265,7 @@ def _racer(name: str, paths: list[str], barrier: Any, results: Any) -> None:
 
 def ledger_races(n: int, folder: Path) -> dict[str, Any]:
     """``n`` races of two processes for the last budget of a dataset; counts overspends."""
-    from dptune.ledger import Ledger
+    from dptune._state.ledger import Ledger
 
     paths = []
     for i in range(n):

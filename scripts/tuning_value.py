@@ -298,7 +298,7 @@ def _score(h: dict[str, Any]) -> float | None:
 def reference_accuracy(workdir: Path) -> float | None:
     """The best last-epoch test score among a run's candidates (its private journal): a
     non-private number for this benchmark's table, never a release."""
-    from dptune.journal import Journal
+    from dptune._state.journal import Journal
 
     best = None
     with Journal(workdir / "private", readonly=True) as journal:

@@ -27,16 +27,16 @@ from typing import Any
 
 import numpy as np
 
+from dptune._state.journal import JOURNAL_FILE
+from dptune._state.state_files import open_new, private_folder
 from dptune.auditing.canaries import KINDS, Canaries, design_rng, draw_inclusion
 from dptune.auditing.dpsgd import AuditDpSgdTrainer
 from dptune.auditing.guesses import Outcome, evaluate
 from dptune.errors import TuningConfigError
-from dptune.journal import JOURNAL_FILE
 from dptune.learners.dpsgd import DpSgdTrainer
 from dptune.plan import as_budget, make_privacy_plan
 from dptune.release import load_release
 from dptune.space import Space
-from dptune.state_files import open_new, private_folder
 from dptune.trainer_protocol import FunctionTrainer
 from dptune.tuner import as_space, tune
 from selection import BestOfK

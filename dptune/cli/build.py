@@ -19,16 +19,16 @@ from typing import Any
 
 from dptune import learners, strategies
 from dptune import space as space_mod
+from dptune._state.ledger import default_ledger_path
+from dptune._state.workdir_lock import workdir_lock
 from dptune.configs import base as base_config
 from dptune.data import MNIST_10K_DIR, MNIST_10K_NUM_TRAIN
 from dptune.errors import Refused, TuningConfigError
 from dptune.executors import make_executor
 from dptune.learners import dpsgd
-from dptune.ledger import default_ledger_path
 from dptune.plan import AUTO, Budget
 from dptune.subsampled import plan_subsampled, tune_subsampled
 from dptune.tuner import DEFAULT_LEDGER, TuneOptions, preflight, tune
-from dptune.workdir_lock import workdir_lock
 from selection import registry
 
 log = logging.getLogger("dptune")
@@ -342,7 +342,7 @@ class DryRun:
         s = pre.spend
         how = (
             f"has no lifetime budget yet; the run would register the default, {s.budget_epsilon:g}"
-            f" epsilon and {s.budget_delta:g} delta (dptune.ledger)"
+            f" epsilon and {s.budget_delta:g} delta (dptune._state.ledger)"
             if s.registered
             else f"has the lifetime budget (epsilon={s.budget_epsilon:g}, delta={s.budget_delta:g})"
         )
@@ -370,7 +370,7 @@ def run_config(
             if hasattr(executor, "connect"):
                 executor.connect()
             # A workdir in use is refused before the (slow) data loading, not a minute later;
-            # tune() then holds the lock for the whole run (dptune/workdir_lock.py).
+            # tune() then holds the lock for the whole run (dptune/_state/workdir_lock.py).
             with workdir_lock(opts.workdir):
                 pass
         trainer = build_trainer(cfg, load_data(cfg), progress=progress)

@@ -22,8 +22,8 @@ from absl import flags
 from absl import logging as absl_logging
 
 from dptune import configs
+from dptune._state.journal import JOURNAL_FILE
 from dptune.errors import Refused
-from dptune.journal import JOURNAL_FILE
 
 log = logging.getLogger("dptune")
 

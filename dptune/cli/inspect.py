@@ -22,9 +22,9 @@ from typing import Any
 
 from absl import flags
 
+from dptune._state.journal import JOURNAL_FILE, Journal
 from dptune.cli import common
 from dptune.errors import Refused, StateError
-from dptune.journal import JOURNAL_FILE, Journal
 
 #: This command's own flags (kept apart from the other commands' in one process).
 FLAGS = flags.FlagValues()

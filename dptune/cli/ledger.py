@@ -24,8 +24,8 @@ from pathlib import Path
 
 from absl import flags
 
+from dptune._state.ledger import Ledger, default_ledger_path
 from dptune.cli import common
-from dptune.ledger import Ledger, default_ledger_path
 
 #: This command's own flags (kept apart from the other commands' in one process).
 FLAGS = flags.FlagValues()

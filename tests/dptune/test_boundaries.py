@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from dptune import space
+from dptune._state.ledger import BudgetExceededError, Ledger
 from dptune.accounting import total_privacy
 from dptune.accounting.events import DpSgdCandidate
 from dptune.errors import ImpossibleBudgetError, TuningConfigError
-from dptune.ledger import BudgetExceededError, Ledger
 from dptune.plan import Budget, check_candidates, make_privacy_plan
 from dptune.space import Space
 from dptune.trainer_protocol import FunctionTrainer

@@ -14,8 +14,8 @@ import numpy as np
 
 import dptune
 from dptune import space
+from dptune._state.journal import Journal
 from dptune.cli import inspect as inspect_cmd
-from dptune.journal import Journal
 from selection import BestOfK
 from tests.release_whitelist import check_release_whitelist
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from dptune.journal import ConfigChangedError, Journal
+from dptune._state.journal import ConfigChangedError, Journal
 
 
 def test_journal_survives_reopen_and_refuses_changed_config(tmp_path):

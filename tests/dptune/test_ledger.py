@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from dptune.ledger import BudgetExceededError, Ledger, LedgerBudgetMismatchError
+from dptune._state.ledger import BudgetExceededError, Ledger, LedgerBudgetMismatchError
 
 
 def test_charges_add_up_and_refuse_overspend(tmp_path):
@@ -54,9 +54,9 @@ def test_concurrent_runs_cannot_overspend(tmp_path):
 
 
 def test_a_dataset_without_a_stated_budget_gets_the_default_of_ten_runs(tmp_path):
-    """The policy (dptune.ledger): no lifetime budget stated -> DEFAULT_LIFETIME_RUNS times the
+    """The policy (_state/ledger.py): no lifetime budget stated -> DEFAULT_LIFETIME_RUNS times the
     first run's (epsilon, delta); a second run like it is charged, not refused."""
-    from dptune.ledger import DEFAULT_LIFETIME_RUNS
+    from dptune._state.ledger import DEFAULT_LIFETIME_RUNS
 
     with Ledger(tmp_path / "l.sqlite") as led:
         first = led.charge("fp", "run1", 3.0, 1e-5)

@@ -2,7 +2,7 @@
 dataset at the same moment; exactly one may win, and the dataset is never overspent.
 
 ``test_tuner_ledger.py`` races threads of one process; SQLite locking between processes (the
-``BEGIN IMMEDIATE`` transaction in ``dptune/ledger.py``) is what protects two real runs, so the
+``BEGIN IMMEDIATE`` transaction in ``_state/ledger.py``) is what protects two real runs, so the
 racers here are separate ``spawn``-ed interpreters released together by a barrier. The same code
 (``scripts/soak.py``'s ``ledger_races``) ran 50 races for docs/reliability.md.
 """
@@ -11,7 +11,7 @@ import importlib
 
 import pytest
 
-from dptune.ledger import Ledger
+from dptune._state.ledger import Ledger
 from tests.paths import REPO
 
 ROOT = REPO

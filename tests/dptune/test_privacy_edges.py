@@ -111,7 +111,7 @@ def test_a_drawn_candidate_that_shows_an_unaccounted_dependence_stops_the_run(tm
     at a = b = 1 (sigma 6: less lossy, so covered by itself) still proves that the declaration
     depends on fields the accountant did not enumerate, so points never drawn (a = b = c = 1 at
     sigma 0.5) may be uncovered: the run stops before anything trains."""
-    from dptune.journal import Journal
+    from dptune._state.journal import Journal
 
     trained: list = []
     trainer = FunctionTrainer(

@@ -17,10 +17,10 @@ from dp_accounting.rdp import rdp_privacy_accountant
 
 import dptune
 from dptune import accounting, space
+from dptune._state.ledger import BudgetExceededError, Ledger
 from dptune.accounting.events import DpSgdCandidate, EventCandidate
 from dptune.errors import TuningConfigError
 from dptune.learners.dpsgd import DpSgdTrainer
-from dptune.ledger import BudgetExceededError, Ledger
 from selection import RandomStopping
 from selection.privacy import RandomStoppingPrivacy
 from tests.paths import shared_data

@@ -10,8 +10,8 @@ import pytest
 
 import dptune
 from dptune import space
+from dptune._state.ledger import Ledger
 from dptune.accounting.events import DpSgdCandidate
-from dptune.ledger import Ledger
 from dptune.tuner import FunctionTrainer, ImpossibleBudgetError, TuningConfigError
 from selection import RandomStopping
 
@@ -94,7 +94,7 @@ def test_tunes_on_subset_then_trains_once_on_all_data(tmp_path):
 
 
 def test_subset_key_is_drawn_once_and_from_os_entropy(tmp_path):
-    from dptune.journal import Journal
+    from dptune._state.journal import Journal
 
     args = (SPACE, RandomStopping.logarithmic(3), (2.0, 1e-5))
     kw = dict(fraction=0.3, tuning_epsilon=0.5, progress=False)

@@ -7,9 +7,9 @@ import pytest
 
 import dptune
 from dptune import space
+from dptune._state.journal import ConfigChangedError
+from dptune._state.ledger import BudgetExceededError, Ledger
 from dptune.accounting.events import DpSgdCandidate
-from dptune.journal import ConfigChangedError
-from dptune.ledger import BudgetExceededError, Ledger
 from dptune.tuner import FunctionTrainer, ImpossibleBudgetError, TuningConfigError
 from selection import RandomStopping, Thresholding
 from tests.release_whitelist import check_release_whitelist

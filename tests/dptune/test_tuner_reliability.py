@@ -13,8 +13,8 @@ import pytest
 
 import dptune
 from dptune import space
+from dptune._state.journal import Journal
 from dptune.accounting.events import DpSgdCandidate
-from dptune.journal import Journal
 from dptune.tuner import FunctionTrainer
 from selection import BestOfK, RandomStopping, Thresholding
 

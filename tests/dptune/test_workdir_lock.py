@@ -1,4 +1,4 @@
-"""One run per workdir (dptune/workdir_lock.py): a second *process* on a live run's workdir is
+"""One run per workdir (_state/workdir_lock.py): a second *process* on a live run's workdir is
 refused before it reads or writes anything, and a holder killed with SIGKILL leaves no stale lock.
 
 The holder is a real second interpreter (flock is per open file, so a check inside one process
@@ -16,9 +16,9 @@ import pytest
 
 import dptune
 from dptune import space
+from dptune._state.workdir_lock import LOCK_FILE, WorkdirLockedError, workdir_lock
 from dptune.accounting.events import DpSgdCandidate
 from dptune.tuner import FunctionTrainer
-from dptune.workdir_lock import LOCK_FILE, WorkdirLockedError, workdir_lock
 from selection import BestOfK
 from tests.paths import REPO
 
@@ -27,7 +27,7 @@ ROOT = REPO
 # A second process that takes the workdir's lock, says so on stdout, and holds it until killed.
 _HOLDER = """
 import sys, time
-from dptune.workdir_lock import workdir_lock
+from dptune._state.workdir_lock import workdir_lock
 with workdir_lock(sys.argv[1]):
     print("locked", flush=True)
     time.sleep(600)
@@ -102,7 +102,9 @@ def test_sigkilled_holder_leaves_no_stale_lock(holder):
 def test_lock_is_held_for_the_whole_run(tmp_path):
     """While a candidate trains, another process cannot take the lock."""
     work = tmp_path / "run"
-    probe = f"from dptune.workdir_lock import workdir_lock as w\nwith w({str(work)!r}): pass\n"
+    probe = (
+        f"from dptune._state.workdir_lock import workdir_lock as w\nwith w({str(work)!r}): pass\n"
+    )
     outcomes: list[int] = []
 
     def train(hp, rng):

@@ -11,8 +11,8 @@ import pytest
 
 import dptune
 from dptune import space as sp
+from dptune._state.ledger import Ledger
 from dptune.errors import TuningConfigError
-from dptune.ledger import Ledger
 from selection import RandomStopping
 from tests.dptune.auditing import user_trainer as ut
 

@@ -36,13 +36,13 @@ import pytest
 
 import dptune
 from dptune import space
+from dptune._state.ledger import Ledger
 from dptune.accounting.events import DpSgdCandidate
 from dptune.cli import inspect as inspect_cmd
 from dptune.cli import ledger as ledger_cmd
 from dptune.cli.main import cli
 from dptune.errors import Refused
 from dptune.learners import fisher
-from dptune.ledger import Ledger
 from dptune.tuner import FunctionTrainer
 from selection import BestOfK, RandomStopping
 from tests.dptune.cli.tiny import CONFIG, IDX, make_arrays, write_dataset
@@ -291,7 +291,7 @@ def test_read_only_workdir_is_refused(env, monkeypatch):
 
 
 def test_workdir_in_use_is_refused(env):
-    from dptune.workdir_lock import workdir_lock
+    from dptune._state.workdir_lock import workdir_lock
 
     with workdir_lock(env.work):  # another run holds it (flock is per open file, even here)
         refused(env.run(), "in use by another dptune run")

@@ -72,7 +72,7 @@ REFUSALS = [
 def test_refusals_exit_2_with_one_line(tmp_path, flags, message):
     work, ledger = tmp_path / "run", tmp_path / "ledger.sqlite"
     if not flags:
-        from dptune.ledger import Ledger
+        from dptune._state.ledger import Ledger
 
         with Ledger(ledger) as led:  # another run already spent 998 of the smoke budget (1000)
             led.charge(
@@ -90,7 +90,7 @@ def test_refusals_exit_2_with_one_line(tmp_path, flags, message):
     assert not (work / "release").exists()
     assert not (work / "private").exists()
     if not flags:
-        from dptune.ledger import Ledger
+        from dptune._state.ledger import Ledger
 
         with Ledger(ledger) as led:  # and the refused run was not charged
             assert led.spend(_smoke_fingerprint()).spent_epsilon == pytest.approx(998.0)

@@ -15,9 +15,9 @@ import pytest
 
 import dptune
 from dptune import space
+from dptune._state.journal import Journal
 from dptune.accounting.events import DpSgdCandidate
 from dptune.executors import SequentialExecutor, VectorizedExecutor
-from dptune.journal import Journal
 from dptune.tuner import FunctionTrainer
 from selection import BestOfK
 

@@ -148,8 +148,8 @@ def test_the_vectorisation_choice_is_journaled_not_released(tmp_path, monkeypatc
     slower) decides, and each candidate's journaled payload says what was chosen and why; the
     release holds none of it."""
 
+    from dptune._state.journal import Journal
     from dptune.executors import VectorizedExecutor
-    from dptune.journal import Journal
     from trainers import probe
 
     monkeypatch.setattr(probe, "_memo", {})

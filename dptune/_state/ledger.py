@@ -25,8 +25,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from dptune._state.state_files import StateDb, private_folder
 from dptune.errors import Refused, TuningConfigError
-from dptune.state_files import StateDb, private_folder
 
 log = logging.getLogger("dptune")
 
@@ -89,7 +89,7 @@ class Spend:
 class Ledger(StateDb):
     """Per-dataset budget ledger in one SQLite file (created whole, with its folder, if missing).
 
-    An existing file is checked first (:class:`dptune.state_files.StateDb`). ``readonly=True``
+    An existing file is checked first (``StateDb``). ``readonly=True``
     opens a ledger without writing (``--dry_run``, listing); a missing one then reads as the empty
     ledger it would be."""
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dptune._state.state_files import StateDb, open_new, private_folder
 from dptune.errors import CandidateFailure, CodeChangedError, Refused, StateError
-from dptune.state_files import StateDb, open_new, private_folder
 
 JOURNAL_FILE = "journal.sqlite"
 
@@ -83,7 +83,7 @@ class Journal(StateDb):
     """SQLite journal of one tuning run in the ``private/`` folder (created owner-only if missing:
     it holds K and every score), or in memory for ``private_dir=None`` (``workdir=None``: nothing
     to resume, payloads stay in the tuner's memory). An existing file is checked first, and
-    ``readonly=True`` opens it without writing anything (:class:`dptune.state_files.StateDb`)."""
+    ``readonly=True`` opens it without writing anything (``StateDb``)."""
 
     kind, schema = "journal", _SCHEMA
 
