@@ -243,9 +243,7 @@ class Space:
     @classmethod
     def from_config(cls, config: Any) -> Space:
         """Builds a space from a config's ``space`` entry (a ConfigDict or a mapping)."""
-        if hasattr(config, "to_dict"):
-            config = config.to_dict()
-        return cls(config)
+        return cls(config.to_dict() if hasattr(config, "to_dict") else config)
 
     @property
     def searched(self) -> tuple[str, ...]:

@@ -46,7 +46,6 @@ import numpy as np
 
 from dptune.accounting.events import as_candidates
 from dptune.errors import CandidateFailure, TuningConfigError
-from selection.registry import SCORE_KINDS
 
 
 def as_candidate(x: Any) -> Any:
@@ -228,12 +227,6 @@ class FunctionTrainer:
     score_kind: str = "exact"
     #: the accounted declaration of each candidate the tuner will train (``bind_accounted``)
     _accounted: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if self.score_kind not in SCORE_KINDS:
-            raise TuningConfigError(
-                f"score_kind={self.score_kind!r} must be one of {', '.join(SCORE_KINDS)}"
-            )
 
     def privacy(self, hparams: Mapping[str, Any]) -> Any:
         return self.privacy_fn(hparams) if callable(self.privacy_fn) else self.privacy_fn

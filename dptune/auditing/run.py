@@ -59,6 +59,15 @@ _CANARIES_FILE = "audit_canaries.npz"
 #: the noise keeps its std sigma * C while no per-example gradient is clipped.
 UNCLIPPED = 1.0e6
 
+#: The hyperparameter breaks: field -> its value in training (the declaration keeps the drawn one).
+_REWRITES: dict[str, dict[str, Callable[[float], float]]] = {
+    "no_noise": {"noise_multiplier": lambda v: 0.0},
+    "no_clipping": {
+        "clip_norm": lambda v: v * UNCLIPPED,
+        "noise_multiplier": lambda v: v / UNCLIPPED,
+    },
+}
+
 AUDIT_NOTE = (
     "AUDIT RUN (dptune audit): canaries were added to the private data; this is not a release of "
     "the dataset and must never be published as one."
@@ -208,13 +217,14 @@ def audit(
     """
     budget, space = as_budget(budget), as_space(space)
     workdir = None if workdir is None else Path(workdir)
-    kind, m = _kind_and_size(trainer, canaries, kind, what, break_, score, confidence)
+    hooks = _hooks(trainer)
+    kind, m = _kind_and_size(hooks, canaries, kind, what, break_, score, confidence)
     done = _finished(workdir, dict(canaries=m, kind=kind, what=what, break_=break_))
     if done is not None:
         log.info("this audit already finished; its result is in %s", workdir / AUDIT_JSON)
         return done
-    design, included = _canaries(trainer, canaries, kind, m, seed, workdir)
-    inner = _with_canaries(trainer, design, included, break_)
+    design, included = _canaries(hooks[0], canaries, kind, m, seed, workdir)
+    inner = _with_canaries(trainer, hooks[1], design, included, break_)
     audited = _AuditTrainer(inner, break_, space, design, what)
     if what == "training":
         space, selection = _one_candidate(audited, space, selection, budget, accountant, seed,
@@ -239,7 +249,7 @@ def audit(
 # --- the steps -----------------------------------------------------------------------------------
 
 
-def _kind_and_size(trainer, canaries, kind, what, break_, score, confidence) -> tuple[str, int]:
+def _kind_and_size(hooks, canaries, kind, what, break_, score, confidence) -> tuple[str, int]:
     """The audit's arguments checked; the canaries' kind (``score`` for ``exact_score``) and
     number m, from the arguments and the trainer's defaults."""
     if not 0 < confidence < 1:
@@ -254,7 +264,7 @@ def _kind_and_size(trainer, canaries, kind, what, break_, score, confidence) -> 
         if kind not in (None, "score"):
             raise TuningConfigError("break=exact_score is audited with score canaries: kind=score")
         kind = "score"
-    design, with_canaries = _hooks(trainer)
+    design, with_canaries = hooks
     if isinstance(canaries, tuple):
         if len(canaries) != 2 or len(canaries[0]) != len(canaries[1]):
             raise TuningConfigError("canaries=(x, y): the canary records' inputs and labels")
@@ -295,12 +305,12 @@ def _result(release, inner, design, included, score, confidence, what, break_) -
         o = evaluate(statistics, included, delta, confidence)
     else:
         o = Outcome(0.0, "nothing released: no canary scored", 0, 0, 0.0, 0, 0.0)
+    outcome = dataclasses.asdict(o)
+    del outcome["significance"]  # the fields an AuditResult shares with the Outcome remain
     result = AuditResult(
-        stated_epsilon=stated, delta=delta, epsilon_lower_bound=float(o.epsilon_lower_bound),
-        confidence=confidence, canaries=len(design), kind=design.kind, what=what, break_=break_,
-        guesses=int(o.guesses), correct=int(o.correct), rule=str(o.rule),
-        ceiling=float(o.ceiling), rules=int(o.rules), released=bool(release.released),
-        included=int(included.sum()),
+        stated_epsilon=stated, delta=delta, confidence=confidence, canaries=len(design),
+        kind=design.kind, what=what, break_=break_, released=bool(release.released),
+        included=int(included.sum()), **outcome,
     )  # fmt: skip
     if result.released and result.ceiling <= stated:
         log.warning(
@@ -335,7 +345,7 @@ def _finished(workdir: Path | None, asked: Mapping[str, Any]) -> AuditResult | N
     return result
 
 
-def _canaries(trainer, canaries, kind, m, seed, workdir) -> tuple[Canaries, np.ndarray]:
+def _canaries(design_hook, canaries, kind, m, seed, workdir) -> tuple[Canaries, np.ndarray]:
     """The canaries and which are included: drawn once and kept in ``DIR/private/`` (owner-only,
     like the journal: the coins are the curator's), read back on resume."""
     given = None
@@ -355,7 +365,7 @@ def _canaries(trainer, canaries, kind, m, seed, workdir) -> tuple[Canaries, np.n
     design = given
     if design is None:
         try:
-            design = _hooks(trainer)[0](kind, m, design_rng(seed))
+            design = design_hook(kind, m, design_rng(seed))
         except ValueError as e:
             raise TuningConfigError(f"canaries: {e}") from None
     included = draw_inclusion(len(design), seed)
@@ -379,10 +389,9 @@ def _hooks(trainer: Any) -> tuple[Callable | None, Callable | None]:
     return getattr(trainer, "audit_canaries", None), getattr(trainer, "with_canaries", None)
 
 
-def _with_canaries(trainer, design, included, break_) -> Any:
+def _with_canaries(trainer, with_canaries, design, included, break_) -> Any:
     """The trainer on its data plus the included canaries (and an engine fault if asked)."""
     fault = break_ if break_ in AuditDpSgdTrainer.FAULTS else None
-    with_canaries = _hooks(trainer)[1]
     if with_canaries is not None:
         try:
             return with_canaries(design, included, fault)
@@ -422,10 +431,8 @@ class _AuditTrainer:
     def __init__(self, inner: Any, break_: str | None, space: Space, design: Canaries, what: str):
         self.inner = inner
         self.break_ = break_
-        rewritten = {"no_noise": ("noise_multiplier",), "no_clipping": ("noise_multiplier",
-                     "clip_norm")}.get(break_ or "", ())  # fmt: skip
         fixed = getattr(getattr(inner, "hyperparams_class", None), "__dataclass_fields__", {})
-        for name in rewritten:
+        for name in _REWRITES.get(break_ or "", {}):
             if name not in space.fields and name not in fixed:
                 raise TuningConfigError(
                     f"break={break_!r} rewrites the hyperparameter {name!r}, which this trainer "
@@ -476,17 +483,11 @@ class _AuditTrainer:
 
     def _broken(self, hparams: Mapping[str, Any]) -> dict[str, Any]:
         hp = dict(hparams)
-        if self.break_ == "no_noise":
-            hp["noise_multiplier"] = 0.0
-        elif self.break_ == "no_clipping":
-            hp["clip_norm"] = _field(self.inner, hp, "clip_norm") * UNCLIPPED
-            hp["noise_multiplier"] = _field(self.inner, hp, "noise_multiplier") / UNCLIPPED
+        for name, rewrite in _REWRITES.get(self.break_ or "", {}).items():
+            # the value the field takes in training: drawn, or the trainer's fixed hyperparameter
+            value = hp[name] if name in hp else getattr(self.inner.hyperparams(hp), name)
+            hp[name] = rewrite(float(value))
         return hp
-
-
-def _field(trainer: Any, hp: Mapping[str, Any], name: str) -> float:
-    """The value ``name`` takes in training: drawn, or the trainer's fixed hyperparameter."""
-    return float(hp[name] if name in hp else getattr(trainer.hyperparams(hp), name))
 
 
 def _write_json(path: Path, obj: Mapping[str, Any]) -> None:
