@@ -125,8 +125,20 @@ class AuditResult:
         d["break_"] = d.pop("break", None)
         return cls(**d)
 
+    def _rows(self) -> list[tuple[str, str]]:
+        """The facts both renderings show, as (label, value)."""
+        control = f"negative control --break={self.break_}" if self.break_ else "no break"
+        return [
+            ("stated epsilon (delta)", f"{self.stated_epsilon:.4g} ({self.delta:g})"),
+            ("empirical lower bound on epsilon", f"{self.epsilon_lower_bound:.4g}"),
+            ("confidence", f"{self.confidence:g} (over {self.rules} guessing rules)"),
+            ("canaries (m), kind", f"{self.canaries}, {self.kind}"),
+            ("guesses made / correct", f"{self.guesses} / {self.correct} ({self.rule})"),
+            ("ceiling (every guess right)", f"{self.ceiling:.4g}"),
+            ("audited", f"{self.what} ({control})"),
+        ]
+
     def to_markdown(self) -> str:
-        control = f"negative control `--break={self.break_}`" if self.break_ else "no break"
         verdict = (
             "**exceeds the stated epsilon: the run does not meet its privacy statement.**"
             if self.exceeds
@@ -138,16 +150,7 @@ class AuditResult:
                 f" The ceiling {self.ceiling:.4g} is not above the stated epsilon: with "
                 f"{self.canaries} canaries this audit could not have shown a violation (use more)."
             )
-        rows = [
-            ("stated epsilon (delta)", f"{self.stated_epsilon:.4g} ({self.delta:g})"),
-            ("empirical lower bound on epsilon", f"{self.epsilon_lower_bound:.4g}"),
-            ("confidence", f"{self.confidence:g} (over {self.rules} guessing rules)"),
-            ("canaries (m), kind", f"{self.canaries}, {self.kind}"),
-            ("guesses made / correct", f"{self.guesses} / {self.correct} ({self.rule})"),
-            ("ceiling (every guess right)", f"{self.ceiling:.4g}"),
-            ("audited", f"{self.what} ({control})"),
-        ]
-        table = "\n".join(f"| {k} | {v} |" for k, v in rows)
+        table = "\n".join(f"| {k} | {v} |" for k, v in self._rows())
         return (
             "# Privacy audit (dptune audit)\n\n"
             "Steinke, Nasr & Jagielski 2023, one training run (Cor. 5.4): a lower bound on the "
@@ -156,14 +159,8 @@ class AuditResult:
         )
 
     def __str__(self) -> str:
-        return (
-            f"audit ({self.what}, {self.kind} canaries, m={self.canaries}"
-            f"{', break=' + self.break_ if self.break_ else ''}): stated epsilon "
-            f"{self.stated_epsilon:.4g} at delta {self.delta:g}; empirical lower bound "
-            f"{self.epsilon_lower_bound:.4g} at confidence {self.confidence:g} "
-            f"({self.correct}/{self.guesses} guesses right; ceiling {self.ceiling:.4g})"
-            + ("  <-- EXCEEDS the stated epsilon" if self.exceeds else "")
-        )
+        exceeds = "  <-- EXCEEDS the stated epsilon" if self.exceeds else ""
+        return "audit: " + "; ".join(f"{k}: {v}" for k, v in self._rows()) + exceeds
 
 
 def audit(
