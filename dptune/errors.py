@@ -1,10 +1,8 @@
-"""Errors the tuner raises before anything private runs (each message says what to change), and
-the record of a candidate that failed.
+"""Errors raised before anything private runs, and the record of a candidate that failed.
 
 The refusal rule (docs/errors.md): everything checkable without the private records is checked
-before any private computation, and a problem is a :class:`Refused` (every refusal of dptune's
-derives from it), whose message names the field (or file) and the fix; the command prints it as
-one ``dptune:`` line and exits with code 2, having charged nothing.
+first; every refusal is a :class:`Refused` naming the field (or file) and the fix, which the command
+prints as one ``dptune:`` line, exit code 2, nothing charged.
 """
 
 from __future__ import annotations
@@ -58,8 +56,7 @@ class CandidateFailure:
     """Why one candidate failed: the curator's view, kept in ``DIR/private/`` (journal) and shown
     by ``dptune inspect``; never released (whether a candidate fails can depend on the data).
 
-    A trainer or executor returns it as the payload of a failed candidate (score NaN); the tuner
-    journals it.
+    The payload of a failed candidate (score NaN), journaled by the tuner.
 
     Attributes:
       type: the exception's class name, or ``"NonFiniteScore"`` / ``"NonFiniteParameters"``.

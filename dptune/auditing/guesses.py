@@ -29,8 +29,7 @@ ONE_SIDED, SIGN = {"dispersion"}, {"decoded"}
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
-    """Guess "in" for the ``k_in`` highest values of ``statistic`` and "out" for the ``k_out``
-    lowest, or (``sign``) by the sign of each value."""
+    """A rank rule on ``statistic`` (``k_in`` highest "in", ``k_out`` lowest "out"), or by sign."""
 
     statistic: str
     k_in: int = 0
@@ -63,8 +62,7 @@ class Rule:
 
 
 def rules_for(statistics: Sequence[str], m: int) -> list[Rule]:
-    """The rules tried on statistics with these names and m canaries (public: fixed before the
-    run)."""
+    """The rules tried on statistics with these names and m canaries (fixed before the run)."""
     sizes = sorted({max(1, m // 8), max(1, m // 4), max(1, m // 2)})
     rules: list[Rule] = []
     for stat in statistics:

@@ -1,10 +1,7 @@
 """How candidates are trained: ``make_executor`` and the one vocabulary of executor names.
 
-``sequential`` and ``vectorized`` are the core's in-process executors (``dptune.execution``, with
-``Job``, the ``Executor`` protocol and ``train_one``, the failure guard); ``devices`` trains one
-candidate per local accelerator (or one at a time over all); ``ray`` one Ray task per candidate
-(the ``[ray]`` extra). ``devices`` and ``ray`` are imported only when asked for (JAX / Ray are
-heavy).
+``sequential`` and ``vectorized`` run in process (``dptune.execution``); ``devices`` (one candidate
+per local accelerator) and ``ray`` (one Ray task per candidate) are imported only when asked for.
 """
 
 from __future__ import annotations
@@ -12,13 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dptune.execution import (
-    Executor,
-    Job,
-    SequentialExecutor,
-    VectorizedExecutor,
-    train_one,
-)
+from dptune.execution import Executor, Job, SequentialExecutor, VectorizedExecutor, train_one
 
 __all__ = [
     "KINDS",
@@ -44,12 +35,9 @@ _BASE_DEFAULTS = {
 
 
 def make_executor(kind: str = "sequential", *, group_size: int = 1, **options: Any) -> Any:
-    """The executor ``kind`` (``config.executor``); ValueError naming the problem otherwise.
-
-    ``"ray"`` takes ``address``, ``cpus_per_candidate``, ``gpus_per_candidate``, ``max_retries``,
-    ``num_cpus`` (``dptune.executors.ray``; a clear error if Ray is not installed); ``"devices"``
-    takes ``devices`` (a count; default all of ``jax.devices()``) and ``data_parallel`` (one
-    candidate at a time over all of them). Options another kind does not use are refused."""
+    """The executor ``kind`` (``config.executor``) with the options its class takes
+    (``RayExecutor``, ``DevicesExecutor``); ValueError naming the problem otherwise. Options another
+    kind does not use are refused."""
     if kind == "ray":
         from dptune.executors.ray import RayExecutor  # optional: the [ray] extra
 

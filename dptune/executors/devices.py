@@ -1,12 +1,12 @@
 """The ``"devices"`` executor: candidates spread over the local accelerators of one host.
 
 Each candidate runs whole on one device (``jax.default_device``) in its own thread (JAX releases
-the GIL while a device computes). A candidate's result does not depend on its device (same
-program, same key): the release is ``"sequential"``'s for the same seed. ``data_parallel=True``
-trains one candidate at a time over ALL the devices through the trainer's ``data_parallel(devices)``
-hook (``DpSgdTrainer``'s: per-example clipping on each shard, the clipped sums reduced across
-devices, the noise added once), the same candidate up to float summation order; a trainer without
-the hook trains as on one device.
+the GIL while a device computes); its result does not depend on the device (same program, same
+key), so the release is ``"sequential"``'s for the same seed. ``data_parallel=True`` trains one
+candidate at a time over ALL the devices through the trainer's ``data_parallel(devices)`` hook
+(``DpSgdTrainer``'s: per-example clipping on each shard, the clipped sums reduced across devices,
+the noise added once): the same candidate up to float summation order; a trainer without the
+hook trains on the first device.
 """
 
 from __future__ import annotations
@@ -48,9 +48,8 @@ class DevicesExecutor:
         self.parallelism = 1 if data_parallel else len(self.devices)
 
     def run(self, trainer: Any, jobs: Sequence[Job]) -> Iterator[tuple[int, float, Any]]:
-        """Trains ``jobs`` and yields ``(index, score, payload)`` as candidates finish. Each slot (a
-        device, or with ``data_parallel`` all of them together) trains one candidate at a time, in
-        a thread of its own."""
+        """Trains ``jobs``, one at a time per slot (a device, or with ``data_parallel`` all
+        devices), and yields ``(index, score, payload)`` as candidates finish."""
         hook = getattr(trainer, "data_parallel", None) if self.data_parallel else None
         free: queue.Queue = queue.Queue()
         for slot in [self.devices] if self.data_parallel else [[d] for d in self.devices]:
