@@ -86,7 +86,6 @@ class RayExecutor:
         self._started_ray = False
         self._connected = False
         self._spec: tuple | None = None
-        self._trainer_ref: Any = None
         self._remote: Any = None
 
     # --- connection ---------------------------------------------------------------------------
@@ -153,9 +152,8 @@ class RayExecutor:
                 retry_exceptions=False,
             )  # fmt: skip
             factory = getattr(trainer, "remote_factory", None)
-            if factory is None:
-                self._trainer_ref = ray.put(trainer)  # freed in close()
-            self._spec = (uuid.uuid4().hex, factory, [self._trainer_ref], self.expected_fingerprint)
+            ref = ray.put(trainer) if factory is None else None  # freed with the spec in close()
+            self._spec = (uuid.uuid4().hex, factory, [ref], self.expected_fingerprint)
         pending = {self._remote.remote(self._spec, job): job.index for job in jobs}
         try:
             while pending:
@@ -175,7 +173,7 @@ class RayExecutor:
             return
         import ray  # optional: the [ray] extra, checked in __init__
 
-        self._trainer_ref = self._spec = self._remote = None
+        self._spec = self._remote = None
         if self._started_ray and ray.is_initialized():
             ray.shutdown()
         self._connected = self._started_ray = False
