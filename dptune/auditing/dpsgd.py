@@ -22,8 +22,7 @@ __all__ = ["AuditDpSgdTrainer"]
 
 
 def _first_step(step: int) -> int:
-    """``noise_step`` of the ``noise_reused`` control: every step's noise key folded with 0."""
-    del step
+    """``noise_step`` of the ``noise_reused`` control (a module function: the trainer pickles)."""
     return 0
 
 
@@ -61,7 +60,7 @@ class AuditDpSgdTrainer(DpSgdTrainer):
         self.canaries = canaries
         self.fault = fault
         if fault == "noise_reused":
-            self.noise_step = _first_step  # the same noise vector at every step
+            self.noise_step = _first_step
         self._trace: dict[int, list[np.ndarray]] = {}
 
     @staticmethod
@@ -131,9 +130,8 @@ class AuditDpSgdTrainer(DpSgdTrainer):
         return out
 
     def release_view(self, hparams: Mapping[str, Any], payload: Any) -> ReleaseView:
-        """The parent's view; with gradient canaries the parameters also carry ``canary_trace``
-        (the canary block after each epoch: a function of the iterates, which DP-SGD's guarantee
-        covers)."""
+        """The parent's view, plus ``canary_trace`` in the parameters for gradient canaries (a
+        function of the iterates, which DP-SGD's guarantee covers)."""
         view = super().release_view(hparams, payload)
         if self.canaries.kind == "gradient" and view.payload is not None:
             params = {**view.payload["params"], "canary_trace": payload["canary_trace"]}
