@@ -69,6 +69,18 @@ def _assert_both_agree(model, params, x, y):
         np.testing.assert_allclose(u, v, rtol=2e-4, atol=1e-6)
 
 
+def jaxpr_shapes(jx):
+    """Every value's shape in a jaxpr, nested programs (jit, custom_vjp, ...) included."""
+    for eqn in jx.eqns:
+        for v in eqn.outvars:
+            yield tuple(getattr(v.aval, "shape", ()))
+        for p in eqn.params.values():
+            for sub in p if isinstance(p, (tuple, list)) else (p,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    yield from jaxpr_shapes(inner)
+
+
 def test_the_adapted_model_starts_equal_to_the_base_and_keeps_its_paths():
     base = _Net(8)
     model = lora.with_lora(base, rank=2, targets=["up", "head"], scale=2.0)
@@ -157,17 +169,7 @@ def test_no_per_example_d_in_by_d_out_matrix_on_the_fast_path():
         )
     )(params)
 
-    def shapes(jx):  # every value's shape, nested programs (jit, custom_vjp, ...) included
-        for eqn in jx.eqns:
-            for v in eqn.outvars:
-                yield tuple(getattr(v.aval, "shape", ()))
-            for p in eqn.params.values():
-                for sub in p if isinstance(p, (tuple, list)) else (p,):
-                    inner = getattr(sub, "jaxpr", sub)
-                    if hasattr(inner, "eqns"):
-                        yield from shapes(inner)
-
-    big = [s for s in shapes(jaxpr.jaxpr) if d_in in s and d_out in s and len(s) > 2]
+    big = [s for s in jaxpr_shapes(jaxpr.jaxpr) if d_in in s and d_out in s and len(s) > 2]
     assert not big, big
     # the same check sees the matrix vmap(grad) over the base layer would form
     full = finetune.trainable_mask(params, None)
@@ -176,7 +178,7 @@ def test_no_per_example_d_in_by_d_out_matrix_on_the_fast_path():
             p, x, y, jnp.ones((b,)), 1.0
         )
     )(params)
-    assert any(d_in in s and d_out in s and len(s) > 2 for s in shapes(naive.jaxpr))
+    assert any(d_in in s and d_out in s and len(s) > 2 for s in jaxpr_shapes(naive.jaxpr))
 
 
 def test_a_trainable_adapted_layer_is_not_taken_by_the_ghost_path():

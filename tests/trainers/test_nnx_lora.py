@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import dptune
 from dptune.errors import TuningConfigError
+from tests.trainers.test_lora import jaxpr_shapes  # the same nested-program walk
 from trainers import dpsgd, finetune, ghost, models, nnx_model, step
 
 
@@ -211,23 +212,13 @@ def test_no_per_example_d_in_by_d_out_matrix_is_formed():
     data = _data((t, d_in), n=8)
     x, y = jnp.asarray(data.train_x[:b]), jnp.asarray(data.train_y[:b])
 
-    def shapes(jx):
-        for eqn in jx.eqns:
-            for v in eqn.outvars:
-                yield tuple(getattr(v.aval, "shape", ()))
-            for p in eqn.params.values():
-                for sub in p if isinstance(p, (tuple, list)) else (p,):
-                    inner = getattr(sub, "jaxpr", sub)
-                    if hasattr(inner, "eqns"):
-                        yield from shapes(inner)
-
     def big(trainable):
         spec = dptune.DpSgdTrainer(data, _BASE, model=_Lora(d_in, d_out, 3, nnx.Rngs(0)),
                                    trainable=trainable).model  # fmt: skip
         fn, _ = _clipped_sum(spec)
         params = models.init_params(spec, jax.random.PRNGKey(0))
         jx = jax.make_jaxpr(fn)(params, x, y, jnp.ones(b), 1.0)
-        return [s for s in shapes(jx.jaxpr) if d_in in s and d_out in s and len(s) > 2]
+        return [s for s in jaxpr_shapes(jx.jaxpr) if d_in in s and d_out in s and len(s) > 2]
 
     assert not big(nnx.LoRAParam)
     assert big(nnx.PathContains("body"))
