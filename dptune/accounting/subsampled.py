@@ -116,7 +116,7 @@ def composed_epsilon(
     )
     out = 0.0
     for branch in final.branches():
-        pld = single._event_pld(branch, discretization).pld
+        pld = single._event_pld(branch, discretization)
         out = max(out, float(pld.compose(tuning).get_epsilon_for_delta(delta)))
     return out
 
