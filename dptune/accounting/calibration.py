@@ -23,7 +23,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -69,10 +69,6 @@ class Calibration:
     untuned_noise_multiplier: float | None = None
     naive_noise_multiplier: float | None = None
     naive_trials: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "statement"}
-        return {**out, "statement": self.statement.to_dict()}
 
 
 def naive_trials(transform) -> int | None:
@@ -233,19 +229,6 @@ class _Search:
 
         return _solve(eps, self.target_epsilon, start, self.rtol, ratio)
 
-    def calibrated(self, tr) -> float:
-        """The RDP route's sigma, then (unless ``accountant="rdp"``) the coarse PLD's from there
-        (module docstring)."""
-        try:
-            start = self.solve(tr, "rdp", 1.0, PLD_DISCRETIZATION, 1.25)
-        except ValueError:
-            if self.accountant == "rdp":
-                raise
-            start = 1.0
-        if self.accountant == "rdp":
-            return start
-        return self.solve(tr, self.accountant, start, COARSE_DISCRETIZATION, 1.05)
-
     def statement(self, tr, sigma: float) -> PrivacyStatement:
         return totals.total_privacy(
             self.make_candidates(sigma), tr, self.delta, self.accountant, seeded=self.seeded
@@ -259,7 +242,15 @@ class _Search:
             statement = self.statement(tr, remembered)
             if _tight(statement.total_epsilon, self.target_epsilon, self.rtol):
                 return remembered, statement
-        sigma = self.calibrated(tr)
+        # The RDP route's sigma, then (unless accountant="rdp") the coarse PLD's from there.
+        try:
+            sigma = self.solve(tr, "rdp", 1.0, PLD_DISCRETIZATION, 1.25)
+        except ValueError:
+            if self.accountant == "rdp":
+                raise
+            sigma = 1.0
+        if self.accountant != "rdp":
+            sigma = self.solve(tr, self.accountant, sigma, COARSE_DISCRETIZATION, 1.05)
         statement = self.statement(tr, sigma)
         if not _tight(statement.total_epsilon, self.target_epsilon, self.rtol):
             # The coarse PLD was too loose (long compositions), or -- never seen -- looser than

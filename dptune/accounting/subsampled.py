@@ -68,8 +68,6 @@ def amplify(epsilon: float, delta: float, fraction: float) -> tuple[float, float
     rate ``fraction``: (log(1 + f (e^eps - 1)), f delta) (Balle, Barthe & Gaboardi 2018, Thm 8;
     add/remove adjacency)."""
     f = _check_fraction(fraction)
-    if not (epsilon >= 0 and 0 <= delta <= 1):
-        raise ValueError(f"(epsilon, delta)=({epsilon!r}, {delta!r}) is not a DP statement")
     return math.log1p(f * math.expm1(epsilon)), f * delta
 
 
