@@ -283,7 +283,7 @@ _MEMO_FORMAT = "dptune-calibration-1"
 
 
 def _recall(memo: MutableMapping[str, float] | None, key: str | None) -> float | None:
-    if memo is None or key is None:
+    if key is None:  # set only with a memo
         return None
     try:
         sigma = float(memo[key])

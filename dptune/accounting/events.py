@@ -150,11 +150,6 @@ class DpSgdCandidate:
         step = dp_event.PoissonSampledDpEvent(self.sampling_rate, noise)
         return dp_event.SelfComposedDpEvent(step, self.steps)
 
-    def score_event(self) -> dp_event.DpEvent | None:
-        """The noisy validation count: Gaussian mechanism, sensitivity 1, noise multiplier = std."""
-        std = self.score_noise_std
-        return None if std is None else dp_event.GaussianDpEvent(std)
-
     def branches(self) -> tuple[dp_event.DpEvent, ...]:
         """Add/remove: training and score act on disjoint splits (parallel composition): the
         worse of ``(training, score)``.
@@ -166,7 +161,9 @@ class DpSgdCandidate:
         Gaussian's add and remove privacy losses are the same, so dp_accounting's same-direction
         composition covers the mixed one). The score-only branch is dominated by the composed one.
         """
-        train, score = self.training_event(), self.score_event()
+        train, std = self.training_event(), self.score_noise_std
+        # the noisy validation count: Gaussian mechanism, sensitivity 1, noise multiplier = std
+        score = None if std is None else dp_event.GaussianDpEvent(std)
         if self.adjacency == "replace_one":
             out: tuple[dp_event.DpEvent, ...] = (ReplaceOneDpEvent(train),)
             if score is not None:

@@ -380,8 +380,7 @@ def total_privacy(
     delta = single.check_delta(delta)
     accountant = check_accountant(accountant)
     transform = check_transform(transform)
-    orders = single.check_orders(orders)
-    cands = as_candidates(candidates)
+    cands = as_candidates(candidates)  # orders are checked by routes()
     common = dict(
         method=transform.name,
         candidates=tuple(c.params() for c in cands),
