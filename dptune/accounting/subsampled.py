@@ -74,10 +74,7 @@ def amplify(epsilon: float, delta: float, fraction: float) -> tuple[float, float
 def subset_epsilon(epsilon_full: float, fraction: float) -> float:
     """The epsilon on the subset whose amplification (:func:`amplify`) is ``epsilon_full``: the
     inverse of eps -> log(1 + f (e^eps - 1)), i.e. log(1 + (e^eps' - 1) / f)."""
-    f = _check_fraction(fraction)
-    if not (epsilon_full > 0 and math.isfinite(epsilon_full)):
-        raise ValueError(f"tuning epsilon={epsilon_full!r} must be a finite number > 0")
-    return math.log1p(math.expm1(epsilon_full) / f)
+    return math.log1p(math.expm1(epsilon_full) / _check_fraction(fraction))
 
 
 def final_candidate(candidates: Any) -> Any:
