@@ -65,10 +65,9 @@ def doubled_sensitivity(event: dp_event.DpEvent) -> dp_event.DpEvent:
     )
 
 
-def check_adjacency(adjacency: str) -> str:
+def check_adjacency(adjacency: str) -> None:
     if adjacency not in ADJACENCIES:
         raise ValueError(f"adjacency={adjacency!r} must be one of {ADJACENCIES}")
-    return adjacency
 
 
 @attr.s(frozen=True)
@@ -238,9 +237,6 @@ def _event_to_json(event: dp_event.DpEvent) -> Any:
     return convert(event.to_named_tuple())
 
 
-CandidateLike = Any  # Candidate | DpEvent | object with sampling_rate, steps, noise_multiplier
-
-
 def with_adjacency(candidate: Candidate, adjacency: str) -> Candidate:
     """``candidate`` accounted under ``adjacency`` (a copy; DP-SGD and event candidates)."""
     check_adjacency(adjacency)
@@ -274,9 +270,10 @@ def _as_candidate(x: Any) -> Candidate:
     )
 
 
-def as_candidates(candidates: CandidateLike | Iterable[CandidateLike]) -> tuple[Candidate, ...]:
-    """One candidate or a collection of them (*every candidate the sampler can draw*: the
-    accountant holds uniformly over all of them) as a non-empty, de-duplicated tuple."""
+def as_candidates(candidates: Any) -> tuple[Candidate, ...]:
+    """One candidate (a ``Candidate``, a ``DpEvent``, or an object with ``sampling_rate``,
+    ``steps``, ``noise_multiplier``) or a collection of them (*every candidate the sampler can
+    draw*: the accountant holds uniformly over all of them) as a non-empty, de-duplicated tuple."""
     if isinstance(candidates, (str, bytes)):
         raise ValueError(f"candidates={candidates!r} is not a candidate description.")
     one = not isinstance(candidates, Iterable) or isinstance(candidates, dp_event.DpEvent)

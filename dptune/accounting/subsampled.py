@@ -41,7 +41,7 @@ from dp_accounting.pld import privacy_loss_distribution
 from dptune.accounting import calibration
 from dptune.accounting import epsilon as single
 from dptune.accounting.events import adjacency_of, as_candidates, dominating_candidate
-from dptune.accounting.statement import PrivacyStatement
+from dptune.accounting.statement import PrivacyStatement, _candidate_text
 from dptune.accounting.totals import total_privacy
 
 #: Share of the total delta that the tuning phase gets (with respect to the full data).
@@ -178,19 +178,11 @@ def subsampled_statement(
 
 
 def _tuning_note(tuning: PrivacyStatement) -> str:
-    """One sentence naming the tuning candidates' privacy on the subset (not released data: the
-    public inputs of the statement)."""
-    parts = []
-    for c in tuning.candidates[:4]:
-        if c.get("kind") == "dpsgd":
-            parts.append(
-                f"DP-SGD, {c['steps']} steps at Poisson rate {c['sampling_rate']:.6g}, noise "
-                f"multiplier {c['noise_multiplier']:.6g}"
-            )
-        else:
-            parts.append(str(c.get("label", "event")))
-    more = f" and {len(tuning.candidates) - 4} more" if len(tuning.candidates) > 4 else ""
-    return "Tuning candidates (on the subset): " + "; ".join(parts) + more + "."
+    """One note naming the tuning candidates' privacy on the subset (the statement's public
+    inputs, as ``PrivacyStatement.to_text`` lists them)."""
+    listed = " ".join(_candidate_text(c) for c in tuning.candidates[:4])
+    more = f" And {len(tuning.candidates) - 4} more." if len(tuning.candidates) > 4 else ""
+    return f"Tuning candidates (on the subset): {listed}{more}"
 
 
 def calibrate_final(
