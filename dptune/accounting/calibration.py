@@ -237,8 +237,11 @@ class _Search:
     def final(self, tr, key: str | None = None) -> tuple[float, PrivacyStatement]:
         """sigma and the statement at it, within ``5 * rtol`` below the target (a remembered
         sigma under ``key`` is used only if its statement passes that same test)."""
-        remembered = _recall(self.memo, key)
-        if remembered is not None:
+        try:  # ``key`` is set only with a memo; a value it cannot hold reads as none
+            remembered = float(self.memo[key]) if key is not None else math.nan
+        except (KeyError, TypeError, ValueError):
+            remembered = math.nan
+        if SIGMA_MIN <= remembered <= SIGMA_MAX:
             statement = self.statement(tr, remembered)
             if _tight(statement.total_epsilon, self.target_epsilon, self.rtol):
                 return remembered, statement
@@ -280,16 +283,6 @@ def _memo_key(make_candidates, transform, target_epsilon, delta, accountant, rto
 
 
 _MEMO_FORMAT = "dptune-calibration-1"
-
-
-def _recall(memo: MutableMapping[str, float] | None, key: str | None) -> float | None:
-    if key is None:  # set only with a memo
-        return None
-    try:
-        sigma = float(memo[key])
-    except (KeyError, TypeError, ValueError):
-        return None
-    return sigma if SIGMA_MIN <= sigma <= SIGMA_MAX else None
 
 
 class FileMemo(MutableMapping):
