@@ -23,7 +23,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -69,10 +69,6 @@ class Calibration:
     untuned_noise_multiplier: float | None = None
     naive_noise_multiplier: float | None = None
     naive_trials: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "statement"}
-        return {**out, "statement": self.statement.to_dict()}
 
 
 def naive_trials(transform) -> int | None:
@@ -233,19 +229,6 @@ class _Search:
 
         return _solve(eps, self.target_epsilon, start, self.rtol, ratio)
 
-    def calibrated(self, tr) -> float:
-        """The RDP route's sigma, then (unless ``accountant="rdp"``) the coarse PLD's from there
-        (module docstring)."""
-        try:
-            start = self.solve(tr, "rdp", 1.0, PLD_DISCRETIZATION, 1.25)
-        except ValueError:
-            if self.accountant == "rdp":
-                raise
-            start = 1.0
-        if self.accountant == "rdp":
-            return start
-        return self.solve(tr, self.accountant, start, COARSE_DISCRETIZATION, 1.05)
-
     def statement(self, tr, sigma: float) -> PrivacyStatement:
         return totals.total_privacy(
             self.make_candidates(sigma), tr, self.delta, self.accountant, seeded=self.seeded
@@ -254,12 +237,23 @@ class _Search:
     def final(self, tr, key: str | None = None) -> tuple[float, PrivacyStatement]:
         """sigma and the statement at it, within ``5 * rtol`` below the target (a remembered
         sigma under ``key`` is used only if its statement passes that same test)."""
-        remembered = _recall(self.memo, key)
-        if remembered is not None:
+        try:  # ``key`` is set only with a memo; a value it cannot hold reads as none
+            remembered = float(self.memo[key]) if key is not None else math.nan
+        except (KeyError, TypeError, ValueError):
+            remembered = math.nan
+        if SIGMA_MIN <= remembered <= SIGMA_MAX:
             statement = self.statement(tr, remembered)
             if _tight(statement.total_epsilon, self.target_epsilon, self.rtol):
                 return remembered, statement
-        sigma = self.calibrated(tr)
+        # The RDP route's sigma, then (unless accountant="rdp") the coarse PLD's from there.
+        try:
+            sigma = self.solve(tr, "rdp", 1.0, PLD_DISCRETIZATION, 1.25)
+        except ValueError:
+            if self.accountant == "rdp":
+                raise
+            sigma = 1.0
+        if self.accountant != "rdp":
+            sigma = self.solve(tr, self.accountant, sigma, COARSE_DISCRETIZATION, 1.05)
         statement = self.statement(tr, sigma)
         if not _tight(statement.total_epsilon, self.target_epsilon, self.rtol):
             # The coarse PLD was too loose (long compositions), or -- never seen -- looser than
@@ -289,16 +283,6 @@ def _memo_key(make_candidates, transform, target_epsilon, delta, accountant, rto
 
 
 _MEMO_FORMAT = "dptune-calibration-1"
-
-
-def _recall(memo: MutableMapping[str, float] | None, key: str | None) -> float | None:
-    if memo is None or key is None:
-        return None
-    try:
-        sigma = float(memo[key])
-    except (KeyError, TypeError, ValueError):
-        return None
-    return sigma if SIGMA_MIN <= sigma <= SIGMA_MAX else None
 
 
 class FileMemo(MutableMapping):

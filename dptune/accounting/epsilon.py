@@ -196,20 +196,6 @@ def rdp_delta(candidates, epsilon: float, orders: Sequence[float] = DEFAULT_ORDE
     )
 
 
-class _Pld:
-    """A ``PrivacyLossDistribution`` read as ``PLDAccountant`` reads it (``get_epsilon`` and
-    ``get_delta`` of its ``_pld``)."""
-
-    def __init__(self, pld: privacy_loss_distribution.PrivacyLossDistribution):
-        self.pld = pld
-
-    def get_epsilon(self, delta: float) -> float:
-        return self.pld.get_epsilon_for_delta(delta)
-
-    def get_delta(self, epsilon: float) -> float:
-        return self.pld.get_delta_for_epsilon(epsilon)
-
-
 def _is_dpsgd_step(event: dp_event.DpEvent) -> bool:
     return isinstance(event, dp_event.PoissonSampledDpEvent) and isinstance(
         event.event, dp_event.GaussianDpEvent
@@ -228,10 +214,11 @@ def _step_pld(sigma: float, q: float, disc: float, relation=_ADD_REMOVE):
 
 @functools.lru_cache(maxsize=256)
 def _event_pld(event: dp_event.DpEvent, discretization: float, relation=_ADD_REMOVE):
-    """A PLD of ``event`` (pessimistic, add and remove directions) under ``relation`` (a
-    :class:`ReplaceOneDpEvent` under ``REPLACE_ONE``), as ``PLDAccountant``
-    builds it, but k DP-SGD runs (or steps) are the cached one-run (one-step) PLD composed k
-    times, so best-of-k does not rebuild the 0.3 s PLD of one run.
+    """The ``PrivacyLossDistribution`` of ``event`` (pessimistic, add and remove directions) under
+    ``relation`` (a :class:`ReplaceOneDpEvent` under ``REPLACE_ONE``), as ``PLDAccountant`` builds
+    it, but k DP-SGD runs (or steps) are the cached one-run (one-step) PLD composed k times, so
+    best-of-k does not rebuild the 0.3 s PLD of one run. ``UnsupportedEventError`` for an event
+    with no guarantee (``NonPrivateDpEvent``), whose accountant PLD would read as epsilon 0.
     """
     event = _unwrap_replace_one(event)
     if isinstance(event, ReplaceOneDpEvent):
@@ -239,21 +226,24 @@ def _event_pld(event: dp_event.DpEvent, discretization: float, relation=_ADD_REM
     if isinstance(event, dp_event.SelfComposedDpEvent):
         inner = event.event
         if isinstance(inner, dp_event.SelfComposedDpEvent) and _is_dpsgd_step(inner.event):
-            once = _event_pld(inner, discretization, relation).pld
-            return _Pld(once.self_compose(event.count))
+            return _event_pld(inner, discretization, relation).self_compose(event.count)
         if _is_dpsgd_step(inner) and inner.sampling_probability > 0:
             sigma, q = inner.event.noise_multiplier, inner.sampling_probability
-            return _Pld(_step_pld(sigma, q, discretization, relation).self_compose(event.count))
+            return _step_pld(sigma, q, discretization, relation).self_compose(event.count)
     accountant = pld_privacy_accountant.PLDAccountant(relation, discretization)
     accountant.compose(event)
-    return _Pld(accountant._pld)  # what its get_epsilon / get_delta read
+    if accountant._contains_non_dp_event:
+        raise privacy_accountant_lib.UnsupportedEventError(
+            f"{type(event).__name__} contains a non-private event: no PLD guarantee"
+        )
+    return accountant._pld  # what its get_epsilon / get_delta read
 
 
 @functools.lru_cache(maxsize=65536)
 def _event_pld_epsilon(event: dp_event.DpEvent, discretization: float, delta: float) -> float:
-    """``_event_pld(event).get_epsilon(delta)``, cached: a statement asks for it more than once
-    (single-run epsilon and route), each a Python pass over the PLD (10-20 ms)."""
-    return float(_event_pld(event, discretization).get_epsilon(delta))
+    """The PLD's epsilon at ``delta``, cached: a statement asks for it more than once (single-run
+    epsilon and route), each a Python pass over the PLD (10-20 ms)."""
+    return float(_event_pld(event, discretization).get_epsilon_for_delta(delta))
 
 
 def pld_epsilon(candidates, delta: float, *, discretization: float = PLD_DISCRETIZATION) -> float:
@@ -264,7 +254,7 @@ def pld_epsilon(candidates, delta: float, *, discretization: float = PLD_DISCRET
 
 @functools.lru_cache(maxsize=65536)
 def _event_pld_delta(event: dp_event.DpEvent, discretization: float, epsilon: float) -> float:
-    return float(_event_pld(event, discretization).get_delta(epsilon))
+    return float(_event_pld(event, discretization).get_delta_for_epsilon(epsilon))
 
 
 def pld_delta(
@@ -312,7 +302,7 @@ def _profile_of(pld: privacy_loss_distribution.PrivacyLossDistribution, epsilons
 def _event_pld_profile(
     event: dp_event.DpEvent, discretization: float, epsilons: tuple[float, ...]
 ) -> np.ndarray:
-    out = _profile_of(_event_pld(event, discretization).pld, np.asarray(epsilons))
+    out = _profile_of(_event_pld(event, discretization), np.asarray(epsilons))
     out.setflags(write=False)  # cached
     return out
 

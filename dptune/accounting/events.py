@@ -65,10 +65,9 @@ def doubled_sensitivity(event: dp_event.DpEvent) -> dp_event.DpEvent:
     )
 
 
-def check_adjacency(adjacency: str) -> str:
+def check_adjacency(adjacency: str) -> None:
     if adjacency not in ADJACENCIES:
         raise ValueError(f"adjacency={adjacency!r} must be one of {ADJACENCIES}")
-    return adjacency
 
 
 @attr.s(frozen=True)
@@ -150,11 +149,6 @@ class DpSgdCandidate:
         step = dp_event.PoissonSampledDpEvent(self.sampling_rate, noise)
         return dp_event.SelfComposedDpEvent(step, self.steps)
 
-    def score_event(self) -> dp_event.DpEvent | None:
-        """The noisy validation count: Gaussian mechanism, sensitivity 1, noise multiplier = std."""
-        std = self.score_noise_std
-        return None if std is None else dp_event.GaussianDpEvent(std)
-
     def branches(self) -> tuple[dp_event.DpEvent, ...]:
         """Add/remove: training and score act on disjoint splits (parallel composition): the
         worse of ``(training, score)``.
@@ -166,7 +160,9 @@ class DpSgdCandidate:
         Gaussian's add and remove privacy losses are the same, so dp_accounting's same-direction
         composition covers the mixed one). The score-only branch is dominated by the composed one.
         """
-        train, score = self.training_event(), self.score_event()
+        train, std = self.training_event(), self.score_noise_std
+        # the noisy validation count: Gaussian mechanism, sensitivity 1, noise multiplier = std
+        score = None if std is None else dp_event.GaussianDpEvent(std)
         if self.adjacency == "replace_one":
             out: tuple[dp_event.DpEvent, ...] = (ReplaceOneDpEvent(train),)
             if score is not None:
@@ -241,9 +237,6 @@ def _event_to_json(event: dp_event.DpEvent) -> Any:
     return convert(event.to_named_tuple())
 
 
-CandidateLike = Any  # Candidate | DpEvent | object with sampling_rate, steps, noise_multiplier
-
-
 def with_adjacency(candidate: Candidate, adjacency: str) -> Candidate:
     """``candidate`` accounted under ``adjacency`` (a copy; DP-SGD and event candidates)."""
     check_adjacency(adjacency)
@@ -277,9 +270,10 @@ def _as_candidate(x: Any) -> Candidate:
     )
 
 
-def as_candidates(candidates: CandidateLike | Iterable[CandidateLike]) -> tuple[Candidate, ...]:
-    """One candidate or a collection of them (*every candidate the sampler can draw*: the
-    accountant holds uniformly over all of them) as a non-empty, de-duplicated tuple."""
+def as_candidates(candidates: Any) -> tuple[Candidate, ...]:
+    """One candidate (a ``Candidate``, a ``DpEvent``, or an object with ``sampling_rate``,
+    ``steps``, ``noise_multiplier``) or a collection of them (*every candidate the sampler can
+    draw*: the accountant holds uniformly over all of them) as a non-empty, de-duplicated tuple."""
     if isinstance(candidates, (str, bytes)):
         raise ValueError(f"candidates={candidates!r} is not a candidate description.")
     one = not isinstance(candidates, Iterable) or isinstance(candidates, dp_event.DpEvent)

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
-
-F = TypeVar("F", bound=Callable[..., Any])
+from collections.abc import Iterator
 
 log = logging.getLogger("dptune")
 
@@ -53,6 +50,6 @@ def summarised_accounting_warnings() -> Iterator[None]:
                 )
 
 
-def quiet_accounting(fn: F) -> F:
-    """Decorator: each call of ``fn`` runs inside :func:`summarised_accounting_warnings`."""
-    return summarised_accounting_warnings()(fn)
+#: Decorator: each call of the function runs inside :func:`summarised_accounting_warnings` (a
+#: generator context manager re-creates itself per call, so one serves every function).
+quiet_accounting = summarised_accounting_warnings()

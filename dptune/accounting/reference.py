@@ -8,12 +8,10 @@ accountant only; it does not re-export the class at the package top level.
 
 from __future__ import annotations
 
-import math
-
 from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from dptune.accounting.epsilon import DEFAULT_ORDERS, check_delta
+from dptune.accounting.epsilon import DEFAULT_ORDERS, _rdp_of, check_delta
 from dptune.accounting.events import as_candidates
 
 
@@ -30,7 +28,5 @@ def repeat_and_select_epsilon(candidate, mean: float, shape: float, delta: float
             "private score."
         )
     event = dp_event.RepeatAndSelectDpEvent(cands[0].branches()[0], float(mean), float(shape))
-    accountant = rdp_privacy_accountant.RdpAccountant(list(DEFAULT_ORDERS))
-    accountant.compose(event)
-    eps = accountant.get_epsilon(delta)
-    return math.inf if eps is None else float(eps)
+    rdp = _rdp_of(event, DEFAULT_ORDERS)  # what RdpAccountant.get_epsilon reads
+    return float(rdp_privacy_accountant.compute_epsilon(DEFAULT_ORDERS, rdp, delta)[0])

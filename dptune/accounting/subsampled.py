@@ -41,7 +41,7 @@ from dp_accounting.pld import privacy_loss_distribution
 from dptune.accounting import calibration
 from dptune.accounting import epsilon as single
 from dptune.accounting.events import adjacency_of, as_candidates, dominating_candidate
-from dptune.accounting.statement import PrivacyStatement
+from dptune.accounting.statement import PrivacyStatement, _candidate_text
 from dptune.accounting.totals import total_privacy
 
 #: Share of the total delta that the tuning phase gets (with respect to the full data).
@@ -68,18 +68,13 @@ def amplify(epsilon: float, delta: float, fraction: float) -> tuple[float, float
     rate ``fraction``: (log(1 + f (e^eps - 1)), f delta) (Balle, Barthe & Gaboardi 2018, Thm 8;
     add/remove adjacency)."""
     f = _check_fraction(fraction)
-    if not (epsilon >= 0 and 0 <= delta <= 1):
-        raise ValueError(f"(epsilon, delta)=({epsilon!r}, {delta!r}) is not a DP statement")
     return math.log1p(f * math.expm1(epsilon)), f * delta
 
 
 def subset_epsilon(epsilon_full: float, fraction: float) -> float:
     """The epsilon on the subset whose amplification (:func:`amplify`) is ``epsilon_full``: the
     inverse of eps -> log(1 + f (e^eps - 1)), i.e. log(1 + (e^eps' - 1) / f)."""
-    f = _check_fraction(fraction)
-    if not (epsilon_full > 0 and math.isfinite(epsilon_full)):
-        raise ValueError(f"tuning epsilon={epsilon_full!r} must be a finite number > 0")
-    return math.log1p(math.expm1(epsilon_full) / f)
+    return math.log1p(math.expm1(epsilon_full) / _check_fraction(fraction))
 
 
 def final_candidate(candidates: Any) -> Any:
@@ -116,7 +111,7 @@ def composed_epsilon(
     )
     out = 0.0
     for branch in final.branches():
-        pld = single._event_pld(branch, discretization).pld
+        pld = single._event_pld(branch, discretization)
         out = max(out, float(pld.compose(tuning).get_epsilon_for_delta(delta)))
     return out
 
@@ -183,19 +178,11 @@ def subsampled_statement(
 
 
 def _tuning_note(tuning: PrivacyStatement) -> str:
-    """One sentence naming the tuning candidates' privacy on the subset (not released data: the
-    public inputs of the statement)."""
-    parts = []
-    for c in tuning.candidates[:4]:
-        if c.get("kind") == "dpsgd":
-            parts.append(
-                f"DP-SGD, {c['steps']} steps at Poisson rate {c['sampling_rate']:.6g}, noise "
-                f"multiplier {c['noise_multiplier']:.6g}"
-            )
-        else:
-            parts.append(str(c.get("label", "event")))
-    more = f" and {len(tuning.candidates) - 4} more" if len(tuning.candidates) > 4 else ""
-    return "Tuning candidates (on the subset): " + "; ".join(parts) + more + "."
+    """One note naming the tuning candidates' privacy on the subset (the statement's public
+    inputs, as ``PrivacyStatement.to_text`` lists them)."""
+    listed = " ".join(_candidate_text(c) for c in tuning.candidates[:4])
+    more = f" And {len(tuning.candidates) - 4} more." if len(tuning.candidates) > 4 else ""
+    return f"Tuning candidates (on the subset): {listed}{more}"
 
 
 def calibrate_final(

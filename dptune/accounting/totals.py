@@ -96,17 +96,13 @@ def _pure_route(cands: tuple[Candidate, ...], transform, delta: float = 0.0) -> 
     return Route("pure", total, 0.0, f"pure-DP form of the theorem at candidate epsilon {eps:.6g}")
 
 
-def _delta_from_rdp(orders: np.ndarray, curve: np.ndarray) -> Callable[[Any], Any]:
+def _delta_from_rdp(orders: np.ndarray, curve: np.ndarray) -> Callable[[float], float]:
     """delta(eps) of one run from its RDP curve (arXiv:2004.00010 Prop. 12), as dp_accounting;
     its ``.called`` records whether the theorem used it."""
 
-    def fn(e):
+    def fn(e: float) -> float:  # the theorems call it with one eps-hat at a time
         fn.called = True
-        if np.ndim(e) == 0:
-            return rdp_privacy_accountant.compute_delta(orders, curve, float(e))[0]
-        return np.array(
-            [rdp_privacy_accountant.compute_delta(orders, curve, float(x))[0] for x in e]
-        )
+        return rdp_privacy_accountant.compute_delta(orders, curve, float(e))[0]
 
     fn.called = False
     return fn
@@ -380,8 +376,7 @@ def total_privacy(
     delta = single.check_delta(delta)
     accountant = check_accountant(accountant)
     transform = check_transform(transform)
-    orders = single.check_orders(orders)
-    cands = as_candidates(candidates)
+    cands = as_candidates(candidates)  # orders are checked by routes()
     common = dict(
         method=transform.name,
         candidates=tuple(c.params() for c in cands),

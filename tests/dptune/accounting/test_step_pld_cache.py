@@ -47,7 +47,7 @@ def test_pld_epsilon_is_computed_once_per_event_and_delta():
     assert (info.misses, info.hits) == (2, 2)  # two branches (training, score), each once
     # The uncached computation, bitwise, and dp_accounting's accountant.
     assert first == max(
-        float(epsilon._event_pld(b, 1e-4).get_epsilon(1e-5)) for b in cand.branches()
+        float(epsilon._event_pld(b, 1e-4).get_epsilon_for_delta(1e-5)) for b in cand.branches()
     )
     acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
     acc.compose(cand.training_event())  # the training branch dominates the score's

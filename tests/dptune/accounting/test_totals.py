@@ -260,3 +260,12 @@ def test_invalid_inputs_are_refused_with_the_value():
     # Thresholding has no PLD route (random stopping has one since the privacy-profile bound).
     with pytest.raises(ValueError, match="accountant='pld' has no route"):
         accounting.total_privacy(CAND, sp.ThresholdingPrivacy(0.1), DELTA, "pld")
+
+
+def test_non_private_event_has_no_pld_guarantee():
+    # dp_accounting's PLDAccountant keeps an identity PLD for a NonPrivateDpEvent (its own
+    # get_epsilon says inf from a flag): read directly, that PLD would state epsilon 0.
+    event = dp_event.NonPrivateDpEvent()
+    assert accounting.total_privacy(event, None, 1e-5, "auto").total_epsilon == math.inf
+    with pytest.raises(ValueError, match="no route"):
+        accounting.total_privacy(event, None, 1e-5, "pld")
