@@ -488,7 +488,7 @@ def open_journal(
     private_dir: Path | None, config: Mapping[str, Any], code: Mapping[str, Any], readonly=False
 ) -> Any:
     """The run's journal bound to ``config`` and ``code`` (in memory without a workdir)."""
-    journal: Any = Journal(private_dir, readonly=readonly and private_dir is not None)
+    journal: Any = Journal(private_dir, readonly=readonly)
     try:
         journal.bind_config(dict(config))
         journal.bind_code(dict(code))
