@@ -66,9 +66,10 @@ from typing import Any
 
 import numpy as np
 
-ARMS = ("dptune", "opacus", "jax_privacy", "best_of_k")
+ARMS = ("dptune", "dptune_before", "opacus", "jax_privacy", "best_of_k")
 LABELS = {
     "dptune": "dptune (its defaults, tuning included)",
+    "dptune_before": "dptune's defaults before the held-out check (90e49a0)",
     "opacus": "untuned: Opacus example defaults",
     "jax_privacy": "untuned: jax_privacy example defaults",
     "best_of_k": "naive best-of-k (composition)",
@@ -122,7 +123,7 @@ def _cnn(num_classes: int) -> Any:
 LM_VOCAB, LM_LENGTH = 32, 16
 
 
-def _tiny_lm(num_classes: int) -> Any:
+def _tiny_lm(num_classes: int, vocab: int = LM_VOCAB, length: int = LM_LENGTH) -> Any:
     import flax.linen as nn
     import jax.numpy as jnp
 
@@ -130,11 +131,11 @@ def _tiny_lm(num_classes: int) -> Any:
         @nn.compact
         def __call__(self, tokens):
             pos = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-            h = nn.Embed(LM_VOCAB, 32)(tokens) + nn.Embed(LM_LENGTH, 32)(pos)
+            h = nn.Embed(vocab, 32)(tokens) + nn.Embed(length, 32)(pos)
             mask = nn.make_causal_mask(jnp.ones(tokens.shape))
             h = h + nn.MultiHeadDotProductAttention(2)(nn.LayerNorm()(h), mask=mask)
             h = h + nn.Dense(32)(nn.gelu(nn.Dense(64)(nn.LayerNorm()(h))))
-            return nn.Dense(LM_VOCAB)(nn.LayerNorm()(h))
+            return nn.Dense(vocab)(nn.LayerNorm()(h))
 
     return TinyLM()
 
@@ -152,16 +153,22 @@ def _token_accuracy(logits, next_ids):
     return jnp.mean(jnp.argmax(logits, axis=-1) == next_ids, axis=-1)
 
 
-def lm_arrays(n: int = 8_000) -> tuple[np.ndarray, ...]:
-    """Sequences of a fixed random first-order Markov chain (each token has 3 likely successors),
-    labels the next tokens: (n, L) ids and (n, L) next ids."""
-    rng = np.random.default_rng(20261127)
-    succ = rng.integers(0, LM_VOCAB, size=(LM_VOCAB, 3))
-    seq = np.empty((n, LM_LENGTH + 1), np.int32)
-    seq[:, 0] = rng.integers(0, LM_VOCAB, n)
-    for t in range(LM_LENGTH):
-        pick = rng.choice(3, size=n, p=[0.6, 0.25, 0.15])
-        seq[:, t + 1] = np.where(rng.random(n) < 0.1, rng.integers(0, LM_VOCAB, n),
+def lm_arrays(
+    n: int = 8_000,
+    vocab: int = LM_VOCAB,
+    length: int = LM_LENGTH,
+    seed: int = 20261127,
+    p: Sequence[float] = (0.6, 0.25, 0.15),
+) -> tuple[np.ndarray, ...]:
+    """Sequences of a fixed random first-order Markov chain (each token has len(p) likely
+    successors), labels the next tokens: (n, L) ids and (n, L) next ids."""
+    rng = np.random.default_rng(seed)
+    succ = rng.integers(0, vocab, size=(vocab, len(p)))
+    seq = np.empty((n, length + 1), np.int32)
+    seq[:, 0] = rng.integers(0, vocab, n)
+    for t in range(length):
+        pick = rng.choice(len(p), size=n, p=list(p))
+        seq[:, t + 1] = np.where(rng.random(n) < 0.1, rng.integers(0, vocab, n),
                                  succ[seq[:, t], pick])  # fmt: skip
     x, y = seq[:, :-1], seq[:, 1:]
     return x[:-TEST_SIZE], y[:-TEST_SIZE], x[-TEST_SIZE:], y[-TEST_SIZE:]
@@ -177,18 +184,20 @@ def _shipped_cnn26k(num_classes: int) -> str:
     return "cnn26k"
 
 
-def tabular_arrays(n: int = 12_000) -> tuple[np.ndarray, ...]:
+def tabular_arrays(n: int = 12_000, **shape: Any) -> tuple[np.ndarray, ...]:
     from sklearn.datasets import make_classification
 
-    x, y = make_classification(n_samples=n, n_features=24, n_informative=12, n_redundant=4,
-                               n_classes=4, class_sep=1.0, flip_y=0.02,
-                               random_state=20261127)  # fmt: skip
+    kw = dict(n_features=24, n_informative=12, n_redundant=4, n_classes=4, class_sep=1.0,
+              flip_y=0.02, random_state=20261127)  # fmt: skip
+    x, y = make_classification(n_samples=n, **{**kw, **shape})
     x = ((x - x.mean(0)) / x.std(0)).astype(np.float32)
     return x[:-TEST_SIZE], y[:-TEST_SIZE], x[-TEST_SIZE:], y[-TEST_SIZE:]
 
 
-def text_arrays(n: int = 12_000, vocab: int = 1000, length: int = 40) -> tuple[np.ndarray, ...]:
-    rng = np.random.default_rng(20261127)
+def text_arrays(
+    n: int = 12_000, vocab: int = 1000, length: int = 40, seed: int = 20261127
+) -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(seed)
     # Zipf-like token frequencies; 60 of the tokens carry a polarity of +-1, the rest none.
     freq = 1.0 / np.arange(1, vocab + 1) ** 1.1
     tokens = rng.choice(vocab, size=(n, length), p=freq / freq.sum()).astype(np.int32)
@@ -210,6 +219,14 @@ def fashion_arrays(folder: str, n: int = 12_000) -> tuple[np.ndarray, ...]:
     return d.train_x[:n], d.train_y[:n], d.test_x, d.test_y
 
 
+def fashion_finetune_arrays(folder: str, n: int = 4_000) -> tuple[np.ndarray, ...]:
+    """Fashion-MNIST's classes 0-4 (T-shirt, trouser, pullover, dress, coat): the first ``n``
+    such training images and every such test image, for the digits-0-4 start."""
+    x, y, xt, yt = fashion_arrays(folder, n=60_000)
+    keep, keep_t = y < 5, yt < 5
+    return x[keep][:n], y[keep][:n], xt[keep_t], yt[keep_t]
+
+
 @dataclasses.dataclass(frozen=True)
 class Task:
     arrays: Callable[..., tuple[np.ndarray, ...]]
@@ -218,14 +235,47 @@ class Task:
     loss: Callable | None = None
     metric: tuple[Callable, str] | None = None  # (per-example fn in [0, 1], name)
     finetune: bool = False  # the shipped finetune task: its start and its config's recipe
+    fashion: bool = False  # its arrays read the Fashion-MNIST files (--fashion_dir)
+    chance: float = 0.0  # a guess's score (a run that released nothing); 0: 1 / num_classes
 
 
+TOKENS = (_token_accuracy, "token_accuracy")
 TASKS = {
     "tabular": Task(tabular_arrays, _mlp, 4),
     "text": Task(text_arrays, _bag_of_embeddings, 2),
-    "cnn": Task(fashion_arrays, _cnn, 10),
-    "lm": Task(lm_arrays, _tiny_lm, 0, _sequence_loss, (_token_accuracy, "token_accuracy")),
+    "cnn": Task(fashion_arrays, _cnn, 10, fashion=True),
+    "lm": Task(lm_arrays, _tiny_lm, 0, _sequence_loss, TOKENS, chance=1 / LM_VOCAB),
     "finetune": Task(finetune_arrays, _shipped_cnn26k, 5, finetune=True),
+    # Held out: not looked at while the defaults were chosen (docs/privacy_utility.md, "Better
+    # defaults"); other shapes, seeds and data than the tasks above.
+    "tabular_b": Task(
+        lambda: tabular_arrays(
+            8_000,
+            n_features=40,
+            n_informative=10,
+            n_redundant=10,
+            n_classes=6,
+            class_sep=0.8,
+            flip_y=0.03,
+            random_state=20261128,
+        ),
+        _mlp,
+        6,
+    ),  # fmt: skip
+    "text_b": Task(
+        lambda: text_arrays(10_000, vocab=2000, length=64, seed=20261128),
+        lambda k: _bag_of_embeddings(k, vocab=2000),
+        2,
+    ),  # fmt: skip
+    "lm_b": Task(
+        lambda: lm_arrays(6_000, vocab=48, length=24, seed=20261128, p=(0.5, 0.2, 0.15, 0.1, 0.05)),
+        lambda k: _tiny_lm(k, vocab=48, length=24),
+        0,
+        _sequence_loss,
+        TOKENS,
+        chance=1 / 48,
+    ),  # fmt: skip
+    "finetune_b": Task(fashion_finetune_arrays, _shipped_cnn26k, 5, finetune=True, fashion=True),
 }
 
 
@@ -252,6 +302,24 @@ def finetune_defaults() -> dict[str, Any]:
     return json.loads(json.dumps(finetune.get_config().to_dict(), default=str))
 
 
+def defaults_before(num_examples: int, finetune: bool) -> dict[str, Any]:
+    """dptune's defaults as they were before the held-out check (commit 90e49a0): for a user's
+    model momentum SGD at lr 0.05 to 2 (whatever the batch), C 0.1 to 2, logarithmic count of
+    mean 4 (2 below 5,000 records); for fine-tuning Adam, lr and C 1e-4 to 1e-2, 4 epochs at
+    batch 512, logarithmic count of mean 3."""
+    c = finetune_defaults() if finetune else user_defaults(num_examples)
+    c["selection"]["method"] = "logarithmic"
+    if finetune:
+        c["train"].update(batch_size=512, epochs=4, optimizer="adam")
+        lr, clip, mean = (1e-4, 1e-2), (1e-4, 1e-2), 3.0
+    else:
+        lr, clip, mean = (0.05, 2.0), (0.1, 2.0), 4.0 if num_examples >= 5000 else 2.0
+    c["space"]["learning_rate"].update(low=lr[0], high=lr[1])
+    c["space"]["clip_norm"].update(low=clip[0], high=clip[1])
+    c["selection"]["mean_trials"] = mean
+    return c
+
+
 def arm_setup(arm: str, defaults: dict[str, Any], small: bool) -> tuple[dict, dict, Any]:
     """(base hyperparameters, search space, selection) of ``arm``."""
     from dptune import space
@@ -269,8 +337,8 @@ def arm_setup(arm: str, defaults: dict[str, Any], small: bool) -> tuple[dict, di
         spec = defaults["space"][name]
         sp[name] = space.log_uniform(float(spec["low"]), float(spec["high"]))
     mean = float(defaults["selection"]["mean_trials"])
-    if arm == "dptune":
-        return base, sp, RandomStopping.logarithmic(mean)
+    if arm in ("dptune", "dptune_before"):
+        return base, sp, getattr(RandomStopping, defaults["selection"]["method"])(mean)
     if arm == "best_of_k":
         return base, sp, BestOfK(max(1, round(mean)))
     if arm == "opacus":  # examples/mnist.py defaults (pytorch/opacus)
@@ -316,11 +384,14 @@ def run_one(task: str, arm: str, epsilon: float, args: argparse.Namespace) -> di
     import dptune
 
     t = TASKS[task]
-    x, y, xt, yt = t.arrays(args.fashion_dir) if task == "cnn" else t.arrays()
+    x, y, xt, yt = t.arrays(args.fashion_dir) if t.fashion else t.arrays()
     if args.small:
         x, y = x[:1500], y[:1500]
     n = len(x)  # the benchmark's own public size (the data are generated or public)
-    defaults = finetune_defaults() if t.finetune else user_defaults(n)
+    if arm == "dptune_before":
+        defaults = defaults_before(n, t.finetune)
+    else:
+        defaults = finetune_defaults() if t.finetune else user_defaults(n)
     v = int(defaults["data"]["validation_size"])
     data = dptune.Dataset.from_arrays(x, y, num_examples=n, validation_fraction=min(v / n, 0.2),
                                       x_test=xt, y_test=yt, num_classes=t.num_classes or None,
@@ -387,7 +458,7 @@ def summarise(rows: Sequence[dict[str, Any]], chance: dict[str, float]) -> dict:
 
 
 def markdown_table(cells: dict, tasks: Sequence[str], epsilons: Sequence[float]) -> str:
-    arms = [*ARMS, "reference"]
+    arms = [a for a in [*ARMS, "reference"] if any(k[1] == a for k in cells)]
     lines = ["| task | total epsilon | " + " | ".join(LABELS[a] for a in arms) + " |",
              "|---|---:|" + "---:|" * len(arms)]  # fmt: skip
     for task in tasks:
@@ -411,7 +482,7 @@ def plot(cells: dict, tasks: Sequence[str], epsilons: Sequence[float], path: Pat
     fig = Figure(figsize=(4 * len(tasks), 3.4))
     axes = fig.subplots(1, len(tasks), squeeze=False)[0]
     for ax, task in zip(axes, tasks, strict=True):
-        for i, a in enumerate([*ARMS, "reference"]):
+        for i, a in enumerate(a for a in [*ARMS, "reference"] if any(k[1] == a for k in cells)):
             es = [e for e in epsilons if (task, a, e) in cells]
             med = np.array([cells[(task, a, e)]["median"] for e in es]) * 100
             lo = med - np.array([cells[(task, a, e)]["p10"] for e in es]) * 100
@@ -434,7 +505,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
-    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    ap.add_argument(
+        "--arms", nargs="+", default=[a for a in ARMS if a != "dptune_before"], choices=ARMS
+    )
     ap.add_argument("--eps", type=float, nargs="+", default=[1.0, 3.0])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--fashion_dir", default="../shared/data/fashion-mnist")
@@ -465,8 +538,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
                     tmp.write_text(json.dumps({"meta": meta, "runs": rows}, indent=1,
                                               default=str))  # fmt: skip
                     os.replace(tmp, store)
-    # a run that released nothing scores as a guess: 1 / classes (1 / vocabulary for the LM)
-    chance = {name: 1.0 / (t.num_classes or LM_VOCAB) for name, t in TASKS.items()}
+    # a run that released nothing scores as a guess: 1 / classes (1 / vocabulary for an LM)
+    chance = {name: t.chance or 1.0 / t.num_classes for name, t in TASKS.items()}
     cells = summarise(rows, chance)
     tasks = [t for t in TASKS if any(r["task"] == t for r in rows)]
     table = markdown_table(cells, tasks, [float(e) for e in args.eps])

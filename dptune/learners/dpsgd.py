@@ -163,13 +163,18 @@ def dpsgd_privacy(
 #: (accuracy units for accuracy), before dptune warns that selection is mostly noise.
 MAX_SCORE_NOISE = 0.05
 
-#: Learning-rate ranges (log-uniform) by optimiser, from public recipes (as reported there, not
-#: re-derived here): momentum-0.9 SGD with learning rates of order 1 at batches of hundreds to
-#: thousands, as Tramer & Boneh 2021 train their CNNs and as the `user` config always had; plain
-#: SGD with larger rates (De et al. 2022: 2 to 4 at batch 4096, WRN on CIFAR-10); Adam with rates
-#: of order 1e-3 (Li et al. 2022, "Large language models can be strong differentially private
-#: learners", fine-tune with Adam at 5e-4; Opacus's tutorials use adaptive optimisers at 1e-3).
-LEARNING_RATE_RANGES = {"momentum": (0.05, 2.0), "sgd": (0.5, 8.0), "adam": (1e-4, 1e-2)}
+#: Learning-rate ranges (log-uniform) by optimiser. Plain and momentum SGD's are per record of the
+#: expected batch: the range is B times these (the linear scaling rule, as Sander et al. 2023
+#: scale DP-SGD across batch sizes), because with most per-example gradients clipped the update is
+#: about lr * C * (mean direction + noise of std sigma / B), so the product lr * C, not lr or C
+#: alone, sets the step, and a larger batch carries a larger one. The ends come from the public
+#: tasks of scripts/tuning_landscape.py (docs/privacy_utility.md, "Better defaults"): the best
+#: lr * C per record of the batch lay between about 1e-3 and 1e-2 (plain SGD's scale; momentum 0.9
+#: moves ten times as far, hence its range is a tenth); from about 2e-2 the LM and the CNN
+#: diverged and the other tasks lost 6 to 40 points.
+#: Adam's, which normalises the step, are as public recipes report them (Li et al. 2022 fine-tune
+#: with Adam at 5e-4; Opacus's tutorials use 1e-3), not scaled.
+LEARNING_RATE_RANGES = {"momentum": (5e-5, 1e-3), "sgd": (5e-4, 1e-2), "adam": (1e-4, 1e-2)}
 
 
 def score_noise(score_noise_std: float | None, expected_validation_size: float) -> float:
@@ -212,8 +217,9 @@ def suggested_settings(
     * ``batch_size``: 256, smaller (a power of two, at least 16) so that an epoch has >= 16 steps.
     * ``epochs``: enough for about 500 steps (DP-SGD gains from many noisy steps, De et al.
       2022), between 10 and 100.
-    * ``learning_rate``: :data:`LEARNING_RATE_RANGES` for the optimiser.
-    * ``mean_trials``: 4 candidates on average (random stopping), 2 below 5,000 records, where
+    * ``learning_rate``: :data:`LEARNING_RATE_RANGES` for the optimiser (times the batch size for
+      plain and momentum SGD).
+    * ``mean_trials``: 4 candidates on average (random stopping), 2 below 2,000 records, where
       each candidate's budget share matters more than the search.
     Returns a dict with those keys (``learning_rate`` a (low, high) pair).
     """
@@ -229,12 +235,14 @@ def suggested_settings(
     while batch > 16 and train / batch < 16:
         batch //= 2
     epochs = int(min(100, max(10, math.ceil(500 * batch / train))))
+    low, high = LEARNING_RATE_RANGES[optimizer]
+    scale = 1 if optimizer == "adam" else batch
     return {
         "validation_size": int(val),
         "batch_size": batch,
         "epochs": epochs,
-        "learning_rate": LEARNING_RATE_RANGES[optimizer],
-        "mean_trials": 4.0 if n >= 5000 else 2.0,
+        "learning_rate": (low * scale, high * scale),
+        "mean_trials": 4.0 if n >= 2000 else 2.0,
     }
 
 

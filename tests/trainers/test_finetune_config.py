@@ -93,3 +93,15 @@ def test_the_dry_run_states_the_public_start(tmp_path, capsys, monkeypatch):
     assert code == 0, err[-2000:]
     assert "public-init" not in out
     json.dumps(F.get_config().to_dict())  # the config is plain data
+
+
+def test_the_recipe_is_the_plain_sgd_default_at_its_batch():
+    """The config's learning-rate range is the library's plain-SGD default at batch 64 (a config
+    may not import the learners, so the numbers are written out there)."""
+    from dptune.learners.dpsgd import LEARNING_RATE_RANGES
+
+    c = F.get_config()
+    low, high = LEARNING_RATE_RANGES["sgd"]
+    assert (c.train.optimizer, c.train.batch_size) == ("sgd", 64)
+    lr = c.space.learning_rate
+    assert (lr.low, lr.high) == pytest.approx((low * 64, high * 64))

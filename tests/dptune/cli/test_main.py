@@ -366,7 +366,8 @@ def test_the_user_config_derives_its_size_dependent_defaults_from_the_declared_s
             want["batch_size"], want["epochs"])  # fmt: skip
         assert got["selection"]["mean_trials"] == want["mean_trials"]
         lr = got["space"]["learning_rate"]
-        assert (lr["low"], lr["high"]) == LEARNING_RATE_RANGES["momentum"]
+        assert (lr["low"], lr["high"]) == pytest.approx(want["learning_rate"])
+        assert lr["low"] == pytest.approx(LEARNING_RATE_RANGES["momentum"][0] * want["batch_size"])
     assert checked(2_000)["train"]["epochs"] != checked(60_000)["train"]["epochs"]
     mine = checked(2_000, epochs=3, optimizer="adam")
     assert mine["train"]["epochs"] == 3  # the user's value is kept

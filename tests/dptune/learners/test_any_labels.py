@@ -324,9 +324,13 @@ def test_suggested_settings_follow_the_declared_size_and_the_optimiser():
 
     small, large = suggested_settings(2000), suggested_settings(60000, "adam")
     assert small["validation_size"] == 200 and 10.0 / 200 <= MAX_SCORE_NOISE
-    assert (small["batch_size"], small["epochs"], small["mean_trials"]) == (64, 18, 2.0)
+    assert (small["batch_size"], small["epochs"], small["mean_trials"]) == (64, 18, 4.0)
+    assert suggested_settings(1999)["mean_trials"] == 2.0
     assert (large["validation_size"], large["batch_size"], large["epochs"]) == (1000, 256, 10)
-    assert large["learning_rate"] == (1e-4, 1e-2) and small["learning_rate"] == (0.05, 2.0)
+    # Adam's range as published; SGD's scale with the batch (lr * C per record of the batch)
+    assert large["learning_rate"] == (1e-4, 1e-2)
+    assert small["learning_rate"] == pytest.approx((64 * 5e-5, 64 * 1e-3))
+    assert suggested_settings(60000, "sgd")["learning_rate"] == pytest.approx((0.128, 2.56))
     # a user's model without batch size and epochs in `base` gets them from the table
     x, y = _class_data(2000)
     data = dptune.Dataset.from_arrays(x, y, num_examples=2000, num_classes=3)
