@@ -58,6 +58,8 @@ adapters trained; batch --lora-batch (default 16):
   lora_jaxprivacy      jax_privacy 2.0's clipped_grad over the adapters (base closed over),
                        noise, SGD update
   full_dp              dptune's DP-SGD step training every parameter (full fine-tuning)
+  lora_forward         the adapted model's forward pass and loss alone, no gradient: a floor
+                       under any training step of this model, private or not
   plus each row's compiled peak memory (XLA's buffer assignment), printed after the table
 
 CIFAR row set (--cifar): the 550,570-parameter tanh CIFAR CNN on 32x32x3 inputs, batch 256:
@@ -458,6 +460,8 @@ def lora_rows(quick: bool, d: int, seq: int, batch: int) -> tuple[dict, dict]:
         return st[0]
 
     rows["lora_nonprivate"] = (run_np, batch)
+    forward = jax.jit(lambda t, f: loss_t(t, f, data[0][idx], data[1][idx]))
+    rows["lora_forward"] = (lambda: forward(t0, f0), batch)
     if _have_jax_privacy():
         from jax_privacy import clipped_grad
 
@@ -1262,6 +1266,8 @@ def main():
         "lora dp / lora nonprivate": ("lora_dp", "lora_nonprivate", 0.8),
         "lora dp / jax_privacy clipped_grad": ("lora_dp", "lora_jaxprivacy", 2.0),
         "lora dp / full fine-tuning dp": ("lora_dp", "full_dp", None),
+        "lora dp / forward pass alone": ("lora_dp", "lora_forward", None),
+        "lora jax_privacy / forward pass alone": ("lora_jaxprivacy", "lora_forward", None),
     }
     for w in workers:  # one set of PyTorch ratios per thread count
         t = w.suffix
