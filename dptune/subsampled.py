@@ -26,7 +26,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dptune._state.workdir_lock import workdir_lock
 from dptune.accounting import subsampled as acc
 from dptune.accounting.statement import PrivacyStatement
 from dptune.errors import ImpossibleBudgetError, TuningConfigError
@@ -250,10 +249,10 @@ def tune_subsampled(
             accountant=opts.accountant, seeded=opts.seed is not None, adjacency=opts.adjacency,
         )  # fmt: skip
 
-    # One run per workdir, for the whole run (dptune/_state/workdir_lock.py).
-    with workdir_lock(opts.workdir):
-        pre = check_run(trainer, budget, config, opts, plan)
-        return run_in_workdir(pre, lambda j: _phases(trainer, selection, space, pre, j, opts))
+    return run_in_workdir(
+        opts.workdir, lambda: check_run(trainer, budget, config, opts, plan),
+        lambda pre, j: _phases(trainer, selection, space, pre, j, opts),
+    )  # fmt: skip
 
 
 def _subset_key(journal: Any, seed: int | None) -> bytes:

@@ -1,22 +1,18 @@
 """``dptune.tune``: from a total privacy budget to one released candidate, crash-safe and budgeted.
 
 The order of operations is the privacy argument, so it is fixed here and nowhere else; ``tune`` is
-the sequence of these named steps (``dptune.subsampled`` runs 1, 2 and 5 around its own plan):
+the sequence of these steps (``dptune.subsampled`` runs 1, 2 and 5 around its own plan):
 
-1. ``preflight``: check every input (the options, the workdir and its journal, the ledger:
-   ``check_run``) and ``make_privacy_plan`` (``dptune.plan``): the worst case over everything the
-   space can draw, ``"auto"`` calibrated so the *total* meets the budget. Nothing private has run
-   and nothing is written; ``dptune --dry_run`` stops here.
-2. ``run_in_workdir`` / ``open_journal``: ``DIR/private/journal.sqlite`` binds the config and the
+1. ``preflight``: every check and the privacy plan (``dptune.plan``); nothing private has run and
+   nothing is written (``dptune --dry_run`` stops here).
+2. ``run_in_workdir``: the journal (``DIR/private/journal.sqlite``) binds the config and the
    trainer's code (a different one is refused); a finished run returns its release.
 3. ``draw_plan``: the run id, the entropy, the selection's plan and every candidate's seed and
    hyperparameters, each drawn once: a resume reads them back.
-4. ``check_candidates`` (``dptune.plan``): every drawn candidate declares what was accounted.
-5. ``charge_ledger``: the run's (epsilon, delta) is charged to the dataset's budget once per run id.
-6. ``run_candidates``: candidates train in index order, alone or in groups (``train_many``), each
-   journaled as it finishes behind one failure guard; finished ones never train again.
-7. ``release_selected``: only the selected candidate is released (``DIR/release/``); if it failed
-   (so every candidate failed), no model is released and the release says so.
+4. ``check_candidates``: every drawn candidate declares what was accounted.
+5. ``charge_ledger``: the run's (epsilon, delta), charged to the dataset's budget once per run id.
+6. ``run_candidates``: candidates train in index order, each journaled as it finishes.
+7. ``release_selected``: only the selected candidate is released (``DIR/release/``), or nothing.
 """
 
 from __future__ import annotations
@@ -72,14 +68,12 @@ log = logging.getLogger("dptune")
 
 
 class _DefaultLedger:
-    """``tune(ledger=...)``'s default: the curator's ledger, ``$DPTUNE_LEDGER`` or
-    ``~/.dptune/ledger.sqlite`` (``_state.ledger.default_ledger_path``), as for the command."""
-
     def __repr__(self) -> str:
         return "DEFAULT_LEDGER"
 
 
-#: The default of ``tune(ledger=...)`` and of ``config.ledger``: the curator's default ledger.
+#: The default of ``tune(ledger=...)`` and of ``config.ledger``: the curator's ledger,
+#: ``$DPTUNE_LEDGER`` or ``~/.dptune/ledger.sqlite`` (``_state.ledger.default_ledger_path``).
 DEFAULT_LEDGER: Any = _DefaultLedger()
 
 
@@ -89,7 +83,6 @@ class _Private:
 
     num_trials: int
     scores: list[float] = field(default_factory=list)
-    run_id: str = ""
 
     def __repr__(self) -> str:  # keep K and scores out of accidental prints
         return "<private: see DIR/private/>"
@@ -108,8 +101,7 @@ class TuneOptions:
       group_size: candidates trained at once through ``trainer.train_many`` (vectorised).
       accountant: "auto" (the tightest valid route), "rdp" or "pld" (``dptune.accounting``).
       ledger: where the run is charged to the dataset's budget: a
-        :class:`~dptune._state.ledger.Ledger` or its path; by default the curator's ledger
-        (``$DPTUNE_LEDGER`` or ``~/.dptune/ledger.sqlite``); None runs without a ledger.
+        :class:`~dptune._state.ledger.Ledger` or its path (default ``DEFAULT_LEDGER``); None: none.
       dataset_budget: the dataset's lifetime budget as this run states it (default: the one the
         ledger holds; for a new dataset 10 times this run's ``budget``, with a warning).
       fingerprint: the dataset id in the ledger (default: ``trainer.fingerprint``).
@@ -136,8 +128,7 @@ class TuneOptions:
     executor: Any = None
 
     def check(self) -> None:
-        """The checks that need no data and read nothing (the command checks its flags with this
-        same method, so the library and ``dptune`` refuse the same values with the same words):
+        """The checks that need no data and read nothing (the command's too, in the same words):
         TuningConfigError / StateError naming the field."""
         g, seed = self.group_size, self.seed
         if isinstance(g, bool) or not isinstance(g, int) or g < 1:
@@ -179,13 +170,9 @@ class TuneOptions:
 
 @quiet_accounting
 def tune(
-    trainer: Any,
-    space: Space | Mapping[str, Any],
-    selection: Any,
-    budget: Budget | tuple[float, float],
-    options: TuneOptions | None = None,
-    **kwargs: Any,
-) -> Release:
+    trainer: Any, space: Space | Mapping[str, Any], selection: Any,
+    budget: Budget | tuple[float, float], options: TuneOptions | None = None, **kwargs: Any,
+) -> Release:  # fmt: skip
     """Tunes privately and releases the selected candidate (or nothing).
 
     Args:
@@ -209,21 +196,18 @@ def tune(
     # The cheap checks first, so that a refused call creates nothing (not even the workdir).
     opts.check()
     as_budget(budget)
-    # One run per workdir, for the whole run (dptune/_state/workdir_lock.py); the checks read the
-    # workdir's journal under the lock, so no other run can be writing it.
-    with workdir_lock(opts.workdir):
-        pre = preflight(trainer, space, selection, budget, opts)
-        return run_in_workdir(pre, lambda j: _tune_steps(pre, trainer, selection, opts, j))
+    return run_in_workdir(
+        opts.workdir, lambda: preflight(trainer, space, selection, budget, opts),
+        lambda pre, j: _tune_steps(pre, trainer, selection, opts, j),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Preflight:
-    """Everything :func:`preflight` checked, for the run that follows (nothing private yet):
-    the plan (a :class:`PrivacyPlan`, or a strategy's plan with a ``statement``), the budget, what
-    the journal binds the workdir to (``config``, ``code``), the workdir (None: in memory), the
-    ledger's path (None: no ledger) with the dataset's ``fingerprint``, stated ``dataset_budget``
-    (None: the registered one) and name, the dataset's ``spend`` after this run as the ledger
-    would record it, and whether the workdir holds this run's journal already (``resuming``)."""
+    """What :func:`preflight` checked, for the run that follows: the plan (a :class:`PrivacyPlan`
+    or a strategy's, with a ``statement``), what the journal binds (``config``, ``code``), the
+    ledger's path (None: none), the dataset's ``spend`` after this run as the ledger would record
+    it, and whether the workdir holds this run's journal already (``resuming``)."""
 
     plan: Any
     budget: Budget
@@ -344,27 +328,29 @@ def _check_inputs(trainer: Any, plan: Any) -> None:
             ) from None
 
 
-def run_in_workdir(pre: Preflight, steps: Callable[[Any], Release]) -> Release:
-    """Opens the run's journal (bound to ``pre.config`` and ``pre.code``); a finished run returns
-    its release, trains and charges nothing; otherwise ``steps(journal)`` runs and its release is
-    written to ``workdir/release/`` and marked in the journal."""
-    private_dir = None if pre.workdir is None else pre.workdir / "private"
-    release_dir = None if pre.workdir is None else pre.workdir / "release"
-    journal = open_journal(private_dir, pre.config, pre.code)
-    try:
-        if release_dir is not None and journal.get("released_at") and release_dir.exists():
-            log.warning(
-                "this workdir's run finished already: its release is in %s (nothing was trained "
-                "or charged now; use a new --workdir for a new run)", release_dir,
-            )  # fmt: skip
-            return read_release(release_dir)
-        release = steps(journal)
-        if release_dir is not None:
-            write_release(release, release_dir)
-            journal.set("released_at", time.time())
-        return release
-    finally:
-        journal.close()
+def run_in_workdir(
+    workdir: Any, check: Callable[[], Preflight], steps: Callable[[Preflight, Any], Release]
+) -> Release:
+    """One run per workdir (``dptune/_state/workdir_lock.py``), locked for ``pre = check()`` (it
+    reads the journal) and the run: opens the journal (bound to ``pre.config`` and ``pre.code``);
+    a finished run returns its release, trains and charges nothing; otherwise ``steps(pre,
+    journal)`` runs and its release is written to ``workdir/release/`` and marked in the journal."""
+    with workdir_lock(workdir):
+        pre = check()
+        private_dir = None if pre.workdir is None else pre.workdir / "private"
+        release_dir = None if pre.workdir is None else pre.workdir / "release"
+        with open_journal(private_dir, pre.config, pre.code) as journal:
+            if release_dir is not None and journal.get("released_at") and release_dir.exists():
+                log.warning(
+                    "this workdir's run finished already: its release is in %s (nothing was "
+                    "trained or charged now; use a new --workdir for a new run)", release_dir,
+                )  # fmt: skip
+                return read_release(release_dir)
+            release = steps(pre, journal)
+            if release_dir is not None:
+                write_release(release, release_dir)
+                journal.set("released_at", time.time())
+            return release
 
 
 def _tune_steps(
@@ -396,7 +382,7 @@ def _tune_steps(
         clipping = trainer.clipping_path()
         journal.set("clipping", clipping)
         log.info("per-example clipping: %s (%s)", clipping["path"], clipping["why"])
-    run_id, sel_plan = draw_plan(journal, plan, selection, opts.seed)
+    sel_plan = draw_plan(journal, plan, selection, opts.seed)
     drawn = journal.candidates()
     declared = check_candidates(trainer, plan, [r.hparams for r in drawn])
     checked = dict(zip((r.index for r in drawn), declared, strict=True))
@@ -412,9 +398,9 @@ def _tune_steps(
         opts.progress, checked,
     )  # fmt: skip
     release = release_selected(
-        trainer, selection, sel_plan, plan, pre.budget, records, payloads, journal
+        trainer, selection, sel_plan, plan, pre.budget, records, scores, payloads, journal
     )
-    release.private = _Private(num_trials=sel_plan.num_trials, scores=list(scores), run_id=run_id)
+    release.private = _Private(sel_plan.num_trials, list(scores))
     if opts.debug_nonprivate:
         # The curator asked for a non-private view: this print is why the statement says so.
         print(f"[debug_nonprivate] K={sel_plan.num_trials}; scores in order: {scores}")
@@ -517,8 +503,8 @@ def bind_calibrated(journal: Any, statement: Any, calibrated: Mapping[str, Any])
 
 def draw_plan(journal: Any, plan: PrivacyPlan, selection: Any, seed: int | None):
     """Draws (once) the run id, the entropy, the selection's plan and every candidate's seed and
-    hyperparameters; a resume reads them back. Returns ``(run_id, selection plan)``."""
-    run_id = bind_calibrated(journal, plan.statement, dict(plan.calibrated))
+    hyperparameters; a resume reads them back. Returns the selection's plan."""
+    bind_calibrated(journal, plan.statement, dict(plan.calibrated))
     entropy = journal.set_once(
         "entropy", int(seed) if seed is not None else int(np.random.SeedSequence().entropy)
     )
@@ -543,7 +529,7 @@ def draw_plan(journal: Any, plan: PrivacyPlan, selection: Any, seed: int | None)
         journal.add_candidates(rows)
         plan_dict = journal.set_once("plan", sel_plan.to_dict())
     plan_cls = getattr(selection, "plan_class", None) or Plan
-    return run_id, plan_cls.from_dict(dict(plan_dict))
+    return plan_cls.from_dict(dict(plan_dict))
 
 
 def charge_ledger(pre: Preflight, journal: Any) -> None:
@@ -618,13 +604,11 @@ def run_candidates(
 
 
 def release_selected(
-    trainer, selection, sel_plan, plan, budget, records, payloads, journal
+    trainer, selection, sel_plan, plan, budget, records, scores, payloads, journal
 ) -> Release:
-    """The selected candidate's release (or nothing): its hyperparameters, what its trainer says
-    may be released of it, its score, and the statement; the curve's epsilon is the privacy its
-    training produced per epoch, at the plan's delta and adjacency."""
-    done = [records[i] for i in range(sel_plan.num_trials) if records[i].status == "done"]
-    scores = [float("nan") if r.failed else float(r.score) for r in done]
+    """The selected candidate's release (or nothing) from ``scores`` (``run_candidates``'s): its
+    hyperparameters, what its trainer says may be released of it, its score, and the statement;
+    the curve's epsilon is the privacy its training produced per epoch, at the plan's delta."""
     index = selection.select(sel_plan, scores)
     # What the selection's theorem covers: the score only where it is covered.
     published = tuple(getattr(selection, "publishes", ("payload",)))
@@ -640,12 +624,10 @@ def release_selected(
             f"\nRealised ex-post privacy loss of this outcome: {privacy['ex_post_epsilon']:.4g} "
             "(Ligett et al. 2017, Lemma 2.8); charged: the worst case above."
         )
-    name = (
-        f"your function {trainer.name!r}"
-        if isinstance(trainer, FunctionTrainer)
-        else str(getattr(trainer, "kind", "") or type(trainer).__name__)
-    )
-    common = dict(published=published, trainer_name=name)
+    name = getattr(trainer, "kind", "") or type(trainer).__name__
+    if isinstance(trainer, FunctionTrainer):
+        name = f"your function {trainer.name!r}"
+    common = dict(published=published, trainer_name=str(name))
     if index is None or records[index].failed:
         # A failed selected candidate: the selections rank a failure below every score, so every
         # candidate failed (a function of the selected output: post-processing). No model.
