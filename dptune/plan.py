@@ -100,9 +100,8 @@ class PrivacyPlan:
         return {**dict(drawn), **dict(self.calibrated)}
 
     def single_run_epsilon(self, candidate: Any) -> float:
-        """epsilon at the plan's delta of one run of ``candidate`` (no tuning; tightest route),
-        under the plan's adjacency: e.g. the epsilon spent so far after each epoch, for the released
-        curve (a public function of public hyperparameters)."""
+        """epsilon at the plan's delta and adjacency of one run of ``candidate`` (no tuning;
+        tightest route): e.g. the released curve's epsilon so far (public hyperparameters only)."""
         cand = with_adjacency(as_candidate(candidate), self.adjacency)
         return float(total_privacy(cand, None, self.delta, "auto").total_epsilon)
 
@@ -297,17 +296,11 @@ def make_privacy_plan(
     budget: Budget | tuple[float, float], *, accountant: str = "auto", seeded: bool = False,
     debug_nonprivate: bool = False, adjacency: str = "add_remove",
 ) -> PrivacyPlan:  # fmt: skip
-    """Validates the inputs, calibrates ``"auto"``, and accounts the whole run.
-
-    1. Check the space, the selection method, delta < 1/n and the adjacency.
-    2. Find the privacy-relevant fields: the trainer's ``privacy_fields``, fields marked
-       ``privacy=True``, and any searched field whose value changes ``trainer.privacy``.
-    3. Enumerate their values (the privacy grid): the candidates of the worst case.
-    4. Calibrate the ``"auto"`` field so the selection theorem's total meets the budget (or check
-       the total when nothing is ``"auto"``). Nothing private runs here.
-
-    Raises TuningConfigError / ImpossibleBudgetError.
-    """
+    """Validates the inputs, calibrates ``"auto"``, and accounts the whole run; nothing private
+    runs. The worst case is taken over every value of the privacy-relevant fields (the trainer's
+    ``privacy_fields``, fields marked ``privacy=True``, and any searched field whose value changes
+    ``trainer.privacy``); the ``"auto"`` field is calibrated so the selection theorem's total
+    meets the budget. Raises TuningConfigError / ImpossibleBudgetError."""
     budget, space = as_budget(budget), as_space(space)
     field, auto = _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate)
     transform = selection.privacy
@@ -325,12 +318,12 @@ def make_privacy_plan(
     except SpaceError as e:
         raise TuningConfigError(str(e)) from None
 
-    # 3-4. the worst case over the grid, through the selection theorem
     def candidates(value: float | None) -> list[Any]:
         return grid_candidates(trainer, space, grid, adjacency, fill(value))
 
-    calibrated, statement = _worst_case(candidates, transform, budget, accountant, seeded, field,
-                                        auto)  # fmt: skip
+    calibrated, statement = _worst_case(
+        candidates, transform, budget, accountant, seeded, field, auto
+    )
     cands = candidates(calibrated.get(field))
     whole = _check_whole_support(space, grid, lambda hp: candidate_of(hp, calibrated.get(field)))
     notes = tuple(trainer.privacy_notes()) if hasattr(trainer, "privacy_notes") else ()
@@ -359,9 +352,8 @@ def as_space(space: Space | Mapping[str, Any]) -> Space:
 
 
 def _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate):
-    """Step 1 of ``make_privacy_plan``: a space with something to draw, the selection method (a
-    private one, of a size that can be planned, for the trainer's score kind), delta < 1/n, the
-    adjacency and the ``"auto"`` fields. Returns ``(calibrated field, whether it is "auto")``."""
+    """``make_privacy_plan``'s checks of its inputs. Returns ``(calibrated field, whether it is
+    "auto")``."""
     if not space.searched:
         raise TuningConfigError(
             "the search space is empty (no field is drawn at random): there is nothing to tune; "
@@ -438,8 +430,8 @@ def check_total(statement: Any, budget: Budget, method: str, field: str | None) 
 
 
 def _worst_case(candidates, transform, budget, accountant, seeded, field, auto):
-    """Steps 3-4: ``(calibrated values, statement)``; with an ``"auto"`` field, the smallest value
-    whose total meets the budget (ImpossibleBudgetError if none does)."""
+    """The worst case over the grid: ``(calibrated values, statement)``; with an ``"auto"``
+    field, its smallest value whose total meets the budget (ImpossibleBudgetError if none does)."""
     if not auto:
         cands = candidates(None)
         try:

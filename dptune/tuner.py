@@ -56,7 +56,6 @@ from dptune.release import (
     NO_CANDIDATE_SUCCEEDED,
     NONE_SELECTED,
     Release,
-    public_curve,
     read_release,
     write_release,
 )
@@ -654,6 +653,6 @@ def release_selected(
         )  # fmt: skip
     return Release(
         True, hp, float(scores[index]) if "score" in published else None, view.test_accuracy,
-        privacy, text, payload=view.payload, curve=public_curve(curve), **common,
+        privacy, text, payload=view.payload, curve=curve, **common,
         test_metric=None if view.test_metric is None else dict(view.test_metric),
     )  # fmt: skip
