@@ -3,11 +3,8 @@ data with a budget of its own, then train the selected hyperparameters once on a
 (Koskela & Kulkarni 2023, "Practical Differentially Private Hyperparameter Tuning with
 Subsampling", arXiv:2301.11989). The two phases are accounted as one composition
 (``dptune.accounting.subsampled``: the selection theorem on the subset, amplification by Poisson
-subsampling, PLD composition with the final run).
-
-Built on ``dptune.tuner``'s public steps (``check_run`` around ``plan_subsampled``, then
-``run_in_workdir`` around ``_phases``); the subset's secret key is drawn once and journaled, the
-whole run is charged to the ledger once, and a killed run resumes phase by phase from the journals
+subsampling, PLD composition with the final run) and charged to the ledger once; the subset's
+secret key is drawn once and journaled, and a killed run resumes phase by phase
 (``DIR/private/tuning``, ``DIR/private/final``). Phase 1's release stays private; if it releases
 nothing, nothing is released.
 
@@ -221,14 +218,10 @@ def tune_subsampled(
     options: TuneOptions | None = None, **kwargs: Any,
 ) -> Release:  # fmt: skip
     """Tunes on a per-record Poisson subset, retrains the selection on all the data, and releases
-    that final model under one statement for both phases (module docstring).
-
-    Args are those of ``dptune.tune`` (``TuneOptions``; the ledger defaults to None here, and
-    ``debug_nonprivate`` is refused), plus ``fraction`` (the subset's Poisson rate, in (0, 1)) and
-    ``tuning_epsilon`` (the tuning phase's epsilon on the full data, amplification included; the
-    final run gets the rest of ``budget`` by composition). Returns the
-    :class:`~dptune.release.Release` of the final run (also written to ``workdir/release/``).
-    """
+    that final model under one statement for both phases (module docstring). Args are those of
+    ``dptune.tune`` (the ledger defaults to None here; ``debug_nonprivate`` is refused) and
+    ``fraction``, ``tuning_epsilon`` as :func:`plan_subsampled`'s. Returns the final run's
+    :class:`~dptune.release.Release` (also written to ``workdir/release/``)."""
     opts = TuneOptions.build(options or TuneOptions(ledger=None), kwargs)
     opts.check()
     if opts.debug_nonprivate:
@@ -236,10 +229,8 @@ def tune_subsampled(
     budget = as_budget(budget)
     space = as_space(space)
     _check(trainer, space, opts.accountant, opts.adjacency)  # before the lock makes the workdir
-    config = opts.config
-    if config is None:
-        strategy = {"name": "subsampled", "fraction": fraction, "tuning_epsilon": tuning_epsilon}
-        config = {"strategy": strategy, **describe_run(trainer, space, selection, budget, opts)}
+    strategy = {"name": "subsampled", "fraction": fraction, "tuning_epsilon": tuning_epsilon}
+    config = describe_run(trainer, space, selection, budget, opts, strategy=strategy)
 
     def plan() -> SubsampledPlan:
         # The subset trainer's privacy depends on public sizes only, so the plan is the same for

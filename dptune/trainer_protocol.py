@@ -10,24 +10,21 @@ A trainer declares its privacy before it runs (``privacy(hparams)``) and trains 
 * ``fingerprint``: the dataset's id in the budget ledger.
 * ``privacy_fields``: fields known to change ``privacy(hparams)`` (others are found by probing).
 * ``calibrated_field``: the field that ``"auto"`` calibrates (default ``"noise_multiplier"``).
-* ``privacy_notes()``, ``privacy_checks()``, ``taken_on_word()``: sentences for the statement:
-  notes (e.g. how the validation split was made), what dptune's own code guarantees (the
-  built-in learners), what is taken on the trainer's word (a trainer with neither of the last
-  two is described as a user's trainer).
+* ``privacy_notes()``, ``privacy_checks()``, ``taken_on_word()``: the statement's notes, what
+  dptune's own code guarantees, what is taken on the trainer's word (a trainer with neither of
+  the last two is described as a user's trainer).
 * ``check_adjacency(adjacency)``: refuse an adjacency the data does not support.
 * ``release_view(hparams, payload) -> ReleaseView``: what of the selected candidate may be
-  released (default: the payload as it is), with the per-epoch privacy of its training.
+  released (default: the payload as it is).
 * ``score_kind``: what the score is (``selection.registry.SCORE_KINDS``; default ``"exact"``).
 * ``bind_accounted(pairs)``: the accounted declaration of every candidate it will train.
-* ``code_digest()``: a digest of the code that trains the candidates (:func:`code_digest`); a
-  workdir is bound to it, so an edited trainer never resumes a run of the old code.
+* ``code_digest()``: a digest of the code that trains the candidates; the workdir is bound to it.
 * ``check_inputs(hparams)``: refuse (TuningConfigError), before any private computation, a
   candidate the trainer would refuse when it starts (checks of the data's public schema).
-* ``curator_view()``: JSON-safe facts for ``dptune inspect`` (e.g. records the loader dropped);
-  never released.
+* ``curator_view()``: JSON-safe facts for ``dptune inspect`` (never released).
 
 A failed candidate is a NaN score with a :class:`~dptune.errors.CandidateFailure` as its payload
-(:func:`checked_result` makes one of any non-finite or non-numeric score).
+(:func:`checked_result`).
 """
 
 from __future__ import annotations

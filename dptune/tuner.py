@@ -152,7 +152,26 @@ class TuneOptions:
                 "(config.ledger.enabled=False; ledger=None in Python) for debug runs on data that "
                 "has no budget to protect"
             )
-        check_workdir(self.workdir)
+        if self.workdir is None:
+            return
+        # The workdir must be a folder this process can write (or create), before anything is
+        # read, locked or written.
+        path = Path(self.workdir)
+        fix = "choose another --workdir (workdir= in Python)"
+        existing = path  # the workdir, or the nearest folder above it that exists
+        while not existing.exists() and existing.parent != existing:
+            existing = existing.parent
+        for p in (existing, path / "private", path / "release"):
+            if p.exists() and not p.is_dir():
+                raise StateError(
+                    f"the workdir {path} cannot be used: {p} is a file, not a folder: {fix}"
+                )
+        for p in (existing, path / "private"):
+            if p.is_dir() and not os.access(p, os.W_OK | os.X_OK):
+                raise StateError(
+                    f"the workdir {path} is not writable ({p} is read-only for this user): {fix}, "
+                    "or make it writable"
+                )
 
     @classmethod
     def build(cls, options: TuneOptions | None, kwargs: Mapping[str, Any]) -> TuneOptions:
@@ -234,9 +253,7 @@ def preflight(
     budget = as_budget(budget)
     opts.check()
     space = as_space(space)
-    config = opts.config if opts.config is not None else describe_run(
-        trainer, space, selection, budget, opts
-    )  # fmt: skip
+    config = describe_run(trainer, space, selection, budget, opts)
 
     def plan() -> PrivacyPlan:
         p = make_privacy_plan(
@@ -295,10 +312,14 @@ def check_run(
 
 
 def describe_run(
-    trainer: Any, space: Space, selection: Any, budget: Budget, opts: TuneOptions
-) -> dict[str, Any]:
-    """What the journal binds a workdir to when no config is given (what changes the run)."""
+    trainer: Any, space: Space, selection: Any, budget: Budget, opts: TuneOptions, **extra: Any
+) -> Mapping[str, Any]:
+    """What the journal binds a workdir to: ``opts.config``, else what changes the run (and
+    ``extra``)."""
+    if opts.config is not None:
+        return opts.config
     return {
+        **extra,
         "space": space.to_dict(),
         "selection": selection.privacy.describe() if hasattr(selection, "privacy") else None,
         "budget": [budget.epsilon, budget.delta],
@@ -404,31 +425,6 @@ def _tune_steps(
         # The curator asked for a non-private view: this print is why the statement says so.
         print(f"[debug_nonprivate] K={sel_plan.num_trials}; scores in order: {scores}")
     return release
-
-
-def check_workdir(workdir: str | os.PathLike | None) -> None:
-    """The workdir must be a folder this process can write (or creatable): StateError otherwise,
-    before anything is read, locked or written."""
-    if workdir is None:
-        return
-    path = Path(workdir)
-    fix = "choose another --workdir (workdir= in Python)"
-    existing = path  # the workdir, or the nearest folder above it that exists
-    while not existing.exists() and existing.parent != existing:
-        existing = existing.parent
-    for p in (existing, path / "private", path / "release"):
-        if p.exists() and not p.is_dir():
-            raise StateError(
-                f"the workdir {path} cannot be used: {p} is a file, not a folder: {fix}"
-            )
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise StateError(
-            f"the workdir {path} is not writable ({existing} is read-only for this user): {fix}, "
-            "or make it writable"
-        )
-    private = path / "private"
-    if private.is_dir() and not os.access(private, os.W_OK | os.X_OK):
-        raise StateError(f"{private} is not writable for this user: {fix}, or make it writable")
 
 
 def _check_existing_run(
