@@ -61,13 +61,11 @@ class Budget:
 
 
 def as_budget(budget: Any) -> Budget:
-    """``(epsilon, delta)``, an object with ``.epsilon``/``.delta``, or a Budget -> Budget."""
+    """``(epsilon, delta)`` or a Budget -> Budget."""
     if isinstance(budget, Budget):
         return budget
     if isinstance(budget, (tuple, list)) and len(budget) == 2:
         return Budget(*budget)
-    if hasattr(budget, "epsilon") and hasattr(budget, "delta"):
-        return Budget(budget.epsilon, budget.delta)
     raise TuningConfigError(f"budget={budget!r} must be (epsilon, delta) or a Budget")
 
 
@@ -263,8 +261,7 @@ def _basis(
             f"its score is score_kind={kind!r}: {SCORE_KINDS.get(kind, '?')}",
             "it fails (raises, scores NaN) only as a function of its private output",
         ]
-        if getattr(trainer, "num_examples", None) is not None:
-            n = trainer.num_examples
+        if (n := getattr(trainer, "num_examples", None)) is not None:
             word.append(f"num_examples={n} is the public size of its private data")
     assumptions = ["neighbours"]
     data = getattr(trainer, "data", None)

@@ -246,17 +246,6 @@ def tune_subsampled(
     )  # fmt: skip
 
 
-def _subset_key(journal: Any, seed: int | None) -> bytes:
-    """The subset's secret key, drawn once (OS entropy; from ``seed`` for debugging)."""
-    if seed is None:
-        fresh = os.urandom(32).hex()
-    else:
-        fresh = hashlib.blake2b(
-            f"dptune/subset-key/{int(seed)}".encode(), digest_size=32
-        ).hexdigest()
-    return bytes.fromhex(journal.set_once("subset_key", fresh))
-
-
 def _phases(trainer, selection, space, pre, journal, opts) -> Release:
     """Journals the run id and the calibrated values, charges the whole run to the ledger once,
     then phase 1 (``tune`` on the subset) and, if it released, phase 2 (the selected setting
@@ -269,7 +258,11 @@ def _phases(trainer, selection, space, pre, journal, opts) -> Release:
     private_dir = None if pre.workdir is None else pre.workdir / "private"
     phase = replace(opts, ledger=None)
     outer = {"run_id": run_id, "outer": dict(pre.config)}
-    sub = trainer.subset(plan.tuning.fraction, _subset_key(journal, opts.seed))
+    # The subset's secret key, drawn once: OS entropy (from the seed for debugging).
+    seeded = hashlib.blake2b(f"dptune/subset-key/{opts.seed}".encode(), digest_size=32).digest()
+    fresh = os.urandom(32) if opts.seed is None else seeded
+    key = bytes.fromhex(journal.set_once("subset_key", fresh.hex()))
+    sub = trainer.subset(plan.tuning.fraction, key)
     tuned = tune(
         sub, space, selection, Budget(plan.tuning.subset_epsilon, plan.tuning.subset_delta),
         phase, workdir=None if private_dir is None else private_dir / "tuning",

@@ -213,7 +213,7 @@ def tune(
     opts = TuneOptions.build(options, kwargs)
     # The cheap checks first, so that a refused call creates nothing (not even the workdir).
     opts.check()
-    as_budget(budget)
+    budget = as_budget(budget)
     return run_in_workdir(
         opts.workdir, lambda: preflight(trainer, space, selection, budget, opts),
         lambda pre, j: _tune_steps(pre, trainer, selection, opts, j),
@@ -242,16 +242,13 @@ class Preflight:
 
 @quiet_accounting
 def preflight(
-    trainer: Any, space: Space | Mapping[str, Any], selection: Any,
-    budget: Budget | tuple[float, float], options: TuneOptions | None = None, **kwargs: Any,
+    trainer: Any, space: Space | Mapping[str, Any], selection: Any, budget: Budget,
+    opts: TuneOptions,
 ) -> Preflight:  # fmt: skip
-    """Every check of :func:`tune` that needs no private computation, writing nothing: the one
-    validation shared by the run and ``dptune --dry_run`` (same arguments as ``tune``, raises
-    what it raises): the options, the privacy plan, the data's schema at every probe point of the
-    space, then :func:`check_run` (the workdir's journal and the dataset's ledger)."""
-    opts = TuneOptions.build(options, kwargs)
-    budget = as_budget(budget)
-    opts.check()
+    """Every check of :func:`tune` after ``opts.check()`` that needs no private computation,
+    writing nothing: the one validation shared by the run and ``dptune --dry_run`` (raises what
+    ``tune`` raises): the privacy plan, the data's schema at every probe point of the space, then
+    :func:`check_run` (the workdir's journal and the dataset's ledger)."""
     space = as_space(space)
     config = describe_run(trainer, space, selection, budget, opts)
 
@@ -381,7 +378,7 @@ def _tune_steps(
     # The curator's console: that the run resumes, and which kinds of malformed records the
     # loader dropped (no counts: the console's log may be shared; ``dptune inspect`` has them).
     if pre.resuming:
-        t = journal.get("started_at") or journal.get("planned_at")
+        t = journal.get("started_at")
         when = time.strftime("on %Y-%m-%d at %H:%M:%S", time.localtime(t)) if t else "earlier"
         log.info(
             "resuming the run started %s in %s: its plan and seeds are read back from the "
