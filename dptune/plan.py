@@ -144,8 +144,7 @@ def _accounted(candidate: Any, adjacency: str) -> Any:
 
 
 def accounted_candidate(trainer: Any, hparams: Mapping[str, Any], adjacency: str) -> Any:
-    """The trainer's declared privacy at ``hparams`` as an accounting candidate under
-    ``adjacency``."""
+    """The trainer's declared privacy at ``hparams`` as a candidate under ``adjacency``."""
     return _accounted(as_candidate(trainer.privacy(dict(hparams))), adjacency)
 
 
@@ -153,15 +152,14 @@ def grid_candidates(
     trainer: Any, space: Space, grid: Sequence[Mapping[str, Any]], adjacency: str,
     fill: Mapping[str, Any],
 ) -> list[Any]:  # fmt: skip
-    """:func:`accounted_candidate` at every point of the privacy ``grid`` (the other fields at
-    ``space.example()``; ``fill`` over both, e.g. a calibrated noise multiplier)."""
+    """:func:`accounted_candidate` at every point of the privacy ``grid`` (other fields at
+    ``space.example()``; ``fill`` over both)."""
     base = space.example()
     return [accounted_candidate(trainer, {**base, **combo, **fill}, adjacency) for combo in grid]
 
 
 def _probe_values(dist: Any) -> list[Any]:
-    """The whole support of a finite distribution (up to 64 values), else both ends and
-    interior points."""
+    """The whole support of a finite distribution (up to 64 values), else ``_PROBES`` points."""
     if isinstance(dist, (space_mod.Choice, space_mod.Integer)):
         support = dist.support()
         if len(support) <= 64:
@@ -175,16 +173,14 @@ def _probe_values(dist: Any) -> list[Any]:
 
 
 def probe_points(space: Space) -> list[dict[str, Any]]:
-    """Points of ``space`` for checks that read only public settings (e.g. a trainer's
-    ``check_inputs``): ``space.example()``, then each searched field varied alone over its probe
-    values (``_probe_values``); joint values of two fields are not combined."""
+    """Points of ``space`` for checks that read only public settings (a trainer's
+    ``check_inputs``): ``space.example()``, then each searched field varied alone."""
     points = [space.example(), *(p for _, p in _one_field_variations(space, space.searched))]
     return list({repr(sorted(p.items())): p for p in points}.values())  # each point once
 
 
 def _one_field_variations(space: Space, names: Sequence[str]):
-    """``(name, point)``: ``space.example()`` with the field ``name`` set to each of its probe
-    values, for every name in ``names``."""
+    """``(name, space.example() with name set to each of its probe values)`` for ``names``."""
     base = space.example()
     for name in names:
         for value in _probe_values(space.fields[name]):
@@ -230,9 +226,8 @@ def _basis(
     whole_space: bool,
 ) -> dict[str, tuple[str, ...]]:  # fmt: skip
     """What the statement rests on: the assumptions that apply to this run
-    (``dptune.assumptions``), what dptune checked, what it takes on the trainer's word, and what
-    the release holds. Built-in trainers say what their code guarantees (``privacy_checks``);
-    others say what they declare (``taken_on_word``)."""
+    (``dptune.assumptions``), what dptune checked (with the trainer's ``privacy_checks``), what it
+    takes on the trainer's word (``taken_on_word``), and what the release holds."""
     kind = getattr(trainer, "score_kind", "exact")
     takes = tuple(getattr(selection, "takes", ("covered",)))
     published = tuple(getattr(selection, "publishes", ("payload",)))
@@ -460,8 +455,8 @@ def plan_privacy(trainer: Any, space: Any, selection: Any, budget: Any, **kwargs
 
 
 def declared_candidate(trainer: Any, plan: PrivacyPlan, drawn: Mapping[str, Any]) -> Any:
-    """The trainer's declared privacy of the drawn candidate ``drawn`` (calibrated values filled
-    in), as an accounting candidate, before the run's adjacency is applied."""
+    """The trainer's declared privacy of ``drawn`` (calibrated values filled in), as an accounting
+    candidate, before the run's adjacency is applied."""
     return as_candidate(trainer.privacy(plan.hparams(drawn)))
 
 
@@ -470,10 +465,9 @@ def check_candidates(
 ) -> list[Any]:
     """Every drawn candidate must declare exactly what its accounted twin (same privacy-relevant
     values, other fields at ``space.example()``) declares. Anything else -- even a less lossy
-    candidate -- shows that the declaration depends on fields the accountant did not enumerate,
-    so undrawn points may be uncovered: TuningConfigError naming those fields, before any
-    candidate touches data. Returns each drawn candidate's declaration (:func:`declared_candidate`),
-    in order: what it must still declare when it trains (:func:`check_unchanged`)."""
+    candidate -- shows that the declaration depends on fields the accountant did not enumerate:
+    TuningConfigError naming them, before any candidate touches data. Returns each drawn
+    candidate's declaration, in order: what it must still declare when it trains."""
 
     def candidate(hp: Mapping[str, Any]) -> Any:
         return accounted_candidate(trainer, plan.hparams(hp), plan.adjacency)
@@ -503,9 +497,8 @@ def check_unchanged(
     trainer: Any, plan: PrivacyPlan, drawn: Mapping[str, Any], checked: Any
 ) -> None:
     """Before a candidate trains: its declaration now must be the one ``check_candidates``
-    accounted (a trainer's privacy must be a pure function of its hyperparameters; a declaration
-    that reads a counter, the clock or any state could otherwise train a candidate the statement
-    does not cover). TuningConfigError otherwise: the candidate does not train."""
+    accounted (a declaration that reads a counter, the clock or any state could otherwise train a
+    candidate the statement does not cover). TuningConfigError otherwise: it does not train."""
     now = declared_candidate(trainer, plan, drawn)
     if now != checked:
         raise TuningConfigError(

@@ -76,10 +76,9 @@ def checked_result(score: Any, payload: Any) -> tuple[float, Any]:
 
 
 def code_digest(trainer: Any) -> str:
-    """A digest (16 hex characters) of the code that trains ``trainer``'s candidates: its
-    ``code_digest()`` hook, else the source of a ``FunctionTrainer``'s function, else the source
-    file of the trainer's class. Editing it changes the digest; the journal binds a workdir to
-    it."""
+    """A digest (16 hex characters) of the code that trains ``trainer``'s candidates (the journal
+    binds a workdir to it): its ``code_digest()`` hook, else the source of a ``FunctionTrainer``'s
+    function, else of the trainer's class."""
     hook = getattr(trainer, "code_digest", None)
     if callable(hook):
         return str(hook())
@@ -130,14 +129,12 @@ class ReleaseView:
 
     Attributes:
       payload: the released payload (e.g. the model's parameters; never exact training losses).
-      test_accuracy: accuracy on a public test split, if the trainer measured one and the
-        candidates were scored by accuracy.
+      test_accuracy: accuracy on a public test split, if measured and the score is accuracy.
       history: per-epoch public rows (metrics on public or privatised data), oldest first.
-      privacy_by_epoch: the privacy of the training up to each row of ``history`` (accounting
-        candidates; the last is the whole run): the released curve's epsilon so far. Empty: no
-        curve.
-      test_metric: ``{"name": ..., "value": ...}``: the model's own declared ``Metric`` on the
-        public test split, for a model scored by it instead of accuracy.
+      privacy_by_epoch: the privacy (accounting candidates) of the training up to each row of
+        ``history``, the last the whole run: the released curve's epsilon (empty: no curve).
+      test_metric: ``{"name": ..., "value": ...}``: the model's own ``Metric`` on the public test
+        split, for a model scored by it instead of accuracy.
     """
 
     payload: Any
@@ -148,10 +145,9 @@ class ReleaseView:
 
 
 class DatasetTrainer:
-    """Shared by the trainers over a ``trainers.data.Dataset``: the ledger fingerprint and the
-    parsing of a candidate's hyperparameters. Subclasses set ``data``, ``base`` (fixed
-    hyperparameters under the drawn ones), ``hyperparams_class`` (a dataclass validating its
-    fields) and ``kind`` (its name in error messages)."""
+    """Shared by the trainers over a ``trainers.data.Dataset``. Subclasses set ``data``, ``base``
+    (fixed hyperparameters under the drawn ones), ``hyperparams_class`` (a dataclass validating
+    its fields) and ``kind`` (its name in error messages)."""
 
     hyperparams_class: type
     kind: str = "trainer"
@@ -172,8 +168,7 @@ class DatasetTrainer:
         return source_digest(files=[Path(inspect.getfile(type(self)))])
 
     def curator_view(self) -> dict[str, Any]:
-        """What the loader dropped or changed, per kind of problem (``dptune inspect``; private
-        counts, never released)."""
+        """What the loader dropped or changed, by kind (private counts; never released)."""
         return dict(getattr(self.data, "sanitized", None) or {})
 
     def hyperparams(self, hparams: Mapping[str, Any]) -> Any:
@@ -196,22 +191,19 @@ class FunctionTrainer:
     """Wraps a user's training function as a trainer.
 
     Args:
-      fn: ``fn(hparams: dict, rng: numpy.random.Generator) -> (score, payload)``; it may return
-        ``(score, payload, event)`` too, and the event must then equal the declared one that the
-        tuner accounted for these hyperparameters (``bind_accounted``; the accountant charged it
-        before training).
-      privacy: the candidate's privacy: a ``DpEvent`` / accounting candidate, or a function of the
-        hyperparameters returning one (e.g. building a DP-SGD event from ``noise_multiplier``).
-        It must be a pure function of the hyperparameters (no state, counter, clock or data):
-        dptune accounts it before the run and checks it again before each candidate trains.
+      fn: ``fn(hparams: dict, rng: numpy.random.Generator) -> (score, payload)``, or ``(score,
+        payload, event)`` where the event must equal the one accounted for these hyperparameters.
+      privacy_fn: the candidate's privacy: a ``DpEvent`` / accounting candidate, or a pure
+        function of the hyperparameters returning one (no state, counter, clock or data): dptune
+        accounts it before the run and checks it again before each candidate trains.
       num_examples: size of the private dataset (checks delta < 1/n), if known.
       fingerprint: an id of the private dataset for the budget ledger, if one is used.
       privacy_fields: fields known to change the declared privacy (a speed-up: others that do are
         found by probing ``privacy``); calibrated_field: the field ``"auto"`` calibrates.
       score_kind: what ``fn``'s score is (``selection.registry.SCORE_KINDS``): ``"covered"`` (its
-        noise is part of ``privacy``, or it reads public data only), ``"exact"`` (the default:
-        dptune cannot look inside ``fn``, and a wrong ``"exact"`` only refuses where a wrong
-        ``"covered"`` makes the statement false) or ``"percentile"``.
+        noise is part of ``privacy``, or it reads public data only), ``"exact"`` (the default: a
+        wrong ``"exact"`` only refuses, a wrong ``"covered"`` makes the statement false) or
+        ``"percentile"``.
     """
 
     fn: Callable[..., tuple]

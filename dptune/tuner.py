@@ -90,7 +90,7 @@ class _Private:
 @dataclass(frozen=True)
 class TuneOptions:
     """How a run goes, apart from what it tunes: every keyword argument of :func:`tune`, as one
-    frozen value that :func:`preflight` checks (the same value for the run and ``--dry_run``).
+    frozen value (the same for the run and ``--dry_run``).
 
     Attributes:
       workdir: folder for ``private/`` (journal, candidates) and ``release/``; with it a killed run
@@ -109,8 +109,8 @@ class TuneOptions:
       debug_nonprivate: print every candidate's score at the end; marks the statement NOT private.
       adjacency: "add_remove" (default: neighbours differ by one added or removed example) or
         "replace_one" (one example replaced; for datasets of fixed, public size).
-      executor: how candidates are trained (``dptune.executors``; default sequential, or
-        vectorised in groups of ``group_size``).
+      executor: how candidates are trained (``dptune.executors``; default: groups of
+        ``group_size``).
     """
 
     workdir: str | os.PathLike | None = None
@@ -194,8 +194,7 @@ def tune(
     """Tunes privately and releases the selected candidate (or nothing).
 
     Args:
-      trainer: a trainer (``dptune.trainer_protocol``): e.g. ``dptune.DpSgdTrainer``, a
-        ``FunctionTrainer``.
+      trainer: a trainer (``dptune.trainer_protocol``), e.g. ``dptune.DpSgdTrainer``.
       space: the search space; ``noise_multiplier="auto"`` calibrates the noise to the budget.
       selection: a ``selection`` method (``RandomStopping``, ``Thresholding``, ...).
       budget: total (epsilon, delta) for everything released, tuning included.
@@ -269,10 +268,9 @@ def check_run(
     trainer: Any, budget: Budget, config: Mapping[str, Any], opts: TuneOptions,
     make_plan: Callable[[], Any],
 ) -> Preflight:  # fmt: skip
-    """The checks of :func:`preflight` around ``make_plan()`` (the accounting; a strategy passes
-    its own), read-only: the ledger needs the dataset's fingerprint, the workdir's journal must
-    belong to ``config`` and this code, and the run must fit the dataset's budget (a finished
-    run, which returns its release, is not charged again)."""
+    """The checks of :func:`preflight` around ``make_plan()`` (a strategy passes its own),
+    read-only: the dataset's fingerprint, the workdir's journal (``config``, this code), and the
+    run within the dataset's budget (a finished run, which returns its release, is not charged)."""
     ledger = opts.ledger
     if ledger is DEFAULT_LEDGER:
         ledger = default_ledger_path()
@@ -427,10 +425,8 @@ def _tune_steps(
 def _check_existing_run(
     private_dir: Path, config: Mapping[str, Any], code: Mapping[str, Any]
 ) -> tuple[str | None, bool, bool]:
-    """What the workdir already holds, read-only: ``(run_id or None, resuming, finished)``. A
-    journal must be intact, complete, and belong to this config and this code; a release or
-    candidate results without their journal are refused (the run that wrote them can be neither
-    resumed nor checked)."""
+    """What the workdir already holds, read-only: ``(run_id or None, resuming, finished)``; a
+    release or candidate results without their journal are refused."""
     workdir = private_dir.parent
     journal_path = private_dir / JOURNAL_FILE
     if not journal_path.exists():
@@ -478,9 +474,8 @@ def open_journal(
 
 
 def bind_calibrated(journal: Any, statement: Any, calibrated: Mapping[str, Any]) -> str:
-    """Journals, once, the run id, the statement and the calibrated values; a resume whose
-    accountant now calibrates otherwise (another dptune version) is refused. Returns the run
-    id."""
+    """Journals, once, the run id (returned), the statement and the calibrated values; a resume
+    whose accountant now calibrates otherwise is refused."""
     run_id = journal.set_once("run_id", uuid.uuid4().hex)
     journal.set_once("privacy", {**statement.to_dict(), "calibrated": dict(calibrated)})
     if journal.get("calibrated", calibrated) != calibrated:
@@ -526,9 +521,7 @@ def draw_plan(journal: Any, plan: PrivacyPlan, selection: Any, seed: int | None)
 
 def charge_ledger(pre: Preflight, journal: Any) -> None:
     """Charges the run's (epsilon, delta) to the dataset's budget in ``pre.ledger`` (if any) once
-    per journaled run id, then marks the run started. ``pre.dataset_budget`` None: the registered
-    budget, or (a new dataset) 10 times the run's, with a warning. BudgetExceededError if it does
-    not fit."""
+    per journaled run id, then marks the run started; BudgetExceededError if it does not fit."""
     if pre.ledger is not None:
         spend = _on_ledger(pre, journal.get("run_id"), charge=True)
         fp, explicit = pre.fingerprint or "", pre.dataset_budget is not None
@@ -558,11 +551,9 @@ def run_candidates(
     checked: Mapping[int, Any],
 ) -> list[float]:  # fmt: skip
     """Trains candidates until the selection is done; returns the scores prefix (index order).
-
     The executor gets the next ``executor.parallelism`` unfinished candidates, each first checked
-    to declare what was accounted for it (``checked``: ``check_unchanged``); each result is
-    journaled as it comes back (score NaN = failure), so a kill loses at most the candidates in
-    flight, which a rerun trains again with the same seeds."""
+    to declare what was accounted (``check_unchanged``); each result is journaled as it comes
+    back (NaN: failure), so a kill loses at most the candidates in flight (rerun: same seeds)."""
     n = sel_plan.num_trials
 
     def prefix() -> list[float]:
