@@ -172,11 +172,11 @@ def _probe_values(dist: Any) -> list[Any]:
     return [float(v) for v in np.linspace(lo, hi, _PROBES)]
 
 
-def probe_points(space: Space) -> list[dict[str, Any]]:
-    """Points of ``space`` for checks that read only public settings (a trainer's
-    ``check_inputs``): ``space.example()``, then each searched field varied alone."""
-    points = [space.example(), *(p for _, p in _one_field_variations(space, space.searched))]
-    return list({repr(sorted(p.items())): p for p in points}.values())  # each point once
+def probe_points(space: Space) -> list[tuple[str | None, dict[str, Any]]]:
+    """``(field, point)`` for checks that read only public settings (a trainer's
+    ``check_inputs``): ``(None, space.example())``, then each searched field varied alone."""
+    ex, fields = space.example(), _one_field_variations(space, space.searched)
+    return [(None, ex), *((n, p) for n, p in fields if p != ex)]
 
 
 def _one_field_variations(space: Space, names: Sequence[str]):

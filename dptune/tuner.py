@@ -328,18 +328,15 @@ def _check_inputs(trainer: Any, plan: Any) -> None:
     """``trainer.check_inputs`` at every probe point of the space (``dptune.plan.probe_points``):
     a setting the search can draw and the data cannot take (say ``augmult > 0`` on tabular rows)
     is refused, naming the field and value, before anything is charged."""
-    base = plan.space.example()
-    for point in probe_points(plan.space):
+    for name, point in probe_points(plan.space):
         try:
             trainer.check_inputs(plan.hparams(point))
         except TuningConfigError as e:
-            varied = {k: v for k, v in point.items() if base.get(k) != v}
-            if not varied:
+            if name is None:
                 raise
-            where = ", ".join(f"{k}={v!r}" for k, v in varied.items())
             raise TuningConfigError(
-                f"{e} (at {where}, a value the search space can draw: remove it from the space "
-                "or fix the data)"
+                f"{e} (at {name}={point[name]!r}, a value the search space can draw: remove it "
+                "from the space or fix the data)"
             ) from None
 
 
