@@ -304,11 +304,7 @@ def make_privacy_plan(
         return accounted_candidate(trainer, {**hp, **fill(value)}, adjacency)
 
     known = set(getattr(trainer, "privacy_fields", ())) - ({field} if auto else set())
-    space = _privacy_space(space, known, candidate_of)
-    try:
-        grid = space.privacy_grid()
-    except SpaceError as e:
-        raise TuningConfigError(str(e)) from None
+    space, grid = _privacy_space(space, known, candidate_of)
 
     def candidates(value: float | None) -> list[Any]:
         return grid_candidates(trainer, space, grid, adjacency, fill(value))
@@ -318,10 +314,9 @@ def make_privacy_plan(
     )
     cands = candidates(calibrated.get(field))
     whole = _check_whole_support(space, grid, lambda hp: candidate_of(hp, calibrated.get(field)))
-    notes = tuple(trainer.privacy_notes()) if hasattr(trainer, "privacy_notes") else ()
     statement = dataclasses.replace(
         statement,
-        notes=tuple(statement.notes) + notes,
+        notes=(*statement.notes, *getattr(trainer, "privacy_notes", tuple)()),
         private=not debug_nonprivate,
         **_basis(trainer, selection, space, cands, adjacency, whole),
     )
@@ -389,11 +384,11 @@ def _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate
     return field, bool(autos)
 
 
-def _privacy_space(space: Space, known: set[str], candidate_of: Callable) -> Space:
-    """``space`` with every field the declared privacy depends on marked privacy-relevant: the
+def _privacy_space(space: Space, known: set[str], candidate_of: Callable) -> tuple[Space, list]:
+    """``space`` with every field the declared privacy depends on marked privacy-relevant (the
     ``known`` ones, and any searched field whose value, varied alone from ``space.example()``,
-    changes ``candidate_of``: the accountant must take the worst case over them too. (Joint
-    effects this probe misses are caught by ``_check_whole_support`` and ``check_candidates``.)"""
+    changes ``candidate_of``; joint effects are caught by ``_check_whole_support`` and
+    ``check_candidates``), and its privacy grid: the accountant takes the worst case over it."""
     try:
         space = Space(space.to_dict(), privacy_fields=set(space.privacy_fields) | known)
         base = candidate_of(space.example())
@@ -405,9 +400,9 @@ def _privacy_space(space: Space, known: set[str], candidate_of: Callable) -> Spa
         if dependent:
             log.info("the trainer's privacy depends on %s: accounted over every value", dependent)
             space = Space(space.to_dict(), privacy_fields=space.privacy_fields | set(dependent))
+        return space, space.privacy_grid()
     except SpaceError as e:
         raise TuningConfigError(str(e)) from None
-    return space
 
 
 def check_total(statement: Any, budget: Budget, method: str, field: str | None) -> None:

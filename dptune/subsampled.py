@@ -176,8 +176,8 @@ def _final_run(trainer, sub, tuning_plan, field, fraction, budget, seeded, adjac
     )
     sigma = acc.calibrate_final(final_candidates, eps_t, delta_t, budget.epsilon, budget.delta)
     cands = final_candidates(sigma)
-    notes = tuple(trainer.privacy_notes()) if hasattr(trainer, "privacy_notes") else ()
-    notes += (
+    notes = (
+        *getattr(trainer, "privacy_notes", tuple)(),
         f"Tuning on a per-record Poisson subset of rate {fraction:g} (each record's membership "
         "a keyed hash of that record alone under a secret key), then one final run on all the "
         "data with the selected hyperparameters.",
