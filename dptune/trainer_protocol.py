@@ -153,15 +153,12 @@ class DatasetTrainer:
     kind: str = "trainer"
     data: Any
     base: dict[str, Any]
-    _fingerprint: str | None = None
 
-    @property
+    @functools.cached_property
     def fingerprint(self) -> str:
         """The dataset's id in the ledger: its private records as a multiset (so neither a new
         split nor a new order of the same records opens a fresh budget)."""
-        if self._fingerprint is None:
-            self._fingerprint = self.data.fingerprint()
-        return self._fingerprint
+        return self.data.fingerprint()
 
     def code_digest(self) -> str:
         """The source file of this trainer's class (``dptune.trainer_protocol.code_digest``)."""

@@ -17,13 +17,14 @@ the sequence of these steps (``dptune.subsampled`` runs 1, 2 and 5 around its ow
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
 import pickle
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -455,19 +456,16 @@ def _on_ledger(pre: Preflight, run_id: str | None, charge: bool) -> Any:
         return led.charge(*args, **kw, workdir=str(pre.workdir or ""))
 
 
+@contextlib.contextmanager
 def open_journal(
     private_dir: Path | None, config: Mapping[str, Any], code: Mapping[str, Any], readonly=False
-) -> Any:
+) -> Iterator[Any]:
     """The run's journal bound to ``config`` and ``code`` (in memory without a workdir)."""
-    journal: Any = Journal(private_dir, readonly=readonly)
-    try:
+    with Journal(private_dir, readonly=readonly) as journal:
         journal.bind_config(dict(config))
         journal.bind_code(dict(code))
         journal.check_complete()
-    except BaseException:
-        journal.close()
-        raise
-    return journal
+        yield journal
 
 
 def bind_calibrated(journal: Any, statement: Any, calibrated: Mapping[str, Any]) -> str:
