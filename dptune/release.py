@@ -157,10 +157,10 @@ class Release:
             "hparams": self.hparams,
             "test_accuracy": _finite_or_none(self.test_accuracy),
         }
-        if self.test_metric is not None:
+        if (m := self.test_metric) is not None:
             out["test_metric"] = {
-                "name": str(self.test_metric.get("name")),
-                "value": _finite_or_none(self.test_metric.get("value")),
+                "name": str(m.get("name")),
+                "value": _finite_or_none(m.get("value")),
             }
         if "score" in self.published:
             out["validation_score"] = _finite_or_none(self.validation_score)
@@ -197,9 +197,8 @@ class Release:
                     head += f" ({self.test_metric.get('name')})"
             if self.test_accuracy is not None:
                 head += f"\n  test accuracy {num(self.test_accuracy)}"
-            if self.test_metric is not None:
-                value = self.test_metric.get("value")
-                head += f"\n  test {self.test_metric.get('name')} {num(value)}"
+            if (m := self.test_metric) is not None:
+                head += f"\n  test {m.get('name')} {num(m.get('value'))}"
         return f"{head}\n{self.headline}\n\n{self.privacy_text}"
 
 
@@ -292,18 +291,12 @@ def read_release(folder: str | os.PathLike) -> Release:
     result = _read(folder / RESULT_FILE)
     privacy = _read(folder / PRIVACY_JSON)
     text = _read(folder / PRIVACY_TXT, bytes.decode).removeprefix(headline(privacy) + "\n\n")
+    r = result.get
     return Release(
-        released=bool(result.get("released")),
-        hparams=result.get("hparams"),
-        validation_score=result.get("validation_score"),
-        test_accuracy=result.get("test_accuracy"),
-        test_metric=result.get("test_metric"),
-        privacy=privacy,
-        privacy_text=text.rstrip("\n"),
-        path=folder,
-        outcome=str(result.get("reason") or ""),
-        published=tuple(privacy.get("published", ("payload",))),
-    )
+        bool(r("released")), r("hparams"), r("validation_score"), r("test_accuracy"), privacy,
+        text.rstrip("\n"), path=folder, outcome=str(r("reason") or ""),
+        published=tuple(privacy.get("published", ("payload",))), test_metric=r("test_metric"),
+    )  # fmt: skip
 
 
 def load_params(folder: str | os.PathLike, like: Any = None) -> Any:

@@ -229,7 +229,6 @@ class Space:
                 raise SpaceError(f"space field {name!r}: unsupported value {value!r}")
             parsed[name] = value
         self.fields: dict[str, Any] = parsed
-        #: names declared privacy-relevant by name (besides fields marked ``privacy=True``)
         self.privacy_fields = frozenset(privacy_fields)
         for name in self.privacy_relevant:
             value = parsed[name]

@@ -55,16 +55,11 @@ __all__ = ["SubsampledPlan", "plan_subsampled", "tune_subsampled"]
 
 @dataclass(frozen=True)
 class SubsampledPlan:
-    """What the accountant promised for a subsampled tuning run, before anything private runs.
-
-    Attributes:
-      tuning: the budgets of the tuning phase (on the subset, and amplified to the full data).
-      tuning_plan: the privacy plan of the selection over the subset's candidates (its
-        ``calibrated`` noise is the tuning candidates').
-      calibrated: the final run's calibrated values (e.g. ``{"noise_multiplier": 3.9}``).
-      final_candidates: every privacy the final run may have (one per privacy-grid point).
-      statement: the whole run's statement (``dptune.accounting.subsampled``).
-    """
+    """What the accountant promised for a subsampled tuning run, before anything private runs:
+    the tuning phase's budgets (``tuning``: on the subset, and amplified to the full data) and
+    privacy plan over the subset's candidates (``tuning_plan``), the final run's ``calibrated``
+    values and every privacy it may have (``final_candidates``, one per privacy-grid point), and
+    the whole run's ``statement`` (``dptune.accounting.subsampled``)."""
 
     tuning: acc.SubsampledTuning
     tuning_plan: PrivacyPlan

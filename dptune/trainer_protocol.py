@@ -111,10 +111,9 @@ def source_digest(objects: Sequence[Any] = (), files: Sequence[Path] = ()) -> st
 
 @runtime_checkable
 class Trainer(Protocol):
-    """A private candidate generator. ``privacy(hparams)``: the candidate's privacy, declared
-    before it runs (a ``dptune.accounting`` candidate or a ``dp_accounting`` ``DpEvent``).
-    ``__call__(hparams, rng)``: trains one candidate with the randomness of ``rng`` (seeded from
-    the candidate's seed) and returns ``(score, payload)``; higher is better, NaN is a failure."""
+    """A private candidate generator (module docstring): ``privacy(hparams)`` returns a
+    ``dptune.accounting`` candidate or a ``DpEvent``; ``__call__`` draws its randomness from
+    ``rng`` (seeded from the candidate's seed); a higher score is better, NaN is a failure."""
 
     def privacy(self, hparams: Mapping[str, Any]) -> Any: ...
 
