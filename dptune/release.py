@@ -224,7 +224,6 @@ def headline(privacy: dict[str, Any]) -> str:
 
 def write_release(release: Release, folder: str | os.PathLike) -> Path:
     """Writes ``release`` to ``folder`` atomically (temp folder, then rename); returns it."""
-
     folder = Path(folder).absolute()
     # Both helpers live in the release's own parent, so the renames below stay on one file system
     # (rename is atomic there). A leftover of a killed write is removed, never trusted.

@@ -104,8 +104,7 @@ def plan_subsampled(
 
     Args:
       trainer: the trainer on all the data (with a ``subset`` hook).
-      space, selection: the search space (``noise_multiplier="auto"``) and the selection method
-        run over the subset's candidates.
+      space, selection: as ``dptune.tune``'s, run over the subset's candidates.
       budget: the TOTAL (epsilon, delta) of both phases.
       fraction: the subset's Poisson rate f in (0, 1).
       tuning_epsilon: the tuning phase's epsilon on the full data (amplification included), in
@@ -116,8 +115,7 @@ def plan_subsampled(
     Raises:
       TuningConfigError, ImpossibleBudgetError (one line each, nothing charged).
     """
-    budget = as_budget(budget)
-    space = as_space(space)
+    budget, space = as_budget(budget), as_space(space)
     field = _check(trainer, space, accountant, adjacency)
     if not 0 < tuning_epsilon < budget.epsilon:
         raise TuningConfigError(
@@ -221,8 +219,7 @@ def tune_subsampled(
     opts.check()
     if opts.debug_nonprivate:
         raise TuningConfigError("strategy 'subsampled' has no debug_nonprivate: use 'full'")
-    budget = as_budget(budget)
-    space = as_space(space)
+    budget, space = as_budget(budget), as_space(space)
     _check(trainer, space, opts.accountant, opts.adjacency)  # before the lock makes the workdir
     strategy = {"name": "subsampled", "fraction": fraction, "tuning_epsilon": tuning_epsilon}
     config = describe_run(trainer, space, selection, budget, opts, strategy=strategy)

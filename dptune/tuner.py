@@ -277,15 +277,13 @@ def check_run(
         ledger = default_ledger_path()
     elif ledger is not None:
         ledger = ledger.path if isinstance(ledger, Ledger) else Path(ledger)
-    fp = None
-    if ledger is not None:
-        fp = opts.fingerprint or getattr(trainer, "fingerprint", None)
-        if not fp:
-            raise TuningConfigError(
-                f"the budget ledger ({ledger}) charges every run to its dataset, but this "
-                "trainer names no dataset: pass fingerprint='<an id of your dataset>' (to tune(), "
-                "or to dptune.trainer / FunctionTrainer), or ledger=None to run without a ledger"
-            )
+    fp = None if ledger is None else opts.fingerprint or getattr(trainer, "fingerprint", None)
+    if ledger is not None and not fp:
+        raise TuningConfigError(
+            f"the budget ledger ({ledger}) charges every run to its dataset, but this "
+            "trainer names no dataset: pass fingerprint='<an id of your dataset>' (to tune(), "
+            "or to dptune.trainer / FunctionTrainer), or ledger=None to run without a ledger"
+        )
     code = {"dptune": dptune.__version__, "trainer": code_digest(trainer)}
     workdir = None if opts.workdir is None else Path(opts.workdir)
     run_id, resuming, finished = None, False, False
