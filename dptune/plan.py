@@ -160,10 +160,8 @@ def grid_candidates(
 
 def _probe_values(dist: Any) -> list[Any]:
     """The whole support of a finite distribution (up to 64 values), else ``_PROBES`` points."""
-    if isinstance(dist, (space_mod.Choice, space_mod.Integer)):
+    if isinstance(dist, (space_mod.Choice, space_mod.Integer)):  # up to 64 indices, evenly spread
         support = dist.support()
-        if len(support) <= 64:
-            return list(support)
         idx = np.unique(np.linspace(0, len(support) - 1, 64).round().astype(int))
         return [support[i] for i in idx]
     lo, hi = float(dist.low), float(dist.high)

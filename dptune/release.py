@@ -347,12 +347,9 @@ def _string_keys(tree: Any) -> Any:
 
 def load_release(path: str | os.PathLike, like: Any = None) -> Release:
     """The release of a finished run, model included: ``path`` is the run's workdir or its
-    ``release/`` folder.
-
-    Returns a :class:`Release` whose ``params`` are restored from the orbax checkpoint, in the
-    structure of ``like`` when given (:func:`load_params`), e.g. ``jax.eval_shape(module.init,
-    key, x)["params"]``; use them as ``module.apply({"params": release.params}, x)``. A run that
-    released nothing returns ``released=False`` and no parameters.
+    ``release/`` folder. Its ``params`` are restored from the orbax checkpoint, in the structure
+    of ``like`` when given (:func:`load_params`); use them as ``module.apply({"params":
+    release.params}, x)``. A run that released nothing returns ``released=False``, no parameters.
     """
     folder = Path(path)
     if not (folder / RESULT_FILE).is_file() and (folder / "release" / RESULT_FILE).is_file():

@@ -22,9 +22,6 @@ A trainer declares its privacy before it runs (``privacy(hparams)``) and trains 
 * ``check_inputs(hparams)``: refuse (TuningConfigError), before any private computation, a
   candidate the trainer would refuse when it starts (checks of the data's public schema).
 * ``curator_view()``: JSON-safe facts for ``dptune inspect`` (never released).
-
-A failed candidate is a NaN score with a :class:`~dptune.errors.CandidateFailure` as its payload
-(:func:`checked_result`).
 """
 
 from __future__ import annotations

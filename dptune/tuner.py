@@ -202,9 +202,8 @@ def tune(
       options, **kwargs: how the run goes (:class:`TuneOptions`; keywords replace its fields,
         e.g. ``workdir=``, ``seed=``, ``ledger=None``).
     Returns:
-      The :class:`~dptune.release.Release` (also written to ``workdir/release/`` if given);
-      ``release.outcome`` says whether a candidate was released, none was selected, or the
-      selected one failed (then every candidate failed and no model is released).
+      The :class:`~dptune.release.Release` (also written to ``workdir/release/`` if given); its
+      ``outcome`` says whether a candidate was released, none was selected, or every one failed.
     Raises:
       TuningConfigError (and its StateError), BudgetExceededError, LedgerBudgetMismatchError,
       ConfigChangedError, WorkdirLockedError: refused before any private computation, nothing
