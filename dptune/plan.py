@@ -61,13 +61,11 @@ class Budget:
 
 
 def as_budget(budget: Any) -> Budget:
-    """``(epsilon, delta)``, an object with ``.epsilon``/``.delta``, or a Budget -> Budget."""
+    """``(epsilon, delta)`` or a Budget -> Budget."""
     if isinstance(budget, Budget):
         return budget
     if isinstance(budget, (tuple, list)) and len(budget) == 2:
         return Budget(*budget)
-    if hasattr(budget, "epsilon") and hasattr(budget, "delta"):
-        return Budget(budget.epsilon, budget.delta)
     raise TuningConfigError(f"budget={budget!r} must be (epsilon, delta) or a Budget")
 
 
@@ -100,9 +98,8 @@ class PrivacyPlan:
         return {**dict(drawn), **dict(self.calibrated)}
 
     def single_run_epsilon(self, candidate: Any) -> float:
-        """epsilon at the plan's delta of one run of ``candidate`` (no tuning; tightest route),
-        under the plan's adjacency: e.g. the epsilon spent so far after each epoch, for the released
-        curve (a public function of public hyperparameters)."""
+        """epsilon at the plan's delta and adjacency of one run of ``candidate`` (no tuning;
+        tightest route): e.g. the released curve's epsilon so far (public hyperparameters only)."""
         cand = with_adjacency(as_candidate(candidate), self.adjacency)
         return float(total_privacy(cand, None, self.delta, "auto").total_epsilon)
 
@@ -147,8 +144,7 @@ def _accounted(candidate: Any, adjacency: str) -> Any:
 
 
 def accounted_candidate(trainer: Any, hparams: Mapping[str, Any], adjacency: str) -> Any:
-    """The trainer's declared privacy at ``hparams`` as an accounting candidate under
-    ``adjacency``."""
+    """The trainer's declared privacy at ``hparams`` as a candidate under ``adjacency``."""
     return _accounted(as_candidate(trainer.privacy(dict(hparams))), adjacency)
 
 
@@ -156,19 +152,16 @@ def grid_candidates(
     trainer: Any, space: Space, grid: Sequence[Mapping[str, Any]], adjacency: str,
     fill: Mapping[str, Any],
 ) -> list[Any]:  # fmt: skip
-    """:func:`accounted_candidate` at every point of the privacy ``grid`` (the other fields at
-    ``space.example()``; ``fill`` over both, e.g. a calibrated noise multiplier)."""
+    """:func:`accounted_candidate` at every point of the privacy ``grid`` (other fields at
+    ``space.example()``; ``fill`` over both)."""
     base = space.example()
     return [accounted_candidate(trainer, {**base, **combo, **fill}, adjacency) for combo in grid]
 
 
 def _probe_values(dist: Any) -> list[Any]:
-    """The whole support of a finite distribution (up to 64 values), else both ends and
-    interior points."""
-    if isinstance(dist, (space_mod.Choice, space_mod.Integer)):
+    """The whole support of a finite distribution (up to 64 values), else ``_PROBES`` points."""
+    if isinstance(dist, (space_mod.Choice, space_mod.Integer)):  # up to 64 indices, evenly spread
         support = dist.support()
-        if len(support) <= 64:
-            return list(support)
         idx = np.unique(np.linspace(0, len(support) - 1, 64).round().astype(int))
         return [support[i] for i in idx]
     lo, hi = float(dist.low), float(dist.high)
@@ -177,17 +170,15 @@ def _probe_values(dist: Any) -> list[Any]:
     return [float(v) for v in np.linspace(lo, hi, _PROBES)]
 
 
-def probe_points(space: Space) -> list[dict[str, Any]]:
-    """Points of ``space`` for checks that read only public settings (e.g. a trainer's
-    ``check_inputs``): ``space.example()``, then each searched field varied alone over its probe
-    values (``_probe_values``); joint values of two fields are not combined."""
-    points = [space.example(), *(p for _, p in _one_field_variations(space, space.searched))]
-    return list({repr(sorted(p.items())): p for p in points}.values())  # each point once
+def probe_points(space: Space) -> list[tuple[str | None, dict[str, Any]]]:
+    """``(field, point)`` for checks that read only public settings (a trainer's
+    ``check_inputs``): ``(None, space.example())``, then each searched field varied alone."""
+    ex, fields = space.example(), _one_field_variations(space, space.searched)
+    return [(None, ex), *((n, p) for n, p in fields if p != ex)]
 
 
 def _one_field_variations(space: Space, names: Sequence[str]):
-    """``(name, point)``: ``space.example()`` with the field ``name`` set to each of its probe
-    values, for every name in ``names``."""
+    """``(name, space.example() with name set to each of its probe values)`` for ``names``."""
     base = space.example()
     for name in names:
         for value in _probe_values(space.fields[name]):
@@ -233,9 +224,8 @@ def _basis(
     whole_space: bool,
 ) -> dict[str, tuple[str, ...]]:  # fmt: skip
     """What the statement rests on: the assumptions that apply to this run
-    (``dptune.assumptions``), what dptune checked, what it takes on the trainer's word, and what
-    the release holds. Built-in trainers say what their code guarantees (``privacy_checks``);
-    others say what they declare (``taken_on_word``)."""
+    (``dptune.assumptions``), what dptune checked (with the trainer's ``privacy_checks``), what it
+    takes on the trainer's word (``taken_on_word``), and what the release holds."""
     kind = getattr(trainer, "score_kind", "exact")
     takes = tuple(getattr(selection, "takes", ("covered",)))
     published = tuple(getattr(selection, "publishes", ("payload",)))
@@ -264,8 +254,7 @@ def _basis(
             f"its score is score_kind={kind!r}: {SCORE_KINDS.get(kind, '?')}",
             "it fails (raises, scores NaN) only as a function of its private output",
         ]
-        if getattr(trainer, "num_examples", None) is not None:
-            n = trainer.num_examples
+        if (n := getattr(trainer, "num_examples", None)) is not None:
             word.append(f"num_examples={n} is the public size of its private data")
     assumptions = ["neighbours"]
     data = getattr(trainer, "data", None)
@@ -297,17 +286,11 @@ def make_privacy_plan(
     budget: Budget | tuple[float, float], *, accountant: str = "auto", seeded: bool = False,
     debug_nonprivate: bool = False, adjacency: str = "add_remove",
 ) -> PrivacyPlan:  # fmt: skip
-    """Validates the inputs, calibrates ``"auto"``, and accounts the whole run.
-
-    1. Check the space, the selection method, delta < 1/n and the adjacency.
-    2. Find the privacy-relevant fields: the trainer's ``privacy_fields``, fields marked
-       ``privacy=True``, and any searched field whose value changes ``trainer.privacy``.
-    3. Enumerate their values (the privacy grid): the candidates of the worst case.
-    4. Calibrate the ``"auto"`` field so the selection theorem's total meets the budget (or check
-       the total when nothing is ``"auto"``). Nothing private runs here.
-
-    Raises TuningConfigError / ImpossibleBudgetError.
-    """
+    """Validates the inputs, calibrates ``"auto"``, and accounts the whole run; nothing private
+    runs. The worst case is taken over every value of the privacy-relevant fields (the trainer's
+    ``privacy_fields``, fields marked ``privacy=True``, and any searched field whose value changes
+    ``trainer.privacy``); the ``"auto"`` field is calibrated so the selection theorem's total
+    meets the budget. Raises TuningConfigError / ImpossibleBudgetError."""
     budget, space = as_budget(budget), as_space(space)
     field, auto = _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate)
     transform = selection.privacy
@@ -319,24 +302,19 @@ def make_privacy_plan(
         return accounted_candidate(trainer, {**hp, **fill(value)}, adjacency)
 
     known = set(getattr(trainer, "privacy_fields", ())) - ({field} if auto else set())
-    space = _privacy_space(space, known, candidate_of)
-    try:
-        grid = space.privacy_grid()
-    except SpaceError as e:
-        raise TuningConfigError(str(e)) from None
+    space, grid = _privacy_space(space, known, candidate_of)
 
-    # 3-4. the worst case over the grid, through the selection theorem
     def candidates(value: float | None) -> list[Any]:
         return grid_candidates(trainer, space, grid, adjacency, fill(value))
 
-    calibrated, statement = _worst_case(candidates, transform, budget, accountant, seeded, field,
-                                        auto)  # fmt: skip
+    calibrated, statement = _worst_case(
+        candidates, transform, budget, accountant, seeded, field, auto
+    )
     cands = candidates(calibrated.get(field))
     whole = _check_whole_support(space, grid, lambda hp: candidate_of(hp, calibrated.get(field)))
-    notes = tuple(trainer.privacy_notes()) if hasattr(trainer, "privacy_notes") else ()
     statement = dataclasses.replace(
         statement,
-        notes=tuple(statement.notes) + notes,
+        notes=(*statement.notes, *getattr(trainer, "privacy_notes", tuple)()),
         private=not debug_nonprivate,
         **_basis(trainer, selection, space, cands, adjacency, whole),
     )
@@ -359,9 +337,8 @@ def as_space(space: Space | Mapping[str, Any]) -> Space:
 
 
 def _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate):
-    """Step 1 of ``make_privacy_plan``: a space with something to draw, the selection method (a
-    private one, of a size that can be planned, for the trainer's score kind), delta < 1/n, the
-    adjacency and the ``"auto"`` fields. Returns ``(calibrated field, whether it is "auto")``."""
+    """``make_privacy_plan``'s checks of its inputs. Returns ``(calibrated field, whether it is
+    "auto")``."""
     if not space.searched:
         raise TuningConfigError(
             "the search space is empty (no field is drawn at random): there is nothing to tune; "
@@ -405,11 +382,11 @@ def _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate
     return field, bool(autos)
 
 
-def _privacy_space(space: Space, known: set[str], candidate_of: Callable) -> Space:
-    """``space`` with every field the declared privacy depends on marked privacy-relevant: the
+def _privacy_space(space: Space, known: set[str], candidate_of: Callable) -> tuple[Space, list]:
+    """``space`` with every field the declared privacy depends on marked privacy-relevant (the
     ``known`` ones, and any searched field whose value, varied alone from ``space.example()``,
-    changes ``candidate_of``: the accountant must take the worst case over them too. (Joint
-    effects this probe misses are caught by ``_check_whole_support`` and ``check_candidates``.)"""
+    changes ``candidate_of``; joint effects are caught by ``_check_whole_support`` and
+    ``check_candidates``), and its privacy grid: the accountant takes the worst case over it."""
     try:
         space = Space(space.to_dict(), privacy_fields=set(space.privacy_fields) | known)
         base = candidate_of(space.example())
@@ -421,9 +398,9 @@ def _privacy_space(space: Space, known: set[str], candidate_of: Callable) -> Spa
         if dependent:
             log.info("the trainer's privacy depends on %s: accounted over every value", dependent)
             space = Space(space.to_dict(), privacy_fields=space.privacy_fields | set(dependent))
+        return space, space.privacy_grid()
     except SpaceError as e:
         raise TuningConfigError(str(e)) from None
-    return space
 
 
 def check_total(statement: Any, budget: Budget, method: str, field: str | None) -> None:
@@ -438,8 +415,8 @@ def check_total(statement: Any, budget: Budget, method: str, field: str | None) 
 
 
 def _worst_case(candidates, transform, budget, accountant, seeded, field, auto):
-    """Steps 3-4: ``(calibrated values, statement)``; with an ``"auto"`` field, the smallest value
-    whose total meets the budget (ImpossibleBudgetError if none does)."""
+    """The worst case over the grid: ``(calibrated values, statement)``; with an ``"auto"``
+    field, its smallest value whose total meets the budget (ImpossibleBudgetError if none does)."""
     if not auto:
         cands = candidates(None)
         try:
@@ -471,8 +448,8 @@ def plan_privacy(trainer: Any, space: Any, selection: Any, budget: Any, **kwargs
 
 
 def declared_candidate(trainer: Any, plan: PrivacyPlan, drawn: Mapping[str, Any]) -> Any:
-    """The trainer's declared privacy of the drawn candidate ``drawn`` (calibrated values filled
-    in), as an accounting candidate, before the run's adjacency is applied."""
+    """The trainer's declared privacy of ``drawn`` (calibrated values filled in), as an accounting
+    candidate, before the run's adjacency is applied."""
     return as_candidate(trainer.privacy(plan.hparams(drawn)))
 
 
@@ -481,10 +458,9 @@ def check_candidates(
 ) -> list[Any]:
     """Every drawn candidate must declare exactly what its accounted twin (same privacy-relevant
     values, other fields at ``space.example()``) declares. Anything else -- even a less lossy
-    candidate -- shows that the declaration depends on fields the accountant did not enumerate,
-    so undrawn points may be uncovered: TuningConfigError naming those fields, before any
-    candidate touches data. Returns each drawn candidate's declaration (:func:`declared_candidate`),
-    in order: what it must still declare when it trains (:func:`check_unchanged`)."""
+    candidate -- shows that the declaration depends on fields the accountant did not enumerate:
+    TuningConfigError naming them, before any candidate touches data. Returns each drawn
+    candidate's declaration, in order: what it must still declare when it trains."""
 
     def candidate(hp: Mapping[str, Any]) -> Any:
         return accounted_candidate(trainer, plan.hparams(hp), plan.adjacency)
@@ -514,9 +490,8 @@ def check_unchanged(
     trainer: Any, plan: PrivacyPlan, drawn: Mapping[str, Any], checked: Any
 ) -> None:
     """Before a candidate trains: its declaration now must be the one ``check_candidates``
-    accounted (a trainer's privacy must be a pure function of its hyperparameters; a declaration
-    that reads a counter, the clock or any state could otherwise train a candidate the statement
-    does not cover). TuningConfigError otherwise: the candidate does not train."""
+    accounted (a declaration that reads a counter, the clock or any state could otherwise train a
+    candidate the statement does not cover). TuningConfigError otherwise: it does not train."""
     now = declared_candidate(trainer, plan, drawn)
     if now != checked:
         raise TuningConfigError(

@@ -5,14 +5,9 @@ score, its test accuracy and the privacy statement. Nothing about the other cand
 not even how many there were: the selection theorems (Liu & Talwar 2019; Papernot & Steinke 2022)
 cover the selected output alone, and revealing K would turn random stopping back into best-of-K.
 
-Its files (``RELEASE_FILES``, described in docs/tuning.md) are ``result.json``, ``privacy.json`` /
-``privacy.txt`` (the statement; the text opens with a headline whose epsilon is rounded *up*),
-``checkpoint/`` (orbax) or ``payload.pkl``, ``training_curve.json`` / ``.png`` (public per-epoch
-quantities only, never the exact training loss), ``epsilon.png`` and ``report.md``.
-
-The folder is written to ``release.tmp/`` (fsynced) and renamed into place: it is complete or
-absent, whatever moment the process is killed at, and a rerun of a killed run writes it again
-(``tests/dptune/test_release.py``, ``scripts/soak.py``).
+Its files are ``RELEASE_FILES`` (docs/tuning.md). The folder is written to ``release.tmp/``
+(fsynced) and renamed into place: it is complete or absent, whatever moment the process is killed
+at, and a rerun of a killed run writes it again (``tests/dptune/test_release.py``).
 """
 
 from __future__ import annotations
@@ -113,23 +108,19 @@ class Release:
         nothing is released).
       validation_score: its score as the selection saw it (noisy if the validation split is
         private).
-      test_accuracy: accuracy on the test split (reported, not used for selection), if the trainer
-        has one and scores candidates by accuracy.
-      privacy: the privacy statement as JSON (``total_epsilon``, ``delta``, ``single_run_epsilon``,
-        ``selection``, ...).
-      privacy_text: the statement in words.
+      test_accuracy, test_metric: as ``trainer_protocol.ReleaseView``'s (public test split; not
+        used for selection); with ``test_metric`` the validation score is in its units.
+      privacy, privacy_text: the privacy statement as JSON (``total_epsilon``, ``delta``, ...)
+        and in words.
       payload: the selected candidate's payload (for DP-SGD: ``{"params": ...}``).
       curve: per-epoch public quantities of the selected candidate (epsilon so far, metrics on
-        public or privatised data), for the training-curve plot; None if the trainer has none.
+        public or privatised data; other keys are dropped), or None.
       path: the release folder, if one was written.
-      outcome: ``"released"``, ``"none_selected"`` or ``"no_candidate_succeeded"`` (default:
-        from ``released``).
+      outcome: ``RELEASED``, ``NONE_SELECTED`` or ``NO_CANDIDATE_SUCCEEDED`` (default: from
+        ``released``).
       trainer_name: what trained the candidates (the report names it), e.g. "DP-SGD".
       published: what of the selected candidate the selection's theorem covers
         (``SelectionMethod.publishes``); ``validation_score`` is released only with ``"score"``.
-      test_metric: ``{"name": ..., "value": ...}``: for a model scored by its own declared metric
-        (not accuracy), that metric on the public test split, in its units; the validation score
-        is then in the same units.
     """
 
     released: bool
@@ -156,6 +147,7 @@ class Release:
     def __post_init__(self) -> None:
         if not self.outcome:
             self.outcome = RELEASED if self.released else NONE_SELECTED
+        self.curve = public_curve(self.curve)
 
     def result_json(self) -> dict[str, Any]:
         if not self.released:
@@ -165,10 +157,10 @@ class Release:
             "hparams": self.hparams,
             "test_accuracy": _finite_or_none(self.test_accuracy),
         }
-        if self.test_metric is not None:
+        if (m := self.test_metric) is not None:
             out["test_metric"] = {
-                "name": str(self.test_metric.get("name")),
-                "value": _finite_or_none(self.test_metric.get("value")),
+                "name": str(m.get("name")),
+                "value": _finite_or_none(m.get("value")),
             }
         if "score" in self.published:
             out["validation_score"] = _finite_or_none(self.validation_score)
@@ -205,9 +197,8 @@ class Release:
                     head += f" ({self.test_metric.get('name')})"
             if self.test_accuracy is not None:
                 head += f"\n  test accuracy {num(self.test_accuracy)}"
-            if self.test_metric is not None:
-                value = self.test_metric.get("value")
-                head += f"\n  test {self.test_metric.get('name')} {num(value)}"
+            if (m := self.test_metric) is not None:
+                head += f"\n  test {m.get('name')} {num(m.get('value'))}"
         return f"{head}\n{self.headline}\n\n{self.privacy_text}"
 
 
@@ -233,7 +224,6 @@ def headline(privacy: dict[str, Any]) -> str:
 
 def write_release(release: Release, folder: str | os.PathLike) -> Path:
     """Writes ``release`` to ``folder`` atomically (temp folder, then rename); returns it."""
-
     folder = Path(folder).absolute()
     # Both helpers live in the release's own parent, so the renames below stay on one file system
     # (rename is atomic there). A leftover of a killed write is removed, never trusted.
@@ -258,12 +248,10 @@ def write_release(release: Release, folder: str | os.PathLike) -> Path:
         elif payload is not None:
             with open(tmp / "payload.pkl", "wb") as f:
                 pickle.dump(payload, f)
-        curve = public_curve(release.curve)
-        if curve:
-            _write_json(tmp / "training_curve.json", curve)
-            plots.training_curve(
-                curve, tmp / "training_curve.png", release.privacy.get("total_epsilon")
-            )
+        if release.curve:
+            _write_json(tmp / "training_curve.json", release.curve)
+            eps = release.privacy.get("total_epsilon")
+            plots.training_curve(release.curve, tmp / "training_curve.png", eps)
     # report.md: a one-page summary linking the plots above (only those written)
     (tmp / "report.md").write_text(report_markdown(release, {p.name for p in tmp.iterdir()}))
     _check_keys("the release", (p.name for p in tmp.iterdir()), RELEASE_FILES)
@@ -302,21 +290,12 @@ def read_release(folder: str | os.PathLike) -> Release:
     result = _read(folder / RESULT_FILE)
     privacy = _read(folder / PRIVACY_JSON)
     text = _read(folder / PRIVACY_TXT, bytes.decode).removeprefix(headline(privacy) + "\n\n")
-    published = privacy.get("published")
-    if published is None:  # a release written before the field existed
-        published = ("payload", "score") if "validation_score" in result else ("payload",)
+    r = result.get
     return Release(
-        released=bool(result.get("released")),
-        hparams=result.get("hparams"),
-        validation_score=result.get("validation_score"),
-        test_accuracy=result.get("test_accuracy"),
-        test_metric=result.get("test_metric"),
-        privacy=privacy,
-        privacy_text=text.rstrip("\n"),
-        path=folder,
-        outcome=str(result.get("reason") or ""),
-        published=tuple(published),
-    )
+        bool(r("released")), r("hparams"), r("validation_score"), r("test_accuracy"), privacy,
+        text.rstrip("\n"), path=folder, outcome=str(r("reason") or ""),
+        published=tuple(privacy.get("published", ("payload",))), test_metric=r("test_metric"),
+    )  # fmt: skip
 
 
 def load_params(folder: str | os.PathLike, like: Any = None) -> Any:
@@ -368,12 +347,9 @@ def _string_keys(tree: Any) -> Any:
 
 def load_release(path: str | os.PathLike, like: Any = None) -> Release:
     """The release of a finished run, model included: ``path`` is the run's workdir or its
-    ``release/`` folder.
-
-    Returns a :class:`Release` whose ``params`` are restored from the orbax checkpoint, in the
-    structure of ``like`` when given (:func:`load_params`), e.g. ``jax.eval_shape(module.init,
-    key, x)["params"]``; use them as ``module.apply({"params": release.params}, x)``. A run that
-    released nothing returns ``released=False`` and no parameters.
+    ``release/`` folder. Its ``params`` are restored from the orbax checkpoint, in the structure
+    of ``like`` when given (:func:`load_params`); use them as ``module.apply({"params":
+    release.params}, x)``. A run that released nothing returns ``released=False``, no parameters.
     """
     folder = Path(path)
     if not (folder / RESULT_FILE).is_file() and (folder / "release" / RESULT_FILE).is_file():

@@ -229,7 +229,6 @@ class Space:
                 raise SpaceError(f"space field {name!r}: unsupported value {value!r}")
             parsed[name] = value
         self.fields: dict[str, Any] = parsed
-        #: names declared privacy-relevant by name (besides fields marked ``privacy=True``)
         self.privacy_fields = frozenset(privacy_fields)
         for name in self.privacy_relevant:
             value = parsed[name]
@@ -253,11 +252,8 @@ class Space:
     @property
     def privacy_relevant(self) -> tuple[str, ...]:
         """Names of the fields that change a candidate's privacy loss."""
-        return tuple(
-            n
-            for n, v in self.fields.items()
-            if n in self.privacy_fields or (isinstance(v, _DISTRIBUTIONS) and v.privacy)
-        )
+        marked = {n for n, v in self.fields.items() if isinstance(v, _DISTRIBUTIONS) and v.privacy}
+        return tuple(n for n in self.fields if n in self.privacy_fields or n in marked)
 
     def sample(self, rng: np.random.Generator) -> dict[str, Any]:
         """Draws one candidate's hyperparameters (fields in sorted name order, so draws are
@@ -291,13 +287,11 @@ class Space:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe description (for the journal and the release's hyperparameter file)."""
-
-        def entry(v: Any) -> Any:
-            if not isinstance(v, _DISTRIBUTIONS):
-                return v
-            return {**v.to_dict(), "privacy": True} if v.privacy else v.to_dict()
-
-        return {n: entry(v) for n, v in self.fields.items()}
+        out = dict(self.fields)
+        for n, v in out.items():
+            if isinstance(v, _DISTRIBUTIONS):
+                out[n] = {**v.to_dict(), "privacy": True} if v.privacy else v.to_dict()
+        return out
 
     def __repr__(self) -> str:
         return f"Space({self.to_dict()!r})"

@@ -3,11 +3,8 @@ data with a budget of its own, then train the selected hyperparameters once on a
 (Koskela & Kulkarni 2023, "Practical Differentially Private Hyperparameter Tuning with
 Subsampling", arXiv:2301.11989). The two phases are accounted as one composition
 (``dptune.accounting.subsampled``: the selection theorem on the subset, amplification by Poisson
-subsampling, PLD composition with the final run).
-
-Built on ``dptune.tuner``'s public steps (``check_run`` around ``plan_subsampled``, then
-``run_in_workdir`` around ``_phases``); the subset's secret key is drawn once and journaled, the
-whole run is charged to the ledger once, and a killed run resumes phase by phase from the journals
+subsampling, PLD composition with the final run) and charged to the ledger once; the subset's
+secret key is drawn once and journaled, and a killed run resumes phase by phase
 (``DIR/private/tuning``, ``DIR/private/final``). Phase 1's release stays private; if it releases
 nothing, nothing is released.
 
@@ -26,7 +23,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dptune._state.workdir_lock import workdir_lock
 from dptune.accounting import subsampled as acc
 from dptune.accounting.statement import PrivacyStatement
 from dptune.errors import ImpossibleBudgetError, TuningConfigError
@@ -59,16 +55,11 @@ __all__ = ["SubsampledPlan", "plan_subsampled", "tune_subsampled"]
 
 @dataclass(frozen=True)
 class SubsampledPlan:
-    """What the accountant promised for a subsampled tuning run, before anything private runs.
-
-    Attributes:
-      tuning: the budgets of the tuning phase (on the subset, and amplified to the full data).
-      tuning_plan: the privacy plan of the selection over the subset's candidates (its
-        ``calibrated`` noise is the tuning candidates').
-      calibrated: the final run's calibrated values (e.g. ``{"noise_multiplier": 3.9}``).
-      final_candidates: every privacy the final run may have (one per privacy-grid point).
-      statement: the whole run's statement (``dptune.accounting.subsampled``).
-    """
+    """What the accountant promised for a subsampled tuning run, before anything private runs:
+    the tuning phase's budgets (``tuning``: on the subset, and amplified to the full data) and
+    privacy plan over the subset's candidates (``tuning_plan``), the final run's ``calibrated``
+    values and every privacy it may have (``final_candidates``, one per privacy-grid point), and
+    the whole run's ``statement`` (``dptune.accounting.subsampled``)."""
 
     tuning: acc.SubsampledTuning
     tuning_plan: PrivacyPlan
@@ -113,8 +104,7 @@ def plan_subsampled(
 
     Args:
       trainer: the trainer on all the data (with a ``subset`` hook).
-      space, selection: the search space (``noise_multiplier="auto"``) and the selection method
-        run over the subset's candidates.
+      space, selection: as ``dptune.tune``'s, run over the subset's candidates.
       budget: the TOTAL (epsilon, delta) of both phases.
       fraction: the subset's Poisson rate f in (0, 1).
       tuning_epsilon: the tuning phase's epsilon on the full data (amplification included), in
@@ -125,8 +115,7 @@ def plan_subsampled(
     Raises:
       TuningConfigError, ImpossibleBudgetError (one line each, nothing charged).
     """
-    budget = as_budget(budget)
-    space = as_space(space)
+    budget, space = as_budget(budget), as_space(space)
     field = _check(trainer, space, accountant, adjacency)
     if not 0 < tuning_epsilon < budget.epsilon:
         raise TuningConfigError(
@@ -180,8 +169,8 @@ def _final_run(trainer, sub, tuning_plan, field, fraction, budget, seeded, adjac
     )
     sigma = acc.calibrate_final(final_candidates, eps_t, delta_t, budget.epsilon, budget.delta)
     cands = final_candidates(sigma)
-    notes = tuple(trainer.privacy_notes()) if hasattr(trainer, "privacy_notes") else ()
-    notes += (
+    notes = (
+        *getattr(trainer, "privacy_notes", tuple)(),
         f"Tuning on a per-record Poisson subset of rate {fraction:g} (each record's membership "
         "a keyed hash of that record alone under a secret key), then one final run on all the "
         "data with the selected hyperparameters.",
@@ -222,25 +211,18 @@ def tune_subsampled(
     options: TuneOptions | None = None, **kwargs: Any,
 ) -> Release:  # fmt: skip
     """Tunes on a per-record Poisson subset, retrains the selection on all the data, and releases
-    that final model under one statement for both phases (module docstring).
-
-    Args are those of ``dptune.tune`` (``TuneOptions``; the ledger defaults to None here, and
-    ``debug_nonprivate`` is refused), plus ``fraction`` (the subset's Poisson rate, in (0, 1)) and
-    ``tuning_epsilon`` (the tuning phase's epsilon on the full data, amplification included; the
-    final run gets the rest of ``budget`` by composition). Returns the
-    :class:`~dptune.release.Release` of the final run (also written to ``workdir/release/``).
-    """
+    that final model under one statement for both phases (module docstring). Args are those of
+    ``dptune.tune`` (the ledger defaults to None here; ``debug_nonprivate`` is refused) and
+    ``fraction``, ``tuning_epsilon`` as :func:`plan_subsampled`'s. Returns the final run's
+    :class:`~dptune.release.Release` (also written to ``workdir/release/``)."""
     opts = TuneOptions.build(options or TuneOptions(ledger=None), kwargs)
     opts.check()
     if opts.debug_nonprivate:
         raise TuningConfigError("strategy 'subsampled' has no debug_nonprivate: use 'full'")
-    budget = as_budget(budget)
-    space = as_space(space)
+    budget, space = as_budget(budget), as_space(space)
     _check(trainer, space, opts.accountant, opts.adjacency)  # before the lock makes the workdir
-    config = opts.config
-    if config is None:
-        strategy = {"name": "subsampled", "fraction": fraction, "tuning_epsilon": tuning_epsilon}
-        config = {"strategy": strategy, **describe_run(trainer, space, selection, budget, opts)}
+    strategy = {"name": "subsampled", "fraction": fraction, "tuning_epsilon": tuning_epsilon}
+    config = describe_run(trainer, space, selection, budget, opts, strategy=strategy)
 
     def plan() -> SubsampledPlan:
         # The subset trainer's privacy depends on public sizes only, so the plan is the same for
@@ -250,21 +232,10 @@ def tune_subsampled(
             accountant=opts.accountant, seeded=opts.seed is not None, adjacency=opts.adjacency,
         )  # fmt: skip
 
-    # One run per workdir, for the whole run (dptune/_state/workdir_lock.py).
-    with workdir_lock(opts.workdir):
-        pre = check_run(trainer, budget, config, opts, plan)
-        return run_in_workdir(pre, lambda j: _phases(trainer, selection, space, pre, j, opts))
-
-
-def _subset_key(journal: Any, seed: int | None) -> bytes:
-    """The subset's secret key, drawn once (OS entropy; from ``seed`` for debugging)."""
-    if seed is None:
-        fresh = os.urandom(32).hex()
-    else:
-        fresh = hashlib.blake2b(
-            f"dptune/subset-key/{int(seed)}".encode(), digest_size=32
-        ).hexdigest()
-    return bytes.fromhex(journal.set_once("subset_key", fresh))
+    return run_in_workdir(
+        opts.workdir, lambda: check_run(trainer, budget, config, opts, plan),
+        lambda pre, j: _phases(trainer, selection, space, pre, j, opts),
+    )  # fmt: skip
 
 
 def _phases(trainer, selection, space, pre, journal, opts) -> Release:
@@ -279,7 +250,11 @@ def _phases(trainer, selection, space, pre, journal, opts) -> Release:
     private_dir = None if pre.workdir is None else pre.workdir / "private"
     phase = replace(opts, ledger=None)
     outer = {"run_id": run_id, "outer": dict(pre.config)}
-    sub = trainer.subset(plan.tuning.fraction, _subset_key(journal, opts.seed))
+    # The subset's secret key, drawn once: OS entropy (from the seed for debugging).
+    seeded = hashlib.blake2b(f"dptune/subset-key/{opts.seed}".encode(), digest_size=32).digest()
+    fresh = os.urandom(32) if opts.seed is None else seeded
+    key = bytes.fromhex(journal.set_once("subset_key", fresh.hex()))
+    sub = trainer.subset(plan.tuning.fraction, key)
     tuned = tune(
         sub, space, selection, Budget(plan.tuning.subset_epsilon, plan.tuning.subset_delta),
         phase, workdir=None if private_dir is None else private_dir / "tuning",

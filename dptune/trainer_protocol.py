@@ -10,24 +10,18 @@ A trainer declares its privacy before it runs (``privacy(hparams)``) and trains 
 * ``fingerprint``: the dataset's id in the budget ledger.
 * ``privacy_fields``: fields known to change ``privacy(hparams)`` (others are found by probing).
 * ``calibrated_field``: the field that ``"auto"`` calibrates (default ``"noise_multiplier"``).
-* ``privacy_notes()``, ``privacy_checks()``, ``taken_on_word()``: sentences for the statement:
-  notes (e.g. how the validation split was made), what dptune's own code guarantees (the
-  built-in learners), what is taken on the trainer's word (a trainer with neither of the last
-  two is described as a user's trainer).
+* ``privacy_notes()``, ``privacy_checks()``, ``taken_on_word()``: the statement's notes, what
+  dptune's own code guarantees, what is taken on the trainer's word (a trainer with neither of
+  the last two is described as a user's trainer).
 * ``check_adjacency(adjacency)``: refuse an adjacency the data does not support.
 * ``release_view(hparams, payload) -> ReleaseView``: what of the selected candidate may be
-  released (default: the payload as it is), with the per-epoch privacy of its training.
+  released (default: the payload as it is).
 * ``score_kind``: what the score is (``selection.registry.SCORE_KINDS``; default ``"exact"``).
 * ``bind_accounted(pairs)``: the accounted declaration of every candidate it will train.
-* ``code_digest()``: a digest of the code that trains the candidates (:func:`code_digest`); a
-  workdir is bound to it, so an edited trainer never resumes a run of the old code.
+* ``code_digest()``: a digest of the code that trains the candidates; the workdir is bound to it.
 * ``check_inputs(hparams)``: refuse (TuningConfigError), before any private computation, a
   candidate the trainer would refuse when it starts (checks of the data's public schema).
-* ``curator_view()``: JSON-safe facts for ``dptune inspect`` (e.g. records the loader dropped);
-  never released.
-
-A failed candidate is a NaN score with a :class:`~dptune.errors.CandidateFailure` as its payload
-(:func:`checked_result` makes one of any non-finite or non-numeric score).
+* ``curator_view()``: JSON-safe facts for ``dptune inspect`` (never released).
 """
 
 from __future__ import annotations
@@ -79,10 +73,9 @@ def checked_result(score: Any, payload: Any) -> tuple[float, Any]:
 
 
 def code_digest(trainer: Any) -> str:
-    """A digest (16 hex characters) of the code that trains ``trainer``'s candidates: its
-    ``code_digest()`` hook, else the source of a ``FunctionTrainer``'s function, else the source
-    file of the trainer's class. Editing it changes the digest; the journal binds a workdir to
-    it."""
+    """A digest (16 hex characters) of the code that trains ``trainer``'s candidates (the journal
+    binds a workdir to it): its ``code_digest()`` hook, else the source of a ``FunctionTrainer``'s
+    function, else of the trainer's class."""
     hook = getattr(trainer, "code_digest", None)
     if callable(hook):
         return str(hook())
@@ -115,10 +108,9 @@ def source_digest(objects: Sequence[Any] = (), files: Sequence[Path] = ()) -> st
 
 @runtime_checkable
 class Trainer(Protocol):
-    """A private candidate generator. ``privacy(hparams)``: the candidate's privacy, declared
-    before it runs (a ``dptune.accounting`` candidate or a ``dp_accounting`` ``DpEvent``).
-    ``__call__(hparams, rng)``: trains one candidate with the randomness of ``rng`` (seeded from
-    the candidate's seed) and returns ``(score, payload)``; higher is better, NaN is a failure."""
+    """A private candidate generator (module docstring): ``privacy(hparams)`` returns a
+    ``dptune.accounting`` candidate or a ``DpEvent``; ``__call__`` draws its randomness from
+    ``rng`` (seeded from the candidate's seed); a higher score is better, NaN is a failure."""
 
     def privacy(self, hparams: Mapping[str, Any]) -> Any: ...
 
@@ -133,14 +125,12 @@ class ReleaseView:
 
     Attributes:
       payload: the released payload (e.g. the model's parameters; never exact training losses).
-      test_accuracy: accuracy on a public test split, if the trainer measured one and the
-        candidates were scored by accuracy.
+      test_accuracy: accuracy on a public test split, if measured and the score is accuracy.
       history: per-epoch public rows (metrics on public or privatised data), oldest first.
-      privacy_by_epoch: the privacy of the training up to each row of ``history`` (accounting
-        candidates; the last is the whole run): the released curve's epsilon so far. Empty: no
-        curve.
-      test_metric: ``{"name": ..., "value": ...}``: the model's own declared ``Metric`` on the
-        public test split, for a model scored by it instead of accuracy.
+      privacy_by_epoch: the privacy (accounting candidates) of the training up to each row of
+        ``history``, the last the whole run: the released curve's epsilon (empty: no curve).
+      test_metric: ``{"name": ..., "value": ...}``: the model's own ``Metric`` on the public test
+        split, for a model scored by it instead of accuracy.
     """
 
     payload: Any
@@ -151,32 +141,27 @@ class ReleaseView:
 
 
 class DatasetTrainer:
-    """Shared by the trainers over a ``trainers.data.Dataset``: the ledger fingerprint and the
-    parsing of a candidate's hyperparameters. Subclasses set ``data``, ``base`` (fixed
-    hyperparameters under the drawn ones), ``hyperparams_class`` (a dataclass validating its
-    fields) and ``kind`` (its name in error messages)."""
+    """Shared by the trainers over a ``trainers.data.Dataset``. Subclasses set ``data``, ``base``
+    (fixed hyperparameters under the drawn ones), ``hyperparams_class`` (a dataclass validating
+    its fields) and ``kind`` (its name in error messages)."""
 
     hyperparams_class: type
     kind: str = "trainer"
     data: Any
     base: dict[str, Any]
-    _fingerprint: str | None = None
 
-    @property
+    @functools.cached_property
     def fingerprint(self) -> str:
         """The dataset's id in the ledger: its private records as a multiset (so neither a new
         split nor a new order of the same records opens a fresh budget)."""
-        if self._fingerprint is None:
-            self._fingerprint = self.data.fingerprint()
-        return self._fingerprint
+        return self.data.fingerprint()
 
     def code_digest(self) -> str:
         """The source file of this trainer's class (``dptune.trainer_protocol.code_digest``)."""
         return source_digest(files=[Path(inspect.getfile(type(self)))])
 
     def curator_view(self) -> dict[str, Any]:
-        """What the loader dropped or changed, per kind of problem (``dptune inspect``; private
-        counts, never released)."""
+        """What the loader dropped or changed, by kind (private counts; never released)."""
         return dict(getattr(self.data, "sanitized", None) or {})
 
     def hyperparams(self, hparams: Mapping[str, Any]) -> Any:
@@ -199,22 +184,19 @@ class FunctionTrainer:
     """Wraps a user's training function as a trainer.
 
     Args:
-      fn: ``fn(hparams: dict, rng: numpy.random.Generator) -> (score, payload)``; it may return
-        ``(score, payload, event)`` too, and the event must then equal the declared one that the
-        tuner accounted for these hyperparameters (``bind_accounted``; the accountant charged it
-        before training).
-      privacy: the candidate's privacy: a ``DpEvent`` / accounting candidate, or a function of the
-        hyperparameters returning one (e.g. building a DP-SGD event from ``noise_multiplier``).
-        It must be a pure function of the hyperparameters (no state, counter, clock or data):
-        dptune accounts it before the run and checks it again before each candidate trains.
+      fn: ``fn(hparams: dict, rng: numpy.random.Generator) -> (score, payload)``, or ``(score,
+        payload, event)`` where the event must equal the one accounted for these hyperparameters.
+      privacy_fn: the candidate's privacy: a ``DpEvent`` / accounting candidate, or a pure
+        function of the hyperparameters returning one (no state, counter, clock or data): dptune
+        accounts it before the run and checks it again before each candidate trains.
       num_examples: size of the private dataset (checks delta < 1/n), if known.
       fingerprint: an id of the private dataset for the budget ledger, if one is used.
       privacy_fields: fields known to change the declared privacy (a speed-up: others that do are
         found by probing ``privacy``); calibrated_field: the field ``"auto"`` calibrates.
       score_kind: what ``fn``'s score is (``selection.registry.SCORE_KINDS``): ``"covered"`` (its
-        noise is part of ``privacy``, or it reads public data only), ``"exact"`` (the default:
-        dptune cannot look inside ``fn``, and a wrong ``"exact"`` only refuses where a wrong
-        ``"covered"`` makes the statement false) or ``"percentile"``.
+        noise is part of ``privacy``, or it reads public data only), ``"exact"`` (the default: a
+        wrong ``"exact"`` only refuses, a wrong ``"covered"`` makes the statement false) or
+        ``"percentile"``.
     """
 
     fn: Callable[..., tuple]

@@ -1,33 +1,30 @@
 """``dptune.tune``: from a total privacy budget to one released candidate, crash-safe and budgeted.
 
 The order of operations is the privacy argument, so it is fixed here and nowhere else; ``tune`` is
-the sequence of these named steps (``dptune.subsampled`` runs 1, 2 and 5 around its own plan):
+the sequence of these steps (``dptune.subsampled`` runs 1, 2 and 5 around its own plan):
 
-1. ``preflight``: check every input (the options, the workdir and its journal, the ledger:
-   ``check_run``) and ``make_privacy_plan`` (``dptune.plan``): the worst case over everything the
-   space can draw, ``"auto"`` calibrated so the *total* meets the budget. Nothing private has run
-   and nothing is written; ``dptune --dry_run`` stops here.
-2. ``run_in_workdir`` / ``open_journal``: ``DIR/private/journal.sqlite`` binds the config and the
+1. ``preflight``: every check and the privacy plan (``dptune.plan``); nothing private has run and
+   nothing is written (``dptune --dry_run`` stops here).
+2. ``run_in_workdir``: the journal (``DIR/private/journal.sqlite``) binds the config and the
    trainer's code (a different one is refused); a finished run returns its release.
 3. ``draw_plan``: the run id, the entropy, the selection's plan and every candidate's seed and
    hyperparameters, each drawn once: a resume reads them back.
-4. ``check_candidates`` (``dptune.plan``): every drawn candidate declares what was accounted.
-5. ``charge_ledger``: the run's (epsilon, delta) is charged to the dataset's budget once per run id.
-6. ``run_candidates``: candidates train in index order, alone or in groups (``train_many``), each
-   journaled as it finishes behind one failure guard; finished ones never train again.
-7. ``release_selected``: only the selected candidate is released (``DIR/release/``); if it failed
-   (so every candidate failed), no model is released and the release says so.
+4. ``check_candidates``: every drawn candidate declares what was accounted.
+5. ``charge_ledger``: the run's (epsilon, delta), charged to the dataset's budget once per run id.
+6. ``run_candidates``: candidates train in index order, each journaled as it finishes.
+7. ``release_selected``: only the selected candidate is released (``DIR/release/``), or nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
 import pickle
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -60,7 +57,6 @@ from dptune.release import (
     NO_CANDIDATE_SUCCEEDED,
     NONE_SELECTED,
     Release,
-    public_curve,
     read_release,
     write_release,
 )
@@ -72,14 +68,12 @@ log = logging.getLogger("dptune")
 
 
 class _DefaultLedger:
-    """``tune(ledger=...)``'s default: the curator's ledger, ``$DPTUNE_LEDGER`` or
-    ``~/.dptune/ledger.sqlite`` (``_state.ledger.default_ledger_path``), as for the command."""
-
     def __repr__(self) -> str:
         return "DEFAULT_LEDGER"
 
 
-#: The default of ``tune(ledger=...)`` and of ``config.ledger``: the curator's default ledger.
+#: The default of ``tune(ledger=...)`` and of ``config.ledger``: the curator's ledger,
+#: ``$DPTUNE_LEDGER`` or ``~/.dptune/ledger.sqlite`` (``_state.ledger.default_ledger_path``).
 DEFAULT_LEDGER: Any = _DefaultLedger()
 
 
@@ -89,7 +83,6 @@ class _Private:
 
     num_trials: int
     scores: list[float] = field(default_factory=list)
-    run_id: str = ""
 
     def __repr__(self) -> str:  # keep K and scores out of accidental prints
         return "<private: see DIR/private/>"
@@ -98,7 +91,7 @@ class _Private:
 @dataclass(frozen=True)
 class TuneOptions:
     """How a run goes, apart from what it tunes: every keyword argument of :func:`tune`, as one
-    frozen value that :func:`preflight` checks (the same value for the run and ``--dry_run``).
+    frozen value (the same for the run and ``--dry_run``).
 
     Attributes:
       workdir: folder for ``private/`` (journal, candidates) and ``release/``; with it a killed run
@@ -108,8 +101,7 @@ class TuneOptions:
       group_size: candidates trained at once through ``trainer.train_many`` (vectorised).
       accountant: "auto" (the tightest valid route), "rdp" or "pld" (``dptune.accounting``).
       ledger: where the run is charged to the dataset's budget: a
-        :class:`~dptune._state.ledger.Ledger` or its path; by default the curator's ledger
-        (``$DPTUNE_LEDGER`` or ``~/.dptune/ledger.sqlite``); None runs without a ledger.
+        :class:`~dptune._state.ledger.Ledger` or its path (default ``DEFAULT_LEDGER``); None: none.
       dataset_budget: the dataset's lifetime budget as this run states it (default: the one the
         ledger holds; for a new dataset 10 times this run's ``budget``, with a warning).
       fingerprint: the dataset id in the ledger (default: ``trainer.fingerprint``).
@@ -118,8 +110,8 @@ class TuneOptions:
       debug_nonprivate: print every candidate's score at the end; marks the statement NOT private.
       adjacency: "add_remove" (default: neighbours differ by one added or removed example) or
         "replace_one" (one example replaced; for datasets of fixed, public size).
-      executor: how candidates are trained (``dptune.executors``; default sequential, or
-        vectorised in groups of ``group_size``).
+      executor: how candidates are trained (``dptune.executors``; default: groups of
+        ``group_size``).
     """
 
     workdir: str | os.PathLike | None = None
@@ -136,8 +128,7 @@ class TuneOptions:
     executor: Any = None
 
     def check(self) -> None:
-        """The checks that need no data and read nothing (the command checks its flags with this
-        same method, so the library and ``dptune`` refuse the same values with the same words):
+        """The checks that need no data and read nothing (the command's too, in the same words):
         TuningConfigError / StateError naming the field."""
         g, seed = self.group_size, self.seed
         if isinstance(g, bool) or not isinstance(g, int) or g < 1:
@@ -162,7 +153,26 @@ class TuneOptions:
                 "(config.ledger.enabled=False; ledger=None in Python) for debug runs on data that "
                 "has no budget to protect"
             )
-        check_workdir(self.workdir)
+        if self.workdir is None:
+            return
+        # The workdir must be a folder this process can write (or create), before anything is
+        # read, locked or written.
+        path = Path(self.workdir)
+        fix = "choose another --workdir (workdir= in Python)"
+        existing = path  # the workdir, or the nearest folder above it that exists
+        while not existing.exists() and existing.parent != existing:
+            existing = existing.parent
+        for p in (existing, path / "private", path / "release"):
+            if p.exists() and not p.is_dir():
+                raise StateError(
+                    f"the workdir {path} cannot be used: {p} is a file, not a folder: {fix}"
+                )
+        for p in (existing, path / "private"):
+            if p.is_dir() and not os.access(p, os.W_OK | os.X_OK):
+                raise StateError(
+                    f"the workdir {path} is not writable ({p} is read-only for this user): {fix}, "
+                    "or make it writable"
+                )
 
     @classmethod
     def build(cls, options: TuneOptions | None, kwargs: Mapping[str, Any]) -> TuneOptions:
@@ -179,27 +189,21 @@ class TuneOptions:
 
 @quiet_accounting
 def tune(
-    trainer: Any,
-    space: Space | Mapping[str, Any],
-    selection: Any,
-    budget: Budget | tuple[float, float],
-    options: TuneOptions | None = None,
-    **kwargs: Any,
-) -> Release:
+    trainer: Any, space: Space | Mapping[str, Any], selection: Any,
+    budget: Budget | tuple[float, float], options: TuneOptions | None = None, **kwargs: Any,
+) -> Release:  # fmt: skip
     """Tunes privately and releases the selected candidate (or nothing).
 
     Args:
-      trainer: a trainer (``dptune.trainer_protocol``): e.g. ``dptune.DpSgdTrainer``, a
-        ``FunctionTrainer``.
+      trainer: a trainer (``dptune.trainer_protocol``), e.g. ``dptune.DpSgdTrainer``.
       space: the search space; ``noise_multiplier="auto"`` calibrates the noise to the budget.
       selection: a ``selection`` method (``RandomStopping``, ``Thresholding``, ...).
       budget: total (epsilon, delta) for everything released, tuning included.
       options, **kwargs: how the run goes (:class:`TuneOptions`; keywords replace its fields,
         e.g. ``workdir=``, ``seed=``, ``ledger=None``).
     Returns:
-      The :class:`~dptune.release.Release` (also written to ``workdir/release/`` if given);
-      ``release.outcome`` says whether a candidate was released, none was selected, or the
-      selected one failed (then every candidate failed and no model is released).
+      The :class:`~dptune.release.Release` (also written to ``workdir/release/`` if given); its
+      ``outcome`` says whether a candidate was released, none was selected, or every one failed.
     Raises:
       TuningConfigError (and its StateError), BudgetExceededError, LedgerBudgetMismatchError,
       ConfigChangedError, WorkdirLockedError: refused before any private computation, nothing
@@ -208,22 +212,19 @@ def tune(
     opts = TuneOptions.build(options, kwargs)
     # The cheap checks first, so that a refused call creates nothing (not even the workdir).
     opts.check()
-    as_budget(budget)
-    # One run per workdir, for the whole run (dptune/_state/workdir_lock.py); the checks read the
-    # workdir's journal under the lock, so no other run can be writing it.
-    with workdir_lock(opts.workdir):
-        pre = preflight(trainer, space, selection, budget, opts)
-        return run_in_workdir(pre, lambda j: _tune_steps(pre, trainer, selection, opts, j))
+    budget = as_budget(budget)
+    return run_in_workdir(
+        opts.workdir, lambda: preflight(trainer, space, selection, budget, opts),
+        lambda pre, j: _tune_steps(pre, trainer, selection, opts, j),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Preflight:
-    """Everything :func:`preflight` checked, for the run that follows (nothing private yet):
-    the plan (a :class:`PrivacyPlan`, or a strategy's plan with a ``statement``), the budget, what
-    the journal binds the workdir to (``config``, ``code``), the workdir (None: in memory), the
-    ledger's path (None: no ledger) with the dataset's ``fingerprint``, stated ``dataset_budget``
-    (None: the registered one) and name, the dataset's ``spend`` after this run as the ledger
-    would record it, and whether the workdir holds this run's journal already (``resuming``)."""
+    """What :func:`preflight` checked, for the run that follows: the plan (a :class:`PrivacyPlan`
+    or a strategy's, with a ``statement``), what the journal binds (``config``, ``code``), the
+    ledger's path (None: none), the dataset's ``spend`` after this run as the ledger would record
+    it, and whether the workdir holds this run's journal already (``resuming``)."""
 
     plan: Any
     budget: Budget
@@ -240,20 +241,15 @@ class Preflight:
 
 @quiet_accounting
 def preflight(
-    trainer: Any, space: Space | Mapping[str, Any], selection: Any,
-    budget: Budget | tuple[float, float], options: TuneOptions | None = None, **kwargs: Any,
+    trainer: Any, space: Space | Mapping[str, Any], selection: Any, budget: Budget,
+    opts: TuneOptions,
 ) -> Preflight:  # fmt: skip
-    """Every check of :func:`tune` that needs no private computation, writing nothing: the one
-    validation shared by the run and ``dptune --dry_run`` (same arguments as ``tune``, raises
-    what it raises): the options, the privacy plan, the data's schema at every probe point of the
-    space, then :func:`check_run` (the workdir's journal and the dataset's ledger)."""
-    opts = TuneOptions.build(options, kwargs)
-    budget = as_budget(budget)
-    opts.check()
+    """Every check of :func:`tune` after ``opts.check()`` that needs no private computation,
+    writing nothing: the one validation shared by the run and ``dptune --dry_run`` (raises what
+    ``tune`` raises): the privacy plan, the data's schema at every probe point of the space, then
+    :func:`check_run` (the workdir's journal and the dataset's ledger)."""
     space = as_space(space)
-    config = opts.config if opts.config is not None else describe_run(
-        trainer, space, selection, budget, opts
-    )  # fmt: skip
+    config = describe_run(trainer, space, selection, budget, opts)
 
     def plan() -> PrivacyPlan:
         p = make_privacy_plan(
@@ -272,24 +268,21 @@ def check_run(
     trainer: Any, budget: Budget, config: Mapping[str, Any], opts: TuneOptions,
     make_plan: Callable[[], Any],
 ) -> Preflight:  # fmt: skip
-    """The checks of :func:`preflight` around ``make_plan()`` (the accounting; a strategy passes
-    its own), read-only: the ledger needs the dataset's fingerprint, the workdir's journal must
-    belong to ``config`` and this code, and the run must fit the dataset's budget (a finished
-    run, which returns its release, is not charged again)."""
+    """The checks of :func:`preflight` around ``make_plan()`` (a strategy passes its own),
+    read-only: the dataset's fingerprint, the workdir's journal (``config``, this code), and the
+    run within the dataset's budget (a finished run, which returns its release, is not charged)."""
     ledger = opts.ledger
     if ledger is DEFAULT_LEDGER:
         ledger = default_ledger_path()
     elif ledger is not None:
         ledger = ledger.path if isinstance(ledger, Ledger) else Path(ledger)
-    fp = None
-    if ledger is not None:
-        fp = opts.fingerprint or getattr(trainer, "fingerprint", None)
-        if not fp:
-            raise TuningConfigError(
-                f"the budget ledger ({ledger}) charges every run to its dataset, but this "
-                "trainer names no dataset: pass fingerprint='<an id of your dataset>' (to tune(), "
-                "or to dptune.trainer / FunctionTrainer), or ledger=None to run without a ledger"
-            )
+    fp = None if ledger is None else opts.fingerprint or getattr(trainer, "fingerprint", None)
+    if ledger is not None and not fp:
+        raise TuningConfigError(
+            f"the budget ledger ({ledger}) charges every run to its dataset, but this "
+            "trainer names no dataset: pass fingerprint='<an id of your dataset>' (to tune(), "
+            "or to dptune.trainer / FunctionTrainer), or ledger=None to run without a ledger"
+        )
     code = {"dptune": dptune.__version__, "trainer": code_digest(trainer)}
     workdir = None if opts.workdir is None else Path(opts.workdir)
     run_id, resuming, finished = None, False, False
@@ -312,10 +305,14 @@ def check_run(
 
 
 def describe_run(
-    trainer: Any, space: Space, selection: Any, budget: Budget, opts: TuneOptions
-) -> dict[str, Any]:
-    """What the journal binds a workdir to when no config is given (what changes the run)."""
+    trainer: Any, space: Space, selection: Any, budget: Budget, opts: TuneOptions, **extra: Any
+) -> Mapping[str, Any]:
+    """What the journal binds a workdir to: ``opts.config``, else what changes the run (and
+    ``extra``)."""
+    if opts.config is not None:
+        return opts.config
     return {
+        **extra,
         "space": space.to_dict(),
         "selection": selection.privacy.describe() if hasattr(selection, "privacy") else None,
         "budget": [budget.epsilon, budget.delta],
@@ -329,42 +326,41 @@ def _check_inputs(trainer: Any, plan: Any) -> None:
     """``trainer.check_inputs`` at every probe point of the space (``dptune.plan.probe_points``):
     a setting the search can draw and the data cannot take (say ``augmult > 0`` on tabular rows)
     is refused, naming the field and value, before anything is charged."""
-    base = plan.space.example()
-    for point in probe_points(plan.space):
+    for name, point in probe_points(plan.space):
         try:
             trainer.check_inputs(plan.hparams(point))
         except TuningConfigError as e:
-            varied = {k: v for k, v in point.items() if base.get(k) != v}
-            if not varied:
+            if name is None:
                 raise
-            where = ", ".join(f"{k}={v!r}" for k, v in varied.items())
             raise TuningConfigError(
-                f"{e} (at {where}, a value the search space can draw: remove it from the space "
-                "or fix the data)"
+                f"{e} (at {name}={point[name]!r}, a value the search space can draw: remove it "
+                "from the space or fix the data)"
             ) from None
 
 
-def run_in_workdir(pre: Preflight, steps: Callable[[Any], Release]) -> Release:
-    """Opens the run's journal (bound to ``pre.config`` and ``pre.code``); a finished run returns
-    its release, trains and charges nothing; otherwise ``steps(journal)`` runs and its release is
-    written to ``workdir/release/`` and marked in the journal."""
-    private_dir = None if pre.workdir is None else pre.workdir / "private"
-    release_dir = None if pre.workdir is None else pre.workdir / "release"
-    journal = open_journal(private_dir, pre.config, pre.code)
-    try:
-        if release_dir is not None and journal.get("released_at") and release_dir.exists():
-            log.warning(
-                "this workdir's run finished already: its release is in %s (nothing was trained "
-                "or charged now; use a new --workdir for a new run)", release_dir,
-            )  # fmt: skip
-            return read_release(release_dir)
-        release = steps(journal)
-        if release_dir is not None:
-            write_release(release, release_dir)
-            journal.set("released_at", time.time())
-        return release
-    finally:
-        journal.close()
+def run_in_workdir(
+    workdir: Any, check: Callable[[], Preflight], steps: Callable[[Preflight, Any], Release]
+) -> Release:
+    """One run per workdir (``dptune/_state/workdir_lock.py``), locked for ``pre = check()`` (it
+    reads the journal) and the run: opens the journal (bound to ``pre.config`` and ``pre.code``);
+    a finished run returns its release, trains and charges nothing; otherwise ``steps(pre,
+    journal)`` runs and its release is written to ``workdir/release/`` and marked in the journal."""
+    with workdir_lock(workdir):
+        pre = check()
+        private_dir = None if pre.workdir is None else pre.workdir / "private"
+        release_dir = None if pre.workdir is None else pre.workdir / "release"
+        with open_journal(private_dir, pre.config, pre.code) as journal:
+            if release_dir is not None and journal.get("released_at") and release_dir.exists():
+                log.warning(
+                    "this workdir's run finished already: its release is in %s (nothing was "
+                    "trained or charged now; use a new --workdir for a new run)", release_dir,
+                )  # fmt: skip
+                return read_release(release_dir)
+            release = steps(pre, journal)
+            if release_dir is not None:
+                write_release(release, release_dir)
+                journal.set("released_at", time.time())
+            return release
 
 
 def _tune_steps(
@@ -375,7 +371,7 @@ def _tune_steps(
     # The curator's console: that the run resumes, and which kinds of malformed records the
     # loader dropped (no counts: the console's log may be shared; ``dptune inspect`` has them).
     if pre.resuming:
-        t = journal.get("started_at") or journal.get("planned_at")
+        t = journal.get("started_at")
         when = time.strftime("on %Y-%m-%d at %H:%M:%S", time.localtime(t)) if t else "earlier"
         log.info(
             "resuming the run started %s in %s: its plan and seeds are read back from the "
@@ -396,7 +392,7 @@ def _tune_steps(
         clipping = trainer.clipping_path()
         journal.set("clipping", clipping)
         log.info("per-example clipping: %s (%s)", clipping["path"], clipping["why"])
-    run_id, sel_plan = draw_plan(journal, plan, selection, opts.seed)
+    sel_plan = draw_plan(journal, plan, selection, opts.seed)
     drawn = journal.candidates()
     declared = check_candidates(trainer, plan, [r.hparams for r in drawn])
     checked = dict(zip((r.index for r in drawn), declared, strict=True))
@@ -412,47 +408,20 @@ def _tune_steps(
         opts.progress, checked,
     )  # fmt: skip
     release = release_selected(
-        trainer, selection, sel_plan, plan, pre.budget, records, payloads, journal
+        trainer, selection, sel_plan, plan, pre.budget, records, scores, payloads, journal
     )
-    release.private = _Private(num_trials=sel_plan.num_trials, scores=list(scores), run_id=run_id)
+    release.private = _Private(sel_plan.num_trials, list(scores))
     if opts.debug_nonprivate:
         # The curator asked for a non-private view: this print is why the statement says so.
         print(f"[debug_nonprivate] K={sel_plan.num_trials}; scores in order: {scores}")
     return release
 
 
-def check_workdir(workdir: str | os.PathLike | None) -> None:
-    """The workdir must be a folder this process can write (or creatable): StateError otherwise,
-    before anything is read, locked or written."""
-    if workdir is None:
-        return
-    path = Path(workdir)
-    fix = "choose another --workdir (workdir= in Python)"
-    existing = path  # the workdir, or the nearest folder above it that exists
-    while not existing.exists() and existing.parent != existing:
-        existing = existing.parent
-    for p in (existing, path / "private", path / "release"):
-        if p.exists() and not p.is_dir():
-            raise StateError(
-                f"the workdir {path} cannot be used: {p} is a file, not a folder: {fix}"
-            )
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise StateError(
-            f"the workdir {path} is not writable ({existing} is read-only for this user): {fix}, "
-            "or make it writable"
-        )
-    private = path / "private"
-    if private.is_dir() and not os.access(private, os.W_OK | os.X_OK):
-        raise StateError(f"{private} is not writable for this user: {fix}, or make it writable")
-
-
 def _check_existing_run(
     private_dir: Path, config: Mapping[str, Any], code: Mapping[str, Any]
 ) -> tuple[str | None, bool, bool]:
-    """What the workdir already holds, read-only: ``(run_id or None, resuming, finished)``. A
-    journal must be intact, complete, and belong to this config and this code; a release or
-    candidate results without their journal are refused (the run that wrote them can be neither
-    resumed nor checked)."""
+    """What the workdir already holds, read-only: ``(run_id or None, resuming, finished)``; a
+    release or candidate results without their journal are refused."""
     workdir = private_dir.parent
     journal_path = private_dir / JOURNAL_FILE
     if not journal_path.exists():
@@ -484,25 +453,21 @@ def _on_ledger(pre: Preflight, run_id: str | None, charge: bool) -> Any:
         return led.charge(*args, **kw, workdir=str(pre.workdir or ""))
 
 
+@contextlib.contextmanager
 def open_journal(
     private_dir: Path | None, config: Mapping[str, Any], code: Mapping[str, Any], readonly=False
-) -> Any:
+) -> Iterator[Any]:
     """The run's journal bound to ``config`` and ``code`` (in memory without a workdir)."""
-    journal: Any = Journal(private_dir, readonly=readonly)
-    try:
+    with Journal(private_dir, readonly=readonly) as journal:
         journal.bind_config(dict(config))
         journal.bind_code(dict(code))
         journal.check_complete()
-    except BaseException:
-        journal.close()
-        raise
-    return journal
+        yield journal
 
 
 def bind_calibrated(journal: Any, statement: Any, calibrated: Mapping[str, Any]) -> str:
-    """Journals, once, the run id, the statement and the calibrated values; a resume whose
-    accountant now calibrates otherwise (another dptune version) is refused. Returns the run
-    id."""
+    """Journals, once, the run id (returned), the statement and the calibrated values; a resume
+    whose accountant now calibrates otherwise is refused."""
     run_id = journal.set_once("run_id", uuid.uuid4().hex)
     journal.set_once("privacy", {**statement.to_dict(), "calibrated": dict(calibrated)})
     if journal.get("calibrated", calibrated) != calibrated:
@@ -517,8 +482,8 @@ def bind_calibrated(journal: Any, statement: Any, calibrated: Mapping[str, Any])
 
 def draw_plan(journal: Any, plan: PrivacyPlan, selection: Any, seed: int | None):
     """Draws (once) the run id, the entropy, the selection's plan and every candidate's seed and
-    hyperparameters; a resume reads them back. Returns ``(run_id, selection plan)``."""
-    run_id = bind_calibrated(journal, plan.statement, dict(plan.calibrated))
+    hyperparameters; a resume reads them back. Returns the selection's plan."""
+    bind_calibrated(journal, plan.statement, dict(plan.calibrated))
     entropy = journal.set_once(
         "entropy", int(seed) if seed is not None else int(np.random.SeedSequence().entropy)
     )
@@ -543,14 +508,12 @@ def draw_plan(journal: Any, plan: PrivacyPlan, selection: Any, seed: int | None)
         journal.add_candidates(rows)
         plan_dict = journal.set_once("plan", sel_plan.to_dict())
     plan_cls = getattr(selection, "plan_class", None) or Plan
-    return run_id, plan_cls.from_dict(dict(plan_dict))
+    return plan_cls.from_dict(dict(plan_dict))
 
 
 def charge_ledger(pre: Preflight, journal: Any) -> None:
     """Charges the run's (epsilon, delta) to the dataset's budget in ``pre.ledger`` (if any) once
-    per journaled run id, then marks the run started. ``pre.dataset_budget`` None: the registered
-    budget, or (a new dataset) 10 times the run's, with a warning. BudgetExceededError if it does
-    not fit."""
+    per journaled run id, then marks the run started; BudgetExceededError if it does not fit."""
     if pre.ledger is not None:
         spend = _on_ledger(pre, journal.get("run_id"), charge=True)
         fp, explicit = pre.fingerprint or "", pre.dataset_budget is not None
@@ -580,11 +543,9 @@ def run_candidates(
     checked: Mapping[int, Any],
 ) -> list[float]:  # fmt: skip
     """Trains candidates until the selection is done; returns the scores prefix (index order).
-
     The executor gets the next ``executor.parallelism`` unfinished candidates, each first checked
-    to declare what was accounted for it (``checked``: ``check_unchanged``); each result is
-    journaled as it comes back (score NaN = failure), so a kill loses at most the candidates in
-    flight, which a rerun trains again with the same seeds."""
+    to declare what was accounted (``check_unchanged``); each result is journaled as it comes
+    back (NaN: failure), so a kill loses at most the candidates in flight (rerun: same seeds)."""
     n = sel_plan.num_trials
 
     def prefix() -> list[float]:
@@ -618,13 +579,11 @@ def run_candidates(
 
 
 def release_selected(
-    trainer, selection, sel_plan, plan, budget, records, payloads, journal
+    trainer, selection, sel_plan, plan, budget, records, scores, payloads, journal
 ) -> Release:
-    """The selected candidate's release (or nothing): its hyperparameters, what its trainer says
-    may be released of it, its score, and the statement; the curve's epsilon is the privacy its
-    training produced per epoch, at the plan's delta and adjacency."""
-    done = [records[i] for i in range(sel_plan.num_trials) if records[i].status == "done"]
-    scores = [float("nan") if r.failed else float(r.score) for r in done]
+    """The selected candidate's release (or nothing) from ``scores`` (``run_candidates``'s): its
+    hyperparameters, what its trainer says may be released of it, its score, and the statement;
+    the curve's epsilon is the privacy its training produced per epoch, at the plan's delta."""
     index = selection.select(sel_plan, scores)
     # What the selection's theorem covers: the score only where it is covered.
     published = tuple(getattr(selection, "publishes", ("payload",)))
@@ -640,12 +599,10 @@ def release_selected(
             f"\nRealised ex-post privacy loss of this outcome: {privacy['ex_post_epsilon']:.4g} "
             "(Ligett et al. 2017, Lemma 2.8); charged: the worst case above."
         )
-    name = (
-        f"your function {trainer.name!r}"
-        if isinstance(trainer, FunctionTrainer)
-        else str(getattr(trainer, "kind", "") or type(trainer).__name__)
-    )
-    common = dict(published=published, trainer_name=name)
+    name = getattr(trainer, "kind", "") or type(trainer).__name__
+    if isinstance(trainer, FunctionTrainer):
+        name = f"your function {trainer.name!r}"
+    common = dict(published=published, trainer_name=str(name))
     if index is None or records[index].failed:
         # A failed selected candidate: the selections rank a failure below every score, so every
         # candidate failed (a function of the selected output: post-processing). No model.
@@ -672,6 +629,6 @@ def release_selected(
         )  # fmt: skip
     return Release(
         True, hp, float(scores[index]) if "score" in published else None, view.test_accuracy,
-        privacy, text, payload=view.payload, curve=public_curve(curve), **common,
+        privacy, text, payload=view.payload, curve=curve, **common,
         test_metric=None if view.test_metric is None else dict(view.test_metric),
     )  # fmt: skip
