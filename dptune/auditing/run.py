@@ -1,15 +1,11 @@
 """``dptune.audit``: an empirical privacy audit of a tuning run (or of one candidate's training),
 next to the epsilon that run states (Steinke, Nasr & Jagielski 2023; docs/audit.md).
 
-The steps, in order (the order is part of the audit's validity): design m public canaries and
-draw which are included, each with probability 1/2 from OS entropy (kept in
-``DIR/private/audit_canaries.npz``, so a killed audit resumes with the same coins); build the
-audited trainer (its data plus the included canaries, a deliberate break if asked, the unbroken
-privacy declaration); run ``dptune.tune`` as a user would, charged to an audit entry of the ledger
-(the canaries make it another dataset); score every canary on the released candidate and turn the
-guesses into a lower bound on epsilon at the stated delta; write ``DIR/audit.json`` and
-``DIR/audit.md``. A bound above the stated epsilon says the implementation does not meet its
-statement; a bound below it proves nothing.
+The order of the steps is part of the audit's validity: the canaries are designed and their coins
+drawn (OS entropy; kept in ``DIR/private/audit_canaries.npz``, so a killed audit resumes with the
+same coins) before ``dptune.tune`` runs, as a user would, on the audited trainer, charged to an
+audit entry of the ledger. A bound above the stated epsilon says the implementation does not meet
+its statement; a bound below it proves nothing.
 """
 
 from __future__ import annotations
@@ -76,21 +72,14 @@ AUDIT_NOTE = (
 
 @dataclasses.dataclass(frozen=True)
 class AuditResult:
-    """An audit's outcome.
-
-    Attributes:
-      stated_epsilon, delta: what the audited run states (its total, tuning included, for
-        ``what="tuning"``; the one candidate's for ``"training"``).
-      epsilon_lower_bound: the empirical lower bound at ``confidence``.
-      confidence: 1 - beta, over every guessing rule tried together.
-      canaries: m; ``kind``: gradient / input / score; ``what``; ``break_``: the negative control,
-        or None for an ordinary audit.
-      guesses, correct: the best rule's guesses made and right; ``rule``: which rule.
-      ceiling: the largest bound these m canaries and rules could show (every guess right).
-      rules: how many guessing rules were tried (the confidence is split among them).
-      released: whether a candidate was released (nothing to score otherwise).
-      included: how many canaries were included (the coins themselves stay private).
-    """
+    """An audit's outcome: ``stated_epsilon`` and ``delta``, what the audited run states (its
+    total, tuning included, for ``what="tuning"``; the one candidate's for ``"training"``);
+    ``epsilon_lower_bound`` at ``confidence`` (1 - beta over every guessing rule together);
+    ``canaries`` (m) of ``kind``; ``break_``, the negative control (None: an ordinary audit); the
+    best ``rule``'s ``guesses`` made and ``correct``; ``ceiling``, the largest bound these m
+    canaries and ``rules`` (how many rules were tried) could show; ``released``, whether a
+    candidate was released (nothing to score otherwise); ``included``, how many canaries were in
+    (the coins themselves stay private)."""
 
     stated_epsilon: float
     delta: float
@@ -251,12 +240,10 @@ def _kind_and_size(hooks, canaries, kind, what, break_, score, confidence) -> tu
     number m, from the arguments and the trainer's defaults."""
     if not 0 < confidence < 1:
         raise TuningConfigError(f"confidence={confidence!r} must be in (0, 1)")
-    if what not in WHATS:
-        raise TuningConfigError(f"what={what!r} must be one of {WHATS}")
-    if break_ is not None and break_ not in BREAKS:
-        raise TuningConfigError(f"break={break_!r} must be one of {BREAKS}")
-    if kind is not None and kind not in KINDS:
-        raise TuningConfigError(f"kind={kind!r} must be one of {KINDS}")
+    named = (("what", what, WHATS), ("break", break_, BREAKS), ("kind", kind, KINDS))
+    for name, value, known in named:  # None: the default (what has none)
+        if value not in known and (value is not None or name == "what"):
+            raise TuningConfigError(f"{name}={value!r} must be one of {known}")
     if break_ == "exact_score":
         if kind not in (None, "score"):
             raise TuningConfigError("break=exact_score is audited with score canaries: kind=score")

@@ -71,25 +71,19 @@ _JSON = flags.DEFINE_bool("json", False, "Print one JSON object instead of text.
 def _check_inputs() -> None:
     """What the flags must say together; the values themselves are the accountant's to check
     (its ``name=`` becomes the flag's ``--name=`` in the refusal)."""
-    if _LAPLACE.value is not None:
+    if (eps := _LAPLACE.value) is not None:
         named = (_SAMPLING_RATE, _STEPS, _NOISE, _TARGET, _SCORE)
-        given = [f.name for f in named if f.value is not None]
-        if given:
-            drop = ", --".join(given)
+        if given := [f"--{f.name}" for f in named if f.value is not None]:
             raise ArgumentError(
-                f"--laplace_epsilon describes the candidates completely; drop --{drop}."
+                f"--laplace_epsilon describes the candidates completely; drop {', '.join(given)}."
             )
-        if not (math.isfinite(_LAPLACE.value) and _LAPLACE.value > 0):
-            raise ArgumentError(
-                f"--laplace_epsilon={_LAPLACE.value:g} must be a finite number > 0."
-            )
+        if not (math.isfinite(eps) and eps > 0):
+            raise ArgumentError(f"--laplace_epsilon={eps:g} must be a finite number > 0.")
         return
-    if _SAMPLING_RATE.value is None:
-        raise ArgumentError(
-            "--sampling_rate is required (expected batch size / training examples)."
-        )
-    if _STEPS.value is None:
-        raise ArgumentError("--steps is required (DP-SGD steps per candidate).")
+    for flag, what in ((_SAMPLING_RATE, "expected batch size / training examples"),
+                       (_STEPS, "DP-SGD steps per candidate")):  # fmt: skip
+        if flag.value is None:
+            raise ArgumentError(f"--{flag.name} is required ({what}).")
     if (_NOISE.value is None) == (_TARGET.value is None):
         raise ArgumentError(
             "give --noise_multiplier, or --target_epsilon to calibrate it (not both: "

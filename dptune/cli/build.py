@@ -19,7 +19,6 @@ from typing import Any
 
 from dptune import learners, strategies
 from dptune import space as space_mod
-from dptune._state.ledger import default_ledger_path
 from dptune._state.workdir_lock import workdir_lock
 from dptune.configs import base as base_config
 from dptune.data import MNIST_10K_DIR, MNIST_10K_NUM_TRAIN
@@ -177,48 +176,6 @@ def _coerce_fixed_numbers(cfg: dict[str, Any]) -> None:
                     ) from None
 
 
-def check_config(cfg: Mapping[str, Any]) -> None:
-    """What only a config can get wrong (ConfigError naming the field), before any file is read."""
-    if not isinstance(cfg, Mapping):
-        raise ConfigError(
-            f"the config's get_config() returned {type(cfg).__name__}, not a ConfigDict or dict: "
-            "start from dptune.configs.base.get_config()"
-        )
-    _check_known_fields(cfg)
-    if kind := user_arrays(cfg):
-        _check_user_data(cfg, kind)
-    trainer, model = _get(cfg, "trainer", "dpsgd"), _get(cfg, "model")
-    if _get(cfg, "init") and trainer != "dpsgd":
-        # a section of the config that belongs to another learner (learner_sections' rule)
-        log.info("config.init is DP-SGD's pretrained start: config.trainer=%r does not use it",
-                 trainer)  # fmt: skip
-    if model is not None and trainer != "dpsgd":
-        raise ConfigError("config.model is a DP-SGD model: it needs config.trainer='dpsgd'")
-    if model is not None and ":" not in str(model) and model not in dpsgd.MODEL_NAMES:
-        raise ConfigError(
-            f"config.model={model!r} must be 'pkg.module:factory' (your Flax module) or a "
-            f"shipped model, one of {dpsgd.MODEL_NAMES}"
-        )
-    strategy = _section(cfg, "strategy")
-    name = strategy.pop("name", "full")
-    strategies.check(name, strategy, _get(cfg, "privacy.epsilon"))
-    if name == "subsampled" and _get(cfg, "executor.kind") == "ray":
-        raise ConfigError(
-            "config.executor.kind='ray' is not supported with config.strategy.name='subsampled' "
-            "(the workers would load all the data, not the subset): use 'sequential', "
-            "'vectorized' or 'devices'"
-        )
-    build_executor(cfg)
-    vsize = _get(cfg, "data.validation_size", 5000)
-    if isinstance(vsize, bool) or not isinstance(vsize, int) or vsize < 1:
-        raise ConfigError(f"config.data.validation_size={vsize!r} must be an integer >= 1")
-    overlap = set(_section(cfg, "train")) & set(_section(cfg, "space"))
-    if overlap:
-        raise ConfigError(
-            f"{sorted(overlap)} appear in both config.train and config.space; keep one"
-        )
-
-
 def learner_sections(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """``config.train`` and ``config.space`` as ``config.trainer``'s learner takes them, so that
     ``--config.trainer=NAME`` works on any config: a field another learner knows is left out
@@ -227,11 +184,9 @@ def learner_sections(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
     info = learner_info(cfg)
     train, space = _section(cfg, "train"), _section(cfg, "space")
     own = _fields(info)
-    foreign = (set(train) | set(space)) - own
-    if not foreign:
+    if not (foreign := (set(train) | set(space)) - own):
         return train, space
-    unknown = foreign - set().union(*(_fields(i) for i in learners.LEARNERS.values()))
-    if unknown:
+    if unknown := foreign - set().union(*(_fields(i) for i in learners.LEARNERS.values())):
         raise ConfigError(
             f"unknown hyperparameters {sorted(unknown)} for config.trainer={info.name!r}: no "
             f"learner knows them; {info.name} knows {sorted(own)}"
@@ -274,13 +229,48 @@ def validate(
     debug_nonprivate: bool = False,
 ) -> Checked:  # fmt: skip
     """The checks of a run that need neither data nor files, shared by the run and ``--dry_run``:
-    the config's fields, the selection, the space, the budget and the run's options
-    (``TuneOptions.check``); ConfigError / TuningConfigError / StateError."""
+    the config's fields (what only a config can get wrong: ConfigError naming the field), the
+    selection, the space, the budget and the run's options (``TuneOptions.check``);
+    ConfigError / TuningConfigError / StateError."""
     cfg = _plain(cfg)
     if isinstance(cfg, dict):
         _coerce_fixed_numbers(cfg)
         _fill_suggested(cfg)
-    check_config(cfg)
+    if not isinstance(cfg, Mapping):
+        raise ConfigError(
+            f"the config's get_config() returned {type(cfg).__name__}, not a ConfigDict or dict: "
+            "start from dptune.configs.base.get_config()"
+        )
+    _check_known_fields(cfg)
+    if kind := user_arrays(cfg):
+        _check_user_data(cfg, kind)
+    trainer, model = _get(cfg, "trainer", "dpsgd"), _get(cfg, "model")
+    if _get(cfg, "init") and trainer != "dpsgd":
+        # a section of the config that belongs to another learner (learner_sections' rule)
+        log.info("config.init is DP-SGD's pretrained start: config.trainer=%r does not use it",
+                 trainer)  # fmt: skip
+    if model is not None and trainer != "dpsgd":
+        raise ConfigError("config.model is a DP-SGD model: it needs config.trainer='dpsgd'")
+    if model is not None and ":" not in str(model) and model not in dpsgd.MODEL_NAMES:
+        raise ConfigError(
+            f"config.model={model!r} must be 'pkg.module:factory' (your Flax module) or a "
+            f"shipped model, one of {dpsgd.MODEL_NAMES}"
+        )
+    strategy = _section(cfg, "strategy")
+    name = strategy.pop("name", "full")
+    strategies.check(name, strategy, _get(cfg, "privacy.epsilon"))
+    if name == "subsampled" and _get(cfg, "executor.kind") == "ray":
+        raise ConfigError(
+            "config.executor.kind='ray' is not supported with config.strategy.name='subsampled' "
+            "(the workers would load all the data, not the subset): use 'sequential', "
+            "'vectorized' or 'devices'"
+        )
+    build_executor(cfg)
+    vsize = _get(cfg, "data.validation_size", 5000)
+    if isinstance(vsize, bool) or not isinstance(vsize, int) or vsize < 1:
+        raise ConfigError(f"config.data.validation_size={vsize!r} must be an integer >= 1")
+    if overlap := set(_section(cfg, "train")) & set(_section(cfg, "space")):
+        raise ConfigError(f"{sorted(overlap)} are in both config.train and config.space; keep one")
     budget = Budget(_get(cfg, "privacy.epsilon"), _get(cfg, "privacy.delta"))
     cfg["train"], cfg["space"] = learner_sections(cfg)
     method = build_selection(cfg)
@@ -401,8 +391,7 @@ def run_config(
                 return DryRun(
                     _filled(plan.tuning_plan.space, plan.calibrated), plan.statement, None
                 )
-            ledger = default_ledger_path() if opts.ledger is DEFAULT_LEDGER else opts.ledger
-            return tune_subsampled(*args, **kw, options=dataclasses.replace(opts, ledger=ledger))
+            return tune_subsampled(*args, **kw, options=opts)
         if dry_run:
             pre = preflight(*args, opts)
             return DryRun(_filled(pre.plan.space, pre.plan.calibrated), pre.plan.statement, pre)
