@@ -91,9 +91,7 @@ class VectorizedExecutor:
                 trainer.train_many([dict(j.hparams) for j in jobs], [j.rng() for j in jobs])
             )
         except Exception as e:  # noqa: BLE001 - retried one by one: one bad member must not fail all
-            log.warning(
-                "a group of candidates failed (%s); training them one by one", type(e).__name__
-            )
+            log.warning("a group failed (%s); training its candidates one by one", type(e).__name__)
             yield from SequentialExecutor().run(trainer, jobs)
             return
         for job, (score, payload) in zip(jobs, results, strict=True):

@@ -55,9 +55,9 @@ def _count_sentence(privacy: Mapping[str, Any]) -> list[str]:
 
 
 def num(x: Any) -> str:
-    """A float to 4 significant digits ("n/a" when not finite); anything else as text."""
-    if isinstance(x, float):
-        return f"{x:.4g}" if math.isfinite(x) else "n/a"
+    """A float to 4 significant digits ("n/a" when missing or not finite); anything else as text."""
+    if x is None or isinstance(x, float):
+        return f"{x:.4g}" if x is not None and math.isfinite(x) else "n/a"
     return str(x)
 
 
@@ -113,20 +113,16 @@ def report_markdown(release: Any, files: set[str]) -> str:
             "one training run so far (the dashed line is the total above, tuning included), and "
             "its test accuracy when test curves were asked for, per epoch."
         )
+    saved = ("`checkpoint/` (the model" if "checkpoint" in files else
+             "`payload.pkl` (the released payload" if "payload.pkl" in files else None)  # fmt: skip
+    saved = "" if saved is None else (
+        f", {saved}; `dptune.load_release(folder)` restores it with its hyperparameters and "
+        "statement)")  # fmt: skip
     lines += [
         "",
         "## Files",
         "",
-        "`result.json` (the result), `privacy.json` / `privacy.txt` (the statement)"
-        + (
-            ", `checkpoint/` (the model; `dptune.load_release(folder)` restores it with its "
-            "hyperparameters and statement)."
-            if "checkpoint" in files
-            else ", `payload.pkl` (the released payload; `dptune.load_release(folder)` restores "
-            "it with its hyperparameters and statement)."
-            if "payload.pkl" in files
-            else "."
-        ),
+        f"`result.json` (the result), `privacy.json` / `privacy.txt` (the statement){saved}.",
         "",
         "Not released, by design: the other candidates, their scores and how many there were "
         "(revealing them would void the selection theorem's guarantee).",
@@ -147,18 +143,14 @@ def _released(release: Any, trainer: str) -> list[str]:
         ]
         metric = getattr(release, "test_metric", None)
         if metric is not None:  # a model scored by its own metric: its units, not a percentage
-            name = metric.get("name", "metric")
-            lines.append(
-                f"- **Test {name}** (public test split, reported only, never used to choose): "
-                f"{num(metric.get('value')) if metric.get('value') is not None else 'n/a'}"
-            )
+            name, test = metric.get("name", "metric"), num(metric.get("value"))
             score = f"{num(release.validation_score)} ({name})"
         else:
-            lines.append(
-                f"- **Test accuracy** (public test split, reported only, never used to choose): "
-                f"{_pct(release.test_accuracy)}"
-            )
+            name, test = "accuracy", _pct(release.test_accuracy)
             score = _pct(release.validation_score)
+        lines.append(
+            f"- **Test {name}** (public test split, reported only, never used to choose): {test}"
+        )
         if "score" in getattr(release, "published", ("payload", "score")):
             lines.append(
                 "- Validation score the selection saw (noisy when the validation split is "

@@ -342,9 +342,7 @@ def _canaries(design_hook, canaries, kind, m, seed, workdir) -> tuple[Canaries, 
             included = np.asarray(f["included"], bool)
         other = given is not None and given.digest() != design.digest()
         if design.kind != kind or len(design) != m or other:
-            raise TuningConfigError(
-                f"{workdir} holds an audit with other canaries; use a new folder"
-            )
+            raise TuningConfigError(f"{workdir} holds another audit's canaries; use a new folder")
         return design, included
     design = given
     if design is None:
@@ -477,7 +475,5 @@ class _AuditTrainer:
 def _write_json(path: Path, obj: Mapping[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(
-        json.dumps(dict(obj), indent=2, sort_keys=True, default=lambda x: x.item()) + "\n"
-    )
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=lambda x: x.item()) + "\n")
     os.replace(tmp, path)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
 
 from absl import flags
 from dp_accounting import dp_event
@@ -160,9 +159,7 @@ def cli(argv: list[str]) -> int:
     """``dptune account`` in this process: a flag error or an invalid input is one ``dptune:``
     line and exit code 2; ``--help`` exits 0."""
     if any(a in common.HELP for a in argv[1:]):
-        print(
-            __doc__, registry.describe(), flags.FLAGS.module_help(sys.modules[__name__]), sep="\n"
-        )
+        print(__doc__, registry.describe(), flags.FLAGS.module_help(__name__), sep="\n")
         return common.OK
     try:
         rest = flags.FLAGS(list(argv))

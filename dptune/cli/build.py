@@ -319,13 +319,13 @@ class DryRun:
 
     space: Any
     statement: Any
-    preflight: Any
+    preflight: Any = None  # None: a strategy with its own plan (config.strategy)
 
     def to_text(self) -> str:
         text = f"Dry run (nothing trained). Search space: {self.space.to_dict()}\n\n"
         text += self.statement.to_text()
         pre = self.preflight
-        if pre is None:  # a strategy with its own plan (config.strategy)
+        if pre is None:
             return text
         if pre.ledger is None:
             return text + "\n\nLedger: none (config.ledger.enabled=False): charged nowhere."
@@ -388,9 +388,7 @@ def run_config(
             if dry_run:
                 seeded, acc, adj = opts.seed is not None, opts.accountant, opts.adjacency
                 plan = plan_subsampled(*args, **kw, seeded=seeded, accountant=acc, adjacency=adj)
-                return DryRun(
-                    _filled(plan.tuning_plan.space, plan.calibrated), plan.statement, None
-                )
+                return DryRun(_filled(plan.tuning_plan.space, plan.calibrated), plan.statement)
             return tune_subsampled(*args, **kw, options=opts)
         if dry_run:
             pre = preflight(*args, opts)
