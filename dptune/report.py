@@ -55,9 +55,9 @@ def _count_sentence(privacy: Mapping[str, Any]) -> list[str]:
 
 
 def num(x: Any) -> str:
-    """A float to 4 significant digits ("n/a" when missing or not finite); anything else as text."""
-    if x is None or isinstance(x, float):
-        return f"{x:.4g}" if x is not None and math.isfinite(x) else "n/a"
+    """A float to 4 significant digits ("n/a" when not finite); anything else as text."""
+    if isinstance(x, float):
+        return f"{x:.4g}" if math.isfinite(x) else "n/a"
     return str(x)
 
 
@@ -143,7 +143,8 @@ def _released(release: Any, trainer: str) -> list[str]:
         ]
         metric = getattr(release, "test_metric", None)
         if metric is not None:  # a model scored by its own metric: its units, not a percentage
-            name, test = metric.get("name", "metric"), num(metric.get("value"))
+            name, value = metric.get("name", "metric"), metric.get("value")
+            test = "n/a" if value is None else num(value)
             score = f"{num(release.validation_score)} ({name})"
         else:
             name, test = "accuracy", _pct(release.test_accuracy)
