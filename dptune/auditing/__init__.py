@@ -10,14 +10,5 @@ from dptune.auditing.bound import ceiling, epsilon_lower_bound, p_value
 from dptune.auditing.canaries import KINDS, Canaries
 from dptune.auditing.run import BREAKS, WHATS, AuditResult, audit
 
-__all__ = [
-    "BREAKS",
-    "KINDS",
-    "WHATS",
-    "AuditResult",
-    "Canaries",
-    "audit",
-    "ceiling",
-    "epsilon_lower_bound",
-    "p_value",
-]
+__all__ = ["BREAKS", "KINDS", "WHATS", "AuditResult", "Canaries", "audit", "ceiling",
+           "epsilon_lower_bound", "p_value"]  # fmt: skip

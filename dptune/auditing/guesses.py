@@ -91,11 +91,9 @@ class Outcome:
 
 
 def evaluate(
-    statistics: Mapping[str, np.ndarray],
-    included: np.ndarray,
-    delta: float,
+    statistics: Mapping[str, np.ndarray], included: np.ndarray, delta: float,
     confidence: float = 0.95,
-) -> Outcome:
+) -> Outcome:  # fmt: skip
     """The audit's lower bound from per-canary ``statistics`` and the true inclusion coins.
 
     Args:

@@ -58,11 +58,9 @@ UNCLIPPED = 1.0e6
 #: The hyperparameter breaks: field -> its value in training (the declaration keeps the drawn one).
 _REWRITES: dict[str, dict[str, Callable[[float], float]]] = {
     "no_noise": {"noise_multiplier": lambda v: 0.0},
-    "no_clipping": {
-        "clip_norm": lambda v: v * UNCLIPPED,
-        "noise_multiplier": lambda v: v / UNCLIPPED,
-    },
-}
+    "no_clipping": {"clip_norm": lambda v: v * UNCLIPPED,
+                    "noise_multiplier": lambda v: v / UNCLIPPED},
+}  # fmt: skip
 
 AUDIT_NOTE = (
     "AUDIT RUN (dptune audit): canaries were added to the private data; this is not a release of "
@@ -153,25 +151,14 @@ class AuditResult:
 
 
 def audit(
-    trainer: Any,
-    space: Space | Mapping[str, Any],
-    selection: Any,
-    budget: Any,
-    *,
-    canaries: int | tuple[np.ndarray, np.ndarray] | None = None,
-    kind: str | None = None,
-    what: str = "tuning",
-    break_: str | None = None,
+    trainer: Any, space: Space | Mapping[str, Any], selection: Any, budget: Any, *,
+    canaries: int | tuple[np.ndarray, np.ndarray] | None = None, kind: str | None = None,
+    what: str = "tuning", break_: str | None = None,
     score: Callable[[Any, np.ndarray, np.ndarray], np.ndarray] | None = None,
-    confidence: float = 0.95,
-    workdir: str | os.PathLike | None = None,
-    seed: int | None = None,
-    ledger: Any = None,
-    accountant: str = "auto",
-    adjacency: str = "add_remove",
-    progress: bool = True,
-    config: Mapping[str, Any] | None = None,
-) -> AuditResult:
+    confidence: float = 0.95, workdir: str | os.PathLike | None = None, seed: int | None = None,
+    ledger: Any = None, accountant: str = "auto", adjacency: str = "add_remove",
+    progress: bool = True, config: Mapping[str, Any] | None = None,
+) -> AuditResult:  # fmt: skip
     """Audits a tuning run (or one candidate) empirically: its epsilon lower bound next to the
     epsilon it states.
 
@@ -275,8 +262,7 @@ def _kind_and_size(hooks, canaries, kind, what, break_, score, confidence) -> tu
 def _result(release, inner, design, included, score, confidence, what, break_) -> AuditResult:
     """The released candidate's canaries scored, guessed and turned into the bound (nothing to
     score when nothing was released: a bound of 0)."""
-    stated = float(release.privacy["total_epsilon"])
-    delta = float(release.privacy["delta"])
+    stated, delta = (float(release.privacy[k]) for k in ("total_epsilon", "delta"))
     if release.released:
         if release.payload is None and release.path is not None:
             # A resumed audit whose tuning had finished: the release folder holds the payload.
@@ -332,9 +318,7 @@ def _finished(workdir: Path | None, asked: Mapping[str, Any]) -> AuditResult | N
 def _canaries(design_hook, canaries, kind, m, seed, workdir) -> tuple[Canaries, np.ndarray]:
     """The canaries and which are included: drawn once and kept in ``DIR/private/`` (owner-only,
     like the journal: the coins are the curator's), read back on resume."""
-    given = None
-    if isinstance(canaries, tuple):
-        given = Canaries(kind, np.asarray(canaries[0]), np.asarray(canaries[1]))
+    given = Canaries(kind, *map(np.asarray, canaries)) if isinstance(canaries, tuple) else None
     stored = None if workdir is None else workdir / "private" / _CANARIES_FILE
     if stored is not None and stored.exists():
         with np.load(stored) as f:
