@@ -330,12 +330,9 @@ class DryRun:
         if pre.ledger is None:
             return text + "\n\nLedger: none (config.ledger.enabled=False): charged nowhere."
         s = pre.spend
-        how = (
-            f"has no lifetime budget yet; the run would register the default, {s.budget_epsilon:g}"
-            f" epsilon and {s.budget_delta:g} delta (dptune._state.ledger)"
-            if s.registered
-            else f"has the lifetime budget (epsilon={s.budget_epsilon:g}, delta={s.budget_delta:g})"
-        )
+        budget = f"(epsilon={s.budget_epsilon:g}, delta={s.budget_delta:g})"
+        how = (f"has no lifetime budget yet; the run would register the default {budget}"
+               if s.registered else f"has the lifetime budget {budget}")  # fmt: skip
         return text + (
             f"\n\nLedger {pre.ledger}: dataset {pre.fingerprint} {how}; after this run it would "
             f"have spent epsilon={s.spent_epsilon:.4g}. Set a budget with `dptune ledger "

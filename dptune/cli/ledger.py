@@ -84,20 +84,14 @@ def _resolve(led: Ledger | None, allow_new: bool) -> str:
     given = (_DATASET.value or "").strip().lower()
     if not given:
         raise ValueError("--dataset=ID is required to set a budget (`dptune ledger` lists ids)")
-    fp = None if led is None else led.resolve(given)
-    if fp is not None:
+    if led is not None and (fp := led.resolve(given)):
         return fp
     if allow_new and _FULL_ID.match(given):
         return given
-    raise ValueError(
-        f"--dataset={given}: no registered dataset has that id"
-        + (
-            "; to set the budget of a dataset no run has touched yet, give its full 64-character "
-            "id (`dptune --config=... --workdir=... --dry_run` prints it)"
-            if allow_new
-            else " (`dptune ledger` lists them)"
-        )
-    )
+    hint = " (`dptune ledger` lists them)"
+    if allow_new:
+        hint = "; a dataset no run has touched needs its full 64-character id (--dry_run prints it)"
+    raise ValueError(f"--dataset={given}: no registered dataset has that id{hint}")
 
 
 def _show(led: Ledger) -> None:
@@ -127,11 +121,9 @@ def _set(path: Path) -> None:
     with Ledger(path) as led:
         before = led.spend(fp)
         after = led.set_budget(fp, eps, delta, _NAME.value)
-    was = (
-        "registered"
-        if before is None
-        else f"changed from (epsilon={before.budget_epsilon:g}, delta={before.budget_delta:g})"
-    )
+    was = "registered"
+    if before is not None:
+        was = f"changed from (epsilon={before.budget_epsilon:g}, delta={before.budget_delta:g})"
     print(
         f"Ledger {path}: dataset {fp[:12]}'s lifetime budget {was} to (epsilon={eps:g}, "
         f"delta={delta:g}); spent so far epsilon={after.spent_epsilon:.4g}."
