@@ -74,6 +74,8 @@ def report_markdown(release: Any, files: set[str]) -> str:
     eps, delta = p.get("total_epsilon"), p.get("delta")
     trainer = getattr(release, "trainer_name", None) or "a private trainer"
     lines = ["# dptune release report", "", release.headline, "", *_released(release, trainer)]
+    seeded = ("the run used a fixed seed, so the guarantee holds only while it is secret"
+              if p.get("seeded") else "randomness from OS entropy")  # fmt: skip
     lines += [
         "",
         "## Privacy",
@@ -86,12 +88,7 @@ def report_markdown(release: Any, files: set[str]) -> str:
         f"- Selection: `{p.get('method', '?')}`; theorem: {p.get('theorem', '?')}",
         f"- One training run alone would be ({num(p.get('single_run_epsilon'))}, "
         f"{num(p.get('single_run_delta', delta))})-DP; the difference is the price of tuning.",
-        f"- Accountant: `{p.get('accountant', '?')}`"
-        + (
-            "; the run used a fixed seed, so the guarantee holds only while it is secret"
-            if p.get("seeded")
-            else "; randomness from OS entropy"
-        ),
+        f"- Accountant: `{p.get('accountant', '?')}`; {seeded}",
         *_count_sentence(p),
         "",
         "In words: an observer of this folder learns almost the same whether or not any one "

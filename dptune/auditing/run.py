@@ -395,8 +395,7 @@ class _AuditTrainer:
     the audit's note in the statement. Other hooks are the inner trainer's."""
 
     def __init__(self, inner: Any, break_: str | None, space: Space, design: Canaries, what: str):
-        self.inner = inner
-        self.break_ = break_
+        self.inner, self.break_ = inner, break_
         fixed = getattr(getattr(inner, "hyperparams_class", None), "__dataclass_fields__", {})
         for name in _REWRITES.get(break_ or "", {}):
             if name not in space.fields and name not in fixed:

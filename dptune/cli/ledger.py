@@ -71,12 +71,10 @@ def _list(led: Ledger) -> None:
         return
     print(f"{'dataset':<14}{'name':<16}{'budget eps':>11}{'spent eps':>11}{'left eps':>10}"
           f"{'budget delta':>14}{'spent delta':>13}{'runs':>6}")  # fmt: skip
-    for spend in rows:
-        print(
-            f"{spend.fingerprint[:12]:<14}{spend.name[:15]:<16}{spend.budget_epsilon:>11.4g}"
-            f"{spend.spent_epsilon:>11.4g}{spend.remaining_epsilon:>10.4g}"
-            f"{spend.budget_delta:>14.3g}{spend.spent_delta:>13.3g}{spend.runs:>6}"
-        )
+    for s in rows:
+        print(f"{s.fingerprint[:12]:<14}{s.name[:15]:<16}{s.budget_epsilon:>11.4g}"
+              f"{s.spent_epsilon:>11.4g}{s.remaining_epsilon:>10.4g}{s.budget_delta:>14.3g}"
+              f"{s.spent_delta:>13.3g}{s.runs:>6}")  # fmt: skip
 
 
 def _resolve(led: Ledger | None, allow_new: bool) -> str:
@@ -97,11 +95,9 @@ def _resolve(led: Ledger | None, allow_new: bool) -> str:
 def _show(led: Ledger) -> None:
     fp = _resolve(led, allow_new=False)
     spend = led.spend(fp)
-    print(
-        f"dataset {fp}: budget (epsilon={spend.budget_epsilon:g}, delta={spend.budget_delta:g}); "
-        f"spent (epsilon={spend.spent_epsilon:.4g}, delta={spend.spent_delta:.3g}) in "
-        f"{spend.runs} run(s)"
-    )
+    print(f"dataset {fp}: budget (epsilon={spend.budget_epsilon:g}, delta={spend.budget_delta:g}); "
+          f"spent (epsilon={spend.spent_epsilon:.4g}, delta={spend.spent_delta:.3g}) in "
+          f"{spend.runs} run(s)")  # fmt: skip
     for c in led.charges(fp):
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c["created"]))
         print(f"  {when}  epsilon={c['epsilon']:.4g}  delta={c['delta']:.3g}  {c['workdir']}")
