@@ -3,8 +3,7 @@
 Written by :func:`dptune.release.write_release` next to the files it describes. It only restates
 what the folder already releases (the selected candidate, its public test accuracy, its noisy
 validation score and the privacy statement) and links the folder's plots; it adds nothing about the
-other candidates, not even how many there were.
-"""
+other candidates, not even how many there were."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Empirical privacy auditing of a run (``dptune audit``; Steinke, Nasr & Jagielski 2023):
 ``run`` (``audit()``, ``AuditResult``), ``canaries`` (records and their secret coins), ``guesses``
 and ``bound`` (guesses to a lower bound on epsilon; numpy/scipy only), ``decode`` (the exact-score
-control), ``dpsgd`` (DP-SGD under audit).
-"""
+control), ``dpsgd`` (DP-SGD under audit)."""
 
 from __future__ import annotations
 

@@ -5,8 +5,7 @@ The order of the steps is part of the audit's validity: the canaries are designe
 drawn (OS entropy; kept in ``DIR/private/audit_canaries.npz``, so a killed audit resumes with the
 same coins) before ``dptune.tune`` runs, as a user would, on the audited trainer, charged to an
 audit entry of the ledger. A bound above the stated epsilon says the implementation does not meet
-its statement; a bound below it proves nothing.
-"""
+its statement; a bound below it proves nothing."""
 
 from __future__ import annotations
 
@@ -348,10 +347,8 @@ def _hooks(trainer: Any) -> tuple[Callable | None, Callable | None]:
     """``(audit_canaries(kind, m, rng), with_canaries(canaries, included, fault))``: DP-SGD's
     (``dptune.auditing.dpsgd``), else the trainer's own hooks of those names (None if absent)."""
     if isinstance(trainer, DpSgdTrainer):
-        return (
-            functools.partial(AuditDpSgdTrainer.design, trainer),
-            functools.partial(AuditDpSgdTrainer, trainer),
-        )
+        cls = AuditDpSgdTrainer
+        return functools.partial(cls.design, trainer), functools.partial(cls, trainer)
     return getattr(trainer, "audit_canaries", None), getattr(trainer, "with_canaries", None)
 
 

@@ -279,10 +279,16 @@ def validate(
     enabled = ledger_cfg.get("enabled", True)
     if not isinstance(enabled, bool):
         raise ConfigError(f"config.ledger.enabled={enabled!r} must be True or False")
+    # the dataset's lifetime budget (None: not stated; an epsilon alone takes this run's delta)
+    eps, delta = ledger_cfg.get("budget_epsilon"), ledger_cfg.get("budget_delta")
+    try:
+        stated = None if eps is None else Budget(eps, budget.delta if delta is None else delta)
+    except TuningConfigError as e:  # named as the config's fields, not as the run's budget
+        raise ConfigError(f"config.ledger.budget_epsilon / budget_delta: {e}") from None
     options = TuneOptions(
         workdir=workdir, seed=seed, debug_nonprivate=debug_nonprivate,
         ledger=(ledger_cfg.get("path") or DEFAULT_LEDGER) if enabled else None,
-        dataset_budget=_dataset_budget(ledger_cfg, budget),
+        dataset_budget=stated,
         accountant=_get(cfg, "privacy.accountant", "auto"),
         adjacency=_get(cfg, "privacy.adjacency", "add_remove"),
     )  # fmt: skip
@@ -400,16 +406,6 @@ def run_config(
 
 def _filled(space: Any, calibrated: Mapping[str, Any]) -> space_mod.Space:
     return space_mod.Space({**space.to_dict(), **calibrated})
-
-
-def _dataset_budget(ledger_cfg: Mapping[str, Any], budget: Budget) -> Budget | None:
-    """``config.ledger.budget_epsilon`` / ``budget_delta`` as the dataset's lifetime budget (None:
-    not stated; a stated epsilon without a delta takes this run's delta)."""
-    eps, delta = ledger_cfg.get("budget_epsilon"), ledger_cfg.get("budget_delta")
-    try:
-        return None if eps is None else Budget(eps, budget.delta if delta is None else delta)
-    except TuningConfigError as e:
-        raise ConfigError(f"config.ledger.budget_epsilon / budget_delta: {e}") from None
 
 
 def build_trainer(cfg: Mapping[str, Any], data: Any, *, progress: bool = False) -> Any:
