@@ -55,10 +55,7 @@ def train_one(trainer: Any, job: Job) -> tuple[float, Any]:
     try:
         score, payload = trainer(dict(job.hparams), job.rng())
     except Exception as e:  # noqa: BLE001 - failure depends on the data; it must not abort
-        log.warning(
-            "a candidate failed (%s); it counts as a failure (`dptune inspect` shows why)",
-            type(e).__name__,
-        )
+        log.warning("a candidate failed (%s); `dptune inspect` shows why", type(e).__name__)
         return float("nan"), CandidateFailure.from_exception(e)
     return checked_result(score, payload)
 

@@ -26,9 +26,8 @@ def single_candidate_odds(selection: Mapping[str, Any]) -> tuple[float, float] |
             mean = float(selection["mean"])
             return math.exp(-mean), mean * math.exp(-mean)
         if "shape" in selection and "gamma" in selection:
-            dist = counts.TruncatedNegativeBinomial(float(selection["shape"]),
-                                                    float(selection["gamma"]))  # fmt: skip
-            return 0.0, float(dist.pmf(1))
+            shape, gamma = float(selection["shape"]), float(selection["gamma"])
+            return 0.0, float(counts.TruncatedNegativeBinomial(shape, gamma).pmf(1))
         if "gamma" in selection and "eps0" not in selection and "max_trials" in selection:
             gamma, cap = float(selection["gamma"]), int(selection["max_trials"])
             return 0.0, (gamma if cap >= 2 else 1.0)

@@ -378,10 +378,8 @@ def _with_canaries(trainer, with_canaries, design, included, break_) -> Any:
 
 def _one_candidate(audited, space, selection, budget, accountant, seed, adjacency):
     """``what="training"``: the tuning's calibrated values, fixed, and one candidate."""
-    plan = make_privacy_plan(
-        audited, space, selection, budget, accountant=accountant, seeded=seed is not None,
-        adjacency=adjacency,
-    )  # fmt: skip
+    plan = make_privacy_plan(audited, space, selection, budget, accountant=accountant,
+                             seeded=seed is not None, adjacency=adjacency)  # fmt: skip
     fields = {k: plan.calibrated.get(k, v) for k, v in space.fields.items()}
     return Space(fields, privacy_fields=set(space.privacy_fields)), BestOfK(1)
 

@@ -104,21 +104,11 @@ def _result() -> tuple[dict, str]:
         raise ArgumentError(f"options {sorted(given)} do not apply to --selection=none.")
     else:
         transform = sp.SingleRunPrivacy()
-    q, steps, delta = _SAMPLING_RATE.value, _STEPS.value, _DELTA.value
+    q, steps, delta, acc = _SAMPLING_RATE.value, _STEPS.value, _DELTA.value, _ACCOUNTANT.value
     out: dict = {"selection": _SELECTION.value}
     text_extra = ""
-    if _LAPLACE.value is not None:
-        # A pure epsilon-DP candidate: a Laplace mechanism of scale 1/epsilon on a
-        # sensitivity-1 query (dptune.accounting.pure_epsilon reads it back as epsilon).
-        candidate = accounting.EventCandidate(
-            dp_event.LaplaceDpEvent(1.0 / _LAPLACE.value), label="Laplace mechanism"
-        )
-        statement = accounting.total_privacy(candidate, transform, delta, _ACCOUNTANT.value)
-        out["laplace_epsilon"] = _LAPLACE.value
-    elif _TARGET.value is not None:
-        cal = accounting.calibrate_noise(
-            q, steps, transform, _TARGET.value, delta, _ACCOUNTANT.value, _SCORE.value
-        )
+    if (target := _TARGET.value) is not None:
+        cal = accounting.calibrate_noise(q, steps, transform, target, delta, acc, _SCORE.value)
         statement = cal.statement
         names = ("noise_multiplier", "target_epsilon", "untuned_noise_multiplier",
                  "naive_noise_multiplier", "naive_trials")  # fmt: skip
@@ -133,12 +123,19 @@ def _result() -> tuple[dict, str]:
             f"{cal.untuned_noise_multiplier:.4f}{naive}.\n\n"
         )
     else:
-        candidate = accounting.DpSgdCandidate(q, steps, _NOISE.value, _SCORE.value)
-        statement = accounting.total_privacy(candidate, transform, delta, _ACCOUNTANT.value)
-        out["noise_multiplier"] = _NOISE.value
+        if _LAPLACE.value is not None:
+            # A pure epsilon-DP candidate: a Laplace mechanism of scale 1/epsilon on a
+            # sensitivity-1 query (dptune.accounting.pure_epsilon reads it back as epsilon).
+            event = dp_event.LaplaceDpEvent(1.0 / _LAPLACE.value)
+            candidate = accounting.EventCandidate(event, label="Laplace mechanism")
+            out["laplace_epsilon"] = _LAPLACE.value
+        else:
+            candidate = accounting.DpSgdCandidate(q, steps, _NOISE.value, _SCORE.value)
+            out["noise_multiplier"] = _NOISE.value
+        statement = accounting.total_privacy(candidate, transform, delta, acc)
     d = statement.to_dict()
     names = ("single_run_epsilon", "total_epsilon", "delta", "overhead", "accountant")
-    out.update({k: d[k] for k in names}, accountant_requested=_ACCOUNTANT.value)
+    out.update({k: d[k] for k in names}, accountant_requested=acc)
     out.update(method=d["method"], theorem=d["theorem"], sampling_rate=q, steps=steps, statement=d)
     return out, text_extra + statement.to_text()
 
