@@ -3,8 +3,7 @@
 Written by :func:`dptune.release.write_release` next to the files it describes. It only restates
 what the folder already releases (the selected candidate, its public test accuracy, its noisy
 validation score and the privacy statement) and links the folder's plots; it adds nothing about the
-other candidates, not even how many there were.
-"""
+other candidates, not even how many there were."""
 
 from __future__ import annotations
 
@@ -27,9 +26,8 @@ def single_candidate_odds(selection: Mapping[str, Any]) -> tuple[float, float] |
             mean = float(selection["mean"])
             return math.exp(-mean), mean * math.exp(-mean)
         if "shape" in selection and "gamma" in selection:
-            dist = counts.TruncatedNegativeBinomial(float(selection["shape"]),
-                                                    float(selection["gamma"]))  # fmt: skip
-            return 0.0, float(dist.pmf(1))
+            shape, gamma = float(selection["shape"]), float(selection["gamma"])
+            return 0.0, float(counts.TruncatedNegativeBinomial(shape, gamma).pmf(1))
         if "gamma" in selection and "eps0" not in selection and "max_trials" in selection:
             gamma, cap = float(selection["gamma"]), int(selection["max_trials"])
             return 0.0, (gamma if cap >= 2 else 1.0)
@@ -74,6 +72,8 @@ def report_markdown(release: Any, files: set[str]) -> str:
     eps, delta = p.get("total_epsilon"), p.get("delta")
     trainer = getattr(release, "trainer_name", None) or "a private trainer"
     lines = ["# dptune release report", "", release.headline, "", *_released(release, trainer)]
+    seeded = ("the run used a fixed seed, so the guarantee holds only while it is secret"
+              if p.get("seeded") else "randomness from OS entropy")  # fmt: skip
     lines += [
         "",
         "## Privacy",
@@ -86,12 +86,7 @@ def report_markdown(release: Any, files: set[str]) -> str:
         f"- Selection: `{p.get('method', '?')}`; theorem: {p.get('theorem', '?')}",
         f"- One training run alone would be ({num(p.get('single_run_epsilon'))}, "
         f"{num(p.get('single_run_delta', delta))})-DP; the difference is the price of tuning.",
-        f"- Accountant: `{p.get('accountant', '?')}`"
-        + (
-            "; the run used a fixed seed, so the guarantee holds only while it is secret"
-            if p.get("seeded")
-            else "; randomness from OS entropy"
-        ),
+        f"- Accountant: `{p.get('accountant', '?')}`; {seeded}",
         *_count_sentence(p),
         "",
         "In words: an observer of this folder learns almost the same whether or not any one "
@@ -113,20 +108,16 @@ def report_markdown(release: Any, files: set[str]) -> str:
             "one training run so far (the dashed line is the total above, tuning included), and "
             "its test accuracy when test curves were asked for, per epoch."
         )
+    saved = ("`checkpoint/` (the model" if "checkpoint" in files else
+             "`payload.pkl` (the released payload" if "payload.pkl" in files else None)  # fmt: skip
+    saved = "" if saved is None else (
+        f", {saved}; `dptune.load_release(folder)` restores it with its hyperparameters and "
+        "statement)")  # fmt: skip
     lines += [
         "",
         "## Files",
         "",
-        "`result.json` (the result), `privacy.json` / `privacy.txt` (the statement)"
-        + (
-            ", `checkpoint/` (the model; `dptune.load_release(folder)` restores it with its "
-            "hyperparameters and statement)."
-            if "checkpoint" in files
-            else ", `payload.pkl` (the released payload; `dptune.load_release(folder)` restores "
-            "it with its hyperparameters and statement)."
-            if "payload.pkl" in files
-            else "."
-        ),
+        f"`result.json` (the result), `privacy.json` / `privacy.txt` (the statement){saved}.",
         "",
         "Not released, by design: the other candidates, their scores and how many there were "
         "(revealing them would void the selection theorem's guarantee).",
@@ -147,18 +138,15 @@ def _released(release: Any, trainer: str) -> list[str]:
         ]
         metric = getattr(release, "test_metric", None)
         if metric is not None:  # a model scored by its own metric: its units, not a percentage
-            name = metric.get("name", "metric")
-            lines.append(
-                f"- **Test {name}** (public test split, reported only, never used to choose): "
-                f"{num(metric.get('value')) if metric.get('value') is not None else 'n/a'}"
-            )
+            name, value = metric.get("name", "metric"), metric.get("value")
+            test = "n/a" if value is None else num(value)
             score = f"{num(release.validation_score)} ({name})"
         else:
-            lines.append(
-                f"- **Test accuracy** (public test split, reported only, never used to choose): "
-                f"{_pct(release.test_accuracy)}"
-            )
+            name, test = "accuracy", _pct(release.test_accuracy)
             score = _pct(release.validation_score)
+        lines.append(
+            f"- **Test {name}** (public test split, reported only, never used to choose): {test}"
+        )
         if "score" in getattr(release, "published", ("payload", "score")):
             lines.append(
                 "- Validation score the selection saw (noisy when the validation split is "

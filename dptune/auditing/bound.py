@@ -66,10 +66,8 @@ def epsilon_lower_bound(m: int, r: int, v: int, delta: float, beta: float = 0.05
     """The largest epsilon that v correct guesses out of r reject at significance ``beta``: if the
     run is (epsilon*, delta)-DP, this bound exceeds epsilon* with probability at most ``beta``.
 
-    Bisection on the p-value (increasing in epsilon), returning the end whose p-value is <= beta
-    (conservative, as App. D's ``get_eps_audit``), to 1e-9 in epsilon. 0 when epsilon = 0 is not
-    rejected.
-    """
+    Bisection on the p-value (increasing in epsilon) to 1e-9, returning the end whose p-value is
+    <= beta (conservative, as App. D's ``get_eps_audit``); 0 when epsilon = 0 is not rejected."""
     if not 0 < beta < 1:
         raise ValueError(f"beta={beta!r} must be in (0, 1)")
     if p_value(m, r, v, 0.0, delta) > beta:

@@ -5,8 +5,7 @@ holds ``sum_real + sum_j b_j s_j``, where the auditor can compute ``sum_real`` (
 and every canary's own value ``s_j`` from the released model: the included set ``b`` is a
 subset-sum problem, solved exactly here by meet-in-the-middle for up to ``MAX_CANARIES`` canaries.
 A noisy score (Gaussian noise of a few counts) matches no subset to within the tolerance, and the
-decoder then abstains on every canary.
-"""
+decoder then abstains on every canary."""
 
 from __future__ import annotations
 

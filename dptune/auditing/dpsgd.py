@@ -35,8 +35,7 @@ class AuditDpSgdTrainer(DpSgdTrainer):
     training split, ``score`` canaries the validation split. ``fault``: ``"noise_reused"`` (every
     step's noise key folded with 0: the loop's ``noise_step``) or ``"exact_score"`` (the released
     score is the exact sum of the validation records' probabilities of their labels over the public
-    validation size, instead of the noisy accuracy).
-    """
+    validation size, instead of the noisy accuracy)."""
 
     #: Faults this trainer can inject (others are hyperparameter rewrites, ``dptune.auditing``).
     FAULTS = ("noise_reused", "exact_score")
@@ -146,8 +145,7 @@ class AuditDpSgdTrainer(DpSgdTrainer):
           epochs of w[j]'s per-epoch increments (0 for an excluded canary when the noise repeats).
         * input: ``loss`` = minus the canary's cross-entropy under the released parameters.
         * score: ``decoded`` = +1 / -1 / 0 from the released score read as an exact sum
-          (``dptune.auditing.decode``).
-        """
+          (``dptune.auditing.decode``)."""
         m = len(self.canaries)
         params = release.payload["params"]
         if self.canaries.kind == "gradient":

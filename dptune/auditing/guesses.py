@@ -9,8 +9,7 @@ Cor. 5.4, whatever function of the run's output the guesses are).
 Rank rules guess "in" for the ``k_in`` highest values (higher = more likely included) and "out" for
 the ``k_out`` lowest, ties broken by canary index (independent of the coins), ``k_in + k_out`` in
 {m/8, m/4, m/2}, one-sided (all "in") or two-sided (half each); sign rules (``decoded``) guess by
-the sign of each value.
-"""
+the sign of each value."""
 
 from __future__ import annotations
 
@@ -91,11 +90,9 @@ class Outcome:
 
 
 def evaluate(
-    statistics: Mapping[str, np.ndarray],
-    included: np.ndarray,
-    delta: float,
+    statistics: Mapping[str, np.ndarray], included: np.ndarray, delta: float,
     confidence: float = 0.95,
-) -> Outcome:
+) -> Outcome:  # fmt: skip
     """The audit's lower bound from per-canary ``statistics`` and the true inclusion coins.
 
     Args:

@@ -1,16 +1,11 @@
 """``dptune.audit``: an empirical privacy audit of a tuning run (or of one candidate's training),
 next to the epsilon that run states (Steinke, Nasr & Jagielski 2023; docs/audit.md).
 
-The steps, in order (the order is part of the audit's validity): design m public canaries and
-draw which are included, each with probability 1/2 from OS entropy (kept in
-``DIR/private/audit_canaries.npz``, so a killed audit resumes with the same coins); build the
-audited trainer (its data plus the included canaries, a deliberate break if asked, the unbroken
-privacy declaration); run ``dptune.tune`` as a user would, charged to an audit entry of the ledger
-(the canaries make it another dataset); score every canary on the released candidate and turn the
-guesses into a lower bound on epsilon at the stated delta; write ``DIR/audit.json`` and
-``DIR/audit.md``. A bound above the stated epsilon says the implementation does not meet its
-statement; a bound below it proves nothing.
-"""
+The order of the steps is part of the audit's validity: the canaries are designed and their coins
+drawn (OS entropy; kept in ``DIR/private/audit_canaries.npz``, so a killed audit resumes with the
+same coins) before ``dptune.tune`` runs, as a user would, on the audited trainer, charged to an
+audit entry of the ledger. A bound above the stated epsilon says the implementation does not meet
+its statement; a bound below it proves nothing."""
 
 from __future__ import annotations
 
@@ -62,11 +57,9 @@ UNCLIPPED = 1.0e6
 #: The hyperparameter breaks: field -> its value in training (the declaration keeps the drawn one).
 _REWRITES: dict[str, dict[str, Callable[[float], float]]] = {
     "no_noise": {"noise_multiplier": lambda v: 0.0},
-    "no_clipping": {
-        "clip_norm": lambda v: v * UNCLIPPED,
-        "noise_multiplier": lambda v: v / UNCLIPPED,
-    },
-}
+    "no_clipping": {"clip_norm": lambda v: v * UNCLIPPED,
+                    "noise_multiplier": lambda v: v / UNCLIPPED},
+}  # fmt: skip
 
 AUDIT_NOTE = (
     "AUDIT RUN (dptune audit): canaries were added to the private data; this is not a release of "
@@ -76,21 +69,14 @@ AUDIT_NOTE = (
 
 @dataclasses.dataclass(frozen=True)
 class AuditResult:
-    """An audit's outcome.
-
-    Attributes:
-      stated_epsilon, delta: what the audited run states (its total, tuning included, for
-        ``what="tuning"``; the one candidate's for ``"training"``).
-      epsilon_lower_bound: the empirical lower bound at ``confidence``.
-      confidence: 1 - beta, over every guessing rule tried together.
-      canaries: m; ``kind``: gradient / input / score; ``what``; ``break_``: the negative control,
-        or None for an ordinary audit.
-      guesses, correct: the best rule's guesses made and right; ``rule``: which rule.
-      ceiling: the largest bound these m canaries and rules could show (every guess right).
-      rules: how many guessing rules were tried (the confidence is split among them).
-      released: whether a candidate was released (nothing to score otherwise).
-      included: how many canaries were included (the coins themselves stay private).
-    """
+    """An audit's outcome: ``stated_epsilon`` and ``delta``, what the audited run states (its
+    total, tuning included, for ``what="tuning"``; the one candidate's for ``"training"``);
+    ``epsilon_lower_bound`` at ``confidence`` (1 - beta over every guessing rule together);
+    ``canaries`` (m) of ``kind``; ``break_``, the negative control (None: an ordinary audit); the
+    best ``rule``'s ``guesses`` made and ``correct``; ``ceiling``, the largest bound these m
+    canaries and ``rules`` (how many rules were tried) could show; ``released``, whether a
+    candidate was released (nothing to score otherwise); ``included``, how many canaries were in
+    (the coins themselves stay private)."""
 
     stated_epsilon: float
     delta: float
@@ -164,25 +150,14 @@ class AuditResult:
 
 
 def audit(
-    trainer: Any,
-    space: Space | Mapping[str, Any],
-    selection: Any,
-    budget: Any,
-    *,
-    canaries: int | tuple[np.ndarray, np.ndarray] | None = None,
-    kind: str | None = None,
-    what: str = "tuning",
-    break_: str | None = None,
+    trainer: Any, space: Space | Mapping[str, Any], selection: Any, budget: Any, *,
+    canaries: int | tuple[np.ndarray, np.ndarray] | None = None, kind: str | None = None,
+    what: str = "tuning", break_: str | None = None,
     score: Callable[[Any, np.ndarray, np.ndarray], np.ndarray] | None = None,
-    confidence: float = 0.95,
-    workdir: str | os.PathLike | None = None,
-    seed: int | None = None,
-    ledger: Any = None,
-    accountant: str = "auto",
-    adjacency: str = "add_remove",
-    progress: bool = True,
-    config: Mapping[str, Any] | None = None,
-) -> AuditResult:
+    confidence: float = 0.95, workdir: str | os.PathLike | None = None, seed: int | None = None,
+    ledger: Any = None, accountant: str = "auto", adjacency: str = "add_remove",
+    progress: bool = True, config: Mapping[str, Any] | None = None,
+) -> AuditResult:  # fmt: skip
     """Audits a tuning run (or one candidate) empirically: its epsilon lower bound next to the
     epsilon it states.
 
@@ -251,12 +226,10 @@ def _kind_and_size(hooks, canaries, kind, what, break_, score, confidence) -> tu
     number m, from the arguments and the trainer's defaults."""
     if not 0 < confidence < 1:
         raise TuningConfigError(f"confidence={confidence!r} must be in (0, 1)")
-    if what not in WHATS:
-        raise TuningConfigError(f"what={what!r} must be one of {WHATS}")
-    if break_ is not None and break_ not in BREAKS:
-        raise TuningConfigError(f"break={break_!r} must be one of {BREAKS}")
-    if kind is not None and kind not in KINDS:
-        raise TuningConfigError(f"kind={kind!r} must be one of {KINDS}")
+    named = (("what", what, WHATS), ("break", break_, BREAKS), ("kind", kind, KINDS))
+    for name, value, known in named:  # None: the default (what has none)
+        if value not in known and (value is not None or name == "what"):
+            raise TuningConfigError(f"{name}={value!r} must be one of {known}")
     if break_ == "exact_score":
         if kind not in (None, "score"):
             raise TuningConfigError("break=exact_score is audited with score canaries: kind=score")
@@ -288,8 +261,7 @@ def _kind_and_size(hooks, canaries, kind, what, break_, score, confidence) -> tu
 def _result(release, inner, design, included, score, confidence, what, break_) -> AuditResult:
     """The released candidate's canaries scored, guessed and turned into the bound (nothing to
     score when nothing was released: a bound of 0)."""
-    stated = float(release.privacy["total_epsilon"])
-    delta = float(release.privacy["delta"])
+    stated, delta = (float(release.privacy[k]) for k in ("total_epsilon", "delta"))
     if release.released:
         if release.payload is None and release.path is not None:
             # A resumed audit whose tuning had finished: the release folder holds the payload.
@@ -345,9 +317,7 @@ def _finished(workdir: Path | None, asked: Mapping[str, Any]) -> AuditResult | N
 def _canaries(design_hook, canaries, kind, m, seed, workdir) -> tuple[Canaries, np.ndarray]:
     """The canaries and which are included: drawn once and kept in ``DIR/private/`` (owner-only,
     like the journal: the coins are the curator's), read back on resume."""
-    given = None
-    if isinstance(canaries, tuple):
-        given = Canaries(kind, np.asarray(canaries[0]), np.asarray(canaries[1]))
+    given = Canaries(kind, *map(np.asarray, canaries)) if isinstance(canaries, tuple) else None
     stored = None if workdir is None else workdir / "private" / _CANARIES_FILE
     if stored is not None and stored.exists():
         with np.load(stored) as f:
@@ -355,9 +325,7 @@ def _canaries(design_hook, canaries, kind, m, seed, workdir) -> tuple[Canaries, 
             included = np.asarray(f["included"], bool)
         other = given is not None and given.digest() != design.digest()
         if design.kind != kind or len(design) != m or other:
-            raise TuningConfigError(
-                f"{workdir} holds an audit with other canaries; use a new folder"
-            )
+            raise TuningConfigError(f"{workdir} holds another audit's canaries; use a new folder")
         return design, included
     design = given
     if design is None:
@@ -379,10 +347,8 @@ def _hooks(trainer: Any) -> tuple[Callable | None, Callable | None]:
     """``(audit_canaries(kind, m, rng), with_canaries(canaries, included, fault))``: DP-SGD's
     (``dptune.auditing.dpsgd``), else the trainer's own hooks of those names (None if absent)."""
     if isinstance(trainer, DpSgdTrainer):
-        return (
-            functools.partial(AuditDpSgdTrainer.design, trainer),
-            functools.partial(AuditDpSgdTrainer, trainer),
-        )
+        cls = AuditDpSgdTrainer
+        return functools.partial(cls.design, trainer), functools.partial(cls, trainer)
     return getattr(trainer, "audit_canaries", None), getattr(trainer, "with_canaries", None)
 
 
@@ -412,10 +378,8 @@ def _with_canaries(trainer, with_canaries, design, included, break_) -> Any:
 
 def _one_candidate(audited, space, selection, budget, accountant, seed, adjacency):
     """``what="training"``: the tuning's calibrated values, fixed, and one candidate."""
-    plan = make_privacy_plan(
-        audited, space, selection, budget, accountant=accountant, seeded=seed is not None,
-        adjacency=adjacency,
-    )  # fmt: skip
+    plan = make_privacy_plan(audited, space, selection, budget, accountant=accountant,
+                             seeded=seed is not None, adjacency=adjacency)  # fmt: skip
     fields = {k: plan.calibrated.get(k, v) for k, v in space.fields.items()}
     return Space(fields, privacy_fields=set(space.privacy_fields)), BestOfK(1)
 
@@ -426,8 +390,7 @@ class _AuditTrainer:
     the audit's note in the statement. Other hooks are the inner trainer's."""
 
     def __init__(self, inner: Any, break_: str | None, space: Space, design: Canaries, what: str):
-        self.inner = inner
-        self.break_ = break_
+        self.inner, self.break_ = inner, break_
         fixed = getattr(getattr(inner, "hyperparams_class", None), "__dataclass_fields__", {})
         for name in _REWRITES.get(break_ or "", {}):
             if name not in space.fields and name not in fixed:
@@ -490,7 +453,5 @@ class _AuditTrainer:
 def _write_json(path: Path, obj: Mapping[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(
-        json.dumps(dict(obj), indent=2, sort_keys=True, default=lambda x: x.item()) + "\n"
-    )
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=lambda x: x.item()) + "\n")
     os.replace(tmp, path)

@@ -8,12 +8,7 @@ import importlib
 import sys
 
 #: ``dptune NAME ...``: the subcommands and the module whose ``cli(argv)`` serves each.
-SUBCOMMANDS = {
-    "account": "dptune.cli.account",
-    "inspect": "dptune.cli.inspect",
-    "ledger": "dptune.cli.ledger",
-    "audit": "dptune.cli.audit",
-}
+SUBCOMMANDS = {name: f"dptune.cli.{name}" for name in ("account", "inspect", "ledger", "audit")}
 
 
 def run() -> None:

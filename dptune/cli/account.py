@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
 
 from absl import flags
 from dp_accounting import dp_event
@@ -71,25 +70,19 @@ _JSON = flags.DEFINE_bool("json", False, "Print one JSON object instead of text.
 def _check_inputs() -> None:
     """What the flags must say together; the values themselves are the accountant's to check
     (its ``name=`` becomes the flag's ``--name=`` in the refusal)."""
-    if _LAPLACE.value is not None:
+    if (eps := _LAPLACE.value) is not None:
         named = (_SAMPLING_RATE, _STEPS, _NOISE, _TARGET, _SCORE)
-        given = [f.name for f in named if f.value is not None]
-        if given:
-            drop = ", --".join(given)
+        if given := [f"--{f.name}" for f in named if f.value is not None]:
             raise ArgumentError(
-                f"--laplace_epsilon describes the candidates completely; drop --{drop}."
+                f"--laplace_epsilon describes the candidates completely; drop {', '.join(given)}."
             )
-        if not (math.isfinite(_LAPLACE.value) and _LAPLACE.value > 0):
-            raise ArgumentError(
-                f"--laplace_epsilon={_LAPLACE.value:g} must be a finite number > 0."
-            )
+        if not (math.isfinite(eps) and eps > 0):
+            raise ArgumentError(f"--laplace_epsilon={eps:g} must be a finite number > 0.")
         return
-    if _SAMPLING_RATE.value is None:
-        raise ArgumentError(
-            "--sampling_rate is required (expected batch size / training examples)."
-        )
-    if _STEPS.value is None:
-        raise ArgumentError("--steps is required (DP-SGD steps per candidate).")
+    for flag, what in ((_SAMPLING_RATE, "expected batch size / training examples"),
+                       (_STEPS, "DP-SGD steps per candidate")):  # fmt: skip
+        if flag.value is None:
+            raise ArgumentError(f"--{flag.name} is required ({what}).")
     if (_NOISE.value is None) == (_TARGET.value is None):
         raise ArgumentError(
             "give --noise_multiplier, or --target_epsilon to calibrate it (not both: "
@@ -111,21 +104,11 @@ def _result() -> tuple[dict, str]:
         raise ArgumentError(f"options {sorted(given)} do not apply to --selection=none.")
     else:
         transform = sp.SingleRunPrivacy()
-    q, steps, delta = _SAMPLING_RATE.value, _STEPS.value, _DELTA.value
+    q, steps, delta, acc = _SAMPLING_RATE.value, _STEPS.value, _DELTA.value, _ACCOUNTANT.value
     out: dict = {"selection": _SELECTION.value}
     text_extra = ""
-    if _LAPLACE.value is not None:
-        # A pure epsilon-DP candidate: a Laplace mechanism of scale 1/epsilon on a
-        # sensitivity-1 query (dptune.accounting.pure_epsilon reads it back as epsilon).
-        candidate = accounting.EventCandidate(
-            dp_event.LaplaceDpEvent(1.0 / _LAPLACE.value), label="Laplace mechanism"
-        )
-        statement = accounting.total_privacy(candidate, transform, delta, _ACCOUNTANT.value)
-        out["laplace_epsilon"] = _LAPLACE.value
-    elif _TARGET.value is not None:
-        cal = accounting.calibrate_noise(
-            q, steps, transform, _TARGET.value, delta, _ACCOUNTANT.value, _SCORE.value
-        )
+    if (target := _TARGET.value) is not None:
+        cal = accounting.calibrate_noise(q, steps, transform, target, delta, acc, _SCORE.value)
         statement = cal.statement
         names = ("noise_multiplier", "target_epsilon", "untuned_noise_multiplier",
                  "naive_noise_multiplier", "naive_trials")  # fmt: skip
@@ -140,12 +123,19 @@ def _result() -> tuple[dict, str]:
             f"{cal.untuned_noise_multiplier:.4f}{naive}.\n\n"
         )
     else:
-        candidate = accounting.DpSgdCandidate(q, steps, _NOISE.value, _SCORE.value)
-        statement = accounting.total_privacy(candidate, transform, delta, _ACCOUNTANT.value)
-        out["noise_multiplier"] = _NOISE.value
+        if _LAPLACE.value is not None:
+            # A pure epsilon-DP candidate: a Laplace mechanism of scale 1/epsilon on a
+            # sensitivity-1 query (dptune.accounting.pure_epsilon reads it back as epsilon).
+            event = dp_event.LaplaceDpEvent(1.0 / _LAPLACE.value)
+            candidate = accounting.EventCandidate(event, label="Laplace mechanism")
+            out["laplace_epsilon"] = _LAPLACE.value
+        else:
+            candidate = accounting.DpSgdCandidate(q, steps, _NOISE.value, _SCORE.value)
+            out["noise_multiplier"] = _NOISE.value
+        statement = accounting.total_privacy(candidate, transform, delta, acc)
     d = statement.to_dict()
     names = ("single_run_epsilon", "total_epsilon", "delta", "overhead", "accountant")
-    out.update({k: d[k] for k in names}, accountant_requested=_ACCOUNTANT.value)
+    out.update({k: d[k] for k in names}, accountant_requested=acc)
     out.update(method=d["method"], theorem=d["theorem"], sampling_rate=q, steps=steps, statement=d)
     return out, text_extra + statement.to_text()
 
@@ -166,9 +156,7 @@ def cli(argv: list[str]) -> int:
     """``dptune account`` in this process: a flag error or an invalid input is one ``dptune:``
     line and exit code 2; ``--help`` exits 0."""
     if any(a in common.HELP for a in argv[1:]):
-        print(
-            __doc__, registry.describe(), flags.FLAGS.module_help(sys.modules[__name__]), sep="\n"
-        )
+        print(__doc__, registry.describe(), flags.FLAGS.module_help(__name__), sep="\n")
         return common.OK
     try:
         rest = flags.FLAGS(list(argv))

@@ -66,8 +66,7 @@ def cli(argv: list[str]) -> int:
         return common.refuse(e)
     except Exception as e:  # noqa: BLE001 - a full disk is the user's; anything else a bug
         return common.unexpected(e, Path(_WORKDIR.value) / "private", argv)
-    print(str(result))
-    print(f"\n{work / AUDIT_MD}\n{work / AUDIT_JSON}")
+    print(f"{result}\n\n{work / AUDIT_MD}\n{work / AUDIT_JSON}")
     return common.OK
 
 

@@ -19,7 +19,6 @@ from typing import Any
 
 from dptune import learners, strategies
 from dptune import space as space_mod
-from dptune._state.ledger import default_ledger_path
 from dptune._state.workdir_lock import workdir_lock
 from dptune.configs import base as base_config
 from dptune.data import MNIST_10K_DIR, MNIST_10K_NUM_TRAIN
@@ -177,48 +176,6 @@ def _coerce_fixed_numbers(cfg: dict[str, Any]) -> None:
                     ) from None
 
 
-def check_config(cfg: Mapping[str, Any]) -> None:
-    """What only a config can get wrong (ConfigError naming the field), before any file is read."""
-    if not isinstance(cfg, Mapping):
-        raise ConfigError(
-            f"the config's get_config() returned {type(cfg).__name__}, not a ConfigDict or dict: "
-            "start from dptune.configs.base.get_config()"
-        )
-    _check_known_fields(cfg)
-    if kind := user_arrays(cfg):
-        _check_user_data(cfg, kind)
-    trainer, model = _get(cfg, "trainer", "dpsgd"), _get(cfg, "model")
-    if _get(cfg, "init") and trainer != "dpsgd":
-        # a section of the config that belongs to another learner (learner_sections' rule)
-        log.info("config.init is DP-SGD's pretrained start: config.trainer=%r does not use it",
-                 trainer)  # fmt: skip
-    if model is not None and trainer != "dpsgd":
-        raise ConfigError("config.model is a DP-SGD model: it needs config.trainer='dpsgd'")
-    if model is not None and ":" not in str(model) and model not in dpsgd.MODEL_NAMES:
-        raise ConfigError(
-            f"config.model={model!r} must be 'pkg.module:factory' (your Flax module) or a "
-            f"shipped model, one of {dpsgd.MODEL_NAMES}"
-        )
-    strategy = _section(cfg, "strategy")
-    name = strategy.pop("name", "full")
-    strategies.check(name, strategy, _get(cfg, "privacy.epsilon"))
-    if name == "subsampled" and _get(cfg, "executor.kind") == "ray":
-        raise ConfigError(
-            "config.executor.kind='ray' is not supported with config.strategy.name='subsampled' "
-            "(the workers would load all the data, not the subset): use 'sequential', "
-            "'vectorized' or 'devices'"
-        )
-    build_executor(cfg)
-    vsize = _get(cfg, "data.validation_size", 5000)
-    if isinstance(vsize, bool) or not isinstance(vsize, int) or vsize < 1:
-        raise ConfigError(f"config.data.validation_size={vsize!r} must be an integer >= 1")
-    overlap = set(_section(cfg, "train")) & set(_section(cfg, "space"))
-    if overlap:
-        raise ConfigError(
-            f"{sorted(overlap)} appear in both config.train and config.space; keep one"
-        )
-
-
 def learner_sections(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """``config.train`` and ``config.space`` as ``config.trainer``'s learner takes them, so that
     ``--config.trainer=NAME`` works on any config: a field another learner knows is left out
@@ -227,11 +184,9 @@ def learner_sections(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
     info = learner_info(cfg)
     train, space = _section(cfg, "train"), _section(cfg, "space")
     own = _fields(info)
-    foreign = (set(train) | set(space)) - own
-    if not foreign:
+    if not (foreign := (set(train) | set(space)) - own):
         return train, space
-    unknown = foreign - set().union(*(_fields(i) for i in learners.LEARNERS.values()))
-    if unknown:
+    if unknown := foreign - set().union(*(_fields(i) for i in learners.LEARNERS.values())):
         raise ConfigError(
             f"unknown hyperparameters {sorted(unknown)} for config.trainer={info.name!r}: no "
             f"learner knows them; {info.name} knows {sorted(own)}"
@@ -274,13 +229,48 @@ def validate(
     debug_nonprivate: bool = False,
 ) -> Checked:  # fmt: skip
     """The checks of a run that need neither data nor files, shared by the run and ``--dry_run``:
-    the config's fields, the selection, the space, the budget and the run's options
-    (``TuneOptions.check``); ConfigError / TuningConfigError / StateError."""
+    the config's fields (what only a config can get wrong: ConfigError naming the field), the
+    selection, the space, the budget and the run's options (``TuneOptions.check``);
+    ConfigError / TuningConfigError / StateError."""
     cfg = _plain(cfg)
     if isinstance(cfg, dict):
         _coerce_fixed_numbers(cfg)
         _fill_suggested(cfg)
-    check_config(cfg)
+    if not isinstance(cfg, Mapping):
+        raise ConfigError(
+            f"the config's get_config() returned {type(cfg).__name__}, not a ConfigDict or dict: "
+            "start from dptune.configs.base.get_config()"
+        )
+    _check_known_fields(cfg)
+    if kind := user_arrays(cfg):
+        _check_user_data(cfg, kind)
+    trainer, model = _get(cfg, "trainer", "dpsgd"), _get(cfg, "model")
+    if _get(cfg, "init") and trainer != "dpsgd":
+        # a section of the config that belongs to another learner (learner_sections' rule)
+        log.info("config.init is DP-SGD's pretrained start: config.trainer=%r does not use it",
+                 trainer)  # fmt: skip
+    if model is not None and trainer != "dpsgd":
+        raise ConfigError("config.model is a DP-SGD model: it needs config.trainer='dpsgd'")
+    if model is not None and ":" not in str(model) and model not in dpsgd.MODEL_NAMES:
+        raise ConfigError(
+            f"config.model={model!r} must be 'pkg.module:factory' (your Flax module) or a "
+            f"shipped model, one of {dpsgd.MODEL_NAMES}"
+        )
+    strategy = _section(cfg, "strategy")
+    name = strategy.pop("name", "full")
+    strategies.check(name, strategy, _get(cfg, "privacy.epsilon"))
+    if name == "subsampled" and _get(cfg, "executor.kind") == "ray":
+        raise ConfigError(
+            "config.executor.kind='ray' is not supported with config.strategy.name='subsampled' "
+            "(the workers would load all the data, not the subset): use 'sequential', "
+            "'vectorized' or 'devices'"
+        )
+    build_executor(cfg)
+    vsize = _get(cfg, "data.validation_size", 5000)
+    if isinstance(vsize, bool) or not isinstance(vsize, int) or vsize < 1:
+        raise ConfigError(f"config.data.validation_size={vsize!r} must be an integer >= 1")
+    if overlap := set(_section(cfg, "train")) & set(_section(cfg, "space")):
+        raise ConfigError(f"{sorted(overlap)} are in both config.train and config.space; keep one")
     budget = Budget(_get(cfg, "privacy.epsilon"), _get(cfg, "privacy.delta"))
     cfg["train"], cfg["space"] = learner_sections(cfg)
     method = build_selection(cfg)
@@ -289,10 +279,16 @@ def validate(
     enabled = ledger_cfg.get("enabled", True)
     if not isinstance(enabled, bool):
         raise ConfigError(f"config.ledger.enabled={enabled!r} must be True or False")
+    # the dataset's lifetime budget (None: not stated; an epsilon alone takes this run's delta)
+    eps, delta = ledger_cfg.get("budget_epsilon"), ledger_cfg.get("budget_delta")
+    try:
+        stated = None if eps is None else Budget(eps, budget.delta if delta is None else delta)
+    except TuningConfigError as e:  # named as the config's fields, not as the run's budget
+        raise ConfigError(f"config.ledger.budget_epsilon / budget_delta: {e}") from None
     options = TuneOptions(
         workdir=workdir, seed=seed, debug_nonprivate=debug_nonprivate,
         ledger=(ledger_cfg.get("path") or DEFAULT_LEDGER) if enabled else None,
-        dataset_budget=_dataset_budget(ledger_cfg, budget),
+        dataset_budget=stated,
         accountant=_get(cfg, "privacy.accountant", "auto"),
         adjacency=_get(cfg, "privacy.adjacency", "add_remove"),
     )  # fmt: skip
@@ -329,23 +325,20 @@ class DryRun:
 
     space: Any
     statement: Any
-    preflight: Any
+    preflight: Any = None  # None: a strategy with its own plan (config.strategy)
 
     def to_text(self) -> str:
         text = f"Dry run (nothing trained). Search space: {self.space.to_dict()}\n\n"
         text += self.statement.to_text()
         pre = self.preflight
-        if pre is None:  # a strategy with its own plan (config.strategy)
+        if pre is None:
             return text
         if pre.ledger is None:
             return text + "\n\nLedger: none (config.ledger.enabled=False): charged nowhere."
         s = pre.spend
-        how = (
-            f"has no lifetime budget yet; the run would register the default, {s.budget_epsilon:g}"
-            f" epsilon and {s.budget_delta:g} delta (dptune._state.ledger)"
-            if s.registered
-            else f"has the lifetime budget (epsilon={s.budget_epsilon:g}, delta={s.budget_delta:g})"
-        )
+        budget = f"(epsilon={s.budget_epsilon:g}, delta={s.budget_delta:g})"
+        how = (f"has no lifetime budget yet; the run would register the default {budget}"
+               if s.registered else f"has the lifetime budget {budget}")  # fmt: skip
         return text + (
             f"\n\nLedger {pre.ledger}: dataset {pre.fingerprint} {how}; after this run it would "
             f"have spent epsilon={s.spent_epsilon:.4g}. Set a budget with `dptune ledger "
@@ -398,11 +391,8 @@ def run_config(
             if dry_run:
                 seeded, acc, adj = opts.seed is not None, opts.accountant, opts.adjacency
                 plan = plan_subsampled(*args, **kw, seeded=seeded, accountant=acc, adjacency=adj)
-                return DryRun(
-                    _filled(plan.tuning_plan.space, plan.calibrated), plan.statement, None
-                )
-            ledger = default_ledger_path() if opts.ledger is DEFAULT_LEDGER else opts.ledger
-            return tune_subsampled(*args, **kw, options=dataclasses.replace(opts, ledger=ledger))
+                return DryRun(_filled(plan.tuning_plan.space, plan.calibrated), plan.statement)
+            return tune_subsampled(*args, **kw, options=opts)
         if dry_run:
             pre = preflight(*args, opts)
             return DryRun(_filled(pre.plan.space, pre.plan.calibrated), pre.plan.statement, pre)
@@ -416,16 +406,6 @@ def run_config(
 
 def _filled(space: Any, calibrated: Mapping[str, Any]) -> space_mod.Space:
     return space_mod.Space({**space.to_dict(), **calibrated})
-
-
-def _dataset_budget(ledger_cfg: Mapping[str, Any], budget: Budget) -> Budget | None:
-    """``config.ledger.budget_epsilon`` / ``budget_delta`` as the dataset's lifetime budget (None:
-    not stated; a stated epsilon without a delta takes this run's delta)."""
-    eps, delta = ledger_cfg.get("budget_epsilon"), ledger_cfg.get("budget_delta")
-    try:
-        return None if eps is None else Budget(eps, budget.delta if delta is None else delta)
-    except TuningConfigError as e:
-        raise ConfigError(f"config.ledger.budget_epsilon / budget_delta: {e}") from None
 
 
 def build_trainer(cfg: Mapping[str, Any], data: Any, *, progress: bool = False) -> Any:

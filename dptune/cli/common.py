@@ -104,29 +104,21 @@ def unexpected(e: BaseException, private: Path, argv: Sequence[str]) -> int:
         where = "the traceback could not be saved"
     if absl_logging.get_verbosity() >= 1:
         print(text, file=sys.stderr)
-    print(
-        f"dptune: error: unexpected {type(e).__name__}: {one_line(e)[:300]} ({where}; a bug in "
-        f"dptune or in the trainer). The journal is intact: `{resume_command(argv)}` resumes "
-        "once it is fixed",
-        file=sys.stderr,
-    )
+    print(f"dptune: error: unexpected {type(e).__name__}: {one_line(e)[:300]} ({where}; a bug in "
+          f"dptune or in the trainer). The journal is intact: `{resume_command(argv)}` resumes "
+          "once it is fixed", file=sys.stderr)  # fmt: skip
     return INTERNAL
 
 
 def interrupted(terminated: bool, private: Path, argv: Sequence[str]) -> int:
     """The one line after SIGINT or SIGTERM: what ``private`` holds and the command that resumes."""
+    saved = "nothing was trained, saved or charged yet"
     if (private / JOURNAL_FILE).exists():
-        saved = (
-            f"saved in {private}: the run's plan, seeds and every finished candidate (a candidate "
-            "in training starts again with its own seed; a resume is not charged again)"
-        )
-    else:
-        saved = "nothing was trained, saved or charged yet"
-    print(
-        f"dptune: interrupted ({'SIGTERM' if terminated else 'SIGINT'}); {saved}. Resume with: "
-        f"{resume_command(argv)}",
-        file=sys.stderr,
-    )
+        saved = (f"saved in {private}: the run's plan, seeds and every finished candidate (a "
+                 "candidate in training starts again with its own seed; a resume is not charged "
+                 "again)")  # fmt: skip
+    print(f"dptune: interrupted ({'SIGTERM' if terminated else 'SIGINT'}); {saved}. Resume with: "
+          f"{resume_command(argv)}", file=sys.stderr)  # fmt: skip
     return TERMINATED if terminated else INTERRUPTED
 
 

@@ -25,6 +25,7 @@ from absl import flags
 from dptune._state.journal import JOURNAL_FILE, Journal
 from dptune.cli import common
 from dptune.errors import Refused, StateError
+from dptune.report import num
 
 #: This command's own flags (kept apart from the other commands' in one process).
 FLAGS = flags.FlagValues()
@@ -113,17 +114,14 @@ def render(run: dict[str, Any], candidate: int | None = None) -> str:
     for c in run["candidates"]:
         score = "failed" if c["failed"] else ("" if c["score"] is None else f"{c['score']:.4f}")
         secs = "" if c["seconds"] is None else f"{c['seconds']:.1f}"
-        reason = ""
-        if c["failure"] is not None:
-            first = (c["failure"]["message"].splitlines() or [""])[0]
-            reason = f"{c['failure']['type']}: {first}"
-            reason = reason if len(reason) <= 40 else reason[:37] + "..."
-        hp = ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(c["hparams"].items()))
+        f = c["failure"]
+        reason = "" if f is None else f"{f['type']}: {(f['message'].splitlines() or [''])[0]}"
+        reason = reason if len(reason) <= 40 else reason[:37] + "..."
+        hp = ", ".join(f"{k}={num(v)}" for k, v in sorted(c["hparams"].items()))
         lines.append(f"{c['index']:>4}  {c['status']:<8} {score:>9} {secs:>8}  {reason:<40}  {hp}")
     if dropped := _dropped_lines(run["candidates"]):
         lines += ["", *dropped]
-    failed = [c["index"] for c in run["candidates"] if c["failed"]]
-    if failed:
+    if failed := [c["index"] for c in run["candidates"] if c["failed"]]:
         lines += ["", f"{len(failed)} failed; `dptune inspect {run['workdir']} "
                   f"--candidate={failed[0]}` prints a failure's traceback."]  # fmt: skip
     return "\n".join(lines)
@@ -175,10 +173,6 @@ def _dropped_lines(candidates: list[dict[str, Any]]) -> list[str]:
 
 def _when(t: Any) -> str:
     return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(t)))
-
-
-def _fmt(v: Any) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
 if __name__ == "__main__":

@@ -71,12 +71,10 @@ def _list(led: Ledger) -> None:
         return
     print(f"{'dataset':<14}{'name':<16}{'budget eps':>11}{'spent eps':>11}{'left eps':>10}"
           f"{'budget delta':>14}{'spent delta':>13}{'runs':>6}")  # fmt: skip
-    for spend in rows:
-        print(
-            f"{spend.fingerprint[:12]:<14}{spend.name[:15]:<16}{spend.budget_epsilon:>11.4g}"
-            f"{spend.spent_epsilon:>11.4g}{spend.remaining_epsilon:>10.4g}"
-            f"{spend.budget_delta:>14.3g}{spend.spent_delta:>13.3g}{spend.runs:>6}"
-        )
+    for s in rows:
+        print(f"{s.fingerprint[:12]:<14}{s.name[:15]:<16}{s.budget_epsilon:>11.4g}"
+              f"{s.spent_epsilon:>11.4g}{s.remaining_epsilon:>10.4g}{s.budget_delta:>14.3g}"
+              f"{s.spent_delta:>13.3g}{s.runs:>6}")  # fmt: skip
 
 
 def _resolve(led: Ledger | None, allow_new: bool) -> str:
@@ -84,30 +82,22 @@ def _resolve(led: Ledger | None, allow_new: bool) -> str:
     given = (_DATASET.value or "").strip().lower()
     if not given:
         raise ValueError("--dataset=ID is required to set a budget (`dptune ledger` lists ids)")
-    fp = None if led is None else led.resolve(given)
-    if fp is not None:
+    if led is not None and (fp := led.resolve(given)):
         return fp
     if allow_new and _FULL_ID.match(given):
         return given
-    raise ValueError(
-        f"--dataset={given}: no registered dataset has that id"
-        + (
-            "; to set the budget of a dataset no run has touched yet, give its full 64-character "
-            "id (`dptune --config=... --workdir=... --dry_run` prints it)"
-            if allow_new
-            else " (`dptune ledger` lists them)"
-        )
-    )
+    hint = " (`dptune ledger` lists them)"
+    if allow_new:
+        hint = "; a dataset no run has touched needs its full 64-character id (--dry_run prints it)"
+    raise ValueError(f"--dataset={given}: no registered dataset has that id{hint}")
 
 
 def _show(led: Ledger) -> None:
     fp = _resolve(led, allow_new=False)
     spend = led.spend(fp)
-    print(
-        f"dataset {fp}: budget (epsilon={spend.budget_epsilon:g}, delta={spend.budget_delta:g}); "
-        f"spent (epsilon={spend.spent_epsilon:.4g}, delta={spend.spent_delta:.3g}) in "
-        f"{spend.runs} run(s)"
-    )
+    print(f"dataset {fp}: budget (epsilon={spend.budget_epsilon:g}, delta={spend.budget_delta:g}); "
+          f"spent (epsilon={spend.spent_epsilon:.4g}, delta={spend.spent_delta:.3g}) in "
+          f"{spend.runs} run(s)")  # fmt: skip
     for c in led.charges(fp):
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c["created"]))
         print(f"  {when}  epsilon={c['epsilon']:.4g}  delta={c['delta']:.3g}  {c['workdir']}")
@@ -127,11 +117,9 @@ def _set(path: Path) -> None:
     with Ledger(path) as led:
         before = led.spend(fp)
         after = led.set_budget(fp, eps, delta, _NAME.value)
-    was = (
-        "registered"
-        if before is None
-        else f"changed from (epsilon={before.budget_epsilon:g}, delta={before.budget_delta:g})"
-    )
+    was = "registered"
+    if before is not None:
+        was = f"changed from (epsilon={before.budget_epsilon:g}, delta={before.budget_delta:g})"
     print(
         f"Ledger {path}: dataset {fp[:12]}'s lifetime budget {was} to (epsilon={eps:g}, "
         f"delta={delta:g}); spent so far epsilon={after.spent_epsilon:.4g}."

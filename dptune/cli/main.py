@@ -97,7 +97,8 @@ def usage() -> str:
         + "\n  --config.<field>=<value>: override one field of the config"
         + "\n  --verbosity=N (-v N): how much dptune logs (-1 warnings only, 0 default, 1 debug)",
         "Subcommands: dptune account | inspect WORKDIR | ledger | audit (each has --help).",
-        vocabulary.describe(), registry.describe(), strategies.describe(),
+        "\n".join(f"{kind}: {', '.join(names)}" for kind, names in vocabulary.vocabulary().items()),
+        registry.describe(), strategies.describe(),
     ])  # fmt: skip
 
 

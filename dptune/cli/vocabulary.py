@@ -25,8 +25,3 @@ def vocabulary() -> dict[str, tuple[str, ...]]:
         "executors": tuple(KINDS),
         "strategies": strategies.names(),
     }
-
-
-def describe() -> str:
-    """The vocabulary as text, one line per kind (``dptune --help``)."""
-    return "\n".join(f"{kind}: {', '.join(names)}" for kind, names in vocabulary().items())
