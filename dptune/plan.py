@@ -435,7 +435,8 @@ def _worst_case(candidates, transform, budget, accountant, seeded, field, auto):
         raise ImpossibleBudgetError(
             f"no {field.replace('_', ' ')} meets the total budget (epsilon={budget.epsilon:g}, "
             f"delta={budget.delta:g}) with {transform.name}: raise the budget, lower the "
-            "mean number of trials, or train for fewer steps / a smaller sampling rate"
+            "mean number of trials, train for fewer steps / a smaller sampling rate, or raise "
+            "the validation score's noise (score_noise_std), a cost no noise multiplier lowers"
         ) from None
     return {field: float(cal.noise_multiplier)}, cal.statement
 

@@ -61,6 +61,19 @@ def test_plan_accepts_a_total_exactly_at_the_budget_and_refuses_1_0001x():
         make_privacy_plan(_trainer(), SPACE, SELECTION, Budget(total / OVER, 1e-5))
 
 
+def test_a_score_noise_floor_above_the_budget_is_refused_naming_score_noise_std():
+    """The score's own noise costs privacy that no noise multiplier removes: with a score noise
+    of 2 counts, epsilon 1 is out of reach however noisy the training, and the refusal says so."""
+    tr = FunctionTrainer(
+        lambda hp, rng: (0.0, {}),
+        lambda hp: DpSgdCandidate(0.01, 300, hp["noise_multiplier"], score_noise_std=2.0),
+        10_000, "toy", privacy_fields=("noise_multiplier",), score_kind="covered",
+    )  # fmt: skip
+    searched = Space(lr=space.log_uniform(0.1, 1.0), noise_multiplier="auto")
+    with pytest.raises(ImpossibleBudgetError, match="score_noise_std"):
+        make_privacy_plan(tr, searched, SELECTION, (1.0, 1e-5))
+
+
 def test_drawn_candidate_check_accepts_the_accounted_one_and_refuses_a_1_0001x_one():
     tr = _trainer()
     plan = make_privacy_plan(tr, SPACE, SELECTION, (100.0, 1e-5))
