@@ -60,6 +60,10 @@ adapters trained; batch --lora-batch (default 16):
   full_dp              dptune's DP-SGD step training every parameter (full fine-tuning)
   lora_forward         the adapted model's forward pass and loss alone, no gradient: a floor
                        under any training step of this model, private or not
+  lora_backprop_floor  the base model's forward pass and a backward pass through every block
+                       with no weight gradient (the gradient w.r.t. the first block's first
+                       LayerNorm scale only): what any step that trains an adapter in the first
+                       block must at least compute, private or not
   plus each row's compiled peak memory (XLA's buffer assignment), printed after the table
 
 CIFAR row set (--cifar): the 550,570-parameter tanh CIFAR CNN on 32x32x3 inputs, batch 256:
@@ -462,6 +466,15 @@ def lora_rows(quick: bool, d: int, seq: int, batch: int) -> tuple[dict, dict]:
     rows["lora_nonprivate"] = (run_np, batch)
     forward = jax.jit(lambda t, f: loss_t(t, f, data[0][idx], data[1][idx]))
     rows["lora_forward"] = (lambda: forward(t0, f0), batch)
+
+    def loss_first_norm(scale, p):
+        block = {**p["Block_0"], "LayerNorm_0": scale}
+        out = Transformer().apply({"params": {**p, "Block_0": block}}, data[0][idx])
+        return dpsgd.per_example_loss(out, data[1][idx]).sum()
+
+    backprop = jax.jit(jax.grad(loss_first_norm))
+    first_norm = full0["Block_0"]["LayerNorm_0"]
+    rows["lora_backprop_floor"] = (lambda: backprop(first_norm, full0), batch)
     if _have_jax_privacy():
         from jax_privacy import clipped_grad
 
@@ -1268,6 +1281,8 @@ def main():
         "lora dp / full fine-tuning dp": ("lora_dp", "full_dp", None),
         "lora dp / forward pass alone": ("lora_dp", "lora_forward", None),
         "lora jax_privacy / forward pass alone": ("lora_jaxprivacy", "lora_forward", None),
+        "lora jax_privacy / backprop floor": ("lora_jaxprivacy", "lora_backprop_floor", None),
+        "lora dp / backprop floor": ("lora_dp", "lora_backprop_floor", None),
     }
     for w in workers:  # one set of PyTorch ratios per thread count
         t = w.suffix
