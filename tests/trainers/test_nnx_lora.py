@@ -223,6 +223,25 @@ def test_factors_with_other_trained_parameters_equal_vmap_grad(kind, trainable, 
         np.testing.assert_allclose(got[k], v, rtol=2e-4, atol=1e-6, err_msg=k)
 
 
+@pytest.mark.parametrize(
+    "dtype, param_dtype, x_dtype",
+    [(None, "float32", "bfloat16"), ("bfloat16", "float32", "float32"),
+     (None, "bfloat16", "float32")],
+)  # fmt: skip
+def test_the_recorded_lora_computes_what_flax_computes(dtype, param_dtype, x_dtype):
+    """Recorded as two Dense kernels (at the factors' own paths), an nnx.LoRA around a Linear
+    gives flax's own output bitwise, in flax's promoted dtype."""
+    module = nnx.LoRA(5, 2, 4, base_module=nnx.Linear(5, 4, rngs=nnx.Rngs(1)), dtype=dtype,
+                      param_dtype=param_dtype, b_initializer=nnx.initializers.normal(1.0),
+                      rngs=nnx.Rngs(0))  # fmt: skip
+    m = nnx_model.NnxModel(module, nnx.LoRAParam)
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((3, 5)), x_dtype)
+    out, rec = ghost._record(m, m.params(), x)
+    assert [c.path for c in rec.calls] == [("lora_a",), ("lora_b",)]
+    want = module(x)
+    assert out.dtype == want.dtype and np.asarray(out).tobytes() == np.asarray(want).tobytes()
+
+
 def test_removing_one_example_moves_the_clipped_sum_by_at_most_c():
     data = _data((3, 5))
     spec = _trainer(_Lora(5, 6, 2, nnx.Rngs(1)), data).model
