@@ -93,6 +93,10 @@ class _Call:
     #: index of the first recorded call whose recorded input is this call's input (the same
     #: traced value, e.g. an attention's query, key and value projections of one sequence)
     source: int = -1
+    #: the layer's one parameter name (e.g. "kernel") when ``path`` names that parameter's array
+    #: rather than a dict of parameters (an ``nnx.LoRA`` factor, ``lora_a``, read as a Dense
+    #: kernel: ``trainers.nnx_model``)
+    leaf: str | None = None
 
 
 #: The method by which a module declares itself a known layer on reparametrised parameters.
@@ -138,7 +142,8 @@ class _Recorder:
         if why:
             self.unsupported.append(f"{'/'.join(path)}: {why}")
             return next_fun(*args, **kwargs)
-        layer_params = _subtree(self.params, path)
+        leaf = getattr(context, "leaf", None)
+        layer_params = _params_at(self.params, path, leaf)
         if not layer_params:  # e.g. a LayerNorm without scale and bias: nothing to clip
             return next_fun(*args, **kwargs)
         x = args[0]
@@ -165,7 +170,7 @@ class _Recorder:
         if self.taps is not None:
             y = y + self.taps[len(self.calls)]
         source = next((i for i, v in enumerate(self.inputs) if v is recorded), len(self.calls))
-        self.calls.append(_Call(path, kind, layer, source=source))
+        self.calls.append(_Call(path, kind, layer, source=source, leaf=leaf))
         self.inputs.append(recorded)
         self.outputs.append(y)
         return y
@@ -258,6 +263,12 @@ def _subtree(params: Any, path: tuple[str, ...]) -> Any:
             return None
         node = node[name]
     return node
+
+
+def _params_at(params: Any, path: tuple[str, ...], leaf: str | None) -> Any:
+    """A layer's parameters: the dict at ``path``, or ``{leaf: the array at path}``."""
+    node = _subtree(params, path)
+    return node if leaf is None or node is None else {leaf: node}
 
 
 # --- per-layer per-example quantities ---------------------------------------------------------
@@ -1051,7 +1062,7 @@ def clipped_sum_ghost(
     finishers = []
     input_grams: dict = {}
     for path, idx in groups.items():
-        layer_params = _subtree(params, path)
+        layer_params = _params_at(params, path, calls[idx[0]].leaf)
         layer_ins = [ins[i] for i in idx]
         if calls[idx[0]].reparam is not None:
             # A data dependency on the norms so far (adding min(their sum, 0), which is 0 but
@@ -1067,12 +1078,12 @@ def clipped_sum_ghost(
             layer_params, b, input_grams,
         )  # fmt: skip
         sq = sq + s.astype(jnp.float32)
-        finishers.append((path, fin))
+        finishers.append((path, calls[idx[0]].leaf, fin))
     c = clip_factors(sq, mask, clip_norm)
     flat = {k_: jnp.zeros_like(v) for k_, v in traverse_util.flatten_dict(params).items()}
-    for path, fin in finishers:
+    for path, leaf, fin in finishers:
         for name, value in traverse_util.flatten_dict(fin(c.astype(jnp.float32))).items():
-            flat[(*path, *name)] = value
+            flat[path if leaf else (*path, *name)] = value
     summed = traverse_util.unflatten_dict(flat)
     if _has_boxes(boxed):  # the caller's partitioning metadata, around the sums
         summed = nn.meta.replace_boxed(boxed, summed)
@@ -1080,15 +1091,15 @@ def clipped_sum_ghost(
 
 
 def frozen_layers(params: Any, trainable: Any) -> tuple[Callable, str | None]:
-    """(frozen(layer path) -> bool, why not): a layer (a path prefix of parameter leaves) is
-    frozen when none of its leaves trains. ``why`` names a layer whose parameters are partly
-    trainable (no formula here splits one layer's gradient), else None."""
+    """(frozen(layer path) -> bool, why not): a layer (a path prefix of parameter leaves, or a
+    leaf's own path) is frozen when none of its leaves trains. ``why`` names a layer whose
+    parameters are partly trainable (no formula here splits one layer's gradient), else None."""
     below: dict[tuple[str, ...], set[bool]] = {}  # a module's leaves and its submodules'
     own: dict[tuple[str, ...], set[bool]] = {}  # the leaves a module holds itself
     for keypath, m in jax.tree_util.tree_flatten_with_path(trainable)[0]:
         names = tuple(str(getattr(k, "key", k)) for k in keypath)
         own.setdefault(names[:-1], set()).add(bool(m))
-        for i in range(len(names)):
+        for i in range(len(names) + 1):
             below.setdefault(names[:i], set()).add(bool(m))
     why = None
     for layer, flags in own.items():

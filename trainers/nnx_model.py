@@ -18,8 +18,10 @@ for a subclass whose ``__call__`` hands the call to the ghost recorder (NNX has 
 interceptor like linen's ``nn.intercept_methods``); the classes of the user's own objects are
 never touched, and nothing global changes. A known layer with no trainable parameter (the
 recorder's ``frozen``, from a ``trainable=`` mask) runs as written, unrecorded, as a frozen linen
-layer does. ``nnx.LoRA`` (and ``nnx.LoRALinear``, a subclass) has no twin: trainable factors keep a
-model on ``vmap(grad)``, whose per-example gradients are the factors' own (d_in x r, r x d_out).
+layer does. ``nnx.LoRA`` (``x @ lora_a @ lora_b``, plus ``base_module(x)`` when it wraps one) is
+recorded as two bias-free Dense layers whose kernels are its factors, so its per-example norms
+are formed in rank space (an ``nnx.LoRALinear`` holds one; its own Linear kernel is not a known
+layer's, so training that kernel keeps a model on ``vmap(grad)``).
 """
 
 from __future__ import annotations
@@ -284,6 +286,8 @@ class _Context:
     module: nn.Module
     method_name: str
     path: tuple[str, ...]
+    #: the twin's one parameter when ``path`` names an array (an ``nnx.LoRA`` factor)
+    leaf: str | None = None
 
 
 #: Attribute on a traced copy of a known layer: (its path, the recorder).
@@ -312,6 +316,8 @@ def _recording_class(cls: type) -> type:
         if twin is None:
             recorder.unsupported.append(f"{'/'.join(path)}: {why}")
             return next_fun(*args, **kwargs)
+        if isinstance(self, nnx.LoRA):
+            return _lora_call(self, path, recorder, twin, *args, **kwargs)
         # keyword arguments that change nothing (e.g. MultiHeadAttention passes
         # out_sharding=None to its projections) are dropped; any other reaches the recorder,
         # which refuses it
@@ -442,6 +448,38 @@ def _einsum(layer: nnx.Einsum) -> tuple[nn.Module | None, str | None]:
     ), None  # fmt: skip
 
 
+def _lora(layer: nnx.LoRA) -> tuple[Any, str | None]:
+    # x @ lora_a @ lora_b (nnx.LoRA has no scale) is two bias-free Dense layers, x -> rank ->
+    # out, in the dtype flax's promote_dtype gives (x, lora_a, lora_b) (see _lora_call)
+    dense = functools.partial(nn.Dense, use_bias=False, dtype=layer.dtype,
+                              param_dtype=layer.param_dtype)  # fmt: skip
+    return (dense(layer.lora_b.shape[0]), dense(layer.out_features)), None
+
+
+def _lora_call(
+    layer: nnx.LoRA, path: tuple[str, ...], recorder: Callable, twin: tuple, x: Any, **kwargs
+) -> Any:
+    """``nnx.LoRA.__call__`` with each factor recorded as its Dense twin's kernel: the
+    per-example norms are formed from the rank-r activations (never a d_in x d_out matrix);
+    ``base_module(x, **kwargs)`` is added as flax adds it (a known layer in it is recorded on
+    its own, or runs as written when frozen)."""
+    dtype = layer.dtype or jnp.result_type(x, layer.lora_a.dtype, layer.lora_b.dtype)
+    # frozen factors (both or neither: ghost refuses a partly trainable layer) run as written
+    frozen = getattr(recorder, "frozen", None)
+    as_written = frozen is not None and frozen((*path, "lora_a"))
+    out = x = jnp.asarray(x, dtype)
+    for dense, name in zip(twin, ("lora_a", "lora_b"), strict=True):
+
+        def next_fun(v, name=name):
+            return v @ jnp.asarray(getattr(layer, name)[...], dtype)
+
+        context = _Context(dense, "__call__", (*path, name), "kernel")
+        out = next_fun(out) if as_written else recorder(next_fun, (out,), {}, context)
+    if layer.base_module is not None:
+        out = out + layer.base_module(x, **kwargs)
+    return out
+
+
 #: Known NNX layer types (exact: a subclass may compute something else) -> their linen twin.
 NNX_LAYERS: dict[type, Callable] = {
     nnx.Linear: _linear,
@@ -452,12 +490,14 @@ NNX_LAYERS: dict[type, Callable] = {
     nnx.RMSNorm: _rms_norm,
     nnx.GroupNorm: _group_norm,
     nnx.Einsum: _einsum,
+    nnx.LoRA: _lora,
 }
 
 
-def linen_twin(layer: Any) -> tuple[nn.Module | None, str | None]:
+def linen_twin(layer: Any) -> tuple[Any, str | None]:
     """The unbound linen layer computing what the known NNX ``layer`` computes, from parameters
-    with the same names and shapes; or (None, why not)."""
+    with the same names and shapes (for ``nnx.LoRA``: the Dense layers of its two factors, whose
+    kernels are ``lora_a`` and ``lora_b``); or (None, why not)."""
     why = _common(layer)
     if why:
         return None, why

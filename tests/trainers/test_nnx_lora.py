@@ -161,14 +161,14 @@ def test_an_nnx_filter_is_refused_in_one_line_where_it_cannot_apply():
 )
 def test_clipped_sums_over_the_factors_equal_vmap_grad(d_in, hidden, rank, seq, kind, seed):
     """2-D (seq=0) and 3-D inputs (b, T, d_in), nnx.LoRALinear and nnx.LoRA: the clipped sum a
-    training step computes (on the path training chooses: vmap(grad) over the factors, which
-    trainers.ghost has no rule for) equals vmap(grad) of the model written out in jnp, to f32;
-    the frozen part of the sum is exactly zero."""
+    training step computes (on the path training chooses: ghost, the factors as two Dense
+    kernels) equals vmap(grad) of the model written out in jnp, to f32; the frozen part of the
+    sum is exactly zero."""
     shape = (d_in,) if seq == 0 else (seq, d_in)
     data = _data(shape, seed=seed % 7)
     spec = _trainer(_Lora(d_in, hidden, rank, nnx.Rngs(seed), kind=kind), data).model
     fn, impl = _clipped_sum(spec)
-    assert impl == "vmap"
+    assert impl == "ghost"
     leaves, tree = jax.tree_util.tree_flatten(models.init_params(spec, jax.random.PRNGKey(0)))
     keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
     noisy = [
@@ -188,6 +188,60 @@ def test_clipped_sums_over_the_factors_equal_vmap_grad(d_in, hidden, rank, seq, 
         assert not np.any(np.asarray(v)), k
 
 
+@pytest.mark.parametrize(
+    "kind, trainable, impl",
+    [
+        ("linear", nnx.Any(nnx.LoRAParam, nnx.PathContains("head")), "ghost"),
+        ("wrap", nnx.Any(nnx.LoRAParam, nnx.PathContains("head")), "ghost"),
+        ("wrap", nnx.Param, "ghost"),  # the base Linear inside nnx.LoRA: a known layer
+        ("wrap", nnx.PathContains("base_module"), "ghost"),  # frozen factors run as written
+        ("linear", nnx.Param, "vmap"),  # nnx.LoRALinear's own kernel: read outside known layers
+        ("custom", nnx.LoRAParam, "vmap"),  # a custom promote_dtype: no formula here
+    ],
+)
+def test_factors_with_other_trained_parameters_equal_vmap_grad(kind, trainable, impl):
+    """Factors trained with other layers, or frozen around a trained base: the path training
+    chooses gives the clipped sums and norms of the vmap(grad) path; what has no formula falls
+    back to vmap(grad) whole."""
+    data = _data((3, 5), n=8)
+    module = _Lora(5, 6, 2, nnx.Rngs(0), kind="linear" if kind == "custom" else kind)
+    if kind == "custom":
+        module.body.lora.promote_dtype = lambda args, dtype=None: args
+    spec = dptune.DpSgdTrainer(data, _BASE, model=module, trainable=trainable).model
+    fn, got_impl = _clipped_sum(spec)
+    assert got_impl == impl
+    exact = jax.jit(step.StepFunctions(spec, 3, "sgd", "vmap")._clipped_sum_of(spec))
+    start = models.init_params(spec, jax.random.PRNGKey(0))
+    params = jax.tree_util.tree_map(lambda v: v + 0.3, start)  # B != 0
+    x, y, mask = jnp.asarray(data.train_x[:5]), jnp.asarray(data.train_y[:5]), jnp.ones(5)
+    got, _, norms = fn(params, x, y, mask.at[2].set(0.0), 0.05)
+    want, _, want_norms = exact(params, x, y, mask.at[2].set(0.0), 0.05)
+    np.testing.assert_allclose(norms, want_norms, rtol=2e-5, atol=1e-6)
+    got, want = finetune.flat_paths(got), finetune.flat_paths(want)
+    assert sorted(got) == sorted(want)
+    for k, v in want.items():
+        np.testing.assert_allclose(got[k], v, rtol=2e-4, atol=1e-6, err_msg=k)
+
+
+@pytest.mark.parametrize(
+    "dtype, param_dtype, x_dtype",
+    [(None, "float32", "bfloat16"), ("bfloat16", "float32", "float32"),
+     (None, "bfloat16", "float32")],
+)  # fmt: skip
+def test_the_recorded_lora_computes_what_flax_computes(dtype, param_dtype, x_dtype):
+    """Recorded as two Dense kernels (at the factors' own paths), an nnx.LoRA around a Linear
+    gives flax's own output bitwise, in flax's promoted dtype."""
+    module = nnx.LoRA(5, 2, 4, base_module=nnx.Linear(5, 4, rngs=nnx.Rngs(1)), dtype=dtype,
+                      param_dtype=param_dtype, b_initializer=nnx.initializers.normal(1.0),
+                      rngs=nnx.Rngs(0))  # fmt: skip
+    m = nnx_model.NnxModel(module, nnx.LoRAParam)
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((3, 5)), x_dtype)
+    out, rec = ghost._record(m, m.params(), x)
+    assert [c.path for c in rec.calls] == [("lora_a",), ("lora_b",)]
+    want = module(x)
+    assert out.dtype == want.dtype and np.asarray(out).tobytes() == np.asarray(want).tobytes()
+
+
 def test_removing_one_example_moves_the_clipped_sum_by_at_most_c():
     data = _data((3, 5))
     spec = _trainer(_Lora(5, 6, 2, nnx.Rngs(1)), data).model
@@ -205,9 +259,9 @@ def test_removing_one_example_moves_the_clipped_sum_by_at_most_c():
 
 
 def test_no_per_example_d_in_by_d_out_matrix_is_formed():
-    """The traced clipped sum over the factors of a (b, T, 37) -> 41 nnx.LoRALinear holds no
-    array with both 37 and 41 among three or more axes: the per-example gradients are the
-    factors' (37 x r and r x 41). The same check sees the matrix of a trainable base kernel."""
+    """The traced clipped sum over the factors of a (b, T, 37) -> 41 nnx.LoRALinear (the ghost
+    path) holds no array with both 37 and 41 among three or more axes: the per-example norms
+    are formed in rank space. The same check sees the matrix of a trainable base kernel."""
     d_in, d_out, b, t = 37, 41, 4, 5
     data = _data((t, d_in), n=8)
     x, y = jnp.asarray(data.train_x[:b]), jnp.asarray(data.train_y[:b])
@@ -215,7 +269,8 @@ def test_no_per_example_d_in_by_d_out_matrix_is_formed():
     def big(trainable):
         spec = dptune.DpSgdTrainer(data, _BASE, model=_Lora(d_in, d_out, 3, nnx.Rngs(0)),
                                    trainable=trainable).model  # fmt: skip
-        fn, _ = _clipped_sum(spec)
+        fn, impl = _clipped_sum(spec)
+        assert impl == "ghost" or trainable is not nnx.LoRAParam
         params = models.init_params(spec, jax.random.PRNGKey(0))
         jx = jax.make_jaxpr(fn)(params, x, y, jnp.ones(b), 1.0)
         return [s for s in jaxpr_shapes(jx.jaxpr) if d_in in s and d_out in s and len(s) > 2]
@@ -252,7 +307,7 @@ def test_a_frozen_nnx_layer_is_not_recorded_on_the_ghost_path():
 
 def test_tuning_keeps_the_base_bitwise_and_the_release_reloads_into_the_module(tmp_path, caplog):
     """End to end (Adam, a parameter average): the base model's parameters in, the factors
-    trained privately on the logged vmap(grad) path, the frozen base bitwise as it came in, the
+    trained privately on the logged ghost path, the frozen base bitwise as it came in, the
     release loaded into the NNX module (nnx.update) predicting as the released parameters do."""
     from selection import BestOfK
 
@@ -269,7 +324,7 @@ def test_tuning_keeps_the_base_bitwise_and_the_release_reloads_into_the_module(t
         )  # fmt: skip
     assert res.released
     said = [r.getMessage() for r in caplog.records if "per-example clipping" in r.getMessage()]
-    assert said and "vmap(grad)" in said[0] and "lora_a" in said[0], said
+    assert said and "per-example clipping: ghost" in said[0], said
     loaded = dptune.load_release(tmp_path / "run", like=module)
     released = nnx.to_pure_dict(loaded.params)
     _equal_bits({k: v for k, v in released["body"].items() if k != "lora"}, pretrained["body"])
