@@ -196,6 +196,7 @@ def test_clipped_sums_over_the_factors_equal_vmap_grad(d_in, hidden, rank, seq, 
         ("wrap", nnx.Param, "ghost"),  # the base Linear inside nnx.LoRA: a known layer
         ("wrap", nnx.PathContains("base_module"), "ghost"),  # frozen factors run as written
         ("linear", nnx.Param, "vmap"),  # nnx.LoRALinear's own kernel: read outside known layers
+        ("linear", nnx.PathContains("lora_b"), "vmap"),  # one factor of a LoRA: partly trained
         ("custom", nnx.LoRAParam, "vmap"),  # a custom promote_dtype: no formula here
     ],
 )
