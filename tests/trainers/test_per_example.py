@@ -343,3 +343,17 @@ def test_the_npz_route_drops_and_refuses_the_same_way(tmp_path):
     np.savez(tmp_path / "d.npz", x_train=x, y_train=y, x_test=xt, y_test=yt)
     with pytest.raises(ConfigError, match=r"config\.data.*x_test has 1 record\(s\) with a NaN"):
         load_data(cfg)
+
+
+@pytest.mark.parametrize("n", [1, 7, 9, 40, 1000, 1001, 2047])
+def test_counts_are_exact_at_every_padding_boundary(n):
+    """Batches of 1,000 records, the last padded to a power of two: padding never counts, and
+    no record is dropped or counted twice at any boundary."""
+
+    def apply(params, x):
+        return jnp.stack([x[:, 0], -x[:, 0]], axis=1) + 0 * params["w"]
+
+    spec = models.ModelSpec("sign", None, (1,), None, "float32", None, apply, shipped=False)
+    x = np.random.default_rng(n).normal(size=(n, 1)).astype(np.float32)
+    y = np.zeros(n, np.int32)  # correct where x > 0; padding rows are 0, counted as class 0
+    assert evaluate.count_correct({"w": jnp.zeros(())}, spec, x, y) == int(np.sum(x[:, 0] > 0))
