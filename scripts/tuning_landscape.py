@@ -41,19 +41,8 @@ def run(task: str, family: str, sigma: float, lr: float, clip: float, fashion_di
     from selection import BestOfK
 
     t = tv.TASKS[task]
-    x, y, xt, yt = t.arrays(fashion_dir) if task == "cnn" else t.arrays()
-    n = len(x)
-    defaults = tv.finetune_defaults() if t.finetune else tv.user_defaults(n)
-    v = int(defaults["data"]["validation_size"])
-    data = dptune.Dataset.from_arrays(
-        x,
-        y,
-        num_examples=n,
-        validation_fraction=min(v / n, 0.2),
-        x_test=xt,
-        y_test=yt,
-        num_classes=t.num_classes or None,
-    )
+    arrays = t.load(fashion_dir)
+    defaults = tv.finetune_defaults() if t.finetune else tv.user_defaults(len(arrays[0]))
     opt, batch, epochs, _, _ = GRIDS[family]
     base = dict(
         batch_size=batch or int(defaults["train"]["batch_size"]),
@@ -61,18 +50,9 @@ def run(task: str, family: str, sigma: float, lr: float, clip: float, fashion_di
         optimizer=opt,
         momentum=0.9,
     )
-    kw = (
-        {"init": defaults["init"], "model": "cnn26k"}
-        if t.finetune
-        else {"model": t.model(t.num_classes)}
-    )
-    if t.loss is not None:
-        kw["loss"] = t.loss
-    if t.metric is not None:
-        kw["metric"] = dptune.Metric(t.metric[0], lo=0.0, hi=1.0, name=t.metric[1])
     if t.finetune:
-        base["model"] = kw.pop("model")
-    trainer = dptune.DpSgdTrainer(data, base, epoch_progress=False, **kw)
+        base["model"] = defaults["train"]["model"]
+    trainer = tv.task_trainer(task, arrays, defaults, base)
     sp = {
         "learning_rate": space.choice(lr),
         "clip_norm": space.choice(clip),

@@ -238,6 +238,10 @@ class Task:
     fashion: bool = False  # its arrays read the Fashion-MNIST files (--fashion_dir)
     chance: float = 0.0  # a guess's score (a run that released nothing); 0: 1 / num_classes
 
+    def load(self, fashion_dir: str) -> tuple[np.ndarray, ...]:
+        """``(x_train, y_train, x_test, y_test)``."""
+        return self.arrays(fashion_dir) if self.fashion else self.arrays()
+
 
 TOKENS = (_token_accuracy, "token_accuracy")
 TASKS = {
@@ -380,23 +384,19 @@ def reference_accuracy(workdir: Path) -> float | None:
     return best
 
 
-def run_one(task: str, arm: str, epsilon: float, args: argparse.Namespace) -> dict[str, Any]:
+def task_trainer(task: str, arrays: tuple[np.ndarray, ...], defaults: dict, base: dict) -> Any:
+    """``task``'s ``dptune.DpSgdTrainer`` on ``arrays`` (``Task.load``'s): the validation size of
+    ``defaults``, the task's model, loss and metric (fine-tuning: ``base``'s shipped model under
+    the public start ``defaults["init"]``), ``base`` its base hyperparameters."""
     import dptune
 
     t = TASKS[task]
-    x, y, xt, yt = t.arrays(args.fashion_dir) if t.fashion else t.arrays()
-    if args.small:
-        x, y = x[:1500], y[:1500]
+    x, y, xt, yt = arrays
     n = len(x)  # the benchmark's own public size (the data are generated or public)
-    if arm == "dptune_before":
-        defaults = defaults_before(n, t.finetune)
-    else:
-        defaults = finetune_defaults() if t.finetune else user_defaults(n)
     v = int(defaults["data"]["validation_size"])
     data = dptune.Dataset.from_arrays(x, y, num_examples=n, validation_fraction=min(v / n, 0.2),
                                       x_test=xt, y_test=yt, num_classes=t.num_classes or None,
                                       name=f"tuning-value-{task}")  # fmt: skip
-    base, sp, selection = arm_setup(arm, defaults, args.small)
     kw: dict[str, Any] = {}
     if not t.finetune:
         kw["model"] = t.model(t.num_classes)
@@ -406,7 +406,23 @@ def run_one(task: str, arm: str, epsilon: float, args: argparse.Namespace) -> di
         kw["loss"] = t.loss
     if t.metric is not None:
         kw["metric"] = dptune.Metric(t.metric[0], lo=0.0, hi=1.0, name=t.metric[1])
-    trainer = dptune.DpSgdTrainer(data, base, epoch_progress=False, **kw)
+    return dptune.DpSgdTrainer(data, base, epoch_progress=False, **kw)
+
+
+def run_one(task: str, arm: str, epsilon: float, args: argparse.Namespace) -> dict[str, Any]:
+    import dptune
+
+    t = TASKS[task]
+    x, y, xt, yt = t.load(args.fashion_dir)
+    if args.small:
+        x, y = x[:1500], y[:1500]
+    n = len(x)
+    if arm == "dptune_before":
+        defaults = defaults_before(n, t.finetune)
+    else:
+        defaults = finetune_defaults() if t.finetune else user_defaults(n)
+    base, sp, selection = arm_setup(arm, defaults, args.small)
+    trainer = task_trainer(task, (x, y, xt, yt), defaults, base)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dptune-tv-") as work:
         try:
