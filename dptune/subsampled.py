@@ -251,8 +251,10 @@ def _phases(trainer, selection, space, pre, journal, opts) -> Release:
     phase = replace(opts, ledger=None)
     outer = {"run_id": run_id, "outer": dict(pre.config)}
     # The subset's secret key, drawn once: OS entropy (from the seed for debugging).
-    seeded = hashlib.blake2b(f"dptune/subset-key/{opts.seed}".encode(), digest_size=32).digest()
-    fresh = os.urandom(32) if opts.seed is None else seeded
+    if opts.seed is None:
+        fresh = os.urandom(32)
+    else:
+        fresh = hashlib.blake2b(f"dptune/subset-key/{opts.seed}".encode(), digest_size=32).digest()
     key = bytes.fromhex(journal.set_once("subset_key", fresh.hex()))
     sub = trainer.subset(plan.tuning.fraction, key)
     tuned = tune(
