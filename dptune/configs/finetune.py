@@ -1,7 +1,8 @@
 """Fine-tune privately (docs/finetune.md): the shipped cnn26k, pretrained NON-privately on the
 shipped MNIST digits 0-4 (declared public), tuned privately on the digits 5-9 of the same file,
 relabelled 0-4 (the private task). The two splits are disjoint records: each training record is in
-exactly one of them, by its label. Offline, about a minute on 2 CPU cores:
+exactly one of them, by its label. Offline, 7 to 12 s on 2 CPU cores (measured 2026-11-28, warm
+and cold compilation cache; the number of candidates is random, and so is the time):
 
     dptune --config=finetune --workdir=/tmp/dptune-finetune
 
