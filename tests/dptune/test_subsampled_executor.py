@@ -18,7 +18,7 @@ import pytest
 import dptune
 from dptune.executors import ray as ray_executor
 from selection import RandomStopping
-from tests.dptune.test_subsampled import N, SPACE, SubsetToy
+from tests.dptune.test_subsampled import SPACE, N, SubsetToy
 
 
 def _fake_ray() -> types.ModuleType:
