@@ -52,6 +52,10 @@ from selection.baselines import BestOfK
 
 __all__ = ["SubsampledPlan", "plan_subsampled", "tune_subsampled"]
 
+#: What the release holds of the final run (``selection.registry.PUBLISHABLE`` words): its model
+#: and its noisy validation score, both covered by the final run's accounted privacy.
+FINAL_PUBLISHES = ("payload", "score")
+
 
 @dataclass(frozen=True)
 class SubsampledPlan:
@@ -84,6 +88,13 @@ def _check(trainer: Any, space: Space, accountant: str, adjacency: str) -> str:
         raise TuningConfigError(
             f"strategy 'subsampled' composes the two phases by PLD: accountant={accountant!r} "
             "has no route for it; use 'auto' or 'pld'"
+        )
+    kind = getattr(trainer, "score_kind", "exact")
+    if kind != "covered":
+        raise TuningConfigError(
+            f"strategy 'subsampled' releases the final run's validation score, which needs a score "
+            f"its declared privacy covers, but the trainer declares score_kind={kind!r}: use "
+            "strategy 'full', or a trainer whose score is covered (score_kind='covered')"
         )
     field = getattr(trainer, "calibrated_field", "noise_multiplier")
     if space.fields.get(field) != AUTO:
@@ -184,8 +195,11 @@ def _final_run(trainer, sub, tuning_plan, field, fraction, budget, seeded, adjac
     # tuning candidates, the full trainer's for the final run; the statement says both.
     sub_checks = tuple(getattr(sub, "privacy_checks", tuple)())
     full_checks = tuple(getattr(trainer, "privacy_checks", tuple)())
+    # The tuning phase's selection output stays private: its score-kind line says what that
+    # selection would release, so it is named as the tuning phase's.
     checked = (
-        *(c for c in basis.checked if c not in sub_checks),
+        *(f"tuning phase: {c}" if c.startswith("the score kind") else c
+          for c in basis.checked if c not in sub_checks),
         *(f"tuning candidates (on the subset of rate {fraction:g}): {c}" for c in sub_checks
           if c not in full_checks),
         *full_checks,
@@ -198,9 +212,11 @@ def _final_run(trainer, sub, tuning_plan, field, fraction, budget, seeded, adjac
     assumptions = tuple(basis.assumptions)
     if getattr(trainer, "init_fingerprint", None) and "public-init" not in assumptions:
         assumptions += ("public-init",)
+    # Released: the final run's model and its noisy validation score (best of one, whose score
+    # the final candidate's privacy covers), whatever the tuning phase's selection publishes.
     statement = dataclasses.replace(
         statement, assumptions=assumptions, checked=checked, trainer_word=basis.trainer_word,
-        published=basis.published,
+        published=FINAL_PUBLISHES,
     )  # fmt: skip
     return sigma, cands, statement
 
@@ -282,6 +298,8 @@ def _phases(trainer, selection, space, pre, journal, opts) -> Release:
             seed=None if phase.seed is None else phase.seed + 1,
             config={"phase": "final", "hparams": hp, **outer},
         )  # fmt: skip
-        release = dataclasses.replace(final, privacy=privacy, privacy_text=release.privacy_text)
+        release = dataclasses.replace(
+            final, privacy=privacy, privacy_text=release.privacy_text, published=FINAL_PUBLISHES
+        )
     release.private = {"tuning": tuned.private}
     return release
