@@ -30,6 +30,7 @@ from dptune.plan import (
     AUTO,
     Budget,
     PrivacyPlan,
+    _check_inputs,
     accounted_candidate,
     as_budget,
     as_space,
@@ -128,6 +129,9 @@ def plan_subsampled(
     """
     budget, space = as_budget(budget), as_space(space)
     field = _check(trainer, space, accountant, adjacency)
+    # The final run's checks on all the data (e.g. delta below 1/N), which its own tune() makes
+    # again: here, before the tuning phase trains or the ledger is charged.
+    _check_inputs(trainer, space, BestOfK(1), budget, adjacency, False)
     if not 0 < tuning_epsilon < budget.epsilon:
         raise TuningConfigError(
             f"tuning_epsilon={tuning_epsilon!r} must be > 0 and below the total epsilon "

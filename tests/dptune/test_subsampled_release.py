@@ -15,6 +15,7 @@ from dptune._state.ledger import Ledger
 from dptune.accounting.events import EventCandidate
 from dptune.release import read_release
 from dptune.tuner import TuningConfigError
+from selection import RandomStopping
 from selection.stability_validation import StabilityValidation
 from tests.dptune.test_subsampled import SPACE, SubsetToy
 
@@ -60,3 +61,25 @@ def test_a_score_its_privacy_does_not_cover_is_refused_before_anything_runs(tmp_
         _run(toy, tmp_path, ledger=tmp_path / "ledger")
     assert toy.calls == [] and not (tmp_path / "run" / "private").exists()
     assert Ledger(tmp_path / "ledger").spend("toy-data") is None
+
+
+@dataclasses.dataclass
+class SizedToy(SubsetToy):
+    """A subset whose public size is the subset's expected size (as ``DpSgdTrainer.subset``)."""
+
+    def subset(self, fraction, key):
+        out = super().subset(fraction, key)
+        out.num_examples = out.n
+        return out
+
+
+def test_a_delta_too_large_for_the_full_data_is_refused_before_anything_runs(tmp_path):
+    # 1/N = 1e-4 on all the data; the subset's share 0.1 delta / f = 2.5e-4 is below its 1/(f N).
+    toy = SizedToy()
+    with pytest.raises(TuningConfigError, match=r"delta=0.0005 must be below 1/n = 0.0001"):
+        dptune.tune_subsampled(
+            toy, SPACE, RandomStopping.logarithmic(3),
+            (2.0, 5e-4), fraction=0.2, tuning_epsilon=0.3, seed=1, progress=False,
+            workdir=tmp_path / "run", ledger=tmp_path / "ledger",
+        )  # fmt: skip
+    assert toy.calls == [] and Ledger(tmp_path / "ledger").spend("toy-data") is None
