@@ -11,7 +11,8 @@ nothing, nothing is released.
 The trainer must have the hook ``subset(fraction, key) -> trainer``: the same trainer on the
 records whose keyed hash falls below ``fraction`` (``DpSgdTrainer.subset``). Scope: add/remove
 adjacency (the amplification theorem's), the ``auto`` or ``pld`` accountant (the composition is by
-PLD), a calibrated (``"auto"``) noise multiplier.
+PLD), a calibrated (``"auto"``) noise multiplier, and a score the trainer's privacy covers
+(``score_kind="covered"``: the release holds the final run's model and its noisy score).
 """
 
 from __future__ import annotations
