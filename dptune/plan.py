@@ -19,7 +19,7 @@ import numpy as np
 
 from dptune import space as space_mod
 from dptune.accounting import calibrate, total_privacy
-from dptune.accounting.calibration import default_memo
+from dptune.accounting.calibration import SIGMA_MAX, default_memo
 from dptune.accounting.events import ADJACENCIES, with_adjacency
 from dptune.accounting.quiet import quiet_accounting
 from dptune.errors import ImpossibleBudgetError, TuningConfigError
@@ -432,6 +432,10 @@ def _worst_case(candidates, transform, budget, accountant, seeded, field, auto):
         )  # fmt: skip
     except ValueError as e:
         log.info("calibration failed: %s", e)
+        try:  # no route even at the most noise: say why, since no budget or noise would help
+            total_privacy(candidates(SIGMA_MAX), transform, budget.delta, accountant)
+        except ValueError as why:
+            raise TuningConfigError(f"cannot account this run: {why}") from None
         raise ImpossibleBudgetError(
             f"no {field.replace('_', ' ')} meets the total budget (epsilon={budget.epsilon:g}, "
             f"delta={budget.delta:g}) with {transform.name}: raise the budget, lower the "

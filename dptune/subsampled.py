@@ -11,7 +11,8 @@ nothing, nothing is released.
 The trainer must have the hook ``subset(fraction, key) -> trainer``: the same trainer on the
 records whose keyed hash falls below ``fraction`` (``DpSgdTrainer.subset``). Scope: add/remove
 adjacency (the amplification theorem's), the ``auto`` or ``pld`` accountant (the composition is by
-PLD), a calibrated (``"auto"``) noise multiplier.
+PLD), a calibrated (``"auto"``) noise multiplier, and a score the trainer's privacy covers
+(``score_kind="covered"``: the release holds the final run's model and its noisy score).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dptune.plan import (
     AUTO,
     Budget,
     PrivacyPlan,
+    _check_inputs,
     accounted_candidate,
     as_budget,
     as_space,
@@ -51,6 +53,10 @@ from dptune.tuner import (
 from selection.baselines import BestOfK
 
 __all__ = ["SubsampledPlan", "plan_subsampled", "tune_subsampled"]
+
+#: What the release holds of the final run (``selection.registry.PUBLISHABLE`` words): its model
+#: and its noisy validation score, both covered by the final run's accounted privacy.
+FINAL_PUBLISHES = ("payload", "score")
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,13 @@ def _check(trainer: Any, space: Space, accountant: str, adjacency: str) -> str:
             f"strategy 'subsampled' composes the two phases by PLD: accountant={accountant!r} "
             "has no route for it; use 'auto' or 'pld'"
         )
+    kind = getattr(trainer, "score_kind", "exact")
+    if kind != "covered":
+        raise TuningConfigError(
+            f"strategy 'subsampled' releases the final run's validation score, which needs a score "
+            f"its declared privacy covers, but the trainer declares score_kind={kind!r}: use "
+            "strategy 'full', or a trainer whose score is covered (score_kind='covered')"
+        )
     field = getattr(trainer, "calibrated_field", "noise_multiplier")
     if space.fields.get(field) != AUTO:
         raise TuningConfigError(
@@ -117,6 +130,9 @@ def plan_subsampled(
     """
     budget, space = as_budget(budget), as_space(space)
     field = _check(trainer, space, accountant, adjacency)
+    # The final run's checks on all the data (e.g. delta below 1/N), which its own tune() makes
+    # again: here, before the tuning phase trains or the ledger is charged.
+    _check_inputs(trainer, space, BestOfK(1), budget, adjacency, False)
     if not 0 < tuning_epsilon < budget.epsilon:
         raise TuningConfigError(
             f"tuning_epsilon={tuning_epsilon!r} must be > 0 and below the total epsilon "
@@ -184,8 +200,11 @@ def _final_run(trainer, sub, tuning_plan, field, fraction, budget, seeded, adjac
     # tuning candidates, the full trainer's for the final run; the statement says both.
     sub_checks = tuple(getattr(sub, "privacy_checks", tuple)())
     full_checks = tuple(getattr(trainer, "privacy_checks", tuple)())
+    # The tuning phase's selection output stays private: its score-kind line says what that
+    # selection would release, so it is named as the tuning phase's.
     checked = (
-        *(c for c in basis.checked if c not in sub_checks),
+        *(f"tuning phase: {c}" if c.startswith("the score kind") else c
+          for c in basis.checked if c not in sub_checks),
         *(f"tuning candidates (on the subset of rate {fraction:g}): {c}" for c in sub_checks
           if c not in full_checks),
         *full_checks,
@@ -198,9 +217,11 @@ def _final_run(trainer, sub, tuning_plan, field, fraction, budget, seeded, adjac
     assumptions = tuple(basis.assumptions)
     if getattr(trainer, "init_fingerprint", None) and "public-init" not in assumptions:
         assumptions += ("public-init",)
+    # Released: the final run's model and its noisy validation score (best of one, whose score
+    # the final candidate's privacy covers), whatever the tuning phase's selection publishes.
     statement = dataclasses.replace(
         statement, assumptions=assumptions, checked=checked, trainer_word=basis.trainer_word,
-        published=basis.published,
+        published=FINAL_PUBLISHES,
     )  # fmt: skip
     return sigma, cands, statement
 
@@ -282,6 +303,8 @@ def _phases(trainer, selection, space, pre, journal, opts) -> Release:
             seed=None if phase.seed is None else phase.seed + 1,
             config={"phase": "final", "hparams": hp, **outer},
         )  # fmt: skip
-        release = dataclasses.replace(final, privacy=privacy, privacy_text=release.privacy_text)
+        release = dataclasses.replace(
+            final, privacy=privacy, privacy_text=release.privacy_text, published=FINAL_PUBLISHES
+        )
     release.private = {"tuning": tuned.private}
     return release

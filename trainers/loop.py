@@ -262,6 +262,8 @@ def _train_group_unsafe(
     group = fns.group(k)
     chunk = hp0.microbatch_size or default_microbatch_size(hp0.model, hp0.augmult, impl)
     data_x, data_y = device_arrays(data)
+    if data_x.shape[0] == 0:  # no private record: one zero record for the (masked) padding slots
+        data_x, data_y = (jnp.zeros((1, *a.shape[1:]), a.dtype) for a in (data_x, data_y))
     shards = 1
     replicated = None
     if mesh is not None:

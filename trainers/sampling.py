@@ -104,7 +104,10 @@ class PoissonSampler:
         if self.tail_size <= 0:
             raise ValueError(f"tail_size={tail_size} must be positive")
         body = self.num_body_chunks * self.chunk_size
-        quantile = poisson_capacity(self.num_examples, self.num_examples * q, overflow_prob, 1)
+        # No records (an empty private split, e.g. a small Poisson subset): every batch is empty
+        # and a step adds noise alone, as for its neighbour's batches that miss its one record.
+        n = self.num_examples
+        quantile = poisson_capacity(n, n * q, overflow_prob, 1) if n > 0 else 0
         self.num_tail_chunks = max(0, math.ceil((quantile - body) / self.tail_size))
         self.capacity = body + self.num_tail_chunks * self.tail_size
         self._rng = rng

@@ -312,6 +312,10 @@ def _fill_suggested(cfg: dict[str, Any]) -> None:
         return  # the learner names the optimiser
     got = dpsgd.suggested_settings(n, optimizer, train.get("score_noise_std") or 0.0)
     got["low"], got["high"] = got["learning_rate"]
+    batch = train.get("batch_size")
+    if optimizer != "adam" and isinstance(batch, int) and not isinstance(batch, bool) and batch > 0:
+        # SGD's range is per record of the batch the run uses: the user's (public), where given
+        got["low"], got["high"] = (v * batch for v in dpsgd.LEARNING_RATE_RANGES[optimizer])
     for section, key in unset:
         section[key] = got[key]
     filled = {("learning_rate_" if s is lr else "") + k: got[k] for s, k in unset}

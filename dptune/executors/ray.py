@@ -86,6 +86,7 @@ class RayExecutor:
         self._started_ray = False
         self._connected = False
         self._spec: tuple | None = None
+        self._spec_trainer: Any = None  # the trainer ``_spec`` runs
         self._remote: Any = None
 
     # --- connection ---------------------------------------------------------------------------
@@ -144,7 +145,9 @@ class RayExecutor:
         import ray  # optional: the [ray] extra, checked in __init__
 
         self.connect()
-        if self._spec is None:  # once per run, not per task
+        # Once per trainer, not per task: one executor may serve two runs with different trainers
+        # (subsampled tuning: the subset's, then the one on all the data).
+        if self._spec is None or self._spec_trainer is not trainer:
             # A trainer exception is already the candidate's NaN (train_one); anything raised out
             # of the task is infrastructure and must stop the run, not redraw.
             self._remote = ray.remote(_train_task).options(
@@ -154,6 +157,7 @@ class RayExecutor:
             factory = getattr(trainer, "remote_factory", None)
             ref = ray.put(trainer) if factory is None else None  # freed with the spec in close()
             self._spec = (uuid.uuid4().hex, factory, [ref], self.expected_fingerprint)
+            self._spec_trainer = trainer
         pending = {self._remote.remote(self._spec, job): job.index for job in jobs}
         try:
             while pending:
@@ -173,7 +177,7 @@ class RayExecutor:
             return
         import ray  # optional: the [ray] extra, checked in __init__
 
-        self._spec = self._remote = None
+        self._spec = self._spec_trainer = self._remote = None
         if self._started_ray and ray.is_initialized():
             ray.shutdown()
         self._connected = self._started_ray = False
