@@ -233,10 +233,11 @@ def tune_subsampled(
 ) -> Release:  # fmt: skip
     """Tunes on a per-record Poisson subset, retrains the selection on all the data, and releases
     that final model under one statement for both phases (module docstring). Args are those of
-    ``dptune.tune`` (the ledger defaults to None here; ``debug_nonprivate`` is refused) and
+    ``dptune.tune`` (the same default ledger, charged once for both phases; ``debug_nonprivate``
+    is refused) and
     ``fraction``, ``tuning_epsilon`` as :func:`plan_subsampled`'s. Returns the final run's
     :class:`~dptune.release.Release` (also written to ``workdir/release/``)."""
-    opts = TuneOptions.build(options or TuneOptions(ledger=None), kwargs)
+    opts = TuneOptions.build(options or TuneOptions(), kwargs)
     opts.check()
     if opts.debug_nonprivate:
         raise TuningConfigError("strategy 'subsampled' has no debug_nonprivate: use 'full'")

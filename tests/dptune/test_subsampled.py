@@ -175,3 +175,16 @@ def test_dpsgd_trainer_subset_keeps_the_schedule():
     a, b = full.privacy(hp), sub.privacy(hp)
     assert b.sampling_rate == pytest.approx(a.sampling_rate) and b.steps == a.steps == 24
     assert sub.num_examples == 225 and not sub.test_curve
+
+
+def test_charges_the_default_ledger_when_none_is_named(tmp_path, monkeypatch):
+    # Like dptune.tune: a library call that names no ledger is charged to the curator's default
+    # ledger ($DPTUNE_LEDGER here), once for both phases.
+    monkeypatch.setenv("DPTUNE_LEDGER", str(tmp_path / "default.sqlite"))
+    rel = dptune.tune_subsampled(
+        SubsetToy(), SPACE, RandomStopping.logarithmic(4), (2.0, 1e-5), fraction=0.2,
+        tuning_epsilon=0.3, seed=4, workdir=tmp_path / "run",
+    )  # fmt: skip
+    spend = Ledger(tmp_path / "default.sqlite").spend("toy-data")
+    assert spend is not None and spend.runs == 1
+    assert spend.spent_epsilon == pytest.approx(rel.privacy["total_epsilon"])
