@@ -351,10 +351,14 @@ def run_in_workdir(
         release_dir = None if pre.workdir is None else pre.workdir / "release"
         with open_journal(private_dir, pre.config, pre.code) as journal:
             if release_dir is not None and journal.get("released_at") and release_dir.exists():
-                log.warning(
-                    "this workdir's run finished already: its release is in %s (nothing was "
-                    "trained or charged now; use a new --workdir for a new run)", release_dir,
-                )  # fmt: skip
+                phase = pre.config.get("phase") if isinstance(pre.config, Mapping) else None
+                if phase is None:
+                    log.warning(
+                        "this workdir's run finished already: its release is in %s (nothing was "
+                        "trained or charged now; use a new --workdir for a new run)", release_dir,
+                    )  # fmt: skip
+                else:  # a finished phase of a resumed run (strategy 'subsampled'): reused
+                    log.info("the %s phase finished already: its result is reused", phase)
                 return read_release(release_dir)
             release = steps(pre, journal)
             if release_dir is not None:

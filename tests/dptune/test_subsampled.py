@@ -188,3 +188,25 @@ def test_charges_the_default_ledger_when_none_is_named(tmp_path, monkeypatch):
     spend = Ledger(tmp_path / "default.sqlite").spend("toy-data")
     assert spend is not None and spend.runs == 1
     assert spend.spent_epsilon == pytest.approx(rel.privacy["total_epsilon"])
+
+
+def test_resume_after_the_tuning_phase_reuses_it_without_a_new_workdir_warning(tmp_path, caplog):
+    class CrashOnFinal(SubsetToy):
+        crash = True  # a class attribute: the resumed run's config must be the same
+
+        def __call__(self, hp, rng):
+            if self.n == N and CrashOnFinal.crash:
+                raise KeyboardInterrupt  # killed during the final run, after the tuning phase
+            return super().__call__(hp, rng)
+
+    args = (SPACE, RandomStopping.logarithmic(3), (2.0, 1e-5))
+    kw = dict(fraction=0.3, tuning_epsilon=0.5, progress=False, ledger=None)
+    with pytest.raises(KeyboardInterrupt):
+        dptune.tune_subsampled(CrashOnFinal(), *args, workdir=tmp_path / "run", **kw)
+    CrashOnFinal.crash = False
+    resumed = CrashOnFinal()
+    with caplog.at_level("INFO", logger="dptune"):
+        rel = dptune.tune_subsampled(resumed, *args, workdir=tmp_path / "run", **kw)
+    assert rel.released and [n for n, _, _ in resumed.calls] == [N]  # the final run alone
+    assert "the tuning phase finished already" in caplog.text
+    assert not [r for r in caplog.records if r.levelname == "WARNING" and "--workdir" in r.message]
