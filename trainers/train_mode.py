@@ -33,6 +33,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 #: ``fold_in`` constant that separates the dropout stream from the noise (``fold_in(key, step)``)
 #: and augmentation (0x41554755) streams of a candidate's key ("DROP").
@@ -53,6 +54,31 @@ def call_keyword(module: Any) -> str | None:
         if p is not None and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD):
             return kw
     return None
+
+
+#: ``fold_in`` constant of the ``nnx.Rngs`` passed to an NNX module that takes ``rngs`` at call
+#: time ("RNGS"): apart from the module's own streams, reseeded with ``fold_in(key, i)``.
+CALL_RNGS_STREAM = 0x52474E53
+
+
+def takes_rngs(module: Any) -> bool:
+    """Whether an NNX module's ``__call__`` has an ``rngs`` parameter (Flax's ``examples/mnist``
+    CNN: ``__call__(self, x, rngs)``, handing it to ``nnx.Dropout`` layers built without one)."""
+    try:
+        p = inspect.signature(type(module).__call__).parameters.get("rngs")
+    except (TypeError, ValueError):
+        return False
+    return p is not None and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+
+
+def call_rngs(key: jax.Array | None) -> nnx.Rngs:
+    """The ``rngs`` an NNX module taking them at call time gets: seeded from the chunk's secret
+    dropout ``key`` at training time (each call draws the stream's next key, so each dropout
+    layer its own), a fixed seed at evaluation (``key`` None: evaluation mode turns dropout off;
+    anything else drawing from it is deterministic and independent of the data)."""
+    if key is None:
+        return nnx.Rngs(0)
+    return nnx.Rngs(jax.random.fold_in(key, CALL_RNGS_STREAM))
 
 
 def call_kwargs(keyword: str | None, train: bool) -> dict[str, bool]:
