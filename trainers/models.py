@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -572,9 +573,8 @@ def _unchecked_spec(model: Any, name: str | None, **fields: Any) -> ModelSpec:
         if model.scope is not None:
             raise ValueError(f"model={type(model).__name__}: pass an unbound flax Module")
         keyword = train_mode.call_keyword(model)
-        return ModelSpec(
-            name or type(model).__name__, model, shipped=False, call_keyword=keyword, **fields
-        )
+        name = name or type(train_mode.unwrapped(model)).__name__
+        return ModelSpec(name, model, shipped=False, call_keyword=keyword, **fields)
     if isinstance(model, tuple) and len(model) == 2 and all(callable(f) for f in model):
         init_fn, apply_fn = model
         name = name or getattr(apply_fn, "__name__", "apply_fn")
@@ -624,6 +624,7 @@ def _check_user_model(spec: ModelSpec, num_classes: int | None, check_metric: bo
                 f"every output array needs a leading example axis, ({n}, ...)"
             )
     _refuse_mixing(out, params, base, variants, label)
+    _refuse_single_value_groups(spec, params, base, label)
     _check_default_loss_and_metric(spec, label, o1, num_classes, check_metric)
     _check_loss_and_metric_shapes(spec, o1, n)
 
@@ -645,12 +646,62 @@ def _initial_params(spec: ModelSpec, label: str) -> Any:
         flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(tree))
         where = "/".join(next(iter(flat))[:-1]) if flat else "?"
         raise ValueError(
-            f"{label}: layer {where!r} keeps state in the {col!r} collection (for example "
-            "nn.BatchNorm's batch statistics). DP-SGD needs each example's gradient to depend on "
-            "that example alone, and batch statistics mix the examples of a batch: use "
-            "nn.GroupNorm or nn.LayerNorm instead"
+            f"dptune: model={spec.name}: layer {where!r} keeps state in the {col!r} collection "
+            "(for example nn.BatchNorm's batch statistics). DP-SGD needs each example's gradient "
+            "to depend on that example alone, and batch statistics mix the examples of a batch: "
+            "use nn.GroupNorm or nn.LayerNorm instead (model, replaced = "
+            "dptune.fix_model(model, x) swaps every BatchNorm, x an example batch)"
         )
     return variables["params"]
+
+
+class _GroupSizes:
+    """A ``trainers.ghost``-style recorder that runs every call as it is and notes each
+    ``GroupNorm`` (linen, or an NNX one's linen twin) whose groups hold one value per example:
+    (path, groups, input shape)."""
+
+    frozen = None
+
+    def __init__(self):
+        self.unsupported: list[str] = []
+        self.single: list[tuple[str, int, tuple[int, ...]]] = []
+
+    def __call__(self, next_fun, args, kwargs, context):
+        m = context.module
+        if (
+            isinstance(m, nn.GroupNorm)
+            and context.method_name == "__call__"
+            and args
+            and m.reduction_axes is None
+        ):
+            shape = tuple(args[0].shape)
+            groups = m.num_groups or shape[-1] // m.group_size
+            if len(shape) >= 2 and math.prod(shape[1:]) == groups:
+                path = getattr(context, "path", None) or m.path
+                self.single.append(("/".join(map(str, path)), groups, shape))
+        return next_fun(*args, **kwargs)
+
+
+def _refuse_single_value_groups(spec: ModelSpec, params: Any, base: Any, label: str) -> None:
+    """Refuses a GroupNorm whose every group holds a single value of an example (e.g. 32 groups
+    of 32 features without positions): it normalises each to 0, so its output is its bias
+    whatever its input and the layers before it never learn. Traced on synthetic inputs."""
+    if spec.module is None:
+        return
+    spy = _GroupSizes()
+    try:
+        jax.eval_shape(lambda p, x: spec.apply_recording(p, x, spy), params, base)
+    except Exception:  # the model ran above; a trace this check cannot make proves nothing
+        return
+    if spy.single:
+        path, groups, shape = spy.single[0]
+        raise ValueError(
+            f"dptune: model={spec.name}: layer {path!r} (GroupNorm, {groups} groups on inputs "
+            f"of shape {shape}) normalises every value on its own, so its output is its bias "
+            "whatever its input and the layers before it never learn: give it fewer groups "
+            "(1 for features without positions, or nn.LayerNorm); for a BatchNorm replaced "
+            "by dptune.fix_model, fix_model(model, x) with an example batch x picks them"
+        )
 
 
 def _refuse_mixing(out: Callable, params: Any, base, variants, label: str) -> None:

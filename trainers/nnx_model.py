@@ -86,8 +86,8 @@ class NnxModel:
                     f"dptune: model={type(module).__name__}: layer {_where(path[:-1])!r} "
                     f"({type(layer).__name__}) keeps batch statistics (nnx.BatchStat), which mix "
                     "the examples of a batch; DP-SGD needs each example's gradient to depend on "
-                    "that example alone: model, replaced = dptune.fix_model(model) swaps "
-                    "BatchNorm for GroupNorm"
+                    "that example alone: model, replaced = dptune.fix_model(model, x) swaps "
+                    "BatchNorm for GroupNorm (x: an example batch)"
                 )
         self.graphdef = graphdef
         self.name = type(module).__name__

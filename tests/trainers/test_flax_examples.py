@@ -9,12 +9,14 @@ dropout key (per-example masks, as for dropout that holds its rngs), at evaluati
 
 from __future__ import annotations
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
+import dptune
 from tests.trainers.test_dropout import (  # the same batch, clipped sums and checks
     _flat,
     _sums,
@@ -82,3 +84,110 @@ def test_rngs_at_call_ghost_and_vmap_draw_the_same_masks():
 def test_rngs_at_call_compiled_step_follows_the_candidate_key(impl):
     spec = _spec()
     check_compiled_step_keys(spec, models.init_params(spec, None), impl)
+
+
+class TrainKeywordBN(nn.Module):
+    """The usual linen pattern (Flax's imagenet ResNet, most tutorials): a ``train`` keyword that
+    switches BatchNorm's running averages and dropout."""
+
+    @nn.compact
+    def __call__(self, x, train: bool):
+        h = nn.Dense(16)(x)
+        h = nn.BatchNorm(use_running_average=not train)(h)
+        h = nn.Dropout(0.5, deterministic=not train)(jnp.tanh(h))
+        return nn.Dense(3)(h)
+
+
+def test_fix_model_keeps_the_train_keyword_of_a_linen_module():
+    """The wrapper ``fix_model`` returns is called with the inner module's ``train`` keyword:
+    dropout trains per example and is off at evaluation (it was called with no keyword:
+    refused, as ``train`` has no default)."""
+    fixed, _ = dptune.fix_model(TrainKeywordBN())
+    spec = models.user_model(fixed, (5,), "float32")
+    assert spec.call_keyword == "train" and spec.stochastic
+    assert step.ghost_plan(spec).supported, step.ghost_plan(spec).reason
+    params = models.init_params(spec, jax.random.PRNGKey(0))
+    assert set(params) == {"Dense_0", "BatchNorm_0", "Dense_1"}  # the inner module's paths
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((6, 5)), jnp.float32)
+    check_masks_follow_the_key(spec, params, x)
+    check_one_example_alone(spec, params)
+    check_ghost_and_vmap_agree(spec, params)
+
+
+class LinenBNMLP(nn.Module):
+    """BatchNorm on features without positions (b, 32): Opacus's gcd(32, 32) = 32 groups would
+    normalise each value on its own (the output is the bias, whatever the input)."""
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(3)(jnp.tanh(nn.BatchNorm(use_running_average=True)(nn.Dense(32)(x))))
+
+
+class NnxBNMLP(nnx.Module):
+    """docs/your_model.md's NNX example: nnx.BatchNorm(32) after a Linear."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        self.dense = nnx.Linear(5, 32, rngs=rngs)
+        self.norm = nnx.BatchNorm(32, rngs=rngs)
+        self.out = nnx.Linear(32, 3, rngs=rngs)
+
+    def __call__(self, x):
+        return self.out(nnx.tanh(self.norm(self.dense(x))))
+
+
+def _outputs_move_with_the_input(spec) -> bool:
+    params = models.init_params(spec, jax.random.PRNGKey(0))
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((4, 5)), jnp.float32)
+    out = np.asarray(spec.apply({"params": params}, x))
+    return not np.allclose(out, out[:1])
+
+
+def test_fix_model_on_features_without_positions_gives_one_group_linen():
+    x = jnp.ones((2, 5))
+    for fixed, _ in (dptune.fix_model(LinenBNMLP(), x), dptune.fix_model(LinenBNMLP())):
+        spec = models.user_model(fixed, (5,), "float32")
+        assert _outputs_move_with_the_input(spec)
+    assert [(r.path, r.channels, r.groups) for r in dptune.fix_model(LinenBNMLP(), x)[1]] == [
+        ("BatchNorm_0", 32, 1)
+    ]
+
+
+def test_fix_model_on_features_without_positions_gives_one_group_nnx():
+    fixed, replaced = dptune.fix_model(NnxBNMLP(nnx.Rngs(0)), jnp.ones((2, 5)))
+    assert [(r.path, r.channels, r.groups) for r in replaced] == [("norm", 32, 1)]
+    assert fixed.norm.num_groups == 1
+    assert _outputs_move_with_the_input(models.user_model(fixed, (5,), "float32"))
+
+
+def test_a_group_norm_of_single_values_is_refused_with_the_layer_named():
+    """Without an example batch, fix_model cannot see that an NNX BatchNorm reads features
+    without positions; the model check then refuses the dead GroupNorm it made (and any such
+    user GroupNorm): one line naming the layer and the fix."""
+    fixed, _ = dptune.fix_model(NnxBNMLP(nnx.Rngs(0)))
+    with pytest.raises(ValueError) as e:
+        models.user_model(fixed, (5,), "float32")
+    msg = str(e.value)
+    assert msg.startswith("dptune: ") and "\n" not in msg
+    assert "'norm'" in msg and "fix_model(model, x)" in msg
+
+    class Dead(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(3)(nn.GroupNorm(num_groups=8, name="gn")(nn.Dense(8)(x)))
+
+    with pytest.raises(ValueError, match=r"^dptune: .*'gn'.*GroupNorm"):
+        models.user_model(Dead(), (5,), "float32")
+    # on images, the same groups hold many values: accepted
+    from tests.trainers.test_nnx import _NnxResNet
+
+    images, _ = dptune.fix_model(_NnxResNet(nnx.Rngs(0)))
+    models.user_model(images, (6, 6, 3), "float32")
+
+
+def test_a_linen_batchnorm_is_refused_in_one_dptune_line_pointing_at_fix_model():
+    with pytest.raises(ValueError) as e:
+        models.user_model(TrainKeywordBN(), (5,), "float32")
+    msg = str(e.value)
+    assert msg.startswith("dptune: model=TrainKeywordBN: layer 'BatchNorm_0'") and "\n" not in msg
+    assert "dptune.fix_model(model, x)" in msg
+    assert str(dptune.fix_model(LinenBNMLP(), jnp.ones((2, 5)))[1][0]).endswith("(1 group)")
