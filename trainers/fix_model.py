@@ -141,33 +141,35 @@ def _fix_nnx(module: nnx.Module, x: Any = None) -> tuple[nnx.Module, list[Replac
     return fixed, replaced
 
 
-#: Attribute on a probe copy's BatchNorm: (its graph path, the dict its input shape goes to).
-_SEEN = "_dptune_seen"
-
-
-class _InputShapeOf(nnx.BatchNorm):
-    """A probe copy's BatchNorm: records its input's shape and passes the input through."""
-
-    def __call__(self, x, *args, **kwargs):
-        path, shapes = self.__dict__[_SEEN]
-        shapes[path] = tuple(x.shape)
-        return x
+#: Attribute on a probe copy's BatchNorm: its graph path in the module.
+_PATH = "_dptune_path"
 
 
 def _nnx_batchnorm_inputs(module: nnx.Module, x: Any) -> dict[tuple, tuple[int, ...]]:
     """The input shape of each ``nnx.BatchNorm`` of ``module`` (by graph path) when it is called
-    on ``x``, traced on a copy in evaluation mode (nothing is computed). Empty when the trace
-    fails; a layer called inside a lifted transform (``nnx.scan``) may be missing."""
+    on ``x``, traced on a copy in evaluation mode whose BatchNorms record their input and pass it
+    through (nothing is computed). Empty when the trace fails."""
+    shapes: dict[tuple, tuple[int, ...]] = {}
+
+    class InputShapeOf(nnx.BatchNorm):
+        def __call__(self, x, *args, **kwargs):
+            shapes[self.__dict__[_PATH]] = tuple(x.shape)
+            return x
+
     probe = nnx.clone(module)
     probe.eval()
-    shapes: dict[tuple, tuple[int, ...]] = {}
     for path, node in nnx.iter_graph(probe):
         if type(node) is nnx.BatchNorm:
-            node.__class__ = _InputShapeOf
-            object.__setattr__(node, _SEEN, (path, shapes))
+            node.__class__ = InputShapeOf
+            object.__setattr__(node, _PATH, tuple(path))
     kwargs = {"rngs": nnx.Rngs(0)} if takes_rngs(probe) else {}
+    graphdef, state = nnx.split(probe)  # merged inside the trace: lifted transforms trace too
+
+    def call(state, x):
+        nnx.merge(graphdef, state)(x, **kwargs)
+
     try:
-        jax.eval_shape(lambda x: probe(x, **kwargs), x)
+        jax.eval_shape(call, state, x)
     except Exception as e:  # the groups fall back to gcd(32, channels); the check guards them
         log.info("fix_model: could not trace the module on x (%s: %.200s)", type(e).__name__, e)
         return {}

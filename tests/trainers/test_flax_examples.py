@@ -191,3 +191,52 @@ def test_a_linen_batchnorm_is_refused_in_one_dptune_line_pointing_at_fix_model()
     assert msg.startswith("dptune: model=TrainKeywordBN: layer 'BatchNorm_0'") and "\n" not in msg
     assert "dptune.fix_model(model, x)" in msg
     assert str(dptune.fix_model(LinenBNMLP(), jnp.ones((2, 5)))[1][0]).endswith("(1 group)")
+
+
+class ScannedBlocks(nnx.Module):
+    """Flax's nnx_toy_examples/06_scan_over_layers: blocks with BatchNorm made by nnx.vmap and
+    applied by nnx.scan (here with a head)."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        @nnx.split_rngs(splits=2)
+        @nnx.vmap(axis_size=2)
+        def block(rngs):
+            return nnx.Sequential(nnx.Linear(4, 4, rngs=rngs), nnx.BatchNorm(4, rngs=rngs))
+
+        self.layers = block(rngs)
+        self.head = nnx.Linear(4, 3, rngs=rngs)
+
+    def __call__(self, x):
+        @nnx.scan
+        def step(x, layer):
+            return jnp.tanh(layer(x)), None
+
+        return self.head(step(x, self.layers)[0])
+
+
+class ConvRngsAtCall(nnx.Module):
+    """Flax's examples/mnist CNN's shape: BatchNorm on feature maps, rngs passed at call."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        self.conv = nnx.Conv(1, 8, kernel_size=(3, 3), rngs=rngs)
+        self.bn = nnx.BatchNorm(8, rngs=rngs)
+        self.drop = nnx.Dropout(0.1)
+        self.out = nnx.Linear(8, 3, rngs=rngs)
+
+    def __call__(self, x, rngs: nnx.Rngs):
+        h = self.drop(nnx.relu(self.bn(self.conv(x))), rngs=rngs)
+        return self.out(h.mean(axis=(1, 2)))
+
+
+def test_fix_model_with_x_sees_batchnorms_under_scan_and_under_rngs_at_call():
+    fixed, replaced = dptune.fix_model(ScannedBlocks(nnx.Rngs(0)), np.ones((2, 4), np.float32))
+    assert [(r.path, r.groups) for r in replaced] == [("layers/layers/1", 1)]
+    spec = models.user_model(fixed, (4,), "float32")
+    params = models.init_params(spec, None)
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((4, 4)), jnp.float32)
+    out = np.asarray(spec.apply({"params": params}, x))
+    assert not np.allclose(out, out[:1])
+    _, replaced = dptune.fix_model(
+        ConvRngsAtCall(nnx.Rngs(0)), jax.ShapeDtypeStruct((2, 6, 6, 1), jnp.float32)
+    )
+    assert [(r.path, r.groups) for r in replaced] == [("bn", 8)]  # feature maps: gcd(32, 8)
