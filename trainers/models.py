@@ -585,10 +585,22 @@ def _unchecked_spec(model: Any, name: str | None, **fields: Any) -> ModelSpec:
     )
 
 
-def _rng_hint(e: Exception) -> str:
+def _one_line(e: Exception) -> str:
+    """``type: message`` of an exception, its whitespace runs (newlines) collapsed."""
+    return f"{type(e).__name__}: {' '.join(str(e).split())}"
+
+
+def _rng_hint(e: Exception, spec: ModelSpec | None = None) -> str:
     """The call convention, for an error that asks for an rng (dropout outside training)."""
     if "PRNG" not in str(e) and "rng" not in str(e).lower():
         return ""
+    if spec is not None and spec.module is not None and not isinstance(spec.module, nn.Module):
+        return (
+            ". dptune calls an NNX module in evaluation mode (model.eval()) to initialise and "
+            "evaluate it and in training mode (model.train()) with rngs of its own while it "
+            "trains: build dropout as nnx.Dropout(rate, rngs=rngs), or give __call__ an `rngs` "
+            "argument and hand it on (Flax's examples/mnist)"
+        )
     return (
         ". dptune calls a module whose __call__ has a `train` (or `deterministic`) keyword with "
         "train=False (deterministic=True) to initialise and evaluate it, and with train=True "
@@ -605,7 +617,7 @@ def _check_user_model(spec: ModelSpec, num_classes: int | None, check_metric: bo
     """Refuses a user's model (ValueError naming the layer or function and the fix) that keeps
     state besides its parameters, fails or needs an rng to evaluate, mixes examples, or whose
     loss / metric does not fit its outputs and labels; on synthetic inputs only, never data."""
-    label = f"model {spec.name}"
+    label = f"model={spec.name}"
     params = _initial_params(spec, label)
     base, variants = mixing_probe_batches(spec.input_shape, spec.input_dtype)
     out = jax.jit(lambda p, x: spec.apply({"params": p}, x))
@@ -625,6 +637,7 @@ def _check_user_model(spec: ModelSpec, num_classes: int | None, check_metric: bo
             )
     _refuse_mixing(out, params, base, variants, label)
     _refuse_single_value_groups(spec, params, base, label)
+    _check_training_call(spec, params, base, label)
     _check_default_loss_and_metric(spec, label, o1, num_classes, check_metric)
     _check_loss_and_metric_shapes(spec, o1, n)
 
@@ -653,6 +666,22 @@ def _initial_params(spec: ModelSpec, label: str) -> Any:
             "dptune.fix_model(model, x) swaps every BatchNorm, x an example batch)"
         )
     return variables["params"]
+
+
+def _check_training_call(spec: ModelSpec, params: Any, base: Any, label: str) -> None:
+    """Refuses a module that evaluates but cannot be called in training mode (e.g. an
+    ``nnx.Dropout`` with no rngs): traced once on the synthetic batch, before anything is
+    charged, instead of failing every candidate."""
+    if not spec.stochastic:
+        return
+    key = jax.random.PRNGKey(0)
+    try:
+        jax.eval_shape(lambda p, x: spec.training(key).apply({"params": p}, x), params, base)
+    except Exception as e:
+        raise ValueError(
+            f"dptune: {label} failed in training mode on a batch of shape {base.shape}: "
+            f"{_one_line(e)}{_rng_hint(e, spec)}"
+        ) from None
 
 
 class _GroupSizes:

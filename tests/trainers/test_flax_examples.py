@@ -240,3 +240,24 @@ def test_fix_model_with_x_sees_batchnorms_under_scan_and_under_rngs_at_call():
         ConvRngsAtCall(nnx.Rngs(0)), jax.ShapeDtypeStruct((2, 6, 6, 1), jnp.float32)
     )
     assert [(r.path, r.groups) for r in replaced] == [("bn", 8)]  # feature maps: gcd(32, 8)
+
+
+def test_an_nnx_dropout_with_no_rngs_is_refused_before_anything_trains():
+    """``nnx.Dropout(rate)`` with neither its own rngs nor an ``rngs`` argument of ``__call__``
+    evaluates (dropout off) but cannot train: refused in one line, not a run whose every
+    candidate fails."""
+
+    class NoRngs(nnx.Module):
+        def __init__(self, rngs):
+            self.a = nnx.Linear(5, 8, rngs=rngs)
+            self.drop = nnx.Dropout(0.5)
+            self.b = nnx.Linear(8, 3, rngs=rngs)
+
+        def __call__(self, x):
+            return self.b(self.drop(self.a(x)))
+
+    with pytest.raises(ValueError) as e:
+        models.user_model(NoRngs(nnx.Rngs(0)), (5,), "float32")
+    msg = str(e.value)
+    assert msg.startswith("dptune: model=NoRngs failed in training mode") and "\n" not in msg
+    assert "training mode" in msg and "nnx.Dropout(rate, rngs=rngs)" in msg
