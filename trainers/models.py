@@ -591,7 +591,14 @@ def _one_line(e: Exception) -> str:
 
 
 def _rng_hint(e: Exception, spec: ModelSpec | None = None) -> str:
-    """The call convention, for an error that asks for an rng (dropout outside training)."""
+    """The call convention, for an error that asks for an rng (dropout outside training) or for
+    another positional argument."""
+    if isinstance(e, TypeError) and "positional argument" in str(e):
+        return (
+            ". dptune calls the model with one positional argument, the batch: wrap a model of "
+            "several inputs in a module that takes a dict of them (Dataset.from_arrays with x a "
+            "dict of arrays; docs/your_model.md) and draws any randomness from its rngs"
+        )
     if "PRNG" not in str(e) and "rng" not in str(e).lower():
         return ""
     if spec is not None and spec.module is not None and not isinstance(spec.module, nn.Module):
@@ -625,8 +632,8 @@ def _check_user_model(spec: ModelSpec, num_classes: int | None, check_metric: bo
         o1 = jax.tree_util.tree_map(np.asarray, out(params, base))
     except Exception as e:
         raise ValueError(
-            f"dptune: {label} failed on a batch of shape {base.shape}: {type(e).__name__}: {e}"
-            f"{_rng_hint(e)}"
+            f"dptune: {label} failed on a batch of shape {base.shape}: {_one_line(e)}"
+            f"{_rng_hint(e, spec)}"
         ) from None
     n = len(base)
     for path, a in jax.tree_util.tree_flatten_with_path(o1)[0]:
@@ -651,7 +658,7 @@ def _initial_params(spec: ModelSpec, label: str) -> Any:
     except Exception as e:
         raise ValueError(
             f"dptune: {label} could not be initialised on an input of shape {x1.shape} "
-            f"({x1.dtype}): {type(e).__name__}: {e}{_rng_hint(e)}"
+            f"({x1.dtype}): {_one_line(e)}{_rng_hint(e, spec)}"
         ) from None
     for col, tree in variables.items():
         if col in _HARMLESS_COLLECTIONS:
@@ -746,7 +753,7 @@ def _refuse_mixing(out: Callable, params: Any, base, variants, label: str) -> No
         except Exception as e:
             raise ValueError(
                 f"dptune: {label} failed on a batch of shape {base.shape} at random parameters: "
-                f"{type(e).__name__}: {e}"
+                f"{_one_line(e)}"
             ) from None
         if mixed is not None:
             raise ValueError(
@@ -810,7 +817,7 @@ def _check_loss_and_metric_shapes(spec: ModelSpec, o1: Any, n: int) -> None:
         except Exception as e:
             raise ValueError(
                 f"dptune: {what} failed on outputs {jax.tree_util.tree_map(lambda a: a.shape, o1)} "
-                f"and labels of shape {y.shape} ({y.dtype}): {type(e).__name__}: {e}"
+                f"and labels of shape {y.shape} ({y.dtype}): {_one_line(e)}"
             ) from None
         if tuple(getattr(v, "shape", ())) != (n,):
             raise ValueError(

@@ -261,3 +261,19 @@ def test_an_nnx_dropout_with_no_rngs_is_refused_before_anything_trains():
     msg = str(e.value)
     assert msg.startswith("dptune: model=NoRngs failed in training mode") and "\n" not in msg
     assert "training mode" in msg and "nnx.Dropout(rate, rngs=rngs)" in msg
+
+
+def test_a_model_of_several_positional_inputs_is_refused_with_the_dict_convention():
+    """Flax's sst2 classifier is called as model(token_ids, lengths): one line that says how
+    dptune calls a model and how to pass several inputs."""
+
+    class TwoInputs(nn.Module):
+        @nn.compact
+        def __call__(self, token_ids, lengths):
+            return nn.Dense(2)(nn.Embed(7, 4)(token_ids).sum(1) / lengths[:, None])
+
+    with pytest.raises(ValueError) as e:
+        models.user_model(TwoInputs(), (5,), "int32")
+    msg = str(e.value)
+    assert msg.startswith("dptune: model=TwoInputs ") and "\n" not in msg
+    assert "'lengths'" in msg and "one positional argument" in msg and "dict" in msg
