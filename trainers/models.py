@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -607,6 +608,13 @@ def _rng_hint(e: Exception, spec: ModelSpec | None = None) -> str:
             "evaluate it and in training mode (model.train()) with rngs of its own while it "
             "trains: build dropout as nnx.Dropout(rate, rngs=rngs), or give __call__ an `rngs` "
             "argument and hand it on (Flax's examples/mnist)"
+        )
+    stream = re.search(r'needs PRNG for "(\w+)"', str(e))
+    if stream and stream.group(1) not in ("dropout", "params"):
+        return (
+            f". While it trains, dptune gives a module one rng stream, 'dropout' (per chunk, from "
+            f"the candidate's secret key): draw from self.make_rng('dropout') instead of "
+            f"{stream.group(1)!r}"
         )
     return (
         ". dptune calls a module whose __call__ has a `train` (or `deterministic`) keyword with "

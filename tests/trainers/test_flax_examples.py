@@ -277,3 +277,22 @@ def test_a_model_of_several_positional_inputs_is_refused_with_the_dict_conventio
     msg = str(e.value)
     assert msg.startswith("dptune: model=TwoInputs ") and "\n" not in msg
     assert "'lengths'" in msg and "one positional argument" in msg and "dict" in msg
+
+
+def test_a_linen_module_drawing_another_rng_stream_in_training_is_refused_naming_it():
+    """Flax's seq2seq decoder draws from make_rng('lstm') while it trains: dptune supplies the
+    'dropout' stream only, which the one-line refusal says before anything is charged."""
+
+    class Noisy(nn.Module):
+        @nn.compact
+        def __call__(self, x, train: bool = False):
+            h = nn.Dense(4)(x)
+            if train:
+                h = h + jax.random.normal(self.make_rng("lstm"), h.shape)
+            return nn.Dense(3)(h)
+
+    with pytest.raises(ValueError) as e:
+        models.user_model(Noisy(), (5,), "float32")
+    msg = str(e.value)
+    assert msg.startswith("dptune: model=Noisy failed in training mode") and "\n" not in msg
+    assert "make_rng('dropout') instead of 'lstm'" in msg
