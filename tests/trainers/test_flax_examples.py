@@ -236,6 +236,8 @@ def test_fix_model_with_x_sees_batchnorms_under_scan_and_under_rngs_at_call():
     x = jnp.asarray(np.random.default_rng(1).standard_normal((4, 4)), jnp.float32)
     out = np.asarray(spec.apply({"params": params}, x))
     assert not np.allclose(out, out[:1])
+    plan = step.ghost_plan(spec)  # vmap(grad), and the log says why in words
+    assert not plan.supported and "inside a lifted transform (nnx.scan" in plan.reason
     _, replaced = dptune.fix_model(
         ConvRngsAtCall(nnx.Rngs(0)), jax.ShapeDtypeStruct((2, 6, 6, 1), jnp.float32)
     )
