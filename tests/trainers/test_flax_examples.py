@@ -1,10 +1,14 @@
 """Models as Flax's own examples write them, at tiny sizes: what dptune must accept and how.
 
-Flax's ``examples/mnist`` CNN (NNX) passes its ``nnx.Rngs`` at call time,
-``__call__(self, x, rngs)``, to ``nnx.Dropout(rate)`` layers built without rngs. dptune calls
-such a module with an ``nnx.Rngs`` of its own: at training time seeded from the chunk's secret
-dropout key (per-example masks, as for dropout that holds its rngs), at evaluation a fixed one
-(dropout is off in evaluation mode).
+* Flax's ``examples/mnist`` CNN (NNX) passes its ``nnx.Rngs`` at call time,
+  ``__call__(self, x, rngs)``, to ``nnx.Dropout(rate)`` layers built without rngs: dptune calls
+  it with an ``nnx.Rngs`` of its own (from the chunk's secret dropout key while it trains, a
+  fixed one at evaluation, where dropout is off), with per-example masks on both paths.
+* ``fix_model``: one group on features without positions (a group of one value normalises to
+  0), BatchNorms found under ``nnx.scan`` and behind ``rngs`` at call, the linen wrapper's
+  ``train`` keyword; a GroupNorm of single-value groups is refused.
+* Refusals in one ``dptune:`` line for what evaluates but cannot train (an ``nnx.Dropout`` with
+  no rngs, another linen rng stream), several positional inputs, linen BatchNorm.
 """
 
 from __future__ import annotations
