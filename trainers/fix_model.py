@@ -1,6 +1,8 @@
 """``dptune.fix_model``: batch normalisation replaced by group normalisation, so that a model's
 per-example gradients depend on that example alone (the rule of Opacus's ``ModuleValidator.fix``:
-``gcd(32, channels)`` groups, the same epsilon, scale and bias).
+``gcd(32, channels)`` groups, the same epsilon, scale and bias), except on features without
+positions (a BatchNorm after a dense layer), which get one group: Opacus's groups would hold one
+or two values each there, and a group of one value normalises to 0 (:func:`groups_for`).
 
 * Flax NNX: the module graph is walked and every ``nnx.BatchNorm`` attribute (or list entry) is
   replaced by an ``nnx.GroupNorm`` of the same feature count, on a copy of the module.
@@ -17,18 +19,29 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
 from flax import nnx
 
+from trainers.train_mode import takes_rngs
+
 log = logging.getLogger("dptune")
 
 
-def groups_for(channels: int) -> int:
-    """Opacus's group count for ``channels`` channels: ``gcd(32, channels)``."""
-    return math.gcd(32, int(channels))
+def groups_for(channels: int, positions: int = 2) -> int:
+    """The group count for ``channels`` channels at ``positions`` positions per example (the
+    product of the axes between the batch and the channels): Opacus's ``gcd(32, channels)`` for
+    feature maps, and 1 (LayerNorm's normalisation, with a scale and bias per channel) for
+    features without positions, where those groups would hold one or two values each (a group
+    of one value normalises to 0: the layer's output would be its bias, whatever its input)."""
+    return math.gcd(32, int(channels)) if positions > 1 else 1
+
+
+def _positions(shape: tuple[int, ...]) -> int:
+    """Positions per example of a (batch, ..., channels) input."""
+    return math.prod(shape[1:-1])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +55,8 @@ class Replaced:
     def __str__(self) -> str:
         if self.channels is None:
             return f"{self.path}: BatchNorm -> GroupNorm(gcd(32, channels) groups)"
-        return f"{self.path}: BatchNorm({self.channels}) -> GroupNorm({self.groups} groups)"
+        groups = f"{self.groups} group{'s' if self.groups != 1 else ''}"
+        return f"{self.path}: BatchNorm({self.channels}) -> GroupNorm({groups})"
 
 
 def fix_model(module: Any, x: Any = None) -> tuple[Any, list[Replaced]]:
@@ -53,15 +67,18 @@ def fix_model(module: Any, x: Any = None) -> tuple[Any, list[Replaced]]:
       module: a flax NNX module (a fixed copy is returned; the original is unchanged) or an
         unbound flax linen module (wrapped: the result's parameters have the original's paths,
         the BatchNorms' ``scale`` and ``bias`` included; ``batch_stats`` disappear).
-      x: for a linen module, an example batch (an array or ``jax.ShapeDtypeStruct``) to list
-        the replaced layers: linen builds its layers when called. Without it the list is
-        empty for linen (the replacement still applies).
+      x: an example batch (an array or ``jax.ShapeDtypeStruct``; traced, never computed on).
+        NNX: it shows which BatchNorms read features without positions (one group, see
+        :func:`groups_for`); without it every NNX BatchNorm gets ``gcd(32, channels)`` groups,
+        and the model check refuses one whose groups then hold a single value. Linen: it
+        lists the replaced layers (linen builds its layers when called; the groups are chosen
+        from each call's input, with or without it).
 
     Returns:
       (fixed module, replaced layers).
     """
     if isinstance(module, nnx.Module):
-        fixed, replaced = _fix_nnx(module)
+        fixed, replaced = _fix_nnx(module, x)
     elif isinstance(module, nn.Module):
         if module.scope is not None:
             raise ValueError(
@@ -84,7 +101,7 @@ def fix_model(module: Any, x: Any = None) -> tuple[Any, list[Replaced]]:
 # --- NNX ---------------------------------------------------------------------------------------
 
 
-def _group_norm_for(bn: nnx.BatchNorm) -> nnx.GroupNorm:
+def _group_norm_for(bn: nnx.BatchNorm, positions: int) -> nnx.GroupNorm:
     if bn.axis not in (-1,):
         raise ValueError(
             f"dptune: fix_model: a BatchNorm over axis {bn.axis} (GroupNorm normalises the last "
@@ -92,7 +109,7 @@ def _group_norm_for(bn: nnx.BatchNorm) -> nnx.GroupNorm:
         )
     c = int(bn.num_features)
     gn = nnx.GroupNorm(
-        c, num_groups=groups_for(c), epsilon=bn.epsilon, dtype=bn.dtype,
+        c, num_groups=groups_for(c, positions), epsilon=bn.epsilon, dtype=bn.dtype,
         param_dtype=bn.param_dtype, use_bias=bn.use_bias, use_scale=bn.use_scale,
         rngs=nnx.Rngs(0),
     )  # fmt: skip
@@ -104,22 +121,59 @@ def _group_norm_for(bn: nnx.BatchNorm) -> nnx.GroupNorm:
     return gn
 
 
-def _fix_nnx(module: nnx.Module) -> tuple[nnx.Module, list[Replaced]]:
+def _fix_nnx(module: nnx.Module, x: Any = None) -> tuple[nnx.Module, list[Replaced]]:
     fixed = nnx.clone(module)
     found = [(path, node) for path, node in nnx.iter_graph(fixed) if type(node) is nnx.BatchNorm]
+    shapes = {} if x is None or not found else _nnx_batchnorm_inputs(module, x)
     replaced = []
     for path, bn in found:
         parent = fixed
         for k in path[:-1]:
             parent = parent[k] if isinstance(k, int) else getattr(parent, k)
-        gn = _group_norm_for(bn)
+        positions = _positions(shapes[path]) if path in shapes else 2  # unseen: feature maps
+        gn = _group_norm_for(bn, positions)
         if isinstance(path[-1], int):
             parent[path[-1]] = gn
         else:
             setattr(parent, path[-1], gn)
         c = int(bn.num_features)
-        replaced.append(Replaced("/".join(str(k) for k in path), c, groups_for(c)))
+        replaced.append(Replaced("/".join(str(k) for k in path), c, gn.num_groups))
     return fixed, replaced
+
+
+#: Attribute on a probe copy's BatchNorm: its graph path in the module.
+_PATH = "_dptune_path"
+
+
+def _nnx_batchnorm_inputs(module: nnx.Module, x: Any) -> dict[tuple, tuple[int, ...]]:
+    """The input shape of each ``nnx.BatchNorm`` of ``module`` (by graph path) when it is called
+    on ``x``, traced on a copy in evaluation mode whose BatchNorms record their input and pass it
+    through (nothing is computed). Empty when the trace fails."""
+    shapes: dict[tuple, tuple[int, ...]] = {}
+
+    class InputShapeOf(nnx.BatchNorm):
+        def __call__(self, x, *args, **kwargs):
+            shapes[self.__dict__[_PATH]] = tuple(x.shape)
+            return x
+
+    probe = nnx.clone(module)
+    probe.eval()
+    for path, node in nnx.iter_graph(probe):
+        if type(node) is nnx.BatchNorm:
+            node.__class__ = InputShapeOf
+            object.__setattr__(node, _PATH, tuple(path))
+    kwargs = {"rngs": nnx.Rngs(0)} if takes_rngs(probe) else {}
+    graphdef, state = nnx.split(probe)  # merged inside the trace: lifted transforms trace too
+
+    def call(state, x):
+        nnx.merge(graphdef, state)(x, **kwargs)
+
+    try:
+        jax.eval_shape(call, state, x)
+    except Exception as e:  # the groups fall back to gcd(32, channels); the check guards them
+        log.info("fix_model: could not trace the module on x (%s: %.200s)", type(e).__name__, e)
+        return {}
+    return shapes
 
 
 # --- linen -------------------------------------------------------------------------------------
@@ -132,6 +186,8 @@ class GroupNormForBatchNorm(nn.Module):
     """
 
     inner: nn.Module
+    #: It forwards its call and keywords unchanged: ``train_mode.call_keyword`` reads ``inner``'s.
+    forwards_call: ClassVar[bool] = True
 
     def setup(self):
         nn.share_scope(self, self.inner)
@@ -156,9 +212,9 @@ def _batchnorm_as_groupnorm(next_fun, args, kwargs, context):
         )
     c = x.shape[-1]
     gn = nn.GroupNorm(
-        num_groups=groups_for(c), epsilon=bn.epsilon, dtype=bn.dtype, param_dtype=bn.param_dtype,
-        use_bias=bn.use_bias, use_scale=bn.use_scale, bias_init=bn.bias_init,
-        scale_init=bn.scale_init, parent=bn.scope,
+        num_groups=groups_for(c, _positions(x.shape)), epsilon=bn.epsilon, dtype=bn.dtype,
+        param_dtype=bn.param_dtype, use_bias=bn.use_bias, use_scale=bn.use_scale,
+        bias_init=bn.bias_init, scale_init=bn.scale_init, parent=bn.scope,
     )  # fmt: skip
     return gn(x)
 
@@ -172,7 +228,7 @@ def _traced_replacements(fixed: GroupNormForBatchNorm, x: Any) -> list[Replaced]
         m = context.module
         if type(m) is nn.BatchNorm and context.method_name == "__call__":
             c = int(args[0].shape[-1])
-            seen.append(Replaced("/".join(m.path), c, groups_for(c)))
+            seen.append(Replaced("/".join(m.path), c, groups_for(c, _positions(args[0].shape))))
         return next_fun(*args, **kwargs)
 
     def init(x):

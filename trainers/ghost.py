@@ -874,7 +874,15 @@ def analyze(
             return GhostPlan(why, summary)
         return GhostPlan(None, summary)
     except Exception as e:  # tracing failed under interception (lifted transforms, ...)
-        return GhostPlan(f"the module could not be traced with its layers intercepted ({e!r:.200})")
+        lifted = (
+            "a known layer is called inside a lifted transform (nnx.scan, nnx.vmap, nn.scan), "
+            "which hands it a slice of its parameters: "
+            if type(e).__name__ == "ScopeParamShapeError"
+            else ""
+        )
+        return GhostPlan(
+            f"the module could not be traced with its layers intercepted ({lifted}{e!r:.200})"
+        )
 
 
 def _probe_batch(x_shape, x_dtype, b: int, seed: int) -> np.ndarray:

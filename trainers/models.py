@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -572,9 +574,8 @@ def _unchecked_spec(model: Any, name: str | None, **fields: Any) -> ModelSpec:
         if model.scope is not None:
             raise ValueError(f"model={type(model).__name__}: pass an unbound flax Module")
         keyword = train_mode.call_keyword(model)
-        return ModelSpec(
-            name or type(model).__name__, model, shipped=False, call_keyword=keyword, **fields
-        )
+        name = name or type(train_mode.unwrapped(model)).__name__
+        return ModelSpec(name, model, shipped=False, call_keyword=keyword, **fields)
     if isinstance(model, tuple) and len(model) == 2 and all(callable(f) for f in model):
         init_fn, apply_fn = model
         name = name or getattr(apply_fn, "__name__", "apply_fn")
@@ -585,10 +586,36 @@ def _unchecked_spec(model: Any, name: str | None, **fields: Any) -> ModelSpec:
     )
 
 
-def _rng_hint(e: Exception) -> str:
-    """The call convention, for an error that asks for an rng (dropout outside training)."""
+def _one_line(e: Exception) -> str:
+    """``type: message`` of an exception, its whitespace runs (newlines) collapsed."""
+    return f"{type(e).__name__}: {' '.join(str(e).split())}"
+
+
+def _rng_hint(e: Exception, spec: ModelSpec | None = None) -> str:
+    """The call convention, for an error that asks for an rng (dropout outside training) or for
+    another positional argument."""
+    if isinstance(e, TypeError) and "positional argument" in str(e):
+        return (
+            ". dptune calls the model with one positional argument, the batch: wrap a model of "
+            "several inputs in a module that takes a dict of them (Dataset.from_arrays with x a "
+            "dict of arrays; docs/your_model.md) and draws any randomness from its rngs"
+        )
     if "PRNG" not in str(e) and "rng" not in str(e).lower():
         return ""
+    if spec is not None and spec.module is not None and not isinstance(spec.module, nn.Module):
+        return (
+            ". dptune calls an NNX module in evaluation mode (model.eval()) to initialise and "
+            "evaluate it and in training mode (model.train()) with rngs of its own while it "
+            "trains: build dropout as nnx.Dropout(rate, rngs=rngs), or give __call__ an `rngs` "
+            "argument and hand it on (Flax's examples/mnist)"
+        )
+    stream = re.search(r'needs PRNG for "(\w+)"', str(e))
+    if stream and stream.group(1) not in ("dropout", "params"):
+        return (
+            f". While it trains, dptune gives a module one rng stream, 'dropout' (per chunk, from "
+            f"the candidate's secret key): draw from self.make_rng('dropout') instead of "
+            f"{stream.group(1)!r}"
+        )
     return (
         ". dptune calls a module whose __call__ has a `train` (or `deterministic`) keyword with "
         "train=False (deterministic=True) to initialise and evaluate it, and with train=True "
@@ -605,7 +632,7 @@ def _check_user_model(spec: ModelSpec, num_classes: int | None, check_metric: bo
     """Refuses a user's model (ValueError naming the layer or function and the fix) that keeps
     state besides its parameters, fails or needs an rng to evaluate, mixes examples, or whose
     loss / metric does not fit its outputs and labels; on synthetic inputs only, never data."""
-    label = f"model {spec.name}"
+    label = f"model={spec.name}"
     params = _initial_params(spec, label)
     base, variants = mixing_probe_batches(spec.input_shape, spec.input_dtype)
     out = jax.jit(lambda p, x: spec.apply({"params": p}, x))
@@ -613,8 +640,8 @@ def _check_user_model(spec: ModelSpec, num_classes: int | None, check_metric: bo
         o1 = jax.tree_util.tree_map(np.asarray, out(params, base))
     except Exception as e:
         raise ValueError(
-            f"dptune: {label} failed on a batch of shape {base.shape}: {type(e).__name__}: {e}"
-            f"{_rng_hint(e)}"
+            f"dptune: {label} failed on a batch of shape {base.shape}: {_one_line(e)}"
+            f"{_rng_hint(e, spec)}"
         ) from None
     n = len(base)
     for path, a in jax.tree_util.tree_flatten_with_path(o1)[0]:
@@ -624,6 +651,8 @@ def _check_user_model(spec: ModelSpec, num_classes: int | None, check_metric: bo
                 f"every output array needs a leading example axis, ({n}, ...)"
             )
     _refuse_mixing(out, params, base, variants, label)
+    _refuse_single_value_groups(spec, params, base, label)
+    _check_training_call(spec, params, base, label)
     _check_default_loss_and_metric(spec, label, o1, num_classes, check_metric)
     _check_loss_and_metric_shapes(spec, o1, n)
 
@@ -637,7 +666,7 @@ def _initial_params(spec: ModelSpec, label: str) -> Any:
     except Exception as e:
         raise ValueError(
             f"dptune: {label} could not be initialised on an input of shape {x1.shape} "
-            f"({x1.dtype}): {type(e).__name__}: {e}{_rng_hint(e)}"
+            f"({x1.dtype}): {_one_line(e)}{_rng_hint(e, spec)}"
         ) from None
     for col, tree in variables.items():
         if col in _HARMLESS_COLLECTIONS:
@@ -645,12 +674,78 @@ def _initial_params(spec: ModelSpec, label: str) -> Any:
         flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(tree))
         where = "/".join(next(iter(flat))[:-1]) if flat else "?"
         raise ValueError(
-            f"{label}: layer {where!r} keeps state in the {col!r} collection (for example "
-            "nn.BatchNorm's batch statistics). DP-SGD needs each example's gradient to depend on "
-            "that example alone, and batch statistics mix the examples of a batch: use "
-            "nn.GroupNorm or nn.LayerNorm instead"
+            f"dptune: model={spec.name}: layer {where!r} keeps state in the {col!r} collection "
+            "(for example nn.BatchNorm's batch statistics). DP-SGD needs each example's gradient "
+            "to depend on that example alone, and batch statistics mix the examples of a batch: "
+            "use nn.GroupNorm or nn.LayerNorm instead (model, replaced = "
+            "dptune.fix_model(model, x) swaps every BatchNorm, x an example batch)"
         )
     return variables["params"]
+
+
+def _check_training_call(spec: ModelSpec, params: Any, base: Any, label: str) -> None:
+    """Refuses a module that evaluates but cannot be called in training mode (e.g. an
+    ``nnx.Dropout`` with no rngs): traced once on the synthetic batch, before anything is
+    charged, instead of failing every candidate."""
+    if not spec.stochastic:
+        return
+    key = jax.random.PRNGKey(0)
+    try:
+        jax.eval_shape(lambda p, x: spec.training(key).apply({"params": p}, x), params, base)
+    except Exception as e:
+        raise ValueError(
+            f"dptune: {label} failed in training mode on a batch of shape {base.shape}: "
+            f"{_one_line(e)}{_rng_hint(e, spec)}"
+        ) from None
+
+
+class _GroupSizes:
+    """A ``trainers.ghost``-style recorder that runs every call as it is and notes each
+    ``GroupNorm`` (linen, or an NNX one's linen twin) whose groups hold one value per example:
+    (path, groups, input shape)."""
+
+    frozen = None
+
+    def __init__(self):
+        self.unsupported: list[str] = []
+        self.single: list[tuple[str, int, tuple[int, ...]]] = []
+
+    def __call__(self, next_fun, args, kwargs, context):
+        m = context.module
+        if (
+            isinstance(m, nn.GroupNorm)
+            and context.method_name == "__call__"
+            and args
+            and m.reduction_axes is None
+        ):
+            shape = tuple(args[0].shape)
+            groups = m.num_groups or shape[-1] // m.group_size
+            if len(shape) >= 2 and math.prod(shape[1:]) == groups:
+                path = getattr(context, "path", None) or m.path
+                self.single.append(("/".join(map(str, path)), groups, shape))
+        return next_fun(*args, **kwargs)
+
+
+def _refuse_single_value_groups(spec: ModelSpec, params: Any, base: Any, label: str) -> None:
+    """Refuses a GroupNorm whose every group holds a single value of an example (e.g. 32 groups
+    of 32 features without positions): it normalises each to 0, so its output is its bias
+    whatever its input and the layers before it never learn. Traced on synthetic inputs."""
+    if spec.module is None:
+        return
+    spy = _GroupSizes()
+    try:
+        jax.eval_shape(lambda p, x: spec.apply_recording(p, x, spy), params, base)
+    except Exception:  # the model ran above; a trace this check cannot make proves nothing
+        return
+    if spy.single:
+        path, groups, shape = spy.single[0]
+        raise ValueError(
+            f"dptune: model={spec.name}: layer {path!r} (GroupNorm, {groups} groups on inputs "
+            f"of shape {shape}) normalises every value on its own, so its output is its bias "
+            "whatever its input and the layers before it never learn: give it fewer groups "
+            "(1 for features without positions, or nn.LayerNorm); for a BatchNorm replaced "
+            "by dptune.fix_model, fix_model(model, x) with an example batch x picks them"
+        )
 
 
 def _refuse_mixing(out: Callable, params: Any, base, variants, label: str) -> None:
@@ -666,7 +761,7 @@ def _refuse_mixing(out: Callable, params: Any, base, variants, label: str) -> No
         except Exception as e:
             raise ValueError(
                 f"dptune: {label} failed on a batch of shape {base.shape} at random parameters: "
-                f"{type(e).__name__}: {e}"
+                f"{_one_line(e)}"
             ) from None
         if mixed is not None:
             raise ValueError(
@@ -730,7 +825,7 @@ def _check_loss_and_metric_shapes(spec: ModelSpec, o1: Any, n: int) -> None:
         except Exception as e:
             raise ValueError(
                 f"dptune: {what} failed on outputs {jax.tree_util.tree_map(lambda a: a.shape, o1)} "
-                f"and labels of shape {y.shape} ({y.dtype}): {type(e).__name__}: {e}"
+                f"and labels of shape {y.shape} ({y.dtype}): {_one_line(e)}"
             ) from None
         if tuple(getattr(v, "shape", ())) != (n,):
             raise ValueError(

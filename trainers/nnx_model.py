@@ -86,8 +86,8 @@ class NnxModel:
                     f"dptune: model={type(module).__name__}: layer {_where(path[:-1])!r} "
                     f"({type(layer).__name__}) keeps batch statistics (nnx.BatchStat), which mix "
                     "the examples of a batch; DP-SGD needs each example's gradient to depend on "
-                    "that example alone: model, replaced = dptune.fix_model(model) swaps "
-                    "BatchNorm for GroupNorm"
+                    "that example alone: model, replaced = dptune.fix_model(model, x) swaps "
+                    "BatchNorm for GroupNorm (x: an example batch)"
                 )
         self.graphdef = graphdef
         self.name = type(module).__name__
@@ -95,9 +95,11 @@ class NnxModel:
         self._params = params
         self._rest = rest
         self._paths = [(path, tuple(str(k) for k in path)) for path, _ in nnx.to_flat_state(params)]
-        #: Whether training differs from evaluation: the module holds rng state or a layer with
-        #: a ``deterministic`` switch (what ``train()`` / ``eval()`` set).
-        self.stochastic = any(
+        #: Whether ``__call__`` takes ``rngs`` (then given ``train_mode.call_rngs``).
+        self.takes_rngs = train_mode.takes_rngs(module)
+        #: Whether training differs from evaluation: the module takes rngs at call time, holds
+        #: rng state or a layer with a ``deterministic`` switch (what ``train()`` / ``eval()`` set).
+        self.stochastic = self.takes_rngs or any(
             isinstance(node, nnx.RngStream)
             or (isinstance(node, nnx.Module) and hasattr(node, "deterministic"))
             for _, node in nnx.iter_graph(module)
@@ -194,12 +196,12 @@ class NnxModel:
     def apply(self, variables: dict, x: Any) -> Any:
         """The module's outputs on a batch ``x`` with ``variables["params"]``, in evaluation
         mode (deterministic)."""
-        return self._copy(variables["params"], None, None)(x)
+        return self._call(self._copy(variables["params"], None, None), x, None)
 
     def apply_training(self, variables: dict, x: Any, rng: jax.Array, slots: jax.Array) -> Any:
         """The module's outputs in training mode with root key ``rng``, example r's dropout
         mask drawn from its slot ``slots[r]`` ((rows,) int32)."""
-        return self._copy(variables["params"], rng, slots)(x)
+        return self._call(self._copy(variables["params"], rng, slots), x, rng)
 
     def apply_recording(
         self, params: Any, x: Any, recorder: Callable, rng: jax.Array | None = None,
@@ -213,7 +215,11 @@ class NnxModel:
             if type(node) in NNX_LAYERS:
                 node.__class__ = _recording_class(type(node))
                 object.__setattr__(node, _RECORDING, (tuple(str(k) for k in path), recorder))
-        return module(x)
+        return self._call(module, x, rng)
+
+    def _call(self, module: nnx.Module, x: Any, rng: jax.Array | None) -> Any:
+        """``module(x)``, with ``rngs=`` (``train_mode.call_rngs(rng)``) when it takes them."""
+        return module(x, rngs=train_mode.call_rngs(rng)) if self.takes_rngs else module(x)
 
 
 @dataclasses.dataclass(frozen=True)

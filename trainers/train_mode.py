@@ -42,10 +42,20 @@ DROPOUT_STREAM = 0x44524F50
 CALL_KEYWORDS = {"train": (True, False), "deterministic": (False, True)}
 
 
+def unwrapped(module: Any) -> Any:
+    """The module a wrapper that forwards its call and keywords unchanged (``forwards_call``
+    set on its class, e.g. ``dptune.fix_model``'s linen wrapper) calls: what names it and
+    whose ``__call__`` keywords count."""
+    while getattr(type(module), "forwards_call", False):
+        module = module.inner
+    return module
+
+
 def call_keyword(module: Any) -> str | None:
-    """ "train" or "deterministic" when ``module.__call__`` takes that keyword, else None."""
+    """ "train" or "deterministic" when ``module.__call__`` (a forwarding wrapper's inner
+    module's) takes that keyword, else None."""
     try:
-        params = inspect.signature(type(module).__call__).parameters
+        params = inspect.signature(type(unwrapped(module)).__call__).parameters
     except (TypeError, ValueError):
         return None
     for kw in CALL_KEYWORDS:
@@ -53,6 +63,33 @@ def call_keyword(module: Any) -> str | None:
         if p is not None and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD):
             return kw
     return None
+
+
+#: ``fold_in`` constant of the ``nnx.Rngs`` passed to an NNX module that takes ``rngs`` at call
+#: time ("RNGS"): apart from the module's own streams, reseeded with ``fold_in(key, i)``.
+CALL_RNGS_STREAM = 0x52474E53
+
+
+def takes_rngs(module: Any) -> bool:
+    """Whether an NNX module's ``__call__`` has an ``rngs`` parameter (Flax's ``examples/mnist``
+    CNN: ``__call__(self, x, rngs)``, handing it to ``nnx.Dropout`` layers built without one)."""
+    try:
+        p = inspect.signature(type(module).__call__).parameters.get("rngs")
+    except (TypeError, ValueError):
+        return False
+    return p is not None and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+
+
+def call_rngs(key: jax.Array | None) -> Any:
+    """The ``rngs`` an NNX module taking them at call time gets: seeded from the chunk's secret
+    dropout ``key`` at training time (each call draws the stream's next key, so each dropout
+    layer its own), a fixed seed at evaluation (``key`` None: evaluation mode turns dropout off;
+    anything else drawing from it is deterministic and independent of the data)."""
+    from flax import nnx  # lazy: flax.nnx is only imported for an NNX model
+
+    if key is None:
+        return nnx.Rngs(0)
+    return nnx.Rngs(jax.random.fold_in(key, CALL_RNGS_STREAM))
 
 
 def call_kwargs(keyword: str | None, train: bool) -> dict[str, bool]:
