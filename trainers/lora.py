@@ -141,7 +141,16 @@ def with_lora(
         except re.error as e:
             raise ValueError(f"targets: {t!r} is not a regex ({e})") from None
     if not isinstance(module, nn.Module) or module.scope is not None:
-        raise ValueError(f"with_lora takes an unbound flax.linen Module, not {module!r:.60}")
+        from flax import nnx
+
+        if isinstance(module, nnx.Module):
+            raise ValueError(
+                "with_lora is for flax.linen modules: an NNX model brings its own adapters "
+                "(nnx.LoRALinear or nnx.LoRA layers) and trains them with "
+                "DpSgdTrainer(..., trainable=nnx.LoRAParam) (docs/finetune.md)"
+            )
+        what = "a bound module" if isinstance(module, nn.Module) else type(module).__name__
+        raise ValueError(f"with_lora takes an unbound flax.linen Module (e.g. MLP()), not {what}")
     return LoRA(module, int(rank), targets, float(scale))
 
 
@@ -167,7 +176,7 @@ def targeted_layers(model: LoRA, x: Any) -> list[str]:
     for t in model.targets:
         if not any(re.search(t, p) for p in seen):
             raise ValueError(
-                f"targets: {t!r} matches no Dense / DenseGeneral / Conv / Embed layer of "
+                f"target {t!r} matches no Dense / DenseGeneral / Conv / Embed layer of "
                 f"{type(model.base).__name__} (its layers: {', '.join(seen) or 'none'})"
             )
     return [p for p in seen if model.targeted(p.split("/"))]

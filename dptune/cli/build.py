@@ -438,7 +438,7 @@ def build_trainer(cfg: Mapping[str, Any], data: Any, *, progress: bool = False) 
     try:
         return learners.build(info.name, data, base, **options)
     except ValueError as e:
-        where = "config." if str(e).startswith("init=") else "config.learner."
+        where = "config." if str(e).startswith(("init=", "model=")) else "config.learner."
         raise ConfigError(f"{where}{e}") from None
 
 

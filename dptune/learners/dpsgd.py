@@ -46,7 +46,6 @@ from trainers.data import NAMES as DATASETS
 from trainers.data import check_arrays as check_user_arrays
 from trainers.evaluate import BoundedMetric, evaluate, evaluate_metric
 from trainers.fix_model import fix_model
-from trainers.lora import with_lora
 from trainers.nnx_model import NnxModel
 from trainers.spec import MODEL_NAMES, DpSgdSchedule, Hyperparams
 from trainers.spec import dpsgd_privacy as _hp_privacy
@@ -380,7 +379,10 @@ class DpSgdTrainer(DatasetTrainer):
         self.init_fingerprint: str | None = None
         self._finetune: tuple[Any, Any] | None = None  # (checked init, trainable) for variants
         self._variants: dict[tuple, Any] = {}
-        if init is not None or trainable is not None:
+        # A LoRA model given here trains its adapters by default, with or without init= (its
+        # targets are checked now, before anything is charged).
+        adapted = model is not None and isinstance(getattr(self.model, "module", None), lora.LoRA)
+        if init is not None or trainable is not None or adapted:
             try:
                 self.base["model"] = self._finetune_spec(self.model, init, trainable)
             except ValueError as e:
@@ -449,7 +451,13 @@ class DpSgdTrainer(DatasetTrainer):
         on_nnx = isinstance(spec.module, NnxModel)
         if adapted:
             x = jax.ShapeDtypeStruct((1, *spec.input_shape), spec.input_dtype)
-            lora.targeted_layers(spec.module, x)  # a target that adapts nothing is refused
+            try:  # a target that adapts nothing is refused
+                lora.targeted_layers(spec.module, x)
+            except ValueError as e:
+                m = spec.module
+                raise ValueError(
+                    f"model=with_lora({type(m.base).__name__}, targets={list(m.targets)}): {e}"
+                ) from None
         flat = None
         if init is not None:
             source = _release_checkpoint(init)
@@ -458,7 +466,8 @@ class DpSgdTrainer(DatasetTrainer):
                 fresh = lora.is_adapter if adapted else spec.module.is_adapter if on_nnx else None
                 flat = finetune.match_init(given, shapes, fresh)
             except ValueError as e:
-                raise ValueError(f"init={str(init)!r:.200}: {e}") from None
+                named = repr(str(init)) if isinstance(init, (str, os.PathLike)) else None
+                raise ValueError(f"init={named or f'<{type(init).__name__}>'}: {e}") from None
             self.init_fingerprint = finetune.fingerprint(flat)
         if trainable is None and adapted:
             trainable = lora.TRAINABLE
@@ -833,6 +842,24 @@ def describe_model(spec: Any) -> dict[str, Any]:
     return out
 
 
+def with_lora(
+    module: Any, rank: int, targets: Sequence[str] | str, scale: float = 1.0
+) -> lora.LoRA:
+    """``module`` (an unbound ``flax.linen`` Module) with rank-``rank`` LoRA adapters on its
+    Dense / DenseGeneral / Conv / Embed layers whose '/'-joined module path matches one of
+    ``targets`` (``trainers.lora.with_lora``; ``docs/finetune.md``).
+
+    Raises:
+      TuningConfigError: rank < 1, no targets, a target that is not a regex, or a module that
+        is not an unbound linen Module, in one line naming the keyword (a target that matches
+        no layer is refused by ``DpSgdTrainer``, which knows the input).
+    """
+    try:
+        return lora.with_lora(module, rank, targets, scale)
+    except ValueError as e:
+        raise TuningConfigError(str(e)) from None
+
+
 def shipped_with_lora(
     name: str, num_classes: int, rank: int, targets: Sequence[str], scale: float = 1.0
 ) -> Any:
@@ -848,7 +875,7 @@ def shipped_with_lora(
 def _release_checkpoint(init: Any) -> Any:
     """A dptune release (a run's workdir or its ``release/`` folder) as the orbax checkpoint
     folder that holds its parameters; anything else as it is."""
-    if not isinstance(init, (str, os.PathLike)):
+    if not isinstance(init, (str, os.PathLike)) or not str(init):
         return init
     folder = Path(init).expanduser()
     for release in (folder, folder / "release"):

@@ -1,0 +1,192 @@
+"""A new user's fine-tuning mistakes and usual inputs: each mistake is refused in one line naming
+the keyword (a ``dptune.Refused``) before anything runs, and the ways Flax users usually hold
+their pretrained weights (flax's ``{"params": ...}`` in any format, ``nn.Partitioned`` boxes, an
+``nnx.State`` or the NNX module itself) load as the same start."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx, serialization
+
+import dptune
+from dptune.learners.dpsgd import DpSgdTrainer
+from tests.trainers.test_finetune import _BASE, _DATA, _equal, _Mlp, _pretrained
+from trainers import finetune
+
+
+def _refused(match: str, fn, *args, **kwargs) -> str:
+    """``fn(*args, **kwargs)`` raises a ``dptune.Refused`` of one line matching ``match``."""
+    with pytest.raises(dptune.Refused, match=match) as e:
+        fn(*args, **kwargs)
+    msg = str(e.value)
+    assert "\n" not in msg and len(msg) < 400, msg
+    return msg
+
+
+def test_a_lora_model_without_init_trains_its_adapters_and_its_targets_are_checked():
+    """The default ``trainable`` of a ``with_lora`` model is its adapters whether or not
+    ``init=`` is given, and a target that adapts no layer is refused when the trainer is built,
+    not when a candidate (already charged) meets it."""
+    tr = DpSgdTrainer(_DATA, _BASE, epoch_progress=False,
+                      model=dptune.with_lora(_Mlp(), rank=2, targets=["Dense_1"]))  # fmt: skip
+    mask = tr.model.trainable
+    assert mask is not None
+    assert [p for p, m in finetune.flat_paths(mask).items() if m] == [
+        "lora_Dense_1/a/kernel", "lora_Dense_1/b/kernel",
+    ]  # fmt: skip
+    # the same candidate seed (the same random start) at two learning rates: the base comes out
+    # bitwise the same, the adapters do not
+    a, b = (tr({"learning_rate": lr}, np.random.default_rng(0))[1]["params"] for lr in (0.5, 0.1))
+    _equal({k: a[k] for k in ("Dense_0", "Dense_1", "Dense_2")},
+           {k: b[k] for k in ("Dense_0", "Dense_1", "Dense_2")})  # fmt: skip
+    assert a["lora_Dense_1"]["b"]["kernel"].tobytes() != b["lora_Dense_1"]["b"]["kernel"].tobytes()
+
+    class WithNorm(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(10)(nn.LayerNorm()(x.reshape(x.shape[0], -1)))
+
+    for module, target in ((_Mlp(), "Dense_9"), (WithNorm(), "LayerNorm_0")):
+        _refused(
+            rf"^model=with_lora\(\w+, targets=\['{target}'\]\): target '{target}' matches no "
+            "Dense / DenseGeneral / Conv / Embed layer",
+            DpSgdTrainer, _DATA, _BASE, model=dptune.with_lora(module, rank=2, targets=[target]),
+        )  # fmt: skip
+
+
+def test_with_lora_refusals_are_one_line_refusals():
+    for rank in (0, -1, 1.5):
+        _refused(rf"^rank={rank!r}: a LoRA rank is an integer >= 1",
+                 dptune.with_lora, _Mlp(), rank=rank, targets=["Dense_0"])  # fmt: skip
+    _refused(r"^targets=\[\]", dptune.with_lora, _Mlp(), rank=2, targets=[])
+
+    class Small(nnx.Module):
+        def __init__(self, rngs):
+            self.l1 = nnx.Linear(4, 3, rngs=rngs)
+
+    _refused(r"^with_lora is for flax.linen modules.*nnx.LoRALinear.*trainable=nnx.LoRAParam",
+             dptune.with_lora, Small(nnx.Rngs(0)), rank=2, targets=["l1"])  # fmt: skip
+    p = _pretrained()
+    _refused(r"^with_lora takes an unbound flax.linen Module",
+             dptune.with_lora, _Mlp().bind({"params": p}), rank=2, targets=["Dense_0"])  # fmt: skip
+
+
+def test_a_mismatching_pytree_init_is_named_not_printed():
+    p = _pretrained()
+    p["Dense_1"]["kernel"] = p["Dense_1"]["kernel"][:, :5]
+    _refused(r"^init=<dict>: parameter 'Dense_1/kernel': the init holds float32\[12, 5\]",
+             DpSgdTrainer, _DATA, _BASE, model=_Mlp(), init=p)  # fmt: skip
+    for bad in (3, [1, 2], "", None.__class__):
+        _refused(r"^init=.*: initial parameters are a params pytree",
+                 DpSgdTrainer, _DATA, _BASE, model=_Mlp(), init=bad)  # fmt: skip
+
+
+@pytest.mark.parametrize("bad", [True, False, 1, 2.5])
+def test_a_trainable_that_is_neither_patterns_nor_a_callable_is_refused(bad):
+    _refused(rf"^trainable={bad!r}: .*regexes", DpSgdTrainer, _DATA, _BASE, model=_Mlp(),
+             trainable=bad)  # fmt: skip
+
+
+def test_a_trainable_callable_of_the_wrong_signature_is_refused():
+    _refused(r"^trainable=<function .*\(path, leaf\) -> bool.*TypeError", DpSgdTrainer, _DATA,
+             _BASE, model=_Mlp(), trainable=lambda path: "Dense_1" in path)  # fmt: skip
+
+
+def test_flax_variables_load_in_every_format(tmp_path):
+    """``{"params": ...}`` (what ``module.init`` returns) is read as its params from a pytree, a
+    msgpack file and an npz of its flattened paths alike."""
+    import flax
+
+    p = _pretrained()
+    variables = {"params": p}
+    npz = tmp_path / "v.npz"
+    np.savez(npz, **flax.traverse_util.flatten_dict(variables, sep="/"))
+    msg = tmp_path / "v.msgpack"
+    msg.write_bytes(serialization.to_bytes(variables))
+    for source in (variables, npz, msg):
+        tr = DpSgdTrainer(_DATA, _BASE, epoch_progress=False, model=_Mlp(), init=source)
+        assert tr.init_fingerprint == finetune.fingerprint(p), source
+
+
+class _Boxed(nn.Module):
+    """A model whose kernels are partitioning boxes (``nn.with_partitioning`` /
+    ``nn.with_logical_partitioning``), as sharded Flax models hold them."""
+
+    @nn.compact
+    def __call__(self, x):
+        init = nn.initializers.lecun_normal()
+        x = x.reshape(x.shape[0], -1)
+        h = nn.Dense(8, kernel_init=nn.with_partitioning(init, (None, "model")))(x)
+        return nn.Dense(10, kernel_init=nn.with_logical_partitioning(init, ("mlp", None)))(
+            jnp.tanh(h)
+        )
+
+
+def test_partitioned_params_load_as_their_values_in_every_format(tmp_path):
+    """``module.init(...)["params"]`` of a model with ``nn.Partitioned`` boxes, as a pytree, a
+    msgpack file (``serialization.to_bytes``) or an orbax folder: the same start as the unboxed
+    values, bitwise, and the model trains from it."""
+    import orbax.checkpoint as ocp
+
+    boxed = _Boxed().init(jax.random.PRNGKey(3), jnp.zeros((1, 6, 6, 1)))["params"]
+    plain = jax.tree_util.tree_map(np.asarray, nn.meta.unbox(boxed))
+    msg = tmp_path / "b.msgpack"
+    msg.write_bytes(serialization.to_bytes(boxed))
+    orb = tmp_path / "orbax"
+    with ocp.StandardCheckpointer() as c:
+        c.save(orb.absolute(), boxed)
+        c.wait_until_finished()
+    for source in (boxed, {"params": boxed}, msg, orb):
+        tr = DpSgdTrainer(_DATA, _BASE, epoch_progress=False, model=_Boxed(), init=source,
+                          trainable=["Dense_1"])  # fmt: skip
+        assert tr.init_fingerprint == finetune.fingerprint(plain), source
+    _, payload = tr({}, np.random.default_rng(0))
+    _equal({"Dense_0": payload["params"]["Dense_0"]}, {"Dense_0": plain["Dense_0"]})
+
+
+class _Nnx(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+        self.body = nnx.Linear(36, 6, rngs=rngs)
+        self.head = nnx.Linear(6, 10, rngs=rngs)
+
+    def __call__(self, x):
+        return self.head(jnp.tanh(self.body(x.reshape(x.shape[0], -1))))
+
+
+def test_an_nnx_state_or_module_is_an_init():
+    """``init=nnx.state(base, nnx.Param)`` or ``init=base`` (an NNX module) is the same start
+    as ``dptune.NnxModel(base).params()``."""
+    base = _Nnx(nnx.Rngs(7))
+    want = finetune.fingerprint(dptune.NnxModel(base).params())
+    for source in (nnx.state(base, nnx.Param), base):
+        tr = DpSgdTrainer(_DATA, _BASE, epoch_progress=False, model=_Nnx(nnx.Rngs(0)),
+                          init=source, trainable=nnx.PathContains("head"))  # fmt: skip
+        assert tr.init_fingerprint == want
+
+
+def lora_nowhere(num_classes: int):
+    """A ``config.model`` factory: cnn26k with adapters on a layer it does not have."""
+    return dptune.shipped_with_lora("cnn26k", num_classes, rank=2, targets=["nope"])
+
+
+@pytest.mark.parametrize("init", [[], ["--config.init="]], ids=["pretrained", "scratch"])
+def test_a_lora_target_that_adapts_nothing_names_config_model_on_the_command_line(
+    tmp_path, capsys, init
+):
+    from dptune.cli.main import cli
+
+    capsys.readouterr()
+    code = cli(
+        ["dptune", "--config=finetune", f"--workdir={tmp_path / 'w'}", "--noprogress",
+         f"--config.ledger.path={tmp_path / 'ledger.sqlite'}", "--dry_run",
+         f"--config.model={__name__}:lora_nowhere", *init]
+    )  # fmt: skip
+    _, err = capsys.readouterr()
+    lines = [ln for ln in err.splitlines() if ln.startswith("dptune: refused:")]
+    assert code == 2 and len(lines) == 1, err[-2000:]
+    assert lines[0].startswith("dptune: refused: config.model=with_lora(") and "'nope'" in lines[0]
+    assert not (tmp_path / "ledger.sqlite").exists()
