@@ -190,3 +190,23 @@ def test_a_lora_target_that_adapts_nothing_names_config_model_on_the_command_lin
     assert code == 2 and len(lines) == 1, err[-2000:]
     assert lines[0].startswith("dptune: refused: config.model=with_lora(") and "'nope'" in lines[0]
     assert not (tmp_path / "ledger.sqlite").exists()
+
+
+def test_load_release_into_another_model_is_refused_in_one_line(tmp_path):
+    """``load_release(like=...)`` (``release.load_params``) with the shapes of a model the release
+    was not trained with (orbax restored the stored shapes under ``like``'s structure without a
+    word), another structure, or a linen Module (no parameters before ``init``) is one refusal."""
+    from dptune.release import _save_orbax, load_params
+
+    p = _pretrained()
+    _save_orbax(p, tmp_path / "checkpoint")
+    shapes = jax.eval_shape(_Mlp().init, jax.random.PRNGKey(0), jnp.zeros((1, 6, 6, 1)))["params"]
+    _equal(jax.tree_util.tree_map(np.asarray, load_params(tmp_path, like=shapes)), p)
+    wider = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct((*a.shape[:-1], 7), a.dtype),
+                                   shapes)  # fmt: skip
+    _refused(r"^like=: the release's parameter 'Dense_0/bias' is float32\[12\], like= has "
+             r"float32\[7\]", load_params, tmp_path, like=wider)  # fmt: skip
+    other = {**shapes, "Dense_3": shapes["Dense_2"]}
+    _refused(r"^like=: the release's parameters are not shaped like like=",
+             load_params, tmp_path, like=other)  # fmt: skip
+    _refused(r"^like=_Mlp\(\): a linen Module", load_params, tmp_path, like=_Mlp())
