@@ -220,6 +220,12 @@ def trainable_mask(params: Any, trainable: Any) -> Any:
     if callable(trainable):
         test = trainable
     else:
+        if isinstance(trainable, str) and _is_list_literal(trainable):
+            raise ValueError(
+                f"trainable={trainable!r} is one regex, not a list: join the patterns with '|' "
+                "(e.g. 'Dense_1|Dense_2'); as written it is a character class that matches "
+                "nearly every path"
+            )
         try:
             pats = [trainable] if isinstance(trainable, str) else list(trainable)
             compiled = [re.compile(p) for p in pats]
@@ -241,10 +247,23 @@ def trainable_mask(params: Any, trainable: Any) -> Any:
         ) from None
     if not any(mask):
         paths = ", ".join(path_str(k) for k, _ in leaves[:4])
+        comma = isinstance(trainable, str) and "," in trainable
         raise ValueError(
             f"trainable={trainable!r} matches no parameter (paths look like: {paths}, ...)"
+            + ("; join patterns with '|' (e.g. 'Dense_1|Dense_2')" if comma else "")
         )
     return jax.tree_util.tree_unflatten(treedef, mask)
+
+
+def _is_list_literal(text: str) -> bool:
+    """Whether ``text`` is a Python list or tuple of strings written out (``"['a', 'b']"``)."""
+    import ast
+
+    try:
+        value = ast.literal_eval(text.strip())
+    except (ValueError, SyntaxError):
+        return False
+    return isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
 
 
 def all_trainable(mask: Any) -> bool:

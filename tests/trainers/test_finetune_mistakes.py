@@ -210,3 +210,16 @@ def test_load_release_into_another_model_is_refused_in_one_line(tmp_path):
     _refused(r"^like=: the release's parameters are not shaped like like=",
              load_params, tmp_path, like=other)  # fmt: skip
     _refused(r"^like=_Mlp\(\): a linen Module", load_params, tmp_path, like=_Mlp())
+
+
+@pytest.mark.parametrize("written", ["['Dense_1', 'Dense_2']", '["Dense_1"]', "('Dense_1',)"])
+def test_a_list_written_as_one_string_is_refused_not_read_as_a_character_class(written):
+    """``--config.learner.trainable="['dense1','dense2']"`` is one string: as a regex, a character
+    class that matches nearly every path, so it trained the whole model without a word."""
+    _refused(r"^trainable=.*is one regex, not a list: join the patterns with '\|'",
+             DpSgdTrainer, _DATA, _BASE, model=_Mlp(), trainable=written)  # fmt: skip
+
+
+def test_patterns_joined_by_commas_are_refused_with_the_way_to_join_them():
+    _refused(r"^trainable='Dense_1,Dense_2' matches no parameter.*join patterns with '\|'",
+             DpSgdTrainer, _DATA, _BASE, model=_Mlp(), trainable="Dense_1,Dense_2")  # fmt: skip
