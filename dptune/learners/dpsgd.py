@@ -197,7 +197,7 @@ def warn_score_noise(score_noise_std: float | None, data: Dataset) -> None:
     if noise > MAX_SCORE_NOISE:
         needed = math.ceil(score_noise_std / MAX_SCORE_NOISE)
         log.warning(
-            "dptune: the validation score's noise is %.3g score units (noise std %g over %.0f "
+            "the validation score's noise is %.3g score units (noise std %g over %.0f "
             "expected validation records), above %g: selection between candidates is close to "
             "a coin toss. Give at least %d validation records (validation_fraction / "
             "config.data.validation_size) or a public validation set",

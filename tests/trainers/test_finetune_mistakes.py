@@ -223,3 +223,14 @@ def test_a_list_written_as_one_string_is_refused_not_read_as_a_character_class(w
 def test_patterns_joined_by_commas_are_refused_with_the_way_to_join_them():
     _refused(r"^trainable='Dense_1,Dense_2' matches no parameter.*join patterns with '\|'",
              DpSgdTrainer, _DATA, _BASE, model=_Mlp(), trainable="Dense_1,Dense_2")  # fmt: skip
+
+
+def test_the_score_noise_warning_is_not_prefixed_twice_on_the_command_line(caplog):
+    """The command's log handler writes ``dptune: <message>``: a message of its own starting
+    ``dptune:`` read ``dptune: dptune: the validation score's noise ...``."""
+    small = dptune.Dataset.from_arrays(_DATA.train_x[:100], _DATA.train_y[:100],
+                                       num_examples=100, num_classes=10)  # fmt: skip
+    with caplog.at_level("WARNING", logger="dptune"):
+        DpSgdTrainer(small, _BASE, model=_Mlp())
+    (record,) = [r for r in caplog.records if "score units" in r.getMessage()]
+    assert record.getMessage().startswith("the validation score's noise is")
