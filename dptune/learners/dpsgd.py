@@ -26,6 +26,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from flax import nnx
 
 from dptune.accounting.calibration import COMPILATION_CACHE_ENV, OFF_WORDS, cache_root
 from dptune.accounting.events import DpSgdCandidate
@@ -471,12 +472,19 @@ class DpSgdTrainer(DatasetTrainer):
             self.init_fingerprint = finetune.fingerprint(flat)
         if trainable is None and adapted:
             trainable = lora.TRAINABLE
+        lora_filter = trainable is nnx.LoRAParam
         if on_nnx and finetune.is_nnx_filter(trainable):  # e.g. nnx.LoRAParam: by Variable type
             trainable = spec.module.selects(trainable)
         try:
             mask = finetune.trainable_mask(shapes, trainable)
         except ValueError as e:
-            raise ValueError(str(e)) from None
+            no_lora = on_nnx and lora_filter and "matches no parameter" in str(e)
+            raise ValueError(
+                f"{e}; the model has no LoRA factors: build its layers as nnx.LoRALinear(..., "
+                "lora_rank=r) or wrap them in nnx.LoRA"
+                if no_lora
+                else str(e)
+            ) from None
         self._finetune = (flat, trainable)
         whole = finetune.all_trainable(mask)
         return dataclasses.replace(

@@ -234,3 +234,8 @@ def test_the_score_noise_warning_is_not_prefixed_twice_on_the_command_line(caplo
         DpSgdTrainer(small, _BASE, model=_Mlp())
     (record,) = [r for r in caplog.records if "score units" in r.getMessage()]
     assert record.getMessage().startswith("the validation score's noise is")
+
+
+def test_lora_params_on_an_nnx_model_without_lora_layers_say_how_to_add_them():
+    words = r"^trainable=LoRAParam matches no parameter .*nnx.LoRALinear\(\.\.\., lora_rank=r\)"
+    _refused(words, DpSgdTrainer, _DATA, _BASE, model=_Nnx(nnx.Rngs(0)), trainable=nnx.LoRAParam)
