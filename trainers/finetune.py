@@ -91,12 +91,12 @@ def read_init(source: Any) -> dict:
 
     if isinstance(source, nnx.Module):
         source = nnx.state(source, nnx.Param)
-    if isinstance(source, nnx.State):
-        source = nnx.to_pure_dict(source)
+    if isinstance(source, nnx.State):  # nnx.state(model) also holds RNG and other state
+        source = nnx.to_pure_dict(source.filter(nnx.Param))
     if isinstance(source, Mapping):
         if "params" in source and len(source) == 1:
             source = source["params"]  # flax's variables dict
-        return jax.tree_util.tree_map(np.asarray, _as_dicts(source))
+        return jax.tree_util.tree_map_with_path(_as_array, _as_dicts(source))
     if not isinstance(source, (str, Path)) or not str(source):
         raise ValueError(_FORMATS)
     path = Path(source).expanduser()
@@ -129,6 +129,18 @@ _FORMATS = (
     "folder, a .msgpack file (flax.serialization), an .npz of '/'-joined parameter paths or a "
     "dptune release"
 )
+
+
+def _as_array(keypath: Sequence[Any], leaf: Any) -> np.ndarray:
+    """``leaf`` as a NumPy array; ValueError naming its path when NumPy cannot hold it (e.g. an
+    NNX RNG key)."""
+    try:
+        return np.asarray(leaf)
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"the value at {path_str(keypath)!r} is not an array of numbers ({type(e).__name__}: "
+            f"{e!s:.80}); an NNX model's start is its nnx.Param state: nnx.state(model, nnx.Param)"
+        ) from None
 
 
 def _as_dicts(tree: Any) -> Any:

@@ -239,3 +239,26 @@ def test_the_score_noise_warning_is_not_prefixed_twice_on_the_command_line(caplo
 def test_lora_params_on_an_nnx_model_without_lora_layers_say_how_to_add_them():
     words = r"^trainable=LoRAParam matches no parameter .*nnx.LoRALinear\(\.\.\., lora_rank=r\)"
     _refused(words, DpSgdTrainer, _DATA, _BASE, model=_Nnx(nnx.Rngs(0)), trainable=nnx.LoRAParam)
+
+
+class _NnxDrop(_Nnx):
+    def __init__(self, rngs: nnx.Rngs):
+        super().__init__(rngs)
+        self.drop = nnx.Dropout(0.2, rngs=rngs)
+
+    def __call__(self, x):
+        return self.head(self.drop(jnp.tanh(self.body(x.reshape(x.shape[0], -1)))))
+
+
+def test_an_nnx_models_whole_state_is_read_for_its_params_and_rng_keys_are_refused():
+    """``nnx.state(base)`` holds the dropout's RNG state besides the parameters: its
+    ``nnx.Param`` part is the start; the same as a plain dict, the keys are one refusal (they
+    raised NumPy's TypeError)."""
+    base = _NnxDrop(nnx.Rngs(7))
+    want = finetune.fingerprint(dptune.NnxModel(base).params())
+    tr = DpSgdTrainer(_DATA, _BASE, epoch_progress=False, model=_NnxDrop(nnx.Rngs(0)),
+                      init=nnx.state(base), trainable=nnx.PathContains("head"))  # fmt: skip
+    assert tr.init_fingerprint == want
+    _refused(r"^init=<dict>: the value at 'drop/rngs/.*' is not an array of numbers",
+             DpSgdTrainer, _DATA, _BASE, model=_NnxDrop(nnx.Rngs(0)),
+             init=nnx.to_pure_dict(nnx.state(base)))  # fmt: skip
