@@ -262,3 +262,48 @@ def test_an_nnx_models_whole_state_is_read_for_its_params_and_rng_keys_are_refus
     _refused(r"^init=<dict>: the value at 'drop/rngs/.*' is not an array of numbers",
              DpSgdTrainer, _DATA, _BASE, model=_NnxDrop(nnx.Rngs(0)),
              init=nnx.to_pure_dict(nnx.state(base)))  # fmt: skip
+
+
+class _Drop(nn.Module):
+    """An MLP with dropout switched by a call keyword (``train`` or ``deterministic``)."""
+
+    @nn.compact
+    def __call__(self, x, off: bool):
+        h = nn.Dropout(0.5, deterministic=off)(jnp.tanh(nn.Dense(12)(x.reshape(x.shape[0], -1))))
+        return nn.Dense(10)(h)
+
+
+class _DropTrain(_Drop):
+    def __call__(self, x, train: bool = False):
+        return super().__call__(x, not train)
+
+
+class _DropDet(_Drop):
+    def __call__(self, x, *, deterministic: bool = True):
+        return super().__call__(x, deterministic)
+
+
+@pytest.mark.parametrize(
+    "module, keyword", [(_DropTrain(), "train"), (_DropDet(), "deterministic")]
+)
+def test_with_lora_keeps_the_models_dropout_keyword(module, keyword):
+    """A ``with_lora`` model takes its base's ``train`` / ``deterministic`` keyword and passes it
+    on, so the adapted model trains with dropout and evaluates without (it took no keyword, so
+    dptune trained it without dropout)."""
+    from trainers import models
+
+    adapted = dptune.with_lora(module, rank=2, targets=["Dense_1"])
+    tr = DpSgdTrainer(_DATA, _BASE, epoch_progress=False, model=adapted)
+    assert tr.model.call_keyword == keyword
+    x = jnp.asarray(_DATA.test_x[:4])
+    p = models.init_params(tr.model, jax.random.PRNGKey(0))
+    base = {k: v for k, v in p.items() if not k.startswith("lora_")}
+    on, off = (
+        {keyword: v} for v in {"train": (True, False), "deterministic": (False, True)}[keyword]
+    )
+    rngs = {"dropout": jax.random.PRNGKey(1)}
+    for kw in (off, {**on, "rngs": rngs}):  # B = 0: the adapted model computes the base's outputs
+        want = module.apply({"params": base}, x, **kw)
+        np.testing.assert_array_equal(adapted.apply({"params": p}, x, **kw), want)
+    dropped = adapted.apply({"params": p}, x, rngs=rngs, **on)
+    assert not np.array_equal(dropped, adapted.apply({"params": p}, x, **off))
