@@ -511,6 +511,13 @@ class DpSgdTrainer(DatasetTrainer):
             variant = dataclasses.replace(spec, module=module, init=None, trainable=None)
             flat, trainable = self._finetune or (None, None)
             shapes = jax.eval_shape(lambda: models.init_params(variant, jax.random.PRNGKey(0)))
+            if flat is not None:  # adapters in init= (e.g. a LoRA release) fix their rank
+                try:
+                    finetune.match_init(flat, shapes, lora.is_adapter)
+                except ValueError as e:
+                    raise TuningConfigError(
+                        f"lora_rank={rank!r}: init= holds adapters of another rank: {e}"
+                    ) from None
             mask = finetune.trainable_mask(shapes, trainable or lora.TRAINABLE)
             whole = finetune.all_trainable(mask)
             self._variants[key] = dataclasses.replace(

@@ -307,3 +307,23 @@ def test_with_lora_keeps_the_models_dropout_keyword(module, keyword):
         np.testing.assert_array_equal(adapted.apply({"params": p}, x, **kw), want)
     dropped = adapted.apply({"params": p}, x, rngs=rngs, **on)
     assert not np.array_equal(dropped, adapted.apply({"params": p}, x, **off))
+
+
+def test_an_init_with_adapters_of_another_rank_is_refused_before_anything_is_charged(tmp_path):
+    """``init=`` holding rank-2 adapters (e.g. a LoRA release) with ``lora_rank`` drawn at 4:
+    every candidate at rank 4 failed after the run was charged; now the plan refuses it."""
+    from selection.random_stopping import RandomStopping
+    from trainers import models
+
+    adapted = dptune.with_lora(_Mlp(), rank=2, targets=["Dense_1"])
+    tr = DpSgdTrainer(_DATA, _BASE, epoch_progress=False, model=adapted)
+    start = jax.tree_util.tree_map(np.asarray, models.init_params(tr.model, jax.random.PRNGKey(0)))
+    tr = DpSgdTrainer(_DATA, _BASE, epoch_progress=False, model=adapted, init=start)
+    ledger = tmp_path / "ledger.sqlite"
+    space = {"learning_rate": dptune.space.log_uniform(0.3, 1.0),
+             "lora_rank": dptune.space.choice(2, 4)}  # fmt: skip
+    _refused(r"^lora_rank=4: init= holds adapters of another rank: parameter "
+             r"'lora_Dense_1/a/kernel': the init holds float32\[12, 2\], the module expects "
+             r"float32\[12, 4\]", dptune.tune, tr, space, RandomStopping.logarithmic(mean=2),
+             dptune.Budget(30.0, 1e-5), workdir=tmp_path / "w", ledger=ledger)  # fmt: skip
+    assert not ledger.exists()
