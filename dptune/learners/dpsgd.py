@@ -389,6 +389,13 @@ class DpSgdTrainer(DatasetTrainer):
             except ValueError as e:
                 raise TuningConfigError(str(e)) from None
             self.model = self.base["model"]
+        module = getattr(self.model, "module", None)
+        if model is not None and isinstance(module, NnxModel):
+            # An NNX module starts every candidate from its own values (a base the user may
+            # have loaded pretrained): named and assumed public, as a start given by init= is.
+            flat = (self._finetune or (None,))[0]
+            start = flat if flat is not None else finetune.flat_paths(module.params())
+            self.init_fingerprint = finetune.fingerprint({**start, **module.held_params()})
         if grad_impl in ("ghost", "bookkeeping"):
             try:  # a forced path that does not apply is refused before anything private runs
                 step_lib.resolve_grad_impl(

@@ -327,3 +327,29 @@ def test_an_init_with_adapters_of_another_rank_is_refused_before_anything_is_cha
              r"float32\[12, 4\]", dptune.tune, tr, space, RandomStopping.logarithmic(mean=2),
              dptune.Budget(30.0, 1e-5), workdir=tmp_path / "w", ledger=ledger)  # fmt: skip
     assert not ledger.exists()
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["module", "NnxModel"])
+def test_an_nnx_models_own_start_is_named_and_assumed_public(wrapped):
+    """An NNX module starts every candidate from its own values (a base the user may have loaded
+    pretrained): the statement names them by their fingerprint, the held (frozen) base of
+    ``NnxModel(module, trainable=...)`` included, and assumes them public, as for ``init=``."""
+    from selection import BestOfK
+
+    from tests.trainers.test_nnx_lora import _Lora, _data
+
+    module = _Lora(4, 6, 2, nnx.Rngs(1))
+    kw = (
+        dict(model=dptune.NnxModel(module, trainable=nnx.LoRAParam))
+        if wrapped
+        else dict(model=module, trainable=nnx.LoRAParam)
+    )
+    tr = DpSgdTrainer(_data((4,)), _BASE, epoch_progress=False, **kw)
+    want = finetune.fingerprint(nnx.to_pure_dict(nnx.state(module, nnx.Param)))
+    assert tr.init_fingerprint == want
+    space = {"learning_rate": dptune.space.log_uniform(0.1, 1.0), "noise_multiplier": "auto"}
+    _, st = dptune.plan_privacy(tr, space, BestOfK(2), (4.0, 1e-5))
+    assert "public-init" in st.assumptions and any(want in n for n in st.all_notes())
+    other = _Lora(4, 6, 2, nnx.Rngs(2))  # other values, other fingerprint
+    kw["model"] = dptune.NnxModel(other, trainable=nnx.LoRAParam) if wrapped else other
+    assert DpSgdTrainer(_data((4,)), _BASE, **kw).init_fingerprint != want
