@@ -471,6 +471,13 @@ class DpSgdTrainer(DatasetTrainer):
             source = _release_checkpoint(init)
             try:
                 given = finetune.read_init(source)
+                held = spec.module.held_params() if on_nnx else {}
+                if taken := next((p for p in finetune.flat_paths(given) if p in held), None):
+                    raise ValueError(
+                        f"{taken!r} is held by dptune.NnxModel(module, trainable=...) at the "
+                        "module's value, not trained, so init= cannot set it: load it into the "
+                        "module, or pass DpSgdTrainer(..., model=module, trainable=filter)"
+                    )
                 fresh = lora.is_adapter if adapted else spec.module.is_adapter if on_nnx else None
                 flat = finetune.match_init(given, shapes, fresh)
             except ValueError as e:

@@ -335,8 +335,7 @@ def test_an_nnx_models_own_start_is_named_and_assumed_public(wrapped):
     pretrained): the statement names them by their fingerprint, the held (frozen) base of
     ``NnxModel(module, trainable=...)`` included, and assumes them public, as for ``init=``."""
     from selection import BestOfK
-
-    from tests.trainers.test_nnx_lora import _Lora, _data
+    from tests.trainers.test_nnx_lora import _data, _Lora
 
     module = _Lora(4, 6, 2, nnx.Rngs(1))
     kw = (
@@ -353,3 +352,13 @@ def test_an_nnx_models_own_start_is_named_and_assumed_public(wrapped):
     other = _Lora(4, 6, 2, nnx.Rngs(2))  # other values, other fingerprint
     kw["model"] = dptune.NnxModel(other, trainable=nnx.LoRAParam) if wrapped else other
     assert DpSgdTrainer(_data((4,)), _BASE, **kw).init_fingerprint != want
+
+
+def test_init_of_a_base_held_by_a_wrapped_nnx_model_says_how_to_load_it():
+    from tests.trainers.test_nnx_lora import _Base, _data, _Lora
+
+    wrapped = dptune.NnxModel(_Lora(4, 6, 2, nnx.Rngs(0)), trainable=nnx.LoRAParam)
+    _refused(r"^init=<dict>: 'body/bias' is held by dptune.NnxModel\(module, trainable=\.\.\.\) "
+             r"at the module's value.*DpSgdTrainer\(\.\.\., model=module, trainable=filter",
+             DpSgdTrainer, _data((4,)), _BASE, model=wrapped,
+             init=dptune.NnxModel(_Base(4, 6, nnx.Rngs(7))).params())  # fmt: skip
