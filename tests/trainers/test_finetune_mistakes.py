@@ -362,3 +362,34 @@ def test_init_of_a_base_held_by_a_wrapped_nnx_model_says_how_to_load_it():
              r"at the module's value.*DpSgdTrainer\(\.\.\., model=module, trainable=filter",
              DpSgdTrainer, _data((4,)), _BASE, model=wrapped,
              init=dptune.NnxModel(_Base(4, 6, nnx.Rngs(7))).params())  # fmt: skip
+
+
+class _BatchNormed(nn.Module):
+    num_classes: int
+
+    @nn.compact
+    def __call__(self, x):
+        x = nn.BatchNorm(use_running_average=False)(x.reshape(x.shape[0], -1))
+        return nn.Dense(self.num_classes)(x)
+
+
+def batchnorm_model(num_classes: int):
+    """A ``config.model`` factory whose model dptune refuses (batch statistics)."""
+    return _BatchNormed(num_classes)
+
+
+def test_a_refused_model_names_config_model_on_the_command_line(tmp_path, capsys):
+    """The learner's refusal of the model read ``config.learner.model _BatchNormed: ...``
+    (no such field); it names ``config.model``."""
+    from dptune.cli.main import cli
+
+    capsys.readouterr()
+    code = cli(
+        ["dptune", "--config=finetune", f"--workdir={tmp_path / 'w'}", "--noprogress",
+         f"--config.ledger.path={tmp_path / 'ledger.sqlite'}", "--dry_run", "--config.init=",
+         f"--config.model={__name__}:batchnorm_model"]
+    )  # fmt: skip
+    _, err = capsys.readouterr()
+    lines = [ln for ln in err.splitlines() if ln.startswith("dptune: refused:")]
+    assert code == 2 and len(lines) == 1, err[-2000:]
+    assert lines[0].startswith("dptune: refused: config.model _BatchNormed: layer 'BatchNorm_0'")
