@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from dptune import plots
-from dptune.errors import StateError
+from dptune.errors import StateError, TuningConfigError
 from dptune.report import num, report_markdown
 
 log = logging.getLogger("dptune")
@@ -322,6 +322,11 @@ def load_params(folder: str | os.PathLike, like: Any = None) -> Any:
         import jax
         from flax import nnx
 
+        if isinstance(like, nn.Module):
+            raise TuningConfigError(
+                f"like={like!r:.40}: a linen Module has no parameters before init: pass "
+                "like=jax.eval_shape(module.init, key, x)['params'] (or leave like= out)"
+            )
         if hasattr(like, "trainable_state"):  # trainers.nnx_model.NnxModel: its own filter
             like = like.trainable_state()
         elif isinstance(like, nnx.Module):
@@ -329,7 +334,24 @@ def load_params(folder: str | os.PathLike, like: Any = None) -> Any:
         is_nnx = isinstance(like, nnx.State)
         plain = _string_keys(nnx.to_pure_dict(like)) if is_nnx else nn.meta.unbox(like)
         target = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), plain)
-        restored = ckpt.restore(path, target)
+        try:
+            restored = ckpt.restore(path, target)
+        except ValueError as e:  # orbax: another tree structure
+            why = " ".join(str(e).split())
+            raise TuningConfigError(
+                f"like=: the release's parameters are not shaped like like= ({why:.300})"
+            ) from None
+        # orbax restores the stored shapes under like='s structure without a word: a release of
+        # another model (another width, another LoRA rank) is refused here
+        flat = jax.tree_util.tree_flatten_with_path(restored)[0]
+        for (key, got), want in zip(flat, jax.tree_util.tree_leaves(target), strict=True):
+            if got.shape != want.shape:
+                where = "/".join(str(getattr(k, "key", k)) for k in key)
+                raise TuningConfigError(
+                    f"like=: the release's parameter {where!r} is {got.dtype}{list(got.shape)}, "
+                    f"like= has {np.dtype(want.dtype)}{list(want.shape)}: the release was trained "
+                    "with another model (e.g. another width or LoRA rank)"
+                )
         if not is_nnx:
             return nn.meta.replace_boxed(like, restored)
         state = jax.tree_util.tree_map(lambda v: v, like)  # a copy: like stays as it is

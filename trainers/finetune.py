@@ -29,9 +29,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-#: What ``init=`` reads from a path: an orbax checkpoint folder, a msgpack file, an npz file.
-INIT_FORMATS = ("pytree", "orbax folder", ".msgpack", ".npz")
-
 
 def path_str(keypath: Sequence[Any]) -> str:
     """A jax key path as the '/'-joined parameter path (``("Dense_0", "kernel")`` ->
@@ -79,19 +76,29 @@ def read_init(source: Any) -> dict:
     stored).
 
     Args:
-      source: a params pytree (nested dicts of arrays, e.g. ``module.init(...)["params"]``), an
-        orbax checkpoint folder (``orbax.checkpoint.StandardCheckpointer`` or
+      source: a params pytree (nested dicts of arrays, e.g. ``module.init(...)["params"]``, or
+        flax's ``{"params": ...}``), a Flax NNX module or its ``nnx.State`` (its ``nnx.Param``
+        arrays), an orbax checkpoint folder (``orbax.checkpoint.StandardCheckpointer`` or
         ``PyTreeCheckpointer`` layout), a Flax msgpack file (``*.msgpack``), or an ``.npz`` of
-        '/'-joined parameter paths.
+        '/'-joined parameter paths. Partitioning boxes (``nn.Partitioned``) are left for
+        :func:`match_init` to open.
 
     Raises:
-      ValueError: a path that does not exist or is not in one of these formats (the message
-        says which formats are read).
+      ValueError: a path that does not exist, or a source in none of these formats; the
+        message says which formats are read and leaves naming the source to the caller.
     """
-    if not isinstance(source, (str, Path)):
-        if isinstance(source, Mapping) and "params" in source and len(source) == 1:
+    from flax import nnx
+
+    if isinstance(source, nnx.Module):
+        source = nnx.state(source, nnx.Param)
+    if isinstance(source, nnx.State):  # nnx.state(model) also holds RNG and other state
+        source = nnx.to_pure_dict(source.filter(nnx.Param))
+    if isinstance(source, Mapping):
+        if "params" in source and len(source) == 1:
             source = source["params"]  # flax's variables dict
-        return jax.tree_util.tree_map(np.asarray, _as_dicts(source))
+        return jax.tree_util.tree_map_with_path(_as_array, _as_dicts(source))
+    if not isinstance(source, (str, Path)) or not str(source):
+        raise ValueError(_FORMATS)
     path = Path(source).expanduser()
     if path.is_dir():
         import orbax.checkpoint as ocp  # heavy: only for an orbax start
@@ -101,23 +108,39 @@ def read_init(source: Any) -> dict:
                 tree = ckpt.restore(path.absolute())
         except Exception as e:
             raise ValueError(
-                f"{source}: not an orbax checkpoint folder ({type(e).__name__}: {e!s:.200})"
+                f"not an orbax checkpoint folder ({type(e).__name__}: {e!s:.200})"
             ) from None
         return read_init(tree)
     if not path.is_file():
-        raise ValueError(f"{source}: no such file or folder")
+        raise ValueError("no such file or folder")
     if path.suffix == ".npz":
         with np.load(path, allow_pickle=False) as z:
-            return _unflatten({k: z[k] for k in z.files})
+            return read_init(_unflatten({k: z[k] for k in z.files}))
     if path.suffix == ".msgpack":
         from flax import serialization
 
         tree = serialization.msgpack_restore(path.read_bytes())
         return read_init(tree)
-    raise ValueError(
-        f"{source}: initial parameters are read from an orbax checkpoint folder, a .msgpack file "
-        "(flax.serialization) or an .npz of '/'-joined parameter paths"
-    )
+    raise ValueError(_FORMATS)
+
+
+_FORMATS = (
+    "initial parameters are a params pytree (nested dicts of arrays), an orbax checkpoint "
+    "folder, a .msgpack file (flax.serialization), an .npz of '/'-joined parameter paths or a "
+    "dptune release"
+)
+
+
+def _as_array(keypath: Sequence[Any], leaf: Any) -> np.ndarray:
+    """``leaf`` as a NumPy array; ValueError naming its path when NumPy cannot hold it (e.g. an
+    NNX RNG key)."""
+    try:
+        return np.asarray(leaf)
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"the value at {path_str(keypath)!r} is not an array of numbers ({type(e).__name__}: "
+            f"{e!s:.80}); an NNX model's start is its nnx.Param state: nnx.state(model, nnx.Param)"
+        ) from None
 
 
 def _as_dicts(tree: Any) -> Any:
@@ -142,6 +165,9 @@ def match_init(
     """
     given = flat_paths(init)
     want = flat_paths(shapes)
+    for path in want:  # a partitioning box (nn.Partitioned) holds its array under "value"
+        if path not in given and f"{path}/value" in given:
+            given[path] = given.pop(f"{path}/value")
     out: dict[str, np.ndarray] = {}
     for path, s in want.items():
         if path not in given:
@@ -206,23 +232,50 @@ def trainable_mask(params: Any, trainable: Any) -> Any:
     if callable(trainable):
         test = trainable
     else:
-        pats = [trainable] if isinstance(trainable, str) else list(trainable)
+        if isinstance(trainable, str) and _is_list_literal(trainable):
+            raise ValueError(
+                f"trainable={trainable!r} is one regex, not a list: join the patterns with '|' "
+                "(e.g. 'Dense_1|Dense_2'); as written it is a character class that matches "
+                "nearly every path"
+            )
         try:
+            pats = [trainable] if isinstance(trainable, str) else list(trainable)
             compiled = [re.compile(p) for p in pats]
         except (re.error, TypeError) as e:
-            raise ValueError(f"trainable={trainable!r}: not a list of regexes ({e})") from None
+            raise ValueError(
+                f"trainable={trainable!r}: not a list of regexes ({e}); give regexes searched in "
+                "the '/'-joined parameter paths (['Dense_1']) or a callable (path, leaf) -> bool"
+            ) from None
 
         def test(path, _leaf):
             return any(c.search(path) for c in compiled)
 
     leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
-    mask = [bool(test(path_str(k), v)) for k, v in leaves]
+    try:
+        mask = [bool(test(path_str(k), v)) for k, v in leaves]
+    except TypeError as e:  # e.g. a callable of one argument
+        raise ValueError(
+            f"trainable={trainable!r}: called as (path, leaf) -> bool, it raised TypeError: {e}"
+        ) from None
     if not any(mask):
         paths = ", ".join(path_str(k) for k, _ in leaves[:4])
+        comma = isinstance(trainable, str) and "," in trainable
         raise ValueError(
             f"trainable={trainable!r} matches no parameter (paths look like: {paths}, ...)"
+            + ("; join patterns with '|' (e.g. 'Dense_1|Dense_2')" if comma else "")
         )
     return jax.tree_util.tree_unflatten(treedef, mask)
+
+
+def _is_list_literal(text: str) -> bool:
+    """Whether ``text`` is a Python list or tuple of strings written out (``"['a', 'b']"``)."""
+    import ast
+
+    try:
+        value = ast.literal_eval(text.strip())
+    except (ValueError, SyntaxError):
+        return False
+    return isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
 
 
 def all_trainable(mask: Any) -> bool:

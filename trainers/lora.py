@@ -92,7 +92,8 @@ class LoRA(nn.Module):
         return any(re.search(t, where) for t in self.targets)
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, *args, **kwargs):
+        """``base(x, *args, **kwargs)`` with the adapters added to the targeted layers' outputs."""
         adapters: dict[str, _Adapter] = {}
 
         def intercept(next_fun, args, kwargs, context):
@@ -114,7 +115,24 @@ class LoRA(nn.Module):
             return y + self.scale * adapters[key](args[0]).astype(y.dtype)
 
         with nn.intercept_methods(intercept):
-            return self.base(x)
+            return self.base(x, *args, **kwargs)
+
+
+# dptune finds a model's dropout switch in its class's __call__ signature
+# (``trainers.train_mode.call_keyword``): an adapted model whose base has one shows it too, and
+# passes it on only when given (the base's default otherwise).
+class _LoRATrain(LoRA):
+    def __call__(self, x, *args, train: Any = None, **kwargs):
+        return super().__call__(x, *args, **kwargs, **({} if train is None else {"train": train}))
+
+
+class _LoRADeterministic(LoRA):
+    def __call__(self, x, *args, deterministic: Any = None, **kwargs):
+        given = {} if deterministic is None else {"deterministic": deterministic}
+        return super().__call__(x, *args, **kwargs, **given)
+
+
+_WITH_KEYWORD = {"train": _LoRATrain, "deterministic": _LoRADeterministic}
 
 
 def with_lora(
@@ -141,8 +159,20 @@ def with_lora(
         except re.error as e:
             raise ValueError(f"targets: {t!r} is not a regex ({e})") from None
     if not isinstance(module, nn.Module) or module.scope is not None:
-        raise ValueError(f"with_lora takes an unbound flax.linen Module, not {module!r:.60}")
-    return LoRA(module, int(rank), targets, float(scale))
+        from flax import nnx
+
+        if isinstance(module, nnx.Module):
+            raise ValueError(
+                "with_lora is for flax.linen modules: an NNX model brings its own adapters "
+                "(nnx.LoRALinear or nnx.LoRA layers) and trains them with "
+                "DpSgdTrainer(..., trainable=nnx.LoRAParam) (docs/finetune.md)"
+            )
+        what = "a bound module" if isinstance(module, nn.Module) else type(module).__name__
+        raise ValueError(f"with_lora takes an unbound flax.linen Module (e.g. MLP()), not {what}")
+    from trainers.train_mode import call_keyword
+
+    cls = _WITH_KEYWORD.get(call_keyword(module), LoRA)
+    return cls(module, int(rank), targets, float(scale))
 
 
 def targeted_layers(model: LoRA, x: Any) -> list[str]:
@@ -167,7 +197,7 @@ def targeted_layers(model: LoRA, x: Any) -> list[str]:
     for t in model.targets:
         if not any(re.search(t, p) for p in seen):
             raise ValueError(
-                f"targets: {t!r} matches no Dense / DenseGeneral / Conv / Embed layer of "
+                f"target {t!r} matches no Dense / DenseGeneral / Conv / Embed layer of "
                 f"{type(model.base).__name__} (its layers: {', '.join(seen) or 'none'})"
             )
     return [p for p in seen if model.targeted(p.split("/"))]

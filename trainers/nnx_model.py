@@ -116,6 +116,16 @@ class NnxModel:
             self._paths, nnx.to_flat_state(self._params), strict=True)}  # fmt: skip
         return traverse_util.unflatten_dict(flat)
 
+    def held_params(self) -> dict[str, np.ndarray]:
+        """The ``nnx.Param`` arrays the filter leaves out, held at the module's values (e.g. the
+        frozen base under ``NnxModel(module, trainable=nnx.LoRAParam)``), as {'/'-joined path:
+        array}; empty under the default filter."""
+        return {
+            "/".join(str(k) for k in path): np.asarray(_value(var))
+            for path, var in nnx.to_flat_state(self._rest)
+            if issubclass(getattr(var, "type", type(var)), nnx.Param)
+        }
+
     def init(self, key: Any, x: Any) -> dict:
         """``{"params": self.params()}``: the module's own initial values, the same for every
         candidate (``key`` and ``x`` are accepted for the linen signature; NNX initialised the

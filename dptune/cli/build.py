@@ -442,8 +442,9 @@ def build_trainer(cfg: Mapping[str, Any], data: Any, *, progress: bool = False) 
     try:
         return learners.build(info.name, data, base, **options)
     except ValueError as e:
-        where = "config." if str(e).startswith("init=") else "config.learner."
-        raise ConfigError(f"{where}{e}") from None
+        msg = str(e).removeprefix("dptune: ")  # the command's refusal line has its own
+        where = "config." if msg.startswith(("init=", "model")) else "config.learner."
+        raise ConfigError(f"{where}{msg}") from None
 
 
 def _worker_config(cfg: Mapping[str, Any]) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from flax import nnx
 
 from dptune.accounting.calibration import COMPILATION_CACHE_ENV, OFF_WORDS, cache_root
 from dptune.accounting.events import DpSgdCandidate
@@ -46,7 +47,6 @@ from trainers.data import NAMES as DATASETS
 from trainers.data import check_arrays as check_user_arrays
 from trainers.evaluate import BoundedMetric, evaluate, evaluate_metric
 from trainers.fix_model import fix_model
-from trainers.lora import with_lora
 from trainers.nnx_model import NnxModel
 from trainers.spec import MODEL_NAMES, DpSgdSchedule, Hyperparams
 from trainers.spec import dpsgd_privacy as _hp_privacy
@@ -198,7 +198,7 @@ def warn_score_noise(score_noise_std: float | None, data: Dataset) -> None:
     if noise > MAX_SCORE_NOISE:
         needed = math.ceil(score_noise_std / MAX_SCORE_NOISE)
         log.warning(
-            "dptune: the validation score's noise is %.3g score units (noise std %g over %.0f "
+            "the validation score's noise is %.3g score units (noise std %g over %.0f "
             "expected validation records), above %g: selection between candidates is close to "
             "a coin toss. Give at least %d validation records (validation_fraction / "
             "config.data.validation_size) or a public validation set",
@@ -380,12 +380,22 @@ class DpSgdTrainer(DatasetTrainer):
         self.init_fingerprint: str | None = None
         self._finetune: tuple[Any, Any] | None = None  # (checked init, trainable) for variants
         self._variants: dict[tuple, Any] = {}
-        if init is not None or trainable is not None:
+        # A LoRA model given here trains its adapters by default, with or without init= (its
+        # targets are checked now, before anything is charged).
+        adapted = model is not None and isinstance(getattr(self.model, "module", None), lora.LoRA)
+        if init is not None or trainable is not None or adapted:
             try:
                 self.base["model"] = self._finetune_spec(self.model, init, trainable)
             except ValueError as e:
                 raise TuningConfigError(str(e)) from None
             self.model = self.base["model"]
+        module = getattr(self.model, "module", None)
+        if model is not None and isinstance(module, NnxModel):
+            # An NNX module starts every candidate from its own values (a base the user may
+            # have loaded pretrained): named and assumed public, as a start given by init= is.
+            flat = (self._finetune or (None,))[0]
+            start = flat if flat is not None else finetune.flat_paths(module.params())
+            self.init_fingerprint = finetune.fingerprint({**start, **module.held_params()})
         if grad_impl in ("ghost", "bookkeeping"):
             try:  # a forced path that does not apply is refused before anything private runs
                 step_lib.resolve_grad_impl(
@@ -449,25 +459,46 @@ class DpSgdTrainer(DatasetTrainer):
         on_nnx = isinstance(spec.module, NnxModel)
         if adapted:
             x = jax.ShapeDtypeStruct((1, *spec.input_shape), spec.input_dtype)
-            lora.targeted_layers(spec.module, x)  # a target that adapts nothing is refused
+            try:  # a target that adapts nothing is refused
+                lora.targeted_layers(spec.module, x)
+            except ValueError as e:
+                m = spec.module
+                raise ValueError(
+                    f"model=with_lora({type(m.base).__name__}, targets={list(m.targets)}): {e}"
+                ) from None
         flat = None
         if init is not None:
             source = _release_checkpoint(init)
             try:
                 given = finetune.read_init(source)
+                held = spec.module.held_params() if on_nnx else {}
+                if taken := next((p for p in finetune.flat_paths(given) if p in held), None):
+                    raise ValueError(
+                        f"{taken!r} is held by dptune.NnxModel(module, trainable=...) at the "
+                        "module's value, not trained, so init= cannot set it: load it into the "
+                        "module, or pass DpSgdTrainer(..., model=module, trainable=filter)"
+                    )
                 fresh = lora.is_adapter if adapted else spec.module.is_adapter if on_nnx else None
                 flat = finetune.match_init(given, shapes, fresh)
             except ValueError as e:
-                raise ValueError(f"init={str(init)!r:.200}: {e}") from None
+                named = repr(str(init)) if isinstance(init, (str, os.PathLike)) else None
+                raise ValueError(f"init={named or f'<{type(init).__name__}>'}: {e}") from None
             self.init_fingerprint = finetune.fingerprint(flat)
         if trainable is None and adapted:
             trainable = lora.TRAINABLE
+        lora_filter = trainable is nnx.LoRAParam
         if on_nnx and finetune.is_nnx_filter(trainable):  # e.g. nnx.LoRAParam: by Variable type
             trainable = spec.module.selects(trainable)
         try:
             mask = finetune.trainable_mask(shapes, trainable)
         except ValueError as e:
-            raise ValueError(str(e)) from None
+            no_lora = on_nnx and lora_filter and "matches no parameter" in str(e)
+            raise ValueError(
+                f"{e}; the model has no LoRA factors: build its layers as nnx.LoRALinear(..., "
+                "lora_rank=r) or wrap them in nnx.LoRA"
+                if no_lora
+                else str(e)
+            ) from None
         self._finetune = (flat, trainable)
         whole = finetune.all_trainable(mask)
         return dataclasses.replace(
@@ -494,6 +525,13 @@ class DpSgdTrainer(DatasetTrainer):
             variant = dataclasses.replace(spec, module=module, init=None, trainable=None)
             flat, trainable = self._finetune or (None, None)
             shapes = jax.eval_shape(lambda: models.init_params(variant, jax.random.PRNGKey(0)))
+            if flat is not None:  # adapters in init= (e.g. a LoRA release) fix their rank
+                try:
+                    finetune.match_init(flat, shapes, lora.is_adapter)
+                except ValueError as e:
+                    raise TuningConfigError(
+                        f"lora_rank={rank!r}: init= holds adapters of another rank: {e}"
+                    ) from None
             mask = finetune.trainable_mask(shapes, trainable or lora.TRAINABLE)
             whole = finetune.all_trainable(mask)
             self._variants[key] = dataclasses.replace(
@@ -833,6 +871,24 @@ def describe_model(spec: Any) -> dict[str, Any]:
     return out
 
 
+def with_lora(
+    module: Any, rank: int, targets: Sequence[str] | str, scale: float = 1.0
+) -> lora.LoRA:
+    """``module`` (an unbound ``flax.linen`` Module) with rank-``rank`` LoRA adapters on its
+    Dense / DenseGeneral / Conv / Embed layers whose '/'-joined module path matches one of
+    ``targets`` (``trainers.lora.with_lora``; ``docs/finetune.md``).
+
+    Raises:
+      TuningConfigError: rank < 1, no targets, a target that is not a regex, or a module that
+        is not an unbound linen Module, in one line naming the keyword (a target that matches
+        no layer is refused by ``DpSgdTrainer``, which knows the input).
+    """
+    try:
+        return lora.with_lora(module, rank, targets, scale)
+    except ValueError as e:
+        raise TuningConfigError(str(e)) from None
+
+
 def shipped_with_lora(
     name: str, num_classes: int, rank: int, targets: Sequence[str], scale: float = 1.0
 ) -> Any:
@@ -848,7 +904,7 @@ def shipped_with_lora(
 def _release_checkpoint(init: Any) -> Any:
     """A dptune release (a run's workdir or its ``release/`` folder) as the orbax checkpoint
     folder that holds its parameters; anything else as it is."""
-    if not isinstance(init, (str, os.PathLike)):
+    if not isinstance(init, (str, os.PathLike)) or not str(init):
         return init
     folder = Path(init).expanduser()
     for release in (folder, folder / "release"):
