@@ -380,7 +380,7 @@ def batchnorm_model(num_classes: int):
 
 def test_a_refused_model_names_config_model_on_the_command_line(tmp_path, capsys):
     """The learner's refusal of the model read ``config.learner.model _BatchNormed: ...``
-    (no such field); it names ``config.model``."""
+    (no such field); it names ``config.model`` (``config.model=_BatchNormed: ...``)."""
     from dptune.cli.main import cli
 
     capsys.readouterr()
@@ -392,4 +392,4 @@ def test_a_refused_model_names_config_model_on_the_command_line(tmp_path, capsys
     _, err = capsys.readouterr()
     lines = [ln for ln in err.splitlines() if ln.startswith("dptune: refused:")]
     assert code == 2 and len(lines) == 1, err[-2000:]
-    assert lines[0].startswith("dptune: refused: config.model _BatchNormed: layer 'BatchNorm_0'")
+    assert lines[0].startswith("dptune: refused: config.model=_BatchNormed: layer 'BatchNorm_0'")

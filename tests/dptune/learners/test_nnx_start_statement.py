@@ -19,13 +19,6 @@ class _Classifier(nnx.Module):
         return self.head(nnx.tanh(self.body(x)))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="defect found by the privacy audit, in dptune/learners/dpsgd.py: an NNX model's own "
-    "start (a pretrained base when the user loaded one) is not fingerprinted and public-init is "
-    "not assumed; remove this marker with the fix",
-)
 @pytest.mark.parametrize("wrapped", [False, True])
 def test_an_nnx_models_own_start_is_named_and_assumed_public(wrapped):
     rng = np.random.default_rng(0)
