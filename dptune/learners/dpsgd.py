@@ -307,7 +307,8 @@ class DpSgdTrainer(DatasetTrainer):
       trainable: which parameters train: regexes searched in the '/'-joined parameter paths
         (``["Dense_1"]``, ``[".*lora.*"]``), a callable ``(path, leaf) -> bool``, or for an NNX
         model an NNX filter (``nnx.LoRAParam``, ``nnx.PathContains("head")``); the others
-        stay bitwise as they start. Default: everything, or a LoRA model's adapters.
+        stay bitwise as they start. Default: everything, or a LoRA model's adapters (a
+        ``with_lora`` model's, an NNX model's ``nnx.LoRAParam`` factors).
     """
 
     hyperparams_class = Hyperparams
@@ -380,9 +381,15 @@ class DpSgdTrainer(DatasetTrainer):
         self.init_fingerprint: str | None = None
         self._finetune: tuple[Any, Any] | None = None  # (checked init, trainable) for variants
         self._variants: dict[tuple, Any] = {}
-        # A LoRA model given here trains its adapters by default, with or without init= (its
-        # targets are checked now, before anything is charged).
-        adapted = model is not None and isinstance(getattr(self.model, "module", None), lora.LoRA)
+        # A LoRA model given here (with_lora, or an NNX model with nnx.LoRAParam factors) trains
+        # its adapters by default, with or without init= (with_lora's targets are checked now,
+        # before anything is charged).
+        held = getattr(self.model, "module", None)
+        adapted = model is not None and (
+            isinstance(held, lora.LoRA)
+            or isinstance(held, NnxModel)
+            and any(map(held.is_adapter, finetune.flat_paths(held.params())))
+        )
         if init is not None or trainable is not None or adapted:
             try:
                 self.base["model"] = self._finetune_spec(self.model, init, trainable)
@@ -484,8 +491,14 @@ class DpSgdTrainer(DatasetTrainer):
                 named = repr(str(init)) if isinstance(init, (str, os.PathLike)) else None
                 raise ValueError(f"init={named or f'<{type(init).__name__}>'}: {e}") from None
             self.init_fingerprint = finetune.fingerprint(flat)
+        nnx_lora = on_nnx and any(map(spec.module.is_adapter, finetune.flat_paths(shapes)))
         if trainable is None and adapted:
             trainable = lora.TRAINABLE
+        elif trainable is None and nnx_lora:
+            # as for with_lora: a model built with LoRA factors trains them, its base stays
+            log.info("model=%s has nnx.LoRAParam factors: they train (trainable=nnx.LoRAParam); "
+                     "pass trainable= to train more", spec.name)  # fmt: skip
+            trainable = nnx.LoRAParam
         lora_filter = trainable is nnx.LoRAParam
         if on_nnx and finetune.is_nnx_filter(trainable):  # e.g. nnx.LoRAParam: by Variable type
             trainable = spec.module.selects(trainable)

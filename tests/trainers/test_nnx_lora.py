@@ -130,6 +130,24 @@ def test_the_filter_trains_the_factors_and_init_takes_the_base_model_params():
     assert tr.init_fingerprint == finetune.fingerprint(pretrained)
 
 
+def test_a_model_with_lora_factors_trains_them_by_default(caplog):
+    """Without ``trainable=``, an NNX model built with LoRA factors trains the factors alone, as a
+    ``with_lora`` model does (it trained everything, the base included, on ``vmap(grad)``)."""
+    with caplog.at_level(logging.INFO, logger="dptune"):
+        tr = dptune.DpSgdTrainer(
+            _data((4,)), _BASE, model=_Lora(4, 6, 2, nnx.Rngs(0)), epoch_progress=False
+        )
+    assert [p for p, m in finetune.flat_paths(tr.model.trainable).items() if m] == [
+        "body/lora/lora_a", "body/lora/lora_b",
+    ]  # fmt: skip
+    assert "nnx.LoRAParam factors: they train" in caplog.text
+    # a model without factors still trains everything
+    assert (
+        dptune.DpSgdTrainer(_data((4,)), _BASE, model=_Base(4, 6, nnx.Rngs(0))).model.trainable
+        is None
+    )
+
+
 def test_an_nnx_filter_is_refused_in_one_line_where_it_cannot_apply():
     import flax.linen as nn
 
