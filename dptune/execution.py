@@ -55,7 +55,9 @@ def train_one(trainer: Any, job: Job) -> tuple[float, Any]:
     try:
         score, payload = trainer(dict(job.hparams), job.rng())
     except Exception as e:  # noqa: BLE001 - failure depends on the data; it must not abort
-        log.warning("a candidate failed (%s); `dptune inspect` shows why", type(e).__name__)
+        # Not on the console (debug): one line per failure would count candidates there, and
+        # the console's log may be shared; the journal keeps each failure (`dptune inspect`).
+        log.debug("a candidate failed (%s); `dptune inspect` shows why", type(e).__name__)
         return float("nan"), CandidateFailure.from_exception(e)
     return checked_result(score, payload)
 
@@ -88,7 +90,7 @@ class VectorizedExecutor:
                 trainer.train_many([dict(j.hparams) for j in jobs], [j.rng() for j in jobs])
             )
         except Exception as e:  # noqa: BLE001 - retried one by one: one bad member must not fail all
-            log.warning("a group failed (%s); training its candidates one by one", type(e).__name__)
+            log.debug("a group failed (%s); training its candidates one by one", type(e).__name__)
             yield from SequentialExecutor().run(trainer, jobs)
             return
         for job, (score, payload) in zip(jobs, results, strict=True):

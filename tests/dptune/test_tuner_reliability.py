@@ -6,6 +6,7 @@ test_reliability_cli.py.
 """
 
 import json
+import logging
 import math
 
 import numpy as np
@@ -106,6 +107,18 @@ def test_poisson_count_zero_trains_nothing_and_releases_nothing(tmp_path):
     privacy = json.loads((work / "release" / "privacy.json").read_text())
     # The Poisson count's statement: PS Thm 6 or the (tighter, when it is) profile route for it.
     assert "Poisson" in privacy["theorem"] and privacy["total_epsilon"] <= 20.0
+
+
+def test_failures_are_not_counted_on_the_console(tmp_path, caplog):
+    """A failed candidate is journaled, not logged at INFO or above: a line per failure on the
+    console (whose log may be shared) would count the candidates, K when all of them fail."""
+    with caplog.at_level(logging.INFO, logger="dptune"):
+        rel = dptune.tune(
+            trainer(Toy(fail="raise")), SPACE, RandomStopping.logarithmic(4), (20.0, 1e-5),
+            ledger=None, seed=9, workdir=tmp_path / "rs",
+        )  # fmt: skip
+    assert rel.private.num_trials >= 2 and rel.outcome == "no_candidate_succeeded"
+    assert not [r for r in caplog.records if "failed" in r.getMessage()], caplog.text
 
 
 @pytest.mark.parametrize("how", ["raise", "nan"])
