@@ -24,7 +24,7 @@ from dptune.accounting.events import ADJACENCIES, with_adjacency
 from dptune.accounting.quiet import quiet_accounting
 from dptune.errors import ImpossibleBudgetError, TuningConfigError
 from dptune.space import Space, SpaceError
-from dptune.trainer_protocol import as_candidate
+from dptune.trainer_protocol import as_candidate, check_trainer
 from selection.registry import SCORE_KINDS
 
 log = logging.getLogger("dptune")
@@ -339,6 +339,7 @@ def as_space(space: Space | Mapping[str, Any]) -> Space:
 def _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate):
     """``make_privacy_plan``'s checks of its inputs. Returns ``(calibrated field, whether it is
     "auto")``."""
+    check_trainer(trainer)
     if not space.searched:
         raise TuningConfigError(
             "the search space is empty (no field is drawn at random): there is nothing to tune; "
@@ -374,6 +375,9 @@ def _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate
             "debug_nonprivate=True"
         )
     field = getattr(trainer, "calibrated_field", None)
+    value = space.fields.get(field)
+    if isinstance(value, str) and value != AUTO:  # a misspelt "auto" would reach the accountant
+        raise TuningConfigError(f"{field}={value!r}: write 'auto' (calibrated) or a number")
     autos = [name for name, v in space.fields.items() if v == AUTO]
     if any(name != field for name in autos):
         raise TuningConfigError(

@@ -61,7 +61,13 @@ from dptune.release import (
     write_release,
 )
 from dptune.space import Space
-from dptune.trainer_protocol import FunctionTrainer, ReleaseView, checked_result, code_digest
+from dptune.trainer_protocol import (
+    FunctionTrainer,
+    ReleaseView,
+    check_trainer,
+    checked_result,
+    code_digest,
+)
 from selection import Plan
 
 log = logging.getLogger("dptune")
@@ -248,6 +254,7 @@ def preflight(
     writing nothing: the one validation shared by the run and ``dptune --dry_run`` (raises what
     ``tune`` raises): the privacy plan, the data's schema at every probe point of the space, then
     :func:`check_run` (the workdir's journal and the dataset's ledger)."""
+    check_trainer(trainer)
     space = as_space(space)
     config = describe_run(trainer, space, selection, budget, opts)
 

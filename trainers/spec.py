@@ -153,12 +153,21 @@ class DpSgdSchedule:
     def __post_init__(self):
         for name in ("num_examples", "batch_size", "epochs"):
             v = getattr(self, name)
-            if isinstance(v, bool) or int(v) != v or v < 1:
-                raise ValueError(f"DpSgdSchedule.{name}={v!r} must be a positive integer")
+            if getattr(v, "shape", ()):  # the private data passed where its public size goes
+                raise ValueError(
+                    f"DpSgdSchedule({name}=<array of shape {tuple(v.shape)}>): pass the PUBLIC "
+                    "number (an int you would publish, e.g. Dataset.public_num_train), not data"
+                )
+            try:
+                ok = not isinstance(v, (bool, str)) and int(v) == v and v >= 1
+            except (TypeError, ValueError, OverflowError):
+                ok = False
+            if not ok:
+                raise ValueError(f"DpSgdSchedule({name}={v!r}): must be a positive integer")
         if self.num_examples < self.batch_size:
             raise ValueError(
-                f"num_train={self.num_examples} is smaller than the expected batch size "
-                f"{self.batch_size}"
+                f"DpSgdSchedule(num_examples={self.num_examples} < batch_size={self.batch_size}): "
+                "the expected batch size must not exceed the public number of training records"
             )
 
     @classmethod
