@@ -42,6 +42,10 @@ import numpy as np
 from dptune.accounting.events import as_candidates
 from dptune.errors import CandidateFailure, TuningConfigError
 
+#: How a release names a :class:`FunctionTrainer` (``your function 'train'``); the report reads
+#: its score in the function's own units, not as an accuracy.
+FUNCTION_TRAINER = "your function"
+
 
 def as_candidate(x: Any) -> Any:
     """A trainer's declared privacy as one ``dptune.accounting`` candidate."""

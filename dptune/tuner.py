@@ -62,6 +62,7 @@ from dptune.release import (
 )
 from dptune.space import Space
 from dptune.trainer_protocol import (
+    FUNCTION_TRAINER,
     FunctionTrainer,
     ReleaseView,
     check_trainer,
@@ -612,7 +613,7 @@ def release_selected(
         )
     name = getattr(trainer, "kind", "") or type(trainer).__name__
     if isinstance(trainer, FunctionTrainer):
-        name = f"your function {trainer.name!r}"
+        name = f"{FUNCTION_TRAINER} {trainer.name!r}"
     common = dict(published=published, trainer_name=str(name))
     if index is None or records[index].failed:
         # A failed selected candidate: the selections rank a failure below every score, so every

@@ -109,3 +109,19 @@ def test_num_examples_as_a_whole_float_or_numpy_integer_is_accepted():
 def test_the_schedule_names_the_keyword(kwargs, why):
     with pytest.raises(ValueError, match=rf"DpSgdSchedule\({why}"):
         dptune.DpSgdSchedule(**kwargs)
+
+
+def test_the_report_shows_a_functions_score_in_its_own_units():
+    # A user function's score is whatever it returns (here minus a distance): the report printed
+    # it as a percentage ("-12.58 %") next to "Test accuracy: n/a".
+    from dptune.release import Release
+    from dptune.report import report_markdown
+
+    privacy = {"total_epsilon": 2.5, "delta": 1e-5, "single_run_epsilon": 2.0, "method": "m"}
+    rel = Release(True, {"guess": 0.6}, -0.1258, None, privacy, "text",
+                  trainer_name="your function 'train'")  # fmt: skip
+    md = report_markdown(rel, set())
+    assert "private): -0.1258 (the function's own score)" in md
+    assert "%" not in md.split("## Privacy")[0] and "Test accuracy" not in md
+    shipped = Release(True, {"lr": 0.1}, 0.5, 0.4, privacy, "text", trainer_name="DP-SGD")
+    assert "50.00 %" in report_markdown(shipped, set())
