@@ -195,8 +195,20 @@ class DpSgdSchedule:
         """A ``trainers.sampling.PoissonSampler`` over the ``num_records`` records actually held
         (each included with probability q, the accountant's rate), with chunks of at most
         ``max_chunk`` slots. ``rng``: a numpy Generator seeded from secret entropy."""
+        import numpy as np
+
         from trainers.sampling import PoissonSampler  # scipy: only when sampling
 
+        if getattr(num_records, "shape", ()):
+            raise ValueError(
+                f"num_records=<array of shape {tuple(num_records.shape)}>: pass len(x), the "
+                "number of records held"
+            )
+        if not isinstance(rng, np.random.Generator):
+            raise ValueError(
+                f"rng={rng!r:.60}: pass a numpy Generator seeded from secret entropy, e.g. "
+                "np.random.default_rng() (the tuner's rng argument is one)"
+            )
         return PoissonSampler(
             num_records, self.batch_size, rng, sampling_rate=self.sampling_rate,
             max_chunk=max_chunk,
