@@ -394,6 +394,12 @@ def _privacy_space(space: Space, known: set[str], candidate_of: Callable) -> tup
     try:
         space = Space(space.to_dict(), privacy_fields=set(space.privacy_fields) | known)
         base = candidate_of(space.example())
+        if candidate_of(space.example()) != base:  # else blamed on the first field probed
+            raise TuningConfigError(
+                "the trainer's privacy(hparams) declared two different things for the same "
+                "hparams: it is not a pure function of them (no state, counter, clock or "
+                "randomness); dptune asks it again before each candidate trains"
+            )
         others = [n for n in space.searched if n not in space.privacy_relevant]
         dependent: list[str] = []
         for name, point in _one_field_variations(space, others):

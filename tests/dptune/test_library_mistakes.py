@@ -125,3 +125,12 @@ def test_the_report_shows_a_functions_score_in_its_own_units():
     assert "%" not in md.split("## Privacy")[0] and "Test accuracy" not in md
     shipped = Release(True, {"lr": 0.1}, 0.5, 0.4, privacy, "text", trainer_name="DP-SGD")
     assert "50.00 %" in report_markdown(shipped, set())
+
+
+def test_a_privacy_function_that_is_not_pure_is_named_as_such(tmp_path):
+    # It was blamed on the searched field: "space field 'guess' changes each candidate's privacy
+    # loss ... use space.choice(...)", which would not help.
+    draws = iter(np.linspace(1.0, 2.0, 1000))
+    tr = dptune.trainer(privacy=lambda hp: dp_event.GaussianDpEvent(next(draws)),
+                        num_examples=N, score_kind="covered")(_train)  # fmt: skip
+    _refused(tr, tmp_path, {"guess": space.uniform(0.0, 1.0)}, match=r"privacy.*not a pure")
