@@ -433,7 +433,13 @@ def _worst_case(candidates, transform, budget, accountant, seeded, field, auto):
             return {}, total_privacy(cands, transform, budget.delta, accountant, seeded=seeded)
         except ValueError as e:
             raise TuningConfigError(f"cannot account this run: {e}") from None
-    candidates(1.0)  # invalid settings raise their own message here, not "no sigma found"
+    # invalid settings raise their own message here, not "no sigma found"
+    if candidates(1.0) == candidates(2.0):  # else "auto" would hand the trainer a floor value
+        raise TuningConfigError(
+            f"{field}='auto', but the trainer's privacy(hparams) does not change with it: the "
+            f"declaration must read hp[{field!r}] (the value the trainer trains with), or give "
+            f"{field} a value"
+        )
     try:
         # the memo: a second run of the same plan skips the search
         cal = calibrate(

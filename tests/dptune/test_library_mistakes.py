@@ -134,3 +134,12 @@ def test_a_privacy_function_that_is_not_pure_is_named_as_such(tmp_path):
     tr = dptune.trainer(privacy=lambda hp: dp_event.GaussianDpEvent(next(draws)),
                         num_examples=N, score_kind="covered")(_train)  # fmt: skip
     _refused(tr, tmp_path, {"guess": space.uniform(0.0, 1.0)}, match=r"privacy.*not a pure")
+
+
+@pytest.mark.parametrize("declared", [dp_event.GaussianDpEvent(3.0), lambda hp: dp_event.GaussianDpEvent(3.0)])
+def test_auto_is_refused_when_the_declaration_ignores_the_calibrated_field(tmp_path, declared):
+    # "auto" was calibrated to its search's floor (0.05) and handed to the function as
+    # hp["noise_multiplier"], while the statement accounted the constant sigma = 3.
+    tr = dptune.FunctionTrainer(_train, declared, num_examples=N, score_kind="covered")
+    msg = _refused(tr, tmp_path, match=r"noise_multiplier='auto'.*privacy")
+    assert "hp['noise_multiplier']" in msg
