@@ -60,13 +60,16 @@ class Budget:
             )
 
 
-def as_budget(budget: Any) -> Budget:
-    """``(epsilon, delta)`` or a Budget -> Budget."""
+def as_budget(budget: Any, name: str = "budget") -> Budget:
+    """``(epsilon, delta)`` or a Budget -> Budget; a refusal names the keyword ``name``."""
     if isinstance(budget, Budget):
         return budget
     if isinstance(budget, (tuple, list)) and len(budget) == 2:
-        return Budget(*budget)
-    raise TuningConfigError(f"budget={budget!r} must be (epsilon, delta) or a Budget")
+        try:
+            return Budget(*budget)
+        except TuningConfigError as e:
+            raise (e if name == "budget" else TuningConfigError(f"{name}: {e}")) from None
+    raise TuningConfigError(f"{name}={budget!r} must be (epsilon, delta) or a Budget")
 
 
 @dataclass(frozen=True)

@@ -256,6 +256,11 @@ def preflight(
     ``tune`` raises): the privacy plan, the data's schema at every probe point of the space, then
     :func:`check_run` (the workdir's journal and the dataset's ledger)."""
     check_trainer(trainer)
+    if isinstance(selection, type):
+        raise TuningConfigError(
+            f"selection={selection.__name__} is a class: pass a selection method, e.g. "
+            "RandomStopping.logarithmic(mean=3)"
+        )
     space = as_space(space)
     config = describe_run(trainer, space, selection, budget, opts)
 
@@ -298,7 +303,7 @@ def check_run(
         run_id, resuming, finished = _check_existing_run(workdir / "private", config, code)
     log.info("accounting: checking the total budget (calibrating the noise if 'auto')")
     plan = make_plan()
-    dsb = as_budget(opts.dataset_budget) if opts.dataset_budget is not None else None
+    dsb = None if opts.dataset_budget is None else as_budget(opts.dataset_budget, "dataset_budget")
     name = str(getattr(getattr(trainer, "data", None), "name", "") or "")
     pre = Preflight(plan, budget, config, code, workdir, ledger, fp, dsb, name, None, resuming)
     if ledger is None or finished:

@@ -143,3 +143,25 @@ def test_auto_is_refused_when_the_declaration_ignores_the_calibrated_field(tmp_p
     tr = dptune.FunctionTrainer(_train, declared, num_examples=N, score_kind="covered")
     msg = _refused(tr, tmp_path, match=r"noise_multiplier='auto'.*privacy")
     assert "hp['noise_multiplier']" in msg
+
+
+@pytest.mark.parametrize(
+    "dataset_budget, why",
+    [(10.0, r"^dataset_budget=10\.0 must be \(epsilon, delta\)"),
+     ((-1.0, 1e-5), r"^dataset_budget: .*epsilon=-1\.0")],
+)  # fmt: skip
+def test_a_wrong_dataset_budget_is_named_dataset_budget(tmp_path, dataset_budget, why):
+    # It read "budget=10.0 must be (epsilon, delta)", naming the run's budget, which was right.
+    tr = dptune.trainer(privacy=_gaussian, num_examples=N, score_kind="covered")(_train)
+    with pytest.raises(dptune.Refused, match=why):
+        dptune.tune(tr, SPACE, SELECTION, (3.0, 1e-5), progress=False, fingerprint="toy",
+                    ledger=tmp_path / "ledger.sqlite", dataset_budget=dataset_budget)  # fmt: skip
+    assert not (tmp_path / "ledger.sqlite").exists()
+
+
+def test_a_selection_class_is_refused_with_an_instance_named(tmp_path):
+    # RandomStopping (the class) crashed: AttributeError 'property' object has no attribute
+    # 'describe'.
+    tr = dptune.trainer(privacy=_gaussian, num_examples=N, score_kind="covered")(_train)
+    with pytest.raises(dptune.Refused, match=r"selection=RandomStopping is a class.*\(mean="):
+        dptune.tune(tr, SPACE, RandomStopping, (3.0, 1e-5), progress=False, ledger=None)
