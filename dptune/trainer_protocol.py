@@ -289,7 +289,9 @@ class FunctionTrainer:
         ``fn`` returns is compared with these, never with a fresh call of ``privacy``."""
         self._accounted = {_hparams_key(hp): as_candidate(c) for hp, c in pairs}
 
-    def __call__(self, hparams: Mapping[str, Any], rng: np.random.Generator) -> tuple[float, Any]:
+    def __call__(self, hparams: Mapping[str, Any], rng: np.random.Generator) -> tuple[Any, Any]:
+        """``fn``'s ``(score, payload)``, its event checked; the score as returned (the tuner's
+        ``checked_result`` records one that is not a finite number as a failure)."""
         out = self.fn(dict(hparams), rng)
         if not isinstance(out, tuple) or len(out) not in (2, 3):
             raise TypeError(
@@ -305,7 +307,7 @@ class FunctionTrainer:
                     f"{self.name} returned the DpEvent {out[2]!r} but {declared!r} was accounted "
                     f"for hparams {dict(hparams)}: the accountant charged the accounted one"
                 )
-        return float(out[0]), out[1]
+        return out[0], out[1]
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "function", "name": self.name, "num_examples": self.num_examples}

@@ -136,7 +136,9 @@ def test_a_privacy_function_that_is_not_pure_is_named_as_such(tmp_path):
     _refused(tr, tmp_path, {"guess": space.uniform(0.0, 1.0)}, match=r"privacy.*not a pure")
 
 
-@pytest.mark.parametrize("declared", [dp_event.GaussianDpEvent(3.0), lambda hp: dp_event.GaussianDpEvent(3.0)])
+@pytest.mark.parametrize(
+    "declared", [dp_event.GaussianDpEvent(3.0), lambda hp: dp_event.GaussianDpEvent(3.0)]
+)
 def test_auto_is_refused_when_the_declaration_ignores_the_calibrated_field(tmp_path, declared):
     # "auto" was calibrated to its search's floor (0.05) and handed to the function as
     # hp["noise_multiplier"], while the statement accounted the constant sigma = 3.
@@ -165,3 +167,20 @@ def test_a_selection_class_is_refused_with_an_instance_named(tmp_path):
     tr = dptune.trainer(privacy=_gaussian, num_examples=N, score_kind="covered")(_train)
     with pytest.raises(dptune.Refused, match=r"selection=RandomStopping is a class.*\(mean="):
         dptune.tune(tr, SPACE, RandomStopping, (3.0, 1e-5), progress=False, ledger=None)
+
+
+@pytest.mark.parametrize("score", [None, "high", float("nan"), float("inf")])
+def test_a_score_that_is_not_a_finite_number_is_a_recorded_failure(tmp_path, score):
+    # Never released as a success; the journal says what the function returned (None was kept
+    # as "TypeError: float() argument must be ...", from inside the wrapper).
+    from dptune._state.journal import Journal
+
+    tr = dptune.trainer(privacy=_gaussian, num_examples=N, score_kind="covered")(
+        lambda hp, rng: (score, {"guess": hp["guess"]})
+    )
+    rel = dptune.tune(tr, SPACE, SELECTION, (3.0, 1e-5), progress=False, ledger=None, seed=1,
+                      workdir=tmp_path / "run")  # fmt: skip
+    assert not rel.released and rel.outcome == "no_candidate_succeeded" and rel.payload is None
+    with Journal(tmp_path / "run" / "private", readonly=True) as journal:
+        failures = list(journal.failures().values())
+    assert failures and all(f.type in ("InvalidScore", "NonFiniteScore") for f in failures)
