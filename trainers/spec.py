@@ -189,7 +189,14 @@ class DpSgdSchedule:
 
     def privacy(self, noise_multiplier: float) -> DpSgdPrivacy:
         """``steps`` Poisson-subsampled Gaussian mechanisms at rate q with this noise multiplier."""
-        return DpSgdPrivacy(self.sampling_rate, self.steps, float(noise_multiplier))
+        try:
+            sigma = float(noise_multiplier)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"noise_multiplier={noise_multiplier!r}: a number is needed (in dptune.tune, "
+                "privacy= receives the calibrated value in place of 'auto')"
+            ) from None
+        return DpSgdPrivacy(self.sampling_rate, self.steps, sigma)
 
     def sampler(self, num_records: int, rng: Any, max_chunk: int = 256) -> Any:
         """A ``trainers.sampling.PoissonSampler`` over the ``num_records`` records actually held

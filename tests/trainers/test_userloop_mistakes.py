@@ -92,3 +92,18 @@ def test_a_first_call_inside_the_users_jit_checks_the_model_and_matches_eager():
         leaves = zip(jax.tree.leaves(traced), jax.tree.leaves(eager), strict=True)
         for a, b in leaves:
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_data_given_as_num_examples_is_refused_without_printing_it():
+    # The refusal printed the private array's values: "num_examples=array([[ 0.1257, ...".
+    with pytest.raises(ValueError, match=r"num_examples=<array of shape \(8, 4\)>") as info:
+        dptune.Dataset.from_arrays(X, Y, num_classes=2, num_examples=X)
+    assert "0.1257" not in str(info.value) and "array(" not in str(info.value)
+
+
+@pytest.mark.parametrize("sigma", ["auto", None])
+def test_dpsgd_privacy_names_a_noise_multiplier_that_is_not_a_number(sigma):
+    # It read "could not convert string to float: 'auto'".
+    schedule = dptune.DpSgdSchedule(num_examples=100, batch_size=10, epochs=1)
+    with pytest.raises(ValueError, match=rf"noise_multiplier={sigma!r}: a number"):
+        dptune.dpsgd_privacy(schedule, sigma)
