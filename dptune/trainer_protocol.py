@@ -40,7 +40,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from dptune.accounting.events import as_candidates
-from dptune.errors import CandidateFailure, TuningConfigError
+from dptune.errors import CandidateFailure, Refused, TuningConfigError
 
 #: How a release names a :class:`FunctionTrainer` (``your function 'train'``); the report reads
 #: its score in the function's own units, not as an accuracy.
@@ -277,6 +277,8 @@ class FunctionTrainer:
             return self.privacy_fn
         try:
             return self.privacy_fn(hparams)
+        except Refused:  # dptune's own refusal (e.g. from dptune.dpsgd_privacy) says it already
+            raise
         except Exception as e:  # noqa: BLE001 - any error in the user's declaration is theirs
             first = (str(e).splitlines() or [""])[0][:200]
             raise TuningConfigError(

@@ -184,3 +184,11 @@ def test_a_score_that_is_not_a_finite_number_is_a_recorded_failure(tmp_path, sco
     with Journal(tmp_path / "run" / "private", readonly=True) as journal:
         failures = list(journal.failures().values())
     assert failures and all(f.type in ("InvalidScore", "NonFiniteScore") for f in failures)
+
+
+def test_a_refusal_from_inside_privacy_is_passed_on_as_it_is(tmp_path):
+    schedule = dptune.DpSgdSchedule(num_examples=N, batch_size=10, epochs=1)
+    tr = dptune.trainer(privacy=lambda hp: dptune.dpsgd_privacy(schedule, -1.0), num_examples=N,
+                        score_kind="covered")(_train)  # fmt: skip
+    msg = _refused(tr, tmp_path, {"guess": space.uniform(0.0, 1.0)}, match=r"^noise_multiplier=")
+    assert "raised" not in msg
