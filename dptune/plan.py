@@ -24,7 +24,7 @@ from dptune.accounting.events import ADJACENCIES, with_adjacency
 from dptune.accounting.quiet import quiet_accounting
 from dptune.errors import ImpossibleBudgetError, TuningConfigError
 from dptune.space import Space, SpaceError
-from dptune.trainer_protocol import as_candidate
+from dptune.trainer_protocol import as_candidate, check_trainer
 from selection.registry import SCORE_KINDS
 
 log = logging.getLogger("dptune")
@@ -60,13 +60,16 @@ class Budget:
             )
 
 
-def as_budget(budget: Any) -> Budget:
-    """``(epsilon, delta)`` or a Budget -> Budget."""
+def as_budget(budget: Any, name: str = "budget") -> Budget:
+    """``(epsilon, delta)`` or a Budget -> Budget; a refusal names the keyword ``name``."""
     if isinstance(budget, Budget):
         return budget
     if isinstance(budget, (tuple, list)) and len(budget) == 2:
-        return Budget(*budget)
-    raise TuningConfigError(f"budget={budget!r} must be (epsilon, delta) or a Budget")
+        try:
+            return Budget(*budget)
+        except TuningConfigError as e:
+            raise (e if name == "budget" else TuningConfigError(f"{name}: {e}")) from None
+    raise TuningConfigError(f"{name}={budget!r} must be (epsilon, delta) or a Budget")
 
 
 @dataclass(frozen=True)
@@ -339,6 +342,7 @@ def as_space(space: Space | Mapping[str, Any]) -> Space:
 def _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate):
     """``make_privacy_plan``'s checks of its inputs. Returns ``(calibrated field, whether it is
     "auto")``."""
+    check_trainer(trainer)
     if not space.searched:
         raise TuningConfigError(
             "the search space is empty (no field is drawn at random): there is nothing to tune; "
@@ -374,6 +378,9 @@ def _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate
             "debug_nonprivate=True"
         )
     field = getattr(trainer, "calibrated_field", None)
+    value = space.fields.get(field)
+    if isinstance(value, str) and value != AUTO:  # a misspelt "auto" would reach the accountant
+        raise TuningConfigError(f"{field}={value!r}: write 'auto' (calibrated) or a number")
     autos = [name for name, v in space.fields.items() if v == AUTO]
     if any(name != field for name in autos):
         raise TuningConfigError(
@@ -390,6 +397,12 @@ def _privacy_space(space: Space, known: set[str], candidate_of: Callable) -> tup
     try:
         space = Space(space.to_dict(), privacy_fields=set(space.privacy_fields) | known)
         base = candidate_of(space.example())
+        if candidate_of(space.example()) != base:  # else blamed on the first field probed
+            raise TuningConfigError(
+                "the trainer's privacy(hparams) declared two different things for the same "
+                "hparams: it is not a pure function of them (no state, counter, clock or "
+                "randomness); dptune asks it again before each candidate trains"
+            )
         others = [n for n in space.searched if n not in space.privacy_relevant]
         dependent: list[str] = []
         for name, point in _one_field_variations(space, others):
@@ -423,7 +436,13 @@ def _worst_case(candidates, transform, budget, accountant, seeded, field, auto):
             return {}, total_privacy(cands, transform, budget.delta, accountant, seeded=seeded)
         except ValueError as e:
             raise TuningConfigError(f"cannot account this run: {e}") from None
-    candidates(1.0)  # invalid settings raise their own message here, not "no sigma found"
+    # invalid settings raise their own message here, not "no sigma found"
+    if candidates(1.0) == candidates(2.0):  # else "auto" would hand the trainer a floor value
+        raise TuningConfigError(
+            f"{field}='auto', but the trainer's privacy(hparams) does not change with it: the "
+            f"declaration must read hp[{field!r}] (the value the trainer trains with), or give "
+            f"{field} a value"
+        )
     try:
         # the memo: a second run of the same plan skips the search
         cal = calibrate(

@@ -12,6 +12,7 @@ import numbers
 from collections.abc import Mapping
 from typing import Any
 
+from dptune.trainer_protocol import FUNCTION_TRAINER
 from selection import counts
 
 
@@ -137,16 +138,23 @@ def _released(release: Any, trainer: str) -> list[str]:
             "",
         ]
         metric = getattr(release, "test_metric", None)
+        test: str | None
         if metric is not None:  # a model scored by its own metric: its units, not a percentage
             name, value = metric.get("name", "metric"), metric.get("value")
             test = "n/a" if value is None else num(value)
             score = f"{num(release.validation_score)} ({name})"
+        elif trainer.startswith(FUNCTION_TRAINER) and release.test_accuracy is None:
+            # a user function's score is in its own units (not necessarily an accuracy)
+            name, test = "", None
+            score = f"{num(release.validation_score)} (the function's own score)"
         else:
             name, test = "accuracy", _pct(release.test_accuracy)
             score = _pct(release.validation_score)
-        lines.append(
-            f"- **Test {name}** (public test split, reported only, never used to choose): {test}"
-        )
+        if test is not None:
+            lines.append(
+                f"- **Test {name}** (public test split, reported only, never used to choose): "
+                f"{test}"
+            )
         if "score" in getattr(release, "published", ("payload", "score")):
             lines.append(
                 "- Validation score the selection saw (noisy when the validation split is "

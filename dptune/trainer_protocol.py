@@ -31,6 +31,7 @@ import hashlib
 import inspect
 import json
 import math
+import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,11 +40,23 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from dptune.accounting.events import as_candidates
-from dptune.errors import CandidateFailure, TuningConfigError
+from dptune.errors import CandidateFailure, Refused, TuningConfigError
+
+#: How a release names a :class:`FunctionTrainer` (``your function 'train'``); the report reads
+#: its score in the function's own units, not as an accuracy.
+FUNCTION_TRAINER = "your function"
 
 
 def as_candidate(x: Any) -> Any:
     """A trainer's declared privacy as one ``dptune.accounting`` candidate."""
+    if isinstance(x, (tuple, list)):  # e.g. an (epsilon, delta) pair: read item by item, the
+        # refusal named only its first number
+        raise TuningConfigError(
+            f"the trainer's privacy(hparams) returned {x!r:.80}: it must return one DpEvent "
+            "(e.g. dp_accounting.dp_event.GaussianDpEvent(noise_multiplier)) or a dptune "
+            "accounting candidate (dptune.dpsgd_privacy(schedule, noise_multiplier)), which "
+            "dptune composes over the search; not an (epsilon, delta) pair or a list"
+        )
     try:
         cands = as_candidates(x)
     except ValueError as e:
@@ -72,6 +85,48 @@ def checked_result(score: Any, payload: Any) -> tuple[float, Any]:
     return value, payload
 
 
+def check_trainer(trainer: Any) -> None:
+    """TuningConfigError unless ``trainer`` has the protocol's two methods (:class:`Trainer`): a
+    plain function, the decorator forgotten, is refused with the decorator named."""
+    what = f"trainer={getattr(trainer, '__name__', None) or type(trainer).__name__}"
+    if not callable(getattr(trainer, "privacy", None)):
+        raise TuningConfigError(
+            f"{what} has no privacy(hparams) declaring what one candidate costs: wrap a training "
+            "function with @dptune.trainer(privacy=lambda hp: ..., num_examples=N) or "
+            "dptune.FunctionTrainer(fn, privacy_fn), or give your class a privacy method"
+        )
+    if not callable(trainer):
+        raise TuningConfigError(
+            f"{what} has privacy() but no __call__(hparams, rng) -> (score, payload) that trains "
+            "one candidate: define it, or wrap a training function with @dptune.trainer"
+        )
+
+
+def public_size(num_examples: Any, name: str = "num_examples") -> int | None:
+    """``num_examples`` as a positive int (None stays None): a PUBLIC size, never ``len()`` of
+    the private data nor the data itself; anything else is one TuningConfigError naming ``name``."""
+    if num_examples is None:
+        return None
+    shape = getattr(num_examples, "shape", ())
+    if shape:
+        raise TuningConfigError(
+            f"{name}=<array of shape {tuple(shape)}>: pass the PUBLIC number of training "
+            "records (an int you would publish), not the data"
+        )
+    ok = not isinstance(num_examples, (bool, np.bool_, str, bytes))
+    try:
+        n = int(num_examples)
+        ok = ok and n == num_examples and n >= 1
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
+        raise TuningConfigError(
+            f"{name}={num_examples!r} must be a positive integer: the PUBLIC number of training "
+            "records"
+        )
+    return n
+
+
 def code_digest(trainer: Any) -> str:
     """A digest (16 hex characters) of the code that trains ``trainer``'s candidates (the journal
     binds a workdir to it): its ``code_digest()`` hook, else the source of a ``FunctionTrainer``'s
@@ -98,7 +153,9 @@ def source_digest(objects: Sequence[Any] = (), files: Sequence[Path] = ()) -> st
         except (OSError, TypeError):
             code = getattr(obj, "__code__", None)
             h.update(
-                repr(obj).encode() if code is None else code.co_code + repr(code.co_consts).encode()
+                code.co_code + repr(code.co_consts).encode()
+                if isinstance(code, types.CodeType)
+                else repr(obj).encode()
             )
     for path in sorted(files):
         h.update(str(Path(path).name).encode())
@@ -210,15 +267,33 @@ class FunctionTrainer:
     #: the accounted declaration of each candidate the tuner will train (``bind_accounted``)
     _accounted: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        self.num_examples = public_size(self.num_examples)
+
     def privacy(self, hparams: Mapping[str, Any]) -> Any:
-        return self.privacy_fn(hparams) if callable(self.privacy_fn) else self.privacy_fn
+        """``privacy_fn(hparams)`` (or ``privacy_fn`` itself); an exception from it is one
+        TuningConfigError naming ``privacy=`` (it is asked before anything trains)."""
+        if not callable(self.privacy_fn):
+            return self.privacy_fn
+        try:
+            return self.privacy_fn(hparams)
+        except Refused:  # dptune's own refusal (e.g. from dptune.dpsgd_privacy) says it already
+            raise
+        except Exception as e:  # noqa: BLE001 - any error in the user's declaration is theirs
+            first = (str(e).splitlines() or [""])[0][:200]
+            raise TuningConfigError(
+                f"privacy= of {self.name} raised {type(e).__name__}: {first} at hparams "
+                f"{dict(hparams)}: it must return a DpEvent for every point of the search space"
+            ) from None
 
     def bind_accounted(self, pairs: Iterable[tuple[Mapping[str, Any], Any]]) -> None:
         """``(hparams, declared privacy)`` of every candidate the accountant covered: the event
         ``fn`` returns is compared with these, never with a fresh call of ``privacy``."""
         self._accounted = {_hparams_key(hp): as_candidate(c) for hp, c in pairs}
 
-    def __call__(self, hparams: Mapping[str, Any], rng: np.random.Generator) -> tuple[float, Any]:
+    def __call__(self, hparams: Mapping[str, Any], rng: np.random.Generator) -> tuple[Any, Any]:
+        """``fn``'s ``(score, payload)``, its event checked; the score as returned (the tuner's
+        ``checked_result`` records one that is not a finite number as a failure)."""
         out = self.fn(dict(hparams), rng)
         if not isinstance(out, tuple) or len(out) not in (2, 3):
             raise TypeError(
@@ -234,7 +309,7 @@ class FunctionTrainer:
                     f"{self.name} returned the DpEvent {out[2]!r} but {declared!r} was accounted "
                     f"for hparams {dict(hparams)}: the accountant charged the accounted one"
                 )
-        return float(out[0]), out[1]
+        return out[0], out[1]
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "function", "name": self.name, "num_examples": self.num_examples}

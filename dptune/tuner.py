@@ -61,7 +61,14 @@ from dptune.release import (
     write_release,
 )
 from dptune.space import Space
-from dptune.trainer_protocol import FunctionTrainer, ReleaseView, checked_result, code_digest
+from dptune.trainer_protocol import (
+    FUNCTION_TRAINER,
+    FunctionTrainer,
+    ReleaseView,
+    check_trainer,
+    checked_result,
+    code_digest,
+)
 from selection import Plan
 
 log = logging.getLogger("dptune")
@@ -248,6 +255,12 @@ def preflight(
     writing nothing: the one validation shared by the run and ``dptune --dry_run`` (raises what
     ``tune`` raises): the privacy plan, the data's schema at every probe point of the space, then
     :func:`check_run` (the workdir's journal and the dataset's ledger)."""
+    check_trainer(trainer)
+    if isinstance(selection, type):
+        raise TuningConfigError(
+            f"selection={selection.__name__} is a class: pass a selection method, e.g. "
+            "RandomStopping.logarithmic(mean=3)"
+        )
     space = as_space(space)
     config = describe_run(trainer, space, selection, budget, opts)
 
@@ -290,7 +303,7 @@ def check_run(
         run_id, resuming, finished = _check_existing_run(workdir / "private", config, code)
     log.info("accounting: checking the total budget (calibrating the noise if 'auto')")
     plan = make_plan()
-    dsb = as_budget(opts.dataset_budget) if opts.dataset_budget is not None else None
+    dsb = None if opts.dataset_budget is None else as_budget(opts.dataset_budget, "dataset_budget")
     name = str(getattr(getattr(trainer, "data", None), "name", "") or "")
     pre = Preflight(plan, budget, config, code, workdir, ledger, fp, dsb, name, None, resuming)
     if ledger is None or finished:
@@ -605,7 +618,7 @@ def release_selected(
         )
     name = getattr(trainer, "kind", "") or type(trainer).__name__
     if isinstance(trainer, FunctionTrainer):
-        name = f"your function {trainer.name!r}"
+        name = f"{FUNCTION_TRAINER} {trainer.name!r}"
     common = dict(published=published, trainer_name=str(name))
     if index is None or records[index].failed:
         # A failed selected candidate: the selections rank a failure below every score, so every

@@ -763,7 +763,9 @@ def check_declared_size(actual: int, declared: int, name: str) -> None:
     data, and a refusal of one neighbour but not the other would release it. The
     guarantee uses only the declared size."""
     if isinstance(declared, bool) or not isinstance(declared, (int, np.integer)) or declared < 1:
-        raise ValueError(f"num_examples={declared!r} must be a positive integer")
+        shape = getattr(declared, "shape", ())  # the data itself: never print its values
+        shown = f"<array of shape {tuple(shape)}>" if shape else repr(declared)
+        raise ValueError(f"num_examples={shown} must be a positive integer: the PUBLIC size")
     if abs(actual - declared) > SIZE_TOLERANCE * declared:
         log.warning(
             "the %r training file holds %d records, far from the declared public size %d (more "

@@ -153,12 +153,21 @@ class DpSgdSchedule:
     def __post_init__(self):
         for name in ("num_examples", "batch_size", "epochs"):
             v = getattr(self, name)
-            if isinstance(v, bool) or int(v) != v or v < 1:
-                raise ValueError(f"DpSgdSchedule.{name}={v!r} must be a positive integer")
+            if getattr(v, "shape", ()):  # the private data passed where its public size goes
+                raise ValueError(
+                    f"DpSgdSchedule({name}=<array of shape {tuple(v.shape)}>): pass the PUBLIC "
+                    "number (an int you would publish, e.g. Dataset.public_num_train), not data"
+                )
+            try:
+                ok = not isinstance(v, (bool, str)) and int(v) == v and v >= 1
+            except (TypeError, ValueError, OverflowError):
+                ok = False
+            if not ok:
+                raise ValueError(f"DpSgdSchedule({name}={v!r}): must be a positive integer")
         if self.num_examples < self.batch_size:
             raise ValueError(
-                f"num_train={self.num_examples} is smaller than the expected batch size "
-                f"{self.batch_size}"
+                f"DpSgdSchedule(num_examples={self.num_examples} < batch_size={self.batch_size}): "
+                "the expected batch size must not exceed the public number of training records"
             )
 
     @classmethod
@@ -180,14 +189,33 @@ class DpSgdSchedule:
 
     def privacy(self, noise_multiplier: float) -> DpSgdPrivacy:
         """``steps`` Poisson-subsampled Gaussian mechanisms at rate q with this noise multiplier."""
-        return DpSgdPrivacy(self.sampling_rate, self.steps, float(noise_multiplier))
+        try:
+            sigma = float(noise_multiplier)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"noise_multiplier={noise_multiplier!r}: a number is needed (in dptune.tune, "
+                "privacy= receives the calibrated value in place of 'auto')"
+            ) from None
+        return DpSgdPrivacy(self.sampling_rate, self.steps, sigma)
 
     def sampler(self, num_records: int, rng: Any, max_chunk: int = 256) -> Any:
         """A ``trainers.sampling.PoissonSampler`` over the ``num_records`` records actually held
         (each included with probability q, the accountant's rate), with chunks of at most
         ``max_chunk`` slots. ``rng``: a numpy Generator seeded from secret entropy."""
+        import numpy as np
+
         from trainers.sampling import PoissonSampler  # scipy: only when sampling
 
+        if getattr(num_records, "shape", ()):
+            raise ValueError(
+                f"num_records=<array of shape {tuple(num_records.shape)}>: pass len(x), the "
+                "number of records held"
+            )
+        if not isinstance(rng, np.random.Generator):
+            raise ValueError(
+                f"rng={rng!r:.60}: pass a numpy Generator seeded from secret entropy, e.g. "
+                "np.random.default_rng() (the tuner's rng argument is one)"
+            )
         return PoissonSampler(
             num_records, self.batch_size, rng, sampling_rate=self.sampling_rate,
             max_chunk=max_chunk,

@@ -14,6 +14,7 @@ A DP-SGD step with them (Abadi et al. 2016, Algorithm 1, with Poisson sampling):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -77,11 +78,14 @@ class clipped_grad_sum:  # noqa: N801 - used like a function: clipped_grad_sum(m
         if hit is not None:
             return hit
         if isinstance(self.model, (nn.Module, nnx_model.NnxModel)):
-            spec = models.user_model(
-                self.model, key[0], key[1], loss=self.loss, label_shape=y_shape,
-                label_dtype=y_dtype, check_metric=False,
-            )  # fmt: skip
-            impl = step.resolve_grad_impl(spec, self.grad_impl, key[0])
+            # The checks run on synthetic inputs, eagerly even when the first call is traced
+            # (a train step under the user's own jax.jit).
+            with jax.ensure_compile_time_eval():
+                spec = models.user_model(
+                    self.model, key[0], key[1], loss=self.loss, label_shape=y_shape,
+                    label_dtype=y_dtype, check_metric=False,
+                )  # fmt: skip
+                impl = step.resolve_grad_impl(spec, self.grad_impl, key[0])
             loss = self.loss or dpsgd.per_example_loss
 
             def fn(p, x, y, m, c, rng=None):
@@ -117,9 +121,34 @@ class clipped_grad_sum:  # noqa: N801 - used like a function: clipped_grad_sum(m
     def __call__(
         self, params: Any, x: Any, y: Any, mask: Any, clip_norm: Any, *, key: Any = None
     ) -> tuple[Any, Any]:
-        """(clipped gradient sum with the parameters' structure, sum of masked losses). ``key``:
-        a fresh secret PRNG key for this call's dropout (training mode); None: evaluation mode."""
+        """(clipped gradient sum with the parameters' structure, sum of masked losses). ``x``:
+        (b, ...) inputs, ``y``: (b, ...) labels, ``mask``: (b,) with 1 for a real example and 0
+        for padding; ``clip_norm`` C > 0 (L2, in gradient units). ``key``: a fresh secret PRNG
+        key for this call's dropout (training mode); None: evaluation mode."""
+        _check_positive("clip_norm", clip_norm)
+        if mask is None:
+            raise ValueError("mask=None: pass a (b,) array of ones (zeros for padded rows)")
+        rows = np.shape(x)[0] if np.ndim(x) else None
+        for name, v in (("y", y), ("mask", mask)):
+            n = np.shape(v)[0] if np.ndim(v) else None
+            if n != rows:
+                raise ValueError(
+                    f"clipped_grad_sum: {name} has {n} rows but x has {rows}: one row per "
+                    "example (mask: (b,))"
+                )
         return self._resolve(x, y)[1](params, x, y, mask, jnp.float32(clip_norm), key)
+
+
+def _check_positive(name: str, value: Any) -> None:
+    """ValueError unless a concrete ``value`` is a finite number > 0 (a traced one passes)."""
+    if isinstance(value, jax.core.Tracer):
+        return
+    try:
+        ok = np.ndim(value) == 0 and math.isfinite(float(value)) and float(value) > 0
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"{name}={value!r} must be a finite number > 0")
 
 
 def add_noise(
@@ -134,7 +163,18 @@ def add_noise(
     sum of sensitivity ``clip_norm`` (Abadi et al. 2016, Algorithm 1). With
     ``expected_batch_size`` B, divided by B: the noisy average gradient (divide by the EXPECTED
     batch size, never the realised one, whose value would leak). ``key``: a fresh key per step,
-    from secret entropy."""
+    from secret entropy (``jax.random.key(seed)`` or ``jax.random.PRNGKey``), split or folded
+    per step. A zero or negative ``noise_multiplier``, ``clip_norm`` or ``expected_batch_size`` is
+    refused (ValueError): with no noise nothing is private."""
+    _check_positive("noise_multiplier", noise_multiplier)
+    _check_positive("clip_norm", clip_norm)
+    if expected_batch_size is not None:
+        _check_positive("expected_batch_size", expected_batch_size)
+    if not isinstance(key, (jax.Array, jax.core.Tracer)):
+        raise ValueError(
+            f"key={key!r:.60}: pass a JAX PRNG key from secret entropy, e.g. "
+            "jax.random.key(seed) or jax.random.PRNGKey(seed), a fresh one per step"
+        )
     noisy = dpsgd.add_noise(grad_sum, key, noise_multiplier, clip_norm)
     if expected_batch_size is None:
         return noisy
