@@ -341,7 +341,8 @@ class DryRun:
             return text + "\n\nLedger: none (config.ledger.enabled=False): charged nowhere."
         s = pre.spend
         budget = f"(epsilon={s.budget_epsilon:g}, delta={s.budget_delta:g})"
-        how = (f"has no lifetime budget yet; the run would register the default {budget}"
+        what = "the budget this run states" if pre.dataset_budget is not None else "the default"
+        how = (f"has no lifetime budget yet; the run would register {what} {budget}"
                if s.registered else f"has the lifetime budget {budget}")  # fmt: skip
         return text + (
             f"\n\nLedger {pre.ledger}: dataset {pre.fingerprint} {how}; after this run it would "
@@ -498,9 +499,25 @@ def load_user_arrays(cfg: Mapping[str, Any]) -> Any:
     except ConfigError:
         raise
     except dpsgd.DatasetNotFoundError as e:
-        raise ConfigError(f"config.data: {e}") from None
+        raise ConfigError(f"config.data: {_in_config_words(e)}") from None
     except Exception as e:  # a user's loader or file: one line naming the field
         raise ConfigError(f"config.data ({kind}): {type(e).__name__}: {e}") from None
+
+
+#: The data loader's keywords, as its message names them, and the command's fields for them.
+_DATA_KEYWORDS = {
+    "data_dir=<folder>": "--config.data.dir=<folder>",
+    "source='idx'": "--config.data.source=idx",
+    "source='cifar_pickle'": "--config.data.source=cifar_pickle",
+}
+
+
+def _in_config_words(e: Exception) -> str:
+    """The data loader's message with its keywords as ``--config.data`` fields."""
+    text = str(e)
+    for keyword, field in _DATA_KEYWORDS.items():
+        text = text.replace(keyword, field)
+    return text
 
 
 def load_data(cfg: Mapping[str, Any]) -> Any:
@@ -519,7 +536,7 @@ def load_data(cfg: Mapping[str, Any]) -> Any:
             validation_public=bool(d.get("validation_public", False)),
         )  # fmt: skip
     except dpsgd.DatasetNotFoundError as e:
-        raise ConfigError(f"config.data: {e}") from None
+        raise ConfigError(f"config.data: {_in_config_words(e)}") from None
     except (ValueError, OSError, EOFError) as e:
         raise ConfigError(f"config.data ({d['name']!r} from {data_dir!r}): {e}") from None
 

@@ -1,0 +1,76 @@
+"""A newcomer's mistakes on the command line, each refused in the command's own words: the
+``--config.`` field to fix (never a library keyword) in one ``dptune:`` line, exit code 2, nothing
+charged. In-process (``dptune.cli.main.cli``) on the tiny DP-Fisher config: milliseconds each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dptune.cli import build
+from dptune.cli.main import cli
+from tests.dptune.cli.tiny import CONFIG, write_dataset
+from trainers import data as trainers_data
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    return write_dataset(tmp_path_factory.mktemp("tiny") / "data")
+
+
+def run(capsys, tmp: Path, data: Path, *extra: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = cli([
+        "dptune", f"--config={CONFIG}", f"--config.data.dir={data}", f"--workdir={tmp / 'run'}",
+        "--noprogress", "--seed=1", f"--config.ledger.path={tmp / 'ledger.sqlite'}", *extra,
+    ])  # fmt: skip
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def refusal(code: int, err: str, tmp: Path) -> str:
+    """The one refusal line: exit 2, no traceback, no other warning, no ledger, no journal."""
+    assert code == 2, err[-2000:]
+    lines = [ln for ln in err.splitlines() if ln.startswith("dptune: refused:")]
+    assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    assert not (tmp / "ledger.sqlite").exists() and not (tmp / "run" / "private").exists()
+    return lines[0]
+
+
+def test_an_unknown_override_is_named_with_the_field_it_meant(capsys, tmp_path, data_dir):
+    line = refusal(*run(capsys, tmp_path, data_dir, "--config.train.num_featurs=3")[:3:2], tmp_path)
+    assert "--config.train.num_featurs" in line and "--config.train.num_features" in line, line
+    assert "--config.ledger.path" not in line, line  # not every override given: the wrong one
+    line = refusal(*run(capsys, tmp_path, data_dir, "--config.foo=1")[:3:2], tmp_path)
+    assert "--config.foo" in line and "--config.data.dir" not in line, line
+
+
+def test_an_impossible_budget_names_the_config_fields_once(capsys, tmp_path, data_dir):
+    code, _, err = run(capsys, tmp_path, data_dir, "--config.privacy.epsilon=0.001")
+    line = refusal(code, err, tmp_path)
+    assert "calibration failed" not in err, err  # the refusal says it once, in the command's words
+    for field in ("--config.privacy.epsilon", "--config.selection.mean_trials",
+                  "--config.train.score_noise_std"):  # fmt: skip
+        assert field in line, (field, line)
+
+
+def test_a_dataset_not_found_names_the_config_fields(capsys, tmp_path, data_dir, monkeypatch):
+    def not_found(*args, **kwargs):
+        raise build.dpsgd.DatasetNotFoundError(
+            "tensorflow-datasets could not load 'mnist': no module. " + trainers_data._HOW_TO_POINT
+        )
+
+    monkeypatch.setattr(build.dpsgd, "load_dataset", not_found)
+    line = refusal(*run(capsys, tmp_path, data_dir, "--dry_run")[:3:2], tmp_path)
+    assert "--config.data.dir=<folder>" in line and "--config.data.source=idx" in line, line
+    assert " data_dir=<folder>" not in line and "source='idx'" not in line, line
+
+
+def test_the_dry_run_says_a_stated_ledger_budget_is_the_configs_not_the_default(
+    capsys, tmp_path, data_dir
+):
+    code, out, err = run(capsys, tmp_path, data_dir, "--dry_run")  # the config states (100, 0.01)
+    assert code == 0, err[-2000:]
+    assert "would register the budget this run states (epsilon=100, delta=0.01)" in out, out[-800:]
+    assert "the default" not in out, out[-800:]
