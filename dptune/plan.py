@@ -362,10 +362,10 @@ def _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate
     _check_score_kind(trainer, selection, debug_nonprivate)
     n = getattr(trainer, "num_examples", None)
     if n is not None and budget.delta >= 1.0 / n:
-        raise TuningConfigError(
-            f"delta={budget.delta:g} must be below 1/n = {1.0 / n:.3g} for n={n} training examples "
-            "(a larger delta allows releasing an example outright)"
-        )
+        why = (f"must be below 1/n = {1.0 / n:.3g} for n={n} training examples (a larger delta "
+               "allows releasing an example outright)")  # fmt: skip
+        command = f"--config.privacy.delta={budget.delta:g} {why}"
+        raise TuningConfigError(f"delta={budget.delta:g} {why}", command=command)
     if hasattr(trainer, "check_adjacency"):
         trainer.check_adjacency(adjacency)
     if not selection.privacy.is_private and not debug_nonprivate:

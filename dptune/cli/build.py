@@ -11,6 +11,7 @@ import functools
 import importlib
 import logging
 import os
+import re
 import sys
 from collections.abc import Mapping
 from contextlib import nullcontext
@@ -407,6 +408,28 @@ def run_config(
         # when a refusal (workdir in use, data not found, budget) comes before training.
         if hasattr(executor, "close"):
             executor.close()
+
+
+#: A trainer's refusal of one hyperparameter (``Hyperparams.epochs=0: ...``, ``num_features=0 ...``)
+#: after the dict of every hyperparameter it was given, and a search space's refusal of one field.
+_HPARAM = re.compile(r"invalid [\w-]+ hyperparameters \{.*\}: (?:Hyperparams\.)?(\w+)=")
+_SPACE_FIELD = re.compile(r"space field '(\w+)'")
+
+
+def in_config_words(e: Refused, cfg: Mapping[str, Any]) -> Refused:
+    """``e`` with the library's names of a hyperparameter (``Hyperparams.epochs=``) or a space
+    field (``space field 'learning_rate'``) as the ``--config.`` field that sets it, for the
+    command's line (``e.command``; ``str(e)`` keeps the library's words)."""
+    text = e.for_command()
+    space = (cfg.get("space") if hasattr(cfg, "get") else None) or {}  # a config may be anything
+
+    def hparam(m: re.Match) -> str:
+        return f"--config.{'space' if m.group(1) in space else 'train'}.{m.group(1)}="
+
+    words = _SPACE_FIELD.sub(r"--config.space.\1", _HPARAM.sub(hparam, text))
+    if words != text:
+        e.command = words
+    return e
 
 
 def _filled(space: Any, calibrated: Mapping[str, Any]) -> space_mod.Space:

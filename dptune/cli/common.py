@@ -69,7 +69,9 @@ def refuse(message: object) -> int:
     """Prints the refusal line (a :class:`Refused` in the command's words); returns REFUSED."""
     if isinstance(message, Refused):
         message = _KEYWORD.sub(lambda m: _KEYWORD_FIELDS[m.group(1)] + "=", message.for_command())
-    print("dptune: refused: " + one_line(message), file=sys.stderr)
+    # the line starts "dptune: refused:" already (a message may start with it: not twice)
+    message = re.sub(r"^refused( before any private computation)?:\s*", "", one_line(message))
+    print("dptune: refused: " + message, file=sys.stderr)
     return REFUSED
 
 

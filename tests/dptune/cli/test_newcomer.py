@@ -74,3 +74,36 @@ def test_the_dry_run_says_a_stated_ledger_budget_is_the_configs_not_the_default(
     assert code == 0, err[-2000:]
     assert "would register the budget this run states (epsilon=100, delta=0.01)" in out, out[-800:]
     assert "the default" not in out, out[-800:]
+
+
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("--config.privacy.delta=0.1", "--config.privacy.delta=0.1 must be below 1/n"),
+        ("--config.train.num_features=0", "--config.train.num_features=0"),
+        ("--config.space.clip_norm.low=9.0", "--config.space.clip_norm: log_uniform"),
+    ],
+    ids=["delta-above-1/n", "hyperparameter", "space-field"],
+)
+def test_a_refused_value_names_its_config_field(capsys, tmp_path, data_dir, override, words):
+    line = refusal(*run(capsys, tmp_path, data_dir, override)[:3:2], tmp_path)
+    assert words in line, line
+    assert "Hyperparams." not in line and "space field" not in line, line
+
+
+def test_a_refusal_says_refused_once(capsys, tmp_path, data_dir):
+    """The ledger's refusal starts "refused before any private computation": not after
+    "dptune: refused:" again."""
+    line = refusal(*run(capsys, tmp_path, data_dir, "--config.ledger.budget_epsilon=1.0")[:3:2],
+                   tmp_path)  # fmt: skip
+    assert line.startswith("dptune: refused: this run costs"), line
+
+
+def test_account_names_a_missing_selection_option_as_its_flag(capsys):
+    from dptune.cli import account
+
+    capsys.readouterr()
+    code = account.cli(["account", "--sampling_rate=0.01", "--noise_multiplier=1.1",
+                        "--steps=100", "--selection=poisson"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "needs ['--mean_trials']" in err, err
