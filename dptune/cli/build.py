@@ -414,6 +414,8 @@ def run_config(
 #: after the dict of every hyperparameter it was given, and a search space's refusal of one field.
 _HPARAM = re.compile(r"invalid [\w-]+ hyperparameters \{.*\}: (?:Hyperparams\.)?(\w+)=")
 _SPACE_FIELD = re.compile(r"space field '(\w+)'")
+#: A shipped model's refusal of the data (its input shape), the model named by its name only.
+_SHIPPED_MODEL = re.compile(r"^model '(\w+)' ")
 
 
 def in_config_words(e: Refused, cfg: Mapping[str, Any]) -> Refused:
@@ -421,12 +423,20 @@ def in_config_words(e: Refused, cfg: Mapping[str, Any]) -> Refused:
     field (``space field 'learning_rate'``) as the ``--config.`` field that sets it, for the
     command's line (``e.command``; ``str(e)`` keeps the library's words)."""
     text = e.for_command()
-    space = (cfg.get("space") if hasattr(cfg, "get") else None) or {}  # a config may be anything
+    cfg = _plain(cfg)  # a ConfigDict, or anything a config file returned
+    space = _get(cfg, "space") or {}
 
     def hparam(m: re.Match) -> str:
         return f"--config.{'space' if m.group(1) in space else 'train'}.{m.group(1)}="
 
     words = _SPACE_FIELD.sub(r"--config.space.\1", _HPARAM.sub(hparam, text))
+    if _get(cfg, "model") is None:  # the model of config.train (or .space), not config.model
+        section = "space" if "model" in space else "train"
+        words = _SHIPPED_MODEL.sub(
+            rf"--config.{section}.model='\1' (the config's model; --config.model="
+            r"pkg.module:factory trains yours) ",
+            words,
+        )
     if words != text:
         e.command = words
     return e
@@ -460,6 +470,15 @@ def build_trainer(cfg: Mapping[str, Any], data: Any, *, progress: bool = False) 
             # a factory may return {"model": module, "loss": fn, "metric": dptune.Metric}: the
             # route for labels the default loss and accuracy do not read (float, (n, k), (n, L))
             parts = built if isinstance(built, Mapping) else {"model": built}
+            if ":" in model and data.num_classes == 0 and "loss" not in parts:
+                # refused before the module's init, which a head of 0 classes may crash
+                raise ConfigError(
+                    f"config.model={model!r}: the labels of config.data are not class ids (float "
+                    "or more than one per record: num_classes=0), which the default loss "
+                    "(softmax cross-entropy) cannot train: make the factory return {'model': "
+                    "module, 'loss': fn(outputs, labels) -> (b,) per-example losses, 'metric': "
+                    "dptune.Metric(fn, lo, hi)} (docs/your_model.md), or give integer class labels"
+                )
             options.update({k: parts[k] for k in ("model", "loss", "metric") if k in parts})
         if cfg.get("init"):  # '' is no init: --config.init='' turns a config's start off
             options["init"] = cfg["init"]
@@ -524,7 +543,9 @@ def load_user_arrays(cfg: Mapping[str, Any]) -> Any:
     except dpsgd.DatasetNotFoundError as e:
         raise ConfigError(f"config.data: {_in_config_words(e)}") from None
     except Exception as e:  # a user's loader or file: one line naming the field
-        raise ConfigError(f"config.data ({kind}): {type(e).__name__}: {e}") from None
+        raise ConfigError(
+            f"config.data ({kind}): {type(e).__name__}: {_in_config_words(e)}"
+        ) from None
 
 
 #: The data loader's keywords, as its message names them, and the command's fields for them.
@@ -532,6 +553,7 @@ _DATA_KEYWORDS = {
     "data_dir=<folder>": "--config.data.dir=<folder>",
     "source='idx'": "--config.data.source=idx",
     "source='cifar_pickle'": "--config.data.source=cifar_pickle",
+    "Dataset.from_arrays needs num_classes=...": "it needs --config.data.num_classes=K",
 }
 
 

@@ -107,3 +107,73 @@ def test_account_names_a_missing_selection_option_as_its_flag(capsys):
                         "--steps=100", "--selection=poisson"])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 2 and "needs ['--mean_trials']" in err, err
+
+
+def make_mlp(num_classes: int):
+    """A newcomer's ``config.model`` factory: a head of ``num_classes`` outputs."""
+    import flax.linen as nn
+
+    return nn.Dense(num_classes)
+
+
+def test_float_labels_with_a_bare_module_say_which_loss_is_missing(capsys, tmp_path):
+    """Regression targets (float labels: ``num_classes=0``) and a factory returning a module
+    without a loss: the refusal says the default loss needs class ids (it was a
+    ``ZeroDivisionError`` from initialising a head of 0 outputs)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", x_train=rng.normal(size=(100, 4)), y_train=rng.normal(size=100))
+    capsys.readouterr()
+    code = cli([
+        "dptune", "--config=user", f"--config.data.path={tmp_path / 'd.npz'}",
+        "--config.data.num_examples=100", f"--config.model={__name__}:make_mlp",
+        f"--workdir={tmp_path / 'run'}", f"--config.ledger.path={tmp_path / 'ledger.sqlite'}",
+        "--noprogress", "--dry_run",
+    ])  # fmt: skip
+    line = refusal(code, capsys.readouterr().err, tmp_path)
+    assert "config.model=" in line and "not class ids" in line and "'loss'" in line, line
+    assert "ZeroDivisionError" not in line, line
+
+
+def test_the_users_config_without_config_model_names_the_model_it_trained(capsys, tmp_path):
+    """``--config=user`` on tabular rows without ``--config.model``: the config's own model (a
+    shipped CNN) is named as its field, with the flag that gives yours."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(120, 4)), rng.integers(0, 2, 120)
+    np.savez(tmp_path / "d.npz", x_train=x[:100], y_train=y[:100], x_test=x[100:], y_test=y[100:])
+    capsys.readouterr()
+    code = cli([
+        "dptune", "--config=user", f"--config.data.path={tmp_path / 'd.npz'}",
+        "--config.data.num_examples=100", f"--workdir={tmp_path / 'run'}",
+        f"--config.ledger.path={tmp_path / 'ledger.sqlite'}", "--noprogress", "--dry_run",
+    ])  # fmt: skip
+    line = refusal(code, capsys.readouterr().err, tmp_path)
+    assert "--config.train.model='cnn26k'" in line and "--config.model=" in line, line
+
+
+def test_arrays_without_a_test_split_ask_for_config_data_num_classes(capsys, tmp_path):
+    """An ``.npz`` of ``x_train``, ``y_train`` only (the test split is optional): the number of
+    classes cannot be read from public labels, and the refusal names the field that gives it."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", x_train=rng.normal(size=(100, 4)), y_train=rng.integers(0, 2, 100))
+    capsys.readouterr()
+    code = cli([
+        "dptune", "--config=user", f"--config.data.path={tmp_path / 'd.npz'}",
+        "--config.data.num_examples=100", f"--config.model={__name__}:make_mlp",
+        f"--workdir={tmp_path / 'run'}", f"--config.ledger.path={tmp_path / 'ledger.sqlite'}",
+        "--noprogress", "--dry_run",
+    ])  # fmt: skip
+    line = refusal(code, capsys.readouterr().err, tmp_path)
+    assert "--config.data.num_classes=K" in line and "num_classes=..." not in line, line
+    code = cli([
+        "dptune", "--config=user", f"--config.data.path={tmp_path / 'd.npz'}",
+        "--config.data.num_examples=100", f"--config.model={__name__}:make_mlp",
+        f"--workdir={tmp_path / 'run'}", f"--config.ledger.path={tmp_path / 'ledger.sqlite'}",
+        "--noprogress", "--dry_run", "--config.data.num_classes=2",
+    ])  # fmt: skip
+    assert code == 0, capsys.readouterr().err[-2000:]
