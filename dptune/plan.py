@@ -366,10 +366,10 @@ def _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate
     _check_score_kind(trainer, selection, debug_nonprivate)
     n = getattr(trainer, "num_examples", None)
     if n is not None and budget.delta >= 1.0 / n:
-        raise TuningConfigError(
-            f"delta={budget.delta:g} must be below 1/n = {1.0 / n:.3g} for n={n} training examples "
-            "(a larger delta allows releasing an example outright)"
-        )
+        why = (f"must be below 1/n = {1.0 / n:.3g} for n={n} training examples (a larger delta "
+               "allows releasing an example outright)")  # fmt: skip
+        command = f"--config.privacy.delta={budget.delta:g} {why}"
+        raise TuningConfigError(f"delta={budget.delta:g} {why}", command=command)
     if hasattr(trainer, "check_adjacency"):
         trainer.check_adjacency(adjacency)
     if not selection.privacy.is_private and not debug_nonprivate:
@@ -450,16 +450,23 @@ def _worst_case(candidates, transform, budget, accountant, seeded, field, auto):
             compare=False, memo=default_memo(),
         )  # fmt: skip
     except ValueError as e:
-        log.info("calibration failed: %s", e)
+        log.debug("calibration failed: %s", e)  # the refusal below says it, in the user's words
         try:  # no route even at the most noise: say why, since no budget or noise would help
             total_privacy(candidates(SIGMA_MAX), transform, budget.delta, accountant)
         except ValueError as why:
             raise TuningConfigError(f"cannot account this run: {why}") from None
+        what = f"no {field.replace('_', ' ')} meets the total budget"
         raise ImpossibleBudgetError(
-            f"no {field.replace('_', ' ')} meets the total budget (epsilon={budget.epsilon:g}, "
-            f"delta={budget.delta:g}) with {transform.name}: raise the budget, lower the "
-            "mean number of trials, train for fewer steps / a smaller sampling rate, or raise "
-            "the validation score's noise (score_noise_std), a cost no noise multiplier lowers"
+            f"{what} (epsilon={budget.epsilon:g}, delta={budget.delta:g}) with {transform.name}: "
+            "raise the budget, lower the mean number of trials, train for fewer steps / a smaller "
+            "sampling rate, or raise the validation score's noise (score_noise_std), a cost no "
+            "noise multiplier lowers",
+            command=f"{what} (--config.privacy.epsilon={budget.epsilon:g}, --config.privacy.delta="
+            f"{budget.delta:g}) with {transform.name}: raise --config.privacy.epsilon, lower "
+            "--config.selection.mean_trials, train for fewer steps or a smaller sampling rate "
+            "(--config.train.epochs, --config.train.batch_size), or raise "
+            "--config.train.score_noise_std (the validation score's noise, a cost no noise "
+            "multiplier lowers)",
         ) from None
     return {field: float(cal.noise_multiplier)}, cal.statement
 

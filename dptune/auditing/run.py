@@ -245,7 +245,10 @@ def _kind_and_size(hooks, canaries, kind, what, break_, score, confidence) -> tu
         if design is None:
             raise TuningConfigError(
                 "this trainer does not design canaries: pass canaries=(x, y), records to add to "
-                "its training data, and score=fn(payload, x, y) -> membership scores"
+                "its training data, and score=fn(payload, x, y) -> membership scores",
+                command="config.trainer: this trainer designs no canaries, so `dptune audit` "
+                "cannot audit it (config.trainer='dpsgd' can); audit it from Python with "
+                "dptune.audit(..., canaries=(x, y), score=fn(payload, x, y))",
             )
         kind = kind or "gradient"
         m = DEFAULT_CANARIES[kind] if canaries is None else canaries

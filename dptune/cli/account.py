@@ -93,6 +93,8 @@ def _check_inputs() -> None:
 #: A library message's ``name=`` of one of this command's flags, to be written as the flag.
 _NAMES = [f.name for f in (_SAMPLING_RATE, _NOISE, _STEPS, _DELTA, _TARGET, _SCORE, _LAPLACE)]
 _FLAG_NAMED = re.compile(r"(?<![\w.-])(" + "|".join([*_NAMES, *_OPTION_FLAGS]) + r")=")
+#: A selection option quoted in the registry's message (``needs ['mean_trials']``).
+_OPTION_QUOTED = re.compile(r"'(" + "|".join(_OPTION_FLAGS) + r")'")
 
 
 def _result() -> tuple[dict, str]:
@@ -147,7 +149,8 @@ def main(argv: list[str]) -> int:
         with summarised_accounting_warnings():
             out, text = _result()
     except ValueError as e:  # ArgumentError and the library's own input checks
-        return common.refuse(_FLAG_NAMED.sub(r"--\1=", str(e)))
+        text = _FLAG_NAMED.sub(r"--\1=", str(e))  # the selection's options, named as flags:
+        return common.refuse(_OPTION_QUOTED.sub(r"'--\1'", text))  # needs ['--mean_trials']
     print(json.dumps(out) if _JSON.value else text)
     return common.OK
 

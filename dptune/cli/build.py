@@ -11,6 +11,7 @@ import functools
 import importlib
 import logging
 import os
+import re
 import sys
 from collections.abc import Mapping
 from contextlib import nullcontext
@@ -341,7 +342,8 @@ class DryRun:
             return text + "\n\nLedger: none (config.ledger.enabled=False): charged nowhere."
         s = pre.spend
         budget = f"(epsilon={s.budget_epsilon:g}, delta={s.budget_delta:g})"
-        how = (f"has no lifetime budget yet; the run would register the default {budget}"
+        what = "the budget this run states" if pre.dataset_budget is not None else "the default"
+        how = (f"has no lifetime budget yet; the run would register {what} {budget}"
                if s.registered else f"has the lifetime budget {budget}")  # fmt: skip
         return text + (
             f"\n\nLedger {pre.ledger}: dataset {pre.fingerprint} {how}; after this run it would "
@@ -408,6 +410,38 @@ def run_config(
             executor.close()
 
 
+#: A trainer's refusal of one hyperparameter (``Hyperparams.epochs=0: ...``, ``num_features=0 ...``)
+#: after the dict of every hyperparameter it was given, and a search space's refusal of one field.
+_HPARAM = re.compile(r"invalid [\w-]+ hyperparameters \{.*\}: (?:Hyperparams\.)?(\w+)=")
+_SPACE_FIELD = re.compile(r"space field '(\w+)'")
+#: A shipped model's refusal of the data (its input shape), the model named by its name only.
+_SHIPPED_MODEL = re.compile(r"^model '(\w+)' ")
+
+
+def in_config_words(e: Refused, cfg: Mapping[str, Any]) -> Refused:
+    """``e`` with the library's names of a hyperparameter (``Hyperparams.epochs=``) or a space
+    field (``space field 'learning_rate'``) as the ``--config.`` field that sets it, for the
+    command's line (``e.command``; ``str(e)`` keeps the library's words)."""
+    text = e.for_command()
+    cfg = _plain(cfg)  # a ConfigDict, or anything a config file returned
+    space = _get(cfg, "space") or {}
+
+    def hparam(m: re.Match) -> str:
+        return f"--config.{'space' if m.group(1) in space else 'train'}.{m.group(1)}="
+
+    words = _SPACE_FIELD.sub(r"--config.space.\1", _HPARAM.sub(hparam, text))
+    if _get(cfg, "model") is None:  # the model of config.train (or .space), not config.model
+        section = "space" if "model" in space else "train"
+        words = _SHIPPED_MODEL.sub(
+            rf"--config.{section}.model='\1' (the config's model; --config.model="
+            r"pkg.module:factory trains yours) ",
+            words,
+        )
+    if words != text:
+        e.command = words
+    return e
+
+
 def _filled(space: Any, calibrated: Mapping[str, Any]) -> space_mod.Space:
     return space_mod.Space({**space.to_dict(), **calibrated})
 
@@ -436,6 +470,15 @@ def build_trainer(cfg: Mapping[str, Any], data: Any, *, progress: bool = False) 
             # a factory may return {"model": module, "loss": fn, "metric": dptune.Metric}: the
             # route for labels the default loss and accuracy do not read (float, (n, k), (n, L))
             parts = built if isinstance(built, Mapping) else {"model": built}
+            if ":" in model and data.num_classes == 0 and "loss" not in parts:
+                # refused before the module's init, which a head of 0 classes may crash
+                raise ConfigError(
+                    f"config.model={model!r}: the labels of config.data are not class ids (float "
+                    "or more than one per record: num_classes=0), which the default loss "
+                    "(softmax cross-entropy) cannot train: make the factory return {'model': "
+                    "module, 'loss': fn(outputs, labels) -> (b,) per-example losses, 'metric': "
+                    "dptune.Metric(fn, lo, hi)} (docs/your_model.md), or give integer class labels"
+                )
             options.update({k: parts[k] for k in ("model", "loss", "metric") if k in parts})
         if cfg.get("init"):  # '' is no init: --config.init='' turns a config's start off
             options["init"] = cfg["init"]
@@ -498,9 +541,28 @@ def load_user_arrays(cfg: Mapping[str, Any]) -> Any:
     except ConfigError:
         raise
     except dpsgd.DatasetNotFoundError as e:
-        raise ConfigError(f"config.data: {e}") from None
+        raise ConfigError(f"config.data: {_in_config_words(e)}") from None
     except Exception as e:  # a user's loader or file: one line naming the field
-        raise ConfigError(f"config.data ({kind}): {type(e).__name__}: {e}") from None
+        raise ConfigError(
+            f"config.data ({kind}): {type(e).__name__}: {_in_config_words(e)}"
+        ) from None
+
+
+#: The data loader's keywords, as its message names them, and the command's fields for them.
+_DATA_KEYWORDS = {
+    "data_dir=<folder>": "--config.data.dir=<folder>",
+    "source='idx'": "--config.data.source=idx",
+    "source='cifar_pickle'": "--config.data.source=cifar_pickle",
+    "Dataset.from_arrays needs num_classes=...": "it needs --config.data.num_classes=K",
+}
+
+
+def _in_config_words(e: Exception) -> str:
+    """The data loader's message with its keywords as ``--config.data`` fields."""
+    text = str(e)
+    for keyword, field in _DATA_KEYWORDS.items():
+        text = text.replace(keyword, field)
+    return text
 
 
 def load_data(cfg: Mapping[str, Any]) -> Any:
@@ -519,7 +581,7 @@ def load_data(cfg: Mapping[str, Any]) -> Any:
             validation_public=bool(d.get("validation_public", False)),
         )  # fmt: skip
     except dpsgd.DatasetNotFoundError as e:
-        raise ConfigError(f"config.data: {e}") from None
+        raise ConfigError(f"config.data: {_in_config_words(e)}") from None
     except (ValueError, OSError, EOFError) as e:
         raise ConfigError(f"config.data ({d['name']!r} from {data_dir!r}): {e}") from None
 

@@ -69,7 +69,9 @@ def refuse(message: object) -> int:
     """Prints the refusal line (a :class:`Refused` in the command's words); returns REFUSED."""
     if isinstance(message, Refused):
         message = _KEYWORD.sub(lambda m: _KEYWORD_FIELDS[m.group(1)] + "=", message.for_command())
-    print("dptune: refused: " + one_line(message), file=sys.stderr)
+    # the line starts "dptune: refused:" already (a message may start with it: not twice)
+    message = re.sub(r"^refused( before any private computation)?:\s*", "", one_line(message))
+    print("dptune: refused: " + message, file=sys.stderr)
     return REFUSED
 
 
@@ -212,7 +214,9 @@ def parse_run_command(
     except Exception as e:  # noqa: BLE001 - a bad override, or a config file that fails to load
         # ml_collections raises these for an override of a field the config does not have
         overrides = [a.split("=")[0] for a in argv if a.startswith("--config.")]
-        if overrides and isinstance(e, (AttributeError, KeyError, TypeError, ValueError)):
+        if overrides and isinstance(e, (AttributeError, KeyError)):
+            raise ArgumentError(_unknown_field(overrides, e)) from None
+        if overrides and isinstance(e, (TypeError, ValueError)):
             raise ArgumentError(
                 f"a config override names a field the config does not have or gives it a value "
                 f"of the wrong type ({type(e).__name__}: {e}); overrides given: {overrides}"
@@ -232,6 +236,24 @@ def parse_run_command(
     if not flag_values["workdir"].value:
         raise ArgumentError(f"--workdir=DIR is required ({workdir_why})")
     return config, Path(flag_values["workdir"].value)
+
+
+def _unknown_field(overrides: Sequence[str], e: Exception) -> str:
+    """The refusal of an override naming a field the config lacks: that override (ml_collections'
+    error quotes the missing key first) and the field it probably meant (its "Did you mean")."""
+    text = str(e.args[0]) if e.args else str(e)
+    missing = re.match(r"\W*'?([\w-]+)", text)
+    key = missing.group(1) if missing else None
+    named = [o for o in overrides if key in o[len("--config.") :].split(".")] or overrides
+    meant = re.search(r'Did you mean "([\w-]+)"', text)
+    hint = ""
+    if meant and key and len(named) == 1:
+        parts = named[0].split(".")
+        hint = f" (did you mean {'.'.join(parts[: parts.index(key)] + [meant.group(1)])}?)"
+    return (
+        f"{', '.join(named)}: the override names a field the config does not have{hint}; the "
+        "fields every config has are in dptune/configs/base.py"
+    )
 
 
 def normalise_argv(argv: Sequence[str]) -> list[str]:

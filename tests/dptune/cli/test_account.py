@@ -122,7 +122,7 @@ INVALID = [
     (["--sampling_rate=0.1", "--steps=10", "--noise_multiplier=1", "--selection=best"], "best"),
     (
         ["--sampling_rate=0.1", "--steps=10", "--noise_multiplier=1", "--selection=poisson"],
-        "needs ['mean_trials']",
+        "needs ['--mean_trials']",
     ),
     (
         [
