@@ -54,7 +54,7 @@ def test_dpsgd_privacy_is_what_the_trainer_runs(synthetic_result, synthetic):
     assert priv.noise_multiplier == 0.7
     assert res.history[-1]["steps"] == priv.steps
     assert dpsgd_privacy(dataclasses.replace(HP, batch_size=300), 1000).steps == 3 * 4
-    with pytest.raises(ValueError, match="num_train"):
+    with pytest.raises(ValueError, match="num_examples=10 < batch_size=64"):
         dpsgd_privacy(HP, 10)
 
 
