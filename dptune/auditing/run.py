@@ -195,12 +195,16 @@ def audit(
     if done is not None:
         log.info("this audit already finished; its result is in %s", workdir / AUDIT_JSON)
         return done
-    design, included = _canaries(hooks[0], canaries, kind, m, seed, workdir)
+    design, included, keep = _canaries(hooks[0], canaries, kind, m, seed, workdir)
     inner = _with_canaries(trainer, hooks[1], design, included, break_)
     audited = _AuditTrainer(inner, break_, space, design, what)
+    # The run's own checks (the plan) before anything is written: a refused audit leaves its
+    # folder as it was (else its stored canaries would refuse the corrected audit)
+    plan = make_privacy_plan(audited, space, selection, budget, accountant=accountant,
+                             seeded=seed is not None, adjacency=adjacency)  # fmt: skip
     if what == "training":
-        space, selection = _one_candidate(audited, space, selection, budget, accountant, seed,
-                                          adjacency)  # fmt: skip
+        space, selection = _one_candidate(plan, space)
+    keep()
     if workdir is not None:
         _write_json(workdir / AUDIT_JSON, {"status": "running", **audited.audit_info})
     # The canaries make it another dataset: the ledger charges an audit entry of its own.
@@ -317,9 +321,10 @@ def _finished(workdir: Path | None, asked: Mapping[str, Any]) -> AuditResult | N
     return result
 
 
-def _canaries(design_hook, canaries, kind, m, seed, workdir) -> tuple[Canaries, np.ndarray]:
-    """The canaries and which are included: drawn once and kept in ``DIR/private/`` (owner-only,
-    like the journal: the coins are the curator's), read back on resume."""
+def _canaries(design_hook, canaries, kind, m, seed, workdir) -> tuple[Canaries, np.ndarray, Any]:
+    """The canaries, which are included, and ``keep()``: drawn once and kept (by ``keep``, once
+    the run's checks pass) in ``DIR/private/`` (owner-only, like the journal: the coins are the
+    curator's), read back on resume."""
     given = Canaries(kind, *map(np.asarray, canaries)) if isinstance(canaries, tuple) else None
     stored = None if workdir is None else workdir / "private" / _CANARIES_FILE
     if stored is not None and stored.exists():
@@ -329,7 +334,7 @@ def _canaries(design_hook, canaries, kind, m, seed, workdir) -> tuple[Canaries, 
         other = given is not None and given.digest() != design.digest()
         if design.kind != kind or len(design) != m or other:
             raise TuningConfigError(f"{workdir} holds another audit's canaries; use a new folder")
-        return design, included
+        return design, included, lambda: None
     design = given
     if design is None:
         try:
@@ -337,13 +342,17 @@ def _canaries(design_hook, canaries, kind, m, seed, workdir) -> tuple[Canaries, 
         except ValueError as e:
             raise TuningConfigError(f"canaries: {e}") from None
     included = draw_inclusion(len(design), seed)
-    if stored is not None:
+
+    def keep() -> None:
+        if stored is None:
+            return
         private_folder(stored.parent, "the audit's private folder")
         tmp = stored.with_name(stored.name + ".tmp.npz")
         with open_new(tmp) as f:
             np.savez(f, kind=design.kind, x=design.x, y=design.y, included=included)
         os.replace(tmp, stored)
-    return design, included
+
+    return design, included, keep
 
 
 def _hooks(trainer: Any) -> tuple[Callable | None, Callable | None]:
@@ -379,10 +388,9 @@ def _with_canaries(trainer, with_canaries, design, included, break_) -> Any:
     return dataclasses.replace(trainer, fn=functools.partial(trainer.fn, canaries=(x, y)))
 
 
-def _one_candidate(audited, space, selection, budget, accountant, seed, adjacency):
-    """``what="training"``: the tuning's calibrated values, fixed, and one candidate."""
-    plan = make_privacy_plan(audited, space, selection, budget, accountant=accountant,
-                             seeded=seed is not None, adjacency=adjacency)  # fmt: skip
+def _one_candidate(plan, space):
+    """``what="training"``: the tuning's calibrated values (``plan``'s), fixed, and one
+    candidate."""
     fields = {k: plan.calibrated.get(k, v) for k, v in space.fields.items()}
     return Space(fields, privacy_fields=set(space.privacy_fields)), BestOfK(1)
 

@@ -213,14 +213,6 @@ def test_the_audit_names_a_refused_hyperparameter_as_its_config_field(capsys, tm
     assert not (tmp_path / "ledger.sqlite").exists()
 
 
-#: Why a refused audit still writes: its canaries are drawn and stored before the run's checks.
-_AUDIT_WRITES_FIRST = (
-    "dptune.auditing draws and stores its canaries before the run's checks: a refused audit leaves "
-    "DIR/private/audit_canaries.npz and audit.json; an audit with other settings refuses the folder"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=_AUDIT_WRITES_FIRST)
 def test_a_refused_audit_leaves_its_folder_empty(capsys, tmp_path):
     code, err = audit_with_epochs_0(capsys, tmp_path)
     assert code == 2, err
