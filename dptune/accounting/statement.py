@@ -137,7 +137,11 @@ class PrivacyStatement:
         if len(self.candidates) > _MAX_LISTED:
             more = len(self.candidates) - _MAX_LISTED
             lines.append(f"  ... and {more} more settings (all in to_dict()).")
-        sel = ", ".join(f"{k}={v}" for k, v in self.selection.items())
+        # the text rounds floats to 6 digits (mean=3, not 3.0000000000000004); to_dict() keeps them
+        sel = ", ".join(
+            f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in self.selection.items()
+        )
         order = f" (optimal Renyi order {self.rdp_order:g})" if self.rdp_order else ""
         neighbours = (
             "replacing one example (fixed, public size)"

@@ -57,6 +57,13 @@ def test_text_states_the_numbers_and_the_release_rule(statement):
     assert SEEDED_NOTE not in text and NOT_PRIVATE_NOTE not in text
 
 
+def test_the_selections_floats_are_printed_to_six_digits(statement):
+    # the logarithmic count of mean 3 (fashion_mnist's) printed mean=3.0000000000000004
+    st = dataclasses.replace(statement, selection={**statement.selection, "mean": 3 + 4e-16})
+    assert "mean=3," in st.to_text() or "mean=3)" in st.to_text()
+    assert st.to_dict()["selection"]["mean"] == 3 + 4e-16
+
+
 def test_seeded_runs_say_the_seed_must_stay_secret():
     st = accounting.total_privacy(CAND, TR, 1e-5, "rdp", seeded=True)
     assert st.seeded
