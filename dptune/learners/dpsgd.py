@@ -768,6 +768,15 @@ class DpSgdTrainer(DatasetTrainer):
                 f"Training starts from initial parameters with fingerprint "
                 f"{self.init_fingerprint}, assumed public (independent of the private data)."
             )
+        mask = getattr(self.model, "trainable", None)
+        if mask is not None:  # part of the model trains (frozen layers, LoRA adapters)
+            flags = finetune.flat_paths(mask)
+            trained = [path for path, on in flags.items() if on]
+            listed = ", ".join(trained[:4]) + (", ..." if len(trained) > 4 else "")
+            notes.append(
+                f"Only {len(trained)} of {len(flags)} parameter arrays train ({listed}); the "
+                "others stay bit for bit at the start, and the released checkpoint holds all."
+            )
         return notes
 
     def privacy_checks(self) -> list[str]:

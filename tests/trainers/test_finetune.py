@@ -227,6 +227,19 @@ def test_the_statement_names_the_public_start_and_its_fingerprint():
     assert "public-init" not in st0.assumptions
     # the same privacy either way: a public start is free
     assert st.total_epsilon == pytest.approx(st0.total_epsilon, rel=1e-12)
+    assert not any("parameter arrays train" in n for n in st.all_notes())  # everything trains
+
+
+def test_the_statement_says_which_part_trains():
+    tr = DpSgdTrainer(
+        _DATA, _BASE, epoch_progress=False, model=_Mlp(), init=_pretrained(), trainable=["Dense_1"]
+    )
+    notes = tr.privacy_notes()
+    assert any(
+        n.startswith("Only 2 of 6 parameter arrays train (Dense_1/bias, Dense_1/kernel)")
+        and "released checkpoint holds all" in n
+        for n in notes
+    ), notes
 
 
 def test_lora_fine_tuning_end_to_end_and_the_release_restores_the_model(tmp_path):
