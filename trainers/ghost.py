@@ -180,7 +180,8 @@ class _Recorder:
         (:class:`Reparametrized`): the known layer runs on the transformed copy of the recorder's
         raw parameters, so the backward pass reaches the raw parameters through the transform."""
         m = context.module
-        path = tuple(m.path)
+        # an NNX layer's linen twin is unbound: its path comes with the call (trainers.nnx_model)
+        path = tuple(getattr(context, "path", None) or m.path)
         where = "/".join(path)
         if context.method_name != "__call__":
             if context.method_name != REPARAM_METHOD:
@@ -211,12 +212,15 @@ class _Recorder:
             return next_fun(*args, **kwargs)
         self._inside = True
         try:
-            y = rep.layer.apply({"params": rep.transform(raw)}, x)
+            y = rep.layer.apply({"params": _known_params(rep, raw)}, x)
         finally:
             self._inside = False
         if self.taps is not None:
             y = y + self.taps[len(self.calls)]
-        self.calls.append(_Call(path, kind, rep.layer, rep))
+        # which recorded input this is (Dense layers reading one input share its Gram): by
+        # identity of the traced value, as for a known layer
+        source = next((i for i, v in enumerate(self.inputs) if v is x), len(self.calls))
+        self.calls.append(_Call(path, kind, rep.layer, rep, source=source))
         self.inputs.append(x)
         self.outputs.append(y)
         return y
@@ -485,6 +489,20 @@ def _layer_terms(
     factors to its clipped-sum subtree. ``input_grams``: the per-example Gram matrices of the
     Dense inputs seen so far, keyed by their calls' ``source`` (shared with later layers that
     read the same inputs)."""
+    rep = calls[0].reparam
+    if rep is not None and rep.permutation is not None:
+        # a permutation keeps every norm: the known layer's terms, its clipped kernel permuted back
+        sq, fin = _layer_terms(
+            kind, [dataclasses.replace(c, reparam=None) for c in calls], ins, gs,
+            _known_params(rep, params), b, input_grams,
+        )  # fmt: skip
+        back = tuple(int(i) for i in np.argsort(rep.permutation))
+
+        def permuted_back(c):
+            out = fin(c)
+            return {**out, "kernel": jnp.transpose(out["kernel"], back)}
+
+        return sq, permuted_back
     layer = calls[0].layer
     if calls[0].reparam is not None:
         return _reparam_terms(kind, calls, ins, gs, params, b)
@@ -533,6 +551,15 @@ def _layer_terms(
         return {k: (c @ keep_rows(c, v)).astype(params[k].dtype) for k, v in per.items()}
 
     return sq, clipped
+
+
+def _known_params(rep: Reparametrized, raw: Any) -> Any:
+    """The known layer's parameters: ``raw`` with its kernel's axes permuted when ``rep``
+    declares a permutation (ghost's own transpose, so the norms and the forward pass cannot
+    disagree), else ``rep.transform(raw)``."""
+    if rep.permutation is None:
+        return rep.transform(raw)
+    return {**raw, "kernel": jnp.transpose(raw["kernel"], rep.permutation)}
 
 
 def _reparam_terms(kind: str, calls: list[_Call], ins: list, gs: list, raw: Any, b: int):

@@ -210,6 +210,12 @@ class Reparametrized:
 
     layer: nn.Module
     transform: Callable[[Any], Any]
+    #: The kernel's axes in ``layer``'s order when the map only permutes them (``transform(raw)``
+    #: is ``{**raw, "kernel": jnp.transpose(raw["kernel"], permutation)}``, e.g. an NNX einsum
+    #: whose kernel holds the output axes before the contracted one): ``trainers.ghost`` then
+    #: uses the permutation itself, forms the norms as ``layer``'s (a permutation keeps every
+    #: norm) and transposes the clipped sum back, with no per-example gradient of ``raw``.
+    permutation: tuple[int, ...] | None = None
 
 
 class WSConv(nn.Module):

@@ -39,6 +39,7 @@ from flax import nnx, traverse_util
 from flax.nnx.nn.dtypes import promote_dtype as _nnx_promote_dtype
 
 from trainers import train_mode
+from trainers.models import Reparametrized
 
 
 def is_nnx(model: Any) -> bool:
@@ -421,33 +422,62 @@ def _group_norm(layer: nnx.GroupNorm) -> tuple[nn.Module | None, str | None]:
 
 
 def einsum_as_dense(einsum_str: str, kernel_shape: tuple, bias_shape: tuple | None):
-    """``(features, axis)`` of the ``nn.DenseGeneral`` that computes ``einsum(einsum_str, x,
-    kernel) (+ bias)`` when the kernel contracts the input's trailing axes in order and adds its
-    output axes at the end in order (e.g. ``"btd,dnh->btnh"``, ``"btnh,nhd->btd"``); else a
-    string saying why not (a kernel axis shared with the input and output, as in a per-head
-    kernel, makes the parameters per batch entry)."""
+    """``(features, axis, permutation)`` of the ``nn.DenseGeneral`` that computes ``einsum(
+    einsum_str, x, kernel) (+ bias)`` when the kernel contracts the input's trailing axes and
+    adds the output's trailing axes (e.g. ``"btd,dnh->btnh"``, ``"btnh,nhd->btd"``, and with its
+    axes in another order, gemma's ``"BTD,NDH->BTNH"``): ``permutation`` puts the kernel's axes
+    in the dense order (contracted in the input's order, then added in the output's), None when
+    they are in it already; else a string saying why not (a kernel axis shared with the input
+    and output, as in a per-head kernel, makes the parameters per batch entry)."""
     s = einsum_str.replace(" ", "")
     if "..." in s or "->" not in s or s.count(",") != 1:
         return f"einsum {einsum_str!r} (two operands, explicit output, no ellipsis)"
     ins, out = s.split("->")
     a, k = ins.split(",")
-    contracted = "".join(c for c in k if c in a and c not in out)
-    added = "".join(c for c in k if c not in a)
+    n_c = sum(1 for c in k if c in a and c not in out)
+    contracted, batch = a[len(a) - n_c :], a[: len(a) - n_c]
+    added = out[len(batch) :]
     if (
-        len(k) != len(contracted) + len(added)
-        or not contracted
-        or k != contracted + added
-        or not a.endswith(contracted)
-        or out != a[: len(a) - len(contracted)] + added
+        not n_c
+        or len(set(k)) != len(k)
+        or sorted(k) != sorted(contracted + added)
+        or not out.startswith(batch)
+        or any(c in batch for c in k)
     ):
         return (
             f"einsum {einsum_str!r} is not a dense map of the input's trailing axes (kernel "
-            "axes: the contracted trailing input axes, then the output's trailing axes)"
+            "axes: the input's contracted trailing axes and the output's trailing axes)"
         )
-    features = tuple(int(d) for d in kernel_shape[len(contracted) :])
+    order = tuple(k.index(c) for c in contracted + added)
+    features = tuple(int(kernel_shape[k.index(c)]) for c in added)
     if bias_shape is not None and tuple(bias_shape) != features:
         return f"einsum bias of shape {tuple(bias_shape)} (expected {features})"
-    return features, tuple(range(-len(contracted), 0))
+    permutation = None if order == tuple(range(len(k))) else order
+    return features, tuple(range(-n_c, 0)), permutation
+
+
+class _PermutedDense(nn.Module):
+    """The linen twin of an NNX einsum whose kernel holds the dense map's axes in another order:
+    a ``Reparametrized`` ``nn.DenseGeneral`` on the kernel with its axes permuted (the norms are
+    the dense layer's; ``trainers.ghost`` permutes the clipped kernel back)."""
+
+    features: tuple[int, ...]
+    axis: tuple[int, ...]
+    permutation: tuple[int, ...]
+    use_bias: bool
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+    precision: Any = None
+
+    def as_known_layer(self) -> Reparametrized:
+        perm = self.permutation
+        dense = nn.DenseGeneral(
+            self.features, axis=self.axis, use_bias=self.use_bias, dtype=self.dtype,
+            param_dtype=self.param_dtype, precision=self.precision, parent=None,
+        )  # fmt: skip
+        return Reparametrized(
+            dense, lambda raw: {**raw, "kernel": jnp.transpose(raw["kernel"], perm)}, perm
+        )
 
 
 def _einsum(layer: nnx.Einsum) -> tuple[nn.Module | None, str | None]:
@@ -457,11 +487,12 @@ def _einsum(layer: nnx.Einsum) -> tuple[nn.Module | None, str | None]:
     dense = einsum_as_dense(layer.einsum_str, tuple(layer.kernel_shape), bias)
     if isinstance(dense, str):
         return None, dense
-    features, axis = dense
-    return nn.DenseGeneral(
-        features, axis=axis, use_bias=bias is not None, dtype=layer.dtype,
-        param_dtype=layer.param_dtype, precision=layer.precision,
-    ), None  # fmt: skip
+    features, axis, permutation = dense
+    common = dict(use_bias=bias is not None, dtype=layer.dtype, param_dtype=layer.param_dtype,
+                  precision=layer.precision)  # fmt: skip
+    if permutation is not None:
+        return _PermutedDense(features, axis, permutation, **common), None
+    return nn.DenseGeneral(features, axis=axis, **common), None
 
 
 def _lora(layer: nnx.LoRA) -> tuple[Any, str | None]:

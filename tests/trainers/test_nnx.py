@@ -104,6 +104,17 @@ LAYERS = {
         (5, 4),
         np.float32,
     ),  # fmt: skip
+    # gemma's projections: the kernel's axes in another order than the dense map's
+    "einsum_permuted": (
+        lambda: (nnx.Einsum("btd,ndh->btnh", (2, 4, 3), (2, 3), rngs=_r()), 3),
+        (5, 4),
+        np.float32,
+    ),  # fmt: skip
+    "einsum_transposed_dense": (
+        lambda: (nnx.Einsum("bd,hd->bh", (6, 4), rngs=_r()), 6),
+        (4,),
+        np.float32,
+    ),  # fmt: skip
 }
 
 
@@ -211,10 +222,34 @@ def test_what_the_nnx_ghost_path_refuses_falls_back_with_the_layer_named():
         step.resolve_grad_impl(spec, "ghost", (2, 3))
 
 
+class _TwoPermuted(nnx.Module):
+    """Three gemma-like projections on the ghost (Gram) form (T^2 < d_in d_out): two read x
+    (their Gram is shared), the third reads another input of x's shape (its Gram must not be)."""
+
+    def __init__(self, rngs):
+        self.q = nnx.Einsum("btd,ndh->btnh", (2, 4, 4), rngs=rngs)
+        self.k = nnx.Einsum("btd,ndh->btnh", (2, 4, 4), rngs=rngs)
+        self.v = nnx.Einsum("btd,ndh->btnh", (2, 4, 4), rngs=rngs)
+        self.head = nnx.Linear(8, 3, rngs=rngs)
+
+    def __call__(self, x):
+        h = jnp.tanh(self.q(x) * self.k(x)).sum(axis=2)  # (b, t, 4): x's shape
+        return self.head(jnp.mean(self.v(h), axis=1).reshape(x.shape[0], 8))
+
+
+def test_permuted_einsums_on_equal_shaped_inputs_match_vmap_grad():
+    x, y = _inputs((3, 4), np.float32, seed=3)
+    plan, fast_fn, ref_fn, params = _both(_TwoPermuted(nnx.Rngs(2)), x, y)
+    assert plan.supported, plan.reason
+    _assert_matches_vmap_grad(fast_fn, ref_fn, params)
+
+
 def test_einsum_as_dense_rules():
-    assert nnx_model.einsum_as_dense("btd,dnh->btnh", (4, 2, 3), (2, 3)) == ((2, 3), (-1,))
-    assert nnx_model.einsum_as_dense("btnh,nhd->btd", (2, 3, 4), None) == ((4,), (-2, -1))
-    assert isinstance(nnx_model.einsum_as_dense("bd,hd->bh", (3, 4), None), str)
+    assert nnx_model.einsum_as_dense("btd,dnh->btnh", (4, 2, 3), (2, 3)) == ((2, 3), (-1,), None)
+    assert nnx_model.einsum_as_dense("btnh,nhd->btd", (2, 3, 4), None) == ((4,), (-2, -1), None)
+    assert nnx_model.einsum_as_dense("bd,hd->bh", (3, 4), None) == ((3,), (-1,), (1, 0))
+    assert nnx_model.einsum_as_dense("BTD,NDH->BTNH", (2, 4, 3), None) == ((2, 3), (-1,), (1, 0, 2))
+    assert isinstance(nnx_model.einsum_as_dense("BSD,CKDH->CBSKH", (2, 1, 4, 3), None), str)
     assert isinstance(nnx_model.einsum_as_dense("...d,dh->...h", (3, 4), None), str)
     assert isinstance(nnx_model.einsum_as_dense("bd,dh->bh", (3, 4), (1, 4)), str)
 
