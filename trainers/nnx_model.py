@@ -39,7 +39,7 @@ from flax import nnx, traverse_util
 from flax.nnx.nn.dtypes import promote_dtype as _nnx_promote_dtype
 
 from trainers import train_mode
-from trainers.models import Reparametrized
+from trainers.reparam import Reparametrized
 
 
 def is_nnx(model: Any) -> bool:
