@@ -169,11 +169,16 @@ class _Recorder:
             self._inside = False
         if self.taps is not None:
             y = y + self.taps[len(self.calls)]
-        source = next((i for i, v in enumerate(self.inputs) if v is recorded), len(self.calls))
-        self.calls.append(_Call(path, kind, layer, source=source, leaf=leaf))
+        self.calls.append(_Call(path, kind, layer, source=self._source(recorded), leaf=leaf))
         self.inputs.append(recorded)
         self.outputs.append(y)
         return y
+
+    def _source(self, recorded: jax.Array) -> int:
+        """The first recorded call whose input is ``recorded`` (the same traced value, by
+        identity), else the call about to be recorded: Dense layers share a Gram only when their
+        sources agree."""
+        return next((i for i, v in enumerate(self.inputs) if v is recorded), len(self.calls))
 
     def _reparametrized(self, next_fun, args, kwargs, context):
         """A module that declared itself a known layer on ``transform(raw)``
@@ -217,10 +222,7 @@ class _Recorder:
             self._inside = False
         if self.taps is not None:
             y = y + self.taps[len(self.calls)]
-        # which recorded input this is (Dense layers reading one input share its Gram): by
-        # identity of the traced value, as for a known layer
-        source = next((i for i, v in enumerate(self.inputs) if v is x), len(self.calls))
-        self.calls.append(_Call(path, kind, rep.layer, rep, source=source))
+        self.calls.append(_Call(path, kind, rep.layer, rep, source=self._source(x)))
         self.inputs.append(x)
         self.outputs.append(y)
         return y

@@ -146,6 +146,11 @@ class NnxModel:
         base model's parameters without it)."""
         return path in self._matching(nnx.filterlib.OfType(nnx.LoRAParam))
 
+    def has_adapters(self) -> bool:
+        """Whether the trained state holds ``nnx.LoRAParam`` factors (then they train by
+        default, as a ``with_lora`` model's adapters do)."""
+        return bool(self._matching(nnx.filterlib.OfType(nnx.LoRAParam)))
+
     def _matching(self, predicate: Callable) -> frozenset[str]:
         return frozenset(
             "/".join(keys)

@@ -386,9 +386,7 @@ class DpSgdTrainer(DatasetTrainer):
         # before anything is charged).
         held = getattr(self.model, "module", None)
         adapted = model is not None and (
-            isinstance(held, lora.LoRA)
-            or isinstance(held, NnxModel)
-            and any(map(held.is_adapter, finetune.flat_paths(held.params())))
+            isinstance(held, lora.LoRA) or isinstance(held, NnxModel) and held.has_adapters()
         )
         if init is not None or trainable is not None or adapted:
             try:
@@ -491,10 +489,9 @@ class DpSgdTrainer(DatasetTrainer):
                 named = repr(str(init)) if isinstance(init, (str, os.PathLike)) else None
                 raise ValueError(f"init={named or f'<{type(init).__name__}>'}: {e}") from None
             self.init_fingerprint = finetune.fingerprint(flat)
-        nnx_lora = on_nnx and any(map(spec.module.is_adapter, finetune.flat_paths(shapes)))
         if trainable is None and adapted:
             trainable = lora.TRAINABLE
-        elif trainable is None and nnx_lora:
+        elif trainable is None and on_nnx and spec.module.has_adapters():
             # as for with_lora: a model built with LoRA factors trains them, its base stays
             log.info("model=%s has nnx.LoRAParam factors: they train (trainable=nnx.LoRAParam); "
                      "pass trainable= to train more", spec.name)  # fmt: skip
