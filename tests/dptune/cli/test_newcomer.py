@@ -116,6 +116,16 @@ def make_mlp(num_classes: int):
     return nn.Dense(num_classes)
 
 
+def _user_dry_run(tmp_path, *flags: str) -> int:
+    """``dptune --config=user --dry_run`` on ``tmp_path/d.npz`` (100 declared records) with a
+    workdir and ledger of the test's own, plus ``flags``: the exit code."""
+    return cli([
+        "dptune", "--config=user", f"--config.data.path={tmp_path / 'd.npz'}",
+        "--config.data.num_examples=100", f"--workdir={tmp_path / 'run'}",
+        f"--config.ledger.path={tmp_path / 'ledger.sqlite'}", "--noprogress", "--dry_run", *flags,
+    ])  # fmt: skip
+
+
 def test_float_labels_with_a_bare_module_say_which_loss_is_missing(capsys, tmp_path):
     """Regression targets (float labels: ``num_classes=0``) and a factory returning a module
     without a loss: the refusal says the default loss needs class ids (it was a
@@ -125,12 +135,7 @@ def test_float_labels_with_a_bare_module_say_which_loss_is_missing(capsys, tmp_p
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "d.npz", x_train=rng.normal(size=(100, 4)), y_train=rng.normal(size=100))
     capsys.readouterr()
-    code = cli([
-        "dptune", "--config=user", f"--config.data.path={tmp_path / 'd.npz'}",
-        "--config.data.num_examples=100", f"--config.model={__name__}:make_mlp",
-        f"--workdir={tmp_path / 'run'}", f"--config.ledger.path={tmp_path / 'ledger.sqlite'}",
-        "--noprogress", "--dry_run",
-    ])  # fmt: skip
+    code = _user_dry_run(tmp_path, f"--config.model={__name__}:make_mlp")
     line = refusal(code, capsys.readouterr().err, tmp_path)
     assert "config.model=" in line and "not class ids" in line and "'loss'" in line, line
     assert "ZeroDivisionError" not in line, line
@@ -145,11 +150,7 @@ def test_the_users_config_without_config_model_names_the_model_it_trained(capsys
     x, y = rng.normal(size=(120, 4)), rng.integers(0, 2, 120)
     np.savez(tmp_path / "d.npz", x_train=x[:100], y_train=y[:100], x_test=x[100:], y_test=y[100:])
     capsys.readouterr()
-    code = cli([
-        "dptune", "--config=user", f"--config.data.path={tmp_path / 'd.npz'}",
-        "--config.data.num_examples=100", f"--workdir={tmp_path / 'run'}",
-        f"--config.ledger.path={tmp_path / 'ledger.sqlite'}", "--noprogress", "--dry_run",
-    ])  # fmt: skip
+    code = _user_dry_run(tmp_path)
     line = refusal(code, capsys.readouterr().err, tmp_path)
     assert "--config.train.model='cnn26k'" in line and "--config.model=" in line, line
 
@@ -162,20 +163,12 @@ def test_arrays_without_a_test_split_ask_for_config_data_num_classes(capsys, tmp
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "d.npz", x_train=rng.normal(size=(100, 4)), y_train=rng.integers(0, 2, 100))
     capsys.readouterr()
-    code = cli([
-        "dptune", "--config=user", f"--config.data.path={tmp_path / 'd.npz'}",
-        "--config.data.num_examples=100", f"--config.model={__name__}:make_mlp",
-        f"--workdir={tmp_path / 'run'}", f"--config.ledger.path={tmp_path / 'ledger.sqlite'}",
-        "--noprogress", "--dry_run",
-    ])  # fmt: skip
+    code = _user_dry_run(tmp_path, f"--config.model={__name__}:make_mlp")
     line = refusal(code, capsys.readouterr().err, tmp_path)
     assert "--config.data.num_classes=K" in line and "num_classes=..." not in line, line
-    code = cli([
-        "dptune", "--config=user", f"--config.data.path={tmp_path / 'd.npz'}",
-        "--config.data.num_examples=100", f"--config.model={__name__}:make_mlp",
-        f"--workdir={tmp_path / 'run'}", f"--config.ledger.path={tmp_path / 'ledger.sqlite'}",
-        "--noprogress", "--dry_run", "--config.data.num_classes=2",
-    ])  # fmt: skip
+    code = _user_dry_run(
+        tmp_path, f"--config.model={__name__}:make_mlp", "--config.data.num_classes=2"
+    )
     assert code == 0, capsys.readouterr().err[-2000:]
 
 
