@@ -76,22 +76,6 @@ CURVE_KEYS = frozenset({"epoch", "epsilon_one_run"})
 _CURVE_PREFIXES = ("test_", "noisy_")
 
 
-def public_curve(rows: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """The curve rows with only whitelisted keys (a trainer's release view may hand back more,
-    e.g. an exact training loss: dropped, and the curator told)."""
-    if rows is None:
-        return None
-    out = []
-    for row in rows:
-        dropped = sorted(
-            k for k in row if k not in CURVE_KEYS and not k.startswith(_CURVE_PREFIXES)
-        )
-        if dropped:
-            log.warning("the training curve's %s are not released (not public quantities)", dropped)
-        out.append({k: v for k, v in row.items() if k not in dropped})
-    return out
-
-
 def _check_keys(what: str, keys: Any, allowed: frozenset) -> None:
     extra = sorted(set(keys) - allowed)
     if extra:  # a dptune bug, never a user's: refuse to publish it
@@ -147,7 +131,11 @@ class Release:
     def __post_init__(self) -> None:
         if not self.outcome:
             self.outcome = RELEASED if self.released else NONE_SELECTED
-        self.curve = public_curve(self.curve)
+        if self.curve is not None:  # a trainer's view may hand back more (an exact loss)
+            public = lambda k: k in CURVE_KEYS or k.startswith(_CURVE_PREFIXES)  # noqa: E731
+            if dropped := sorted({k for row in self.curve for k in row if not public(k)}):
+                log.warning("the training curve's %s are not released (not public)", dropped)
+            self.curve = [{k: v for k, v in row.items() if public(k)} for row in self.curve]
 
     def result_json(self) -> dict[str, Any]:
         if not self.released:

@@ -299,8 +299,20 @@ def check_run(
     code = {"dptune": dptune.__version__, "trainer": code_digest(trainer)}
     workdir = None if opts.workdir is None else Path(opts.workdir)
     run_id, resuming, finished = None, False, False
-    if workdir is not None:
-        run_id, resuming, finished = _check_existing_run(workdir / "private", config, code)
+    private_dir = None if workdir is None else workdir / "private"
+    if private_dir is not None and (private_dir / JOURNAL_FILE).exists():
+        with open_journal(private_dir, config, code, readonly=True) as journal:
+            run_id, resuming = journal.get("run_id"), journal.get("config") is not None
+            finished = bool(journal.get("released_at")) and (workdir / "release").exists()
+    elif private_dir is not None:  # a release or candidates without their journal: refused
+        dirs = (workdir / "release", private_dir / "candidates")
+        if orphans := [p for p in dirs if p.is_dir() and any(p.iterdir())]:
+            raise StateError(
+                f"{orphans[0]} exists but its journal {private_dir / JOURNAL_FILE} does not: the "
+                "run that wrote it can be neither resumed nor checked (was the journal deleted, "
+                "or the workdir copied without it?). Restore the journal from a backup, or use a "
+                "new --workdir"
+            )
     log.info("accounting: checking the total budget (calibrating the noise if 'auto')")
     plan = make_plan()
     dsb = None if opts.dataset_budget is None else as_budget(opts.dataset_budget, "dataset_budget")
@@ -432,28 +444,6 @@ def _tune_steps(
         # The curator asked for a non-private view: this print is why the statement says so.
         print(f"[debug_nonprivate] K={sel_plan.num_trials}; scores in order: {scores}")
     return release
-
-
-def _check_existing_run(
-    private_dir: Path, config: Mapping[str, Any], code: Mapping[str, Any]
-) -> tuple[str | None, bool, bool]:
-    """What the workdir already holds, read-only: ``(run_id or None, resuming, finished)``; a
-    release or candidate results without their journal are refused."""
-    workdir = private_dir.parent
-    journal_path = private_dir / JOURNAL_FILE
-    if not journal_path.exists():
-        dirs = (workdir / "release", private_dir / "candidates")
-        orphans = [p for p in dirs if p.is_dir() and any(p.iterdir())]
-        if orphans:
-            raise StateError(
-                f"{orphans[0]} exists but its journal {journal_path} does not: the run that wrote "
-                "it can be neither resumed nor checked (was the journal deleted, or the workdir "
-                "copied without it?). Restore the journal from a backup, or use a new --workdir"
-            )
-        return None, False, False
-    with open_journal(private_dir, config, code, readonly=True) as journal:
-        finished = bool(journal.get("released_at")) and (workdir / "release").exists()
-        return journal.get("run_id"), journal.get("config") is not None, finished
 
 
 def _on_ledger(pre: Preflight, run_id: str | None, charge: bool) -> Any:

@@ -98,22 +98,16 @@ class Journal(StateDb):
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return default if row is None else json.loads(row[0])
 
-    def set(self, key: str, value: Any) -> None:
+    def set(self, key: str, value: Any, _on_conflict: str = "REPLACE") -> Any:
         with self._tx() as db:
-            db.execute(
-                "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
-                (key, json.dumps(value, sort_keys=True)),
-            )
+            row = (key, json.dumps(value, sort_keys=True))
+            db.execute(f"INSERT OR {_on_conflict} INTO meta (key, value) VALUES (?, ?)", row)
+            return self.get(key)
 
     def set_once(self, key: str, value: Any) -> Any:
         """Stores ``value`` unless the key exists; returns the stored value, as JSON reads it back
         (never overwrites a plan or seed; a fresh run and a resume see the same form)."""
-        with self._tx() as db:
-            db.execute(
-                "INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)",
-                (key, json.dumps(value, sort_keys=True)),
-            )
-            return self.get(key)
+        return self.set(key, value, "IGNORE")
 
     def _bind(self, key: str, value: dict[str, Any]) -> list[str]:
         """Records ``value`` under ``key`` once (as JSON) or compares it with the recorded one:

@@ -87,11 +87,9 @@ class Spend:
 
 
 class Ledger(StateDb):
-    """Per-dataset budget ledger in one SQLite file (created whole, with its folder, if missing).
-
-    An existing file is checked first (``StateDb``). ``readonly=True``
-    opens a ledger without writing (``--dry_run``, listing); a missing one then reads as the empty
-    ledger it would be."""
+    """Per-dataset budget ledger in one SQLite file (created whole, with its folder, if missing;
+    an existing one is checked first, ``StateDb``). ``readonly=True`` never writes (``--dry_run``,
+    listing): a missing ledger then reads as the empty ledger it would be."""
 
     kind, schema = "ledger", _SCHEMA
 
@@ -126,8 +124,11 @@ class Ledger(StateDb):
         self, fingerprint: str, run_id: str | None, epsilon: float, delta: float, *,
         budget_epsilon: float | None = None, budget_delta: float | None = None, name: str = "",
     ) -> Spend:  # fmt: skip
-        """What :meth:`charge` would do (same arguments, same refusals), without writing: the
-        dataset's spend after this run (``registered`` if the run would register its budget)."""
+        """What :meth:`charge` would do, without writing: the dataset's spend after this run.
+        ``budget_epsilon`` / ``budget_delta``: the dataset's lifetime budget as the run states it
+        (None: the registered one; a new dataset: :data:`DEFAULT_LIFETIME_RUNS` times this run's,
+        and ``registered`` says so). BudgetExceededError, or LedgerBudgetMismatchError when the
+        stated budget differs from the registered one."""
         _check_numbers(epsilon, delta, budget_epsilon, budget_delta)
         label = name or fingerprint[:12]
         before = self.spend(fingerprint)
@@ -178,12 +179,9 @@ class Ledger(StateDb):
         budget_epsilon: float | None = None, budget_delta: float | None = None, name: str = "",
         workdir: str = "", note: str = "",
     ) -> Spend:  # fmt: skip
-        """Atomically checks the budget (as :meth:`check`) and records the run's total (epsilon,
-        delta), tuning included; idempotent in ``run_id`` (a resumed run is charged once).
-        ``budget_epsilon`` / ``budget_delta``: the dataset's lifetime budget as the run states it
-        (None: the registered one; a new dataset: :data:`DEFAULT_LIFETIME_RUNS` times this run's,
-        ``Spend.registered`` then says so). BudgetExceededError or LedgerBudgetMismatchError
-        (the stated budget differs from the registered one): nothing is recorded."""
+        """Atomically checks the budget (:meth:`check`: same arguments, same refusals, nothing
+        recorded then) and records the run's total (epsilon, delta), tuning included; idempotent
+        in ``run_id`` (a resumed run is charged once)."""
         with self._tx() as db:
             after = self.check(
                 fingerprint, run_id, epsilon, delta, name=name,

@@ -135,17 +135,10 @@ def _tight(epsilon: float, target: float, rtol: float) -> bool:
 
 
 def calibrate(
-    make_candidates: Callable[[float], Any],
-    transform=None,
-    target_epsilon: float = 1.0,
-    delta: float = 1e-5,
-    accountant: str = "auto",
-    *,
-    seeded: bool = False,
-    compare: bool = True,
-    rtol: float = 1e-3,
-    memo: MutableMapping[str, float] | None = None,
-) -> Calibration:
+    make_candidates: Callable[[float], Any], transform=None, target_epsilon: float = 1.0,
+    delta: float = 1e-5, accountant: str = "auto", *, seeded: bool = False, compare: bool = True,
+    rtol: float = 1e-3, memo: MutableMapping[str, float] | None = None,
+) -> Calibration:  # fmt: skip
     """The noise multiplier sigma for which the whole tuning run is (target_epsilon, delta)-DP.
 
     Args:
@@ -185,9 +178,8 @@ def calibrate(
         )
 
     search = _Search(make_candidates, float(target_epsilon), delta, accountant, rtol, seeded, memo)
-    key = None
-    if memo is not None:
-        key = _memo_key(make_candidates, transform, target_epsilon, delta, accountant, rtol)
+    described = (make_candidates, transform, target_epsilon, delta, accountant, rtol)
+    key = None if memo is None else _memo_key(*described)
     sigma, statement = search.final(transform, key)
     k = naive_trials(transform)
     untuned = search.final(SingleRunPrivacy())[0] if compare else None
@@ -356,29 +348,15 @@ def default_memo() -> FileMemo | None:
 
 
 def calibrate_noise(
-    sampling_rate: float,
-    steps: int,
-    transform=None,
-    target_epsilon: float = 1.0,
-    delta: float = 1e-5,
-    accountant: str = "auto",
-    score_noise_std: float | None = None,
-    *,
-    seeded: bool = False,
-    compare: bool = True,
-    rtol: float = 1e-3,
-) -> Calibration:
+    sampling_rate: float, steps: int, transform=None, target_epsilon: float = 1.0,
+    delta: float = 1e-5, accountant: str = "auto", score_noise_std: float | None = None, *,
+    seeded: bool = False, compare: bool = True, rtol: float = 1e-3,
+) -> Calibration:  # fmt: skip
     """``calibrate`` for one DP-SGD setting: Poisson rate ``sampling_rate`` in (0, 1], ``steps``
     (>= 1) and a fixed private-score noise ``score_noise_std`` (counts; None = public validation).
     """
     DpSgdCandidate(sampling_rate, steps, 1.0, score_noise_std)  # validates before any search
     return calibrate(
-        lambda sigma: DpSgdCandidate(sampling_rate, steps, sigma, score_noise_std),
-        transform,
-        target_epsilon,
-        delta,
-        accountant,
-        seeded=seeded,
-        compare=compare,
-        rtol=rtol,
-    )
+        lambda sigma: DpSgdCandidate(sampling_rate, steps, sigma, score_noise_std), transform,
+        target_epsilon, delta, accountant, seeded=seeded, compare=compare, rtol=rtol,
+    )  # fmt: skip

@@ -189,13 +189,6 @@ def rdp_epsilon(
     return float(eps), float(order)
 
 
-def rdp_delta(candidates, epsilon: float, orders: Sequence[float] = DEFAULT_ORDERS) -> float:
-    """delta of one run at ``epsilon`` from its RDP curve (arXiv:2004.00010 Prop. 12)."""
-    return float(
-        rdp_privacy_accountant.compute_delta(orders, rdp_curve(candidates, orders), epsilon)[0]
-    )
-
-
 def _is_dpsgd_step(event: dp_event.DpEvent) -> bool:
     return isinstance(event, dp_event.PoissonSampledDpEvent) and isinstance(
         event.event, dp_event.GaussianDpEvent

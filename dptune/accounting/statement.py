@@ -119,10 +119,6 @@ class PrivacyStatement:
         """Every field plus ``overhead`` and the rendered notes; JSON-safe (inf becomes "inf")."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d.update(overhead=self.overhead, notes=self.all_notes())
-        provenance = ("assumptions", "checked", "trainer_word", "published")
-        if not any(d[k] for k in provenance):  # statements without them keep their old form
-            for k in provenance:
-                del d[k]
         return _json_safe(d)
 
     def to_json(self, **kwargs: Any) -> str:

@@ -91,13 +91,9 @@ def final_candidate(candidates: Any) -> Any:
 
 
 def composed_epsilon(
-    final_candidates: Any,
-    tuning_epsilon: float,
-    tuning_delta: float,
-    delta: float,
-    *,
+    final_candidates: Any, tuning_epsilon: float, tuning_delta: float, delta: float, *,
     discretization: float = single.PLD_DISCRETIZATION,
-) -> float:
+) -> float:  # fmt: skip
     """epsilon at ``delta`` of an (``tuning_epsilon``, ``tuning_delta``)-DP mechanism adaptively
     composed with the final run (step 3 of the module docstring): the maximum over the final
     run's branches of ``from_privacy_parameters(eps', delta')`` composed with the branch's PLD."""
@@ -143,14 +139,9 @@ class SubsampledTuning:
 
 
 def subsampled_statement(
-    final_candidates: Sequence[Any],
-    tuning: PrivacyStatement,
-    fraction: float,
-    delta: float,
-    *,
-    seeded: bool = False,
-    notes: Sequence[str] = (),
-) -> PrivacyStatement:
+    final_candidates: Sequence[Any], tuning: PrivacyStatement, fraction: float, delta: float, *,
+    seeded: bool = False, notes: Sequence[str] = (),
+) -> PrivacyStatement:  # fmt: skip
     """The statement of the whole procedure: ``tuning`` (the selection's statement on the subset)
     amplified by ``fraction`` and composed with the final run (``final_candidates``: every setting
     the final run may have) at the total ``delta``."""
@@ -186,14 +177,9 @@ def _tuning_note(tuning: PrivacyStatement) -> str:
 
 
 def calibrate_final(
-    make_candidates: Callable[[float], Any],
-    tuning_epsilon: float,
-    tuning_delta: float,
-    target_epsilon: float,
-    delta: float,
-    *,
-    rtol: float = 1e-3,
-) -> float:
+    make_candidates: Callable[[float], Any], tuning_epsilon: float, tuning_delta: float,
+    target_epsilon: float, delta: float, *, rtol: float = 1e-3,
+) -> float:  # fmt: skip
     """The smallest noise multiplier (within ``rtol``, rounded up) of the final run for which the
     tuning phase (``tuning_epsilon``, ``tuning_delta``) composed with it is within
     ``target_epsilon`` at ``delta`` (ValueError when none in [0.05, 1e4] is), searched coarse to

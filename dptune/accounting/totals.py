@@ -205,14 +205,11 @@ def _profile_route(cands, transform, delta: float, disc: float) -> Route:
     grid = np.linspace(0.0, 1.5 * max(e_hi, 1e-3), _PROFILE_POINTS)
     deltas = single.pld_profile(cands, grid, discretization=disc)
     eps = bound.epsilon(delta, CandidateProfile(grid, deltas))
-    return Route(
-        "pld",
-        float(eps),
-        delta,
+    desc = (
         f"privacy profile delta(eps) of one run from its PLD ({_PROFILE_POINTS} epsilons in "
-        f"[0, {grid[-1]:.3g}]) through the selection's profile bound",
-        theorem=bound.theorem,
+        f"[0, {grid[-1]:.3g}]) through the selection's profile bound"
     )
+    return Route("pld", float(eps), delta, desc, theorem=bound.theorem)
 
 
 def _approx_route(
@@ -256,15 +253,10 @@ def _approx_route(
 
 
 def routes(
-    candidates,
-    transform: Any,
-    delta: float,
-    accountant: str = "auto",
-    *,
+    candidates, transform: Any, delta: float, accountant: str = "auto", *,
     orders: Sequence[float] = single.DEFAULT_ORDERS,
-    discretization: float = single.PLD_DISCRETIZATION,
-    reasons: list[str] | None = None,
-) -> list[Route]:
+    discretization: float = single.PLD_DISCRETIZATION, reasons: list[str] | None = None,
+) -> list[Route]:  # fmt: skip
     """Every route valid for ``accountant`` with the epsilon it gives (see module docstring).
 
     ``discretization`` is the PLD's loss discretisation (nats); coarser is faster and looser.
@@ -349,14 +341,9 @@ def _best_route(cands, transform, delta: float, accountant: str, orders) -> Rout
 
 
 def total_privacy(
-    candidates,
-    transform: Any = None,
-    delta: float = 1e-5,
-    accountant: str = "auto",
-    *,
-    seeded: bool = False,
-    orders: Sequence[float] = single.DEFAULT_ORDERS,
-) -> PrivacyStatement:
+    candidates, transform: Any = None, delta: float = 1e-5, accountant: str = "auto", *,
+    seeded: bool = False, orders: Sequence[float] = single.DEFAULT_ORDERS,
+) -> PrivacyStatement:  # fmt: skip
     """The privacy of a whole tuning run, as a ``PrivacyStatement``.
 
     Args:
@@ -378,12 +365,9 @@ def total_privacy(
     transform = check_transform(transform)
     cands = as_candidates(candidates)  # orders are checked by routes()
     common = dict(
-        method=transform.name,
-        candidates=tuple(c.params() for c in cands),
-        selection=dict(transform.params()),
-        seeded=seeded,
-        adjacency=adjacency_of(cands),
-    )
+        method=transform.name, candidates=tuple(c.params() for c in cands),
+        selection=dict(transform.params()), seeded=seeded, adjacency=adjacency_of(cands),
+    )  # fmt: skip
     single_eps = _single_run_epsilon(cands, delta, accountant, orders)
     if not transform.is_private:
         route = "no guarantee: the selection is not private"

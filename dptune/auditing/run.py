@@ -202,8 +202,9 @@ def audit(
     # folder as it was (else its stored canaries would refuse the corrected audit)
     plan = make_privacy_plan(audited, space, selection, budget, accountant=accountant,
                              seeded=seed is not None, adjacency=adjacency)  # fmt: skip
-    if what == "training":
-        space, selection = _one_candidate(plan, space)
+    if what == "training":  # the tuning's calibrated values, fixed, and one candidate
+        fields = {k: plan.calibrated.get(k, v) for k, v in space.fields.items()}
+        space, selection = Space(fields, privacy_fields=set(space.privacy_fields)), BestOfK(1)
     keep()
     if workdir is not None:
         _write_json(workdir / AUDIT_JSON, {"status": "running", **audited.audit_info})
@@ -220,9 +221,6 @@ def audit(
         (workdir / AUDIT_MD).write_text(result.to_markdown())
         _write_json(workdir / AUDIT_JSON, {"status": "done", **result.to_dict()})
     return result
-
-
-# --- the steps -----------------------------------------------------------------------------------
 
 
 def _kind_and_size(hooks, canaries, kind, what, break_, score, confidence) -> tuple[str, int]:
@@ -386,13 +384,6 @@ def _with_canaries(trainer, with_canaries, design, included, break_) -> Any:
         )
     x, y = design.subset(included)
     return dataclasses.replace(trainer, fn=functools.partial(trainer.fn, canaries=(x, y)))
-
-
-def _one_candidate(plan, space):
-    """``what="training"``: the tuning's calibrated values (``plan``'s), fixed, and one
-    candidate."""
-    fields = {k: plan.calibrated.get(k, v) for k, v in space.fields.items()}
-    return Space(fields, privacy_fields=set(space.privacy_fields)), BestOfK(1)
 
 
 class _AuditTrainer:
