@@ -140,16 +140,11 @@ class Release:
     def result_json(self) -> dict[str, Any]:
         if not self.released:
             return {"released": False, "reason": self.outcome}
-        out = {
-            "released": True,
-            "hparams": self.hparams,
-            "test_accuracy": _finite_or_none(self.test_accuracy),
-        }
+        out = {"released": True, "hparams": self.hparams,
+               "test_accuracy": _finite_or_none(self.test_accuracy)}  # fmt: skip
         if (m := self.test_metric) is not None:
-            out["test_metric"] = {
-                "name": str(m.get("name")),
-                "value": _finite_or_none(m.get("value")),
-            }
+            value = _finite_or_none(m.get("value"))
+            out["test_metric"] = {"name": str(m.get("name")), "value": value}
         if "score" in self.published:
             out["validation_score"] = _finite_or_none(self.validation_score)
         return out
@@ -170,10 +165,8 @@ class Release:
 
     def __str__(self) -> str:
         if self.outcome == NO_CANDIDATE_SUCCEEDED:
-            head = (
-                "Nothing released: no candidate succeeded (every candidate failed; "
-                "`dptune inspect WORKDIR` shows why)."
-            )
+            head = ("Nothing released: no candidate succeeded (every candidate failed; "
+                    "`dptune inspect WORKDIR` shows why).")  # fmt: skip
         elif not self.released:
             head = "Nothing released (no candidate selected: a legitimate private outcome)."
         else:

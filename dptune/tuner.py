@@ -1,18 +1,11 @@
 """``dptune.tune``: from a total privacy budget to one released candidate, crash-safe and budgeted.
 
-The order of operations is the privacy argument, so it is fixed here and nowhere else; ``tune`` is
-the sequence of these steps (``dptune.subsampled`` runs 1, 2 and 5 around its own plan):
-
-1. ``preflight``: every check and the privacy plan (``dptune.plan``); nothing private has run and
-   nothing is written (``dptune --dry_run`` stops here).
-2. ``run_in_workdir``: the journal (``DIR/private/journal.sqlite``) binds the config and the
-   trainer's code (a different one is refused); a finished run returns its release.
-3. ``draw_plan``: the run id, the entropy, the selection's plan and every candidate's seed and
-   hyperparameters, each drawn once: a resume reads them back.
-4. ``check_candidates``: every drawn candidate declares what was accounted.
-5. ``charge_ledger``: the run's (epsilon, delta), charged to the dataset's budget once per run id.
-6. ``run_candidates``: candidates train in index order, each journaled as it finishes.
-7. ``release_selected``: only the selected candidate is released (``DIR/release/``), or nothing.
+The order of operations is the privacy argument, so it is fixed here and nowhere else: ``tune``
+runs ``preflight`` (every check, nothing written: ``--dry_run`` stops there), ``run_in_workdir``
+(the journal binds config and code), ``draw_plan`` (everything random, drawn once and journaled),
+``check_candidates``, ``charge_ledger`` (once per run id), ``run_candidates`` (journaled as each
+finishes) and ``release_selected`` (the selected candidate, or nothing); ``dptune.subsampled``
+runs the first, second and fifth around its own plan.
 """
 
 from __future__ import annotations
@@ -140,10 +133,8 @@ class TuneOptions:
         g, seed = self.group_size, self.seed
         if isinstance(g, bool) or not isinstance(g, int) or g < 1:
             raise TuningConfigError(f"group_size={g!r} must be an integer >= 1")
-        for name, value, known in (
-            ("accountant", self.accountant, ACCOUNTANTS),
-            ("adjacency", self.adjacency, ADJACENCIES),
-        ):
+        for name, value, known in (("accountant", self.accountant, ACCOUNTANTS),
+                                   ("adjacency", self.adjacency, ADJACENCIES)):  # fmt: skip
             if value not in known:
                 raise TuningConfigError(
                     f"{name}={value!r} is unknown; choose one of {', '.join(known)}"

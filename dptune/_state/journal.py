@@ -27,30 +27,17 @@ from dptune.errors import CandidateFailure, CodeChangedError, Refused, StateErro
 JOURNAL_FILE = "journal.sqlite"
 
 # One script: the tables are created in one transaction, so a kill never leaves half of them.
-_SCHEMA = """
-PRAGMA journal_mode=WAL;
+_SCHEMA = """PRAGMA journal_mode=WAL;
 PRAGMA synchronous=FULL;
 BEGIN;
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS candidates (
-    idx INTEGER PRIMARY KEY,
-    seed TEXT NOT NULL,
-    hparams TEXT NOT NULL,
-    status TEXT NOT NULL CHECK (status IN ('planned', 'running', 'done')),
-    score REAL,
-    failed INTEGER NOT NULL DEFAULT 0,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    seconds REAL,
-    updated REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS failures (
-    idx INTEGER PRIMARY KEY,
-    type TEXT NOT NULL,
-    message TEXT NOT NULL,
-    traceback TEXT NOT NULL
-);
-COMMIT;
-"""
+CREATE TABLE IF NOT EXISTS candidates (idx INTEGER PRIMARY KEY, seed TEXT NOT NULL,
+    hparams TEXT NOT NULL, status TEXT NOT NULL CHECK (status IN ('planned', 'running', 'done')),
+    score REAL, failed INTEGER NOT NULL DEFAULT 0, attempts INTEGER NOT NULL DEFAULT 0,
+    seconds REAL, updated REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS failures (idx INTEGER PRIMARY KEY, type TEXT NOT NULL,
+    message TEXT NOT NULL, traceback TEXT NOT NULL);
+COMMIT;"""
 
 
 def _fix(private_dir: Path | None) -> str:

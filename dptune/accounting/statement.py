@@ -105,14 +105,11 @@ class PrivacyStatement:
     @property
     def overhead(self) -> float:
         """total_epsilon / single_run_epsilon: the price of tuning, as a multiple of one run."""
-        if self.single_run_epsilon <= 0:
-            return math.inf
-        return self.total_epsilon / self.single_run_epsilon
+        one = self.single_run_epsilon
+        return self.total_epsilon / one if one > 0 else math.inf
 
     def all_notes(self) -> tuple[str, ...]:
-        flags = ((NOT_PRIVATE_NOTE,) if not self.private else ()) + (
-            (SEEDED_NOTE,) if self.seeded else ()
-        )
+        flags = (NOT_PRIVATE_NOTE,) * (not self.private) + (SEEDED_NOTE,) * bool(self.seeded)
         return flags + tuple(self.notes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -139,11 +136,9 @@ class PrivacyStatement:
             for k, v in self.selection.items()
         )
         order = f" (optimal Renyi order {self.rdp_order:g})" if self.rdp_order else ""
-        neighbours = (
-            "replacing one example (fixed, public size)"
-            if self.adjacency == "replace_one"
-            else "adding or removing one example"
-        )
+        neighbours = "adding or removing one example"
+        if self.adjacency == "replace_one":
+            neighbours = "replacing one example (fixed, public size)"
         lines += [
             "",
             f"Selection: {self.method}" + (f" ({sel})" if sel else "") + ".",
