@@ -87,11 +87,9 @@ class Release:
     """The outcome of a tuning run: the selected candidate, or nothing (a legitimate answer).
 
     Attributes:
-      released: whether a candidate was selected.
-      hparams: the selected candidate's hyperparameters, calibrated noise included (None when
-        nothing is released).
-      validation_score: its score as the selection saw it (noisy if the validation split is
-        private).
+      released, hparams: whether a candidate was selected, and its hyperparameters (calibrated
+        noise included).
+      validation_score: its score as the selection saw it (noisy when the validation is private).
       test_accuracy, test_metric: as ``trainer_protocol.ReleaseView``'s (public test split; not
         used for selection); with ``test_metric`` the validation score is in its units.
       privacy, privacy_text: the privacy statement as JSON (``total_epsilon``, ``delta``, ...)
@@ -99,9 +97,8 @@ class Release:
       payload: the selected candidate's payload (for DP-SGD: ``{"params": ...}``).
       curve: per-epoch public quantities of the selected candidate (epsilon so far, metrics on
         public or privatised data; other keys are dropped), or None.
-      path: the release folder, if one was written.
-      outcome: ``RELEASED``, ``NONE_SELECTED`` or ``NO_CANDIDATE_SUCCEEDED`` (default: from
-        ``released``).
+      path, outcome: the release folder, if one was written; ``RELEASED``, ``NONE_SELECTED`` or
+        ``NO_CANDIDATE_SUCCEEDED`` (default: by ``released``).
       trainer_name: what trained the candidates (the report names it), e.g. "DP-SGD".
       published: what of the selected candidate the selection's theorem covers
         (``SelectionMethod.publishes``); ``validation_score`` is released only with ``"score"``.
@@ -343,9 +340,7 @@ def load_params(folder: str | os.PathLike, like: Any = None) -> Any:
 def _string_keys(tree: Any) -> Any:
     """A nested dict with its keys as strings (NNX list indices are ints; releases hold
     strings)."""
-    if isinstance(tree, dict):
-        return {str(k): _string_keys(v) for k, v in tree.items()}
-    return tree
+    return {str(k): _string_keys(v) for k, v in tree.items()} if isinstance(tree, dict) else tree
 
 
 def load_release(path: str | os.PathLike, like: Any = None) -> Release:

@@ -12,16 +12,8 @@ loss. The accountant takes the worst case over everything the sampler can draw, 
 only be constants, :class:`Choice` or :class:`Integer` (finite supports that
 :meth:`Space.privacy_grid` enumerates exactly); a continuous one is refused, not approximated.
 
-In a config file (ml_collections)::
-
-    from dptune import space
-    config.space = dict(
-        learning_rate=space.log_uniform(0.05, 5.0),
-        clip_norm=space.log_uniform(0.1, 10.0),
-        batch_size=256,                       # constant
-    )
-
-and on the command line ``--config.space.learning_rate.high=2.0``.
+A config file declares ``config.space = dict(learning_rate=space.log_uniform(0.05, 5.0),
+batch_size=256)`` (a constant); the command line overrides ``--config.space.learning_rate.high=2``.
 """
 
 from __future__ import annotations

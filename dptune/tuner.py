@@ -96,22 +96,21 @@ class TuneOptions:
     Attributes:
       workdir: folder for ``private/`` (journal, candidates) and ``release/``; with it a killed run
         resumes when called again with the same arguments. None: everything stays in memory.
-      seed: a fixed seed for every random choice (debugging, tests); default: OS entropy. The
-        statement then says it holds only while the seed is secret.
+      seed: a fixed seed for every random choice (debugging, tests; the statement then holds only
+        while it is secret); default: OS entropy.
       group_size: candidates trained at once through ``trainer.train_many`` (vectorised).
       accountant: "auto" (the tightest valid route), "rdp" or "pld" (``dptune.accounting``).
       ledger: where the run is charged to the dataset's budget: a
         :class:`~dptune._state.ledger.Ledger` or its path (default ``DEFAULT_LEDGER``); None: none.
       dataset_budget: the dataset's lifetime budget as this run states it (default: the one the
         ledger holds; for a new dataset 10 times this run's ``budget``, with a warning).
-      fingerprint: the dataset id in the ledger (default: ``trainer.fingerprint``).
-      config: what the journal binds the workdir to (default: a description of the arguments).
+      fingerprint, config: the dataset id in the ledger (default: ``trainer.fingerprint``); what
+        the journal binds the workdir to (default: a description of the arguments).
       progress: show a tqdm display (curator's console; it shows neither K nor scores).
       debug_nonprivate: print every candidate's score at the end; marks the statement NOT private.
       adjacency: "add_remove" (default: neighbours differ by one added or removed example) or
         "replace_one" (one example replaced; for datasets of fixed, public size).
-      executor: how candidates are trained (``dptune.executors``; default: groups of
-        ``group_size``).
+      executor: how candidates are trained (``dptune.executors``; default: ``group_size`` groups).
     """
 
     workdir: str | os.PathLike | None = None
@@ -468,13 +467,12 @@ def bind_calibrated(journal: Any, statement: Any, calibrated: Mapping[str, Any])
     whose accountant now calibrates otherwise is refused."""
     run_id = journal.set_once("run_id", uuid.uuid4().hex)
     journal.set_once("privacy", {**statement.to_dict(), "calibrated": dict(calibrated)})
-    if journal.get("calibrated", calibrated) != calibrated:
+    if (planned := journal.set_once("calibrated", calibrated)) != calibrated:
         raise TuningConfigError(
-            f"this run was planned with {journal.get('calibrated')} but the accountant now gives "
-            f"{calibrated} (a different dptune version?): finish it with the version that "
-            "started it, or start a new workdir"
+            f"this run was planned with {planned} but the accountant now gives {calibrated} (a "
+            "different dptune version?): finish it with the version that started it, or start a "
+            "new workdir"
         )
-    journal.set_once("calibrated", calibrated)
     return run_id
 
 

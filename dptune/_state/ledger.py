@@ -45,14 +45,6 @@ CREATE TABLE IF NOT EXISTS charges (run_id TEXT PRIMARY KEY, fingerprint TEXT NO
 COMMIT;"""
 
 
-def _fix(path: Path) -> str:
-    return (
-        f"Restore {path} from a backup (it holds every dataset's spend), or point dptune at "
-        "another ledger (ledger= in Python, --config.ledger.path, $DPTUNE_LEDGER); deleting it "
-        "forgets every spend"
-    )
-
-
 def default_ledger_path() -> Path:
     """``$DPTUNE_LEDGER`` if set, else ``~/.dptune/ledger.sqlite`` (one per curator account)."""
     env = os.environ.get("DPTUNE_LEDGER")
@@ -104,7 +96,10 @@ class Ledger(StateDb):
         elif missing:
             _create(self.path)
         where = None if missing and readonly else self.path  # None: the empty ledger, in memory
-        self._open(where, _fix(self.path), readonly, timeout=60.0)
+        fix = (f"Restore {self.path} from a backup (it holds every dataset's spend), or point "
+               "dptune at another ledger (ledger= in Python, --config.ledger.path, "
+               "$DPTUNE_LEDGER); deleting it forgets every spend")  # fmt: skip
+        self._open(where, fix, readonly, timeout=60.0)
 
     def spend(self, fingerprint: str) -> Spend | None:
         """The dataset's budget and spend so far, or None if the ledger has never seen it."""

@@ -61,23 +61,20 @@ class PrivacyStatement:
       delta: the total delta (0 for a pure-DP statement).
       single_run_epsilon, single_run_delta: one untuned run's (epsilon, delta) (the tightest route
         of the requested accountant), for comparison.
-      method: the selection transform's ``name`` (``"single_run"`` for one run).
-      theorem: paper and theorem behind ``total_epsilon``.
-      accountant: the route that gave ``total_epsilon``: ``"pld"``, ``"rdp"`` or ``"pure"``.
-      route: one line saying how the number was computed.
-      candidates: every candidate's inputs (all the sampler can draw; the bound is uniform).
-      selection: the selection transform's inputs (``params()``).
-      rdp_order: the optimal Renyi order where the route went through RDP, else None.
-      seeded: True when noise/selection randomness came from a fixed seed (see ``SEEDED_NOTE``).
-      private: False for a non-private debug selection (see ``NOT_PRIVATE_NOTE``).
+      method, theorem: the selection transform's ``name`` (``"single_run"`` for one run), and the
+        paper and theorem behind ``total_epsilon``.
+      accountant, route, rdp_order: the route that gave ``total_epsilon`` (``"pld"``, ``"rdp"``
+        or ``"pure"``), one line saying how, and the optimal Renyi order where it went by RDP.
+      candidates, selection: every candidate's inputs (all the sampler can draw; the bound is
+        uniform) and the selection transform's ``params()``.
+      seeded, private: a fixed seed (``SEEDED_NOTE``); False for a non-private debug selection
+        (``NOT_PRIVATE_NOTE``).
       notes: further caveats, one sentence each.
       adjacency: the neighbouring relation the guarantee is stated for: "add_remove" (one example
         added or removed) or "replace_one" (one example replaced; the dataset size is public).
-      assumptions: names of the assumptions the statement rests on (``dptune.assumptions``,
-        explained in docs/privacy-model.md).
-      checked: what dptune checked or guarantees by its own code, one sentence each.
-      trainer_word: what the statement takes on the trainer's word (its declarations), one
-        sentence each; empty for dptune's own trainers.
+      assumptions: names of the assumptions the statement rests on (``dptune.assumptions``).
+      checked, trainer_word: what dptune checked or guarantees by its own code, and what the
+        statement takes on the trainer's word (empty for dptune's own trainers); a sentence each.
       published: what of the selected candidate the release holds (``selection.registry.
         PUBLISHABLE``): only what the selection's theorem covers.
     """

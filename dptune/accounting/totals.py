@@ -65,9 +65,7 @@ def composition_count(transform: Any) -> int | None:
     """k when the transform is plain composition of k runs (single run: 1), else None."""
     if transform is None or isinstance(transform, SingleRunPrivacy):
         return 1
-    if isinstance(transform, BestOfKPrivacy):
-        return transform.k
-    return None
+    return transform.k if isinstance(transform, BestOfKPrivacy) else None
 
 
 def _pure_route(cands: tuple[Candidate, ...], transform, delta: float = 0.0) -> Route:
