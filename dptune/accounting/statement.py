@@ -40,13 +40,6 @@ _PUBLISHED_WORDS = {
 }
 
 
-def _published(what: tuple[str, ...]) -> str:
-    words = [_PUBLISHED_WORDS.get(w, w) for w in what]
-    if "score" not in what:
-        words.append("not its score (the theorem does not cover it)")
-    return "; ".join(words)
-
-
 def _fmt(x: float) -> str:
     return "infinite" if not math.isfinite(x) else f"{x:.4g}"
 
@@ -163,7 +156,10 @@ class PrivacyStatement:
             if items:
                 lines += ["", *([head] if head else []), *items]
         if self.published:
-            lines += ["", f"Released of the selected candidate: {_published(self.published)}."]
+            words = [_PUBLISHED_WORDS.get(w, w) for w in self.published]
+            if "score" not in self.published:
+                words.append("not its score (the theorem does not cover it)")
+            lines += ["", f"Released of the selected candidate: {'; '.join(words)}."]
         if self.assumptions:
             names = ", ".join(f"`{a}`" for a in self.assumptions)
             lines += ["", f"Assumptions (docs/privacy-model.md): {names}."]

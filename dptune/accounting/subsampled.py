@@ -160,20 +160,16 @@ def subsampled_statement(
         "subset_epsilon": float(tuning.total_epsilon), "subset_delta": float(tuning.delta),
         **{f"tuning_{k}": v for k, v in tuning.selection.items()},
     }  # fmt: skip
+    # A note names the tuning candidates' privacy on the subset (public inputs, as to_text lists).
+    listed = " ".join(_candidate_text(c) for c in tuning.candidates[:4])
+    more = f" And {len(tuning.candidates) - 4} more." if len(tuning.candidates) > 4 else ""
     d = float(delta)
     return PrivacyStatement(
         total, d, one.single_run_epsilon, d, f"subsampled/{tuning.method}", THEOREM, "pld", route,
         candidates=one.candidates, selection=selection, seeded=seeded,
-        notes=(*notes, _tuning_note(tuning)), adjacency=adjacency_of(cands),
+        notes=(*notes, f"Tuning candidates (on the subset): {listed}{more}"),
+        adjacency=adjacency_of(cands),
     )  # fmt: skip
-
-
-def _tuning_note(tuning: PrivacyStatement) -> str:
-    """One note naming the tuning candidates' privacy on the subset (the statement's public
-    inputs, as ``PrivacyStatement.to_text`` lists them)."""
-    listed = " ".join(_candidate_text(c) for c in tuning.candidates[:4])
-    more = f" And {len(tuning.candidates) - 4} more." if len(tuning.candidates) > 4 else ""
-    return f"Tuning candidates (on the subset): {listed}{more}"
 
 
 def calibrate_final(

@@ -312,12 +312,6 @@ def check_transform(transform) -> Any:
     return transform
 
 
-def _single_run_epsilon(cands, delta: float, accountant: str, orders) -> float:
-    found = routes(cands, None, delta, accountant, orders=orders)
-    found = [r for r in found if r.accountant != "pure"]
-    return min(r.epsilon for r in found) if found else math.inf
-
-
 def _best_route(cands, transform, delta: float, accountant: str, orders) -> Route:
     """The tightest route of ``accountant`` (lowest epsilon, then delta); ValueError naming the
     accountants that would have one when it has none."""
@@ -366,7 +360,8 @@ def total_privacy(
         method=transform.name, candidates=tuple(c.params() for c in cands),
         selection=dict(transform.params()), seeded=seeded, adjacency=adjacency_of(cands),
     )  # fmt: skip
-    single_eps = _single_run_epsilon(cands, delta, accountant, orders)
+    one_run = routes(cands, None, delta, accountant, orders=orders)
+    single_eps = min((r.epsilon for r in one_run if r.accountant != "pure"), default=math.inf)
     if not transform.is_private:
         route = "no guarantee: the selection is not private"
         return PrivacyStatement(
