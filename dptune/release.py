@@ -126,8 +126,7 @@ class Release:
         return self.payload.get("params") if isinstance(self.payload, dict) else None
 
     def __post_init__(self) -> None:
-        if not self.outcome:
-            self.outcome = RELEASED if self.released else NONE_SELECTED
+        self.outcome = self.outcome or (RELEASED if self.released else NONE_SELECTED)
         if self.curve is not None:  # a trainer's view may hand back more (an exact loss)
             public = lambda k: k in CURVE_KEYS or k.startswith(_CURVE_PREFIXES)  # noqa: E731
             if dropped := sorted({k for row in self.curve for k in row if not public(k)}):

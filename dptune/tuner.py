@@ -595,9 +595,8 @@ def release_selected(
             f"\nRealised ex-post privacy loss of this outcome: {privacy['ex_post_epsilon']:.4g} "
             "(Ligett et al. 2017, Lemma 2.8); charged: the worst case above."
         )
-    name = getattr(trainer, "kind", "") or type(trainer).__name__
-    if isinstance(trainer, FunctionTrainer):
-        name = f"{FUNCTION_TRAINER} {trainer.name!r}"
+    name = (f"{FUNCTION_TRAINER} {trainer.name!r}" if isinstance(trainer, FunctionTrainer)
+            else getattr(trainer, "kind", "") or type(trainer).__name__)  # fmt: skip
     common = dict(published=published, trainer_name=str(name))
     if index is None or records[index].failed:
         # A failed selected candidate: the selections rank a failure below every score, so every

@@ -324,19 +324,15 @@ OFF_WORDS = ("off", "false", "no", "none", "0")
 
 
 def cache_root() -> Path:
-    """dptune's cache folder: ``$DPTUNE_CACHE``, else the platform's user cache folder +
-    ``dptune`` (``$XDG_CACHE_HOME`` or ``~/.cache``; ``~/Library/Caches`` on macOS;
-    ``%LOCALAPPDATA%`` on Windows). It holds only public values: the memo below and JAX's
-    compiled steps (``dptune.learners.dpsgd.use_compilation_cache``)."""
+    """dptune's cache folder: ``$DPTUNE_CACHE``, else the user cache folder + ``dptune``
+    (``$XDG_CACHE_HOME`` or ``~/.cache``; ``~/Library/Caches`` on macOS; dptune's workdir lock
+    needs POSIX). It holds only public values: the memo below and JAX's compiled steps
+    (``dptune.learners.dpsgd.use_compilation_cache``)."""
     if os.environ.get("DPTUNE_CACHE"):
         return Path(os.environ["DPTUNE_CACHE"])
     if sys.platform == "darwin":
-        base = Path.home() / "Library" / "Caches"
-    elif os.name == "nt" and os.environ.get("LOCALAPPDATA"):
-        base = Path(os.environ["LOCALAPPDATA"])
-    else:
-        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "dptune"
+        return Path.home() / "Library" / "Caches" / "dptune"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dptune"
 
 
 def default_memo() -> FileMemo | None:

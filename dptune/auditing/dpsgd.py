@@ -54,10 +54,8 @@ class AuditDpSgdTrainer(DpSgdTrainer):
             data, parent.base, parent.epoch_progress, parent.test_curve,
             parent.compilation_cache, grad_impl=parent.grad_impl,
         )  # fmt: skip
-        self.parent = parent
+        self.parent, self.canaries, self.fault = parent, canaries, fault
         self.init_fingerprint, self._finetune = parent.init_fingerprint, parent._finetune
-        self.canaries = canaries
-        self.fault = fault
         if fault == "noise_reused":
             self.noise_step = _first_step
         self._trace: dict[int, list[np.ndarray]] = {}
