@@ -145,11 +145,8 @@ def calibrate(
       make_candidates: sigma -> the candidates (anything ``total_privacy`` accepts, e.g. every
         DP-SGD setting of a search space with that noise multiplier). Their privacy must fall as
         sigma grows.
-      transform: the selection theorem (``selection.privacy``); None for one run.
+      transform, delta, accountant, seeded: as for ``total_privacy``.
       target_epsilon: the total budget's epsilon (> 0), for everything released.
-      delta: the total budget's delta, in (0, 1).
-      accountant: "auto" (tightest valid route), "pld" or "rdp".
-      seeded: passed to the statement (fixed-seed runs say the guarantee needs the seed secret).
       compare: also calibrate one untuned run and naive composition (about 2x the time).
       rtol: relative tolerance on sigma (the answer is rounded up, so always within budget).
       memo: remembered answers (module docstring): the main answer is read from and written to

@@ -18,8 +18,6 @@ bit for bit by ``python scripts/pretrain_digits.py``. Variants (the arms of docs
 The search space, and the large-model recipe one override away, are explained in docs/finetune.md.
 """
 
-from __future__ import annotations
-
 from pathlib import Path
 
 import numpy as np
