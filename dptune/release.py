@@ -77,8 +77,7 @@ _CURVE_PREFIXES = ("test_", "noisy_")
 
 
 def _check_keys(what: str, keys: Any, allowed: frozenset) -> None:
-    extra = sorted(set(keys) - allowed)
-    if extra:  # a dptune bug, never a user's: refuse to publish it
+    if extra := sorted(set(keys) - allowed):  # a dptune bug, never a user's: refuse to publish it
         raise ValueError(f"{what} would hold {extra}, which are not on the release whitelist")
 
 

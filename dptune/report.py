@@ -145,10 +145,7 @@ def _released(release: Any, trainer: str) -> list[str]:
             name, test = "accuracy", _pct(release.test_accuracy)
             score = _pct(release.validation_score)
         if test is not None:
-            lines.append(
-                f"- **Test {name}** (public test split, reported only, never used to choose): "
-                f"{test}"
-            )
+            lines.append(f"- **Test {name}** (public test split, never used to choose): {test}")
         if "score" in getattr(release, "published", ("payload", "score")):
             lines.append(
                 "- Validation score the selection saw (noisy when the validation split is "

@@ -107,8 +107,7 @@ def public_size(num_examples: Any, name: str = "num_examples") -> int | None:
     the private data nor the data itself; anything else is one TuningConfigError naming ``name``."""
     if num_examples is None:
         return None
-    shape = getattr(num_examples, "shape", ())
-    if shape:
+    if shape := getattr(num_examples, "shape", ()):
         raise TuningConfigError(
             f"{name}=<array of shape {tuple(shape)}>: pass the PUBLIC number of training "
             "records (an int you would publish), not the data"
@@ -246,8 +245,8 @@ class FunctionTrainer:
       privacy_fn: the candidate's privacy: a ``DpEvent`` / accounting candidate, or a pure
         function of the hyperparameters returning one (no state, counter, clock or data): dptune
         accounts it before the run and checks it again before each candidate trains.
-      num_examples: size of the private dataset (checks delta < 1/n), if known.
-      fingerprint: an id of the private dataset for the budget ledger, if one is used.
+      num_examples, fingerprint: the private dataset's public size (checks delta < 1/n) and its
+        id in the budget ledger, if known.
       privacy_fields: fields known to change the declared privacy (a speed-up: others that do are
         found by probing ``privacy``); calibrated_field: the field ``"auto"`` calibrates.
       score_kind: what ``fn``'s score is (``selection.registry.SCORE_KINDS``): ``"covered"`` (its

@@ -175,8 +175,7 @@ class TuneOptions:
     def build(cls, options: TuneOptions | None, kwargs: Mapping[str, Any]) -> TuneOptions:
         """``options`` (default: all defaults) with ``kwargs`` replacing its fields; a keyword
         that is not a field is refused with the fields' names."""
-        unknown = sorted(set(kwargs) - set(cls.__dataclass_fields__))
-        if unknown:
+        if unknown := sorted(set(kwargs) - set(cls.__dataclass_fields__)):
             raise TuningConfigError(
                 f"unknown keyword argument(s) {unknown}; tune() takes "
                 f"{', '.join(cls.__dataclass_fields__)}"

@@ -108,8 +108,7 @@ class Journal(StateDb):
     def bind_config(self, config: dict[str, Any]) -> bool:
         """Records the run's config, or checks it against the recorded one: True for a resume;
         ConfigChangedError naming the differing keys if the workdir belongs to another config."""
-        diff = self._bind("config", config)
-        if diff:
+        if diff := self._bind("config", config):
             raise ConfigChangedError(
                 f"{self.dir.parent} already holds a run with a different config (differs at: "
                 f"{', '.join(diff[:10])}). Resuming it with another config would mix two runs: "
@@ -121,8 +120,7 @@ class Journal(StateDb):
         """Records which code runs this workdir (dptune's version, the trainer's code digest), or
         checks it against the recorded one: CodeChangedError if a resume (or a rerun of a finished
         run) would mix the candidates, or the release, of two trainers."""
-        diff = self._bind("code", code)
-        if diff:
+        if diff := self._bind("code", code):
             finished = self.get("released_at") is not None
             raise CodeChangedError(
                 f"{self.dir.parent} holds a run {'finished' if finished else 'started'} by other "

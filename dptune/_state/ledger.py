@@ -199,21 +199,15 @@ class Ledger(StateDb):
 
     def charges(self, fingerprint: str) -> list[dict]:
         """The runs charged to a dataset (run id, epsilon, delta, workdir, time), oldest first."""
-        rows = self._db.execute(
-            "SELECT run_id, epsilon, delta, workdir, created FROM charges WHERE fingerprint = ? "
-            "ORDER BY created",
-            (fingerprint,),
-        ).fetchall()
         keys = ("run_id", "epsilon", "delta", "workdir", "created")
-        return [dict(zip(keys, r, strict=True)) for r in rows]
+        sql = f"SELECT {', '.join(keys)} FROM charges WHERE fingerprint = ? ORDER BY created"
+        return [dict(zip(keys, r, strict=True)) for r in self._db.execute(sql, (fingerprint,))]
 
     def resolve(self, prefix: str) -> str | None:
         """The registered fingerprint starting with ``prefix`` (None if none; ValueError if
         several)."""
-        rows = self._db.execute(
-            "SELECT fingerprint FROM datasets WHERE substr(fingerprint, 1, ?) = ?",
-            (len(prefix), prefix),
-        ).fetchall()
+        sql = "SELECT fingerprint FROM datasets WHERE substr(fingerprint, 1, ?) = ?"
+        rows = self._db.execute(sql, (len(prefix), prefix)).fetchall()
         if len(rows) > 1:
             raise ValueError(f"{prefix!r} matches {len(rows)} datasets; give more characters")
         return rows[0][0] if rows else None

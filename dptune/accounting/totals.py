@@ -303,8 +303,7 @@ def check_transform(transform) -> Any:
     """None -> ``SingleRunPrivacy()``; otherwise checks the ``selection.privacy`` contract."""
     if transform is None:
         return SingleRunPrivacy()
-    missing = [a for a in _CONTRACT if not hasattr(transform, a)]
-    if missing:
+    if missing := [a for a in _CONTRACT if not hasattr(transform, a)]:
         raise ValueError(
             f"transform={transform!r} is not a selection.privacy transform "
             f"(missing {', '.join(missing)})."

@@ -18,8 +18,6 @@ from dptune.trainer_protocol import ReleaseView
 from trainers import audit, models
 from trainers.spec import AUDIT_MODEL_SUFFIX
 
-__all__ = ["AuditDpSgdTrainer"]
-
 
 def _first_step(step: int) -> int:
     """``noise_step`` of the ``noise_reused`` control (a module function: the trainer pickles)."""

@@ -180,10 +180,8 @@ def audit(
       confidence: 1 - beta of the bound (default 0.95).
       workdir: the audit's own folder (``DIR/audit.json``, ``DIR/audit.md``, ``DIR/private/``,
         ``DIR/release/``); never a tuning run's folder.
-      seed: fixes the canaries, their coins and the run (tests only; default OS entropy).
-      ledger: a ledger or its path: the run is charged to an audit entry of its own.
-      accountant, adjacency, progress: as for ``dptune.tune``.
-      config: what the journal binds the workdir to (the CLI passes the config).
+      seed, ledger, accountant, adjacency, progress, config: as for ``dptune.tune`` (``seed``
+        also fixes the canaries and their coins; the ledger charges an audit entry of its own).
     Returns:
       The :class:`AuditResult` (also written to ``DIR/audit.json`` and ``DIR/audit.md``).
     """
