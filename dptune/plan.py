@@ -517,8 +517,7 @@ def check_unchanged(
     """Before a candidate trains: its declaration now must be the one ``check_candidates``
     accounted (a declaration that reads a counter, the clock or any state could otherwise train a
     candidate the statement does not cover). TuningConfigError otherwise: it does not train."""
-    now = declared_candidate(trainer, plan, drawn)
-    if now != checked:
+    if (now := declared_candidate(trainer, plan, drawn)) != checked:
         raise TuningConfigError(
             f"the trainer's declared privacy for hyperparameters {dict(drawn)} changed after "
             f"accounting ({checked!r} was accounted, {now!r} is declared now): privacy(hparams) "

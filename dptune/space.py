@@ -223,8 +223,7 @@ class Space:
         self.fields: dict[str, Any] = parsed
         self.privacy_fields = frozenset(privacy_fields)
         for name in self.privacy_relevant:
-            value = parsed[name]
-            if isinstance(value, Uniform):
+            if isinstance(value := parsed[name], Uniform):
                 raise SpaceError(
                     f"space field {name!r} changes each candidate's privacy loss, so the "
                     "accountant needs its worst case exactly: use a constant, space.choice(...) "
@@ -269,8 +268,7 @@ class Space:
         names = self.privacy_relevant
         fields = [self.fields[n] for n in names]
         supports = [v.support() if isinstance(v, _DISTRIBUTIONS) else (v,) for v in fields]
-        size = math.prod(len(s) for s in supports)
-        if size > MAX_PRIVACY_GRID:
+        if (size := math.prod(len(s) for s in supports)) > MAX_PRIVACY_GRID:
             raise SpaceError(
                 f"the privacy-relevant fields {list(names)} take {size} combinations; at most "
                 f"{MAX_PRIVACY_GRID} are enumerated for the worst case. Narrow their ranges."

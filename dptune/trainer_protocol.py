@@ -130,8 +130,7 @@ def code_digest(trainer: Any) -> str:
     """A digest (16 hex characters) of the code that trains ``trainer``'s candidates (the journal
     binds a workdir to it): its ``code_digest()`` hook, else the source of a ``FunctionTrainer``'s
     function, else of the trainer's class."""
-    hook = getattr(trainer, "code_digest", None)
-    if callable(hook):
+    if callable(hook := getattr(trainer, "code_digest", None)):
         return str(hook())
     target = trainer.fn if isinstance(trainer, FunctionTrainer) else type(trainer)
     return source_digest([target])

@@ -217,8 +217,7 @@ class Ledger(StateDb):
         (ValueError) below what its runs have already spent."""
         _check_numbers(epsilon, delta, epsilon, delta)
         with self._tx() as db:
-            before = self.spend(fingerprint)
-            if before is None:
+            if (before := self.spend(fingerprint)) is None:
                 self._register(fingerprint, name, epsilon, delta)
             elif _over(before.spent_epsilon, epsilon) or _over(before.spent_delta, delta):
                 raise TuningConfigError(

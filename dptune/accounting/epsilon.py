@@ -63,8 +63,7 @@ def check_orders(orders: Sequence[float]) -> np.ndarray:
     o = np.asarray(orders, dtype=np.float64)
     if o.ndim != 1 or o.size == 0:
         raise ValueError(f"orders must be a non-empty 1-d sequence of Renyi orders, got {orders!r}")
-    bad = o[~(np.isfinite(o) & (o > 1.0))]
-    if bad.size:
+    if (bad := o[~(np.isfinite(o) & (o > 1.0))]).size:
         raise ValueError(
             f"every Renyi order must be a finite number > 1, got {bad[0]!r} "
             "(dp_accounting's default orders are accounting.DEFAULT_ORDERS)"
