@@ -7,8 +7,6 @@ them), next to what dptune checked and what it takes on the trainer's word.
 
 from __future__ import annotations
 
-__all__ = ["ASSUMPTIONS"]
-
 #: name -> one line (the docs section of the same name says more).
 ASSUMPTIONS: dict[str, str] = {
     "neighbours": "neighbouring datasets differ in one record (added or removed; replaced for "

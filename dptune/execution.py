@@ -85,10 +85,9 @@ class VectorizedExecutor:
         if len(jobs) == 1 or not hasattr(trainer, "train_many"):
             yield from SequentialExecutor().run(trainer, jobs)
             return
+        hparams, rngs = [dict(j.hparams) for j in jobs], [j.rng() for j in jobs]
         try:
-            results = list(
-                trainer.train_many([dict(j.hparams) for j in jobs], [j.rng() for j in jobs])
-            )
+            results = list(trainer.train_many(hparams, rngs))
         except Exception as e:  # noqa: BLE001 - retried one by one: one bad member must not fail all
             log.debug("a group failed (%s); training its candidates one by one", type(e).__name__)
             yield from SequentialExecutor().run(trainer, jobs)

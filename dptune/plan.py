@@ -161,18 +161,6 @@ def grid_candidates(
     return [accounted_candidate(trainer, {**base, **combo, **fill}, adjacency) for combo in grid]
 
 
-def _probe_values(dist: Any) -> list[Any]:
-    """The whole support of a finite distribution (up to 64 values), else ``_PROBES`` points."""
-    if isinstance(dist, (space_mod.Choice, space_mod.Integer)):  # up to 64 indices, evenly spread
-        support = dist.support()
-        idx = np.unique(np.linspace(0, len(support) - 1, 64).round().astype(int))
-        return [support[i] for i in idx]
-    lo, hi = float(dist.low), float(dist.high)
-    if isinstance(dist, space_mod.LogUniform):
-        return [float(v) for v in np.geomspace(lo, hi, _PROBES)]
-    return [float(v) for v in np.linspace(lo, hi, _PROBES)]
-
-
 def probe_points(space: Space) -> list[tuple[str | None, dict[str, Any]]]:
     """``(field, point)`` for checks that read only public settings (a trainer's
     ``check_inputs``): ``(None, space.example())``, then each searched field varied alone."""
@@ -181,10 +169,20 @@ def probe_points(space: Space) -> list[tuple[str | None, dict[str, Any]]]:
 
 
 def _one_field_variations(space: Space, names: Sequence[str]):
-    """``(name, space.example() with name set to each of its probe values)`` for ``names``."""
+    """``(name, space.example() with name set to each of its probe values)`` for ``names``: the
+    whole support of a finite distribution (up to 64 values, evenly spread), else ``_PROBES``
+    points."""
     base = space.example()
     for name in names:
-        for value in _probe_values(space.fields[name]):
+        dist = space.fields[name]
+        if isinstance(dist, (space_mod.Choice, space_mod.Integer)):
+            support = dist.support()
+            idx = np.unique(np.linspace(0, len(support) - 1, 64).round().astype(int))
+            values = [support[i] for i in idx]
+        else:
+            spaced = np.geomspace if isinstance(dist, space_mod.LogUniform) else np.linspace
+            values = [float(v) for v in spaced(float(dist.low), float(dist.high), _PROBES)]
+        for value in values:
             yield name, {**base, name: value}
 
 
@@ -275,12 +273,8 @@ def _basis(
         assumptions.append("public-validation")
     if getattr(trainer, "init_fingerprint", None):
         assumptions.append("public-init")
-    return {
-        "assumptions": tuple(assumptions),
-        "checked": tuple(checked),
-        "trainer_word": tuple(word),
-        "published": published,
-    }
+    return {"assumptions": tuple(assumptions), "checked": tuple(checked),
+            "trainer_word": tuple(word), "published": published}  # fmt: skip
 
 
 @quiet_accounting
@@ -523,8 +517,7 @@ def check_unchanged(
     """Before a candidate trains: its declaration now must be the one ``check_candidates``
     accounted (a declaration that reads a counter, the clock or any state could otherwise train a
     candidate the statement does not cover). TuningConfigError otherwise: it does not train."""
-    now = declared_candidate(trainer, plan, drawn)
-    if now != checked:
+    if (now := declared_candidate(trainer, plan, drawn)) != checked:
         raise TuningConfigError(
             f"the trainer's declared privacy for hyperparameters {dict(drawn)} changed after "
             f"accounting ({checked!r} was accounted, {now!r} is declared now): privacy(hparams) "

@@ -76,25 +76,8 @@ CURVE_KEYS = frozenset({"epoch", "epsilon_one_run"})
 _CURVE_PREFIXES = ("test_", "noisy_")
 
 
-def public_curve(rows: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """The curve rows with only whitelisted keys (a trainer's release view may hand back more,
-    e.g. an exact training loss: dropped, and the curator told)."""
-    if rows is None:
-        return None
-    out = []
-    for row in rows:
-        dropped = sorted(
-            k for k in row if k not in CURVE_KEYS and not k.startswith(_CURVE_PREFIXES)
-        )
-        if dropped:
-            log.warning("the training curve's %s are not released (not public quantities)", dropped)
-        out.append({k: v for k, v in row.items() if k not in dropped})
-    return out
-
-
 def _check_keys(what: str, keys: Any, allowed: frozenset) -> None:
-    extra = sorted(set(keys) - allowed)
-    if extra:  # a dptune bug, never a user's: refuse to publish it
+    if extra := sorted(set(keys) - allowed):  # a dptune bug, never a user's: refuse to publish it
         raise ValueError(f"{what} would hold {extra}, which are not on the release whitelist")
 
 
@@ -103,11 +86,9 @@ class Release:
     """The outcome of a tuning run: the selected candidate, or nothing (a legitimate answer).
 
     Attributes:
-      released: whether a candidate was selected.
-      hparams: the selected candidate's hyperparameters, calibrated noise included (None when
-        nothing is released).
-      validation_score: its score as the selection saw it (noisy if the validation split is
-        private).
+      released, hparams: whether a candidate was selected, and its hyperparameters (calibrated
+        noise included).
+      validation_score: its score as the selection saw it (noisy when the validation is private).
       test_accuracy, test_metric: as ``trainer_protocol.ReleaseView``'s (public test split; not
         used for selection); with ``test_metric`` the validation score is in its units.
       privacy, privacy_text: the privacy statement as JSON (``total_epsilon``, ``delta``, ...)
@@ -115,9 +96,8 @@ class Release:
       payload: the selected candidate's payload (for DP-SGD: ``{"params": ...}``).
       curve: per-epoch public quantities of the selected candidate (epsilon so far, metrics on
         public or privatised data; other keys are dropped), or None.
-      path: the release folder, if one was written.
-      outcome: ``RELEASED``, ``NONE_SELECTED`` or ``NO_CANDIDATE_SUCCEEDED`` (default: from
-        ``released``).
+      path, outcome: the release folder, if one was written; ``RELEASED``, ``NONE_SELECTED`` or
+        ``NO_CANDIDATE_SUCCEEDED`` (default: by ``released``).
       trainer_name: what trained the candidates (the report names it), e.g. "DP-SGD".
       published: what of the selected candidate the selection's theorem covers
         (``SelectionMethod.publishes``); ``validation_score`` is released only with ``"score"``.
@@ -145,23 +125,21 @@ class Release:
         return self.payload.get("params") if isinstance(self.payload, dict) else None
 
     def __post_init__(self) -> None:
-        if not self.outcome:
-            self.outcome = RELEASED if self.released else NONE_SELECTED
-        self.curve = public_curve(self.curve)
+        self.outcome = self.outcome or (RELEASED if self.released else NONE_SELECTED)
+        if self.curve is not None:  # a trainer's view may hand back more (an exact loss)
+            public = lambda k: k in CURVE_KEYS or k.startswith(_CURVE_PREFIXES)  # noqa: E731
+            if dropped := sorted({k for row in self.curve for k in row if not public(k)}):
+                log.warning("the training curve's %s are not released (not public)", dropped)
+            self.curve = [{k: v for k, v in row.items() if public(k)} for row in self.curve]
 
     def result_json(self) -> dict[str, Any]:
         if not self.released:
             return {"released": False, "reason": self.outcome}
-        out = {
-            "released": True,
-            "hparams": self.hparams,
-            "test_accuracy": _finite_or_none(self.test_accuracy),
-        }
+        out = {"released": True, "hparams": self.hparams,
+               "test_accuracy": _finite_or_none(self.test_accuracy)}  # fmt: skip
         if (m := self.test_metric) is not None:
-            out["test_metric"] = {
-                "name": str(m.get("name")),
-                "value": _finite_or_none(m.get("value")),
-            }
+            value = _finite_or_none(m.get("value"))
+            out["test_metric"] = {"name": str(m.get("name")), "value": value}
         if "score" in self.published:
             out["validation_score"] = _finite_or_none(self.validation_score)
         return out
@@ -182,10 +160,8 @@ class Release:
 
     def __str__(self) -> str:
         if self.outcome == NO_CANDIDATE_SUCCEEDED:
-            head = (
-                "Nothing released: no candidate succeeded (every candidate failed; "
-                "`dptune inspect WORKDIR` shows why)."
-            )
+            head = ("Nothing released: no candidate succeeded (every candidate failed; "
+                    "`dptune inspect WORKDIR` shows why).")  # fmt: skip
         elif not self.released:
             head = "Nothing released (no candidate selected: a legitimate private outcome)."
         else:
@@ -362,9 +338,7 @@ def load_params(folder: str | os.PathLike, like: Any = None) -> Any:
 def _string_keys(tree: Any) -> Any:
     """A nested dict with its keys as strings (NNX list indices are ints; releases hold
     strings)."""
-    if isinstance(tree, dict):
-        return {str(k): _string_keys(v) for k, v in tree.items()}
-    return tree
+    return {str(k): _string_keys(v) for k, v in tree.items()} if isinstance(tree, dict) else tree
 
 
 def load_release(path: str | os.PathLike, like: Any = None) -> Release:

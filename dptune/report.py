@@ -37,22 +37,6 @@ def single_candidate_odds(selection: Mapping[str, Any]) -> tuple[float, float] |
     return None
 
 
-def _count_sentence(privacy: Mapping[str, Any]) -> list[str]:
-    """One sentence on how often a run of this configuration trains a single candidate."""
-    odds = single_candidate_odds(privacy.get("selection") or {})
-    if odds is None:
-        return []
-    p0, p1 = odds
-    none = (f", and none at all (nothing released) with probability {100 * p0:.0f} %"
-            if p0 > 0 else "")  # fmt: skip
-    return [
-        f"- What to expect from this configuration (public, not a fact about this run): its "
-        f"random count of candidates trains exactly one with probability {100 * p1:.0f} %{none}; "
-        "such a run releases an untuned candidate, so judge the configuration by several runs' "
-        "releases, not by one.",
-    ]
-
-
 def num(x: Any) -> str:
     """A float to 4 significant digits ("n/a" when not finite); anything else as text."""
     if isinstance(x, float):
@@ -75,6 +59,16 @@ def report_markdown(release: Any, files: set[str]) -> str:
     lines = ["# dptune release report", "", release.headline, "", *_released(release, trainer)]
     seeded = ("the run used a fixed seed, so the guarantee holds only while it is secret"
               if p.get("seeded") else "randomness from OS entropy")  # fmt: skip
+    count = []  # how often a run of this configuration trains a single candidate
+    if (odds := single_candidate_odds(p.get("selection") or {})) is not None:
+        none = (f", and none at all (nothing released) with probability {100 * odds[0]:.0f} %"
+                if odds[0] > 0 else "")  # fmt: skip
+        count.append(
+            f"- What to expect from this configuration (public, not a fact about this run): its "
+            f"random count of candidates trains exactly one with probability {100 * odds[1]:.0f} "
+            f"%{none}; such a run releases an untuned candidate, so judge the configuration by "
+            "several runs' releases, not by one."
+        )
     lines += [
         "",
         "## Privacy",
@@ -88,7 +82,7 @@ def report_markdown(release: Any, files: set[str]) -> str:
         f"- One training run alone would be ({num(p.get('single_run_epsilon'))}, "
         f"{num(p.get('single_run_delta', delta))})-DP; the difference is the price of tuning.",
         f"- Accountant: `{p.get('accountant', '?')}`; {seeded}",
-        *_count_sentence(p),
+        *count,
         "",
         "In words: an observer of this folder learns almost the same whether or not any one "
         "person's record was in the training data (the epsilon bounds the change in the odds of "
@@ -151,10 +145,7 @@ def _released(release: Any, trainer: str) -> list[str]:
             name, test = "accuracy", _pct(release.test_accuracy)
             score = _pct(release.validation_score)
         if test is not None:
-            lines.append(
-                f"- **Test {name}** (public test split, reported only, never used to choose): "
-                f"{test}"
-            )
+            lines.append(f"- **Test {name}** (public test split, never used to choose): {test}")
         if "score" in getattr(release, "published", ("payload", "score")):
             lines.append(
                 "- Validation score the selection saw (noisy when the validation split is "

@@ -12,16 +12,8 @@ loss. The accountant takes the worst case over everything the sampler can draw, 
 only be constants, :class:`Choice` or :class:`Integer` (finite supports that
 :meth:`Space.privacy_grid` enumerates exactly); a continuous one is refused, not approximated.
 
-In a config file (ml_collections)::
-
-    from dptune import space
-    config.space = dict(
-        learning_rate=space.log_uniform(0.05, 5.0),
-        clip_norm=space.log_uniform(0.1, 10.0),
-        batch_size=256,                       # constant
-    )
-
-and on the command line ``--config.space.learning_rate.high=2.0``.
+A config file declares ``config.space = dict(learning_rate=space.log_uniform(0.05, 5.0),
+batch_size=256)`` (a constant); the command line overrides ``--config.space.learning_rate.high=2``.
 """
 
 from __future__ import annotations
@@ -231,8 +223,7 @@ class Space:
         self.fields: dict[str, Any] = parsed
         self.privacy_fields = frozenset(privacy_fields)
         for name in self.privacy_relevant:
-            value = parsed[name]
-            if isinstance(value, Uniform):
+            if isinstance(value := parsed[name], Uniform):
                 raise SpaceError(
                     f"space field {name!r} changes each candidate's privacy loss, so the "
                     "accountant needs its worst case exactly: use a constant, space.choice(...) "
@@ -277,8 +268,7 @@ class Space:
         names = self.privacy_relevant
         fields = [self.fields[n] for n in names]
         supports = [v.support() if isinstance(v, _DISTRIBUTIONS) else (v,) for v in fields]
-        size = math.prod(len(s) for s in supports)
-        if size > MAX_PRIVACY_GRID:
+        if (size := math.prod(len(s) for s in supports)) > MAX_PRIVACY_GRID:
             raise SpaceError(
                 f"the privacy-relevant fields {list(names)} take {size} combinations; at most "
                 f"{MAX_PRIVACY_GRID} are enumerated for the worst case. Narrow their ranges."

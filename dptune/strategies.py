@@ -65,8 +65,7 @@ def check(name: Any, options: Mapping[str, Any], total_epsilon: float) -> dict[s
             raise StrategyConfigError(
                 f"config.strategy.{opt}={out[opt]!r} must be in (0, {upper:g}): {takes[opt]}"
             )
-    unused = sorted(k for k, v in options.items() if v is not None and k not in takes)
-    if unused:
+    if unused := sorted(k for k, v in options.items() if v is not None and k not in takes):
         raise StrategyConfigError(
             f"config.strategy: {unused} are not options of strategy {name!r}; unset them"
         )

@@ -107,8 +107,7 @@ def public_size(num_examples: Any, name: str = "num_examples") -> int | None:
     the private data nor the data itself; anything else is one TuningConfigError naming ``name``."""
     if num_examples is None:
         return None
-    shape = getattr(num_examples, "shape", ())
-    if shape:
+    if shape := getattr(num_examples, "shape", ()):
         raise TuningConfigError(
             f"{name}=<array of shape {tuple(shape)}>: pass the PUBLIC number of training "
             "records (an int you would publish), not the data"
@@ -131,8 +130,7 @@ def code_digest(trainer: Any) -> str:
     """A digest (16 hex characters) of the code that trains ``trainer``'s candidates (the journal
     binds a workdir to it): its ``code_digest()`` hook, else the source of a ``FunctionTrainer``'s
     function, else of the trainer's class."""
-    hook = getattr(trainer, "code_digest", None)
-    if callable(hook):
+    if callable(hook := getattr(trainer, "code_digest", None)):
         return str(hook())
     target = trainer.fn if isinstance(trainer, FunctionTrainer) else type(trainer)
     return source_digest([target])
@@ -246,8 +244,8 @@ class FunctionTrainer:
       privacy_fn: the candidate's privacy: a ``DpEvent`` / accounting candidate, or a pure
         function of the hyperparameters returning one (no state, counter, clock or data): dptune
         accounts it before the run and checks it again before each candidate trains.
-      num_examples: size of the private dataset (checks delta < 1/n), if known.
-      fingerprint: an id of the private dataset for the budget ledger, if one is used.
+      num_examples, fingerprint: the private dataset's public size (checks delta < 1/n) and its
+        id in the budget ledger, if known.
       privacy_fields: fields known to change the declared privacy (a speed-up: others that do are
         found by probing ``privacy``); calibrated_field: the field ``"auto"`` calibrates.
       score_kind: what ``fn``'s score is (``selection.registry.SCORE_KINDS``): ``"covered"`` (its

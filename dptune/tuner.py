@@ -1,18 +1,11 @@
 """``dptune.tune``: from a total privacy budget to one released candidate, crash-safe and budgeted.
 
-The order of operations is the privacy argument, so it is fixed here and nowhere else; ``tune`` is
-the sequence of these steps (``dptune.subsampled`` runs 1, 2 and 5 around its own plan):
-
-1. ``preflight``: every check and the privacy plan (``dptune.plan``); nothing private has run and
-   nothing is written (``dptune --dry_run`` stops here).
-2. ``run_in_workdir``: the journal (``DIR/private/journal.sqlite``) binds the config and the
-   trainer's code (a different one is refused); a finished run returns its release.
-3. ``draw_plan``: the run id, the entropy, the selection's plan and every candidate's seed and
-   hyperparameters, each drawn once: a resume reads them back.
-4. ``check_candidates``: every drawn candidate declares what was accounted.
-5. ``charge_ledger``: the run's (epsilon, delta), charged to the dataset's budget once per run id.
-6. ``run_candidates``: candidates train in index order, each journaled as it finishes.
-7. ``release_selected``: only the selected candidate is released (``DIR/release/``), or nothing.
+The order of operations is the privacy argument, so it is fixed here and nowhere else: ``tune``
+runs ``preflight`` (every check, nothing written: ``--dry_run`` stops there), ``run_in_workdir``
+(the journal binds config and code), ``draw_plan`` (everything random, drawn once and journaled),
+``check_candidates``, ``charge_ledger`` (once per run id), ``run_candidates`` (journaled as each
+finishes) and ``release_selected`` (the selected candidate, or nothing); ``dptune.subsampled``
+runs the first, second and fifth around its own plan.
 """
 
 from __future__ import annotations
@@ -103,22 +96,21 @@ class TuneOptions:
     Attributes:
       workdir: folder for ``private/`` (journal, candidates) and ``release/``; with it a killed run
         resumes when called again with the same arguments. None: everything stays in memory.
-      seed: a fixed seed for every random choice (debugging, tests); default: OS entropy. The
-        statement then says it holds only while the seed is secret.
+      seed: a fixed seed for every random choice (debugging, tests; the statement then holds only
+        while it is secret); default: OS entropy.
       group_size: candidates trained at once through ``trainer.train_many`` (vectorised).
       accountant: "auto" (the tightest valid route), "rdp" or "pld" (``dptune.accounting``).
       ledger: where the run is charged to the dataset's budget: a
         :class:`~dptune._state.ledger.Ledger` or its path (default ``DEFAULT_LEDGER``); None: none.
       dataset_budget: the dataset's lifetime budget as this run states it (default: the one the
         ledger holds; for a new dataset 10 times this run's ``budget``, with a warning).
-      fingerprint: the dataset id in the ledger (default: ``trainer.fingerprint``).
-      config: what the journal binds the workdir to (default: a description of the arguments).
+      fingerprint, config: the dataset id in the ledger (default: ``trainer.fingerprint``); what
+        the journal binds the workdir to (default: a description of the arguments).
       progress: show a tqdm display (curator's console; it shows neither K nor scores).
       debug_nonprivate: print every candidate's score at the end; marks the statement NOT private.
       adjacency: "add_remove" (default: neighbours differ by one added or removed example) or
         "replace_one" (one example replaced; for datasets of fixed, public size).
-      executor: how candidates are trained (``dptune.executors``; default: groups of
-        ``group_size``).
+      executor: how candidates are trained (``dptune.executors``; default: ``group_size`` groups).
     """
 
     workdir: str | os.PathLike | None = None
@@ -140,10 +132,8 @@ class TuneOptions:
         g, seed = self.group_size, self.seed
         if isinstance(g, bool) or not isinstance(g, int) or g < 1:
             raise TuningConfigError(f"group_size={g!r} must be an integer >= 1")
-        for name, value, known in (
-            ("accountant", self.accountant, ACCOUNTANTS),
-            ("adjacency", self.adjacency, ADJACENCIES),
-        ):
+        for name, value, known in (("accountant", self.accountant, ACCOUNTANTS),
+                                   ("adjacency", self.adjacency, ADJACENCIES)):  # fmt: skip
             if value not in known:
                 raise TuningConfigError(
                     f"{name}={value!r} is unknown; choose one of {', '.join(known)}"
@@ -185,8 +175,7 @@ class TuneOptions:
     def build(cls, options: TuneOptions | None, kwargs: Mapping[str, Any]) -> TuneOptions:
         """``options`` (default: all defaults) with ``kwargs`` replacing its fields; a keyword
         that is not a field is refused with the fields' names."""
-        unknown = sorted(set(kwargs) - set(cls.__dataclass_fields__))
-        if unknown:
+        if unknown := sorted(set(kwargs) - set(cls.__dataclass_fields__)):
             raise TuningConfigError(
                 f"unknown keyword argument(s) {unknown}; tune() takes "
                 f"{', '.join(cls.__dataclass_fields__)}"
@@ -299,8 +288,20 @@ def check_run(
     code = {"dptune": dptune.__version__, "trainer": code_digest(trainer)}
     workdir = None if opts.workdir is None else Path(opts.workdir)
     run_id, resuming, finished = None, False, False
-    if workdir is not None:
-        run_id, resuming, finished = _check_existing_run(workdir / "private", config, code)
+    private_dir = None if workdir is None else workdir / "private"
+    if private_dir is not None and (private_dir / JOURNAL_FILE).exists():
+        with open_journal(private_dir, config, code, readonly=True) as journal:
+            run_id, resuming = journal.get("run_id"), journal.get("config") is not None
+            finished = bool(journal.get("released_at")) and (workdir / "release").exists()
+    elif private_dir is not None:  # a release or candidates without their journal: refused
+        dirs = (workdir / "release", private_dir / "candidates")
+        if orphans := [p for p in dirs if p.is_dir() and any(p.iterdir())]:
+            raise StateError(
+                f"{orphans[0]} exists but its journal {private_dir / JOURNAL_FILE} does not: the "
+                "run that wrote it can be neither resumed nor checked (was the journal deleted, "
+                "or the workdir copied without it?). Restore the journal from a backup, or use a "
+                "new --workdir"
+            )
     log.info("accounting: checking the total budget (calibrating the noise if 'auto')")
     plan = make_plan()
     dsb = None if opts.dataset_budget is None else as_budget(opts.dataset_budget, "dataset_budget")
@@ -434,28 +435,6 @@ def _tune_steps(
     return release
 
 
-def _check_existing_run(
-    private_dir: Path, config: Mapping[str, Any], code: Mapping[str, Any]
-) -> tuple[str | None, bool, bool]:
-    """What the workdir already holds, read-only: ``(run_id or None, resuming, finished)``; a
-    release or candidate results without their journal are refused."""
-    workdir = private_dir.parent
-    journal_path = private_dir / JOURNAL_FILE
-    if not journal_path.exists():
-        dirs = (workdir / "release", private_dir / "candidates")
-        orphans = [p for p in dirs if p.is_dir() and any(p.iterdir())]
-        if orphans:
-            raise StateError(
-                f"{orphans[0]} exists but its journal {journal_path} does not: the run that wrote "
-                "it can be neither resumed nor checked (was the journal deleted, or the workdir "
-                "copied without it?). Restore the journal from a backup, or use a new --workdir"
-            )
-        return None, False, False
-    with open_journal(private_dir, config, code, readonly=True) as journal:
-        finished = bool(journal.get("released_at")) and (workdir / "release").exists()
-        return journal.get("run_id"), journal.get("config") is not None, finished
-
-
 def _on_ledger(pre: Preflight, run_id: str | None, charge: bool) -> Any:
     """``Ledger.charge`` (``charge``) or its read-only ``check`` of the run's (epsilon, delta) on
     the dataset's budget; a missing ledger is checked as the empty one a charge would create."""
@@ -487,13 +466,12 @@ def bind_calibrated(journal: Any, statement: Any, calibrated: Mapping[str, Any])
     whose accountant now calibrates otherwise is refused."""
     run_id = journal.set_once("run_id", uuid.uuid4().hex)
     journal.set_once("privacy", {**statement.to_dict(), "calibrated": dict(calibrated)})
-    if journal.get("calibrated", calibrated) != calibrated:
+    if (planned := journal.set_once("calibrated", calibrated)) != calibrated:
         raise TuningConfigError(
-            f"this run was planned with {journal.get('calibrated')} but the accountant now gives "
-            f"{calibrated} (a different dptune version?): finish it with the version that "
-            "started it, or start a new workdir"
+            f"this run was planned with {planned} but the accountant now gives {calibrated} (a "
+            "different dptune version?): finish it with the version that started it, or start a "
+            "new workdir"
         )
-    journal.set_once("calibrated", calibrated)
     return run_id
 
 
@@ -616,9 +594,8 @@ def release_selected(
             f"\nRealised ex-post privacy loss of this outcome: {privacy['ex_post_epsilon']:.4g} "
             "(Ligett et al. 2017, Lemma 2.8); charged: the worst case above."
         )
-    name = getattr(trainer, "kind", "") or type(trainer).__name__
-    if isinstance(trainer, FunctionTrainer):
-        name = f"{FUNCTION_TRAINER} {trainer.name!r}"
+    name = (f"{FUNCTION_TRAINER} {trainer.name!r}" if isinstance(trainer, FunctionTrainer)
+            else getattr(trainer, "kind", "") or type(trainer).__name__)  # fmt: skip
     common = dict(published=published, trainer_name=str(name))
     if index is None or records[index].failed:
         # A failed selected candidate: the selections rank a failure below every score, so every

@@ -27,30 +27,17 @@ from dptune.errors import CandidateFailure, CodeChangedError, Refused, StateErro
 JOURNAL_FILE = "journal.sqlite"
 
 # One script: the tables are created in one transaction, so a kill never leaves half of them.
-_SCHEMA = """
-PRAGMA journal_mode=WAL;
+_SCHEMA = """PRAGMA journal_mode=WAL;
 PRAGMA synchronous=FULL;
 BEGIN;
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS candidates (
-    idx INTEGER PRIMARY KEY,
-    seed TEXT NOT NULL,
-    hparams TEXT NOT NULL,
-    status TEXT NOT NULL CHECK (status IN ('planned', 'running', 'done')),
-    score REAL,
-    failed INTEGER NOT NULL DEFAULT 0,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    seconds REAL,
-    updated REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS failures (
-    idx INTEGER PRIMARY KEY,
-    type TEXT NOT NULL,
-    message TEXT NOT NULL,
-    traceback TEXT NOT NULL
-);
-COMMIT;
-"""
+CREATE TABLE IF NOT EXISTS candidates (idx INTEGER PRIMARY KEY, seed TEXT NOT NULL,
+    hparams TEXT NOT NULL, status TEXT NOT NULL CHECK (status IN ('planned', 'running', 'done')),
+    score REAL, failed INTEGER NOT NULL DEFAULT 0, attempts INTEGER NOT NULL DEFAULT 0,
+    seconds REAL, updated REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS failures (idx INTEGER PRIMARY KEY, type TEXT NOT NULL,
+    message TEXT NOT NULL, traceback TEXT NOT NULL);
+COMMIT;"""
 
 
 def _fix(private_dir: Path | None) -> str:
@@ -98,22 +85,16 @@ class Journal(StateDb):
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return default if row is None else json.loads(row[0])
 
-    def set(self, key: str, value: Any) -> None:
+    def set(self, key: str, value: Any, _on_conflict: str = "REPLACE") -> Any:
         with self._tx() as db:
-            db.execute(
-                "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
-                (key, json.dumps(value, sort_keys=True)),
-            )
+            row = (key, json.dumps(value, sort_keys=True))
+            db.execute(f"INSERT OR {_on_conflict} INTO meta (key, value) VALUES (?, ?)", row)
+            return self.get(key)
 
     def set_once(self, key: str, value: Any) -> Any:
         """Stores ``value`` unless the key exists; returns the stored value, as JSON reads it back
         (never overwrites a plan or seed; a fresh run and a resume see the same form)."""
-        with self._tx() as db:
-            db.execute(
-                "INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)",
-                (key, json.dumps(value, sort_keys=True)),
-            )
-            return self.get(key)
+        return self.set(key, value, "IGNORE")
 
     def _bind(self, key: str, value: dict[str, Any]) -> list[str]:
         """Records ``value`` under ``key`` once (as JSON) or compares it with the recorded one:
@@ -127,8 +108,7 @@ class Journal(StateDb):
     def bind_config(self, config: dict[str, Any]) -> bool:
         """Records the run's config, or checks it against the recorded one: True for a resume;
         ConfigChangedError naming the differing keys if the workdir belongs to another config."""
-        diff = self._bind("config", config)
-        if diff:
+        if diff := self._bind("config", config):
             raise ConfigChangedError(
                 f"{self.dir.parent} already holds a run with a different config (differs at: "
                 f"{', '.join(diff[:10])}). Resuming it with another config would mix two runs: "
@@ -140,8 +120,7 @@ class Journal(StateDb):
         """Records which code runs this workdir (dptune's version, the trainer's code digest), or
         checks it against the recorded one: CodeChangedError if a resume (or a rerun of a finished
         run) would mix the candidates, or the release, of two trainers."""
-        diff = self._bind("code", code)
-        if diff:
+        if diff := self._bind("code", code):
             finished = self.get("released_at") is not None
             raise CodeChangedError(
                 f"{self.dir.parent} holds a run {'finished' if finished else 'started'} by other "

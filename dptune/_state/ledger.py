@@ -45,14 +45,6 @@ CREATE TABLE IF NOT EXISTS charges (run_id TEXT PRIMARY KEY, fingerprint TEXT NO
 COMMIT;"""
 
 
-def _fix(path: Path) -> str:
-    return (
-        f"Restore {path} from a backup (it holds every dataset's spend), or point dptune at "
-        "another ledger (ledger= in Python, --config.ledger.path, $DPTUNE_LEDGER); deleting it "
-        "forgets every spend"
-    )
-
-
 def default_ledger_path() -> Path:
     """``$DPTUNE_LEDGER`` if set, else ``~/.dptune/ledger.sqlite`` (one per curator account)."""
     env = os.environ.get("DPTUNE_LEDGER")
@@ -87,11 +79,9 @@ class Spend:
 
 
 class Ledger(StateDb):
-    """Per-dataset budget ledger in one SQLite file (created whole, with its folder, if missing).
-
-    An existing file is checked first (``StateDb``). ``readonly=True``
-    opens a ledger without writing (``--dry_run``, listing); a missing one then reads as the empty
-    ledger it would be."""
+    """Per-dataset budget ledger in one SQLite file (created whole, with its folder, if missing;
+    an existing one is checked first, ``StateDb``). ``readonly=True`` never writes (``--dry_run``,
+    listing): a missing ledger then reads as the empty ledger it would be."""
 
     kind, schema = "ledger", _SCHEMA
 
@@ -106,7 +96,10 @@ class Ledger(StateDb):
         elif missing:
             _create(self.path)
         where = None if missing and readonly else self.path  # None: the empty ledger, in memory
-        self._open(where, _fix(self.path), readonly, timeout=60.0)
+        fix = (f"Restore {self.path} from a backup (it holds every dataset's spend), or point "
+               "dptune at another ledger (ledger= in Python, --config.ledger.path, "
+               "$DPTUNE_LEDGER); deleting it forgets every spend")  # fmt: skip
+        self._open(where, fix, readonly, timeout=60.0)
 
     def spend(self, fingerprint: str) -> Spend | None:
         """The dataset's budget and spend so far, or None if the ledger has never seen it."""
@@ -126,8 +119,11 @@ class Ledger(StateDb):
         self, fingerprint: str, run_id: str | None, epsilon: float, delta: float, *,
         budget_epsilon: float | None = None, budget_delta: float | None = None, name: str = "",
     ) -> Spend:  # fmt: skip
-        """What :meth:`charge` would do (same arguments, same refusals), without writing: the
-        dataset's spend after this run (``registered`` if the run would register its budget)."""
+        """What :meth:`charge` would do, without writing: the dataset's spend after this run.
+        ``budget_epsilon`` / ``budget_delta``: the dataset's lifetime budget as the run states it
+        (None: the registered one; a new dataset: :data:`DEFAULT_LIFETIME_RUNS` times this run's,
+        and ``registered`` says so). BudgetExceededError, or LedgerBudgetMismatchError when the
+        stated budget differs from the registered one."""
         _check_numbers(epsilon, delta, budget_epsilon, budget_delta)
         label = name or fingerprint[:12]
         before = self.spend(fingerprint)
@@ -178,12 +174,9 @@ class Ledger(StateDb):
         budget_epsilon: float | None = None, budget_delta: float | None = None, name: str = "",
         workdir: str = "", note: str = "",
     ) -> Spend:  # fmt: skip
-        """Atomically checks the budget (as :meth:`check`) and records the run's total (epsilon,
-        delta), tuning included; idempotent in ``run_id`` (a resumed run is charged once).
-        ``budget_epsilon`` / ``budget_delta``: the dataset's lifetime budget as the run states it
-        (None: the registered one; a new dataset: :data:`DEFAULT_LIFETIME_RUNS` times this run's,
-        ``Spend.registered`` then says so). BudgetExceededError or LedgerBudgetMismatchError
-        (the stated budget differs from the registered one): nothing is recorded."""
+        """Atomically checks the budget (:meth:`check`: same arguments, same refusals, nothing
+        recorded then) and records the run's total (epsilon, delta), tuning included; idempotent
+        in ``run_id`` (a resumed run is charged once)."""
         with self._tx() as db:
             after = self.check(
                 fingerprint, run_id, epsilon, delta, name=name,
@@ -206,21 +199,15 @@ class Ledger(StateDb):
 
     def charges(self, fingerprint: str) -> list[dict]:
         """The runs charged to a dataset (run id, epsilon, delta, workdir, time), oldest first."""
-        rows = self._db.execute(
-            "SELECT run_id, epsilon, delta, workdir, created FROM charges WHERE fingerprint = ? "
-            "ORDER BY created",
-            (fingerprint,),
-        ).fetchall()
         keys = ("run_id", "epsilon", "delta", "workdir", "created")
-        return [dict(zip(keys, r, strict=True)) for r in rows]
+        sql = f"SELECT {', '.join(keys)} FROM charges WHERE fingerprint = ? ORDER BY created"
+        return [dict(zip(keys, r, strict=True)) for r in self._db.execute(sql, (fingerprint,))]
 
     def resolve(self, prefix: str) -> str | None:
         """The registered fingerprint starting with ``prefix`` (None if none; ValueError if
         several)."""
-        rows = self._db.execute(
-            "SELECT fingerprint FROM datasets WHERE substr(fingerprint, 1, ?) = ?",
-            (len(prefix), prefix),
-        ).fetchall()
+        sql = "SELECT fingerprint FROM datasets WHERE substr(fingerprint, 1, ?) = ?"
+        rows = self._db.execute(sql, (len(prefix), prefix)).fetchall()
         if len(rows) > 1:
             raise ValueError(f"{prefix!r} matches {len(rows)} datasets; give more characters")
         return rows[0][0] if rows else None
@@ -230,8 +217,7 @@ class Ledger(StateDb):
         (ValueError) below what its runs have already spent."""
         _check_numbers(epsilon, delta, epsilon, delta)
         with self._tx() as db:
-            before = self.spend(fingerprint)
-            if before is None:
+            if (before := self.spend(fingerprint)) is None:
                 self._register(fingerprint, name, epsilon, delta)
             elif _over(before.spent_epsilon, epsilon) or _over(before.spent_delta, delta):
                 raise TuningConfigError(

@@ -116,12 +116,9 @@ class StateDb:
             path.parent.mkdir(parents=True, exist_ok=True)
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT, FILE_MODE))
             os.chmod(path, FILE_MODE)
+        target = f"{path.absolute().as_uri()}?mode=ro" if readonly else path
         try:
-            if readonly:
-                uri = f"{path.absolute().as_uri()}?mode=ro"
-                db = sqlite3.connect(uri, uri=True, timeout=timeout, isolation_level=None)
-            else:
-                db = sqlite3.connect(path, timeout=timeout, isolation_level=None)
+            db = sqlite3.connect(target, uri=readonly, timeout=timeout, isolation_level=None)
         except sqlite3.Error as e:
             raise bad(f"cannot be opened ({e})") from None
         try:

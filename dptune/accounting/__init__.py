@@ -19,7 +19,6 @@ from dptune.accounting.epsilon import (
     pld_delta,
     pld_epsilon,
     rdp_curve,
-    rdp_delta,
     rdp_epsilon,
 )
 from dptune.accounting.events import (
@@ -35,29 +34,8 @@ from dptune.accounting.reference import repeat_and_select_epsilon
 from dptune.accounting.statement import PrivacyStatement
 from dptune.accounting.totals import ACCOUNTANTS, Route, routes, total_privacy
 
-__all__ = [
-    "ACCOUNTANTS",
-    "Calibration",
-    "Candidate",
-    "calibrate",
-    "DEFAULT_ORDERS",
-    "DpSgdCandidate",
-    "EventCandidate",
-    "PrivacyStatement",
-    "Route",
-    "as_candidates",
-    "calibrate_noise",
-    "composed_pld_epsilon",
-    "dominating_dpsgd_candidate",
-    "naive_trials",
-    "pareto_candidates",
-    "pld_delta",
-    "pld_epsilon",
-    "pure_epsilon",
-    "rdp_curve",
-    "rdp_delta",
-    "rdp_epsilon",
-    "repeat_and_select_epsilon",
-    "routes",
-    "total_privacy",
-]
+__all__ = ["ACCOUNTANTS", "Calibration", "Candidate", "calibrate", "DEFAULT_ORDERS",
+    "DpSgdCandidate", "EventCandidate", "PrivacyStatement", "Route", "as_candidates",
+    "calibrate_noise", "composed_pld_epsilon", "dominating_dpsgd_candidate", "naive_trials",
+    "pareto_candidates", "pld_delta", "pld_epsilon", "pure_epsilon", "rdp_curve",
+    "rdp_epsilon", "repeat_and_select_epsilon", "routes", "total_privacy"]  # fmt: skip

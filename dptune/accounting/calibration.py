@@ -135,28 +135,18 @@ def _tight(epsilon: float, target: float, rtol: float) -> bool:
 
 
 def calibrate(
-    make_candidates: Callable[[float], Any],
-    transform=None,
-    target_epsilon: float = 1.0,
-    delta: float = 1e-5,
-    accountant: str = "auto",
-    *,
-    seeded: bool = False,
-    compare: bool = True,
-    rtol: float = 1e-3,
-    memo: MutableMapping[str, float] | None = None,
-) -> Calibration:
+    make_candidates: Callable[[float], Any], transform=None, target_epsilon: float = 1.0,
+    delta: float = 1e-5, accountant: str = "auto", *, seeded: bool = False, compare: bool = True,
+    rtol: float = 1e-3, memo: MutableMapping[str, float] | None = None,
+) -> Calibration:  # fmt: skip
     """The noise multiplier sigma for which the whole tuning run is (target_epsilon, delta)-DP.
 
     Args:
       make_candidates: sigma -> the candidates (anything ``total_privacy`` accepts, e.g. every
         DP-SGD setting of a search space with that noise multiplier). Their privacy must fall as
         sigma grows.
-      transform: the selection theorem (``selection.privacy``); None for one run.
+      transform, delta, accountant, seeded: as for ``total_privacy``.
       target_epsilon: the total budget's epsilon (> 0), for everything released.
-      delta: the total budget's delta, in (0, 1).
-      accountant: "auto" (tightest valid route), "pld" or "rdp".
-      seeded: passed to the statement (fixed-seed runs say the guarantee needs the seed secret).
       compare: also calibrate one untuned run and naive composition (about 2x the time).
       rtol: relative tolerance on sigma (the answer is rounded up, so always within budget).
       memo: remembered answers (module docstring): the main answer is read from and written to
@@ -185,9 +175,8 @@ def calibrate(
         )
 
     search = _Search(make_candidates, float(target_epsilon), delta, accountant, rtol, seeded, memo)
-    key = None
-    if memo is not None:
-        key = _memo_key(make_candidates, transform, target_epsilon, delta, accountant, rtol)
+    described = (make_candidates, transform, target_epsilon, delta, accountant, rtol)
+    key = None if memo is None else _memo_key(*described)
     sigma, statement = search.final(transform, key)
     k = naive_trials(transform)
     untuned = search.final(SingleRunPrivacy())[0] if compare else None
@@ -332,19 +321,15 @@ OFF_WORDS = ("off", "false", "no", "none", "0")
 
 
 def cache_root() -> Path:
-    """dptune's cache folder: ``$DPTUNE_CACHE``, else the platform's user cache folder +
-    ``dptune`` (``$XDG_CACHE_HOME`` or ``~/.cache``; ``~/Library/Caches`` on macOS;
-    ``%LOCALAPPDATA%`` on Windows). It holds only public values: the memo below and JAX's
-    compiled steps (``dptune.learners.dpsgd.use_compilation_cache``)."""
+    """dptune's cache folder: ``$DPTUNE_CACHE``, else the user cache folder + ``dptune``
+    (``$XDG_CACHE_HOME`` or ``~/.cache``; ``~/Library/Caches`` on macOS; dptune's workdir lock
+    needs POSIX). It holds only public values: the memo below and JAX's compiled steps
+    (``dptune.learners.dpsgd.use_compilation_cache``)."""
     if os.environ.get("DPTUNE_CACHE"):
         return Path(os.environ["DPTUNE_CACHE"])
     if sys.platform == "darwin":
-        base = Path.home() / "Library" / "Caches"
-    elif os.name == "nt" and os.environ.get("LOCALAPPDATA"):
-        base = Path(os.environ["LOCALAPPDATA"])
-    else:
-        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "dptune"
+        return Path.home() / "Library" / "Caches" / "dptune"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dptune"
 
 
 def default_memo() -> FileMemo | None:
@@ -356,29 +341,15 @@ def default_memo() -> FileMemo | None:
 
 
 def calibrate_noise(
-    sampling_rate: float,
-    steps: int,
-    transform=None,
-    target_epsilon: float = 1.0,
-    delta: float = 1e-5,
-    accountant: str = "auto",
-    score_noise_std: float | None = None,
-    *,
-    seeded: bool = False,
-    compare: bool = True,
-    rtol: float = 1e-3,
-) -> Calibration:
+    sampling_rate: float, steps: int, transform=None, target_epsilon: float = 1.0,
+    delta: float = 1e-5, accountant: str = "auto", score_noise_std: float | None = None, *,
+    seeded: bool = False, compare: bool = True, rtol: float = 1e-3,
+) -> Calibration:  # fmt: skip
     """``calibrate`` for one DP-SGD setting: Poisson rate ``sampling_rate`` in (0, 1], ``steps``
     (>= 1) and a fixed private-score noise ``score_noise_std`` (counts; None = public validation).
     """
     DpSgdCandidate(sampling_rate, steps, 1.0, score_noise_std)  # validates before any search
     return calibrate(
-        lambda sigma: DpSgdCandidate(sampling_rate, steps, sigma, score_noise_std),
-        transform,
-        target_epsilon,
-        delta,
-        accountant,
-        seeded=seeded,
-        compare=compare,
-        rtol=rtol,
-    )
+        lambda sigma: DpSgdCandidate(sampling_rate, steps, sigma, score_noise_std), transform,
+        target_epsilon, delta, accountant, seeded=seeded, compare=compare, rtol=rtol,
+    )  # fmt: skip

@@ -63,8 +63,7 @@ def check_orders(orders: Sequence[float]) -> np.ndarray:
     o = np.asarray(orders, dtype=np.float64)
     if o.ndim != 1 or o.size == 0:
         raise ValueError(f"orders must be a non-empty 1-d sequence of Renyi orders, got {orders!r}")
-    bad = o[~(np.isfinite(o) & (o > 1.0))]
-    if bad.size:
+    if (bad := o[~(np.isfinite(o) & (o > 1.0))]).size:
         raise ValueError(
             f"every Renyi order must be a finite number > 1, got {bad[0]!r} "
             "(dp_accounting's default orders are accounting.DEFAULT_ORDERS)"
@@ -187,13 +186,6 @@ def rdp_epsilon(
         orders, rdp_curve(candidates, orders), delta
     )
     return float(eps), float(order)
-
-
-def rdp_delta(candidates, epsilon: float, orders: Sequence[float] = DEFAULT_ORDERS) -> float:
-    """delta of one run at ``epsilon`` from its RDP curve (arXiv:2004.00010 Prop. 12)."""
-    return float(
-        rdp_privacy_accountant.compute_delta(orders, rdp_curve(candidates, orders), epsilon)[0]
-    )
 
 
 def _is_dpsgd_step(event: dp_event.DpEvent) -> bool:

@@ -230,9 +230,7 @@ def _event_to_json(event: dp_event.DpEvent) -> Any:
             return {"type": type(x).__name__, **{k: convert(v) for k, v in x._asdict().items()}}
         if isinstance(x, (list, tuple)):
             return [convert(v) for v in x]
-        if isinstance(x, float) and not math.isfinite(x):
-            return str(x)
-        return x
+        return str(x) if isinstance(x, float) and not math.isfinite(x) else x
 
     return convert(event.to_named_tuple())
 

@@ -40,13 +40,6 @@ _PUBLISHED_WORDS = {
 }
 
 
-def _published(what: tuple[str, ...]) -> str:
-    words = [_PUBLISHED_WORDS.get(w, w) for w in what]
-    if "score" not in what:
-        words.append("not its score (the theorem does not cover it)")
-    return "; ".join(words)
-
-
 def _fmt(x: float) -> str:
     return "infinite" if not math.isfinite(x) else f"{x:.4g}"
 
@@ -61,23 +54,20 @@ class PrivacyStatement:
       delta: the total delta (0 for a pure-DP statement).
       single_run_epsilon, single_run_delta: one untuned run's (epsilon, delta) (the tightest route
         of the requested accountant), for comparison.
-      method: the selection transform's ``name`` (``"single_run"`` for one run).
-      theorem: paper and theorem behind ``total_epsilon``.
-      accountant: the route that gave ``total_epsilon``: ``"pld"``, ``"rdp"`` or ``"pure"``.
-      route: one line saying how the number was computed.
-      candidates: every candidate's inputs (all the sampler can draw; the bound is uniform).
-      selection: the selection transform's inputs (``params()``).
-      rdp_order: the optimal Renyi order where the route went through RDP, else None.
-      seeded: True when noise/selection randomness came from a fixed seed (see ``SEEDED_NOTE``).
-      private: False for a non-private debug selection (see ``NOT_PRIVATE_NOTE``).
+      method, theorem: the selection transform's ``name`` (``"single_run"`` for one run), and the
+        paper and theorem behind ``total_epsilon``.
+      accountant, route, rdp_order: the route that gave ``total_epsilon`` (``"pld"``, ``"rdp"``
+        or ``"pure"``), one line saying how, and the optimal Renyi order where it went by RDP.
+      candidates, selection: every candidate's inputs (all the sampler can draw; the bound is
+        uniform) and the selection transform's ``params()``.
+      seeded, private: a fixed seed (``SEEDED_NOTE``); False for a non-private debug selection
+        (``NOT_PRIVATE_NOTE``).
       notes: further caveats, one sentence each.
       adjacency: the neighbouring relation the guarantee is stated for: "add_remove" (one example
         added or removed) or "replace_one" (one example replaced; the dataset size is public).
-      assumptions: names of the assumptions the statement rests on (``dptune.assumptions``,
-        explained in docs/privacy-model.md).
-      checked: what dptune checked or guarantees by its own code, one sentence each.
-      trainer_word: what the statement takes on the trainer's word (its declarations), one
-        sentence each; empty for dptune's own trainers.
+      assumptions: names of the assumptions the statement rests on (``dptune.assumptions``).
+      checked, trainer_word: what dptune checked or guarantees by its own code, and what the
+        statement takes on the trainer's word (empty for dptune's own trainers); a sentence each.
       published: what of the selected candidate the release holds (``selection.registry.
         PUBLISHABLE``): only what the selection's theorem covers.
     """
@@ -105,24 +95,17 @@ class PrivacyStatement:
     @property
     def overhead(self) -> float:
         """total_epsilon / single_run_epsilon: the price of tuning, as a multiple of one run."""
-        if self.single_run_epsilon <= 0:
-            return math.inf
-        return self.total_epsilon / self.single_run_epsilon
+        one = self.single_run_epsilon
+        return self.total_epsilon / one if one > 0 else math.inf
 
     def all_notes(self) -> tuple[str, ...]:
-        flags = ((NOT_PRIVATE_NOTE,) if not self.private else ()) + (
-            (SEEDED_NOTE,) if self.seeded else ()
-        )
+        flags = (NOT_PRIVATE_NOTE,) * (not self.private) + (SEEDED_NOTE,) * bool(self.seeded)
         return flags + tuple(self.notes)
 
     def to_dict(self) -> dict[str, Any]:
         """Every field plus ``overhead`` and the rendered notes; JSON-safe (inf becomes "inf")."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d.update(overhead=self.overhead, notes=self.all_notes())
-        provenance = ("assumptions", "checked", "trainer_word", "published")
-        if not any(d[k] for k in provenance):  # statements without them keep their old form
-            for k in provenance:
-                del d[k]
         return _json_safe(d)
 
     def to_json(self, **kwargs: Any) -> str:
@@ -143,11 +126,9 @@ class PrivacyStatement:
             for k, v in self.selection.items()
         )
         order = f" (optimal Renyi order {self.rdp_order:g})" if self.rdp_order else ""
-        neighbours = (
-            "replacing one example (fixed, public size)"
-            if self.adjacency == "replace_one"
-            else "adding or removing one example"
-        )
+        neighbours = "adding or removing one example"
+        if self.adjacency == "replace_one":
+            neighbours = "replacing one example (fixed, public size)"
         lines += [
             "",
             f"Selection: {self.method}" + (f" ({sel})" if sel else "") + ".",
@@ -175,7 +156,10 @@ class PrivacyStatement:
             if items:
                 lines += ["", *([head] if head else []), *items]
         if self.published:
-            lines += ["", f"Released of the selected candidate: {_published(self.published)}."]
+            words = [_PUBLISHED_WORDS.get(w, w) for w in self.published]
+            if "score" not in self.published:
+                words.append("not its score (the theorem does not cover it)")
+            lines += ["", f"Released of the selected candidate: {'; '.join(words)}."]
         if self.assumptions:
             names = ", ".join(f"`{a}`" for a in self.assumptions)
             lines += ["", f"Assumptions (docs/privacy-model.md): {names}."]

@@ -91,13 +91,9 @@ def final_candidate(candidates: Any) -> Any:
 
 
 def composed_epsilon(
-    final_candidates: Any,
-    tuning_epsilon: float,
-    tuning_delta: float,
-    delta: float,
-    *,
+    final_candidates: Any, tuning_epsilon: float, tuning_delta: float, delta: float, *,
     discretization: float = single.PLD_DISCRETIZATION,
-) -> float:
+) -> float:  # fmt: skip
     """epsilon at ``delta`` of an (``tuning_epsilon``, ``tuning_delta``)-DP mechanism adaptively
     composed with the final run (step 3 of the module docstring): the maximum over the final
     run's branches of ``from_privacy_parameters(eps', delta')`` composed with the branch's PLD."""
@@ -143,14 +139,9 @@ class SubsampledTuning:
 
 
 def subsampled_statement(
-    final_candidates: Sequence[Any],
-    tuning: PrivacyStatement,
-    fraction: float,
-    delta: float,
-    *,
-    seeded: bool = False,
-    notes: Sequence[str] = (),
-) -> PrivacyStatement:
+    final_candidates: Sequence[Any], tuning: PrivacyStatement, fraction: float, delta: float, *,
+    seeded: bool = False, notes: Sequence[str] = (),
+) -> PrivacyStatement:  # fmt: skip
     """The statement of the whole procedure: ``tuning`` (the selection's statement on the subset)
     amplified by ``fraction`` and composed with the final run (``final_candidates``: every setting
     the final run may have) at the total ``delta``."""
@@ -169,31 +160,22 @@ def subsampled_statement(
         "subset_epsilon": float(tuning.total_epsilon), "subset_delta": float(tuning.delta),
         **{f"tuning_{k}": v for k, v in tuning.selection.items()},
     }  # fmt: skip
+    # A note names the tuning candidates' privacy on the subset (public inputs, as to_text lists).
+    listed = " ".join(_candidate_text(c) for c in tuning.candidates[:4])
+    more = f" And {len(tuning.candidates) - 4} more." if len(tuning.candidates) > 4 else ""
     d = float(delta)
     return PrivacyStatement(
         total, d, one.single_run_epsilon, d, f"subsampled/{tuning.method}", THEOREM, "pld", route,
         candidates=one.candidates, selection=selection, seeded=seeded,
-        notes=(*notes, _tuning_note(tuning)), adjacency=adjacency_of(cands),
+        notes=(*notes, f"Tuning candidates (on the subset): {listed}{more}"),
+        adjacency=adjacency_of(cands),
     )  # fmt: skip
 
 
-def _tuning_note(tuning: PrivacyStatement) -> str:
-    """One note naming the tuning candidates' privacy on the subset (the statement's public
-    inputs, as ``PrivacyStatement.to_text`` lists them)."""
-    listed = " ".join(_candidate_text(c) for c in tuning.candidates[:4])
-    more = f" And {len(tuning.candidates) - 4} more." if len(tuning.candidates) > 4 else ""
-    return f"Tuning candidates (on the subset): {listed}{more}"
-
-
 def calibrate_final(
-    make_candidates: Callable[[float], Any],
-    tuning_epsilon: float,
-    tuning_delta: float,
-    target_epsilon: float,
-    delta: float,
-    *,
-    rtol: float = 1e-3,
-) -> float:
+    make_candidates: Callable[[float], Any], tuning_epsilon: float, tuning_delta: float,
+    target_epsilon: float, delta: float, *, rtol: float = 1e-3,
+) -> float:  # fmt: skip
     """The smallest noise multiplier (within ``rtol``, rounded up) of the final run for which the
     tuning phase (``tuning_epsilon``, ``tuning_delta``) composed with it is within
     ``target_epsilon`` at ``delta`` (ValueError when none in [0.05, 1e4] is), searched coarse to

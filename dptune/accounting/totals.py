@@ -65,9 +65,7 @@ def composition_count(transform: Any) -> int | None:
     """k when the transform is plain composition of k runs (single run: 1), else None."""
     if transform is None or isinstance(transform, SingleRunPrivacy):
         return 1
-    if isinstance(transform, BestOfKPrivacy):
-        return transform.k
-    return None
+    return transform.k if isinstance(transform, BestOfKPrivacy) else None
 
 
 def _pure_route(cands: tuple[Candidate, ...], transform, delta: float = 0.0) -> Route:
@@ -205,14 +203,11 @@ def _profile_route(cands, transform, delta: float, disc: float) -> Route:
     grid = np.linspace(0.0, 1.5 * max(e_hi, 1e-3), _PROFILE_POINTS)
     deltas = single.pld_profile(cands, grid, discretization=disc)
     eps = bound.epsilon(delta, CandidateProfile(grid, deltas))
-    return Route(
-        "pld",
-        float(eps),
-        delta,
+    desc = (
         f"privacy profile delta(eps) of one run from its PLD ({_PROFILE_POINTS} epsilons in "
-        f"[0, {grid[-1]:.3g}]) through the selection's profile bound",
-        theorem=bound.theorem,
+        f"[0, {grid[-1]:.3g}]) through the selection's profile bound"
     )
+    return Route("pld", float(eps), delta, desc, theorem=bound.theorem)
 
 
 def _approx_route(
@@ -256,15 +251,10 @@ def _approx_route(
 
 
 def routes(
-    candidates,
-    transform: Any,
-    delta: float,
-    accountant: str = "auto",
-    *,
+    candidates, transform: Any, delta: float, accountant: str = "auto", *,
     orders: Sequence[float] = single.DEFAULT_ORDERS,
-    discretization: float = single.PLD_DISCRETIZATION,
-    reasons: list[str] | None = None,
-) -> list[Route]:
+    discretization: float = single.PLD_DISCRETIZATION, reasons: list[str] | None = None,
+) -> list[Route]:  # fmt: skip
     """Every route valid for ``accountant`` with the epsilon it gives (see module docstring).
 
     ``discretization`` is the PLD's loss discretisation (nats); coarser is faster and looser.
@@ -313,19 +303,12 @@ def check_transform(transform) -> Any:
     """None -> ``SingleRunPrivacy()``; otherwise checks the ``selection.privacy`` contract."""
     if transform is None:
         return SingleRunPrivacy()
-    missing = [a for a in _CONTRACT if not hasattr(transform, a)]
-    if missing:
+    if missing := [a for a in _CONTRACT if not hasattr(transform, a)]:
         raise ValueError(
             f"transform={transform!r} is not a selection.privacy transform "
             f"(missing {', '.join(missing)})."
         )
     return transform
-
-
-def _single_run_epsilon(cands, delta: float, accountant: str, orders) -> float:
-    found = routes(cands, None, delta, accountant, orders=orders)
-    found = [r for r in found if r.accountant != "pure"]
-    return min(r.epsilon for r in found) if found else math.inf
 
 
 def _best_route(cands, transform, delta: float, accountant: str, orders) -> Route:
@@ -349,14 +332,9 @@ def _best_route(cands, transform, delta: float, accountant: str, orders) -> Rout
 
 
 def total_privacy(
-    candidates,
-    transform: Any = None,
-    delta: float = 1e-5,
-    accountant: str = "auto",
-    *,
-    seeded: bool = False,
-    orders: Sequence[float] = single.DEFAULT_ORDERS,
-) -> PrivacyStatement:
+    candidates, transform: Any = None, delta: float = 1e-5, accountant: str = "auto", *,
+    seeded: bool = False, orders: Sequence[float] = single.DEFAULT_ORDERS,
+) -> PrivacyStatement:  # fmt: skip
     """The privacy of a whole tuning run, as a ``PrivacyStatement``.
 
     Args:
@@ -378,13 +356,11 @@ def total_privacy(
     transform = check_transform(transform)
     cands = as_candidates(candidates)  # orders are checked by routes()
     common = dict(
-        method=transform.name,
-        candidates=tuple(c.params() for c in cands),
-        selection=dict(transform.params()),
-        seeded=seeded,
-        adjacency=adjacency_of(cands),
-    )
-    single_eps = _single_run_epsilon(cands, delta, accountant, orders)
+        method=transform.name, candidates=tuple(c.params() for c in cands),
+        selection=dict(transform.params()), seeded=seeded, adjacency=adjacency_of(cands),
+    )  # fmt: skip
+    one_run = routes(cands, None, delta, accountant, orders=orders)
+    single_eps = min((r.epsilon for r in one_run if r.accountant != "pure"), default=math.inf)
     if not transform.is_private:
         route = "no guarantee: the selection is not private"
         return PrivacyStatement(

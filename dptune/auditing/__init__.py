@@ -3,8 +3,6 @@
 and ``bound`` (guesses to a lower bound on epsilon; numpy/scipy only), ``decode`` (the exact-score
 control), ``dpsgd`` (DP-SGD under audit)."""
 
-from __future__ import annotations
-
 from dptune.auditing.bound import ceiling, epsilon_lower_bound, p_value
 from dptune.auditing.canaries import KINDS, Canaries
 from dptune.auditing.run import BREAKS, WHATS, AuditResult, audit

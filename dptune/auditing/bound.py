@@ -24,8 +24,6 @@ from __future__ import annotations
 import numpy as np
 from scipy import special, stats
 
-__all__ = ["ceiling", "epsilon_lower_bound", "p_value"]
-
 
 def _check(m: int, r: int, v: int, delta: float) -> None:
     for name, x in (("m", m), ("r", r), ("v", v)):

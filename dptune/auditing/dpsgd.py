@@ -18,8 +18,6 @@ from dptune.trainer_protocol import ReleaseView
 from trainers import audit, models
 from trainers.spec import AUDIT_MODEL_SUFFIX
 
-__all__ = ["AuditDpSgdTrainer"]
-
 
 def _first_step(step: int) -> int:
     """``noise_step`` of the ``noise_reused`` control (a module function: the trainer pickles)."""
@@ -54,10 +52,8 @@ class AuditDpSgdTrainer(DpSgdTrainer):
             data, parent.base, parent.epoch_progress, parent.test_curve,
             parent.compilation_cache, grad_impl=parent.grad_impl,
         )  # fmt: skip
-        self.parent = parent
+        self.parent, self.canaries, self.fault = parent, canaries, fault
         self.init_fingerprint, self._finetune = parent.init_fingerprint, parent._finetune
-        self.canaries = canaries
-        self.fault = fault
         if fault == "noise_reused":
             self.noise_step = _first_step
         self._trace: dict[int, list[np.ndarray]] = {}

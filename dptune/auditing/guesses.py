@@ -37,9 +37,8 @@ class Rule:
 
     @property
     def name(self) -> str:
-        if self.sign:
-            return f"{self.statistic}: sign"
-        return f"{self.statistic}: top {self.k_in} in, bottom {self.k_out} out"
+        how = "sign" if self.sign else f"top {self.k_in} in, bottom {self.k_out} out"
+        return f"{self.statistic}: {how}"
 
     def max_guesses(self, m: int) -> int:
         return m if self.sign else self.k_in + self.k_out

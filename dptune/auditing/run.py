@@ -180,10 +180,8 @@ def audit(
       confidence: 1 - beta of the bound (default 0.95).
       workdir: the audit's own folder (``DIR/audit.json``, ``DIR/audit.md``, ``DIR/private/``,
         ``DIR/release/``); never a tuning run's folder.
-      seed: fixes the canaries, their coins and the run (tests only; default OS entropy).
-      ledger: a ledger or its path: the run is charged to an audit entry of its own.
-      accountant, adjacency, progress: as for ``dptune.tune``.
-      config: what the journal binds the workdir to (the CLI passes the config).
+      seed, ledger, accountant, adjacency, progress, config: as for ``dptune.tune`` (``seed``
+        also fixes the canaries and their coins; the ledger charges an audit entry of its own).
     Returns:
       The :class:`AuditResult` (also written to ``DIR/audit.json`` and ``DIR/audit.md``).
     """
@@ -202,8 +200,9 @@ def audit(
     # folder as it was (else its stored canaries would refuse the corrected audit)
     plan = make_privacy_plan(audited, space, selection, budget, accountant=accountant,
                              seeded=seed is not None, adjacency=adjacency)  # fmt: skip
-    if what == "training":
-        space, selection = _one_candidate(plan, space)
+    if what == "training":  # the tuning's calibrated values, fixed, and one candidate
+        fields = {k: plan.calibrated.get(k, v) for k, v in space.fields.items()}
+        space, selection = Space(fields, privacy_fields=set(space.privacy_fields)), BestOfK(1)
     keep()
     if workdir is not None:
         _write_json(workdir / AUDIT_JSON, {"status": "running", **audited.audit_info})
@@ -220,9 +219,6 @@ def audit(
         (workdir / AUDIT_MD).write_text(result.to_markdown())
         _write_json(workdir / AUDIT_JSON, {"status": "done", **result.to_dict()})
     return result
-
-
-# --- the steps -----------------------------------------------------------------------------------
 
 
 def _kind_and_size(hooks, canaries, kind, what, break_, score, confidence) -> tuple[str, int]:
@@ -386,13 +382,6 @@ def _with_canaries(trainer, with_canaries, design, included, break_) -> Any:
         )
     x, y = design.subset(included)
     return dataclasses.replace(trainer, fn=functools.partial(trainer.fn, canaries=(x, y)))
-
-
-def _one_candidate(plan, space):
-    """``what="training"``: the tuning's calibrated values (``plan``'s), fixed, and one
-    candidate."""
-    fields = {k: plan.calibrated.get(k, v) for k, v in space.fields.items()}
-    return Space(fields, privacy_fields=set(space.privacy_fields)), BestOfK(1)
 
 
 class _AuditTrainer:

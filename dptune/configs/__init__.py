@@ -11,8 +11,6 @@ differs, as Flax's example configs do. Your own config file can start from any o
         return c
 """
 
-from __future__ import annotations
-
 from pathlib import Path
 
 #: Folder of the shipped config files.

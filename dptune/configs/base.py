@@ -8,8 +8,6 @@ candidates use the data), ``privacy`` (the total budget of the run,
 tuning included), ``ledger`` (the dataset's budget over all runs) and ``executor``.
 """
 
-from __future__ import annotations
-
 from ml_collections import config_dict
 
 from dptune import space

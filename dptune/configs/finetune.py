@@ -1,8 +1,8 @@
 """Fine-tune privately (docs/finetune.md): the shipped cnn26k, pretrained NON-privately on the
 shipped MNIST digits 0-4 (declared public), tuned privately on the digits 5-9 of the same file,
 relabelled 0-4 (the private task). The two splits are disjoint records: each training record is in
-exactly one of them, by its label. Offline, 7 to 12 s on 2 CPU cores (measured 2026-11-28, warm
-and cold compilation cache; the number of candidates is random, and so is the time):
+exactly one of them, by its label. Offline, about 10 s on 2 CPU cores (the number of candidates is
+random, and so is the time):
 
     dptune --config=finetune --workdir=/tmp/dptune-finetune
 
@@ -15,17 +15,8 @@ bit for bit by ``python scripts/pretrain_digits.py``. Variants (the arms of docs
                                                            dense2 (a config of your own may search
                                                            space.lora_rank: privacy-irrelevant)
 
-The search space is dptune's default for plain SGD (``learners.dpsgd.LEARNING_RATE_RANGES``: lr
-times C between 5e-4 and 1e-2 per record of the batch) around Opacus's example defaults (SGD,
-lr 0.1, C = 1, batch 64, 10 epochs), which an untuned run from this start already does well with;
-the large-model recipe (Adam, C 1e-4 to 1e-2, a few large batches: jax_privacy's Gemma LoRA
-example, Li et al. 2022) released less on this small CNN (docs/privacy_utility.md). It stays one
-override away (docs/finetune.md): ``--config.train.optimizer=adam --config.train.batch_size=512
---config.train.epochs=4 --config.space.learning_rate.low=1e-4 --config.space.learning_rate.high=1e-2
---config.space.clip_norm.low=1e-4 --config.space.clip_norm.high=1e-2``.
+The search space, and the large-model recipe one override away, are explained in docs/finetune.md.
 """
-
-from __future__ import annotations
 
 from pathlib import Path
 

@@ -1,13 +1,10 @@
 """Your own model on your own arrays (docs/your_model.md): DP-SGD with random stopping over the
 learning rate and the clipping norm, noise calibrated to the total budget. Name the data and the
-model on the command line:
+model on the command line (``config.model`` and ``config.data`` as ``base`` describes them):
 
     dptune --config=user --workdir=runs/mine --config.model=mypkg.models:make_mlp \\
         --config.data.source=npz --config.data.path=data.npz --config.data.num_examples=50000
 
-``config.model``: ``pkg.module:factory``, called as ``factory(num_classes=...)`` and returning a
-flax.linen Module. ``config.data.path``: an ``.npz`` file with ``x_train``, ``y_train`` and
-optionally ``x_test``, ``y_test`` (or ``config.data.loader=pkg.module:function`` returning them).
 ``config.data.num_examples`` is the PUBLIC number of records (required); the validation size,
 batch size, epochs, learning-rate range and mean number of candidates follow from it and the
 optimiser unless given (docs/your_model.md, "Defaults that fit the model").

@@ -11,27 +11,16 @@ from typing import Any
 
 from dptune.execution import Executor, Job, SequentialExecutor, VectorizedExecutor, train_one
 
-__all__ = [
-    "KINDS",
-    "Executor",
-    "Job",
-    "SequentialExecutor",
-    "VectorizedExecutor",
-    "make_executor",
-    "train_one",
-]
+__all__ = ["KINDS", "Executor", "Job", "SequentialExecutor", "VectorizedExecutor", "make_executor",
+           "train_one"]  # fmt: skip
 
 #: Names accepted by ``make_executor`` (``config.executor.kind``).
 KINDS = ("sequential", "vectorized", "devices", "ray")
 
 #: The base config's executor fields with their defaults: every kind receives every field of
 #: ``config.executor``, and a kind that does not take one ignores it at its default.
-_BASE_DEFAULTS = {
-    "cpus_per_candidate": 1.0,
-    "gpus_per_candidate": 0.0,
-    "max_retries": 3,
-    "data_parallel": False,
-}
+_BASE_DEFAULTS = {"cpus_per_candidate": 1.0, "gpus_per_candidate": 0.0, "max_retries": 3,
+                  "data_parallel": False}  # fmt: skip
 
 
 def make_executor(kind: str = "sequential", *, group_size: int = 1, **options: Any) -> Any:

@@ -32,8 +32,7 @@ class DevicesExecutor:
 
     def __init__(self, devices: int | None = None, data_parallel: bool = False) -> None:
         local = jax.local_devices()
-        if devices is None:
-            devices = len(local)
+        devices = len(local) if devices is None else devices
         if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
             raise ValueError(f"devices={devices!r} must be an integer >= 1")
         if devices > len(local):
