@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -278,7 +279,14 @@ def _phases(trainer, selection, space, pre, journal, opts) -> Release:
     else:
         fresh = hashlib.blake2b(f"dptune/subset-key/{opts.seed}".encode(), digest_size=32).digest()
     key = bytes.fromhex(journal.set_once("subset_key", fresh.hex()))
-    sub = trainer.subset(plan.tuning.fraction, key)
+    # The plan's subset (same public sizes) said what building one says (e.g. the score's noise
+    # warning): the console hears it once.
+    log = logging.getLogger("dptune")
+    quiet, log.disabled = log.disabled, True
+    try:
+        sub = trainer.subset(plan.tuning.fraction, key)
+    finally:
+        log.disabled = quiet
     tuned = tune(
         sub, space, selection, Budget(plan.tuning.subset_epsilon, plan.tuning.subset_delta),
         phase, workdir=None if private_dir is None else private_dir / "tuning",
