@@ -223,6 +223,8 @@ def test_what_building_the_subset_says_is_said_once(caplog):
             return super().subset(fraction, key)
 
     with caplog.at_level("WARNING", logger="dptune"):
-        dptune.tune_subsampled(Warns(), SPACE, RandomStopping.logarithmic(2), (2.0, 1e-5),
-                               fraction=0.3, tuning_epsilon=0.5, progress=False, ledger=None)  # fmt: skip
+        dptune.tune_subsampled(
+            Warns(), SPACE, RandomStopping.logarithmic(2), (2.0, 1e-5), fraction=0.3,
+            tuning_epsilon=0.5, progress=False, ledger=None,
+        )  # fmt: skip
     assert caplog.text.count("score noise is high") == 1, caplog.text
