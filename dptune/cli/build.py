@@ -69,6 +69,8 @@ def build_executor(cfg: Mapping[str, Any]) -> Any:
     ex = {k: v for k, v in _section(cfg, "executor").items() if v is not None}  # None: unset
     try:
         return make_executor(ex.pop("kind", "sequential"), **ex)
+    except Refused:
+        raise  # in the command's words already (the Ray executor's)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"config.executor: {e}") from None
 
