@@ -64,7 +64,7 @@ def cli(argv: list[str]) -> int:
             confidence=_CONFIDENCE.value, seed=_SEED.value, progress=_PROGRESS.value,
         )  # fmt: skip
     except Refused as e:
-        return common.refuse(e if config is None else build.in_config_words(e, config))
+        return common.refuse(e)
     except Exception as e:  # noqa: BLE001 - a full disk is the user's; anything else a bug
         return common.unexpected(e, Path(_WORKDIR.value) / "private", argv)
     print(f"{result}\n\n{work / AUDIT_MD}\n{work / AUDIT_JSON}")

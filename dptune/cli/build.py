@@ -11,7 +11,6 @@ import functools
 import importlib
 import logging
 import os
-import re
 import sys
 from collections.abc import Mapping
 from contextlib import nullcontext
@@ -410,38 +409,6 @@ def run_config(
         # when a refusal (workdir in use, data not found, budget) comes before training.
         if hasattr(executor, "close"):
             executor.close()
-
-
-#: A trainer's refusal of one hyperparameter (``Hyperparams.epochs=0: ...``, ``num_features=0 ...``)
-#: after the dict of every hyperparameter it was given, and a search space's refusal of one field.
-_HPARAM = re.compile(r"invalid [\w-]+ hyperparameters \{.*\}: (?:Hyperparams\.)?(\w+)=")
-_SPACE_FIELD = re.compile(r"space field '(\w+)'")
-#: A shipped model's refusal of the data (its input shape), the model named by its name only.
-_SHIPPED_MODEL = re.compile(r"^model '(\w+)' ")
-
-
-def in_config_words(e: Refused, cfg: Mapping[str, Any]) -> Refused:
-    """``e`` with the library's names of a hyperparameter (``Hyperparams.epochs=``) or a space
-    field (``space field 'learning_rate'``) as the ``--config.`` field that sets it, for the
-    command's line (``e.command``; ``str(e)`` keeps the library's words)."""
-    text = e.for_command()
-    cfg = _plain(cfg)  # a ConfigDict, or anything a config file returned
-    space = _get(cfg, "space") or {}
-
-    def hparam(m: re.Match) -> str:
-        return f"--config.{'space' if m.group(1) in space else 'train'}.{m.group(1)}="
-
-    words = _SPACE_FIELD.sub(r"--config.space.\1", _HPARAM.sub(hparam, text))
-    if _get(cfg, "model") is None:  # the model of config.train (or .space), not config.model
-        section = "space" if "model" in space else "train"
-        words = _SHIPPED_MODEL.sub(
-            rf"--config.{section}.model='\1' (the config's model; --config.model="
-            r"pkg.module:factory trains yours) ",
-            words,
-        )
-    if words != text:
-        e.command = words
-    return e
 
 
 def _filled(space: Any, calibrated: Mapping[str, Any]) -> space_mod.Space:
