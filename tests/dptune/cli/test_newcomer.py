@@ -91,6 +91,39 @@ def test_a_refused_value_names_its_config_field(capsys, tmp_path, data_dir, over
     assert "Hyperparams." not in line and "space field" not in line, line
 
 
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("--config.train.num_features=two", "--config.train.num_features=two must be an integer"),
+        ("--config.privacy.delta=abc", "--config.privacy.delta=abc must be a number"),
+        ("--config.ledger.enabled=maybe", "--config.ledger.enabled=maybe must be True or False"),
+        ("--config.seed=3", "did you mean the command's flag --seed?"),
+        ("--config.train.clip_norm=1.0", "did you mean --config.space.clip_norm?"),
+        ("--config.space.epochs=2", "did you mean --config.train.epochs?"),
+    ],
+    ids=["not-an-int", "not-a-float", "not-a-bool", "command-flag", "space-field", "train-field"],
+)
+def test_a_misplaced_or_mistyped_override_says_what_the_field_takes(
+    capsys, tmp_path, data_dir, override, words
+):
+    line = refusal(*run(capsys, tmp_path, data_dir, override)[:3:2], tmp_path)
+    assert words in line, line
+    assert "invalid literal" not in line and "Non-boolean" not in line, line
+
+
+def test_an_override_before_config_is_read_after_it(capsys, tmp_path, data_dir):
+    """ml_collections applies ``--config.x`` only after ``--config=``: the order on the command
+    line does not matter."""
+    capsys.readouterr()
+    code = cli([
+        "dptune", "--config.train.num_features=7", f"--config.data.dir={data_dir}",
+        f"--workdir={tmp_path / 'run'}", f"--config.ledger.path={tmp_path / 'ledger.sqlite'}",
+        "--noprogress", "--dry_run", f"--config={CONFIG}",
+    ])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0 and "Dry run" in out, err[-2000:]
+
+
 def test_a_refusal_says_refused_once(capsys, tmp_path, data_dir):
     """The ledger's refusal starts "refused before any private computation": not after
     "dptune: refused:" again."""
