@@ -239,22 +239,21 @@ def parse_run_command(
     return config, Path(flag_values["workdir"].value)
 
 
-#: What a config field's flag type (absl's ``flag_type()``) takes, for a value it refused.
-_TYPES = {"int": "an integer", "float": "a number", "bool": "True or False"}
+#: What a config field takes, by its flag's parser (a section's: ml_collections' ConfigDict one).
+_TAKES = {"IntegerParser": "must be an integer", "FloatParser": "must be a number",
+          "BooleanParser": "must be True or False", "_ConfigDictParser": "is not a value of "
+          "{name}, a section: set its fields (--{name}.FIELD=..., a distribution's .low and "
+          ".high), or write a constant in a config file"}  # fmt: skip
 
 
 def _wrong_type(flag_values: flags.FlagValues, argv: Sequence[str]) -> str | None:
-    """The refusal of the first ``--config.`` override whose field's type refuses its value (the
-    type of the config's own value), or None."""
+    """The refusal of the first ``--config.`` override its field's type refuses, or None."""
     for name, _, value in (a[2:].partition("=") for a in argv if a.startswith("--config.")):
-        if name not in flag_values:
-            continue
+        parser = flag_values[name].parser if name in flag_values else None
         try:
-            flag_values[name].parser.parse(value)
+            _ = type(parser).__name__ in _TAKES and parser.parse(value)
         except (TypeError, ValueError):
-            kind = flag_values[name].parser.flag_type()
-            kind = _TYPES.get(kind, f"a {kind}")
-            return f"--{name}={value} must be {kind} (the type of the config's value)"
+            return f"--{name}={value} " + _TAKES[type(parser).__name__].format(name=name)
     return None
 
 

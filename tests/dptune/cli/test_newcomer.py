@@ -97,11 +97,12 @@ def test_a_refused_value_names_its_config_field(capsys, tmp_path, data_dir, over
         ("--config.train.num_features=two", "--config.train.num_features=two must be an integer"),
         ("--config.privacy.delta=abc", "--config.privacy.delta=abc must be a number"),
         ("--config.ledger.enabled=maybe", "--config.ledger.enabled=maybe must be True or False"),
+        ("--config.space.clip_norm=4.0", "--config.space.clip_norm.FIELD="),
         ("--config.seed=3", "did you mean the command's flag --seed?"),
         ("--config.train.clip_norm=1.0", "did you mean --config.space.clip_norm?"),
         ("--config.space.epochs=2", "did you mean --config.train.epochs?"),
     ],
-    ids=["not-an-int", "not-a-float", "not-a-bool", "command-flag", "space-field", "train-field"],
+    ids=["int", "float", "bool", "section", "command-flag", "space-field", "train-field"],
 )
 def test_a_misplaced_or_mistyped_override_says_what_the_field_takes(
     capsys, tmp_path, data_dir, override, words
