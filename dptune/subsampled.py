@@ -279,8 +279,7 @@ def _phases(trainer, selection, space, pre, journal, opts) -> Release:
     else:
         fresh = hashlib.blake2b(f"dptune/subset-key/{opts.seed}".encode(), digest_size=32).digest()
     key = bytes.fromhex(journal.set_once("subset_key", fresh.hex()))
-    # The plan's subset (same public sizes) said what building one says (e.g. the score's noise
-    # warning): the console hears it once.
+    # Built quietly: the plan's subset (same public sizes) warned already (e.g. the score's noise).
     log = logging.getLogger("dptune")
     quiet, log.disabled = log.disabled, True
     try:

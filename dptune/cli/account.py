@@ -88,12 +88,6 @@ def _check_inputs() -> None:
             "give --noise_multiplier, or --target_epsilon to calibrate it (not both: "
             "--target_epsilon computes the noise multiplier)."
         )
-    if _DELTA.value >= _SAMPLING_RATE.value > 0:  # 1/n <= q: an expected batch holds >= 1 example
-        raise ArgumentError(
-            f"--delta={_DELTA.value:g} must be below 1/n for n training examples, which is at most "
-            f"--sampling_rate={_SAMPLING_RATE.value:g} (a larger delta allows releasing an example "
-            "outright): e.g. --delta=1e-5."
-        )
 
 
 #: A library message's ``name=`` of one of this command's flags, to be written as the flag.
@@ -141,12 +135,9 @@ def _result() -> tuple[dict, str]:
             candidate = accounting.DpSgdCandidate(q, steps, _NOISE.value, _SCORE.value)
             out["noise_multiplier"] = _NOISE.value
         statement = accounting.total_privacy(candidate, transform, delta, acc)
-    if statement.single_run_epsilon == 0:  # delta is at least one candidate's whole leak
-        raise ArgumentError(
-            f"--delta={delta:g} is so large that one candidate alone is (0, {delta:g})-DP: the "
-            "statement would say nothing; give a delta below 1/n for n training examples, e.g. "
-            "--delta=1e-5."
-        )
+    if statement.single_run_epsilon == 0:  # so large a delta that no epsilon is left to state
+        raise ArgumentError(f"--delta={delta:g}: one candidate alone is (0, {delta:g})-DP; give "
+                            "a delta below 1/n for n training examples, e.g. 1e-5.")  # fmt: skip
     d = statement.to_dict()
     names = ("single_run_epsilon", "total_epsilon", "delta", "overhead", "accountant")
     out.update({k: d[k] for k in names}, accountant_requested=acc)

@@ -49,7 +49,6 @@ def cli(argv: list[str]) -> int:
     if any(a in common.HELP for a in argv[1:]):
         print(common.help_text(__doc__, FLAGS))
         return common.OK
-    config = None
     try:
         config, work = common.parse_run_command(FLAGS, argv, "the audit's own folder")
         common.setup_logging()

@@ -68,10 +68,8 @@ def build_executor(cfg: Mapping[str, Any]) -> Any:
     ex = {k: v for k, v in _section(cfg, "executor").items() if v is not None}  # None: unset
     try:
         return make_executor(ex.pop("kind", "sequential"), **ex)
-    except Refused:
-        raise  # in the command's words already (the Ray executor's)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"config.executor: {e}") from None
+    except (TypeError, ValueError) as e:  # the Ray executor's refusals name their config fields
+        raise ConfigError(f"config.executor: {e}", command=getattr(e, "command", None)) from None
 
 
 def user_arrays(cfg: Mapping[str, Any]) -> str | None:
@@ -308,10 +306,9 @@ def _fill_suggested(cfg: dict[str, Any]) -> None:
              (sel, "mean_trials"), (lr, "low"), (lr, "high")]  # fmt: skip
     unset = [(section, key) for section, key in slots if key in section and section[key] is None]
     n, optimizer = data.get("num_examples"), train.get("optimizer", "momentum")
-    if not unset or isinstance(n, bool) or not isinstance(n, int) or n < 8:
-        return  # nothing to fill, or no usable size: the checks then name the missing field
-    if optimizer not in dpsgd.LEARNING_RATE_RANGES:
-        return  # the learner names the optimiser
+    usable = isinstance(n, int) and not isinstance(n, bool) and n >= 8  # else the checks say
+    if not unset or not usable or optimizer not in dpsgd.LEARNING_RATE_RANGES:
+        return  # nothing to fill, or a size or optimiser the checks or the learner name
     got = dpsgd.suggested_settings(n, optimizer, train.get("score_noise_std") or 0.0)
     got["low"], got["high"] = got["learning_rate"]
     batch = train.get("batch_size")
@@ -510,11 +507,9 @@ def load_user_arrays(cfg: Mapping[str, Any]) -> Any:
     except ConfigError:
         raise
     except dpsgd.DatasetNotFoundError as e:
-        raise ConfigError(f"config.data: {_in_config_words(e)}") from None
+        raise ConfigError(f"config.data: {_as_fields(e)}") from None
     except Exception as e:  # a user's loader or file: one line naming the field
-        raise ConfigError(
-            f"config.data ({kind}): {type(e).__name__}: {_in_config_words(e)}"
-        ) from None
+        raise ConfigError(f"config.data ({kind}): {type(e).__name__}: {_as_fields(e)}") from None
 
 
 #: The data loader's keywords, as its message names them, and the command's fields for them.
@@ -526,12 +521,9 @@ _DATA_KEYWORDS = {
 }
 
 
-def _in_config_words(e: Exception) -> str:
+def _as_fields(e: Exception) -> str:
     """The data loader's message with its keywords as ``--config.data`` fields."""
-    text = str(e)
-    for keyword, field in _DATA_KEYWORDS.items():
-        text = text.replace(keyword, field)
-    return text
+    return functools.reduce(lambda text, kv: text.replace(*kv), _DATA_KEYWORDS.items(), str(e))
 
 
 def load_data(cfg: Mapping[str, Any]) -> Any:
@@ -550,7 +542,7 @@ def load_data(cfg: Mapping[str, Any]) -> Any:
             validation_public=bool(d.get("validation_public", False)),
         )  # fmt: skip
     except dpsgd.DatasetNotFoundError as e:
-        raise ConfigError(f"config.data: {_in_config_words(e)}") from None
+        raise ConfigError(f"config.data: {_as_fields(e)}") from None
     except (ValueError, OSError, EOFError) as e:
         raise ConfigError(f"config.data ({d['name']!r} from {data_dir!r}): {e}") from None
 

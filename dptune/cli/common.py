@@ -240,10 +240,10 @@ def parse_run_command(
 
 
 #: What a config field takes, by its flag's parser (a section's: ml_collections' ConfigDict one).
-_TAKES = {"IntegerParser": "must be an integer", "FloatParser": "must be a number",
-          "BooleanParser": "must be True or False", "_ConfigDictParser": "is not a value of "
-          "{name}, a section: set its fields (--{name}.FIELD=..., a distribution's .low and "
-          ".high), or write a constant in a config file"}  # fmt: skip
+_TAKES = {"IntegerParser": "must be an integer", "FloatParser": "must be a number", "BooleanParser":
+          "must be True or False", "_ConfigDictParser": "is not a value of {name}, a section: set "
+          "its fields (--{name}.FIELD=..., a distribution's .low and .high), or write a constant "
+          "in a config file"}  # fmt: skip
 
 
 def _wrong_type(flag_values: flags.FlagValues, argv: Sequence[str]) -> str | None:
@@ -259,8 +259,7 @@ def _wrong_type(flag_values: flags.FlagValues, argv: Sequence[str]) -> str | Non
 
 def _unknown_field(overrides: Sequence[str], e: Exception, flag_values: flags.FlagValues) -> str:
     """The refusal of an override naming a field the config lacks: that override (ml_collections'
-    error quotes the missing key first) and the field it probably meant (its "Did you mean", the
-    command's own flag, or the section of dptune/configs/base.py that has the field)."""
+    error quotes the missing key first) and what it meant ("Did you mean", a flag, a section)."""
     text = str(e.args[0]) if e.args else str(e)
     missing = re.match(r"\W*'?([\w-]+)", text)
     key = missing.group(1) if missing else None

@@ -38,11 +38,9 @@ class RayExecutorError(TuningConfigError):
 
 
 def _refused(field: str, value: Any, why: str) -> RayExecutorError:
-    """``field=value`` refused because ``why``: the keyword for the library, the config field
-    (``--config.executor.field``) for the command."""
-    return RayExecutorError(
-        f"{field}={value!r} {why}", command=f"--config.executor.{field}={value} {why}"
-    )
+    """``field=value`` refused, as the keyword and (for the command) as the config field."""
+    command = f"--config.executor.{field}={value} {why}"
+    return RayExecutorError(f"{field}={value!r} {why}", command=command)
 
 
 def _non_negative(name: str, value: Any) -> float:
@@ -112,13 +110,11 @@ class RayExecutor:
                 ray.init(address=self.address, num_cpus=self.num_cpus, include_dashboard=False,
                          log_to_driver=True)  # fmt: skip
             except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
-                raise _refused(
-                    "address", self.address,
-                    f"cannot connect to Ray ({type(e).__name__}: "
-                    f"{str(e).splitlines()[0] if str(e) else ''}): is the cluster up? `ray status` "
-                    "on the head node; the address is the head's HOST:6379, 'auto' on a cluster "
-                    "node, or unset for a new local instance",
-                ) from None  # fmt: skip
+                why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                raise _refused("address", self.address, f"cannot connect to Ray ({why}): is the "
+                               "cluster up? `ray status` on the head node; the address is the "
+                               "head's HOST:6379, 'auto' on a cluster node, or unset for a new "
+                               "local instance") from None  # fmt: skip
             self._started_ray = self.address is None
         self._connected = True
         try:
@@ -199,19 +195,16 @@ class RayExecutor:
 def _check_reachable(address: str) -> None:
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit():
-        raise _refused(
-            "address", address,
-            "must be 'auto', 'HOST:PORT' (the head's GCS, usually port 6379) or 'ray://HOST:PORT'",
-        )  # fmt: skip
+        raise _refused("address", address, "must be 'auto', 'HOST:PORT' (the head's GCS, "
+                       "usually port 6379) or 'ray://HOST:PORT'")  # fmt: skip
     try:
         with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
             pass
     except OSError as e:
-        raise _refused(
-            "address", address,
-            f"cannot reach a Ray cluster there ({e.strerror or type(e).__name__}): start "
-            f"one with `ray start --head --port={port}` there, or check the address and firewall",
-        ) from None  # fmt: skip
+        why = e.strerror or type(e).__name__
+        raise _refused("address", address, f"cannot reach a Ray cluster there ({why}): start one "
+                       f"with `ray start --head --port={port}` there, or check the address and "
+                       "firewall") from None  # fmt: skip
 
 
 # --- the worker side ----------------------------------------------------------------------------

@@ -135,9 +135,9 @@ INVALID = [
         ],
         "do not apply",
     ),  # fmt: skip
-    # a delta above 1/n (at most the sampling rate), or one at which one candidate is (0, delta)
-    (["--sampling_rate=0.1", "--steps=10", "--noise_multiplier=1", "--delta=0.5"], "--delta=0.5"),
-    (["--laplace_epsilon=1", "--delta=0.5"], "--delta=0.5 is so large"),
+    # a delta so large that one candidate is (0, delta)-DP (the overhead was "xinfinite")
+    (["--sampling_rate=0.1", "--steps=10", "--noise_multiplier=1", "--delta=0.5"], "--delta=0.5:"),
+    (["--laplace_epsilon=1", "--delta=0.5"], "--delta=0.5: one candidate alone is (0, 0.5)-DP"),
 ]
 
 
