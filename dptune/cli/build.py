@@ -68,8 +68,10 @@ def build_executor(cfg: Mapping[str, Any]) -> Any:
     ex = {k: v for k, v in _section(cfg, "executor").items() if v is not None}  # None: unset
     try:
         return make_executor(ex.pop("kind", "sequential"), **ex)
-    except (TypeError, ValueError) as e:  # the Ray executor's refusals name their config fields
-        raise ConfigError(f"config.executor: {e}", command=getattr(e, "command", None)) from None
+    except (TypeError, ValueError) as e:  # an executor names a refused option as "option="
+        named = f"--config.executor.{e}" if str(e).partition("=")[0] in ex else None
+        command = getattr(e, "command", None) or named  # the Ray executor's: its own
+        raise ConfigError(f"config.executor: {e}", command=command) from None
 
 
 def user_arrays(cfg: Mapping[str, Any]) -> str | None:
@@ -514,11 +516,10 @@ def load_user_arrays(cfg: Mapping[str, Any]) -> Any:
 
 #: The data loader's keywords, as its message names them, and the command's fields for them.
 _DATA_KEYWORDS = {
-    "data_dir=<folder>": "--config.data.dir=<folder>",
-    "source='idx'": "--config.data.source=idx",
+    "data_dir=<folder>": "--config.data.dir=<folder>", "source='idx'": "--config.data.source=idx",
     "source='cifar_pickle'": "--config.data.source=cifar_pickle",
     "Dataset.from_arrays needs num_classes=...": "it needs --config.data.num_classes=K",
-}
+}  # fmt: skip
 
 
 def _as_fields(e: Exception) -> str:

@@ -47,7 +47,6 @@ HELP = ("-h", "--help", "-help", "-?", "--helpshort", "--helpfull")
 _KEYWORD_FIELDS = {
     "accountant": "--config.privacy.accountant",
     "adjacency": "--config.privacy.adjacency",
-    "group_size": "--config.executor.group_size",
     "budget epsilon": "--config.privacy.epsilon",
     "budget delta": "--config.privacy.delta",
 }
@@ -265,8 +264,7 @@ def _unknown_field(overrides: Sequence[str], e: Exception, flag_values: flags.Fl
     key = missing.group(1) if missing else None
     named = [o for o in overrides if key in o[len("--config.") :].split(".")] or overrides
     meant = re.search(r'Did you mean "([\w-]+)"', text)
-    hint = ""
-    schema = base.get_config().to_dict()
+    hint, schema = "", base.get_config().to_dict()
     sections = [s for s, v in schema.items() if isinstance(v, dict) and key in v
                 and f"--config.{s}.{key}" not in named]  # fmt: skip
     if meant and key and len(named) == 1:

@@ -82,8 +82,9 @@ def test_the_dry_run_says_a_stated_ledger_budget_is_the_configs_not_the_default(
         ("--config.privacy.delta=0.1", "--config.privacy.delta=0.1 must be below 1/n"),
         ("--config.train.num_features=0", "--config.train.num_features=0"),
         ("--config.space.clip_norm.low=9.0", "--config.space.clip_norm: log_uniform"),
+        ("--config.executor.group_size=0", "refused: --config.executor.group_size=0 must be"),
     ],
-    ids=["delta-above-1/n", "hyperparameter", "space-field"],
+    ids=["delta-above-1/n", "hyperparameter", "space-field", "executor-option"],
 )
 def test_a_refused_value_names_its_config_field(capsys, tmp_path, data_dir, override, words):
     line = refusal(*run(capsys, tmp_path, data_dir, override)[:3:2], tmp_path)
