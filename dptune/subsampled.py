@@ -235,9 +235,8 @@ def tune_subsampled(
     """Tunes on a per-record Poisson subset, retrains the selection on all the data, and releases
     that final model under one statement for both phases (module docstring). Args are those of
     ``dptune.tune`` (the same default ledger, charged once for both phases; ``debug_nonprivate``
-    is refused) and
-    ``fraction``, ``tuning_epsilon`` as :func:`plan_subsampled`'s. Returns the final run's
-    :class:`~dptune.release.Release` (also written to ``workdir/release/``)."""
+    is refused) and ``fraction``, ``tuning_epsilon`` as :func:`plan_subsampled`'s. Returns the
+    final run's :class:`~dptune.release.Release` (also written to ``workdir/release/``)."""
     opts = TuneOptions.build(options or TuneOptions(), kwargs)
     opts.check()
     if opts.debug_nonprivate:
@@ -274,13 +273,10 @@ def _phases(trainer, selection, space, pre, journal, opts) -> Release:
     phase = replace(opts, ledger=None)
     outer = {"run_id": run_id, "outer": dict(pre.config)}
     # The subset's secret key, drawn once: OS entropy (from the seed for debugging).
-    if opts.seed is None:
-        fresh = os.urandom(32)
-    else:
-        fresh = hashlib.blake2b(f"dptune/subset-key/{opts.seed}".encode(), digest_size=32).digest()
+    seeded = hashlib.blake2b(f"dptune/subset-key/{opts.seed}".encode(), digest_size=32).digest()
+    fresh = os.urandom(32) if opts.seed is None else seeded
     key = bytes.fromhex(journal.set_once("subset_key", fresh.hex()))
-    # Built quietly: the plan's subset (same public sizes) warned already (e.g. the score's noise).
-    log = logging.getLogger("dptune")
+    log = logging.getLogger("dptune")  # quiet: the plan's subset (same public sizes) warned
     quiet, log.disabled = log.disabled, True
     try:
         sub = trainer.subset(plan.tuning.fraction, key)

@@ -9,6 +9,7 @@ import dataclasses
 import difflib
 import functools
 import importlib
+import inspect
 import logging
 import os
 import sys
@@ -68,10 +69,10 @@ def build_executor(cfg: Mapping[str, Any]) -> Any:
     ex = {k: v for k, v in _section(cfg, "executor").items() if v is not None}  # None: unset
     try:
         return make_executor(ex.pop("kind", "sequential"), **ex)
-    except (TypeError, ValueError) as e:  # an executor names a refused option as "option="
-        named = f"--config.executor.{e}" if str(e).partition("=")[0] in ex else None
-        command = getattr(e, "command", None) or named  # the Ray executor's: its own
-        raise ConfigError(f"config.executor: {e}", command=command) from None
+    except (TypeError, ValueError) as e:
+        named = str(e).partition("=")[0] in ex  # a refused option, "option=..."
+        cmd = getattr(e, "command", None) or (f"--config.executor.{e}" if named else None)
+        raise ConfigError(f"config.executor: {e}", command=cmd) from None
 
 
 def user_arrays(cfg: Mapping[str, Any]) -> str | None:
@@ -247,6 +248,11 @@ def validate(
     if kind := user_arrays(cfg):
         _check_user_data(cfg, kind)
     trainer, model = _get(cfg, "trainer", "dpsgd"), _get(cfg, "model")
+    info, own = learner_info(cfg), _section(cfg, "learner")  # its options without a default:
+    needed = inspect.signature(info.trainer_class()).parameters.values()  # given, or refused
+    if unset := [p.name for p in needed if p.default is p.empty and p.name in info.options
+                 and own.get(p.name) is None]:  # fmt: skip
+        raise ConfigError(f"config.trainer={trainer!r} needs --config.learner.{unset[0]}=N")
     if _get(cfg, "init") and trainer != "dpsgd":
         # a section of the config that belongs to another learner (learner_sections' rule)
         log.info("config.init is DP-SGD's pretrained start: config.trainer=%r does not use it",
@@ -308,7 +314,7 @@ def _fill_suggested(cfg: dict[str, Any]) -> None:
              (sel, "mean_trials"), (lr, "low"), (lr, "high")]  # fmt: skip
     unset = [(section, key) for section, key in slots if key in section and section[key] is None]
     n, optimizer = data.get("num_examples"), train.get("optimizer", "momentum")
-    usable = isinstance(n, int) and not isinstance(n, bool) and n >= 8  # else the checks say
+    usable = isinstance(n, int) and not isinstance(n, bool) and n >= 8
     if not unset or not usable or optimizer not in dpsgd.LEARNING_RATE_RANGES:
         return  # nothing to fill, or a size or optimiser the checks or the learner name
     got = dpsgd.suggested_settings(n, optimizer, train.get("score_noise_std") or 0.0)
@@ -509,9 +515,9 @@ def load_user_arrays(cfg: Mapping[str, Any]) -> Any:
     except ConfigError:
         raise
     except dpsgd.DatasetNotFoundError as e:
-        raise ConfigError(f"config.data: {_as_fields(e)}") from None
+        raise ConfigError(f"config.data: {_words(e)}") from None
     except Exception as e:  # a user's loader or file: one line naming the field
-        raise ConfigError(f"config.data ({kind}): {type(e).__name__}: {_as_fields(e)}") from None
+        raise ConfigError(f"config.data ({kind}): {type(e).__name__}: {_words(e)}") from None
 
 
 #: The data loader's keywords, as its message names them, and the command's fields for them.
@@ -522,7 +528,7 @@ _DATA_KEYWORDS = {
 }  # fmt: skip
 
 
-def _as_fields(e: Exception) -> str:
+def _words(e: Exception) -> str:
     """The data loader's message with its keywords as ``--config.data`` fields."""
     return functools.reduce(lambda text, kv: text.replace(*kv), _DATA_KEYWORDS.items(), str(e))
 
@@ -543,7 +549,7 @@ def load_data(cfg: Mapping[str, Any]) -> Any:
             validation_public=bool(d.get("validation_public", False)),
         )  # fmt: skip
     except dpsgd.DatasetNotFoundError as e:
-        raise ConfigError(f"config.data: {_as_fields(e)}") from None
+        raise ConfigError(f"config.data: {_words(e)}") from None
     except (ValueError, OSError, EOFError) as e:
         raise ConfigError(f"config.data ({d['name']!r} from {data_dir!r}): {e}") from None
 

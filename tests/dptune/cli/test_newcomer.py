@@ -113,6 +113,13 @@ def test_a_misplaced_or_mistyped_override_says_what_the_field_takes(
     assert "invalid literal" not in line and "Non-boolean" not in line, line
 
 
+def test_a_learner_option_without_a_default_is_asked_for(capsys, tmp_path, data_dir):
+    """``--config.trainer=public_data`` needs ``config.learner.num_public`` (it was an unexpected
+    TypeError from the trainer's constructor, exit 1)."""
+    line = refusal(*run(capsys, tmp_path, data_dir, "--config.trainer=public_data")[:3:2], tmp_path)
+    assert "--config.learner.num_public=" in line, line
+
+
 def test_an_override_before_config_is_read_after_it(capsys, tmp_path, data_dir):
     """ml_collections applies ``--config.x`` only after ``--config=``: the order on the command
     line does not matter."""
