@@ -407,7 +407,7 @@ def _privacy_space(space: Space, known: set[str], candidate_of: Callable) -> tup
             space = Space(space.to_dict(), privacy_fields=space.privacy_fields | set(dependent))
         return space, space.privacy_grid()
     except SpaceError as e:
-        raise TuningConfigError(str(e)) from None
+        raise TuningConfigError(str(e), command=e.command) from None
 
 
 def check_total(statement: Any, budget: Budget, method: str, field: str | None) -> None:

@@ -36,6 +36,11 @@ class SpaceError(Refused):
     """A search space or one of its distributions is malformed."""
 
 
+def _field_error(name: str, why: str) -> SpaceError:
+    """``why`` the space's field ``name`` is refused, named as the command's ``config.space``."""
+    return SpaceError(f"space field {name!r}: {why}", command=f"--config.space.{name}: {why}")
+
+
 @dataclass(frozen=True)
 class Choice:
     """Uniform choice among a finite, non-empty tuple of values."""
@@ -161,10 +166,10 @@ def distribution_from_dict(name: str, spec: Mapping[str, Any]) -> Distribution:
     privacy = bool(spec.pop("privacy", False))
     cls = _BY_KIND.get(kind)
     if cls is None:
-        raise SpaceError(
-            f"space field {name!r}: unknown distribution {kind!r} "
-            "(expected 'choice', 'uniform', 'log_uniform' or 'integer')"
-        )
+        raise _field_error(
+            name, f"unknown distribution {kind!r} (expected 'choice', 'uniform', 'log_uniform' or "
+            "'integer')",
+        )  # fmt: skip
     try:
         if cls is Choice:
             values = spec.pop("values", None)
@@ -176,9 +181,9 @@ def distribution_from_dict(name: str, spec: Mapping[str, Any]) -> Distribution:
                 raise SpaceError(f"{kind} needs 'low' and 'high'")
             dist = cls(spec.pop("low"), spec.pop("high"), privacy)
     except SpaceError as e:
-        raise SpaceError(f"space field {name!r}: {e}") from None
+        raise _field_error(name, str(e)) from None
     if spec:
-        raise SpaceError(f"space field {name!r}: unknown keys {sorted(spec)} for {kind}")
+        raise _field_error(name, f"unknown keys {sorted(spec)} for {kind}")
     return dist
 
 
@@ -213,22 +218,22 @@ class Space:
             if isinstance(value, Mapping):
                 value = distribution_from_dict(name, value)
             elif isinstance(value, (list, tuple)):
-                raise SpaceError(
-                    f"space field {name!r}: a bare list {value!r} is ambiguous; "
-                    "use space.choice(...) for a choice or a scalar for a constant"
-                )
+                raise _field_error(
+                    name, f"a bare list {value!r} is ambiguous; use space.choice(...) for a "
+                    "choice or a scalar for a constant",
+                )  # fmt: skip
             elif not isinstance(value, (*_DISTRIBUTIONS, int, float, str, bool, type(None))):
-                raise SpaceError(f"space field {name!r}: unsupported value {value!r}")
+                raise _field_error(name, f"unsupported value {value!r}")
             parsed[name] = value
         self.fields: dict[str, Any] = parsed
         self.privacy_fields = frozenset(privacy_fields)
         for name in self.privacy_relevant:
             if isinstance(value := parsed[name], Uniform):
-                raise SpaceError(
-                    f"space field {name!r} changes each candidate's privacy loss, so the "
-                    "accountant needs its worst case exactly: use a constant, space.choice(...) "
-                    f"or space.integer(...), not {type(value).__name__}"
-                )
+                raise _field_error(
+                    name, "it changes each candidate's privacy loss, so the accountant needs its "
+                    "worst case exactly: use a constant, space.choice(...) or space.integer(...), "
+                    f"not {type(value).__name__}",
+                )  # fmt: skip
 
     @classmethod
     def from_config(cls, config: Any) -> Space:

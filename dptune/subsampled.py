@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -234,9 +235,8 @@ def tune_subsampled(
     """Tunes on a per-record Poisson subset, retrains the selection on all the data, and releases
     that final model under one statement for both phases (module docstring). Args are those of
     ``dptune.tune`` (the same default ledger, charged once for both phases; ``debug_nonprivate``
-    is refused) and
-    ``fraction``, ``tuning_epsilon`` as :func:`plan_subsampled`'s. Returns the final run's
-    :class:`~dptune.release.Release` (also written to ``workdir/release/``)."""
+    is refused) and ``fraction``, ``tuning_epsilon`` as :func:`plan_subsampled`'s. Returns the
+    final run's :class:`~dptune.release.Release` (also written to ``workdir/release/``)."""
     opts = TuneOptions.build(options or TuneOptions(), kwargs)
     opts.check()
     if opts.debug_nonprivate:
@@ -273,12 +273,15 @@ def _phases(trainer, selection, space, pre, journal, opts) -> Release:
     phase = replace(opts, ledger=None)
     outer = {"run_id": run_id, "outer": dict(pre.config)}
     # The subset's secret key, drawn once: OS entropy (from the seed for debugging).
-    if opts.seed is None:
-        fresh = os.urandom(32)
-    else:
-        fresh = hashlib.blake2b(f"dptune/subset-key/{opts.seed}".encode(), digest_size=32).digest()
+    seeded = hashlib.blake2b(f"dptune/subset-key/{opts.seed}".encode(), digest_size=32).digest()
+    fresh = os.urandom(32) if opts.seed is None else seeded
     key = bytes.fromhex(journal.set_once("subset_key", fresh.hex()))
-    sub = trainer.subset(plan.tuning.fraction, key)
+    log = logging.getLogger("dptune")  # quiet: the plan's subset (same public sizes) warned
+    quiet, log.disabled = log.disabled, True
+    try:
+        sub = trainer.subset(plan.tuning.fraction, key)
+    finally:
+        log.disabled = quiet
     tuned = tune(
         sub, space, selection, Budget(plan.tuning.subset_epsilon, plan.tuning.subset_delta),
         phase, workdir=None if private_dir is None else private_dir / "tuning",

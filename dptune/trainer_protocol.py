@@ -226,7 +226,12 @@ class DatasetTrainer:
         try:
             return self.hyperparams_class(**merged)
         except (TypeError, ValueError) as e:
-            raise TuningConfigError(f"invalid {self.kind} hyperparameters {merged}: {e}") from None
+            text = str(e)  # names the refused field "field=": config.space's if drawn
+            at = min(((text.find(f"{k}="), k) for k in merged if f"{k}=" in text), default=None)
+            command = at and f"--config.{'space' if at[1] in hparams else 'train'}.{text[at[0] :]}"
+            raise TuningConfigError(
+                f"invalid {self.kind} hyperparameters {merged}: {e}", command=command
+            ) from None
 
 
 def _hparams_key(hparams: Mapping[str, Any]) -> str:

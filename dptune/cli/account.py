@@ -135,6 +135,9 @@ def _result() -> tuple[dict, str]:
             candidate = accounting.DpSgdCandidate(q, steps, _NOISE.value, _SCORE.value)
             out["noise_multiplier"] = _NOISE.value
         statement = accounting.total_privacy(candidate, transform, delta, acc)
+    if statement.single_run_epsilon == 0:  # so large a delta that no epsilon is left to state
+        raise ArgumentError(f"--delta={delta:g}: one candidate alone is (0, {delta:g})-DP; give "
+                            "a delta below 1/n for n training examples, e.g. 1e-5.")  # fmt: skip
     d = statement.to_dict()
     names = ("single_run_epsilon", "total_epsilon", "delta", "overhead", "accountant")
     out.update({k: d[k] for k in names}, accountant_requested=acc)

@@ -49,7 +49,6 @@ def cli(argv: list[str]) -> int:
     if any(a in common.HELP for a in argv[1:]):
         print(common.help_text(__doc__, FLAGS))
         return common.OK
-    config = None
     try:
         config, work = common.parse_run_command(FLAGS, argv, "the audit's own folder")
         common.setup_logging()
@@ -64,7 +63,7 @@ def cli(argv: list[str]) -> int:
             confidence=_CONFIDENCE.value, seed=_SEED.value, progress=_PROGRESS.value,
         )  # fmt: skip
     except Refused as e:
-        return common.refuse(e if config is None else build.in_config_words(e, config))
+        return common.refuse(e)
     except Exception as e:  # noqa: BLE001 - a full disk is the user's; anything else a bug
         return common.unexpected(e, Path(_WORKDIR.value) / "private", argv)
     print(f"{result}\n\n{work / AUDIT_MD}\n{work / AUDIT_JSON}")

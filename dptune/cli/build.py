@@ -9,9 +9,9 @@ import dataclasses
 import difflib
 import functools
 import importlib
+import inspect
 import logging
 import os
-import re
 import sys
 from collections.abc import Mapping
 from contextlib import nullcontext
@@ -70,7 +70,9 @@ def build_executor(cfg: Mapping[str, Any]) -> Any:
     try:
         return make_executor(ex.pop("kind", "sequential"), **ex)
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"config.executor: {e}") from None
+        named = str(e).partition("=")[0] in ex  # a refused option, "option=..."
+        cmd = getattr(e, "command", None) or (f"--config.executor.{e}" if named else None)
+        raise ConfigError(f"config.executor: {e}", command=cmd) from None
 
 
 def user_arrays(cfg: Mapping[str, Any]) -> str | None:
@@ -246,6 +248,11 @@ def validate(
     if kind := user_arrays(cfg):
         _check_user_data(cfg, kind)
     trainer, model = _get(cfg, "trainer", "dpsgd"), _get(cfg, "model")
+    info, own = learner_info(cfg), _section(cfg, "learner")  # its options without a default:
+    needed = inspect.signature(info.trainer_class()).parameters.values()  # given, or refused
+    if unset := [p.name for p in needed if p.default is p.empty and p.name in info.options
+                 and own.get(p.name) is None]:  # fmt: skip
+        raise ConfigError(f"config.trainer={trainer!r} needs --config.learner.{unset[0]}=N")
     if _get(cfg, "init") and trainer != "dpsgd":
         # a section of the config that belongs to another learner (learner_sections' rule)
         log.info("config.init is DP-SGD's pretrained start: config.trainer=%r does not use it",
@@ -307,10 +314,9 @@ def _fill_suggested(cfg: dict[str, Any]) -> None:
              (sel, "mean_trials"), (lr, "low"), (lr, "high")]  # fmt: skip
     unset = [(section, key) for section, key in slots if key in section and section[key] is None]
     n, optimizer = data.get("num_examples"), train.get("optimizer", "momentum")
-    if not unset or isinstance(n, bool) or not isinstance(n, int) or n < 8:
-        return  # nothing to fill, or no usable size: the checks then name the missing field
-    if optimizer not in dpsgd.LEARNING_RATE_RANGES:
-        return  # the learner names the optimiser
+    usable = isinstance(n, int) and not isinstance(n, bool) and n >= 8
+    if not unset or not usable or optimizer not in dpsgd.LEARNING_RATE_RANGES:
+        return  # nothing to fill, or a size or optimiser the checks or the learner name
     got = dpsgd.suggested_settings(n, optimizer, train.get("score_noise_std") or 0.0)
     got["low"], got["high"] = got["learning_rate"]
     batch = train.get("batch_size")
@@ -408,38 +414,6 @@ def run_config(
         # when a refusal (workdir in use, data not found, budget) comes before training.
         if hasattr(executor, "close"):
             executor.close()
-
-
-#: A trainer's refusal of one hyperparameter (``Hyperparams.epochs=0: ...``, ``num_features=0 ...``)
-#: after the dict of every hyperparameter it was given, and a search space's refusal of one field.
-_HPARAM = re.compile(r"invalid [\w-]+ hyperparameters \{.*\}: (?:Hyperparams\.)?(\w+)=")
-_SPACE_FIELD = re.compile(r"space field '(\w+)'")
-#: A shipped model's refusal of the data (its input shape), the model named by its name only.
-_SHIPPED_MODEL = re.compile(r"^model '(\w+)' ")
-
-
-def in_config_words(e: Refused, cfg: Mapping[str, Any]) -> Refused:
-    """``e`` with the library's names of a hyperparameter (``Hyperparams.epochs=``) or a space
-    field (``space field 'learning_rate'``) as the ``--config.`` field that sets it, for the
-    command's line (``e.command``; ``str(e)`` keeps the library's words)."""
-    text = e.for_command()
-    cfg = _plain(cfg)  # a ConfigDict, or anything a config file returned
-    space = _get(cfg, "space") or {}
-
-    def hparam(m: re.Match) -> str:
-        return f"--config.{'space' if m.group(1) in space else 'train'}.{m.group(1)}="
-
-    words = _SPACE_FIELD.sub(r"--config.space.\1", _HPARAM.sub(hparam, text))
-    if _get(cfg, "model") is None:  # the model of config.train (or .space), not config.model
-        section = "space" if "model" in space else "train"
-        words = _SHIPPED_MODEL.sub(
-            rf"--config.{section}.model='\1' (the config's model; --config.model="
-            r"pkg.module:factory trains yours) ",
-            words,
-        )
-    if words != text:
-        e.command = words
-    return e
 
 
 def _filled(space: Any, calibrated: Mapping[str, Any]) -> space_mod.Space:
@@ -541,28 +515,22 @@ def load_user_arrays(cfg: Mapping[str, Any]) -> Any:
     except ConfigError:
         raise
     except dpsgd.DatasetNotFoundError as e:
-        raise ConfigError(f"config.data: {_in_config_words(e)}") from None
+        raise ConfigError(f"config.data: {_words(e)}") from None
     except Exception as e:  # a user's loader or file: one line naming the field
-        raise ConfigError(
-            f"config.data ({kind}): {type(e).__name__}: {_in_config_words(e)}"
-        ) from None
+        raise ConfigError(f"config.data ({kind}): {type(e).__name__}: {_words(e)}") from None
 
 
 #: The data loader's keywords, as its message names them, and the command's fields for them.
 _DATA_KEYWORDS = {
-    "data_dir=<folder>": "--config.data.dir=<folder>",
-    "source='idx'": "--config.data.source=idx",
+    "data_dir=<folder>": "--config.data.dir=<folder>", "source='idx'": "--config.data.source=idx",
     "source='cifar_pickle'": "--config.data.source=cifar_pickle",
     "Dataset.from_arrays needs num_classes=...": "it needs --config.data.num_classes=K",
-}
+}  # fmt: skip
 
 
-def _in_config_words(e: Exception) -> str:
+def _words(e: Exception) -> str:
     """The data loader's message with its keywords as ``--config.data`` fields."""
-    text = str(e)
-    for keyword, field in _DATA_KEYWORDS.items():
-        text = text.replace(keyword, field)
-    return text
+    return functools.reduce(lambda text, kv: text.replace(*kv), _DATA_KEYWORDS.items(), str(e))
 
 
 def load_data(cfg: Mapping[str, Any]) -> Any:
@@ -581,7 +549,7 @@ def load_data(cfg: Mapping[str, Any]) -> Any:
             validation_public=bool(d.get("validation_public", False)),
         )  # fmt: skip
     except dpsgd.DatasetNotFoundError as e:
-        raise ConfigError(f"config.data: {_in_config_words(e)}") from None
+        raise ConfigError(f"config.data: {_words(e)}") from None
     except (ValueError, OSError, EOFError) as e:
         raise ConfigError(f"config.data ({d['name']!r} from {data_dir!r}): {e}") from None
 

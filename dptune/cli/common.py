@@ -23,6 +23,7 @@ from absl import logging as absl_logging
 
 from dptune import configs
 from dptune._state.journal import JOURNAL_FILE
+from dptune.configs import base
 from dptune.errors import Refused
 
 log = logging.getLogger("dptune")
@@ -46,7 +47,6 @@ HELP = ("-h", "--help", "-help", "-?", "--helpshort", "--helpfull")
 _KEYWORD_FIELDS = {
     "accountant": "--config.privacy.accountant",
     "adjacency": "--config.privacy.adjacency",
-    "group_size": "--config.executor.group_size",
     "budget epsilon": "--config.privacy.epsilon",
     "budget delta": "--config.privacy.delta",
 }
@@ -210,12 +210,12 @@ def parse_run_command(
         rest = flag_values(argv)[1:]
         config = flag_values["config"].value  # config_flags defers a file's errors to here
     except flags.Error as e:
-        raise ArgumentError(str(e)) from None
+        raise ArgumentError(_wrong_type(flag_values, argv) or str(e)) from None
     except Exception as e:  # noqa: BLE001 - a bad override, or a config file that fails to load
         # ml_collections raises these for an override of a field the config does not have
         overrides = [a.split("=")[0] for a in argv if a.startswith("--config.")]
         if overrides and isinstance(e, (AttributeError, KeyError)):
-            raise ArgumentError(_unknown_field(overrides, e)) from None
+            raise ArgumentError(_unknown_field(overrides, e, flag_values)) from None
         if overrides and isinstance(e, (TypeError, ValueError)):
             raise ArgumentError(
                 f"a config override names a field the config does not have or gives it a value "
@@ -238,18 +238,42 @@ def parse_run_command(
     return config, Path(flag_values["workdir"].value)
 
 
-def _unknown_field(overrides: Sequence[str], e: Exception) -> str:
+#: What a config field takes, by its flag's parser (a section's: ml_collections' ConfigDict one).
+_TAKES = {"IntegerParser": "must be an integer", "FloatParser": "must be a number", "BooleanParser":
+          "must be True or False", "_ConfigDictParser": "is not a value of {name}, a section: set "
+          "its fields (--{name}.FIELD=..., a distribution's .low and .high), or write a constant "
+          "in a config file"}  # fmt: skip
+
+
+def _wrong_type(flag_values: flags.FlagValues, argv: Sequence[str]) -> str | None:
+    """The refusal of the first ``--config.`` override its field's type refuses, or None."""
+    for name, _, value in (a[2:].partition("=") for a in argv if a.startswith("--config.")):
+        parser = flag_values[name].parser if name in flag_values else None
+        try:
+            _ = type(parser).__name__ in _TAKES and parser.parse(value)
+        except (TypeError, ValueError):
+            return f"--{name}={value} " + _TAKES[type(parser).__name__].format(name=name)
+    return None
+
+
+def _unknown_field(overrides: Sequence[str], e: Exception, flag_values: flags.FlagValues) -> str:
     """The refusal of an override naming a field the config lacks: that override (ml_collections'
-    error quotes the missing key first) and the field it probably meant (its "Did you mean")."""
+    error quotes the missing key first) and what it meant ("Did you mean", a flag, a section)."""
     text = str(e.args[0]) if e.args else str(e)
     missing = re.match(r"\W*'?([\w-]+)", text)
     key = missing.group(1) if missing else None
     named = [o for o in overrides if key in o[len("--config.") :].split(".")] or overrides
     meant = re.search(r'Did you mean "([\w-]+)"', text)
-    hint = ""
+    hint, schema = "", base.get_config().to_dict()
+    sections = [s for s, v in schema.items() if isinstance(v, dict) and key in v
+                and f"--config.{s}.{key}" not in named]  # fmt: skip
     if meant and key and len(named) == 1:
         parts = named[0].split(".")
         hint = f" (did you mean {'.'.join(parts[: parts.index(key)] + [meant.group(1)])}?)"
+    elif named == [f"--config.{key}"] and key in flag_values:
+        hint = f" (did you mean the command's flag --{key}?)"
+    elif len(named) == 1 and sections:
+        hint = f" (did you mean --config.{sections[0]}.{key}?)"
     return (
         f"{', '.join(named)}: the override names a field the config does not have{hint}; the "
         "fields every config has are in dptune/configs/base.py"
@@ -271,7 +295,8 @@ def normalise_argv(argv: Sequence[str]) -> list[str]:
         if arg.startswith(("-config=", "--config=")):
             arg = "--config=" + _resolve_config(arg.split("=", 1)[1])
         out.append(arg)
-    return out
+    # ml_collections reads overrides only after --config: it goes first, wherever it was written
+    return out[:1] + sorted(out[1:], key=lambda a: not a.startswith("--config="))
 
 
 def _resolve_config(value: str) -> str:

@@ -22,7 +22,7 @@ from ml_collections import config_flags
 from dptune import strategies
 from dptune.accounting.quiet import summarised_accounting_warnings
 from dptune.cli import common, vocabulary
-from dptune.cli.build import in_config_words, run_config
+from dptune.cli.build import run_config
 from dptune.errors import Refused
 from dptune.learners.dpsgd import COMPILATION_CACHE_ENV, use_compilation_cache
 from dptune.release import NO_CANDIDATE_SUCCEEDED
@@ -71,7 +71,7 @@ def cli(argv: list[str]) -> int:
                 debug_nonprivate=_DEBUG.value, progress=_PROGRESS.value,
             )  # fmt: skip
     except Refused as e:
-        return common.refuse(in_config_words(e, config))
+        return common.refuse(e)
     except KeyboardInterrupt as e:
         return common.interrupted(isinstance(e, Terminated), workdir / "private", argv)
     except Exception as e:  # noqa: BLE001 - a full disk is the user's; anything else a bug

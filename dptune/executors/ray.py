@@ -37,9 +37,15 @@ class RayExecutorError(TuningConfigError):
     """The Ray executor cannot run as configured; nothing private has run."""
 
 
+def _refused(field: str, value: Any, why: str) -> RayExecutorError:
+    """``field=value`` refused, as the keyword and (for the command) as the config field."""
+    command = f"--config.executor.{field}={value} {why}"
+    return RayExecutorError(f"{field}={value!r} {why}", command=command)
+
+
 def _non_negative(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-        raise RayExecutorError(f"{name}={value!r} must be a finite number >= 0")
+        raise _refused(name, value, "must be a finite number >= 0")
     return float(value)
 
 
@@ -71,15 +77,15 @@ class RayExecutor:
                 "(or pip install ray), or use --config.executor.kind=sequential"
             )
         if address is not None and not isinstance(address, str):
-            raise RayExecutorError(f"address={address!r} must be None, 'auto' or 'HOST:PORT'")
+            raise _refused("address", address, "must be None, 'auto' or 'HOST:PORT'")
         self.address = None if address in (None, "", "local") else address
         self.cpus = _non_negative("cpus_per_candidate", cpus_per_candidate)
         self.gpus = _non_negative("gpus_per_candidate", gpus_per_candidate)
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-            raise RayExecutorError(f"max_retries={max_retries!r} must be an integer >= 0")
+            raise _refused("max_retries", max_retries, "must be an integer >= 0")
         self.max_retries = max_retries
         if num_cpus is not None and self.address is not None:
-            raise RayExecutorError("num_cpus only applies to a local Ray instance (no address)")
+            raise _refused("num_cpus", num_cpus, "needs a local Ray instance (no address)")
         self.num_cpus = num_cpus
         self.parallelism = 1  # until connect(): how many candidates the cluster fits at once
         self.expected_fingerprint = expected_fingerprint
@@ -104,12 +110,11 @@ class RayExecutor:
                 ray.init(address=self.address, num_cpus=self.num_cpus, include_dashboard=False,
                          log_to_driver=True)  # fmt: skip
             except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
-                raise RayExecutorError(
-                    f"cannot connect to Ray at {self.address or 'a new local instance'!r}: "
-                    f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} (is the "
-                    "cluster up? `ray status` on the head node; the address is the head's "
-                    "HOST:6379, or 'auto' on a cluster node)"
-                ) from None
+                why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                raise _refused("address", self.address, f"cannot connect to Ray ({why}): is the "
+                               "cluster up? `ray status` on the head node; the address is the "
+                               "head's HOST:6379, 'auto' on a cluster node, or unset for a new "
+                               "local instance") from None  # fmt: skip
             self._started_ray = self.address is None
         self._connected = True
         try:
@@ -131,12 +136,10 @@ class RayExecutor:
         if total == 0:
             most_gpu = max((r.get("GPU", 0.0) for r in alive), default=0.0)
             most_cpu = max((r.get("CPU", 0.0) for r in alive), default=0.0)
-            raise RayExecutorError(
-                "no node of the Ray cluster can run one candidate: gpus_per_candidate="
-                f"{self.gpus:g} and cpus_per_candidate={self.cpus:g}, but the largest node has "
-                f"{most_gpu:g} GPUs and {most_cpu:g} CPUs ({len(alive)} nodes); lower "
-                "config.executor.gpus_per_candidate / cpus_per_candidate or add nodes"
-            )
+            why = (f"(and cpus_per_candidate={self.cpus:g}): no node of the Ray cluster can run "
+                   f"one candidate: the largest node has {most_gpu:g} GPUs and {most_cpu:g} CPUs "
+                   f"({len(alive)} nodes); lower them or add nodes")  # fmt: skip
+            raise _refused("gpus_per_candidate", self.gpus, why)
         return total
 
     # --- running ------------------------------------------------------------------------------
@@ -192,18 +195,16 @@ class RayExecutor:
 def _check_reachable(address: str) -> None:
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit():
-        raise RayExecutorError(
-            f"address={address!r} must be 'auto', 'HOST:PORT' (the head's GCS, usually port 6379) "
-            "or 'ray://HOST:PORT'"
-        )
+        raise _refused("address", address, "must be 'auto', 'HOST:PORT' (the head's GCS, "
+                       "usually port 6379) or 'ray://HOST:PORT'")  # fmt: skip
     try:
         with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
             pass
     except OSError as e:
-        raise RayExecutorError(
-            f"cannot reach a Ray cluster at {address} ({e.strerror or type(e).__name__}); start "
-            f"one with `ray start --head --port={port}` there, or check the address and firewall"
-        ) from None
+        why = e.strerror or type(e).__name__
+        raise _refused("address", address, f"cannot reach a Ray cluster there ({why}): start one "
+                       f"with `ray start --head --port={port}` there, or check the address and "
+                       "firewall") from None  # fmt: skip
 
 
 # --- the worker side ----------------------------------------------------------------------------

@@ -694,10 +694,17 @@ class DpSgdTrainer(DatasetTrainer):
     def check_inputs(self, hparams: Mapping[str, Any]) -> None:
         """Refuses, before any private computation, a candidate the loop would refuse when it
         starts (e.g. a model whose input shape is not the images'): public schema only."""
+        hp = self.hyperparams(hparams)  # its refusal in its own words (command's included)
         try:
-            loop.check_inputs(self.hyperparams(hparams), self.data)
+            loop.check_inputs(hp, self.data)
         except ValueError as e:
-            raise TuningConfigError(str(e)) from None
+            # A model named by its name is config.train's or .space's (config.model's is a spec).
+            rest, command = str(e).removeprefix(f"model {hp.model!r}"), None
+            if isinstance(hp.model, str) and rest != str(e):
+                command = (f"--config.{'space' if 'model' in hparams else 'train'}.model="
+                           f"{hp.model!r} (the config's model; --config.model=pkg.module:factory "
+                           f"trains yours){rest}")  # fmt: skip
+            raise TuningConfigError(str(e), command=command) from None
 
     def code_digest(self) -> str:
         """This module and the ``trainers`` package's sources (the DP-SGD engine)."""

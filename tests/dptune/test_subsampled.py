@@ -2,6 +2,7 @@
 one statement and one ledger charge for both phases, resume, refusals."""
 
 import json
+import logging
 import math
 from dataclasses import dataclass, field
 
@@ -210,3 +211,20 @@ def test_resume_after_the_tuning_phase_reuses_it_without_a_new_workdir_warning(t
     assert rel.released and [n for n, _, _ in resumed.calls] == [N]  # the final run alone
     assert "the tuning phase finished already" in caplog.text
     assert not [r for r in caplog.records if r.levelname == "WARNING" and "--workdir" in r.message]
+
+
+def test_what_building_the_subset_says_is_said_once(caplog):
+    """The plan's subset and the run's (same public sizes) are two builds: a warning of the
+    build (the real trainer's score-noise warning) reaches the console once."""
+
+    class Warns(SubsetToy):
+        def subset(self, fraction, key):
+            logging.getLogger("dptune").warning("the subset's score noise is high")
+            return super().subset(fraction, key)
+
+    with caplog.at_level("WARNING", logger="dptune"):
+        dptune.tune_subsampled(
+            Warns(), SPACE, RandomStopping.logarithmic(2), (2.0, 1e-5), fraction=0.3,
+            tuning_epsilon=0.5, progress=False, ledger=None,
+        )  # fmt: skip
+    assert caplog.text.count("score noise is high") == 1, caplog.text

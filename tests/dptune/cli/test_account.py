@@ -135,6 +135,9 @@ INVALID = [
         ],
         "do not apply",
     ),  # fmt: skip
+    # a delta so large that one candidate is (0, delta)-DP (the overhead was "xinfinite")
+    (["--sampling_rate=0.1", "--steps=10", "--noise_multiplier=1", "--delta=0.5"], "--delta=0.5:"),
+    (["--laplace_epsilon=1", "--delta=0.5"], "--delta=0.5: one candidate alone is (0, 0.5)-DP"),
 ]
 
 

@@ -340,6 +340,8 @@ def test_every_learner_runs_from_every_shipped_config(name, learner):
     cfg.trainer = learner
     if cfg.data.source == "npz":
         cfg.data.update(path="arrays.npz", num_examples=50_000)  # the user config's own fields
+    if learner == "public_data":
+        cfg.learner.num_public = 1000  # its option without a default (refused when unset)
     checked = cli.validate(cfg, None)
     known = set(learners.get(learner).trainer_class().hyperparams_class.__dataclass_fields__)
     assert set(checked.cfg["train"]) | set(checked.cfg["space"]) <= known

@@ -82,13 +82,55 @@ def test_the_dry_run_says_a_stated_ledger_budget_is_the_configs_not_the_default(
         ("--config.privacy.delta=0.1", "--config.privacy.delta=0.1 must be below 1/n"),
         ("--config.train.num_features=0", "--config.train.num_features=0"),
         ("--config.space.clip_norm.low=9.0", "--config.space.clip_norm: log_uniform"),
+        ("--config.executor.group_size=0", "refused: --config.executor.group_size=0 must be"),
     ],
-    ids=["delta-above-1/n", "hyperparameter", "space-field"],
+    ids=["delta-above-1/n", "hyperparameter", "space-field", "executor-option"],
 )
 def test_a_refused_value_names_its_config_field(capsys, tmp_path, data_dir, override, words):
     line = refusal(*run(capsys, tmp_path, data_dir, override)[:3:2], tmp_path)
     assert words in line, line
     assert "Hyperparams." not in line and "space field" not in line, line
+
+
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("--config.train.num_features=two", "--config.train.num_features=two must be an integer"),
+        ("--config.privacy.delta=abc", "--config.privacy.delta=abc must be a number"),
+        ("--config.ledger.enabled=maybe", "--config.ledger.enabled=maybe must be True or False"),
+        ("--config.space.clip_norm=4.0", "--config.space.clip_norm.FIELD="),
+        ("--config.seed=3", "did you mean the command's flag --seed?"),
+        ("--config.train.clip_norm=1.0", "did you mean --config.space.clip_norm?"),
+        ("--config.space.epochs=2", "did you mean --config.train.epochs?"),
+    ],
+    ids=["int", "float", "bool", "section", "command-flag", "space-field", "train-field"],
+)
+def test_a_misplaced_or_mistyped_override_says_what_the_field_takes(
+    capsys, tmp_path, data_dir, override, words
+):
+    line = refusal(*run(capsys, tmp_path, data_dir, override)[:3:2], tmp_path)
+    assert words in line, line
+    assert "invalid literal" not in line and "Non-boolean" not in line, line
+
+
+def test_a_learner_option_without_a_default_is_asked_for(capsys, tmp_path, data_dir):
+    """``--config.trainer=public_data`` needs ``config.learner.num_public`` (it was an unexpected
+    TypeError from the trainer's constructor, exit 1)."""
+    line = refusal(*run(capsys, tmp_path, data_dir, "--config.trainer=public_data")[:3:2], tmp_path)
+    assert "--config.learner.num_public=" in line, line
+
+
+def test_an_override_before_config_is_read_after_it(capsys, tmp_path, data_dir):
+    """ml_collections applies ``--config.x`` only after ``--config=``: the order on the command
+    line does not matter."""
+    capsys.readouterr()
+    code = cli([
+        "dptune", "--config.train.num_features=7", f"--config.data.dir={data_dir}",
+        f"--workdir={tmp_path / 'run'}", f"--config.ledger.path={tmp_path / 'ledger.sqlite'}",
+        "--noprogress", "--dry_run", f"--config={CONFIG}",
+    ])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0 and "Dry run" in out, err[-2000:]
 
 
 def test_a_refusal_says_refused_once(capsys, tmp_path, data_dir):

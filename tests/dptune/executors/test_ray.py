@@ -51,6 +51,34 @@ def test_unreachable_address_is_refused_quickly():
     assert time.time() - t0 < 10
 
 
+@pytest.mark.parametrize("address", ["127.0.0.1:6379", "ray://head:10001"])
+def test_the_command_names_the_address_field_when_no_cluster_answers(
+    address, tmp_path, capsys, monkeypatch
+):
+    """No cluster answers (the connection's failure mocked: no Ray starts): one line naming
+    --config.executor.address and the fix, exit 2, nothing written or charged."""
+    from dptune.cli.main import cli
+    from dptune.executors import ray as ray_executor
+
+    if ray.is_initialized():
+        pytest.skip("a Ray instance is already connected in this process")
+
+    def refused(*args, **kwargs):
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(ray_executor.socket, "create_connection", refused)  # HOST:PORT
+    monkeypatch.setattr(ray, "init", lambda **kw: refused())  # ray://: Ray Client's own dial
+    code = cli(["dptune", "--config=smoke", f"--workdir={tmp_path / 'w'}", "--noprogress",
+                "--config.executor.kind=ray", f"--config.executor.address={address}",
+                f"--config.ledger.path={tmp_path / 'ledger.sqlite'}"])  # fmt: skip
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("dptune: refused:")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert f"--config.executor.address={address} cannot " in lines[0], lines[0]
+    assert "ray status" in lines[0] or "ray start --head" in lines[0], lines[0]
+    assert not (tmp_path / "w").exists() and not (tmp_path / "ledger.sqlite").exists()
+
+
 @pytest.fixture(scope="module")
 def cluster():
     """One local Ray instance for the module (2 CPUs); its GCS address lets subprocess drivers
@@ -172,7 +200,7 @@ def test_cli_refuses_before_loading_data(tmp_path, cluster, problem):
         says = "gpus_per_candidate=4"
     else:
         args = [f"--config.executor.address=127.0.0.1:{_free_port()}"]
-        says = "cannot reach a Ray cluster at 127.0.0.1:"
+        says = "--config.executor.address=127.0.0.1:"
     proc = subprocess.run(
         [sys.executable, "-m", "dptune.cli.main", "--config=smoke", f"--workdir={tmp_path / 'w'}",
          "--config.executor.kind=ray", *args, "--noprogress", "--seed=7",
