@@ -54,6 +54,7 @@ from dptune import space
 from dptune.accounting.events import EventCandidate
 from dptune.data import MNIST_10K_DIR, MNIST_10K_NUM_TRAIN
 from dptune.errors import TuningConfigError
+from dptune.learners.fisher import flat_rows
 from dptune.trainer_protocol import FunctionTrainer, public_size
 from selection import RandomStopping
 
@@ -78,15 +79,10 @@ RIDGE_L1_SENSITIVITY = 2.0
 RIDGE_L2_SENSITIVITY = math.sqrt(2.0)
 
 
-def _rows(x: np.ndarray) -> np.ndarray:
-    """``x`` (n, ...) as (n, features), also for n = 0."""
-    return x.reshape(len(x), math.prod(x.shape[1:]))
-
-
 def finite_records(x: np.ndarray, y: np.ndarray | None = None) -> np.ndarray:
     """(n,) bool: record i's features (and label) are all finite. Record i's entry depends on
     record i alone, so keeping only these records is a per-record filter (no privacy cost)."""
-    keep = np.isfinite(_rows(np.asarray(x, dtype=np.float64))).all(axis=1)
+    keep = np.isfinite(flat_rows(x)).all(axis=1)
     if y is not None:
         keep &= np.isfinite(np.asarray(y, dtype=np.float64))
     return keep
@@ -386,7 +382,7 @@ def _fingerprint(*splits: tuple[np.ndarray, np.ndarray | None]) -> str:
     another train/validation split of the same records opens a fresh budget."""
     digests: list[bytes] = []
     for x, y in splits:
-        rows = _rows(x)
+        rows = flat_rows(x)
         if y is not None:
             rows = np.concatenate([rows, y.reshape(len(y), 1)], axis=1)
         digests += [hashlib.sha256(np.ascontiguousarray(r).tobytes()).digest() for r in rows]

@@ -134,3 +134,42 @@ def test_dptune_tunes_fisher_and_checks_privacy_fields(mnist):
     with pytest.raises(TuningConfigError):
         dptune.plan_privacy(tr, sp, RandomStopping.logarithmic(mean=2), (2.0, 1e-5),
                             adjacency="replace_one")  # fmt: skip
+
+
+def tiny_dataset(n: int = 60, k: int = 3, seed: int = 0, **kw):
+    """A user's own small image-shaped arrays (n, 2, 3) with k classes and a public test split."""
+    from trainers.data import Dataset
+
+    rng = np.random.default_rng(seed)
+    x, xt = rng.uniform(size=(n, 2, 3)), rng.uniform(size=(40, 2, 3))
+    y, yt = rng.integers(0, k, n), rng.integers(0, k, 40)
+    return Dataset.from_arrays(x, y, num_examples=n, num_classes=k, x_test=xt, y_test=yt, **kw)
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_an_empty_split_trains_like_any_other(split):
+    """A private split with no records is a dataset like any other (its neighbour has one
+    record): the candidate trains and scores (noise only) instead of failing, which made one
+    record flip the release between a model and "no candidate succeeded"."""
+    import dataclasses
+
+    d = tiny_dataset()
+    d = dataclasses.replace(
+        d,
+        **{f"{split}_x": getattr(d, f"{split}_x")[:0], f"{split}_y": getattr(d, f"{split}_y")[:0]},
+    )
+    score, model = fisher.FisherTrainer(d)(
+        {"num_features": 3, "noise_multiplier": 1.0}, np.random.default_rng(0)
+    )
+    assert math.isfinite(score) and model["weights"].shape == (3, 3)
+
+
+def test_labels_that_are_not_classes_are_refused():
+    """Regression targets (num_classes=0) are refused when the trainer is built (every candidate
+    used to fail inside a charged run)."""
+    from trainers.data import Dataset
+
+    x = np.random.default_rng(0).uniform(size=(30, 4))
+    d = Dataset.from_arrays(x, x[:, 0].astype(np.float32), num_examples=30, num_classes=0)
+    with pytest.raises(TuningConfigError, match="FisherTrainer needs class labels.*num_classes="):
+        fisher.FisherTrainer(d)
