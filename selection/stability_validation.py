@@ -108,8 +108,8 @@ class StabilityValidation(SelectionMethod):
             ("training_stability", training_stability),
             ("validation_stability", validation_stability),
         ):
-            if not (math.isfinite(v) and v >= 0):
-                raise ValueError(f"{name} must be a finite number >= 0, got {v}")
+            if isinstance(v, (str, bytes)) or not (math.isfinite(float(v)) and v >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
         for name, v in (("num_train", num_train), ("num_val", num_val)):
             if isinstance(v, bool) or int(v) != v or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1 (a public size), got {v}")
@@ -217,6 +217,8 @@ def histogram_stability(
     """
     if not (0 < min_bin_width <= 1 and epsilon > 0 and 0 < stability_delta < 1):
         raise ValueError("need min_bin_width in (0, 1], epsilon > 0, stability_delta in (0, 1)")
+    if isinstance(num_train, bool) or int(num_train) != num_train or num_train < 1:
+        raise ValueError(f"num_train must be an integer >= 1 (a public size), got {num_train!r}")
     del k  # enters through stability_delta = delta / k
     nu = 2.0 * math.log(4.0 / stability_delta) / (num_train * epsilon * math.sqrt(min_bin_width))
     if not nu < 1:

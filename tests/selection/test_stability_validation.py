@@ -199,3 +199,20 @@ def test_audit_training_neighbours_joint_release():
         labels.append(idx * 100 + np.digitize(h, bins))
     got = lower_log_ratio(*labels, 2 * (len(bins) + 1))
     assert 0.2 < got <= alpha1 + ALPHA2
+
+
+def test_every_candidate_failing_releases_nothing():
+    """All k scores NaN (every candidate failed): nothing is released (the argmax of k -inf used
+    to release candidate 0, a failure, as a success); one failure among finite scores is never
+    the one released."""
+    method = StabilityValidation.from_beta(3, 1.0, 0.1)
+    sel = method.run(lambda i, rng: (math.nan, f"h{i}"), rng=0)
+    assert not sel.released and sel.payload is None
+    for seed in range(20):
+        sel = method.run(lambda i, rng: ((0.5, math.nan, 0.4)[i], f"h{i}"), rng=seed)
+        assert sel.released and sel.payload != "h1"
+
+
+def test_histogram_stability_refuses_a_size_that_is_not_one():
+    with pytest.raises(ValueError, match="num_train must be an integer >= 1"):
+        histogram_stability(0.1, 1.0, 0, 3, 1e-6)
