@@ -42,8 +42,9 @@ import hashlib
 import json
 import logging
 import math
+import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 from dp_accounting import dp_event
@@ -513,6 +514,12 @@ def histogram_trainer(
 # command line: one private tuning run of a classical learner on the shipped MNIST-10k
 
 
+def _refuse(message: str) -> NoReturn:
+    """The command's refusal: one ``dptune: refused:`` line on stderr, exit code 2."""
+    print(f"dptune: refused: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """``python -m dptune.learners.classical [--learner=logistic|ridge] [--epsilon=1] [--seed=N]``.
 
@@ -534,7 +541,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--learner", choices=("logistic", "ridge"), default="logistic")
     ap.add_argument("--epsilon", type=float, default=1.0, help="total epsilon (delta = 1e-5)")
     ap.add_argument("--seed", type=int, default=None, help="debugging only: a fixed seed")
+    ap.error = _refuse  # type: ignore[method-assign]  # one line, not argparse's usage + error
     args = ap.parse_args(argv)
+    if not (math.isfinite(args.epsilon) and args.epsilon > 0):
+        _refuse(f"--epsilon={args.epsilon} must be a finite number > 0 (the total budget)")
     d = load_dataset(
         "mnist", str(MNIST_10K_DIR), validation_size=1000, source="idx",
         num_examples=MNIST_10K_NUM_TRAIN,
@@ -553,14 +563,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         trainer = logistic_trainer(train, val, n, m, score_noise_multiplier=10.0)
     else:
         trainer = ridge_trainer(train, val, n, m, score_noise_multiplier=10.0)
-    release = dptune.tune(
-        trainer,
-        {"regularization": space.log_uniform(1e-3, 1.0), "noise_multiplier": "auto"},
-        RandomStopping.logarithmic(4),
-        (args.epsilon, 1e-5),
-        seed=args.seed,
-        progress=False,
-    )
+    try:
+        release = dptune.tune(
+            trainer,
+            {"regularization": space.log_uniform(1e-3, 1.0), "noise_multiplier": "auto"},
+            RandomStopping.logarithmic(4),
+            (args.epsilon, 1e-5),
+            seed=args.seed,
+            progress=False,
+        )
+    except dptune.Refused as e:  # e.g. an --epsilon no noise meets; nothing ran or was charged
+        _refuse(str(e))
     out = {
         "learner": args.learner,
         "released": release.released,

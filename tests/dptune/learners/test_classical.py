@@ -277,3 +277,13 @@ def test_ledger_fingerprint_is_the_multiset_of_records():
     assert moved.fingerprint == fp
     other = classical.logistic_trainer((x[:20], -y[:20]), (x[20:], y[20:]), 20, 10, 1.0)
     assert other.fingerprint != fp
+
+
+@pytest.mark.parametrize("argv", [["--epsilon=-1"], ["--epsilon=nan"], ["--learner=foo"]])
+def test_command_line_mistakes_are_one_refusal_line(argv, capsys):
+    """A wrong flag is one ``dptune: refused:`` line and exit code 2 (a negative epsilon used to
+    end in a TuningConfigError traceback), before the data is loaded."""
+    with pytest.raises(SystemExit) as e:
+        classical.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("dptune: refused: ") and err.count("\n") == 1
