@@ -213,7 +213,12 @@ def histogram_stability(
       noisy total stays >= n (1 - nu) except with probability delta/k = ``stability_delta``);
     * beta1 = 2 / ((1 - nu) h_min) (Eq. 21 with Eq. 19); beta2 = 2 / h_min (Eq. 18).
 
-    Needs nu < 1 (their condition on n).
+    Needs nu < 1 (their condition on n). ``num_train`` must be a PUBLIC LOWER BOUND on the number
+    of training records: the score moves by up to 2 / (h n_tilde) with n_tilde the noisy total
+    (Eq. 20-21), so beta1 holds for datasets of at least ``num_train`` records only. ``epsilon``
+    is Alg. 5's alpha, whose noise is Laplace(2 / alpha) per bin; `dptune.learners.classical
+    .histogram_density` at ``noise_multiplier = 1 / epsilon`` adds Laplace(1 / epsilon), half
+    that, so nu computed here is then twice its true value (safe: beta1 grows with nu).
     """
     if not (0 < min_bin_width <= 1 and epsilon > 0 and 0 < stability_delta < 1):
         raise ValueError("need min_bin_width in (0, 1], epsilon > 0, stability_delta in (0, 1)")
