@@ -228,7 +228,11 @@ class DatasetTrainer:
         try:
             return self.hyperparams_class(**merged)
         except (TypeError, ValueError) as e:
-            raise TuningConfigError(f"invalid {self.kind} hyperparameters {merged}: {e}") from None
+            takes = ", ".join(getattr(self.hyperparams_class, "__dataclass_fields__", ()))
+            fix = f" ({self.kind} takes {takes})" if isinstance(e, TypeError) and takes else ""
+            raise TuningConfigError(
+                f"invalid {self.kind} hyperparameters {merged}: {e}{fix}"
+            ) from None
 
 
 def _hparams_key(hparams: Mapping[str, Any]) -> str:

@@ -173,3 +173,13 @@ def test_labels_that_are_not_classes_are_refused():
     d = Dataset.from_arrays(x, x[:, 0].astype(np.float32), num_examples=30, num_classes=0)
     with pytest.raises(TuningConfigError, match="FisherTrainer needs class labels.*num_classes="):
         fisher.FisherTrainer(d)
+
+
+def test_a_misspelt_hyperparameter_names_the_fields_the_trainer_takes():
+    """``num_feature=`` (a typo) is one TuningConfigError that names it and lists the fields
+    (the fix), before anything trains."""
+    with pytest.raises(TuningConfigError, match="num_feature.*DP-Fisher takes .*num_features"):
+        dptune.tune(fisher.FisherTrainer(tiny_dataset()),
+                    {"num_feature": space.choice(2, 3), "noise_multiplier": "auto"},
+                    RandomStopping.logarithmic(2), (2.0, 1e-3), seed=0, ledger=None,
+                    progress=False)  # fmt: skip
