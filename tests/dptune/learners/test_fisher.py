@@ -183,3 +183,18 @@ def test_a_misspelt_hyperparameter_names_the_fields_the_trainer_takes():
                     {"num_feature": space.choice(2, 3), "noise_multiplier": "auto"},
                     RandomStopping.logarithmic(2), (2.0, 1e-3), seed=0, ledger=None,
                     progress=False)  # fmt: skip
+
+
+def test_a_users_empty_arrays_load_and_tune_like_any_other():
+    """``Dataset.from_arrays`` on arrays with no record (a neighbour of a one-record dataset)
+    loads (it raised a reshape ValueError) and dptune tunes it: the release is noise."""
+    from trainers.data import Dataset
+
+    x, y = np.zeros((0, 2, 3), np.float32), np.zeros(0, np.int64)
+    xt, yt = np.random.default_rng(0).uniform(size=(10, 2, 3)), np.arange(10) % 3
+    d = Dataset.from_arrays(x, y, num_examples=5, num_classes=3, x_test=xt, y_test=yt)
+    rel = dptune.tune(fisher.FisherTrainer(d),
+                      {"num_features": space.choice(2, 3), "noise_multiplier": "auto"},
+                      RandomStopping.logarithmic(2), (2.0, 0.01), seed=0, ledger=None,
+                      progress=False)  # fmt: skip
+    assert rel.released and math.isfinite(rel.validation_score)
