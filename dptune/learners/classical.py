@@ -339,8 +339,11 @@ class _Trainer(FunctionTrainer):
             _positive("regularization", hparams["regularization"], "the L2 penalty lambda")
         if "bins" in self.fields:
             b = hparams["bins"]
-            if isinstance(b, bool) or not isinstance(b, (int, np.integer, float)) or b != int(b) \
-                    or b < 1:  # fmt: skip
+            try:
+                ok = not isinstance(b, (bool, str)) and int(b) == b and b >= 1
+            except (TypeError, ValueError, OverflowError):  # None, NaN, inf
+                ok = False
+            if not ok:
                 raise TuningConfigError(f"bins={b!r} must be an integer >= 1 (the bin count)")
 
     def curator_view(self) -> dict[str, int]:
