@@ -106,8 +106,10 @@ class FisherHyperparams:
                 raise ValueError(f"{name}={v!r} must be a finite number > 0")
         if not (math.isfinite(float(self.ridge)) and self.ridge >= 0):
             raise ValueError(f"ridge={self.ridge!r} must be >= 0")
-        if self.score_noise_std is not None and not float(self.score_noise_std) > 0:
-            raise ValueError(f"score_noise_std={self.score_noise_std!r} must be > 0 or None")
+        if self.score_noise_std is not None and not 0 < float(self.score_noise_std) < math.inf:
+            raise ValueError(
+                f"score_noise_std={self.score_noise_std!r} must be a finite number > 0, or None"
+            )
 
 
 def stage_noise_multipliers(

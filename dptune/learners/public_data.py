@@ -263,8 +263,10 @@ class PublicDataHyperparams:
                 raise ValueError(f"{name}={v!r} must be a finite number > 0")
         if isinstance(self.pca_dim, bool) or int(self.pca_dim) != self.pca_dim or self.pca_dim < 1:
             raise ValueError(f"pca_dim={self.pca_dim!r} must be an integer >= 1")
-        if self.score_noise_std is not None and not float(self.score_noise_std) > 0:
-            raise ValueError(f"score_noise_std={self.score_noise_std!r} must be > 0 or None")
+        if self.score_noise_std is not None and not 0 < float(self.score_noise_std) < math.inf:
+            raise ValueError(
+                f"score_noise_std={self.score_noise_std!r} must be a finite number > 0, or None"
+            )
 
 
 def fit_private_public(

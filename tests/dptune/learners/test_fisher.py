@@ -198,3 +198,19 @@ def test_a_users_empty_arrays_load_and_tune_like_any_other():
                       RandomStopping.logarithmic(2), (2.0, 0.01), seed=0, ledger=None,
                       progress=False)  # fmt: skip
     assert rel.released and math.isfinite(rel.validation_score)
+
+
+@pytest.mark.parametrize("trainer", ["fisher", "public_data"])
+def test_an_infinite_score_noise_is_refused(trainer):
+    """``score_noise_std=inf`` made every score infinite (every candidate a failure, after the
+    run was charged); it is refused with the field named before anything trains."""
+    from dptune.learners.public_data import PublicDataTrainer
+
+    base = {"score_noise_std": math.inf}
+    tr = (fisher.FisherTrainer(tiny_dataset(), base=base) if trainer == "fisher"
+          else PublicDataTrainer(tiny_dataset(), num_public=20, base=base))  # fmt: skip
+    field = "num_features" if trainer == "fisher" else "pca_dim"
+    with pytest.raises(TuningConfigError, match="score_noise_std=inf"):
+        dptune.tune(tr, {field: space.choice(2, 3), "noise_multiplier": "auto"},
+                    RandomStopping.logarithmic(2), (2.0, 1e-3), seed=0, ledger=None,
+                    progress=False)  # fmt: skip
