@@ -319,9 +319,7 @@ class AccuracyFirst(FirstPassing):
             threshold = math.nan
         if math.isnan(threshold):
             raise ValueError(f"threshold must be a number (the accuracy target), got {given!r}")
-        sens = float(score_sensitivity)
-        if not (math.isfinite(sens) and sens > 0):
-            raise ValueError(f"score_sensitivity must be a finite number > 0, got {sens}")
+        sens = check_positive(score_sensitivity, "score_sensitivity")
         self.threshold = threshold
         self.score_sensitivity = sens
         self._privacy = AccuracyFirstPrivacy(iat_epsilon, max_trials, "independent")
