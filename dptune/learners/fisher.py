@@ -235,16 +235,23 @@ def predict(model: Mapping[str, np.ndarray], x: np.ndarray) -> np.ndarray:
 # The trainer dptune tunes.
 
 
-def check_class_labels(data: Any, who: str) -> None:
-    """Refuses (one TuningConfigError) a dataset whose labels are not class ids: the learner
-    builds one row of statistics per class. Reads the PUBLIC schema only: ``num_classes`` and
-    the labels' shape."""
+def check_dataset(data: Any, who: str) -> None:
+    """Refuses (one TuningConfigError) a dataset whose labels are not class ids (the learner
+    builds one row of statistics per class) or that has no validation split (nothing to score
+    candidates on). Reads public facts only: ``num_classes``, the labels' shape and the public
+    expected validation size."""
     ndim, k = np.ndim(data.train_y), int(getattr(data, "num_classes", 0) or 0)
     if k < 1 or ndim != 1:
         raise TuningConfigError(
             f"{who} needs class labels, integer ids of shape (n,) in [0, num_classes), got labels "
             f"with {ndim} dimension(s) and num_classes={k}: pass integer labels and num_classes= "
             "(public) to Dataset.from_arrays"
+        )
+    if not data.public_num_val > 0:
+        raise TuningConfigError(
+            f"{who}: the dataset has no validation split (validation_fraction=0): candidates "
+            "cannot be scored; give Dataset.from_arrays validation_fraction > 0 or "
+            "public_validation=(x, y)"
         )
 
 
@@ -265,7 +272,7 @@ class FisherTrainer(DatasetTrainer):
     score_kind = "covered"
 
     def __init__(self, data: Any, base: Mapping[str, Any] | None = None) -> None:
-        check_class_labels(data, "FisherTrainer")
+        check_dataset(data, "FisherTrainer")
         self.data = data
         self.base = dict(base or {})
         self.num_examples = int(data.public_num_train)  # public size (delta < 1/n check)

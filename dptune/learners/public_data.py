@@ -54,7 +54,7 @@ from scipy import linalg, optimize
 
 from dptune.accounting.events import EventCandidate
 from dptune.errors import TuningConfigError
-from dptune.learners.fisher import check_class_labels, flat_rows
+from dptune.learners.fisher import check_dataset, flat_rows
 from dptune.trainer_protocol import DatasetTrainer, ReleaseView
 
 __all__ = [
@@ -329,7 +329,7 @@ class PublicDataTrainer(DatasetTrainer):
         base: Mapping[str, Any] | None = None,
         test_from: int | None = None,
     ) -> None:
-        check_class_labels(data, "PublicDataTrainer")
+        check_dataset(data, "PublicDataTrainer")
         self.data = data
         self.pool = public_pool(data, num_public, test_from)
         self.base = dict(base or {})

@@ -214,3 +214,18 @@ def test_an_infinite_score_noise_is_refused(trainer):
         dptune.tune(tr, {field: space.choice(2, 3), "noise_multiplier": "auto"},
                     RandomStopping.logarithmic(2), (2.0, 1e-3), seed=0, ledger=None,
                     progress=False)  # fmt: skip
+
+
+@pytest.mark.parametrize("trainer", ["fisher", "public_data"])
+def test_a_dataset_without_validation_split_is_refused(trainer):
+    """``validation_fraction=0`` leaves nothing to score candidates on: refused when the trainer
+    is built (every candidate used to fail on a division by the zero expected size, after the
+    run was charged), as DP-SGD refuses it."""
+    from dptune.learners.public_data import PublicDataTrainer
+
+    d = tiny_dataset(validation_fraction=0.0)
+    with pytest.raises(TuningConfigError, match="no validation split.*validation_fraction > 0"):
+        if trainer == "fisher":
+            fisher.FisherTrainer(d)
+        else:
+            PublicDataTrainer(d, num_public=20)
