@@ -20,7 +20,9 @@ Ligett et al. 2017 and Chaudhuri & Vinterbo 2013.
   Laplace noise, clipped at 0, normalised to a density. Adding or removing one sample moves one
   count by 1 (l1 sensitivity 1).
 
-`ridge_trainer`, `logistic_trainer`, `histogram_trainer` wrap them as `FunctionTrainer`s: the
+`ridge_trainer`, `logistic_trainer`, `histogram_trainer` wrap them as `FunctionTrainer`s (their
+``train`` and ``val`` must be split per record, e.g. by ``dptune.Dataset.from_arrays``, not by
+position: a positional cut moves a record across when one is added before it): the
 candidate's privacy is a dp_accounting event (training on the training split; the validation
 score, privatised with Laplace noise on the validation split, in parallel: per-record disjoint
 splits), ``privacy_fields`` and ``calibrated_field`` are declared, and sizes are PUBLIC (nominal)
@@ -412,16 +414,11 @@ def _make(fn, privacy, n_train: int, name: str, fields: tuple[str, ...], data: t
     )
 
 
-def _common(n_public: Any, m_public: Any, score_noise_multiplier: Any) -> tuple[int, int, float]:
+def _common(n_public: Any, m_public: Any, score_noise_multiplier: Any) -> tuple[int, float, float]:
     """The factories' public sizes and score noise, checked (one TuningConfigError each)."""
     n = public_size(n_public, "n_public")
-    try:
-        m = public_size(m_public, "m_public")
-    except TuningConfigError:
-        raise TuningConfigError(
-            f"m_public={m_public!r} must be a positive integer: the PUBLIC (expected) number of "
-            "validation records, which scales the score"
-        ) from None
+    # an expected size may be fractional (Dataset.public_num_val = fraction x declared size)
+    m = _positive("m_public", m_public, "the PUBLIC expected number of validation records")
     s = _positive("score_noise_multiplier", score_noise_multiplier,
                   "the Laplace scale, in counts, of the noise on the validation count")  # fmt: skip
     return n, m, s
