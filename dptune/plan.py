@@ -430,6 +430,11 @@ def _worst_case(candidates, transform, budget, accountant, seeded, field, auto):
             return {}, total_privacy(cands, transform, budget.delta, accountant, seeded=seeded)
         except ValueError as e:
             raise TuningConfigError(f"cannot account this run: {e}") from None
+        except ZeroDivisionError:  # dp_accounting's RDP of LaplaceDpEvent(0) divides by it
+            raise TuningConfigError(
+                f"cannot account this run: a declared event has noise multiplier 0 (no noise); "
+                f"give {field or 'noise_multiplier'} a value > 0 or 'auto'"
+            ) from None
     # invalid settings raise their own message here, not "no sigma found"
     if candidates(1.0) == candidates(2.0):  # else "auto" would hand the trainer a floor value
         raise TuningConfigError(

@@ -229,8 +229,10 @@ class DatasetTrainer:
             text = str(e)  # names the refused field "field=": config.space's if drawn
             at = min(((text.find(f"{k}="), k) for k in merged if f"{k}=" in text), default=None)
             command = at and f"--config.{'space' if at[1] in hparams else 'train'}.{text[at[0] :]}"
+            takes = ", ".join(getattr(self.hyperparams_class, "__dataclass_fields__", ()))
+            fix = f" ({self.kind} takes {takes})" if isinstance(e, TypeError) and takes else ""
             raise TuningConfigError(
-                f"invalid {self.kind} hyperparameters {merged}: {e}", command=command
+                f"invalid {self.kind} hyperparameters {merged}: {e}{fix}", command=command
             ) from None
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from selection.checks import check_count, check_positive
 from selection.method import FirstPassing, make_rng
 from selection.plan import NoisyThresholdPlan
 from selection.privacy import AccuracyFirstPrivacy, PrivacyTransform
@@ -76,8 +77,7 @@ def noise_reduction(
     Returns: [v_1, ..., v_T], arrays of v's shape.
     """
     e = _check_levels(epsilons)
-    if not (math.isfinite(sensitivity) and sensitivity > 0):
-        raise ValueError(f"sensitivity must be a finite number > 0, got {sensitivity}")
+    sensitivity = check_positive(sensitivity, "sensitivity")
     gen = make_rng(rng)
     v = np.asarray(v, dtype=np.float64)
     out = [np.empty_like(v)] * e.size
@@ -101,8 +101,9 @@ def interactive_above_threshold(
     """Ligett et al. 2017, Algorithm 2 (IAT): W_hat = W + Lap(2 Delta/eps); the first t (0-based)
     with f_t(D) + Lap(4 Delta/eps) >= W_hat, or None. ``queries(t)`` evaluates f_t on the data
     (sensitivity ``sensitivity``); it is called only up to the stopping point."""
-    if not (math.isfinite(epsilon) and epsilon > 0):
-        raise ValueError(f"epsilon (IAT) must be a finite number > 0, got {epsilon}")
+    epsilon = check_positive(epsilon, "epsilon (IAT)")
+    # a zero sensitivity would make the test exact (no noise): refused, like a negative one
+    sensitivity = check_positive(sensitivity, "sensitivity (of the scores)")
     gen = make_rng(rng)
     w_hat = threshold + gen.laplace(0.0, 2.0 * sensitivity / epsilon)
     for t in range(num_queries):
@@ -196,6 +197,10 @@ def accuracy_first(
     Returns: `AccuracyFirstResult`; ex-post eps_A + eps_t (Lemma 2.8), worst case eps_A + eps_T.
     """
     e = _check_levels(epsilons)
+    # checked before noise_reduction touches v: nothing private runs on a bad argument
+    score_sensitivity = check_positive(score_sensitivity, "score_sensitivity")
+    iat_epsilon = check_positive(iat_epsilon, "iat_epsilon")
+    sensitivity = check_positive(sensitivity, "sensitivity")
     gen = make_rng(rng)
     copies = noise_reduction(v, sensitivity, e, gen)
     hypotheses: dict[int, Any] = {}
@@ -240,8 +245,14 @@ def doubling_method(
     ``train(eps_k, rng)`` each round, stop when ``score`` (f^k(D) = L(theta*) - L(theta_k), l1
     sensitivity Delta) plus Lap(alpha / (2 log(T/gamma))) is >= -alpha/2. Releases nothing after T
     misses (the paper releases theta*, ex-post loss infinite)."""
-    if not (alpha > 0 and 0 < gamma < 1 and num_levels >= 1 and epsilon_1 > 0):
-        raise ValueError("need alpha > 0, gamma in (0, 1), num_levels >= 1, epsilon_1 > 0")
+    # each checked before any private computation; a negative sensitivity made the stated
+    # ex-post loss negative, an infinite epsilon_1 released an eps = inf "guarantee"
+    alpha = check_positive(alpha, "alpha")
+    epsilon_1 = check_positive(epsilon_1, "epsilon_1")
+    sensitivity = check_positive(sensitivity, "sensitivity")
+    num_levels = check_count(num_levels, "num_levels")
+    if not 0 < float(gamma) < 1:
+        raise ValueError(f"gamma must be in (0, 1), got {gamma}")
     gen = make_rng(rng)
     b = alpha / (2.0 * math.log(num_levels / gamma))
 
@@ -301,12 +312,14 @@ class AccuracyFirst(FirstPassing):
     def __init__(
         self, threshold: float, score_sensitivity: float, iat_epsilon: float, max_trials: int
     ) -> None:
-        threshold = float(threshold)
+        given = threshold
+        try:
+            threshold = float(threshold)
+        except (TypeError, ValueError):
+            threshold = math.nan
         if math.isnan(threshold):
-            raise ValueError("threshold must be a number, got NaN")
-        sens = float(score_sensitivity)
-        if not (math.isfinite(sens) and sens > 0):
-            raise ValueError(f"score_sensitivity must be a finite number > 0, got {sens}")
+            raise ValueError(f"threshold must be a number (the accuracy target), got {given!r}")
+        sens = check_positive(score_sensitivity, "score_sensitivity")
         self.threshold = threshold
         self.score_sensitivity = sens
         self._privacy = AccuracyFirstPrivacy(iat_epsilon, max_trials, "independent")

@@ -17,7 +17,10 @@ def set_frozen(obj: object, **values: object) -> None:
 
 def check_positive(value: float, name: str) -> float:
     """``value`` as a float, if it is a finite number > 0."""
-    v = float(value)
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        v = math.nan  # a string or None: refused below, naming the field
     if not (math.isfinite(v) and v > 0.0):
         raise ValueError(f"{name} must be a finite number > 0, got {value}")
     return v

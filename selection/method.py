@@ -8,6 +8,7 @@ the data, so failures must not abort the selection).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -149,7 +150,9 @@ class SelectionMethod:
                 payloads.append(payload)
         index = self.select(plan, scores)
         private = SelectionPrivate(plan.num_trials, len(scores), list(scores), index)
-        if index is None:
+        if index is None or math.isnan(scores[index]):
+            # a NaN selected: every candidate failed (NaN ranks below every score), a function
+            # of the selected output; a failure is never released as a success
             return Selection(False, None, None, None, private)
         # Only what the theorem covers is public: the score of an index-only method (an exact
         # private statistic) stays in ``private``.

@@ -108,8 +108,8 @@ class StabilityValidation(SelectionMethod):
             ("training_stability", training_stability),
             ("validation_stability", validation_stability),
         ):
-            if not (math.isfinite(v) and v >= 0):
-                raise ValueError(f"{name} must be a finite number >= 0, got {v}")
+            if isinstance(v, (str, bytes)) or not (math.isfinite(float(v)) and v >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
         for name, v in (("num_train", num_train), ("num_val", num_val)):
             if isinstance(v, bool) or int(v) != v or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1 (a public size), got {v}")
@@ -206,17 +206,35 @@ def output_perturbation_stability(
 def histogram_stability(
     min_bin_width: float, epsilon: float, num_train: int, k: int, stability_delta: float
 ) -> tuple[float, float]:
-    """(beta1, beta2) of Chaudhuri & Vinterbo 2013, Thm 6 (private histogram density, their
-    Alg. 5, score q(f, V) = -int f^2 + (2/m) sum_j f(z_j)), as in their proof (App. 6.6):
+    """(beta1, beta2) for Chaudhuri & Vinterbo 2013, Thm 6 (private histogram density, their
+    Alg. 5, score q(f, V) = -int f^2 + (2/m) sum_j f(z_j)), following their proof (App. 6.6):
 
     * nu = 2 log(4 / stability_delta) / (n alpha sqrt(h_min)) (their Eq. 19 with Lemma 3: the
-      noisy total stays >= n (1 - nu) except with probability delta/k = ``stability_delta``);
-    * beta1 = 2 / ((1 - nu) h_min) (Eq. 21 with Eq. 19); beta2 = 2 / h_min (Eq. 18).
+      noisy total n_tilde stays >= n (1 - nu) except with probability delta/k =
+      ``stability_delta``);
+    * beta1 = 4 / ((1 - nu) h_min), OUR constant, twice the 2 / ((1 - nu) h_min) this function
+      used to return from our reading of Thm 6 / Eq. 21 (whose numerator the project's text
+      extraction does not show). Derivation: one training sample added to bin b (fixed noise)
+      raises that bin's clipped noisy count by d in [0, 1], so with t = d / (n_tilde + d) <=
+      1 / n_tilde the bin masses move to p' = (1 - t) p + t e_b. Then the validation term
+      (2/m) sum_j f(z_j) moves by at most 2 t / h and int f^2 = sum_i p_i^2 / h by at most 2 t / h
+      (sum p'^2 - sum p^2 = (t^2 - 2t) sum p^2 + 2 t (1 - t) p_b + t^2), together 4 / (h n_tilde);
+      moving a sample between bins (the paper's replace-one case 1) is the same. Attained in the
+      limit (all noisy mass in one bin, every validation point in the bin that gains the sample;
+      ``tests/selection/test_stability_validation.py`` computes it: 3.99 / (h n_tilde));
+    * beta2 = 2 / h_min (Eq. 18: one validation point moves (2/m) f(z), f <= 1 / h).
 
-    Needs nu < 1 (their condition on n).
+    Needs nu < 1 (their condition on n). ``num_train`` must be a PUBLIC LOWER BOUND on the number
+    of training records: the score moves by up to 4 / (h n_tilde) with n_tilde the noisy total,
+    so beta1 holds for datasets of at least ``num_train`` records only. ``epsilon`` is Alg. 5's
+    alpha, whose noise is Laplace(2 / alpha) per bin; `dptune.learners.classical
+    .histogram_density` at ``noise_multiplier = 1 / epsilon`` adds Laplace(1 / epsilon), half
+    that, so nu computed here is then twice its true value (safe: beta1 grows with nu).
     """
     if not (0 < min_bin_width <= 1 and epsilon > 0 and 0 < stability_delta < 1):
         raise ValueError("need min_bin_width in (0, 1], epsilon > 0, stability_delta in (0, 1)")
+    if isinstance(num_train, bool) or int(num_train) != num_train or num_train < 1:
+        raise ValueError(f"num_train must be an integer >= 1 (a public size), got {num_train!r}")
     del k  # enters through stability_delta = delta / k
     nu = 2.0 * math.log(4.0 / stability_delta) / (num_train * epsilon * math.sqrt(min_bin_width))
     if not nu < 1:
@@ -224,4 +242,4 @@ def histogram_stability(
             f"num_train={num_train} is too small for Thm 6 at this epsilon and bin width (nu = "
             f"{nu:.3g} >= 1)"
         )
-    return 2.0 / ((1.0 - nu) * min_bin_width), 2.0 / min_bin_width
+    return 4.0 / ((1.0 - nu) * min_bin_width), 2.0 / min_bin_width

@@ -87,12 +87,13 @@ def record_digests(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """
     integer = np.issubdtype(np.asarray(x).dtype, np.integer)
     dtype = np.int64 if integer else np.float32
-    x = np.ascontiguousarray(x, dtype=dtype).reshape(len(x), -1)
+    x = np.ascontiguousarray(x, dtype=dtype).reshape(len(x), int(np.prod(np.shape(x)[1:])))
     y = np.asarray(y)
     # Integer labels of any shape as int32 (class ids (n,) hash exactly as they always did);
     # floating-point labels (regression targets, soft multi-label) as float32, tagged.
     y_tag = b"" if np.issubdtype(y.dtype, np.integer) else b"label-float32:"
-    y = np.ascontiguousarray(y, dtype=np.float32 if y_tag else np.int32).reshape(len(y), -1)
+    y = np.ascontiguousarray(y, dtype=np.float32 if y_tag else np.int32)
+    y = y.reshape(len(y), int(np.prod(y.shape[1:])))  # also for n = 0
     out = np.empty(len(x), dtype=object)
     for i in range(len(x)):
         h = hashlib.sha256(b"int64:" if integer else b"")
@@ -694,7 +695,7 @@ def finite_records(x: np.ndarray) -> np.ndarray:
     always are). Record i's entry depends on record i alone."""
     x = np.asarray(x)
     if np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.complexfloating):
-        return np.isfinite(x.reshape(len(x), -1)).all(axis=1)
+        return np.isfinite(x.reshape(len(x), int(np.prod(x.shape[1:])))).all(axis=1)
     return np.ones(len(x), dtype=bool)
 
 
@@ -886,7 +887,7 @@ def _as_labels(y: np.ndarray, what: str) -> np.ndarray:
 def _bad_labels(y: np.ndarray, num_classes: int) -> np.ndarray:
     """Per record: an integer label (any element) outside [0, num_classes) when num_classes > 0,
     or a non-finite float label. Shape (n,)."""
-    rows = y.reshape(len(y), -1)
+    rows = y.reshape(len(y), int(np.prod(y.shape[1:])))  # also for n = 0
     if np.issubdtype(y.dtype, np.integer):
         if num_classes <= 0:
             return np.zeros(len(y), dtype=bool)

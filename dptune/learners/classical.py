@@ -20,7 +20,9 @@ Ligett et al. 2017 and Chaudhuri & Vinterbo 2013.
   Laplace noise, clipped at 0, normalised to a density. Adding or removing one sample moves one
   count by 1 (l1 sensitivity 1).
 
-`ridge_trainer`, `logistic_trainer`, `histogram_trainer` wrap them as `FunctionTrainer`s: the
+`ridge_trainer`, `logistic_trainer`, `histogram_trainer` wrap them as `FunctionTrainer`s (their
+``train`` and ``val`` must be split per record, e.g. by ``dptune.Dataset.from_arrays``, not by
+position: a positional cut moves a record across when one is added before it): the
 candidate's privacy is a dp_accounting event (training on the training split; the validation
 score, privatised with Laplace noise on the validation split, in parallel: per-record disjoint
 splits), ``privacy_fields`` and ``calibrated_field`` are declared, and sizes are PUBLIC (nominal)
@@ -28,17 +30,23 @@ sizes. Hyperparameter ``noise_multiplier`` is the noise scale in units of the se
 (Laplace: scale / Delta_1, eps = 1 / noise_multiplier; Gaussian: std / Delta_2).
 
 Adjacency: add/remove one record (dptune's default). The trainers refuse replace-one
-(`check_adjacency`): the constants above are for add/remove.
+(`check_adjacency`): the constants above are for add/remove. A record with a NaN or infinite
+feature or label (which no clipping bounds) is left out on its own, by the mechanisms and the
+trainers alike (a per-record filter: adding or removing one record changes nothing else); labels
+are read as ``y > 0`` (+1) or not (-1), so {-1, +1}, {0, 1} and booleans all work.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
+import logging
 import math
+import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 from dp_accounting import dp_event
@@ -49,8 +57,11 @@ from dptune import space
 from dptune.accounting.events import EventCandidate
 from dptune.data import MNIST_10K_DIR, MNIST_10K_NUM_TRAIN
 from dptune.errors import TuningConfigError
-from dptune.trainer_protocol import FunctionTrainer
+from dptune.learners.fisher import flat_rows
+from dptune.trainer_protocol import FunctionTrainer, public_size
 from selection import RandomStopping
+
+log = logging.getLogger("dptune")
 
 __all__ = [
     "clip_rows",
@@ -69,6 +80,15 @@ __all__ = [
 RIDGE_L1_SENSITIVITY = 2.0
 #: ||x||_2 <= 1, |y| <= 1: ||upper(x x^T)||_2 <= ||x||_2^2 <= 1, plus ||x y||_2 <= 1, in quadrature.
 RIDGE_L2_SENSITIVITY = math.sqrt(2.0)
+
+
+def finite_records(x: np.ndarray, y: np.ndarray | None = None) -> np.ndarray:
+    """(n,) bool: record i's features (and label) are all finite. Record i's entry depends on
+    record i alone, so keeping only these records is a per-record filter (no privacy cost)."""
+    keep = np.isfinite(flat_rows(x)).all(axis=1)
+    if y is not None:
+        keep &= np.isfinite(np.asarray(y, dtype=np.float64))
+    return keep
 
 
 def clip_rows(x: np.ndarray, norm: str) -> np.ndarray:
@@ -115,6 +135,8 @@ def ridge(
     ``"gaussian"``: rows clipped to l2 <= 1, N(0, (noise_multiplier x sqrt 2)^2): the Gaussian
     mechanism with noise multiplier ``noise_multiplier``.
     """
+    keep = finite_records(x, y)  # no clipping bounds a NaN record: it is left out on its own
+    x, y = np.asarray(x, dtype=np.float64)[keep], np.asarray(y, dtype=np.float64)[keep]
     if mechanism == "laplace":
         xc = clip_rows(x, "l1")
         s = ridge_statistics(xc, y)
@@ -154,7 +176,10 @@ def logistic_output_perturbation(
     rng: np.random.Generator,
 ) -> np.ndarray:  # fmt: skip
     """w* + Laplace(noise_multiplier x `logistic_sensitivity`) per coordinate; rows clipped to
-    ||x||_2 <= 1, labels in {-1, +1}: (1/noise_multiplier)-DP."""
+    ||x||_2 <= 1, labels read as y > 0 (+1) or not (-1), records with a non-finite feature or
+    label left out: (1/noise_multiplier)-DP."""
+    keep = finite_records(x, y)
+    x, y = np.asarray(x, dtype=np.float64)[keep], np.asarray(y, dtype=np.float64)[keep]
     xc = clip_rows(x, "l2")
     yy = np.where(np.asarray(y) > 0, 1.0, -1.0)
     w = _logistic_minimiser(xc, yy, regularization, n_public)
@@ -167,18 +192,26 @@ def histogram_density(
 ) -> np.ndarray:
     """Chaudhuri & Vinterbo 2013, Alg. 5: density values (shape (bins,)) on [0, 1): counts +
     Laplace(noise_multiplier), clipped at 0, normalised (a uniform density if all are 0).
-    (1/noise_multiplier)-DP for add/remove (Alg. 5's 2R/alpha is noise_multiplier = 2/alpha)."""
-    z = np.clip(np.asarray(z, dtype=np.float64), 0.0, np.nextafter(1.0, 0.0))
+    (1/noise_multiplier)-DP for add/remove (Alg. 5's 2R/alpha is noise_multiplier = 2/alpha).
+    Values are clipped to [0, 1); a NaN value is left out on its own."""
+    z = _unit_values(z)
     counts = np.bincount((z * bins).astype(int), minlength=bins).astype(np.float64)
     noisy = np.maximum(counts + rng.laplace(0.0, noise_multiplier, size=bins), 0.0)
     total = noisy.sum()
     return noisy / total * bins if total > 0 else np.ones(bins)
 
 
+def _unit_values(z: np.ndarray) -> np.ndarray:
+    """The values of ``z`` (n,) clipped to [0, 1) (infinities to the ends; NaN left out,
+    each value on its own)."""
+    z = np.asarray(z, dtype=np.float64).reshape(-1)
+    return np.clip(z[~np.isnan(z)], 0.0, np.nextafter(1.0, 0.0))
+
+
 def histogram_score(density: np.ndarray, v: np.ndarray) -> float:
     """Chaudhuri & Vinterbo 2013, Eq. 6: -int f^2 + (2/m) sum_j f(v_j) (higher is better)."""
     bins = len(density)
-    v = np.clip(np.asarray(v, dtype=np.float64), 0.0, np.nextafter(1.0, 0.0))
+    v = _unit_values(v)
     return float(-np.sum(density**2) / bins + 2.0 * np.mean(density[(v * bins).astype(int)]))
 
 
@@ -193,6 +226,82 @@ def _refuse_replace_one(adjacency: str) -> None:
         )
 
 
+def _float_array(arg: str, a: Any, what: str) -> np.ndarray:
+    """``a`` as a float64 array; strings or objects that are not numbers are one
+    TuningConfigError naming ``arg`` (a check of the data's schema, not of its records)."""
+    a = np.asarray(a)
+    if a.dtype.kind not in "biuf":
+        try:
+            a = a.astype(np.float64)
+        except (TypeError, ValueError):
+            raise TuningConfigError(
+                f"{arg}: the {what} have dtype {a.dtype}, not numbers; encode them as numbers "
+                "(labels: y > 0 is the positive class, anything else the negative one)"
+            ) from None
+    return a.astype(np.float64)
+
+
+def _xy(arg: str, xy: Any, width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """A factory's ``train=`` / ``val=``: ``(x (n, d), y (n,))`` as float64 arrays; a malformed
+    one is one TuningConfigError naming ``arg`` and the fix (dtype, ndim, width and equal lengths
+    are the data's schema: checking them depends on no single record)."""
+    if not (isinstance(xy, (tuple, list)) and len(xy) == 2):
+        raise TuningConfigError(
+            f"{arg}= must be a pair (x, y) of arrays (x of shape (n, d), y of shape (n,)), got "
+            f"{type(xy).__name__}"
+        )
+    x, y = _float_array(arg, xy[0], "features x"), _float_array(arg, xy[1], "labels y")
+    if x.ndim != 2:
+        raise TuningConfigError(
+            f"{arg}=(x, y): x has shape {x.shape}; it must be (n, d), one row per record "
+            "(x.reshape(len(x), -1) flattens images, x[:, None] makes one feature a column)"
+        )
+    if y.ndim != 1 or len(y) != len(x):
+        raise TuningConfigError(
+            f"{arg}=(x, y): y has shape {y.shape} and x {x.shape}; y must be (n,), one label per "
+            "row of x"
+        )
+    if width is not None and x.shape[1] != width:
+        raise TuningConfigError(
+            f"val=(x, y): x has {x.shape[1]} features per row, the training rows {width}; "
+            "both splits must hold the same features"
+        )
+    return x, y
+
+
+def _values(arg: str, z: Any) -> np.ndarray:
+    """A histogram factory's ``train=`` / ``val=``: values (n,) in [0, 1], float64."""
+    z = _float_array(arg, z, "values")
+    if z.ndim != 1:
+        raise TuningConfigError(
+            f"{arg}= has shape {z.shape}: the histogram takes one value per record, shape (n,) "
+            "(z.ravel() if it is a column)"
+        )
+    return z
+
+
+def _positive(arg: str, v: Any, what: str) -> float:
+    """``v`` as a finite float > 0; anything else is one TuningConfigError naming ``arg``."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        f = math.nan
+    if isinstance(v, (bool, str)) or not (math.isfinite(f) and f > 0):
+        raise TuningConfigError(f"{arg}={v!r} must be a finite number > 0 ({what})")
+    return f
+
+
+def _kept(x: np.ndarray, y: np.ndarray | None, split: str, dropped: dict[str, int]):
+    """The records of one split with every feature (and label) finite, each judged on its own;
+    the number left out goes to ``dropped`` (PRIVATE: the curator's view, never released)."""
+    keep = finite_records(x, y) if x.ndim == 2 else ~np.isnan(x)
+    if not keep.all():
+        dropped[f"non_finite_{split}_records"] = int((~keep).sum())
+        log.warning("%d %s records have a NaN or infinite feature or label: they are left out",
+                    int((~keep).sum()), split)  # fmt: skip
+    return (x[keep], None if y is None else y[keep])
+
+
 def _accuracy_score(w, xv, yv, score_noise: float, m_public: int, rng) -> float:
     """Validation accuracy count + Laplace(score_noise) (count sensitivity 1), / public m."""
     if not np.all(np.isfinite(w)):
@@ -201,9 +310,46 @@ def _accuracy_score(w, xv, yv, score_noise: float, m_public: int, rng) -> float:
     return (correct + rng.laplace(0.0, score_noise)) / m_public
 
 
+@dataclasses.dataclass
 class _Trainer(FunctionTrainer):
+    #: the hyperparameters ``fn`` reads besides ``noise_multiplier`` (checked before any run)
+    fields: tuple[str, ...] = ()
+    #: records left out, by reason (PRIVATE counts: ``dptune inspect`` only)
+    sanitized: dict[str, int] = dataclasses.field(default_factory=dict)
+
     def check_adjacency(self, adjacency: str) -> None:
         _refuse_replace_one(adjacency)
+
+    def check_inputs(self, hparams: Mapping[str, Any]) -> None:
+        """Refuses, before any private computation, a space whose candidates ``fn`` cannot train:
+        a missing or unknown field, ``regularization`` not > 0, ``bins`` not an integer >= 1."""
+        takes = ("noise_multiplier", *self.fields)
+        unknown = sorted(set(hparams) - set(takes))
+        if unknown:
+            raise TuningConfigError(
+                f"{self.name} takes the hyperparameters {', '.join(takes)}; remove "
+                f"{', '.join(unknown)} from the space"
+            )
+        for name in self.fields:
+            if name not in hparams:
+                example = ("space.choice(8, 16, 32)" if name == "bins"
+                           else "space.log_uniform(1e-3, 1.0)")  # fmt: skip
+                raise TuningConfigError(
+                    f"{self.name} needs {name} in the space, e.g. {name}={example}"
+                )
+        if "regularization" in self.fields:
+            _positive("regularization", hparams["regularization"], "the L2 penalty lambda")
+        if "bins" in self.fields:
+            b = hparams["bins"]
+            try:
+                ok = not isinstance(b, (bool, str)) and int(b) == b and b >= 1
+            except (TypeError, ValueError, OverflowError):  # None, NaN, inf
+                ok = False
+            if not ok:
+                raise TuningConfigError(f"bins={b!r} must be an integer >= 1 (the bin count)")
+
+    def curator_view(self) -> dict[str, int]:
+        return dict(self.sanitized)
 
     def privacy_checks(self) -> list[str]:
         """dptune's own learner: nothing is taken on a user's word."""
@@ -223,24 +369,37 @@ def _privacy_of(label: str, score_noise_multiplier: float, mechanism: str = "lap
     parallel with the Laplace noisy validation score (the disjoint validation split)."""
 
     def privacy(hp: Mapping[str, Any]) -> EventCandidate:
-        nm = float(hp["noise_multiplier"])
+        if "noise_multiplier" not in hp:
+            raise TuningConfigError(
+                f"{label} needs noise_multiplier in the space: 'auto' (calibrated to the budget) "
+                "or a number > 0"
+            )
+        nm = _positive("noise_multiplier", hp["noise_multiplier"],
+                       "the noise scale in units of the sensitivity, or 'auto'")  # fmt: skip
         ev = dp_event.LaplaceDpEvent(nm) if mechanism == "laplace" else dp_event.GaussianDpEvent(nm)
         return EventCandidate(ev, (dp_event.LaplaceDpEvent(score_noise_multiplier),), label=label)
 
     return privacy
 
 
-def _fingerprint(*arrays: Any) -> str:
-    """The private data's id in the budget ledger: sha256 of the arrays (dtype, shape, bytes)."""
-    h = hashlib.sha256(b"dptune/classical/v1")
-    for a in arrays:
-        a = np.ascontiguousarray(a)
-        h.update(f"{a.dtype.str}{a.shape}".encode())
-        h.update(a.tobytes())
+def _fingerprint(*splits: tuple[np.ndarray, np.ndarray | None]) -> str:
+    """The private data's id in the budget ledger: its records as a multiset (sha256 of the
+    sorted per-record digests of features and label, float64), so neither another order nor
+    another train/validation split of the same records opens a fresh budget."""
+    digests: list[bytes] = []
+    for x, y in splits:
+        rows = flat_rows(x)
+        if y is not None:
+            rows = np.concatenate([rows, y.reshape(len(y), 1)], axis=1)
+        digests += [hashlib.sha256(np.ascontiguousarray(r).tobytes()).digest() for r in rows]
+    h = hashlib.sha256(b"dptune/classical/v2")
+    for d in sorted(digests):
+        h.update(d)
     return h.hexdigest()
 
 
-def _make(fn, privacy, n_train: int, name: str, data: tuple) -> FunctionTrainer:
+def _make(fn, privacy, n_train: int, name: str, fields: tuple[str, ...], data: tuple,
+          dropped: dict[str, int]) -> FunctionTrainer:  # fmt: skip
     return _Trainer(
         fn,
         privacy,
@@ -250,7 +409,29 @@ def _make(fn, privacy, n_train: int, name: str, data: tuple) -> FunctionTrainer:
         privacy_fields=("noise_multiplier",),
         calibrated_field="noise_multiplier",
         score_kind="covered",  # the Laplace-noised validation count is a parallel branch
+        fields=fields,
+        sanitized=dropped,
     )
+
+
+def _common(n_public: Any, m_public: Any, score_noise_multiplier: Any) -> tuple[int, float, float]:
+    """The factories' public sizes and score noise, checked (one TuningConfigError each)."""
+    n = public_size(n_public, "n_public")
+    # an expected size may be fractional (Dataset.public_num_val = fraction x declared size)
+    m = _positive("m_public", m_public, "the PUBLIC expected number of validation records")
+    s = _positive("score_noise_multiplier", score_noise_multiplier,
+                  "the Laplace scale, in counts, of the noise on the validation count")  # fmt: skip
+    return n, m, s
+
+
+def _labelled(train: Any, val: Any) -> tuple[tuple, tuple, tuple, dict[str, int]]:
+    """Checked ``(train, val)`` of a labelled factory, their finite records, their raw records
+    (for the fingerprint) and what was left out."""
+    xt, yt = _xy("train", train)
+    xv, yv = _xy("val", val, xt.shape[1])
+    dropped: dict[str, int] = {}
+    return _kept(xt, yt, "train", dropped), _kept(xv, yv, "val", dropped), \
+        ((xt, yt), (xv, yv)), dropped  # fmt: skip
 
 
 def ridge_trainer(
@@ -261,64 +442,82 @@ def ridge_trainer(
     score_noise_multiplier: float,
     mechanism: str = "laplace",
 ) -> FunctionTrainer:
-    """Ridge by covariance perturbation as a dptune trainer for binary labels y in {-1, +1}
-    (hyperparameters: ``noise_multiplier``, ``regularization``); score: noisy validation
-    accuracy. Privacy: the Laplace (or Gaussian) mechanism on the statistics, in parallel with
-    Laplace(score_noise_multiplier) on the validation count."""
-    (xt, yt), (xv, yv) = train, val
+    """Ridge by covariance perturbation as a dptune trainer for binary labels (read as y > 0:
+    +1, else -1; hyperparameters: ``noise_multiplier``, ``regularization``); score: noisy
+    validation accuracy. Privacy: the Laplace (or Gaussian) mechanism on the statistics, in
+    parallel with Laplace(score_noise_multiplier) on the validation count."""
+    if mechanism not in ("laplace", "gaussian"):
+        raise TuningConfigError(f"mechanism={mechanism!r} must be 'laplace' or 'gaussian'")
+    n, m, snm = _common(n_public, m_public, score_noise_multiplier)
+    (xt, yt), (xv, yv), raw, dropped = _labelled(train, val)
+    yt = np.where(yt > 0, 1.0, -1.0)
+    xv_c = clip_rows(xv, "l1" if mechanism == "laplace" else "l2")
 
-    privacy = _privacy_of(f"ridge/{mechanism}", score_noise_multiplier, mechanism)
+    privacy = _privacy_of(f"ridge/{mechanism}", snm, mechanism)
 
     def fn(hp, rng):
-        w = ridge(xt, yt, hp["noise_multiplier"], hp["regularization"], n_public, rng, mechanism)
-        xv_c = clip_rows(xv, "l1" if mechanism == "laplace" else "l2")
-        return _accuracy_score(w, xv_c, yv, score_noise_multiplier, m_public, rng), {"w": w}
+        w = ridge(xt, yt, hp["noise_multiplier"], hp["regularization"], n, rng, mechanism)
+        return _accuracy_score(w, xv_c, yv, snm, m, rng), {"w": w}
 
-    return _make(fn, privacy, n_public, f"ridge covariance perturbation ({mechanism})",
-                 (xt, yt, xv, yv))  # fmt: skip
+    return _make(fn, privacy, n, f"ridge covariance perturbation ({mechanism})",
+                 ("regularization",), raw, dropped)  # fmt: skip
 
 
 def logistic_trainer(
     train: tuple[np.ndarray, np.ndarray], val: tuple[np.ndarray, np.ndarray], n_public: int,
     m_public: int, score_noise_multiplier: float,
 ) -> FunctionTrainer:  # fmt: skip
-    """Logistic regression by output perturbation as a dptune trainer (hyperparameters:
-    ``noise_multiplier``, ``regularization``); score: noisy validation accuracy."""
-    (xt, yt), (xv, yv) = train, val
+    """Logistic regression by output perturbation as a dptune trainer for binary labels (read as
+    y > 0: +1, else -1; hyperparameters: ``noise_multiplier``, ``regularization``); score: noisy
+    validation accuracy."""
+    n, m, snm = _common(n_public, m_public, score_noise_multiplier)
+    (xt, yt), (xv, yv), raw, dropped = _labelled(train, val)
+    xv_c = clip_rows(xv, "l2")
 
-    privacy = _privacy_of("logistic output perturbation", score_noise_multiplier)
+    privacy = _privacy_of("logistic output perturbation", snm)
 
     def fn(hp, rng):
         w = logistic_output_perturbation(
-            xt, yt, hp["noise_multiplier"], hp["regularization"], n_public, rng
+            xt, yt, hp["noise_multiplier"], hp["regularization"], n, rng
         )
-        score = _accuracy_score(w, clip_rows(xv, "l2"), yv, score_noise_multiplier, m_public, rng)
-        return score, {"w": w}
+        return _accuracy_score(w, xv_c, yv, snm, m, rng), {"w": w}
 
-    return _make(fn, privacy, n_public, "logistic output perturbation", (xt, yt, xv, yv))
+    return _make(fn, privacy, n, "logistic output perturbation", ("regularization",), raw,
+                 dropped)  # fmt: skip
 
 
 def histogram_trainer(
     train: np.ndarray, val: np.ndarray, n_public: int, m_public: int, score_noise_multiplier: float
 ) -> FunctionTrainer:
-    """DP histogram density (Chaudhuri & Vinterbo Alg. 5) as a dptune trainer (hyperparameters:
-    ``noise_multiplier``, ``bins``). Score: Eq. 6 with Laplace noise on sum_j f(v_j), whose
-    sensitivity is max f <= bins (a density of mass 1 on bins of width 1/bins)."""
+    """DP histogram density (Chaudhuri & Vinterbo Alg. 5) as a dptune trainer on values (n,) in
+    [0, 1] (hyperparameters: ``noise_multiplier``, ``bins``). Score: Eq. 6 with Laplace noise on
+    sum_j f(v_j), whose sensitivity is max f <= bins (a density of mass 1 on bins of width
+    1/bins)."""
+    n, m, snm = _common(n_public, m_public, score_noise_multiplier)
+    zt, zv = _values("train", train), _values("val", val)
+    dropped: dict[str, int] = {}
+    raw = ((zt, None), (zv, None))
+    zt, zv = _kept(zt, None, "train", dropped)[0], _unit_values(_kept(zv, None, "val", dropped)[0])
 
-    privacy = _privacy_of("histogram density", score_noise_multiplier)
+    privacy = _privacy_of("histogram density", snm)
 
     def fn(hp, rng):
         bins = int(hp["bins"])
-        f = histogram_density(train, bins, hp["noise_multiplier"], rng)
-        v = np.clip(np.asarray(val, dtype=np.float64), 0.0, np.nextafter(1.0, 0.0))
-        total = f[(v * bins).astype(int)].sum() + rng.laplace(0.0, score_noise_multiplier * bins)
-        return float(-np.sum(f**2) / bins + 2.0 * total / m_public), {"density": f}
+        f = histogram_density(zt, bins, hp["noise_multiplier"], rng)
+        total = f[(zv * bins).astype(int)].sum() + rng.laplace(0.0, snm * bins)
+        return float(-np.sum(f**2) / bins + 2.0 * total / m), {"density": f}
 
-    return _make(fn, privacy, n_public, "histogram density", (train, val))
+    return _make(fn, privacy, n, "histogram density", ("bins",), raw, dropped)
 
 
 # ------------------------------------------------------------------------------------------------
 # command line: one private tuning run of a classical learner on the shipped MNIST-10k
+
+
+def _refuse(message: str) -> NoReturn:
+    """The command's refusal: one ``dptune: refused:`` line on stderr, exit code 2."""
+    print(f"dptune: refused: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -342,7 +541,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--learner", choices=("logistic", "ridge"), default="logistic")
     ap.add_argument("--epsilon", type=float, default=1.0, help="total epsilon (delta = 1e-5)")
     ap.add_argument("--seed", type=int, default=None, help="debugging only: a fixed seed")
+    ap.error = _refuse  # type: ignore[method-assign]  # one line, not argparse's usage + error
     args = ap.parse_args(argv)
+    if not (math.isfinite(args.epsilon) and args.epsilon > 0):
+        _refuse(f"--epsilon={args.epsilon} must be a finite number > 0 (the total budget)")
     d = load_dataset(
         "mnist", str(MNIST_10K_DIR), validation_size=1000, source="idx",
         num_examples=MNIST_10K_NUM_TRAIN,
@@ -361,14 +563,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         trainer = logistic_trainer(train, val, n, m, score_noise_multiplier=10.0)
     else:
         trainer = ridge_trainer(train, val, n, m, score_noise_multiplier=10.0)
-    release = dptune.tune(
-        trainer,
-        {"regularization": space.log_uniform(1e-3, 1.0), "noise_multiplier": "auto"},
-        RandomStopping.logarithmic(4),
-        (args.epsilon, 1e-5),
-        seed=args.seed,
-        progress=False,
-    )
+    try:
+        release = dptune.tune(
+            trainer,
+            {"regularization": space.log_uniform(1e-3, 1.0), "noise_multiplier": "auto"},
+            RandomStopping.logarithmic(4),
+            (args.epsilon, 1e-5),
+            seed=args.seed,
+            progress=False,
+        )
+    except dptune.Refused as e:  # e.g. an --epsilon no noise meets; nothing ran or was charged
+        _refuse(str(e))
     out = {
         "learner": args.learner,
         "released": release.released,

@@ -61,6 +61,7 @@ __all__ = [
     "fisher_event",
     "fisher_statistics",
     "fit_private_fisher",
+    "flat_rows",
     "predict",
     "selection_statistics",
     "stage_noise_multipliers",
@@ -105,8 +106,10 @@ class FisherHyperparams:
                 raise ValueError(f"{name}={v!r} must be a finite number > 0")
         if not (math.isfinite(float(self.ridge)) and self.ridge >= 0):
             raise ValueError(f"ridge={self.ridge!r} must be >= 0")
-        if self.score_noise_std is not None and not float(self.score_noise_std) > 0:
-            raise ValueError(f"score_noise_std={self.score_noise_std!r} must be > 0 or None")
+        if self.score_noise_std is not None and not 0 < float(self.score_noise_std) < math.inf:
+            raise ValueError(
+                f"score_noise_std={self.score_noise_std!r} must be a finite number > 0, or None"
+            )
 
 
 def stage_noise_multipliers(
@@ -143,6 +146,13 @@ def fisher_candidate(hp: FisherHyperparams) -> EventCandidate:
 
 # ---------------------------------------------------------------------------------------------
 # The mechanism: statistics (with their sensitivities) and their noisy release.
+
+
+def flat_rows(x: Any, dtype: Any = np.float64) -> np.ndarray:
+    """``x`` (n, ...) as an (n, features) array of ``dtype``, also for n = 0 (an empty split is a
+    legitimate private dataset: it must train like any other, not fail)."""
+    x = np.asarray(x, dtype=dtype)
+    return x.reshape(len(x), math.prod(x.shape[1:]))
 
 
 def clip_rows(x: np.ndarray, clip_norm: float) -> np.ndarray:
@@ -189,7 +199,7 @@ def fit_private_fisher(
       ``{"features": (m,) selected indices, "weights": (m, K), "bias": (K,)}``: everything in it is
       post-processing of the three noisy releases of :func:`fisher_event`.
     """
-    x = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
+    x = flat_rows(x)
     p, c = x.shape[1], float(hp.clip_norm)
     s1, s2, s3 = stage_noise_multipliers(hp.noise_multiplier, hp.selection_fraction)
     # Stage 1: noisy per-class sums and counts of all p features; rank by the paper's D_j.
@@ -217,12 +227,32 @@ def fit_private_fisher(
 
 def predict(model: Mapping[str, np.ndarray], x: np.ndarray) -> np.ndarray:
     """Class predictions (n,) of a released model on features x (n, p)."""
-    x = np.asarray(x, dtype=np.float64).reshape(len(x), -1)[:, model["features"]]
+    x = flat_rows(x)[:, model["features"]]
     return np.argmax(x @ model["weights"] + model["bias"], axis=1)
 
 
 # ---------------------------------------------------------------------------------------------
 # The trainer dptune tunes.
+
+
+def check_dataset(data: Any, who: str) -> None:
+    """Refuses (one TuningConfigError) a dataset whose labels are not class ids (the learner
+    builds one row of statistics per class) or that has no validation split (nothing to score
+    candidates on). Reads public facts only: ``num_classes``, the labels' shape and the public
+    expected validation size."""
+    ndim, k = np.ndim(data.train_y), int(getattr(data, "num_classes", 0) or 0)
+    if k < 1 or ndim != 1:
+        raise TuningConfigError(
+            f"{who} needs class labels, integer ids of shape (n,) in [0, num_classes), got labels "
+            f"with {ndim} dimension(s) and num_classes={k}: pass integer labels and num_classes= "
+            "(public) to Dataset.from_arrays"
+        )
+    if not data.public_num_val > 0:
+        raise TuningConfigError(
+            f"{who}: the dataset has no validation split (validation_fraction=0): candidates "
+            "cannot be scored; give Dataset.from_arrays validation_fraction > 0 or "
+            "public_validation=(x, y)"
+        )
 
 
 class FisherTrainer(DatasetTrainer):
@@ -242,6 +272,7 @@ class FisherTrainer(DatasetTrainer):
     score_kind = "covered"
 
     def __init__(self, data: Any, base: Mapping[str, Any] | None = None) -> None:
+        check_dataset(data, "FisherTrainer")
         self.data = data
         self.base = dict(base or {})
         self.num_examples = int(data.public_num_train)  # public size (delta < 1/n check)

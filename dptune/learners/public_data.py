@@ -54,6 +54,7 @@ from scipy import linalg, optimize
 
 from dptune.accounting.events import EventCandidate
 from dptune.errors import TuningConfigError
+from dptune.learners.fisher import check_dataset, flat_rows
 from dptune.trainer_protocol import DatasetTrainer, ReleaseView
 
 __all__ = [
@@ -103,7 +104,7 @@ def public_data_event(noise_multiplier: float, num_classes: int) -> dp_event.DpE
 
 def image_digests(x: np.ndarray) -> np.ndarray:
     """sha256 of each image's float32 bytes (labels ignored: the public pool is unlabelled)."""
-    x = np.ascontiguousarray(x, dtype=np.float32).reshape(len(x), -1)
+    x = np.ascontiguousarray(flat_rows(x, np.float32))
     return np.array([hashlib.sha256(r.tobytes()).digest() for r in x], dtype=object)
 
 
@@ -135,11 +136,22 @@ def public_pool(data: Any, num_public: int, test_from: int | None = None) -> Pub
     the mechanism, a function of D. That no public image is also a private record is an audit of the
     shipped files (:func:`shared_images`, ``tests/dptune/learners/test_public_data.py``).
     """
-    n_test = len(data.test_x)
-    test_from = num_public if test_from is None else int(test_from)
+    n_test = len(data.test_x)  # the test file is public: its size may decide a refusal
+    test_from = num_public if test_from is None else test_from
+    for name, v in (("num_public", num_public), ("test_from", test_from)):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise TuningConfigError(f"{name}={v!r} must be an integer (a number of test records)")
     if not 0 < num_public <= test_from < n_test:
-        raise ValueError(
-            f"need 0 < num_public={num_public!r} <= test_from={test_from!r} < {n_test} test records"
+        raise TuningConfigError(
+            f"num_public={num_public!r} (test_from={test_from!r}) must satisfy 0 < num_public <= "
+            f"test_from < {n_test}, the number of records in {data.name!r}'s public test split: "
+            "the public pool is its first num_public records and the rest measure the test "
+            "accuracy"
+            + (
+                "; this dataset has no test split (Dataset.from_arrays(..., x_test=, y_test=))"
+                if n_test == 0
+                else ""
+            )
         )
     return PublicPool(
         x=np.ascontiguousarray(data.test_x[:num_public].reshape(num_public, -1), dtype=np.float32),
@@ -166,7 +178,7 @@ class FeatureMap:
 
     @classmethod
     def from_public(cls, z: np.ndarray, dim: int) -> FeatureMap:
-        z = np.asarray(z, dtype=np.float64).reshape(len(z), -1)
+        z = flat_rows(z)
         mean = z.mean(axis=0)
         zc = z - mean
         k = min(dim, *zc.shape)
@@ -183,7 +195,7 @@ class FeatureMap:
         return cls(mean, comps, scale)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        x = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
+        x = flat_rows(x)
         f = (x - self.mean) @ self.components / self.scale
         norms = np.linalg.norm(f, axis=1, keepdims=True)
         return f / np.maximum(norms, 1.0)  # per-record clip to norm 1: ||phi(x)|| <= 1 always
@@ -251,8 +263,10 @@ class PublicDataHyperparams:
                 raise ValueError(f"{name}={v!r} must be a finite number > 0")
         if isinstance(self.pca_dim, bool) or int(self.pca_dim) != self.pca_dim or self.pca_dim < 1:
             raise ValueError(f"pca_dim={self.pca_dim!r} must be an integer >= 1")
-        if self.score_noise_std is not None and not float(self.score_noise_std) > 0:
-            raise ValueError(f"score_noise_std={self.score_noise_std!r} must be > 0 or None")
+        if self.score_noise_std is not None and not 0 < float(self.score_noise_std) < math.inf:
+            raise ValueError(
+                f"score_noise_std={self.score_noise_std!r} must be a finite number > 0, or None"
+            )
 
 
 def fit_private_public(
@@ -315,6 +329,7 @@ class PublicDataTrainer(DatasetTrainer):
         base: Mapping[str, Any] | None = None,
         test_from: int | None = None,
     ) -> None:
+        check_dataset(data, "PublicDataTrainer")
         self.data = data
         self.pool = public_pool(data, num_public, test_from)
         self.base = dict(base or {})

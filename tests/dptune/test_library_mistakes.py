@@ -192,3 +192,18 @@ def test_a_refusal_from_inside_privacy_is_passed_on_as_it_is(tmp_path):
                         score_kind="covered")(_train)  # fmt: skip
     msg = _refused(tr, tmp_path, {"guess": space.uniform(0.0, 1.0)}, match=r"^noise_multiplier=")
     assert "raised" not in msg
+
+
+def test_a_laplace_event_without_noise_is_refused_not_a_traceback():
+    """``LaplaceDpEvent(0)`` (noise_multiplier=0) ended in dp_accounting's ZeroDivisionError; it
+    is one TuningConfigError naming the field."""
+    tr = dptune.FunctionTrainer(
+        lambda hp, rng: (0.5, None),
+        lambda hp: dp_event.LaplaceDpEvent(hp["noise_multiplier"]),
+        num_examples=1000,
+        score_kind="covered",
+    )
+    with pytest.raises(dptune.TuningConfigError, match="noise multiplier 0.*noise_multiplier"):
+        dptune.tune(tr, {"a": space.choice(1, 2), "noise_multiplier": 0.0},
+                    RandomStopping.logarithmic(2), (2.0, 1e-5), seed=0, ledger=None,
+                    progress=False)  # fmt: skip

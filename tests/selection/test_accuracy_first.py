@@ -24,6 +24,7 @@ from selection.accuracy_first import (
     accuracy_first,
     doubling_ex_post_epsilon,
     doubling_method,
+    interactive_above_threshold,
     noise_reduction,
 )
 
@@ -214,3 +215,28 @@ def test_doubling_audit_under_theorem_a2_and_catches_half_noise():
     gap = _audit(_doubling_outcomes(1.0, eps1, levels, alpha), bound)
     assert -0.3 < gap <= 0.0, gap
     assert _audit(_doubling_outcomes(0.5, eps1, levels, alpha), bound) > 0.0
+
+
+@pytest.mark.parametrize(
+    ("call", "named"),
+    [
+        (lambda: accuracy_first(0.3, 0.01, [0.5, 1.0], float, abs, 0.0, 0.0, 0.5, rng=0),
+         "score_sensitivity"),
+        (lambda: accuracy_first(0.3, 0.01, [0.5, 1.0], float, abs, 0.0, -1.0, 0.5, rng=0),
+         "score_sensitivity"),
+        (lambda: interactive_above_threshold(lambda t: 0.0, 3, 0.0, 0.0, 1.0, rng=0),
+         "sensitivity"),
+        (lambda: doubling_method(0.1, 3, lambda e, g: 0, lambda h: 0.0, 0.1, 0.05, -1.0, rng=0),
+         "sensitivity"),
+        (lambda: doubling_method(math.inf, 3, lambda e, g: 0, lambda h: 0.0, 0.1, 0.05, 1.0),
+         "epsilon_1"),
+        (lambda: doubling_method(0.1, 2.5, lambda e, g: 0, lambda h: 0.0, 0.1, 0.05, 1.0),
+         "num_levels"),
+    ],
+)  # fmt: skip
+def test_a_bad_argument_is_refused_before_anything_private_runs(call, named):
+    """A zero or negative sensitivity (IAT without noise, or the doubling method stating a
+    NEGATIVE ex-post loss), an infinite epsilon_1 or a fractional T used to run; now one
+    ValueError naming the argument."""
+    with pytest.raises(ValueError, match=named):
+        call()

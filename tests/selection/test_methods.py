@@ -263,3 +263,10 @@ def test_utility_through_the_run_loop():
     miss = np.mean([method.run(uniform, rng=s).score < 0.9 for s in range(3000)])
     closed = 0.1 * 0.9 / (0.1 + 0.1 - 0.01)
     assert abs(miss - closed) < 5 * math.sqrt(closed * (1 - closed) / 3000)
+
+
+def test_a_failed_candidate_is_never_released_as_a_success():
+    """Every candidate failing (NaN scores) releases nothing through ``run`` (it released
+    ``score=nan`` with the failed payload as a success)."""
+    sel = RandomStopping.logarithmic(3).run(lambda i, rng: (math.nan, "failed"), rng=0)
+    assert not sel.released and sel.payload is None and sel.score is None

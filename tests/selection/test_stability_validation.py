@@ -119,7 +119,7 @@ def test_case_study_constants_equal_their_formulas():
     assert output_perturbation_stability(0.1, radius, 1.0, 0.0, 2.0)[1] == 2.0
     b1, b2 = histogram_stability(0.1, 1.0, 5000, 6, 1e-3)
     nu = 2 * math.log(4e3) / (5000 * math.sqrt(0.1))
-    assert (b1, b2) == pytest.approx((2 / ((1 - nu) * 0.1), 20.0))
+    assert (b1, b2) == pytest.approx((4 / ((1 - nu) * 0.1), 20.0))
     with pytest.raises(ValueError, match="too small"):
         histogram_stability(0.01, 0.1, 100, 6, 1e-3)
 
@@ -199,3 +199,45 @@ def test_audit_training_neighbours_joint_release():
         labels.append(idx * 100 + np.digitize(h, bins))
     got = lower_log_ratio(*labels, 2 * (len(bins) + 1))
     assert 0.2 < got <= alpha1 + ALPHA2
+
+
+def test_every_candidate_failing_releases_nothing():
+    """All k scores NaN (every candidate failed): nothing is released (the argmax of k -inf used
+    to release candidate 0, a failure, as a success); one failure among finite scores is never
+    the one released."""
+    method = StabilityValidation.from_beta(3, 1.0, 0.1)
+    sel = method.run(lambda i, rng: (math.nan, f"h{i}"), rng=0)
+    assert not sel.released and sel.payload is None
+    for seed in range(20):
+        sel = method.run(lambda i, rng: ((0.5, math.nan, 0.4)[i], f"h{i}"), rng=seed)
+        assert sel.released and sel.payload != "h1"
+
+
+def test_histogram_stability_refuses_a_size_that_is_not_one():
+    with pytest.raises(ValueError, match="num_train must be an integer >= 1"):
+        histogram_stability(0.1, 1.0, 0, 3, 1e-6)
+
+
+def _eq6_score(noisy_counts: np.ndarray, h: float, val_bins: np.ndarray) -> float:
+    """Chaudhuri & Vinterbo Eq. 6 of Alg. 5's density (clipped noisy counts, bins of width h),
+    written out again here: -int f^2 + (2/m) sum_j f(z_j), f = counts / (h total)."""
+    f = noisy_counts / (h * noisy_counts.sum())
+    return float(-np.sum(f**2) * h + 2.0 * np.mean(f[val_bins]))
+
+
+def test_histogram_stability_covers_the_worst_training_neighbour():
+    """One training sample moves the Eq. 6 score by up to 4 / (h n_tilde): all (noisy) training
+    mass in bin 0, every validation point in bin 1, the added sample in bin 1 (zero noise, a draw
+    inside Thm 6's event). The constant 2 / ((1 - nu) h) returned before is exceeded; the
+    returned beta1 covers it."""
+    n, h, eps, sd = 1000, 0.1, 1.0, 1e-3
+    counts = np.zeros(10)
+    counts[0] = n
+    val = np.ones(50, dtype=int)
+    after = counts.copy()
+    after[1] += 1
+    moved = abs(_eq6_score(counts, h, val) - _eq6_score(after, h, val))
+    b1, _ = histogram_stability(h, eps, n, 6, sd)
+    nu = 2 * math.log(4 / sd) / (n * eps * math.sqrt(h))
+    assert moved * n > 2 / ((1 - nu) * h)  # the old constant does not hold
+    assert moved * n <= b1  # beta1 / n bounds the move

@@ -157,3 +157,133 @@ def test_command_line_tunes_on_shipped_mnist(capsys):
     assert out["total_epsilon"] <= 2.0 * (1 + 1e-6) and "eta=0" in out["theorem"]
     printed = capsys.readouterr().out
     assert set(json.loads(printed)) == set(out)
+
+
+# ------------------------------------------------------------------------------------------------
+# A user's own arrays and mistakes
+
+
+@pytest.mark.parametrize(
+    ("call", "named"),
+    [
+        (
+            lambda x, y: classical.logistic_trainer(
+                (x, np.where(y > 0, "a", "b")), (x, y), 40, 40, 1.0
+            ),
+            "train",
+        ),
+        (lambda x, y: classical.logistic_trainer((x, y[:-1]), (x, y), 40, 40, 1.0), "train="),
+        (lambda x, y: classical.ridge_trainer((x[:, 0], y), (x, y), 40, 40, 1.0), "train="),
+        (lambda x, y: classical.ridge_trainer((x, y), (x[:, :2], y), 40, 40, 1.0), "val="),
+        (lambda x, y: classical.ridge_trainer((x, y), (x, y), 40, 40, 1.0, "gauss"), "mechanism="),
+        (lambda x, y: classical.logistic_trainer((x, y), (x, y), 40, 40, 0.0), "score_noise_mul"),
+        (lambda x, y: classical.logistic_trainer((x, y), (x, y), 40, 0, 1.0), "m_public="),
+        (lambda x, y: classical.histogram_trainer(x[:, :1], x[:, 0], 40, 40, 1.0), "train="),
+    ],
+)
+def test_malformed_inputs_are_refused_when_the_trainer_is_built(call, named):
+    """A mistake in the arrays or the factory's arguments is one TuningConfigError naming the
+    keyword, raised before anything is trained (it used to surface as every candidate failing
+    inside a charged run, or as a ZeroDivisionError)."""
+    x, y = _data(40, 3, 0)
+    with pytest.raises(dptune.TuningConfigError, match=named) as e:
+        call(x, y)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("kind", "sp", "named"),
+    [
+        ("logistic", {"regularization": space.choice(-1.0, 0.1)}, "regularization=-1.0"),
+        ("ridge", {"regularisation": space.choice(1.0, 0.1)}, "regularisation"),
+        ("histogram", {"bins": space.choice(2.5, 8)}, "bins=2.5"),
+        ("histogram", {"bins": space.choice(0, 8)}, "bins=0"),
+        ("logistic", {"regularization": space.choice(1.0, 0.1), "noise_multiplier": 0.0},
+         "noise_multiplier=0.0"),
+    ],
+)  # fmt: skip
+def test_space_mistakes_are_refused_before_anything_trains(kind, sp, named):
+    """A search-space value the learner cannot train (or would train as another value: bins=2.5
+    ran with 2 bins and released 2.5) is refused by ``dptune.tune`` before any candidate runs."""
+    ran = []
+    if kind == "histogram":
+        z = np.random.default_rng(0).uniform(size=60)
+        tr = classical.histogram_trainer(z[:40], z[40:], 40, 20, 1.0)
+    else:
+        make = classical.ridge_trainer if kind == "ridge" else classical.logistic_trainer
+        tr = make(_data(40, 3, 0), _data(20, 3, 1), 40, 20, 1.0)
+    fn = tr.fn
+    tr.fn = lambda hp, rng: ran.append(hp) or fn(hp, rng)
+    with pytest.raises(dptune.TuningConfigError, match=named):
+        dptune.tune(tr, {"noise_multiplier": "auto", **sp}, RandomStopping.logarithmic(2),
+                    (2.0, 1e-3), seed=0, progress=False, ledger=None)  # fmt: skip
+    assert ran == []
+
+
+@pytest.mark.parametrize("kind", ["ridge", "gaussian", "logistic", "histogram"])
+def test_a_non_finite_record_is_left_out_on_its_own(kind):
+    """Adding one record with a NaN or infinite feature or label changes nothing: the candidate's
+    score and model equal those without it (it used to turn every candidate into a failure, or
+    a garbage model: one record flipping the release)."""
+    hp = {"noise_multiplier": 0.5, "regularization": 0.1, "bins": 8}
+    if kind == "histogram":
+        z = np.random.default_rng(1).uniform(size=60)
+        a = classical.histogram_trainer(z[:40], z[40:], 40, 20, 1.0)
+        b = classical.histogram_trainer(np.append(z[:40], np.nan), z[40:], 40, 20, 1.0)
+        key = "density"
+    else:
+        (x, y), val = _data(40, 3, 2), _data(20, 3, 3)
+        make = {
+            "ridge": classical.ridge_trainer,
+            "logistic": classical.logistic_trainer,
+            "gaussian": lambda *a: classical.ridge_trainer(*a, mechanism="gaussian"),
+        }[kind]
+        a = make((x, y), val, 40, 20, 1.0)
+        for bad_x, bad_y in (([np.nan, 0.0, 1.0], 1.0), ([np.inf, 0.0, 1.0], -1.0),
+                             ([0.1, 0.2, 0.3], np.nan)):  # fmt: skip
+            b = make((np.vstack([x, bad_x]), np.append(y, bad_y)), val, 40, 20, 1.0)
+            sa, pa = a.fn(hp, np.random.default_rng(7))
+            sb, pb = b.fn(hp, np.random.default_rng(7))
+            assert sa == sb and np.array_equal(pa["w"], pb["w"])
+        assert b.curator_view() == {"non_finite_train_records": 1}
+        return
+    sa, pa = a.fn(hp, np.random.default_rng(7))
+    sb, pb = b.fn(hp, np.random.default_rng(7))
+    assert math.isfinite(sa) and sa == sb and np.array_equal(pa[key], pb[key])
+
+
+def test_labels_in_any_binary_encoding_train_the_same_model():
+    """{-1, +1}, {0, 1} integers and booleans are read the same way (y > 0 is +1), for ridge too
+    (which used to regress on {0, 1} targets while scoring against the signs), and lists work."""
+    (x, y), (xv, yv) = _data(40, 3, 4), _data(20, 3, 5)
+    hp = {"noise_multiplier": 0.5, "regularization": 0.1}
+    for make in (classical.ridge_trainer, classical.logistic_trainer):
+        outs = [
+            make((xx, yy), (xv, yv), 40, 20, 1.0).fn(hp, np.random.default_rng(3))
+            for xx, yy in ((x, y), (x, (y > 0).astype(int)), (x, y > 0), (x.tolist(), list(y)))
+        ]
+        for score, payload in outs[1:]:
+            assert score == outs[0][0] and np.array_equal(payload["w"], outs[0][1]["w"])
+
+
+def test_ledger_fingerprint_is_the_multiset_of_records():
+    """The ledger charges the same budget however the records are ordered or split (a shuffle
+    used to open a fresh budget); another record is another dataset."""
+    x, y = _data(30, 3, 6)
+    fp = classical.logistic_trainer((x[:20], y[:20]), (x[20:], y[20:]), 20, 10, 1.0).fingerprint
+    p = np.random.default_rng(0).permutation(30)
+    xs, ys = x[p], y[p]
+    moved = classical.logistic_trainer((xs[:25], ys[:25]), (xs[25:], ys[25:]), 25, 5, 1.0)
+    assert moved.fingerprint == fp
+    other = classical.logistic_trainer((x[:20], -y[:20]), (x[20:], y[20:]), 20, 10, 1.0)
+    assert other.fingerprint != fp
+
+
+@pytest.mark.parametrize("argv", [["--epsilon=-1"], ["--epsilon=nan"], ["--learner=foo"]])
+def test_command_line_mistakes_are_one_refusal_line(argv, capsys):
+    """A wrong flag is one ``dptune: refused:`` line and exit code 2 (a negative epsilon used to
+    end in a TuningConfigError traceback), before the data is loaded."""
+    with pytest.raises(SystemExit) as e:
+        classical.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("dptune: refused: ") and err.count("\n") == 1

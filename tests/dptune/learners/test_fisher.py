@@ -134,3 +134,98 @@ def test_dptune_tunes_fisher_and_checks_privacy_fields(mnist):
     with pytest.raises(TuningConfigError):
         dptune.plan_privacy(tr, sp, RandomStopping.logarithmic(mean=2), (2.0, 1e-5),
                             adjacency="replace_one")  # fmt: skip
+
+
+def tiny_dataset(n: int = 60, k: int = 3, seed: int = 0, **kw):
+    """A user's own small image-shaped arrays (n, 2, 3) with k classes and a public test split."""
+    from trainers.data import Dataset
+
+    rng = np.random.default_rng(seed)
+    x, xt = rng.uniform(size=(n, 2, 3)), rng.uniform(size=(40, 2, 3))
+    y, yt = rng.integers(0, k, n), rng.integers(0, k, 40)
+    return Dataset.from_arrays(x, y, num_examples=n, num_classes=k, x_test=xt, y_test=yt, **kw)
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_an_empty_split_trains_like_any_other(split):
+    """A private split with no records is a dataset like any other (its neighbour has one
+    record): the candidate trains and scores (noise only) instead of failing, which made one
+    record flip the release between a model and "no candidate succeeded"."""
+    import dataclasses
+
+    d = tiny_dataset()
+    d = dataclasses.replace(
+        d,
+        **{f"{split}_x": getattr(d, f"{split}_x")[:0], f"{split}_y": getattr(d, f"{split}_y")[:0]},
+    )
+    score, model = fisher.FisherTrainer(d)(
+        {"num_features": 3, "noise_multiplier": 1.0}, np.random.default_rng(0)
+    )
+    assert math.isfinite(score) and model["weights"].shape == (3, 3)
+
+
+def test_labels_that_are_not_classes_are_refused():
+    """Regression targets (num_classes=0) are refused when the trainer is built (every candidate
+    used to fail inside a charged run)."""
+    from trainers.data import Dataset
+
+    x = np.random.default_rng(0).uniform(size=(30, 4))
+    d = Dataset.from_arrays(x, x[:, 0].astype(np.float32), num_examples=30, num_classes=0)
+    with pytest.raises(TuningConfigError, match="FisherTrainer needs class labels.*num_classes="):
+        fisher.FisherTrainer(d)
+
+
+def test_a_misspelt_hyperparameter_names_the_fields_the_trainer_takes():
+    """``num_feature=`` (a typo) is one TuningConfigError that names it and lists the fields
+    (the fix), before anything trains."""
+    with pytest.raises(TuningConfigError, match="num_feature.*DP-Fisher takes .*num_features"):
+        dptune.tune(fisher.FisherTrainer(tiny_dataset()),
+                    {"num_feature": space.choice(2, 3), "noise_multiplier": "auto"},
+                    RandomStopping.logarithmic(2), (2.0, 1e-3), seed=0, ledger=None,
+                    progress=False)  # fmt: skip
+
+
+def test_a_users_empty_arrays_load_and_tune_like_any_other():
+    """``Dataset.from_arrays`` on arrays with no record (a neighbour of a one-record dataset)
+    loads (it raised a reshape ValueError) and dptune tunes it: the release is noise."""
+    from trainers.data import Dataset
+
+    x, y = np.zeros((0, 2, 3), np.float32), np.zeros(0, np.int64)
+    xt, yt = np.random.default_rng(0).uniform(size=(10, 2, 3)), np.arange(10) % 3
+    d = Dataset.from_arrays(x, y, num_examples=5, num_classes=3, x_test=xt, y_test=yt)
+    rel = dptune.tune(fisher.FisherTrainer(d),
+                      {"num_features": space.choice(2, 3), "noise_multiplier": "auto"},
+                      RandomStopping.logarithmic(2), (2.0, 0.01), seed=0, ledger=None,
+                      progress=False)  # fmt: skip
+    assert rel.released and math.isfinite(rel.validation_score)
+
+
+@pytest.mark.parametrize("trainer", ["fisher", "public_data"])
+def test_an_infinite_score_noise_is_refused(trainer):
+    """``score_noise_std=inf`` made every score infinite (every candidate a failure, after the
+    run was charged); it is refused with the field named before anything trains."""
+    from dptune.learners.public_data import PublicDataTrainer
+
+    base = {"score_noise_std": math.inf}
+    tr = (fisher.FisherTrainer(tiny_dataset(), base=base) if trainer == "fisher"
+          else PublicDataTrainer(tiny_dataset(), num_public=20, base=base))  # fmt: skip
+    field = "num_features" if trainer == "fisher" else "pca_dim"
+    with pytest.raises(TuningConfigError, match="score_noise_std=inf"):
+        dptune.tune(tr, {field: space.choice(2, 3), "noise_multiplier": "auto"},
+                    RandomStopping.logarithmic(2), (2.0, 1e-3), seed=0, ledger=None,
+                    progress=False)  # fmt: skip
+
+
+@pytest.mark.parametrize("trainer", ["fisher", "public_data"])
+def test_a_dataset_without_validation_split_is_refused(trainer):
+    """``validation_fraction=0`` leaves nothing to score candidates on: refused when the trainer
+    is built (every candidate used to fail on a division by the zero expected size, after the
+    run was charged), as DP-SGD refuses it."""
+    from dptune.learners.public_data import PublicDataTrainer
+
+    d = tiny_dataset(validation_fraction=0.0)
+    with pytest.raises(TuningConfigError, match="no validation split.*validation_fraction > 0"):
+        if trainer == "fisher":
+            fisher.FisherTrainer(d)
+        else:
+            PublicDataTrainer(d, num_public=20)

@@ -161,3 +161,31 @@ def test_dptune_tunes_the_public_data_family(mnist):
     with pytest.raises(TuningConfigError):
         dptune.plan_privacy(tr, sp, RandomStopping.logarithmic(mean=2), (4.0, 1e-5),
                             adjacency="replace_one")  # fmt: skip
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_an_empty_private_split_trains_like_any_other(split):
+    """No private record in a split is a dataset like any other: Perturb's output is noise, the
+    score is noise, nothing fails (it used to fail, one record flipping the release)."""
+    from tests.dptune.learners.test_fisher import tiny_dataset
+
+    d = tiny_dataset()
+    d = dataclasses.replace(
+        d,
+        **{f"{split}_x": getattr(d, f"{split}_x")[:0], f"{split}_y": getattr(d, f"{split}_y")[:0]},
+    )
+    score, model = pdl.PublicDataTrainer(d, num_public=20)(
+        {"pca_dim": 3, "noise_multiplier": 1.0}, np.random.default_rng(0)
+    )
+    assert math.isfinite(score) and model["w"].shape == (3, 3)
+
+
+@pytest.mark.parametrize(
+    ("num_public", "named"),
+    [(40, "num_public=40 .* < 40"), (10.5, "num_public=10.5 must be an integer"), ("10", "'10'")],
+)
+def test_a_wrong_pool_size_is_one_refusal_naming_num_public(num_public, named):
+    from tests.dptune.learners.test_fisher import tiny_dataset
+
+    with pytest.raises(TuningConfigError, match=named):
+        pdl.PublicDataTrainer(tiny_dataset(), num_public=num_public)
