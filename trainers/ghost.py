@@ -225,6 +225,10 @@ class _Recorder:
         self.calls.append(_Call(path, kind, rep.layer, rep, source=self._source(x)))
         self.inputs.append(x)
         self.outputs.append(y)
+        if rep.out_permutation is not None:
+            # the tap (whose gradient is the recorded output gradient) is on the known layer's
+            # own output, one leading row per example; the module reads it with its axes moved
+            return jnp.transpose(y, rep.out_permutation)
         return y
 
 

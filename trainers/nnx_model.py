@@ -427,13 +427,21 @@ def _group_norm(layer: nnx.GroupNorm) -> tuple[nn.Module | None, str | None]:
 
 
 def einsum_as_dense(einsum_str: str, kernel_shape: tuple, bias_shape: tuple | None):
-    """``(features, axis, permutation)`` of the ``nn.DenseGeneral`` that computes ``einsum(
-    einsum_str, x, kernel) (+ bias)`` when the kernel contracts the input's trailing axes and
-    adds the output's trailing axes (e.g. ``"btd,dnh->btnh"``, ``"btnh,nhd->btd"``, and with its
-    axes in another order, gemma's ``"BTD,NDH->BTNH"``): ``permutation`` puts the kernel's axes
-    in the dense order (contracted in the input's order, then added in the output's), None when
-    they are in it already; else a string saying why not (a kernel axis shared with the input
-    and output, as in a per-head kernel, makes the parameters per batch entry)."""
+    """``(features, axis, permutation, out_permutation)`` of the ``nn.DenseGeneral`` that computes
+    ``einsum(einsum_str, x, kernel) (+ bias)`` up to the order of the kernel's and the output's
+    axes, when the kernel contracts the input's trailing axes and adds output axes: e.g.
+    ``"btd,dnh->btnh"``, ``"btnh,nhd->btd"``; with the kernel's axes in another order, gemma's
+    ``"BTD,NDH->BTNH"``; with the output's axes in another order, gemma's key-value projection
+    ``"BTD,CKDH->CBTKH"`` (the dense map to ``BTCKH``, its output axes then moved).
+
+    ``permutation`` puts the kernel's axes in the dense order (contracted in the input's order,
+    then added in the output's); ``out_permutation`` takes the dense output (the input's leading
+    axes, then the added ones, each in their einsum order) to the einsum's output order
+    (``jnp.transpose(dense_out, out_permutation)``); each is None when already in that order.
+    ``features``: the added axes' sizes in the output's order (a bias must have this shape).
+    Else a string saying why not: a kernel axis shared with the input and the output (a per-head
+    kernel) makes the parameters per batch entry; an input axis missing from the output is a
+    reduction over it; repeated axes take diagonals."""
     s = einsum_str.replace(" ", "")
     if "..." in s or "->" not in s or s.count(",") != 1:
         return f"einsum {einsum_str!r} (two operands, explicit output, no ellipsis)"
@@ -441,34 +449,42 @@ def einsum_as_dense(einsum_str: str, kernel_shape: tuple, bias_shape: tuple | No
     a, k = ins.split(",")
     n_c = sum(1 for c in k if c in a and c not in out)
     contracted, batch = a[len(a) - n_c :], a[: len(a) - n_c]
-    added = out[len(batch) :]
+    added = "".join(c for c in out if c in k)
     if (
         not n_c
-        or len(set(k)) != len(k)
+        or any(len(set(t)) != len(t) for t in (a, k, out))
         or sorted(k) != sorted(contracted + added)
-        or not out.startswith(batch)
+        or sorted(out) != sorted(batch + added)
         or any(c in batch for c in k)
     ):
         return (
             f"einsum {einsum_str!r} is not a dense map of the input's trailing axes (kernel "
-            "axes: the input's contracted trailing axes and the output's trailing axes)"
+            "axes: the input's contracted trailing axes and output axes not in the input; the "
+            "input's other axes all in the output)"
         )
     order = tuple(k.index(c) for c in contracted + added)
     features = tuple(int(kernel_shape[k.index(c)]) for c in added)
     if bias_shape is not None and tuple(bias_shape) != features:
         return f"einsum bias of shape {tuple(bias_shape)} (expected {features})"
-    permutation = None if order == tuple(range(len(k))) else order
-    return features, tuple(range(-n_c, 0)), permutation
+    dense_out = batch + added
+    out_order = tuple(dense_out.index(c) for c in out)
+
+    def unless_identity(p: tuple[int, ...]) -> tuple[int, ...] | None:
+        return None if p == tuple(range(len(p))) else p
+
+    return features, tuple(range(-n_c, 0)), unless_identity(order), unless_identity(out_order)
 
 
 class _PermutedDense(nn.Module):
-    """The linen twin of an NNX einsum whose kernel holds the dense map's axes in another order:
-    a ``Reparametrized`` ``nn.DenseGeneral`` on the kernel with its axes permuted (the norms are
-    the dense layer's; ``trainers.ghost`` permutes the clipped kernel back)."""
+    """The linen twin of an NNX einsum that is a dense map with its kernel's or its output's axes
+    in another order: a ``Reparametrized`` ``nn.DenseGeneral`` on the kernel with its axes
+    permuted, its output's axes then permuted (the norms are the dense layer's, from its
+    batch-first output; ``trainers.ghost`` permutes the clipped kernel back)."""
 
     features: tuple[int, ...]
     axis: tuple[int, ...]
     permutation: tuple[int, ...]
+    out_permutation: tuple[int, ...] | None
     use_bias: bool
     dtype: Any = None
     param_dtype: Any = jnp.float32
@@ -481,8 +497,9 @@ class _PermutedDense(nn.Module):
             param_dtype=self.param_dtype, precision=self.precision, parent=None,
         )  # fmt: skip
         return Reparametrized(
-            dense, lambda raw: {**raw, "kernel": jnp.transpose(raw["kernel"], perm)}, perm
-        )
+            dense, lambda raw: {**raw, "kernel": jnp.transpose(raw["kernel"], perm)}, perm,
+            self.out_permutation,
+        )  # fmt: skip
 
 
 def _einsum(layer: nnx.Einsum) -> tuple[nn.Module | None, str | None]:
@@ -492,12 +509,14 @@ def _einsum(layer: nnx.Einsum) -> tuple[nn.Module | None, str | None]:
     dense = einsum_as_dense(layer.einsum_str, tuple(layer.kernel_shape), bias)
     if isinstance(dense, str):
         return None, dense
-    features, axis, permutation = dense
+    features, axis, permutation, out_permutation = dense
     common = dict(use_bias=bias is not None, dtype=layer.dtype, param_dtype=layer.param_dtype,
                   precision=layer.precision)  # fmt: skip
-    if permutation is not None:
-        return _PermutedDense(features, axis, permutation, **common), None
-    return nn.DenseGeneral(features, axis=axis, **common), None
+    if permutation is None and out_permutation is None:
+        return nn.DenseGeneral(features, axis=axis, **common), None
+    # an identity kernel permutation keeps ghost's permuted path (the dense norms, no VJP)
+    permutation = permutation or tuple(range(len(layer.kernel_shape)))
+    return _PermutedDense(features, axis, permutation, out_permutation, **common), None
 
 
 def _lora(layer: nnx.LoRA) -> tuple[Any, str | None]:

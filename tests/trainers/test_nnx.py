@@ -58,6 +58,18 @@ class _Attention(nnx.Module):
         return self.attn(x)
 
 
+class _KeyValue(nnx.Module):
+    """gemma's key-value projection: one einsum whose output puts the (key, value) axis before
+    the batch axes, unpacked into two arrays."""
+
+    def __init__(self, einsum_str: str, kernel_shape: tuple, bias_shape: tuple | None, rngs):
+        self.kv = nnx.Einsum(einsum_str, kernel_shape, bias_shape, rngs=rngs)
+
+    def __call__(self, x):
+        k, v = self.kv(x)
+        return jnp.tanh(k) * v
+
+
 def _r():
     return nnx.Rngs(0)
 
@@ -107,6 +119,17 @@ LAYERS = {
     # gemma's projections: the kernel's axes in another order than the dense map's
     "einsum_permuted": (
         lambda: (nnx.Einsum("btd,ndh->btnh", (2, 4, 3), (2, 3), rngs=_r()), 3),
+        (5, 4),
+        np.float32,
+    ),  # fmt: skip
+    # gemma's key-value projection: a dense map to (..., C, K, H), its output axes then moved
+    "einsum_kv_vectors": (
+        lambda: (_KeyValue("bd,ckdh->cbkh", (2, 2, 4, 3), None, _r()), 3),
+        (4,),
+        np.float32,
+    ),  # fmt: skip
+    "einsum_kv_sequence_bias": (
+        lambda: (_KeyValue("BTD,CKDH->CBTKH", (2, 2, 4, 3), (2, 2, 3), _r()), 3),
         (5, 4),
         np.float32,
     ),  # fmt: skip
@@ -245,13 +268,27 @@ def test_permuted_einsums_on_equal_shaped_inputs_match_vmap_grad():
 
 
 def test_einsum_as_dense_rules():
-    assert nnx_model.einsum_as_dense("btd,dnh->btnh", (4, 2, 3), (2, 3)) == ((2, 3), (-1,), None)
-    assert nnx_model.einsum_as_dense("btnh,nhd->btd", (2, 3, 4), None) == ((4,), (-2, -1), None)
-    assert nnx_model.einsum_as_dense("bd,hd->bh", (3, 4), None) == ((3,), (-1,), (1, 0))
-    assert nnx_model.einsum_as_dense("BTD,NDH->BTNH", (2, 4, 3), None) == ((2, 3), (-1,), (1, 0, 2))
-    assert isinstance(nnx_model.einsum_as_dense("BSD,CKDH->CBSKH", (2, 1, 4, 3), None), str)
-    assert isinstance(nnx_model.einsum_as_dense("...d,dh->...h", (3, 4), None), str)
-    assert isinstance(nnx_model.einsum_as_dense("bd,dh->bh", (3, 4), (1, 4)), str)
+    """(features, axis, kernel permutation, output permutation), or why not."""
+    dense = nnx_model.einsum_as_dense
+    assert dense("btd,dnh->btnh", (4, 2, 3), (2, 3)) == ((2, 3), (-1,), None, None)
+    assert dense("btnh,nhd->btd", (2, 3, 4), None) == ((4,), (-2, -1), None, None)
+    assert dense("bd,hd->bh", (3, 4), None) == ((3,), (-1,), (1, 0), None)
+    assert dense("BTD,NDH->BTNH", (2, 4, 3), None) == ((2, 3), (-1,), (1, 0, 2), None)
+    # gemma's key-value projection: the dense map to BSCKH, its output moved to CBSKH
+    assert dense("BSD,CKDH->CBSKH", (2, 1, 4, 3), None) == (
+        (2, 1, 3), (-1,), (2, 0, 1, 3), (2, 0, 1, 3, 4),
+    )  # fmt: skip
+    assert dense("bd,dh->hb", (3, 4), (4,)) == ((4,), (-1,), None, (1, 0))
+    refused = {
+        "bnd,ndh->bnh": "not a dense map",  # a per-head kernel: parameters per batch entry
+        "cbd,cdh->cbh": "not a dense map",
+        "btd,dh->bh": "not a dense map",  # a sum over positions
+        "bbd,dh->bh": "not a dense map",  # a diagonal
+        "...d,dh->...h": "no ellipsis",
+    }
+    for einsum_str, why in refused.items():
+        assert why in dense(einsum_str, (), None), einsum_str
+    assert "bias of shape (1, 4)" in dense("bd,dh->bh", (3, 4), (1, 4))
 
 
 class _BN(nnx.Module):
