@@ -117,6 +117,10 @@ class _Recorder:
         self.inputs: list[jax.Array] = []
         self.outputs: list[jax.Array] = []
         self.unsupported: list[str] = []
+        #: layer path -> why its parameters would be read outside a known layer's call, where
+        #: the model can tell (``trainers.nnx_model``: an NNX module's class), for the plan's
+        #: reason
+        self.notes: dict[tuple[str, ...], str] = {}
         self._inside = False
 
     def __call__(self, next_fun, args, kwargs, context):
@@ -880,16 +884,13 @@ def analyze(
         for eqn in closed.jaxpr.eqns:
             used.update(id(v) for v in eqn.invars)
         used.update(id(v) for v in closed.jaxpr.outvars)
-        paths = [
-            jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_flatten_with_path(params)[0]
-        ]
-        trains = [True] * len(paths) if trainable is None else jax.tree_util.tree_leaves(trainable)
-        read = [paths[i] for vid, i in outer_vars.items() if vid in used and trains[i]]
+        keypaths = [k for k, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+        trains = [True] * len(keypaths)
+        if trainable is not None:
+            trains = jax.tree_util.tree_leaves(trainable)
+        read = sorted(i for vid, i in outer_vars.items() if vid in used and trains[i])
         if read:
-            return GhostPlan(
-                f"parameter {read[0]} is used outside the known layers "
-                f"({', '.join(sorted(set(KNOWN_LAYERS.values())))})"
-            )
+            return GhostPlan(_read_outside([keypaths[i] for i in read], rec.notes))
         layers: dict[tuple[str, ...], list] = {}
         for call in rec.calls:
             layers.setdefault(call.path, [call.kind, 0])[1] += 1
@@ -916,6 +917,28 @@ def analyze(
         return GhostPlan(
             f"the module could not be traced with its layers intercepted ({lifted}{e!r:.200})"
         )
+
+
+def _read_outside(keypaths: list, notes: dict[tuple[str, ...], str]) -> str:
+    """The plan's reason when parameters (their key paths, in parameter order) are read outside
+    the known layers' calls: the first one, the class of the layer holding it where ``notes``
+    says, and the other layers whose parameters are read so (at most three named)."""
+    owners = list(dict.fromkeys(tuple(str(getattr(k, "key", k)) for k in p[:-1]) for p in keypaths))
+
+    def owner(o: tuple[str, ...]) -> str:
+        where = "/".join(o) or "the top-level module"
+        return f"{where} ({notes[o]})" if o in notes else where
+
+    why = (
+        f"parameter {jax.tree_util.keystr(keypaths[0])} is used outside the known layers "
+        f"({', '.join(sorted(set(KNOWN_LAYERS.values())))})"
+    )
+    if owners[0] in notes:
+        why += f": {owner(owners[0])}"
+    if len(owners) > 1:
+        more = ", ".join(owner(o) for o in owners[1:4]) + (", ..." if len(owners) > 4 else "")
+        why += f"; so are the parameters of {len(owners) - 1} more layers: {more}"
+    return why
 
 
 def _probe_batch(x_shape, x_dtype, b: int, seed: int) -> np.ndarray:

@@ -227,10 +227,16 @@ class NnxModel:
         layer's call handed to ``recorder`` (a ``trainers.ghost`` recorder:
         ``recorder(next_fun, args, kwargs, context)``)."""
         module = self._copy(params, rng, slots)
+        # why a module's own parameters would be read outside a known layer's call, for the
+        # ghost plan's reason (read only when one is)
+        notes = getattr(recorder, "notes", None)
         for path, node in nnx.iter_graph(module):
+            keys = tuple(str(k) for k in path)
             if type(node) in NNX_LAYERS:
                 node.__class__ = _recording_class(type(node))
-                object.__setattr__(node, _RECORDING, (tuple(str(k) for k in path), recorder))
+                object.__setattr__(node, _RECORDING, (keys, recorder))
+            elif notes is not None and isinstance(node, nnx.Module):
+                notes[keys] = _not_known(type(node))
         return self._call(module, x, rng)
 
     def _call(self, module: nnx.Module, x: Any, rng: jax.Array | None) -> Any:
@@ -347,7 +353,30 @@ def _recording_class(cls: type) -> type:
         kwargs = {k: v for k, v in kwargs.items() if k not in same or v != same[k]}
         return recorder(next_fun, args, kwargs, _Context(twin, "__call__", path))
 
-    return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__})
+    methods = {"__call__": __call__, "__module__": cls.__module__}
+    if issubclass(cls, nnx.Embed):
+
+        def attend(self, *args, **kwargs):
+            path, recorder = self.__dict__[_RECORDING]
+            notes = getattr(recorder, "notes", None)
+            if notes is not None:
+                notes[path] = "its attend(), a tied output projection, reads the table"
+            return cls.attend(self, *args, **kwargs)
+
+        methods["attend"] = attend
+    return type(cls.__name__, (cls,), methods)
+
+
+def _not_known(cls: type) -> str:
+    """An NNX module of class ``cls`` (not a known layer) in words: its class, and when it
+    subclasses a known layer, why that is not enough."""
+    base = next((k for k in cls.__mro__[1:] if k in NNX_LAYERS), None)
+    if base is not None:
+        return (
+            f"a {cls.__name__}: a subclass of nnx.{base.__name__}, whose own code may compute "
+            "something else"
+        )
+    return f"a {cls.__module__}.{cls.__qualname__}"
 
 
 def _common(layer: Any) -> str | None:
