@@ -9,19 +9,19 @@ arrays keyed by attribute names (list indices as strings, so orbax and optax see
 metadata (``nnx.with_partitioning``'s sharding names) stays on the module's own Variables, so the
 arrays dptune clips are plain and :meth:`NnxModel.state` gives them back with it.
 
-For the ghost path each known NNX layer (``nnx.Linear``, ``LinearGeneral``, ``Conv``, ``Embed``,
-``LayerNorm``, ``RMSNorm``, ``GroupNorm``, and ``Einsum`` when it is a dense map of trailing
-axes; ``MultiHeadAttention`` through its ``LinearGeneral`` parts) is computed by its linen twin,
-which ``trainers.ghost`` already has formulas for: the same parameter names and shapes and the
-same computation. The copy of the module being traced has the class of each known layer swapped
-for a subclass whose ``__call__`` hands the call to the ghost recorder (NNX has no method
-interceptor like linen's ``nn.intercept_methods``); the classes of the user's own objects are
-never touched, and nothing global changes. A known layer with no trainable parameter (the
-recorder's ``frozen``, from a ``trainable=`` mask) runs as written, unrecorded, as a frozen linen
-layer does. ``nnx.LoRA`` (``x @ lora_a @ lora_b``, plus ``base_module(x)`` when it wraps one) is
-recorded as two bias-free Dense layers whose kernels are its factors, so its per-example norms
-are formed in rank space (an ``nnx.LoRALinear`` holds one; its own Linear kernel is not a known
-layer's, so training that kernel keeps a model on ``vmap(grad)``).
+For the ghost path each known NNX layer (``nnx.Linear``, ``LinearGeneral``, ``Conv``, ``Embed`` with
+its ``attend``, ``LayerNorm``, ``RMSNorm``, ``GroupNorm``, and ``Einsum`` when it is a dense map of
+trailing axes; ``MultiHeadAttention`` through its ``LinearGeneral`` parts) is computed by its linen
+twin, which ``trainers.ghost`` already has formulas for: the same parameter names and shapes and the
+same computation. The copy of the module being traced has the class of each known layer swapped for
+a subclass whose ``__call__`` (and ``attend``) hands the call to the ghost recorder (NNX has no
+method interceptor like linen's ``nn.intercept_methods``); the classes of the user's own objects are
+never touched, and nothing global changes. A known layer with no trainable parameter (the recorder's
+``frozen``, from a ``trainable=`` mask) runs as written, unrecorded, as a frozen linen layer does.
+``nnx.LoRA`` (``x @ lora_a @ lora_b``, plus ``base_module(x)`` when it wraps one) is recorded as two
+bias-free Dense layers whose kernels are its factors, so its per-example norms are formed in rank
+space (an ``nnx.LoRALinear`` holds one; its own Linear kernel is not a known layer's, so training
+that kernel keeps a model on ``vmap(grad)``).
 """
 
 from __future__ import annotations
@@ -324,46 +324,43 @@ _RECORDING = "_dptune_recording"
 
 @functools.cache
 def _recording_class(cls: type) -> type:
-    """``cls`` with its ``__call__`` handed to the recorder stored on the instance (a subclass,
-    made once per layer class: the copies being traced are switched to it)."""
-    base_call = cls.__call__
+    """``cls`` with its ``__call__`` (and an ``nnx.Embed``'s ``attend``, a tied output layer)
+    handed to the recorder stored on the instance (a subclass, made once per layer class: the
+    copies being traced are switched to it)."""
 
-    def __call__(self, *args, **kwargs):
-        path, recorder = self.__dict__[_RECORDING]
+    def recorded(name: str) -> Callable:
+        base = getattr(cls, name)
 
-        def next_fun(*a, **k):
-            return base_call(self, *a, **k)
-
-        frozen = getattr(recorder, "frozen", None)
-        if frozen is not None and frozen(path):
-            # a frozen layer (no trainable parameter) runs as written, unrecorded: what
-            # trainers.ghost does for a linen layer, which it recognises by its bound path
-            return next_fun(*args, **kwargs)
-
-        twin, why = linen_twin(self)
-        if twin is None:
-            recorder.unsupported.append(f"{'/'.join(path)}: {why}")
-            return next_fun(*args, **kwargs)
-        if isinstance(self, nnx.LoRA):
-            return _lora_call(self, path, recorder, twin, *args, **kwargs)
-        # keyword arguments that change nothing (e.g. MultiHeadAttention passes
-        # out_sharding=None to its projections) are dropped; any other reaches the recorder,
-        # which refuses it
-        same = {"out_sharding": None, "einsum_str": getattr(self, "einsum_str", None)}
-        kwargs = {k: v for k, v in kwargs.items() if k not in same or v != same[k]}
-        return recorder(next_fun, args, kwargs, _Context(twin, "__call__", path))
-
-    methods = {"__call__": __call__, "__module__": cls.__module__}
-    if issubclass(cls, nnx.Embed):
-
-        def attend(self, *args, **kwargs):
+        def method(self, *args, **kwargs):
             path, recorder = self.__dict__[_RECORDING]
-            notes = getattr(recorder, "notes", None)
-            if notes is not None:
-                notes[path] = "its attend(), a tied output projection, reads the table"
-            return cls.attend(self, *args, **kwargs)
 
-        methods["attend"] = attend
+            def next_fun(*a, **k):
+                return base(self, *a, **k)
+
+            frozen = getattr(recorder, "frozen", None)
+            if frozen is not None and frozen(path):
+                # a frozen layer (no trainable parameter) runs as written, unrecorded: what
+                # trainers.ghost does for a linen layer, which it recognises by its bound path
+                return next_fun(*args, **kwargs)
+
+            twin, why = linen_twin(self)
+            if twin is None:
+                recorder.unsupported.append(f"{'/'.join(path)}: {why}")
+                return next_fun(*args, **kwargs)
+            if isinstance(self, nnx.LoRA):
+                return _lora_call(self, path, recorder, twin, *args, **kwargs)
+            # keyword arguments that change nothing (e.g. MultiHeadAttention passes
+            # out_sharding=None to its projections) are dropped; any other reaches the
+            # recorder, which refuses it
+            same = {"out_sharding": None, "einsum_str": getattr(self, "einsum_str", None)}
+            kwargs = {k: v for k, v in kwargs.items() if k not in same or v != same[k]}
+            return recorder(next_fun, args, kwargs, _Context(twin, name, path))
+
+        return method
+
+    methods = {"__call__": recorded("__call__"), "__module__": cls.__module__}
+    if issubclass(cls, nnx.Embed):
+        methods["attend"] = recorded("attend")
     return type(cls.__name__, (cls,), methods)
 
 
