@@ -342,6 +342,36 @@ def test_einsum_as_dense_rules():
     assert "bias of shape (1, 4)" in dense("bd,dh->bh", (3, 4), (1, 4))
 
 
+class _MovedOutput(nn.Module):
+    """A Dense on (b, 3, 4) -> (b, 3, 3) that declares its output's last two axes swapped
+    (``wrong``) or not: the probe must catch the wrong declaration (same shape, other values)."""
+
+    wrong: bool
+
+    @nn.compact
+    def __call__(self, x):
+        kernel = self.param("kernel", nn.initializers.lecun_normal(), (4, 3))
+        return x @ kernel
+
+    def as_known_layer(self):
+        dense = nn.Dense(3, use_bias=False, parent=None)
+        moved = (0, 2, 1) if self.wrong else None
+        return ghost.Reparametrized(dense, lambda raw: raw, (0, 1), moved)
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_a_declared_output_permutation_is_checked_by_the_probe(wrong):
+    module = _MovedOutput(wrong)
+    x, y = _inputs((3, 4), np.float32, seed=0)
+    params = module.init(jax.random.PRNGKey(0), x[:1])["params"]
+    plan = ghost.analyze(
+        module, params, jax.ShapeDtypeStruct(x.shape, x.dtype),
+        lambda out, y: _loss(out.mean(axis=1), y), jax.ShapeDtypeStruct(y.shape, y.dtype),
+    )  # fmt: skip
+    assert plan.supported is not wrong, plan.reason
+    assert not wrong or "differs from the module's own output" in plan.reason
+
+
 class _BN(nnx.Module):
     def __init__(self, rngs):
         self.lin = nnx.Linear(3, 4, rngs=rngs)
