@@ -9,19 +9,19 @@ arrays keyed by attribute names (list indices as strings, so orbax and optax see
 metadata (``nnx.with_partitioning``'s sharding names) stays on the module's own Variables, so the
 arrays dptune clips are plain and :meth:`NnxModel.state` gives them back with it.
 
-For the ghost path each known NNX layer (``nnx.Linear``, ``LinearGeneral``, ``Conv``, ``Embed``,
-``LayerNorm``, ``RMSNorm``, ``GroupNorm``, and ``Einsum`` when it is a dense map of trailing
-axes; ``MultiHeadAttention`` through its ``LinearGeneral`` parts) is computed by its linen twin,
-which ``trainers.ghost`` already has formulas for: the same parameter names and shapes and the
-same computation. The copy of the module being traced has the class of each known layer swapped
-for a subclass whose ``__call__`` hands the call to the ghost recorder (NNX has no method
-interceptor like linen's ``nn.intercept_methods``); the classes of the user's own objects are
-never touched, and nothing global changes. A known layer with no trainable parameter (the
-recorder's ``frozen``, from a ``trainable=`` mask) runs as written, unrecorded, as a frozen linen
-layer does. ``nnx.LoRA`` (``x @ lora_a @ lora_b``, plus ``base_module(x)`` when it wraps one) is
-recorded as two bias-free Dense layers whose kernels are its factors, so its per-example norms
-are formed in rank space (an ``nnx.LoRALinear`` holds one; its own Linear kernel is not a known
-layer's, so training that kernel keeps a model on ``vmap(grad)``).
+For the ghost path each known NNX layer (``nnx.Linear``, ``LinearGeneral``, ``Conv``, ``Embed`` with
+its ``attend``, ``LayerNorm``, ``RMSNorm``, ``GroupNorm``, and ``Einsum`` when it is a dense map of
+trailing axes; ``MultiHeadAttention`` through its ``LinearGeneral`` parts) is computed by its linen
+twin, which ``trainers.ghost`` already has formulas for: the same parameter names and shapes and the
+same computation. The copy of the module being traced has the class of each known layer swapped for
+a subclass whose ``__call__`` (and ``attend``) hands the call to the ghost recorder (NNX has no
+method interceptor like linen's ``nn.intercept_methods``); the classes of the user's own objects are
+never touched, and nothing global changes. A known layer with no trainable parameter (the recorder's
+``frozen``, from a ``trainable=`` mask) runs as written, unrecorded, as a frozen linen layer does.
+``nnx.LoRA`` (``x @ lora_a @ lora_b``, plus ``base_module(x)`` when it wraps one) is recorded as two
+bias-free Dense layers whose kernels are its factors, so its per-example norms are formed in rank
+space (an ``nnx.LoRALinear`` holds one; its own Linear kernel is not a known layer's, so training
+that kernel keeps a model on ``vmap(grad)``).
 """
 
 from __future__ import annotations
@@ -227,10 +227,16 @@ class NnxModel:
         layer's call handed to ``recorder`` (a ``trainers.ghost`` recorder:
         ``recorder(next_fun, args, kwargs, context)``)."""
         module = self._copy(params, rng, slots)
+        # why a module's own parameters would be read outside a known layer's call, for the
+        # ghost plan's reason (read only when one is)
+        notes = getattr(recorder, "notes", None)
         for path, node in nnx.iter_graph(module):
+            keys = tuple(str(k) for k in path)
             if type(node) in NNX_LAYERS:
                 node.__class__ = _recording_class(type(node))
-                object.__setattr__(node, _RECORDING, (tuple(str(k) for k in path), recorder))
+                object.__setattr__(node, _RECORDING, (keys, recorder))
+            elif notes is not None and isinstance(node, nnx.Module):
+                notes[keys] = _not_known(type(node))
         return self._call(module, x, rng)
 
     def _call(self, module: nnx.Module, x: Any, rng: jax.Array | None) -> Any:
@@ -318,36 +324,56 @@ _RECORDING = "_dptune_recording"
 
 @functools.cache
 def _recording_class(cls: type) -> type:
-    """``cls`` with its ``__call__`` handed to the recorder stored on the instance (a subclass,
-    made once per layer class: the copies being traced are switched to it)."""
-    base_call = cls.__call__
+    """``cls`` with its ``__call__`` (and an ``nnx.Embed``'s ``attend``, a tied output layer)
+    handed to the recorder stored on the instance (a subclass, made once per layer class: the
+    copies being traced are switched to it)."""
 
-    def __call__(self, *args, **kwargs):
-        path, recorder = self.__dict__[_RECORDING]
+    def recorded(name: str) -> Callable:
+        base = getattr(cls, name)
 
-        def next_fun(*a, **k):
-            return base_call(self, *a, **k)
+        def method(self, *args, **kwargs):
+            path, recorder = self.__dict__[_RECORDING]
 
-        frozen = getattr(recorder, "frozen", None)
-        if frozen is not None and frozen(path):
-            # a frozen layer (no trainable parameter) runs as written, unrecorded: what
-            # trainers.ghost does for a linen layer, which it recognises by its bound path
-            return next_fun(*args, **kwargs)
+            def next_fun(*a, **k):
+                return base(self, *a, **k)
 
-        twin, why = linen_twin(self)
-        if twin is None:
-            recorder.unsupported.append(f"{'/'.join(path)}: {why}")
-            return next_fun(*args, **kwargs)
-        if isinstance(self, nnx.LoRA):
-            return _lora_call(self, path, recorder, twin, *args, **kwargs)
-        # keyword arguments that change nothing (e.g. MultiHeadAttention passes
-        # out_sharding=None to its projections) are dropped; any other reaches the recorder,
-        # which refuses it
-        same = {"out_sharding": None, "einsum_str": getattr(self, "einsum_str", None)}
-        kwargs = {k: v for k, v in kwargs.items() if k not in same or v != same[k]}
-        return recorder(next_fun, args, kwargs, _Context(twin, "__call__", path))
+            frozen = getattr(recorder, "frozen", None)
+            if frozen is not None and frozen(path):
+                # a frozen layer (no trainable parameter) runs as written, unrecorded: what
+                # trainers.ghost does for a linen layer, which it recognises by its bound path
+                return next_fun(*args, **kwargs)
 
-    return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__})
+            twin, why = linen_twin(self)
+            if twin is None:
+                recorder.unsupported.append(f"{'/'.join(path)}: {why}")
+                return next_fun(*args, **kwargs)
+            if isinstance(self, nnx.LoRA):
+                return _lora_call(self, path, recorder, twin, *args, **kwargs)
+            # keyword arguments that change nothing (e.g. MultiHeadAttention passes
+            # out_sharding=None to its projections) are dropped; any other reaches the
+            # recorder, which refuses it
+            same = {"out_sharding": None, "einsum_str": getattr(self, "einsum_str", None)}
+            kwargs = {k: v for k, v in kwargs.items() if k not in same or v != same[k]}
+            return recorder(next_fun, args, kwargs, _Context(twin, name, path))
+
+        return method
+
+    methods = {"__call__": recorded("__call__"), "__module__": cls.__module__}
+    if issubclass(cls, nnx.Embed):
+        methods["attend"] = recorded("attend")
+    return type(cls.__name__, (cls,), methods)
+
+
+def _not_known(cls: type) -> str:
+    """An NNX module of class ``cls`` (not a known layer) in words: its class, and when it
+    subclasses a known layer, why that is not enough."""
+    base = next((k for k in cls.__mro__[1:] if k in NNX_LAYERS), None)
+    if base is not None:
+        return (
+            f"a {cls.__name__}: a subclass of nnx.{base.__name__}, whose own code may compute "
+            "something else"
+        )
+    return f"a {cls.__module__}.{cls.__qualname__}"
 
 
 def _common(layer: Any) -> str | None:
@@ -427,13 +453,21 @@ def _group_norm(layer: nnx.GroupNorm) -> tuple[nn.Module | None, str | None]:
 
 
 def einsum_as_dense(einsum_str: str, kernel_shape: tuple, bias_shape: tuple | None):
-    """``(features, axis, permutation)`` of the ``nn.DenseGeneral`` that computes ``einsum(
-    einsum_str, x, kernel) (+ bias)`` when the kernel contracts the input's trailing axes and
-    adds the output's trailing axes (e.g. ``"btd,dnh->btnh"``, ``"btnh,nhd->btd"``, and with its
-    axes in another order, gemma's ``"BTD,NDH->BTNH"``): ``permutation`` puts the kernel's axes
-    in the dense order (contracted in the input's order, then added in the output's), None when
-    they are in it already; else a string saying why not (a kernel axis shared with the input
-    and output, as in a per-head kernel, makes the parameters per batch entry)."""
+    """``(features, axis, permutation, out_permutation)`` of the ``nn.DenseGeneral`` that computes
+    ``einsum(einsum_str, x, kernel) (+ bias)`` up to the order of the kernel's and the output's
+    axes, when the kernel contracts the input's trailing axes and adds output axes: e.g.
+    ``"btd,dnh->btnh"``, ``"btnh,nhd->btd"``; with the kernel's axes in another order, gemma's
+    ``"BTD,NDH->BTNH"``; with the output's axes in another order, gemma's key-value projection
+    ``"BTD,CKDH->CBTKH"`` (the dense map to ``BTCKH``, its output axes then moved).
+
+    ``permutation`` puts the kernel's axes in the dense order (contracted in the input's order,
+    then added in the output's); ``out_permutation`` takes the dense output (the input's leading
+    axes, then the added ones, each in their einsum order) to the einsum's output order
+    (``jnp.transpose(dense_out, out_permutation)``); each is None when already in that order.
+    ``features``: the added axes' sizes in the output's order (a bias must have this shape).
+    Else a string saying why not: a kernel axis shared with the input and the output (a per-head
+    kernel) makes the parameters per batch entry; an input axis missing from the output is a
+    reduction over it; repeated axes take diagonals."""
     s = einsum_str.replace(" ", "")
     if "..." in s or "->" not in s or s.count(",") != 1:
         return f"einsum {einsum_str!r} (two operands, explicit output, no ellipsis)"
@@ -441,34 +475,42 @@ def einsum_as_dense(einsum_str: str, kernel_shape: tuple, bias_shape: tuple | No
     a, k = ins.split(",")
     n_c = sum(1 for c in k if c in a and c not in out)
     contracted, batch = a[len(a) - n_c :], a[: len(a) - n_c]
-    added = out[len(batch) :]
+    added = "".join(c for c in out if c in k)
     if (
         not n_c
-        or len(set(k)) != len(k)
+        or any(len(set(t)) != len(t) for t in (a, k, out))
         or sorted(k) != sorted(contracted + added)
-        or not out.startswith(batch)
+        or sorted(out) != sorted(batch + added)
         or any(c in batch for c in k)
     ):
         return (
             f"einsum {einsum_str!r} is not a dense map of the input's trailing axes (kernel "
-            "axes: the input's contracted trailing axes and the output's trailing axes)"
+            "axes: the input's contracted trailing axes and output axes not in the input; the "
+            "input's other axes all in the output)"
         )
     order = tuple(k.index(c) for c in contracted + added)
     features = tuple(int(kernel_shape[k.index(c)]) for c in added)
     if bias_shape is not None and tuple(bias_shape) != features:
         return f"einsum bias of shape {tuple(bias_shape)} (expected {features})"
-    permutation = None if order == tuple(range(len(k))) else order
-    return features, tuple(range(-n_c, 0)), permutation
+    dense_out = batch + added
+    out_order = tuple(dense_out.index(c) for c in out)
+
+    def unless_identity(p: tuple[int, ...]) -> tuple[int, ...] | None:
+        return None if p == tuple(range(len(p))) else p
+
+    return features, tuple(range(-n_c, 0)), unless_identity(order), unless_identity(out_order)
 
 
 class _PermutedDense(nn.Module):
-    """The linen twin of an NNX einsum whose kernel holds the dense map's axes in another order:
-    a ``Reparametrized`` ``nn.DenseGeneral`` on the kernel with its axes permuted (the norms are
-    the dense layer's; ``trainers.ghost`` permutes the clipped kernel back)."""
+    """The linen twin of an NNX einsum that is a dense map with its kernel's or its output's axes
+    in another order: a ``Reparametrized`` ``nn.DenseGeneral`` on the kernel with its axes
+    permuted, its output's axes then permuted (the norms are the dense layer's, from its
+    batch-first output; ``trainers.ghost`` permutes the clipped kernel back)."""
 
     features: tuple[int, ...]
     axis: tuple[int, ...]
     permutation: tuple[int, ...]
+    out_permutation: tuple[int, ...] | None
     use_bias: bool
     dtype: Any = None
     param_dtype: Any = jnp.float32
@@ -481,8 +523,9 @@ class _PermutedDense(nn.Module):
             param_dtype=self.param_dtype, precision=self.precision, parent=None,
         )  # fmt: skip
         return Reparametrized(
-            dense, lambda raw: {**raw, "kernel": jnp.transpose(raw["kernel"], perm)}, perm
-        )
+            dense, lambda raw: {**raw, "kernel": jnp.transpose(raw["kernel"], perm)}, perm,
+            self.out_permutation,
+        )  # fmt: skip
 
 
 def _einsum(layer: nnx.Einsum) -> tuple[nn.Module | None, str | None]:
@@ -492,12 +535,14 @@ def _einsum(layer: nnx.Einsum) -> tuple[nn.Module | None, str | None]:
     dense = einsum_as_dense(layer.einsum_str, tuple(layer.kernel_shape), bias)
     if isinstance(dense, str):
         return None, dense
-    features, axis, permutation = dense
+    features, axis, permutation, out_permutation = dense
     common = dict(use_bias=bias is not None, dtype=layer.dtype, param_dtype=layer.param_dtype,
                   precision=layer.precision)  # fmt: skip
-    if permutation is not None:
-        return _PermutedDense(features, axis, permutation, **common), None
-    return nn.DenseGeneral(features, axis=axis, **common), None
+    if permutation is None and out_permutation is None:
+        return nn.DenseGeneral(features, axis=axis, **common), None
+    # an identity kernel permutation keeps ghost's permuted path (the dense norms, no VJP)
+    permutation = permutation or tuple(range(len(layer.kernel_shape)))
+    return _PermutedDense(features, axis, permutation, out_permutation, **common), None
 
 
 def _lora(layer: nnx.LoRA) -> tuple[Any, str | None]:

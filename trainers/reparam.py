@@ -21,10 +21,11 @@ class Reparametrized:
     A module declares this with a method ``as_known_layer(self) -> Reparametrized`` (see
     ``trainers.ghost.REPARAM_METHOD``; ``trainers.models.WSConv``, the weight-standardised
     convolution, is one); its ``__call__(x)`` must then equal
-    ``layer.apply({"params": transform(raw)}, x)``, which ``trainers.ghost.analyze`` checks on a
-    synthetic batch. ``transform`` must be a pure function of the parameters (no data, no module
-    state: it is called after the module's ``apply``); its VJP is applied to every example's
-    gradient, so a hand-written VJP (``jax.custom_vjp``) can pay off
+    ``layer.apply({"params": transform(raw)}, x)`` (its axes permuted by ``out_permutation``
+    when that is set), which ``trainers.ghost.analyze`` checks on a synthetic batch.
+    ``transform`` must be a pure function of the parameters (no data, no module state: it is
+    called after the module's ``apply``); its VJP is applied to every example's gradient, so a
+    hand-written VJP (``jax.custom_vjp``) can pay off
     (``trainers.models.standardize_kernel_fast_vjp``).
 
     Example i's gradient with respect to ``raw`` is the transform's transposed Jacobian (VJP)
@@ -40,3 +41,8 @@ class Reparametrized:
     #: uses the permutation itself, forms the norms as ``layer``'s (a permutation keeps every
     #: norm) and transposes the clipped sum back, with no per-example gradient of ``raw``.
     permutation: tuple[int, ...] | None = None
+    #: The module's output is ``layer``'s with its axes permuted, ``jnp.transpose(y,
+    #: out_permutation)`` (e.g. an NNX einsum that puts an added axis before the batch axes,
+    #: ``"BTD,CKDH->CBTKH"``); ``trainers.ghost`` taps ``y`` itself, so the output gradients it
+    #: records are ``layer``'s, batch first. None: the output is ``layer``'s as it is.
+    out_permutation: tuple[int, ...] | None = None

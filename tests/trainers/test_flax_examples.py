@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -30,7 +32,7 @@ from tests.trainers.test_dropout import (  # the same batch, clipped sums and ch
     check_one_example_alone,
     check_removal_moves_at_most_c,
 )
-from trainers import models, step
+from trainers import dpsgd, ghost, models, nnx_model, step
 
 
 class RngsAtCall(nnx.Module):
@@ -302,3 +304,140 @@ def test_a_linen_module_drawing_another_rng_stream_in_training_is_refused_naming
     msg = str(e.value)
     assert msg.startswith("dptune: model=Noisy failed in training mode") and "\n" not in msg
     assert "make_rng('dropout') instead of 'lstm'" in msg
+
+
+# --- Flax's examples/gemma (NNX), its layers as it writes them at tiny sizes --------------------
+
+
+class ScaledEmbed(nnx.Embed):
+    """gemma's embedder: an ``nnx.Embed`` subclass scaling the lookup by sqrt(features); its
+    ``attend`` (inherited) computes the tied output logits."""
+
+    def __call__(self, x, out_sharding=None):
+        x = super().__call__(x, out_sharding)
+        return x * jnp.sqrt(x.shape[-1])
+
+
+class GemmaRMSNorm(nnx.Module):
+    """gemma's own RMSNorm (layers.RMSNorm): ``x̂ (1 + scale)``, scale initialised to zeros."""
+
+    def __init__(self, dim: int, *, rngs: nnx.Rngs):
+        self.scale = nnx.Param(nnx.initializers.zeros_init()(rngs.params(), dim))
+
+    def __call__(self, x):
+        normed = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + 1e-6)
+        return normed * (1.0 + self.scale[...])
+
+
+class GemmaAttention(nnx.Module):
+    """gemma's Attention (modules.Attention): one ``'BTD,SNDH->SBTNH'`` einsum for queries, keys
+    and values when every query head has its own key head, else ``'BTD,NDH->BTNH'`` queries and
+    ``'BTD,CKDH->CBTKH'`` keys and values, grouped-query attention over the key heads and the
+    ``'BTNH,NHD->BTD'`` output einsum (RoPE, which reads no parameter, left out)."""
+
+    def __init__(self, heads: int, kv_heads: int, features: int, head_dim: int, rngs):
+        self.heads, self.kv_heads = heads, kv_heads
+        self.attn_vec_einsum = nnx.Einsum("BTNH,NHD->BTD", (heads, head_dim, features), rngs=rngs)
+        if heads == kv_heads:
+            self.qkv_einsum = nnx.Einsum(
+                "BTD,SNDH->SBTNH", (3, heads, features, head_dim), rngs=rngs
+            )
+        else:
+            self.q_einsum = nnx.Einsum("BTD,NDH->BTNH", (heads, features, head_dim), rngs=rngs)
+            self.kv_einsum = nnx.Einsum(
+                "BTD,CKDH->CBTKH", (2, kv_heads, features, head_dim), rngs=rngs
+            )
+
+    def __call__(self, x, attn_mask):
+        if self.heads == self.kv_heads:
+            q, k, v = self.qkv_einsum(x)
+        else:
+            q = self.q_einsum(x)
+            k, v = self.kv_einsum(x)
+        q = q * q.shape[-1] ** -0.5
+        b, t, _, h = q.shape
+        q = q.reshape(b, t, self.kv_heads, self.heads // self.kv_heads, h)
+        logits = jnp.einsum("BTKGH,BSKH->BTKGS", q, k).reshape(b, t, self.heads, -1)
+        logits = jnp.where(attn_mask[:, :, None, :], logits, -2.3819763e38)
+        probs = jax.nn.softmax(logits, axis=-1).reshape(b, t, self.kv_heads, -1, t)
+        encoded = jnp.einsum("BTKGS,BSKH->BTKGH", probs, v).reshape(b, t, self.heads, h)
+        return self.attn_vec_einsum(encoded)
+
+
+class GemmaBlock(nnx.Module):
+    """gemma's Block: pre- and post-norms around attention and the gated MLP (three bias-free
+    ``nnx.Linear``), residuals."""
+
+    def __init__(self, width: int, hidden: int, heads: int, kv_heads: int, rngs):
+        self.pre_attention_norm = GemmaRMSNorm(width, rngs=rngs)
+        self.attn = GemmaAttention(heads, kv_heads, width, 4, rngs)
+        self.post_attention_norm = GemmaRMSNorm(width, rngs=rngs)
+        self.pre_ffw_norm = GemmaRMSNorm(width, rngs=rngs)
+        linear = functools.partial(nnx.Linear, use_bias=False, rngs=rngs)
+        self.gate_proj, self.up_proj = linear(width, hidden), linear(width, hidden)
+        self.down_proj = linear(hidden, width)
+        self.post_ffw_norm = GemmaRMSNorm(width, rngs=rngs)
+
+    def __call__(self, x, attn_mask):
+        x = x + self.post_attention_norm(self.attn(self.pre_attention_norm(x), attn_mask))
+        h = self.pre_ffw_norm(x)
+        h = self.down_proj(nnx.gelu(self.gate_proj(h)) * self.up_proj(h))
+        return x + self.post_ffw_norm(h)
+
+
+class Gemma(nnx.Module):
+    """gemma's Transformer behind the wrapper docs/your_model.md describes (tokens in; the causal
+    mask made inside): ScaledEmbed, blocks, the final RMSNorm, logits by the embedder's
+    ``attend``. The last position's logits: (b, vocab)."""
+
+    def __init__(self, heads: int, kv_heads: int, rngs, vocab: int = 8, width: int = 8):
+        self.embedder = ScaledEmbed(vocab, width, rngs=rngs)
+        self.layers = nnx.List([GemmaBlock(width, 16, heads, kv_heads, rngs)])
+        self.final_norm = GemmaRMSNorm(width, rngs=rngs)
+
+    def __call__(self, tokens):
+        t = tokens.shape[1]
+        attn_mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (tokens.shape[0], t, t))
+        x = self.embedder(tokens)
+        for layer in self.layers:
+            x = layer(x, attn_mask)
+        return self.embedder.attend(self.final_norm(x))[:, -1]
+
+
+#: gemma's parameters that only its own code reads: the embedder (a subclass, tied) and norms
+GEMMA_OWN_CODE = nnx.Any(*(nnx.PathContains(n) for n in (
+    "embedder", "final_norm", "pre_attention_norm", "post_attention_norm", "pre_ffw_norm",
+    "post_ffw_norm")))  # fmt: skip
+
+
+def test_gemma_as_it_comes_takes_vmap_and_the_reason_names_its_own_layers():
+    """The plan names the embedder (an nnx.Embed subclass) and gemma's own RMSNorm class: what
+    keeps it on vmap(grad) now that its einsums are dense maps."""
+    spec = models.user_model(Gemma(2, 1, nnx.Rngs(0)), (5,), "int32")
+    reason = step.ghost_plan(spec).reason
+    assert "embedder (a ScaledEmbed: a subclass of nnx.Embed" in reason, reason
+    assert "final_norm (a tests.trainers.test_flax_examples.GemmaRMSNorm)" in reason, reason
+
+
+@pytest.mark.parametrize(
+    "kv_heads", [1, pytest.param(2, marks=pytest.mark.slow)]
+)  # 1: 'BTD,CKDH->CBTKH' keys and values; 2: 'BTD,SNDH->SBTNH' queries, keys and values
+def test_gemma_attention_and_mlp_take_the_ghost_path_and_match_vmap_grad(kv_heads):
+    """With the embedder and the norms held (an NNX filter: what trains is every other Param),
+    gemma's einsums and MLP take the ghost path: the clipped sum, loss sum and per-example norms
+    equal vmap(grad)'s (the plan's probes are left to tests/trainers/test_nnx.py: seconds)."""
+    from tests.trainers.test_nnx import _assert_matches_vmap_grad, _inputs, _loss
+
+    trainable = nnx.All(nnx.Param, nnx.Not(GEMMA_OWN_CODE))
+    module = nnx_model.NnxModel(Gemma(2, kv_heads, nnx.Rngs(0)), trainable=trainable)
+    params = module.params()
+    assert sorted(params["layers"]["0"]) == ["attn", "down_proj", "gate_proj", "up_proj"]
+    x, y = _inputs((5,), np.int32, seed=1)
+    shape = jax.ShapeDtypeStruct
+    plan = ghost.analyze(module, params, shape(x.shape, x.dtype), _loss,
+                         shape(y.shape, y.dtype), probe=False)  # fmt: skip
+    assert plan.supported, plan.reason
+    assert len(plan.layers) == (6 if kv_heads == 1 else 5)  # 3 (2) einsums and 3 Linears
+    fast = jax.jit(lambda p, m, c: ghost.clipped_sum_ghost(module, _loss, p, x, y, m, c))
+    ref = jax.jit(lambda p, m, c: dpsgd.clipped_sum_naive(module.apply, p, x, y, m, c, _loss))
+    _assert_matches_vmap_grad(fast, ref, params)

@@ -58,6 +58,18 @@ class _Attention(nnx.Module):
         return self.attn(x)
 
 
+class _KeyValue(nnx.Module):
+    """gemma's key-value projection: one einsum whose output puts the (key, value) axis before
+    the batch axes, unpacked into two arrays."""
+
+    def __init__(self, einsum_str: str, kernel_shape: tuple, bias_shape: tuple | None, rngs):
+        self.kv = nnx.Einsum(einsum_str, kernel_shape, bias_shape, rngs=rngs)
+
+    def __call__(self, x):
+        k, v = self.kv(x)
+        return jnp.tanh(k) * v
+
+
 def _r():
     return nnx.Rngs(0)
 
@@ -107,6 +119,17 @@ LAYERS = {
     # gemma's projections: the kernel's axes in another order than the dense map's
     "einsum_permuted": (
         lambda: (nnx.Einsum("btd,ndh->btnh", (2, 4, 3), (2, 3), rngs=_r()), 3),
+        (5, 4),
+        np.float32,
+    ),  # fmt: skip
+    # gemma's key-value projection: a dense map to (..., C, K, H), its output axes then moved
+    "einsum_kv_vectors": (
+        lambda: (_KeyValue("bd,ckdh->cbkh", (2, 2, 4, 3), None, _r()), 3),
+        (4,),
+        np.float32,
+    ),  # fmt: skip
+    "einsum_kv_sequence_bias": (
+        lambda: (_KeyValue("BTD,CKDH->CBTKH", (2, 2, 4, 3), (2, 2, 3), _r()), 3),
         (5, 4),
         np.float32,
     ),  # fmt: skip
@@ -191,14 +214,63 @@ def test_nnx_and_linen_twins_give_the_same_clipped_sums():
     assert step.resolve_grad_impl(spec, "auto", (6,)) == "ghost"
 
 
-class _Attend(nnx.Module):
-    """A tied embedding: ``attend`` reads the table outside the layer's ``__call__``."""
+class _Tied(nnx.Module):
+    """A tied embedding: ``embed`` looks the tokens up and its ``attend`` makes the logits from
+    the same table, at every position (``positions``) or from their mean; or ``attend`` alone
+    on a Linear's output (``lookup=False``)."""
 
-    def __init__(self, rngs):
-        self.embed = nnx.Embed(7, 4, rngs=rngs)
+    def __init__(self, rngs, positions: bool = True, lookup: bool = True, embed=nnx.Embed):
+        self.embed = embed(7, 4, rngs=rngs)
+        self.positions, self.lookup = positions, lookup
+        self.proj = None if lookup else nnx.Linear(1, 4, rngs=rngs)
 
     def __call__(self, x):
-        return self.embed.attend(self.embed(x).mean(axis=1))
+        h = self.embed(x) if self.lookup else jnp.tanh(self.proj(x[..., None].astype(jnp.float32)))
+        if not self.positions:
+            return self.embed.attend(h.mean(axis=1))
+        return self.embed.attend(jnp.tanh(h)).mean(axis=1)
+
+
+class _TiedLinen(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        e = nn.Embed(7, 4)
+        return e.attend(jnp.tanh(e(x))).mean(axis=1)
+
+
+class _ScaledEmbed(nnx.Embed):
+    """gemma's embedder: a subclass scaling the lookup (not a known layer)."""
+
+    def __call__(self, x):
+        return super().__call__(x) * 2.0
+
+
+TIED = {  # name -> (module, tokens per example): T^2 against d v = 28 picks the attend form
+    "mean_query": (lambda: _Tied(_r(), positions=False), 5),  # one query: rank-1
+    "ghost_form": (lambda: _Tied(_r()), 5),
+    "materialised_form": (lambda: _Tied(_r()), 6),
+    "attend_only": (lambda: _Tied(_r(), lookup=False), 5),
+    "linen": (lambda: _TiedLinen(), 5),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TIED))
+def test_a_tied_embedding_matches_vmap_grad(name):
+    """A table read by its lookup and by ``attend`` (the tied output projection): the norms hold
+    both terms and their cross term, and the clipped sum, loss sum and norms equal vmap(grad)'s
+    (repeated token ids within an example included)."""
+    make, t = TIED[name]
+    module = make()
+    x, y = _inputs((t,), np.int32, seed=4)
+    assert any(len(set(row)) < t for row in x)  # a token repeated within an example
+    if isinstance(module, nn.Module):
+        from tests.trainers.test_ghost import _both as linen_both
+
+        plan, fast_fn, ref_fn, params = linen_both(module, x, y)
+    else:
+        plan, fast_fn, ref_fn, params = _both(module, x, y)
+    assert plan.supported, plan.reason
+    _assert_matches_vmap_grad(fast_fn, ref_fn, params)
 
 
 class _PerHead(nnx.Module):
@@ -210,11 +282,13 @@ class _PerHead(nnx.Module):
 
 
 def test_what_the_nnx_ghost_path_refuses_falls_back_with_the_layer_named():
-    """A parameter read outside a known layer's call (Embed.attend) and an Einsum whose kernel is
-    per head (not a dense map) fall back to vmap(grad), with the reason naming them."""
-    spec = models.user_model(_Attend(nnx.Rngs(0)), (3,), np.int32)
+    """A parameter read outside a known layer's call (in a subclass of nnx.Embed, named as
+    such) and an Einsum whose kernel is per head (not a dense map) fall back to vmap(grad), with
+    the reason naming them."""
+    spec = models.user_model(_Tied(nnx.Rngs(0), embed=_ScaledEmbed), (3,), np.int32)
     plan = step.ghost_plan(spec)
-    assert not plan.supported and "embed" in plan.reason and "outside" in plan.reason
+    assert not plan.supported and "outside" in plan.reason
+    assert "embed (a _ScaledEmbed: a subclass of nnx.Embed" in plan.reason
     spec = models.user_model(_PerHead(nnx.Rngs(0)), (2, 3), np.float32)
     plan = step.ghost_plan(spec)
     assert not plan.supported and "proj" in plan.reason and "bnd,ndh->bnh" in plan.reason
@@ -245,13 +319,57 @@ def test_permuted_einsums_on_equal_shaped_inputs_match_vmap_grad():
 
 
 def test_einsum_as_dense_rules():
-    assert nnx_model.einsum_as_dense("btd,dnh->btnh", (4, 2, 3), (2, 3)) == ((2, 3), (-1,), None)
-    assert nnx_model.einsum_as_dense("btnh,nhd->btd", (2, 3, 4), None) == ((4,), (-2, -1), None)
-    assert nnx_model.einsum_as_dense("bd,hd->bh", (3, 4), None) == ((3,), (-1,), (1, 0))
-    assert nnx_model.einsum_as_dense("BTD,NDH->BTNH", (2, 4, 3), None) == ((2, 3), (-1,), (1, 0, 2))
-    assert isinstance(nnx_model.einsum_as_dense("BSD,CKDH->CBSKH", (2, 1, 4, 3), None), str)
-    assert isinstance(nnx_model.einsum_as_dense("...d,dh->...h", (3, 4), None), str)
-    assert isinstance(nnx_model.einsum_as_dense("bd,dh->bh", (3, 4), (1, 4)), str)
+    """(features, axis, kernel permutation, output permutation), or why not."""
+    dense = nnx_model.einsum_as_dense
+    assert dense("btd,dnh->btnh", (4, 2, 3), (2, 3)) == ((2, 3), (-1,), None, None)
+    assert dense("btnh,nhd->btd", (2, 3, 4), None) == ((4,), (-2, -1), None, None)
+    assert dense("bd,hd->bh", (3, 4), None) == ((3,), (-1,), (1, 0), None)
+    assert dense("BTD,NDH->BTNH", (2, 4, 3), None) == ((2, 3), (-1,), (1, 0, 2), None)
+    # gemma's key-value projection: the dense map to BSCKH, its output moved to CBSKH
+    assert dense("BSD,CKDH->CBSKH", (2, 1, 4, 3), None) == (
+        (2, 1, 3), (-1,), (2, 0, 1, 3), (2, 0, 1, 3, 4),
+    )  # fmt: skip
+    assert dense("bd,dh->hb", (3, 4), (4,)) == ((4,), (-1,), None, (1, 0))
+    refused = {
+        "bnd,ndh->bnh": "not a dense map",  # a per-head kernel: parameters per batch entry
+        "cbd,cdh->cbh": "not a dense map",
+        "btd,dh->bh": "not a dense map",  # a sum over positions
+        "bbd,dh->bh": "not a dense map",  # a diagonal
+        "...d,dh->...h": "no ellipsis",
+    }
+    for einsum_str, why in refused.items():
+        assert why in dense(einsum_str, (), None), einsum_str
+    assert "bias of shape (1, 4)" in dense("bd,dh->bh", (3, 4), (1, 4))
+
+
+class _MovedOutput(nn.Module):
+    """A Dense on (b, 3, 4) -> (b, 3, 3) that declares its output's last two axes swapped
+    (``wrong``) or not: the probe must catch the wrong declaration (same shape, other values)."""
+
+    wrong: bool
+
+    @nn.compact
+    def __call__(self, x):
+        kernel = self.param("kernel", nn.initializers.lecun_normal(), (4, 3))
+        return x @ kernel
+
+    def as_known_layer(self):
+        dense = nn.Dense(3, use_bias=False, parent=None)
+        moved = (0, 2, 1) if self.wrong else None
+        return ghost.Reparametrized(dense, lambda raw: raw, (0, 1), moved)
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_a_declared_output_permutation_is_checked_by_the_probe(wrong):
+    module = _MovedOutput(wrong)
+    x, y = _inputs((3, 4), np.float32, seed=0)
+    params = module.init(jax.random.PRNGKey(0), x[:1])["params"]
+    plan = ghost.analyze(
+        module, params, jax.ShapeDtypeStruct(x.shape, x.dtype),
+        lambda out, y: _loss(out.mean(axis=1), y), jax.ShapeDtypeStruct(y.shape, y.dtype),
+    )  # fmt: skip
+    assert plan.supported is not wrong, plan.reason
+    assert not wrong or "differs from the module's own output" in plan.reason
 
 
 class _BN(nnx.Module):
@@ -523,7 +641,8 @@ def test_the_clipping_path_is_said_with_the_layer_that_kept_the_model_off_the_fa
     x = rng.integers(0, 7, size=(40, 3)).astype(np.int32)
     y = rng.integers(0, 3, size=40).astype(np.int32)
     data = Dataset.from_arrays(x, y, num_examples=40, validation_fraction=0.25, num_classes=3)
-    slow = DpSgdTrainer(data, model=_Attend(nnx.Rngs(0)), base=dict(batch_size=8, epochs=1))
+    tied = _Tied(nnx.Rngs(0), embed=_ScaledEmbed)
+    slow = DpSgdTrainer(data, model=tied, base=dict(batch_size=8, epochs=1))
     path = slow.clipping_path()
     assert path["path"] == "vmap" and "embed" in path["why"]
     fast = DpSgdTrainer(data, model=_NnxNet(nnx.Rngs(0)), base=dict(batch_size=8, epochs=1))
