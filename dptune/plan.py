@@ -13,9 +13,11 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from numbers import Real
 from typing import Any
 
 import numpy as np
+from dp_accounting import dp_event
 
 from dptune import space as space_mod
 from dptune.accounting import calibrate, total_privacy
@@ -304,8 +306,9 @@ def make_privacy_plan(
     def candidates(value: float | None) -> list[Any]:
         return grid_candidates(trainer, space, grid, adjacency, fill(value))
 
+    score = getattr(trainer, "score_noise_field", None)
     calibrated, statement = _worst_case(
-        candidates, transform, budget, accountant, seeded, field, auto
+        candidates, transform, budget, accountant, seeded, field, auto, score
     )
     cands = candidates(calibrated.get(field))
     whole = _check_whole_support(space, grid, lambda hp: candidate_of(hp, calibrated.get(field)))
@@ -421,20 +424,38 @@ def check_total(statement: Any, budget: Budget, method: str, field: str | None) 
         )
 
 
-def _worst_case(candidates, transform, budget, accountant, seeded, field, auto):
+def _events(events: Any) -> Any:
+    """Every event of ``events``, nested ones too (depth first)."""
+    for e in events:
+        yield e
+        yield from _events([*getattr(e, "events", ()), *filter(None, [getattr(e, "event", None)])])
+
+
+def _worst_case(candidates, transform, budget, accountant, seeded, field, auto, score):
     """The worst case over the grid: ``(calibrated values, statement)``; with an ``"auto"``
-    field, its smallest value whose total meets the budget (ImpossibleBudgetError if none does)."""
+    field, its smallest value whose total meets the budget (ImpossibleBudgetError if none does).
+    ``score``: the trainer's field of its validation score's noise, if it has one."""
+
+    def unaccountable(why: Exception, cands: list) -> TuningConfigError:
+        """dp_accounting's refusal, or (no field named there) the declared event without noise
+        (its RDP of LaplaceDpEvent(0) divides by 0)."""
+        noisy = (dp_event.LaplaceDpEvent, dp_event.GaussianDpEvent)
+        for bad in _events(b for c in cands for b in c.branches()):
+            if isinstance(bad, noisy) and not (isinstance(bad.noise_multiplier, Real)
+                                                and bad.noise_multiplier > 0):  # fmt: skip
+                return TuningConfigError(
+                    f"cannot account this run: the trainer declared {bad!r}: its noise multiplier "
+                    "(the noise's scale in units of the sensitivity) must be > 0; give "
+                    f"{field or 'noise_multiplier'} a value > 0 or 'auto'"
+                )
+        return TuningConfigError(f"cannot account this run: {why}")
+
     if not auto:
         cands = candidates(None)
         try:
             return {}, total_privacy(cands, transform, budget.delta, accountant, seeded=seeded)
-        except ValueError as e:
-            raise TuningConfigError(f"cannot account this run: {e}") from None
-        except ZeroDivisionError:  # dp_accounting's RDP of LaplaceDpEvent(0) divides by it
-            raise TuningConfigError(
-                f"cannot account this run: a declared event has noise multiplier 0 (no noise); "
-                f"give {field or 'noise_multiplier'} a value > 0 or 'auto'"
-            ) from None
+        except (ValueError, ZeroDivisionError) as e:
+            raise unaccountable(e, cands) from None
     # invalid settings raise their own message here, not "no sigma found"
     if candidates(1.0) == candidates(2.0):  # else "auto" would hand the trainer a floor value
         raise TuningConfigError(
@@ -451,21 +472,21 @@ def _worst_case(candidates, transform, budget, accountant, seeded, field, auto):
     except ValueError as e:
         log.debug("calibration failed: %s", e)  # the refusal below says it, in the user's words
         try:  # no route even at the most noise: say why, since no budget or noise would help
-            total_privacy(candidates(SIGMA_MAX), transform, budget.delta, accountant)
-        except ValueError as why:
-            raise TuningConfigError(f"cannot account this run: {why}") from None
+            total_privacy(cands := candidates(SIGMA_MAX), transform, budget.delta, accountant)
+        except (ValueError, ZeroDivisionError) as why:
+            raise unaccountable(why, cands) from None
         what = f"no {field.replace('_', ' ')} meets the total budget"
+        noise = (f"{score} (the validation score's noise, " if score else "the validation score's "
+                 "noise (") + "a cost no noise multiplier lowers)"  # fmt: skip
         raise ImpossibleBudgetError(
             f"{what} (epsilon={budget.epsilon:g}, delta={budget.delta:g}) with {transform.name}: "
             "raise the budget, lower the mean number of trials, train for fewer steps / a smaller "
-            "sampling rate, or raise the validation score's noise (score_noise_std), a cost no "
-            "noise multiplier lowers",
+            f"sampling rate, or raise {noise}",
             command=f"{what} (--config.privacy.epsilon={budget.epsilon:g}, --config.privacy.delta="
             f"{budget.delta:g}) with {transform.name}: raise --config.privacy.epsilon, lower "
             "--config.selection.mean_trials, train for fewer steps or a smaller sampling rate "
-            "(--config.train.epochs, --config.train.batch_size), or raise "
-            "--config.train.score_noise_std (the validation score's noise, a cost no noise "
-            "multiplier lowers)",
+            f"(--config.train.epochs, --config.train.batch_size), or raise "
+            f"{'--config.train.' * bool(score)}{noise}",
         ) from None
     return {field: float(cal.noise_multiplier)}, cal.statement
 

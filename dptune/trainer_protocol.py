@@ -202,6 +202,7 @@ class DatasetTrainer:
 
     hyperparams_class: type
     kind: str = "trainer"
+    score_noise_field: str = "score_noise_std"  # the validation score's noise (refusals name it)
     data: Any
     base: dict[str, Any]
 

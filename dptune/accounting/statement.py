@@ -93,10 +93,11 @@ class PrivacyStatement:
     published: tuple[str, ...] = ()
 
     @property
-    def overhead(self) -> float:
-        """total_epsilon / single_run_epsilon: the price of tuning, as a multiple of one run."""
+    def overhead(self) -> float | None:
+        """total_epsilon / single_run_epsilon: the price of tuning, as a multiple of one run; None
+        where one run's epsilon is 0 (no ratio to state)."""
         one = self.single_run_epsilon
-        return self.total_epsilon / one if one > 0 else math.inf
+        return self.total_epsilon / one if one > 0 else None
 
     def all_notes(self) -> tuple[str, ...]:
         flags = (NOT_PRIVATE_NOTE,) * (not self.private) + (SEEDED_NOTE,) * bool(self.seeded)
@@ -137,8 +138,8 @@ class PrivacyStatement:
             "",
             f"One untuned run satisfies ({_fmt(self.single_run_epsilon)}, "
             f"{self.single_run_delta:g})-DP.",
-            f"The whole tuning run satisfies ({_fmt(self.total_epsilon)}, {self.delta:g})-DP "
-            f"(overhead x{_fmt(self.overhead)}).",
+            f"The whole tuning run satisfies ({_fmt(self.total_epsilon)}, {self.delta:g})-DP"
+            + ("." if self.overhead is None else f" (overhead x{_fmt(self.overhead)})."),
             f"  Theorem: {self.theorem}.",
             f"  Accountant: {self.accountant}; {self.route}{order}.",
             f"  Neighbouring datasets differ by {neighbours}.",
@@ -169,7 +170,8 @@ class PrivacyStatement:
 def _candidate_text(c: dict[str, Any]) -> str:
     """One line describing a candidate from its ``params()``."""
     if c.get("kind") != "dpsgd":
-        return f"{c.get('label', 'event')}: {json.dumps(_json_safe(c['event']))}"
+        parallel = "".join(f"; in parallel {_event_text(e)}" for e in c.get("parallel", ()))
+        return f"{c.get('label', 'event')}: {_event_text(c['event'])}{parallel}."
     score = "exact score (public validation split)"
     if c.get("score_noise_std") is not None:
         how = (
@@ -182,3 +184,14 @@ def _candidate_text(c: dict[str, Any]) -> str:
         f"DP-SGD: {c['steps']} steps, Poisson sampling rate {c['sampling_rate']:.6g}, "
         f"noise multiplier {c['noise_multiplier']:.6g}; {score}."
     )
+
+
+def _event_text(x: Any) -> str:
+    """An event's JSON form (``params()["event"]``) as ``LaplaceDpEvent(noise_multiplier=1)``."""
+    if isinstance(x, dict):
+        skip = ("type", "module_name", "class_name")
+        args = ", ".join(f"{k}={_event_text(v)}" for k, v in x.items() if k not in skip)
+        return f"{x.get('class_name', 'DpEvent')}({args})"
+    if isinstance(x, list):
+        return "(" + ", ".join(map(_event_text, x)) + ")"
+    return f"{x:.6g}" if isinstance(x, float) else str(x)

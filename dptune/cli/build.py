@@ -12,6 +12,7 @@ import importlib
 import inspect
 import logging
 import os
+import re
 import sys
 from collections.abc import Mapping
 from contextlib import nullcontext
@@ -60,8 +61,11 @@ def build_selection(cfg: Mapping[str, Any]) -> Any:
         log.info("config.selection: %s not used by method %r", unused, method)
     try:
         return registry.build(method, options)
-    except registry.SelectionConfigError as e:
-        raise ConfigError(f"config.selection.method={method!r}: {e}") from None
+    except registry.SelectionConfigError as e:  # its options named "k=" or "'k'": as fields
+        named = rf"(?<![\w.-])('?)({'|'.join(registry.OPTIONS)})(?=[=']| must | \()"
+        cmd = re.sub(named, r"\1--config.selection.\2", f"{e}")
+        where = f"config.selection.method={method!r}: "
+        raise ConfigError(where + str(e), command=f"--{where}{cmd}") from None
 
 
 def build_executor(cfg: Mapping[str, Any]) -> Any:
