@@ -13,7 +13,6 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from numbers import Real
 from typing import Any
 
 import numpy as np
@@ -122,13 +121,11 @@ def _check_score_kind(trainer: Any, selection: Any, debug_nonprivate: bool) -> N
     if kind in takes or debug_nonprivate:
         return
     name = getattr(selection.privacy, "name", type(selection).__name__)
-    hint = (
+    hint = f"use a trainer whose score is {' or '.join(takes)}" if "covered" not in takes else (
         "if the score is a noisy statistic whose noise the trainer's privacy declares, or is "
         "computed on public data, declare score_kind='covered' (FunctionTrainer(..., "
         "score_kind='covered') or @dptune.trainer(..., score_kind='covered'))"
-        if "covered" in takes
-        else f"use a trainer whose score is {' or '.join(takes)}"
-    )
+    )  # fmt: skip
     raise TuningConfigError(
         f"selection {name} is proved for {' or '.join(takes)} scores ("
         + "; ".join(SCORE_KINDS[k] for k in takes)
@@ -143,9 +140,7 @@ def _accounted(candidate: Any, adjacency: str) -> Any:
     try:
         return with_adjacency(candidate, adjacency)
     except ValueError as e:
-        raise TuningConfigError(
-            f"the trainer's privacy declaration under {adjacency}: {e}"
-        ) from None
+        raise TuningConfigError(f"the trainer's privacy under {adjacency}: {e}") from None
 
 
 def accounted_candidate(trainer: Any, hparams: Mapping[str, Any], adjacency: str) -> Any:
@@ -306,18 +301,15 @@ def make_privacy_plan(
     def candidates(value: float | None) -> list[Any]:
         return grid_candidates(trainer, space, grid, adjacency, fill(value))
 
-    score = getattr(trainer, "score_noise_field", None)
-    calibrated, statement = _worst_case(
-        candidates, transform, budget, accountant, seeded, field, auto, score
-    )
+    score = getattr(trainer, "score_noise_field", None)  # its score's noise, named by a refusal
+    calibrated, statement = _worst_case(candidates, transform, budget, accountant, seeded, field,
+                                        auto, score)  # fmt: skip
     cands = candidates(calibrated.get(field))
     whole = _check_whole_support(space, grid, lambda hp: candidate_of(hp, calibrated.get(field)))
     statement = dataclasses.replace(
-        statement,
-        notes=(*statement.notes, *getattr(trainer, "privacy_notes", tuple)()),
-        private=not debug_nonprivate,
-        **_basis(trainer, selection, space, cands, adjacency, whole),
-    )
+        statement, notes=(*statement.notes, *getattr(trainer, "privacy_notes", tuple)()),
+        private=not debug_nonprivate, **_basis(trainer, selection, space, cands, adjacency, whole),
+    )  # fmt: skip
     if not debug_nonprivate:
         check_total(statement, budget, transform.name, field)
     return PrivacyPlan(
@@ -349,10 +341,8 @@ def _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate
         raise TuningConfigError(f"adjacency={adjacency!r} must be one of {ADJACENCIES}")
     for attr in ("plan", "select", "done", "privacy"):
         if not hasattr(selection, attr):
-            raise TuningConfigError(
-                f"selection={selection!r} has no {attr!r}: pass a selection method such as "
-                "selection.RandomStopping(...)"
-            )
+            raise TuningConfigError(f"selection={selection!r} has no {attr!r}: pass a selection "
+                                    "method such as selection.RandomStopping(...)")  # fmt: skip
     expected = getattr(selection, "expected_trials", None)  # public: a property of its settings
     if expected is not None and not float(expected) <= MAX_EXPECTED_TRIALS:  # NaN refused too
         raise TuningConfigError(
@@ -433,21 +423,18 @@ def _events(events: Any) -> Any:
 
 def _worst_case(candidates, transform, budget, accountant, seeded, field, auto, score):
     """The worst case over the grid: ``(calibrated values, statement)``; with an ``"auto"``
-    field, its smallest value whose total meets the budget (ImpossibleBudgetError if none does).
-    ``score``: the trainer's field of its validation score's noise, if it has one."""
+    field, its smallest value whose total meets the budget (ImpossibleBudgetError if none does)."""
 
-    def unaccountable(why: Exception, cands: list) -> TuningConfigError:
-        """dp_accounting's refusal, or (no field named there) the declared event without noise
-        (its RDP of LaplaceDpEvent(0) divides by 0)."""
+    def unaccountable(why: object, cands: list) -> TuningConfigError:
+        """dp_accounting's refusal (``why``) names no field: a declared event without noise is
+        named instead (its RDP of LaplaceDpEvent(0) divides by 0)."""
         noisy = (dp_event.LaplaceDpEvent, dp_event.GaussianDpEvent)
-        for bad in _events(b for c in cands for b in c.branches()):
-            if isinstance(bad, noisy) and not (isinstance(bad.noise_multiplier, Real)
-                                                and bad.noise_multiplier > 0):  # fmt: skip
-                return TuningConfigError(
-                    f"cannot account this run: the trainer declared {bad!r}: its noise multiplier "
-                    "(the noise's scale in units of the sensitivity) must be > 0; give "
-                    f"{field or 'noise_multiplier'} a value > 0 or 'auto'"
-                )
+        bad = next((e for e in _events(b for c in cands for b in c.branches())
+                    if isinstance(e, noisy) and not e.noise_multiplier > 0), None)  # fmt: skip
+        if bad is not None:
+            why = (f"the trainer declared {bad!r}: its noise multiplier (the noise's scale in "
+                   f"units of the sensitivity) must be > 0; give {field or 'noise_multiplier'} a "
+                   "value > 0 or 'auto'")  # fmt: skip
         return TuningConfigError(f"cannot account this run: {why}")
 
     if not auto:

@@ -12,7 +12,6 @@ import importlib
 import inspect
 import logging
 import os
-import re
 import sys
 from collections.abc import Mapping
 from contextlib import nullcontext
@@ -61,11 +60,10 @@ def build_selection(cfg: Mapping[str, Any]) -> Any:
         log.info("config.selection: %s not used by method %r", unused, method)
     try:
         return registry.build(method, options)
-    except registry.SelectionConfigError as e:  # its options named "k=" or "'k'": as fields
-        named = rf"(?<![\w.-])('?)({'|'.join(registry.OPTIONS)})(?=[=']| must | \()"
-        cmd = re.sub(named, r"\1--config.selection.\2", f"{e}")
+    except registry.SelectionConfigError as e:
         where = f"config.selection.method={method!r}: "
-        raise ConfigError(where + str(e), command=f"--{where}{cmd}") from None
+        cmd = f"--{where}" + registry.options_as("--config.selection.", str(e))
+        raise ConfigError(where + str(e), command=cmd) from None
 
 
 def build_executor(cfg: Mapping[str, Any]) -> Any:
@@ -345,8 +343,7 @@ class DryRun:
     def to_text(self) -> str:
         text = f"Dry run (nothing trained). Search space: {self.space.to_dict()}\n\n"
         text += self.statement.to_text()
-        pre = self.preflight
-        if pre is None:
+        if (pre := self.preflight) is None:
             return text
         if pre.ledger is None:
             return text + "\n\nLedger: none (config.ledger.enabled=False): charged nowhere."
