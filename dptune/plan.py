@@ -472,7 +472,7 @@ def _worst_case(candidates, transform, budget, accountant, seeded, field, auto, 
             command=f"{what} (--config.privacy.epsilon={budget.epsilon:g}, --config.privacy.delta="
             f"{budget.delta:g}) with {transform.name}: raise --config.privacy.epsilon, lower "
             "--config.selection.mean_trials, train for fewer steps or a smaller sampling rate "
-            f"(--config.train.epochs, --config.train.batch_size), or raise "
+            "(--config.train.epochs, --config.train.batch_size), or raise "
             f"{'--config.train.' * bool(score)}{noise}",
         ) from None
     return {field: float(cal.noise_multiplier)}, cal.statement

@@ -34,7 +34,7 @@ def _json_safe(x: Any) -> Any:
 
 
 _WORD = ("Taken on the trainer's word (dptune cannot see inside it; check it empirically "
-                 "with `dptune audit`):")  # fmt: skip
+         "with `dptune audit`):")  # fmt: skip
 _PUBLISHED_WORDS = {
     "payload": "its hyperparameters and model (and what they give on public data)",
     "score": "its score",
