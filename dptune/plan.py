@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from dp_accounting import dp_event
 
 from dptune import space as space_mod
 from dptune.accounting import calibrate, total_privacy
@@ -120,13 +121,11 @@ def _check_score_kind(trainer: Any, selection: Any, debug_nonprivate: bool) -> N
     if kind in takes or debug_nonprivate:
         return
     name = getattr(selection.privacy, "name", type(selection).__name__)
-    hint = (
+    hint = f"use a trainer whose score is {' or '.join(takes)}" if "covered" not in takes else (
         "if the score is a noisy statistic whose noise the trainer's privacy declares, or is "
         "computed on public data, declare score_kind='covered' (FunctionTrainer(..., "
         "score_kind='covered') or @dptune.trainer(..., score_kind='covered'))"
-        if "covered" in takes
-        else f"use a trainer whose score is {' or '.join(takes)}"
-    )
+    )  # fmt: skip
     raise TuningConfigError(
         f"selection {name} is proved for {' or '.join(takes)} scores ("
         + "; ".join(SCORE_KINDS[k] for k in takes)
@@ -141,9 +140,7 @@ def _accounted(candidate: Any, adjacency: str) -> Any:
     try:
         return with_adjacency(candidate, adjacency)
     except ValueError as e:
-        raise TuningConfigError(
-            f"the trainer's privacy declaration under {adjacency}: {e}"
-        ) from None
+        raise TuningConfigError(f"the trainer's privacy under {adjacency}: {e}") from None
 
 
 def accounted_candidate(trainer: Any, hparams: Mapping[str, Any], adjacency: str) -> Any:
@@ -304,17 +301,15 @@ def make_privacy_plan(
     def candidates(value: float | None) -> list[Any]:
         return grid_candidates(trainer, space, grid, adjacency, fill(value))
 
-    calibrated, statement = _worst_case(
-        candidates, transform, budget, accountant, seeded, field, auto
-    )
+    score = getattr(trainer, "score_noise_field", None)  # its score's noise, named by a refusal
+    calibrated, statement = _worst_case(candidates, transform, budget, accountant, seeded, field,
+                                        auto, score)  # fmt: skip
     cands = candidates(calibrated.get(field))
     whole = _check_whole_support(space, grid, lambda hp: candidate_of(hp, calibrated.get(field)))
     statement = dataclasses.replace(
-        statement,
-        notes=(*statement.notes, *getattr(trainer, "privacy_notes", tuple)()),
-        private=not debug_nonprivate,
-        **_basis(trainer, selection, space, cands, adjacency, whole),
-    )
+        statement, notes=(*statement.notes, *getattr(trainer, "privacy_notes", tuple)()),
+        private=not debug_nonprivate, **_basis(trainer, selection, space, cands, adjacency, whole),
+    )  # fmt: skip
     if not debug_nonprivate:
         check_total(statement, budget, transform.name, field)
     return PrivacyPlan(
@@ -346,10 +341,8 @@ def _check_inputs(trainer, space, selection, budget, adjacency, debug_nonprivate
         raise TuningConfigError(f"adjacency={adjacency!r} must be one of {ADJACENCIES}")
     for attr in ("plan", "select", "done", "privacy"):
         if not hasattr(selection, attr):
-            raise TuningConfigError(
-                f"selection={selection!r} has no {attr!r}: pass a selection method such as "
-                "selection.RandomStopping(...)"
-            )
+            raise TuningConfigError(f"selection={selection!r} has no {attr!r}: pass a selection "
+                                    "method such as selection.RandomStopping(...)")  # fmt: skip
     expected = getattr(selection, "expected_trials", None)  # public: a property of its settings
     if expected is not None and not float(expected) <= MAX_EXPECTED_TRIALS:  # NaN refused too
         raise TuningConfigError(
@@ -421,20 +414,35 @@ def check_total(statement: Any, budget: Budget, method: str, field: str | None) 
         )
 
 
-def _worst_case(candidates, transform, budget, accountant, seeded, field, auto):
+def _events(events: Any) -> Any:
+    """Every event of ``events``, nested ones too (depth first)."""
+    for e in events:
+        yield e
+        yield from _events([*getattr(e, "events", ()), *filter(None, [getattr(e, "event", None)])])
+
+
+def _worst_case(candidates, transform, budget, accountant, seeded, field, auto, score):
     """The worst case over the grid: ``(calibrated values, statement)``; with an ``"auto"``
     field, its smallest value whose total meets the budget (ImpossibleBudgetError if none does)."""
+
+    def unaccountable(why: object, cands: list) -> TuningConfigError:
+        """dp_accounting's refusal (``why``) names no field: a declared event without noise is
+        named instead (its RDP of LaplaceDpEvent(0) divides by 0)."""
+        noisy = (dp_event.LaplaceDpEvent, dp_event.GaussianDpEvent)
+        bad = next((e for e in _events(b for c in cands for b in c.branches())
+                    if isinstance(e, noisy) and not e.noise_multiplier > 0), None)  # fmt: skip
+        if bad is not None:
+            why = (f"the trainer declared {bad!r}: its noise multiplier (the noise's scale in "
+                   f"units of the sensitivity) must be > 0; give {field or 'noise_multiplier'} a "
+                   "value > 0 or 'auto'")  # fmt: skip
+        return TuningConfigError(f"cannot account this run: {why}")
+
     if not auto:
         cands = candidates(None)
         try:
             return {}, total_privacy(cands, transform, budget.delta, accountant, seeded=seeded)
-        except ValueError as e:
-            raise TuningConfigError(f"cannot account this run: {e}") from None
-        except ZeroDivisionError:  # dp_accounting's RDP of LaplaceDpEvent(0) divides by it
-            raise TuningConfigError(
-                f"cannot account this run: a declared event has noise multiplier 0 (no noise); "
-                f"give {field or 'noise_multiplier'} a value > 0 or 'auto'"
-            ) from None
+        except (ValueError, ZeroDivisionError) as e:
+            raise unaccountable(e, cands) from None
     # invalid settings raise their own message here, not "no sigma found"
     if candidates(1.0) == candidates(2.0):  # else "auto" would hand the trainer a floor value
         raise TuningConfigError(
@@ -451,21 +459,21 @@ def _worst_case(candidates, transform, budget, accountant, seeded, field, auto):
     except ValueError as e:
         log.debug("calibration failed: %s", e)  # the refusal below says it, in the user's words
         try:  # no route even at the most noise: say why, since no budget or noise would help
-            total_privacy(candidates(SIGMA_MAX), transform, budget.delta, accountant)
-        except ValueError as why:
-            raise TuningConfigError(f"cannot account this run: {why}") from None
+            total_privacy(cands := candidates(SIGMA_MAX), transform, budget.delta, accountant)
+        except (ValueError, ZeroDivisionError) as why:
+            raise unaccountable(why, cands) from None
         what = f"no {field.replace('_', ' ')} meets the total budget"
+        noise = (f"{score} (the validation score's noise, " if score else "the validation score's "
+                 "noise (") + "a cost no noise multiplier lowers)"  # fmt: skip
         raise ImpossibleBudgetError(
             f"{what} (epsilon={budget.epsilon:g}, delta={budget.delta:g}) with {transform.name}: "
             "raise the budget, lower the mean number of trials, train for fewer steps / a smaller "
-            "sampling rate, or raise the validation score's noise (score_noise_std), a cost no "
-            "noise multiplier lowers",
+            f"sampling rate, or raise {noise}",
             command=f"{what} (--config.privacy.epsilon={budget.epsilon:g}, --config.privacy.delta="
             f"{budget.delta:g}) with {transform.name}: raise --config.privacy.epsilon, lower "
             "--config.selection.mean_trials, train for fewer steps or a smaller sampling rate "
             "(--config.train.epochs, --config.train.batch_size), or raise "
-            "--config.train.score_noise_std (the validation score's noise, a cost no noise "
-            "multiplier lowers)",
+            f"{'--config.train.' * bool(score)}{noise}",
         ) from None
     return {field: float(cal.noise_multiplier)}, cal.statement
 

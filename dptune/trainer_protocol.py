@@ -10,6 +10,7 @@ A trainer declares its privacy before it runs (``privacy(hparams)``) and trains 
 * ``fingerprint``: the dataset's id in the budget ledger.
 * ``privacy_fields``: fields known to change ``privacy(hparams)`` (others are found by probing).
 * ``calibrated_field``: the field that ``"auto"`` calibrates (default ``"noise_multiplier"``).
+* ``score_noise_field``: the setting of its validation score's noise, which a refusal names.
 * ``privacy_notes()``, ``privacy_checks()``, ``taken_on_word()``: the statement's notes, what
   dptune's own code guarantees, what is taken on the trainer's word (a trainer with neither of
   the last two is described as a user's trainer).
@@ -75,13 +76,11 @@ def checked_result(score: Any, payload: Any) -> tuple[float, Any]:
     try:
         value = float(score)
     except (TypeError, ValueError):
-        return float("nan"), CandidateFailure(
-            "InvalidScore", f"the trainer returned the score {score!r:.80}, which is not a number"
-        )
+        return float("nan"), CandidateFailure("InvalidScore", f"the trainer returned the score "
+                                              f"{score!r:.80}, which is not a number")  # fmt: skip
     if not math.isfinite(value):
-        return float("nan"), CandidateFailure(
-            "NonFiniteScore", f"the trainer returned the score {value!r} (not finite)"
-        )
+        return float("nan"), CandidateFailure("NonFiniteScore", f"the trainer returned the score "
+                                              f"{value!r} (not finite)")  # fmt: skip
     return value, payload
 
 
@@ -150,11 +149,8 @@ def source_digest(objects: Sequence[Any] = (), files: Sequence[Path] = ()) -> st
             h.update(inspect.getsource(obj).encode())
         except (OSError, TypeError):
             code = getattr(obj, "__code__", None)
-            h.update(
-                code.co_code + repr(code.co_consts).encode()
-                if isinstance(code, types.CodeType)
-                else repr(obj).encode()
-            )
+            ok = isinstance(code, types.CodeType)
+            h.update(code.co_code + repr(code.co_consts).encode() if ok else repr(obj).encode())
     for path in sorted(files):
         h.update(str(Path(path).name).encode())
         h.update(Path(path).read_bytes())
@@ -202,6 +198,7 @@ class DatasetTrainer:
 
     hyperparams_class: type
     kind: str = "trainer"
+    score_noise_field: str = "score_noise_std"
     data: Any
     base: dict[str, Any]
 

@@ -12,7 +12,8 @@ one :class:`MethodInfo` here; the configs and both command lines pick it up.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -271,6 +272,13 @@ register(
 def names() -> tuple[str, ...]:
     """Registered method names, in registration order."""
     return tuple(METHODS)
+
+
+def options_as(prefix: str, text: str, names: Iterable[str] = OPTIONS) -> str:
+    """``text`` (a refusal of :func:`build`) with each option it names (``k=``, ``'k'``, ``k
+    must``, ``k (...)``) written ``prefix + k``: a command's words (``--config.selection.k``)."""
+    named = rf"(?<![\w.-])('?)({'|'.join(names)})(?=[=']| must | \()"
+    return re.sub(named, lambda m: m[1] + prefix + m[2], text)
 
 
 def applicable(name: str, options: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:

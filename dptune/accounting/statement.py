@@ -23,7 +23,7 @@ _MAX_LISTED = 8
 
 def _json_safe(x: Any) -> Any:
     if isinstance(x, float) and not math.isfinite(x):
-        return "inf" if x > 0 else ("-inf" if x < 0 else "nan")
+        return str(x)  # "inf", "-inf" or "nan"
     if isinstance(x, dict):
         return {str(k): _json_safe(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
@@ -33,6 +33,8 @@ def _json_safe(x: Any) -> Any:
     return x
 
 
+_WORD = ("Taken on the trainer's word (dptune cannot see inside it; check it empirically "
+         "with `dptune audit`):")  # fmt: skip
 _PUBLISHED_WORDS = {
     "payload": "its hyperparameters and model (and what they give on public data)",
     "score": "its score",
@@ -93,10 +95,10 @@ class PrivacyStatement:
     published: tuple[str, ...] = ()
 
     @property
-    def overhead(self) -> float:
-        """total_epsilon / single_run_epsilon: the price of tuning, as a multiple of one run."""
+    def overhead(self) -> float | None:
+        """total / one run's epsilon, the price of tuning; None where one run's epsilon is 0."""
         one = self.single_run_epsilon
-        return self.total_epsilon / one if one > 0 else math.inf
+        return self.total_epsilon / one if one > 0 else None
 
     def all_notes(self) -> tuple[str, ...]:
         flags = (NOT_PRIVATE_NOTE,) * (not self.private) + (SEEDED_NOTE,) * bool(self.seeded)
@@ -117,18 +119,14 @@ class PrivacyStatement:
         lines = [] if self.private else [NOT_PRIVATE_NOTE, ""]
         lines.append("Candidates (the guarantee holds for every one the search can draw):")
         lines += [f"  {_candidate_text(c)}" for c in self.candidates[:_MAX_LISTED]]
-        if len(self.candidates) > _MAX_LISTED:
-            more = len(self.candidates) - _MAX_LISTED
+        if (more := len(self.candidates) - _MAX_LISTED) > 0:
             lines.append(f"  ... and {more} more settings (all in to_dict()).")
         # the text rounds floats to 6 digits (mean=3, not 3.0000000000000004); to_dict() keeps them
-        sel = ", ".join(
-            f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}"
-            for k, v in self.selection.items()
-        )
+        sel = ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}"
+                        for k, v in self.selection.items())  # fmt: skip
         order = f" (optimal Renyi order {self.rdp_order:g})" if self.rdp_order else ""
-        neighbours = "adding or removing one example"
-        if self.adjacency == "replace_one":
-            neighbours = "replacing one example (fixed, public size)"
+        neighbours = {"replace_one": "replacing one example (fixed, public size)"}.get(
+            self.adjacency, "adding or removing one example")  # fmt: skip
         lines += [
             "",
             f"Selection: {self.method}" + (f" ({sel})" if sel else "") + ".",
@@ -137,24 +135,16 @@ class PrivacyStatement:
             "",
             f"One untuned run satisfies ({_fmt(self.single_run_epsilon)}, "
             f"{self.single_run_delta:g})-DP.",
-            f"The whole tuning run satisfies ({_fmt(self.total_epsilon)}, {self.delta:g})-DP "
-            f"(overhead x{_fmt(self.overhead)}).",
+            f"The whole tuning run satisfies ({_fmt(self.total_epsilon)}, {self.delta:g})-DP"
+            + ("." if self.overhead is None else f" (overhead x{_fmt(self.overhead)})."),
             f"  Theorem: {self.theorem}.",
             f"  Accountant: {self.accountant}; {self.route}{order}.",
             f"  Neighbouring datasets differ by {neighbours}.",
         ]
-        notes = [n for n in self.all_notes() if n != NOT_PRIVATE_NOTE]  # stated on top
-        trainer_word = (
-            "Taken on the trainer's word (dptune cannot see inside it; check it empirically "
-            "with `dptune audit`):"
-        )
-        for head, items in (
-            (None, [f"Note: {n}" for n in notes]),
-            ("Checked by dptune:", [f"  - {x}" for x in self.checked]),
-            (trainer_word, [f"  - {x}" for x in self.trainer_word]),
-        ):
-            if items:
-                lines += ["", *([head] if head else []), *items]
+        notes = [f"Note: {n}" for n in self.all_notes() if n != NOT_PRIVATE_NOTE]  # top: stated
+        lines += ["", *notes] * bool(notes)
+        for head, items in (("Checked by dptune:", self.checked), (_WORD, self.trainer_word)):
+            lines += ["", head, *(f"  - {x}" for x in items)] * bool(items)
         if self.published:
             words = [_PUBLISHED_WORDS.get(w, w) for w in self.published]
             if "score" not in self.published:
@@ -169,16 +159,24 @@ class PrivacyStatement:
 def _candidate_text(c: dict[str, Any]) -> str:
     """One line describing a candidate from its ``params()``."""
     if c.get("kind") != "dpsgd":
-        return f"{c.get('label', 'event')}: {json.dumps(_json_safe(c['event']))}"
+        parallel = "".join(f"; in parallel {_event_text(e)}" for e in c.get("parallel", ()))
+        return f"{c.get('label', 'event')}: {_event_text(c['event'])}{parallel}."
     score = "exact score (public validation split)"
     if c.get("score_noise_std") is not None:
-        how = (
-            "composed with training: a replacement can touch both splits"
-            if c.get("adjacency") == "replace_one"
-            else "parallel composition with training: needs a per-record split"
-        )
+        how = ("composed with training: a replacement can touch both splits"
+               if c.get("adjacency") == "replace_one"
+               else "parallel composition with training: needs a per-record split")  # fmt: skip
         score = f"validation count + Gaussian noise of std {c['score_noise_std']:g} ({how})"
-    return (
-        f"DP-SGD: {c['steps']} steps, Poisson sampling rate {c['sampling_rate']:.6g}, "
-        f"noise multiplier {c['noise_multiplier']:.6g}; {score}."
-    )
+    return (f"DP-SGD: {c['steps']} steps, Poisson sampling rate {c['sampling_rate']:.6g}, "
+            f"noise multiplier {c['noise_multiplier']:.6g}; {score}.")  # fmt: skip
+
+
+def _event_text(x: Any) -> str:
+    """An event's JSON form (``params()["event"]``) as ``LaplaceDpEvent(noise_multiplier=1)``."""
+    if isinstance(x, dict):
+        skip = ("type", "module_name", "class_name")
+        args = ", ".join(f"{k}={_event_text(v)}" for k, v in x.items() if k not in skip)
+        return f"{x.get('class_name', 'DpEvent')}({args})"
+    if isinstance(x, list):
+        return "(" + ", ".join(map(_event_text, x)) + ")"
+    return f"{x:.6g}" if isinstance(x, float) else str(x)

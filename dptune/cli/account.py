@@ -36,12 +36,10 @@ from selection import registry
 
 SELECTIONS = ("none", *registry.names())
 
-_SAMPLING_RATE = flags.DEFINE_float(
-    "sampling_rate", None, "Poisson sampling rate q in (0, 1] (expected batch size / examples)."
-)
-_NOISE = flags.DEFINE_float(
-    "noise_multiplier", None, "DP-SGD noise multiplier sigma > 0 (omit with --target_epsilon)."
-)
+_SAMPLING_RATE = flags.DEFINE_float("sampling_rate", None, "Poisson sampling rate q in (0, 1] "
+                                    "(expected batch size / examples).")  # fmt: skip
+_NOISE = flags.DEFINE_float("noise_multiplier", None, "DP-SGD noise multiplier sigma > 0 (omit "
+                            "with --target_epsilon).")  # fmt: skip
 _STEPS = flags.DEFINE_integer("steps", None, "Number of DP-SGD steps per candidate (>= 1).")
 _DELTA = flags.DEFINE_float("delta", 1e-5, "Total delta in (0, 1).")
 _SELECTION = flags.DEFINE_enum("selection", "none", SELECTIONS, "Selection method.")
@@ -52,18 +50,14 @@ _OPTION_FLAGS = {
     # stability validation's exponential noise with its beta)
     if name not in ("threshold", "target_percentile", "score_sensitivity", "stability_beta")
 }
-_SCORE = flags.DEFINE_float(
-    "score_noise_std", None, "Gaussian noise std (counts) on each validation count; omit: public."
-)
-_ACCOUNTANT = flags.DEFINE_enum(
-    "accountant", "auto", accounting.ACCOUNTANTS, "auto (tightest valid route), pld or rdp."
-)
-_TARGET = flags.DEFINE_float(
-    "target_epsilon", None, "Total epsilon budget: calibrate --noise_multiplier to meet it."
-)
-_LAPLACE = flags.DEFINE_float(
-    "laplace_epsilon", None, "Instead of DP-SGD: pure epsilon-DP (Laplace) candidates."
-)
+_SCORE = flags.DEFINE_float("score_noise_std", None, "Gaussian noise std (counts) on each "
+                            "validation count; omit: public.")  # fmt: skip
+_ACCOUNTANT = flags.DEFINE_enum("accountant", "auto", accounting.ACCOUNTANTS,
+                                "auto (tightest valid route), pld or rdp.")  # fmt: skip
+_TARGET = flags.DEFINE_float("target_epsilon", None, "Total epsilon budget: calibrate "
+                             "--noise_multiplier to meet it.")  # fmt: skip
+_LAPLACE = flags.DEFINE_float("laplace_epsilon", None, "Instead of DP-SGD: pure epsilon-DP "
+                              "(Laplace) candidates.")  # fmt: skip
 _JSON = flags.DEFINE_bool("json", False, "Print one JSON object instead of text.")
 
 
@@ -84,17 +78,13 @@ def _check_inputs() -> None:
         if flag.value is None:
             raise ArgumentError(f"--{flag.name} is required ({what}).")
     if (_NOISE.value is None) == (_TARGET.value is None):
-        raise ArgumentError(
-            "give --noise_multiplier, or --target_epsilon to calibrate it (not both: "
-            "--target_epsilon computes the noise multiplier)."
-        )
+        raise ArgumentError("give --noise_multiplier, or --target_epsilon to calibrate it (not "
+                            "both: --target_epsilon computes the noise multiplier).")  # fmt: skip
 
 
 #: A library message's ``name=`` of one of this command's flags, to be written as the flag.
 _NAMES = [f.name for f in (_SAMPLING_RATE, _NOISE, _STEPS, _DELTA, _TARGET, _SCORE, _LAPLACE)]
-_FLAG_NAMED = re.compile(r"(?<![\w.-])(" + "|".join([*_NAMES, *_OPTION_FLAGS]) + r")=")
-#: A selection option quoted in the registry's message (``needs ['mean_trials']``).
-_OPTION_QUOTED = re.compile(r"'(" + "|".join(_OPTION_FLAGS) + r")'")
+_FLAG_NAMED = re.compile(r"(?<![\w.-])(" + "|".join(_NAMES) + r")=")
 
 
 def _result() -> tuple[dict, str]:
@@ -117,13 +107,10 @@ def _result() -> tuple[dict, str]:
         out.update({k: getattr(cal, k) for k in names})
         naive = "" if cal.naive_noise_multiplier is None else (
             f"; naive best-of-{cal.naive_trials} (composition) would need "
-            f"{cal.naive_noise_multiplier:.4f}"
-        )  # fmt: skip
-        text_extra = (
-            f"Noise multiplier for a total ({cal.target_epsilon:g}, {delta:g}) budget: "
-            f"{cal.noise_multiplier:.4f}\n  one untuned run would need "
-            f"{cal.untuned_noise_multiplier:.4f}{naive}.\n\n"
-        )
+            f"{cal.naive_noise_multiplier:.4f}")  # fmt: skip
+        text_extra = (f"Noise multiplier for a total ({cal.target_epsilon:g}, {delta:g}) budget: "
+                      f"{cal.noise_multiplier:.4f}\n  one untuned run would need "
+                      f"{cal.untuned_noise_multiplier:.4f}{naive}.\n\n")  # fmt: skip
     else:
         if _LAPLACE.value is not None:
             # A pure epsilon-DP candidate: a Laplace mechanism of scale 1/epsilon on a
@@ -152,8 +139,8 @@ def main(argv: list[str]) -> int:
         with summarised_accounting_warnings():
             out, text = _result()
     except ValueError as e:  # ArgumentError and the library's own input checks
-        text = _FLAG_NAMED.sub(r"--\1=", str(e))  # the selection's options, named as flags:
-        return common.refuse(_OPTION_QUOTED.sub(r"'--\1'", text))  # needs ['--mean_trials']
+        text = _FLAG_NAMED.sub(r"--\1=", str(e))  # and the selection's options, as flags:
+        return common.refuse(registry.options_as("--", text, _OPTION_FLAGS))
     print(json.dumps(out) if _JSON.value else text)
     return common.OK
 

@@ -61,7 +61,9 @@ def build_selection(cfg: Mapping[str, Any]) -> Any:
     try:
         return registry.build(method, options)
     except registry.SelectionConfigError as e:
-        raise ConfigError(f"config.selection.method={method!r}: {e}") from None
+        where = f"config.selection.method={method!r}: "
+        cmd = f"--{where}" + registry.options_as("--config.selection.", str(e))
+        raise ConfigError(where + str(e), command=cmd) from None
 
 
 def build_executor(cfg: Mapping[str, Any]) -> Any:
@@ -341,8 +343,7 @@ class DryRun:
     def to_text(self) -> str:
         text = f"Dry run (nothing trained). Search space: {self.space.to_dict()}\n\n"
         text += self.statement.to_text()
-        pre = self.preflight
-        if pre is None:
+        if (pre := self.preflight) is None:
             return text
         if pre.ledger is None:
             return text + "\n\nLedger: none (config.ledger.enabled=False): charged nowhere."

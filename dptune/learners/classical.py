@@ -46,7 +46,7 @@ import logging
 import math
 import sys
 from collections.abc import Mapping
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 import numpy as np
 from dp_accounting import dp_event
@@ -316,6 +316,8 @@ class _Trainer(FunctionTrainer):
     fields: tuple[str, ...] = ()
     #: records left out, by reason (PRIVATE counts: ``dptune inspect`` only)
     sanitized: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: the factory's keyword of the validation count's Laplace noise (refusals name it)
+    score_noise_field: ClassVar[str] = "score_noise_multiplier"
 
     def check_adjacency(self, adjacency: str) -> None:
         _refuse_replace_one(adjacency)

@@ -20,7 +20,7 @@ import dataclasses
 import logging
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -580,7 +580,11 @@ class DpSgdTrainer(DatasetTrainer):
         out.init_fingerprint, out._finetune = self.init_fingerprint, self._finetune
         return out
 
-    def _privacy(self, hp: Hyperparams, steps: int | None = None) -> DpSgdCandidate:
+    def _privacy(
+        self, hp: Hyperparams, steps: int | None = None, drawn: Collection[str] = ()
+    ) -> DpSgdCandidate:
+        """``hp``'s candidate (training of ``steps`` steps if given); ``drawn``: the space's
+        fields, named ``--config.space.`` in a refusal (the others ``--config.train.``)."""
         if self.data.public_num_val <= 0:  # public: refused before anything is accounted
             raise TuningConfigError(
                 "the dataset has no validation set (validation_size=0): candidates cannot be "
@@ -594,6 +598,13 @@ class DpSgdTrainer(DatasetTrainer):
                 "separate public validation set (config.data.validation_dir with "
                 "config.data.validation_public=True)"
             )
+        if hp.batch_size > (n := self.num_examples):  # public sizes: B / N must be a rate <= 1
+            why = (
+                f"batch_size={hp.batch_size} exceeds the {n} public training records (the "
+                f"sampling rate B / N must be at most 1): lower it to {n} or less"
+            )
+            where = "space" if "batch_size" in drawn else "train"
+            raise TuningConfigError(why, command=f"--config.{where}.{why}")
         try:
             privacy = _hp_privacy(hp, self.num_examples)
         except ValueError as e:
@@ -605,7 +616,7 @@ class DpSgdTrainer(DatasetTrainer):
     def privacy(self, hparams: Mapping[str, Any]) -> DpSgdCandidate:
         """The candidate's privacy: ``steps`` Poisson-subsampled Gaussian steps at q = B / N_public
         and, in parallel, the noisy validation count."""
-        return self._privacy(self.hyperparams(hparams))
+        return self._privacy(self.hyperparams(hparams), drawn=hparams)
 
     def __call__(self, hparams: Mapping[str, Any], rng: np.random.Generator) -> tuple[float, Any]:
         return self.train_many([hparams], [rng])[0]

@@ -203,7 +203,44 @@ def test_a_laplace_event_without_noise_is_refused_not_a_traceback():
         num_examples=1000,
         score_kind="covered",
     )
-    with pytest.raises(dptune.TuningConfigError, match="noise multiplier 0.*noise_multiplier"):
+    with pytest.raises(
+        dptune.TuningConfigError, match=r"LaplaceDpEvent\(noise_multiplier=0.0\).*give noise"
+    ):
         dptune.tune(tr, {"a": space.choice(1, 2), "noise_multiplier": 0.0},
                     RandomStopping.logarithmic(2), (2.0, 1e-5), seed=0, ledger=None,
                     progress=False)  # fmt: skip
+
+
+def test_an_impossible_budget_names_the_classical_learners_score_noise_keyword():
+    """The classical learners' validation noise is their factory's ``score_noise_multiplier=``:
+    the refusal named DP-SGD's ``score_noise_std``, which they do not have."""
+    from dptune.learners import classical
+
+    rng = np.random.default_rng(0)
+    data = (rng.normal(size=(40, 3)), rng.choice([-1.0, 1.0], 40))
+    tr = classical.ridge_trainer(data, data, 40, 40, 0.01)  # the score alone costs epsilon 100
+    space_ = {"regularization": space.log_uniform(0.01, 1.0), "noise_multiplier": "auto"}
+    with pytest.raises(dptune.ImpossibleBudgetError) as info:
+        dptune.tune(tr, space_, SELECTION, (3.0, 1e-5), progress=False, ledger=None)
+    msg = str(info.value)
+    assert "or raise score_noise_multiplier (the validation score's noise" in msg, msg
+    assert "score_noise_std" not in msg, msg
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        dp_event.LaplaceDpEvent(-1.0),
+        dp_event.GaussianDpEvent(-1.0),
+        dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(-0.5), 3),
+    ],
+    ids=["laplace", "gaussian", "nested"],
+)
+def test_a_declared_event_with_negative_noise_is_named_with_the_fix(tmp_path, event):
+    """dp_accounting refused it in its own words ("eps must be > 0. Got -1.0", "Noise
+    multiplier must be non-negative"), naming neither the declared event nor the fix."""
+    tr = dptune.trainer(privacy=lambda hp: event, num_examples=N, score_kind="covered")(_train)
+    msg = _refused(tr, tmp_path, {"guess": space.uniform(0.0, 1.0), "noise_multiplier": 1.0})
+    inner = event.event if isinstance(event, dp_event.SelfComposedDpEvent) else event
+    assert f"the trainer declared {inner!r}: its noise multiplier" in msg, msg
+    assert msg.endswith("give noise_multiplier a value > 0 or 'auto'"), msg

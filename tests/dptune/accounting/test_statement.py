@@ -88,3 +88,30 @@ def test_text_lists_a_few_settings_of_a_large_grid():
     text = st.to_text()
     assert text.count("DP-SGD:") == 8 and "12 more settings" in text
     assert len(st.to_dict()["candidates"]) == 20
+
+
+def test_an_event_candidate_is_described_by_its_event_not_its_json():
+    """A user DpEvent was listed as dp_accounting's named-tuple JSON ("type":
+    "_LaplaceDpEventNamedTupleWrapper", "module_name": ...) after its label."""
+    from dp_accounting import dp_event
+
+    ev = dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(2.0), 3)
+    cand = accounting.EventCandidate(ev, (dp_event.LaplaceDpEvent(10.0),), label="my mechanism")
+    text = accounting.total_privacy(cand, sp.SingleRunPrivacy(), 1e-5).to_text()
+    line = next(ln for ln in text.splitlines() if "my mechanism" in ln)
+    assert line == (
+        "  my mechanism: SelfComposedDpEvent(event=GaussianDpEvent(noise_multiplier=2), "
+        "count=3); in parallel LaplaceDpEvent(noise_multiplier=10)."
+    ), line
+
+
+def test_no_overhead_ratio_is_stated_when_one_candidate_costs_epsilon_0():
+    """One candidate of epsilon 0 (a no-op, or a delta so large that no epsilon is left) made
+    the text say "overhead xinfinite"; there is no ratio to state."""
+    from dp_accounting import dp_event
+
+    for cand, delta in ((dp_event.NoOpDpEvent(), 1e-5), (dp_event.LaplaceDpEvent(1.0), 0.9)):
+        st = accounting.total_privacy(cand, TR, delta)
+        assert st.single_run_epsilon == 0 and st.overhead is None
+        assert "overhead" not in st.to_text() and "infinite" not in st.to_text()
+        assert st.to_dict()["overhead"] is None

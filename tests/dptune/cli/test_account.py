@@ -197,3 +197,11 @@ def test_entry_point_exits_nonzero_without_traceback(argv, match):
     assert rc != 0
     assert match in err and "Traceback" not in err
     assert out == ""
+
+
+def test_laplace_candidates_are_described_in_words_not_as_json():
+    """``--laplace_epsilon`` listed its candidate as dp_accounting's named-tuple JSON."""
+    rc, out, err = finish(cli("--laplace_epsilon=0.5", "--selection=poisson", "--mean_trials=3"))
+    assert rc == 0, err
+    assert "  Laplace mechanism: LaplaceDpEvent(noise_multiplier=2)." in out.splitlines(), out
+    assert "{" not in out and "NamedTuple" not in out, out

@@ -255,3 +255,27 @@ def test_a_refused_audit_leaves_its_folder_empty(capsys, tmp_path):
         not (tmp_path / "run" / "private").exists()
         and not (tmp_path / "run" / "audit.json").exists()
     )
+
+
+def test_a_batch_larger_than_the_training_set_names_config_train_batch_size(capsys, tmp_path):
+    """A batch over the public training count was refused in the library's words
+    (``DpSgdSchedule(num_examples=7000 < batch_size=...)``), naming no ``--config.`` field."""
+    capsys.readouterr()
+    code = cli([
+        "dptune", "--config=smoke", f"--workdir={tmp_path / 'run'}", "--noprogress", "--dry_run",
+        f"--config.ledger.path={tmp_path / 'ledger.sqlite'}", "--config.train.batch_size=100000",
+    ])  # fmt: skip
+    line = refusal(code, capsys.readouterr().err, tmp_path)
+    assert "refused: --config.train.batch_size=100000 exceeds the 7000 public" in line, line
+    assert line.endswith("lower it to 7000 or less") and "DpSgdSchedule" not in line, line
+
+
+def test_a_refused_selection_option_is_named_as_its_config_field(capsys, tmp_path, data_dir):
+    """The selection's options were named by their keywords (``mean_trials=``) after the
+    ``config.selection.method=`` prefix."""
+    for override, words in (
+        ("--config.selection.mean_trials=0.5", "--config.selection.mean_trials=0.5 must be"),
+        ("--config.selection.method=tnb", "needs ['--config.selection.shape']"),
+    ):
+        line = refusal(*run(capsys, tmp_path, data_dir, override)[:3:2], tmp_path)
+        assert words in line and " mean_trials=" not in line, line
