@@ -463,8 +463,8 @@ def _worst_case(candidates, transform, budget, accountant, seeded, field, auto, 
         except (ValueError, ZeroDivisionError) as why:
             raise unaccountable(why, cands) from None
         what = f"no {field.replace('_', ' ')} meets the total budget"
-        noise = (f"{score} (the validation score's noise, " if score else "the validation score's "
-                 "noise (") + "a cost no noise multiplier lowers)"  # fmt: skip
+        noise = (f"{score} (the" if score else "the declared candidates' score_noise_std (their"
+                 ) + " validation score's noise, a cost no noise multiplier lowers)"  # fmt: skip
         raise ImpossibleBudgetError(
             f"{what} (epsilon={budget.epsilon:g}, delta={budget.delta:g}) with {transform.name}: "
             "raise the budget, lower the mean number of trials, train for fewer steps / a smaller "
