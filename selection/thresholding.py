@@ -48,8 +48,12 @@ class Thresholding(FirstPassing):
         if math.isnan(threshold):
             raise ValueError("threshold must be a number, got NaN")
         self.threshold = threshold
-        # ThresholdingPrivacy validates gamma and the cap (Thm 3.1's condition on T).
-        self._privacy = ThresholdingPrivacy(stop_probability, max_trials)
+        try:  # ThresholdingPrivacy validates gamma and the cap (Thm 3.1's condition on T)
+            self._privacy = ThresholdingPrivacy(stop_probability, max_trials)
+        except ValueError as e:  # in the theorem's words (gamma): name this class's keyword
+            raise ValueError(
+                str(e).replace("gamma (stop probability)", "stop_probability")
+            ) from None
         self.stop_probability = self._privacy.gamma
         self.max_trials = self._privacy.max_trials
 

@@ -270,3 +270,15 @@ def test_a_failed_candidate_is_never_released_as_a_success():
     ``score=nan`` with the failed payload as a success)."""
     sel = RandomStopping.logarithmic(3).run(lambda i, rng: (math.nan, "failed"), rng=0)
     assert not sel.released and sel.payload is None and sel.score is None
+
+
+@pytest.mark.parametrize("gamma", [0.0, 1.5, -0.1])
+def test_thresholding_names_its_stop_probability_keyword(gamma):
+    """The privacy class words its check in the theorem's gamma; the method's caller passed
+    ``stop_probability=`` (the command's ``--config.selection.stop_probability``)."""
+    with pytest.raises(ValueError, match=r"^stop_probability must be in \(0, 1\]"):
+        Thresholding(0.5, gamma)
+    from selection.registry import options_as
+
+    text = options_as("--config.selection.", "stop_probability must be in (0, 1]")
+    assert text.startswith("--config.selection.stop_probability must")
