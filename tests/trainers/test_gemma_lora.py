@@ -91,12 +91,13 @@ def test_lora_surgery_on_gemma_trains_the_factors_alone_on_the_ghost_path(surger
         factors = _FACTORS
     else:
         model, kw = Gemma(2, 1, nnx.Rngs(5)), {"init": pretrained}
+        rngs = nnx.Rngs(1)
         for mlp in (layer.mlp for layer in model.layers):
             for name in ("gate_proj", "up_proj", "down_proj"):
                 old = getattr(mlp, name)
                 setattr(mlp, name, nnx.LoRALinear(old.in_features, old.out_features,
                                                   lora_rank=RANK, use_bias=False,
-                                                  rngs=nnx.Rngs(1)))  # fmt: skip
+                                                  rngs=rngs))  # fmt: skip
         factors = [p.replace("/lora_", "/lora/lora_") for p in _FACTORS]
     with caplog.at_level(logging.INFO):
         tr = dptune.DpSgdTrainer(_data(), _BASE, model=model, epoch_progress=False, **kw)
