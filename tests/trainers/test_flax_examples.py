@@ -364,25 +364,35 @@ class GemmaAttention(nnx.Module):
         return self.attn_vec_einsum(encoded)
 
 
+class GemmaFeedForward(nnx.Module):
+    """gemma's FeedForward (modules.FeedForward): the gated MLP of three bias-free
+    ``nnx.Linear``, each called with the ``out_sharding`` keyword (None in its default sharding
+    config), its dropout (rate 0 by default) left out."""
+
+    def __init__(self, features: int, hidden_dim: int, *, rngs: nnx.Rngs):
+        linear = functools.partial(nnx.Linear, use_bias=False, rngs=rngs)
+        self.gate_proj, self.up_proj = linear(features, hidden_dim), linear(features, hidden_dim)
+        self.down_proj = linear(hidden_dim, features)
+
+    def __call__(self, x):
+        gate_value = nnx.gelu(self.gate_proj(x, out_sharding=None))
+        return self.down_proj(gate_value * self.up_proj(x, out_sharding=None), out_sharding=None)
+
+
 class GemmaBlock(nnx.Module):
-    """gemma's Block: pre- and post-norms around attention and the gated MLP (three bias-free
-    ``nnx.Linear``), residuals."""
+    """gemma's Block: pre- and post-norms around attention and the MLP, residuals."""
 
     def __init__(self, width: int, hidden: int, heads: int, kv_heads: int, rngs):
         self.pre_attention_norm = GemmaRMSNorm(width, rngs=rngs)
         self.attn = GemmaAttention(heads, kv_heads, width, 4, rngs)
         self.post_attention_norm = GemmaRMSNorm(width, rngs=rngs)
         self.pre_ffw_norm = GemmaRMSNorm(width, rngs=rngs)
-        linear = functools.partial(nnx.Linear, use_bias=False, rngs=rngs)
-        self.gate_proj, self.up_proj = linear(width, hidden), linear(width, hidden)
-        self.down_proj = linear(hidden, width)
+        self.mlp = GemmaFeedForward(width, hidden, rngs=rngs)
         self.post_ffw_norm = GemmaRMSNorm(width, rngs=rngs)
 
     def __call__(self, x, attn_mask):
         x = x + self.post_attention_norm(self.attn(self.pre_attention_norm(x), attn_mask))
-        h = self.pre_ffw_norm(x)
-        h = self.down_proj(nnx.gelu(self.gate_proj(h)) * self.up_proj(h))
-        return x + self.post_ffw_norm(h)
+        return x + self.post_ffw_norm(self.mlp(self.pre_ffw_norm(x)))
 
 
 class Gemma(nnx.Module):
@@ -431,7 +441,7 @@ def test_gemma_attention_and_mlp_take_the_ghost_path_and_match_vmap_grad(kv_head
     trainable = nnx.All(nnx.Param, nnx.Not(GEMMA_OWN_CODE))
     module = nnx_model.NnxModel(Gemma(2, kv_heads, nnx.Rngs(0)), trainable=trainable)
     params = module.params()
-    assert sorted(params["layers"]["0"]) == ["attn", "down_proj", "gate_proj", "up_proj"]
+    assert sorted(params["layers"]["0"]) == ["attn", "mlp"]
     x, y = _inputs((5,), np.int32, seed=1)
     shape = jax.ShapeDtypeStruct
     plan = ghost.analyze(module, params, shape(x.shape, x.dtype), _loss,
