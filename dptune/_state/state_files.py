@@ -153,7 +153,8 @@ class StateDb:
             yield self._db
             self._db.execute("COMMIT")
         except BaseException:
-            self._db.execute("ROLLBACK")
+            if self._db.in_transaction:  # a signal may land after COMMIT: nothing to roll back
+                self._db.execute("ROLLBACK")
             raise
 
     def close(self) -> None:

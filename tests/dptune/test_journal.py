@@ -30,3 +30,31 @@ def test_journal_survives_reopen_and_refuses_changed_config(tmp_path):
         j.bind_config({"a": 1, "b": {"c": 3}})
     p = j.write_payload(0, b"xyz")
     assert p.read_bytes() == b"xyz"
+
+
+class _SignalAfterCommit:
+    """A connection whose COMMIT succeeds and is then interrupted, as a SIGTERM handler raising
+    between two bytecodes lands after SQLite committed."""
+
+    def __init__(self, db):
+        self._db = db
+
+    def __getattr__(self, name):
+        return getattr(self._db, name)
+
+    def execute(self, sql, *args):
+        out = self._db.execute(sql, *args)
+        if sql == "COMMIT":
+            raise KeyboardInterrupt("signal after COMMIT")
+        return out
+
+
+def test_a_signal_after_commit_stops_the_run_with_the_write_kept(tmp_path):
+    """The signal propagates as itself (not as SQLite's 'cannot rollback - no transaction is
+    active', which the run reported as an unexpected error) and what was committed stays."""
+    j = Journal(tmp_path / "private")
+    j._db = _SignalAfterCommit(j._db)
+    with pytest.raises(KeyboardInterrupt, match="after COMMIT"):
+        j.set("k", "v")
+    j._db = j._db._db
+    assert j.get("k") == "v"
