@@ -473,7 +473,7 @@ def _worst_case(candidates, transform, budget, accountant, seeded, field, auto, 
             f"{budget.delta:g}) with {transform.name}: raise --config.privacy.epsilon, lower "
             "--config.selection.mean_trials, train for fewer steps or a smaller sampling rate "
             "(--config.train.epochs, --config.train.batch_size), or raise "
-            f"{'--config.train.' * bool(score)}{noise}",
+            f"{'--config.train.' if score else ''}{noise}",
         ) from None
     return {field: float(cal.noise_multiplier)}, cal.statement
 

@@ -101,8 +101,10 @@ class PrivacyStatement:
         return self.total_epsilon / one if one > 0 else None
 
     def all_notes(self) -> tuple[str, ...]:
-        flags = (NOT_PRIVATE_NOTE,) * (not self.private) + (SEEDED_NOTE,) * bool(self.seeded)
-        return flags + tuple(self.notes)
+        flags = [] if self.private else [NOT_PRIVATE_NOTE]
+        if self.seeded:
+            flags.append(SEEDED_NOTE)
+        return (*flags, *self.notes)
 
     def to_dict(self) -> dict[str, Any]:
         """Every field plus ``overhead`` and the rendered notes; JSON-safe (inf becomes "inf")."""
@@ -142,9 +144,11 @@ class PrivacyStatement:
             f"  Neighbouring datasets differ by {neighbours}.",
         ]
         notes = [f"Note: {n}" for n in self.all_notes() if n != NOT_PRIVATE_NOTE]  # top: stated
-        lines += ["", *notes] * bool(notes)
+        if notes:
+            lines += ["", *notes]
         for head, items in (("Checked by dptune:", self.checked), (_WORD, self.trainer_word)):
-            lines += ["", head, *(f"  - {x}" for x in items)] * bool(items)
+            if items:
+                lines += ["", head, *(f"  - {x}" for x in items)]
         if self.published:
             words = [_PUBLISHED_WORDS.get(w, w) for w in self.published]
             if "score" not in self.published:
