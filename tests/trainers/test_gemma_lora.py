@@ -25,6 +25,7 @@ from flax import nnx, traverse_util
 
 import dptune
 from tests.trainers.test_flax_examples import Gemma
+from tests.trainers.test_nnx_lora import tune_on_the_ghost_path
 from trainers import finetune, models, step
 
 VOCAB, TOKENS, RANK = 8, 5, 2
@@ -177,15 +178,10 @@ def test_private_lora_tuning_of_gemma_keeps_the_base_bitwise_and_reloads(tmp_pat
     model = add_lora(base, RANK, nnx.Rngs(1))
     data = _data()
     tr = dptune.DpSgdTrainer(data, _BASE, model=model, epoch_progress=False)
-    with caplog.at_level(logging.INFO):
-        res = dptune.tune(
-            tr, {"learning_rate": dptune.space.log_uniform(0.1, 1.0)}, BestOfK(2),
-            budget=(50.0, 1e-5), workdir=tmp_path / "run", progress=False,
-            dataset_budget=(100.0, 1e-4),
-        )  # fmt: skip
-    assert res.released
-    said = [r.getMessage() for r in caplog.records if "per-example clipping" in r.getMessage()]
-    assert said and "per-example clipping: ghost" in said[0], said
+    tune_on_the_ghost_path(
+        tr, {"learning_rate": dptune.space.log_uniform(0.1, 1.0)}, BestOfK(2), tmp_path / "run",
+        caplog,
+    )  # fmt: skip
     loaded = dptune.load_release(tmp_path / "run", like=model)
     released = nnx.to_pure_dict(loaded.params)
     bits = _flat_bits(released)

@@ -324,6 +324,18 @@ def test_a_frozen_nnx_layer_is_not_recorded_on_the_ghost_path():
     assert step.resolve_grad_impl(spec, "auto", spec.input_shape) == "ghost"
 
 
+def tune_on_the_ghost_path(tr, space, selection, workdir, caplog) -> None:
+    """``dptune.tune`` at a loose budget; asserts it released and logged the ghost path."""
+    with caplog.at_level(logging.INFO):
+        res = dptune.tune(
+            tr, space, selection, budget=(50.0, 1e-5), workdir=workdir, progress=False,
+            dataset_budget=(100.0, 1e-4),
+        )  # fmt: skip
+    assert res.released
+    said = [r.getMessage() for r in caplog.records if "per-example clipping" in r.getMessage()]
+    assert said and "per-example clipping: ghost" in said[0], said
+
+
 def test_tuning_keeps_the_base_bitwise_and_the_release_reloads_into_the_module(tmp_path, caplog):
     """End to end (Adam, a parameter average): the base model's parameters in, the factors
     trained privately on the logged ghost path, the frozen base bitwise as it came in, the
@@ -335,15 +347,10 @@ def test_tuning_keeps_the_base_bitwise_and_the_release_reloads_into_the_module(t
     module = _Lora(4, 6, 2, nnx.Rngs(0))
     adam = {**_BASE, "optimizer": "adam", "ema_decay": 0.9}  # optimiser state and an average
     tr = _trainer(module, data, adam, init=pretrained)
-    with caplog.at_level(logging.INFO):
-        res = dptune.tune(
-            tr, {"learning_rate": dptune.space.log_uniform(0.01, 0.1)}, BestOfK(1),
-            budget=(50.0, 1e-5), workdir=tmp_path / "run", progress=False,
-            dataset_budget=(100.0, 1e-4),
-        )  # fmt: skip
-    assert res.released
-    said = [r.getMessage() for r in caplog.records if "per-example clipping" in r.getMessage()]
-    assert said and "per-example clipping: ghost" in said[0], said
+    tune_on_the_ghost_path(
+        tr, {"learning_rate": dptune.space.log_uniform(0.01, 0.1)}, BestOfK(1), tmp_path / "run",
+        caplog,
+    )  # fmt: skip
     loaded = dptune.load_release(tmp_path / "run", like=module)
     released = nnx.to_pure_dict(loaded.params)
     _equal_bits({k: v for k, v in released["body"].items() if k != "lora"}, pretrained["body"])
