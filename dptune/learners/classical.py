@@ -60,6 +60,7 @@ from dptune.errors import TuningConfigError
 from dptune.learners.fisher import flat_rows
 from dptune.trainer_protocol import FunctionTrainer, public_size
 from selection import RandomStopping
+from selection.checks import check_positive
 
 log = logging.getLogger("dptune")
 
@@ -281,14 +282,14 @@ def _values(arg: str, z: Any) -> np.ndarray:
 
 
 def _positive(arg: str, v: Any, what: str) -> float:
-    """``v`` as a finite float > 0; anything else is one TuningConfigError naming ``arg``."""
+    """``v`` as a finite float > 0 (``selection.checks.check_positive``, a bool or a string
+    refused too); anything else is one TuningConfigError naming ``arg``."""
     try:
-        f = float(v)
-    except (TypeError, ValueError):
-        f = math.nan
-    if isinstance(v, (bool, str)) or not (math.isfinite(f) and f > 0):
-        raise TuningConfigError(f"{arg}={v!r} must be a finite number > 0 ({what})")
-    return f
+        if not isinstance(v, (bool, str)):
+            return check_positive(v, arg)
+    except ValueError:
+        pass
+    raise TuningConfigError(f"{arg}={v!r} must be a finite number > 0 ({what})")
 
 
 def _kept(x: np.ndarray, y: np.ndarray | None, split: str, dropped: dict[str, int]):
