@@ -154,6 +154,9 @@ def test_the_vectorisation_choice_is_journaled_not_released(tmp_path, monkeypatc
 
     monkeypatch.setattr(probe, "_memo", {})
     monkeypatch.setattr(probe, "_cache_file", None)
+    # the run's first compilation-cache decision in this process would point the probe at the
+    # suite's cache folder, where an earlier test's measurement may be saved
+    monkeypatch.setattr(probe, "set_cache_file", lambda path: None)
     monkeypatch.setattr(probe, "_time_steps", lambda *a: (2.0, 1.0))
     rel, _, _, hooks = _tiny_run(tmp_path, monkeypatch, executor=VectorizedExecutor(2))
     assert len(hooks) == 2  # two calls of train_many: a group of 2, then the third candidate
