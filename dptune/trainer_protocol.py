@@ -191,6 +191,12 @@ class ReleaseView:
     test_metric: Mapping[str, Any] | None = None  # last: trainers build views positionally
 
 
+def config_section(name: str, drawn: Iterable[str]) -> str:
+    """Where the command sets hyperparameter ``name``: ``"--config.space."`` when the search
+    space draws it (``drawn``: the space's fields), else ``"--config.train."``."""
+    return f"--config.{'space' if name in drawn else 'train'}."
+
+
 class DatasetTrainer:
     """Shared by the trainers over a ``trainers.data.Dataset``. Subclasses set ``data``, ``base``
     (fixed hyperparameters under the drawn ones), ``hyperparams_class`` (a dataclass validating
@@ -225,7 +231,7 @@ class DatasetTrainer:
         except (TypeError, ValueError) as e:
             text = str(e)  # names the refused field "field=": config.space's if drawn
             at = min(((text.find(f"{k}="), k) for k in merged if f"{k}=" in text), default=None)
-            command = at and f"--config.{'space' if at[1] in hparams else 'train'}.{text[at[0] :]}"
+            command = at and config_section(at[1], hparams) + text[at[0] :]
             takes = ", ".join(getattr(self.hyperparams_class, "__dataclass_fields__", ()))
             fix = f" ({self.kind} takes {takes})" if isinstance(e, TypeError) and takes else ""
             raise TuningConfigError(

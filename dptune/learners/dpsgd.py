@@ -32,7 +32,7 @@ from dptune.accounting.calibration import COMPILATION_CACHE_ENV, OFF_WORDS, cach
 from dptune.accounting.events import DpSgdCandidate
 from dptune.errors import CandidateFailure, TuningConfigError
 from dptune.progress import epoch_bar
-from dptune.trainer_protocol import DatasetTrainer, ReleaseView, source_digest
+from dptune.trainer_protocol import DatasetTrainer, ReleaseView, config_section, source_digest
 from trainers import finetune, loop, lora, models, parallel, probe, runtime
 from trainers import step as step_lib
 from trainers.data import (
@@ -603,8 +603,7 @@ class DpSgdTrainer(DatasetTrainer):
                 f"batch_size={hp.batch_size} exceeds the {n} public training records (the "
                 f"sampling rate B / N must be at most 1): lower it to {n} or less"
             )
-            where = "space" if "batch_size" in drawn else "train"
-            raise TuningConfigError(why, command=f"--config.{where}.{why}")
+            raise TuningConfigError(why, command=config_section("batch_size", drawn) + why)
         try:
             privacy = _hp_privacy(hp, self.num_examples)
         except ValueError as e:
@@ -712,9 +711,9 @@ class DpSgdTrainer(DatasetTrainer):
             # A model named by its name is config.train's or .space's (config.model's is a spec).
             rest, command = str(e).removeprefix(f"model {hp.model!r}"), None
             if isinstance(hp.model, str) and rest != str(e):
-                command = (f"--config.{'space' if 'model' in hparams else 'train'}.model="
-                           f"{hp.model!r} (the config's model; --config.model=pkg.module:factory "
-                           f"trains yours){rest}")  # fmt: skip
+                section = config_section("model", hparams)
+                command = (f"{section}model={hp.model!r} (the config's model; "
+                           f"--config.model=pkg.module:factory trains yours){rest}")  # fmt: skip
             raise TuningConfigError(str(e), command=command) from None
 
     def code_digest(self) -> str:
