@@ -249,10 +249,12 @@ def _wrong_type(flag_values: flags.FlagValues, argv: Sequence[str]) -> str | Non
     """The refusal of the first ``--config.`` override its field's type refuses, or None."""
     for name, _, value in (a[2:].partition("=") for a in argv if a.startswith("--config.")):
         parser = flag_values[name].parser if name in flag_values else None
+        takes = _TAKES.get(type(parser).__name__)
         try:
-            _ = type(parser).__name__ in _TAKES and parser.parse(value)
+            if takes is not None:
+                parser.parse(value)
         except (TypeError, ValueError):
-            return f"--{name}={value} " + _TAKES[type(parser).__name__].format(name=name)
+            return f"--{name}={value} " + takes.format(name=name)
     return None
 
 
