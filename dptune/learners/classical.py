@@ -298,8 +298,9 @@ def _kept(x: np.ndarray, y: np.ndarray | None, split: str, dropped: dict[str, in
     keep = finite_records(x, y) if x.ndim == 2 else ~np.isnan(x)
     if not keep.all():
         dropped[f"non_finite_{split}_records"] = int((~keep).sum())
-        log.warning("%d %s records have a NaN or infinite feature or label: they are left out",
-                    int((~keep).sum()), split)  # fmt: skip
+        # no count on the console (a statistic of the private records): the curator's view has it
+        log.warning("%s records with a NaN or infinite feature or label are left out, each on "
+                    "its own (how many: the curator's view, `dptune inspect`)", split)  # fmt: skip
     return (x[keep], None if y is None else y[keep])
 
 

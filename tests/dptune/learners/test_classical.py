@@ -287,3 +287,15 @@ def test_command_line_mistakes_are_one_refusal_line(argv, capsys):
         classical.main(argv)
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith("dptune: refused: ") and err.count("\n") == 1
+
+
+def test_the_console_says_records_were_left_out_not_how_many(caplog):
+    """How many private records have a NaN is a statistic of the data: the curator's view holds
+    it, the console only says that some were left out."""
+    x, y = _data(40, 3, 2)
+    x[:3, 0] = np.nan
+    with caplog.at_level("WARNING", logger="dptune"):
+        tr = classical.ridge_trainer((x, y), _data(20, 3, 3), 40, 20, 1.0)
+    said = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert said and not any(c.isdigit() for m in said for c in m), said
+    assert tr.curator_view() == {"non_finite_train_records": 3}
